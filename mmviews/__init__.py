@@ -1,0 +1,3 @@
+"""mmviews: multimodal, multi-view representation learning."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Benchmarks: objectives, adapters, data."""

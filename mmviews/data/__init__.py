@@ -1,0 +1,1 @@
+"""Datasets, view specs, augmentations and the view-set collator."""

@@ -1,0 +1,1 @@
+"""Modality adapters: one view -> one point on the shared unit sphere."""

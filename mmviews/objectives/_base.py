@@ -1,0 +1,279 @@
+"""Shared machinery of every objective: the registry, input checks, precision, the
+view-set context holding local anchors and (gathered) candidates, and the score blocks.
+
+Score blocks, with ``u`` the L2-normalised local embeddings ``[K, M, d]``, ``U`` the
+candidates of all ranks ``[N, M, d]`` (``N = K`` on one process), ``tau`` the temperature:
+
+- ``within_sample``: ``S[i,a,i,b]`` as ``[K, M, M]``   (cost K M^2 d)
+- ``within_view``:   ``S[i,a,j,a]`` as ``[M, K, N]``   (cost M K N d)
+- ``all_pairs``:     ``S[i,a,j,b]`` as ``[K, M, N, M]`` (cost K M N M d; the floor's cost)
+
+Each objective asks only for the blocks its formula needs. Masked entries are filled with
+``finfo.min`` rather than ``-inf`` so that a row whose every entry is masked still gives a
+finite log-sum-exp and finite gradients; terms that must not count are then dropped with
+``torch.where`` before any sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, ClassVar, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _distributed as distributed
+
+_REGISTRY: dict[str, type["MultiViewObjective"]] = {}
+T = TypeVar("T", bound=type["MultiViewObjective"])
+
+
+def register_objective(name: str) -> Callable[[T], T]:
+    """Class decorator: make an objective available as ``get_objective(name)``."""
+
+    def wrap(cls: T) -> T:
+        if name in _REGISTRY:
+            raise ValueError(f"objective {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def list_objectives() -> list[str]:
+    """Names accepted by :func:`get_objective`, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_objective(name: str, **params) -> "MultiViewObjective":
+    """Build the objective registered as ``name`` with its keyword parameters."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown objective {name!r}; known objectives: {', '.join(list_objectives())}")
+    try:
+        return _REGISTRY[name](**params)
+    except TypeError as error:  # unexpected keyword: say which objective and what it takes
+        import inspect
+
+        accepted = [p for p in inspect.signature(_REGISTRY[name].__init__).parameters if p != "self"]
+        raise ValueError(f"objective {name!r}: {error}; accepted parameters: {accepted}") from None
+
+
+def check_temperature(temperature: float, what: str = "temperature") -> float:
+    temperature = float(temperature)
+    if not temperature > 0 or temperature != temperature or temperature == float("inf"):
+        raise ValueError(f"{what} must be a finite number > 0, got {temperature}")
+    return temperature
+
+
+@dataclass
+class ObjectiveOutput:
+    """The loss (0-dim, differentiable) and detached scalar metrics."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def masked_logsumexp(scores: torch.Tensor, keep: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    """log-sum-exp of ``scores`` over ``dim`` counting only entries where ``keep`` (broadcastable) is True.
+
+    A fully masked reduction returns about ``finfo.min`` (finite), never NaN.
+    """
+    filled = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    return torch.logsumexp(filled, dim=dim)
+
+
+@dataclass
+class ViewSet:
+    """One call's inputs in the form the formulas use.
+
+    ``u``/``present``: this process's samples; ``U``/``present_all``: every process's samples
+    (the same tensors on one process); ``offset``: index of this rank's first sample in ``U``.
+    """
+
+    u: torch.Tensor  # [K, M, d] unit vectors, float32 or float64
+    present: torch.Tensor  # [K, M] bool
+    U: torch.Tensor  # [N, M, d]
+    present_all: torch.Tensor  # [N, M] bool
+    offset: int
+    world: int
+    masked: bool  # False when the caller gave no mask (all views present)
+
+    @property
+    def K(self) -> int:
+        return self.u.shape[0]
+
+    @property
+    def M(self) -> int:
+        return self.u.shape[1]
+
+    @property
+    def N(self) -> int:
+        return self.U.shape[0]
+
+    # ---- masks -------------------------------------------------------------------------
+    @cached_property
+    def other_sample(self) -> torch.Tensor:
+        """[K, N] bool: candidate sample j is not the anchor's own sample i."""
+        own = torch.arange(self.K, device=self.u.device) + self.offset
+        return torch.arange(self.N, device=self.u.device)[None, :] != own[:, None]
+
+    @cached_property
+    def views_present(self) -> torch.Tensor:
+        """[K] number of present views of each local sample."""
+        return self.present.sum(dim=1)
+
+    @cached_property
+    def anchor_valid(self) -> torch.Tensor:
+        """[K, M] bool: (i, a) is present and sample i has at least two present views."""
+        return self.present & (self.views_present >= 2)[:, None]
+
+    @cached_property
+    def pair_valid(self) -> torch.Tensor:
+        """[K, M, M] bool: ordered positive pair (a, b), a != b, both present."""
+        eye = torch.eye(self.M, dtype=torch.bool, device=self.u.device)
+        return self.present[:, :, None] & self.present[:, None, :] & ~eye
+
+    @cached_property
+    def negative_keep(self) -> torch.Tensor:
+        """[K, 1, N, M] bool: candidate (j, g) is another sample's present view."""
+        return (self.other_sample[:, :, None] & self.present_all[None, :, :])[:, None]
+
+    # ---- score blocks --------------------------------------------------------------------
+    def within_sample(self, temperature: float) -> torch.Tensor:
+        """[K, M, M]: S[i, a, i, b]."""
+        return torch.bmm(self.u / temperature, self.u.transpose(1, 2))
+
+    def within_view(self, temperature: float) -> torch.Tensor:
+        """[M, K, N]: S[i, a, j, a] for each view a."""
+        anchors = (self.u / temperature).transpose(0, 1)  # [M, K, d]
+        return torch.bmm(anchors, self.U.permute(1, 2, 0))  # [M, K, N]
+
+    def all_pairs(self, temperature: float) -> torch.Tensor:
+        """[K, M, N, M]: S[i, a, j, b] (the full score tensor of local anchors)."""
+        K, M, d = self.u.shape
+        scores = (self.u / temperature).reshape(K * M, d) @ self.U.reshape(self.N * M, d).T
+        return scores.view(K, M, self.N, M)
+
+    # ---- reductions -----------------------------------------------------------------------
+    def mean(self, terms: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean of ``terms`` over the valid ones of all ranks, scaled so that the mean over
+        ranks of the returned values is the single-process mean on the whole batch."""
+        if valid is None:
+            valid = torch.ones_like(terms, dtype=torch.bool)
+        total = torch.where(valid, terms, torch.zeros((), dtype=terms.dtype, device=terms.device)).sum()
+        count = distributed.all_reduce_sum(valid.sum().to(terms.dtype))
+        # No valid term anywhere (e.g. every sample has a single present view): a zero loss
+        # that still belongs to the graph, rather than 0/0.
+        return total * self.world / count.clamp_min(1)
+
+
+class MultiViewObjective(nn.Module):
+    """Base class. ``objective(z, mask=None)`` returns the 0-dim loss; ``objective.compute``
+    returns an :class:`ObjectiveOutput` with metrics too; after either call the detached
+    metrics are also in ``objective.last_metrics``.
+    """
+
+    name: ClassVar[str] = ""
+    supports_mask: ClassVar[bool] = False
+    #: the objective is defined only for this number of views (simclr: 2), else None
+    exact_views: ClassVar[int | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_metrics: dict[str, torch.Tensor] = {}
+
+    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.compute(z, mask).loss
+
+    def compute(self, z: torch.Tensor, mask: torch.Tensor | None = None, **extra) -> ObjectiveOutput:
+        views = self.prepare(z, mask)
+        # Losses in float32 (or the caller's float64) even under bf16/fp16 autocast.
+        with torch.autocast(device_type=views.u.device.type, enabled=False):
+            output = self.loss(views, **extra)
+        self.last_metrics = {k: v.detach() for k, v in output.metrics.items()}
+        return output
+
+    def loss(self, views: ViewSet, **extra) -> ObjectiveOutput:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ---- input handling ------------------------------------------------------------------
+    def check_views(self, M: int) -> None:
+        if self.exact_views is not None and M != self.exact_views:
+            raise ValueError(
+                f"objective {self.name!r} needs exactly {self.exact_views} views per sample, got M = {M} "
+                "(use multi_crop or a poly-view objective for more)"
+            )
+        if M < 2:
+            raise ValueError(f"objective {self.name!r} needs at least 2 views per sample, got M = {M}")
+
+    def prepare(self, z: torch.Tensor, mask: torch.Tensor | None) -> ViewSet:
+        prefix = f"objective {self.name!r}:"
+        if not isinstance(z, torch.Tensor):
+            raise ValueError(f"{prefix} z must be a torch.Tensor of shape [K, M, d], got {type(z).__name__}")
+        if z.ndim != 3:
+            raise ValueError(f"{prefix} z must have shape [K, M, d] (3 dims), got shape {tuple(z.shape)}")
+        if not z.is_floating_point():
+            raise ValueError(f"{prefix} z must be a floating-point tensor, got {z.dtype}")
+        K, M, d = z.shape
+        self.check_views(M)
+        if K < 2:
+            raise ValueError(f"{prefix} needs at least K = 2 samples (negatives come from other samples), got K = {K}")
+        if d < 1:
+            raise ValueError(f"{prefix} embedding dimension d must be >= 1, got {d}")
+        if not torch.isfinite(z).all():
+            bad = (~torch.isfinite(z)).nonzero()[0].tolist()
+            raise ValueError(f"{prefix} z has non-finite values (first at index {tuple(bad)})")
+        if mask is not None:
+            if not self.supports_mask:
+                raise ValueError(f"{prefix} does not support a view mask")
+            if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (K, M):
+                shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+                raise ValueError(f"{prefix} mask must have shape [K, M] = {(K, M)}, got {shape}")
+            mask = mask.to(device=z.device, dtype=torch.bool)
+        dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        u = F.normalize(z.to(dtype), dim=-1, eps=1e-12)
+        present = torch.ones(K, M, dtype=torch.bool, device=z.device) if mask is None else mask
+        world = distributed.world_size()
+        if world > 1:
+            distributed.check_equal_local_sizes(K, z.device)
+            U = distributed.gather_with_grad(u)
+            present_all = distributed.gather_no_grad(present)
+            offset = distributed.rank() * K
+        else:
+            U, present_all, offset = u, present, 0
+        return ViewSet(u=u, present=present, U=U, present_all=present_all, offset=offset, world=world, masked=mask is not None)
+
+
+def mi_lower_bound(loss: torch.Tensor | float, K: int, M: int) -> torch.Tensor | float:
+    """Poly-view lower bound on the one-vs-rest mutual information, in nats:
+    ``c(B, M) - L = log(K*M - M + 1) - loss`` (Shidani et al., 2024, Theorem 2.3 / eq. 10)."""
+    import math
+
+    if K < 2 or M < 2:
+        raise ValueError(f"mi_lower_bound needs K >= 2 and M >= 2, got K = {K}, M = {M}")
+    return math.log(K * M - M + 1) - loss
+
+
+@torch.no_grad()
+def similarity_metrics(views: ViewSet) -> dict[str, torch.Tensor]:
+    """Mean cosine similarity of positive pairs (views of one sample) and of negative pairs
+    (views of different samples), over the local batch, in O(K M d) without a score matrix.
+
+    Uses sum_{i != j} <s_i, s_j> = ||sum_i s_i||^2 - sum_i ||s_i||^2 with s_i = sum of sample i's views.
+    """
+    u = views.u * views.present[..., None]
+    per_sample = u.sum(dim=1)  # [K, d]
+    counts = views.present.sum(dim=1).to(u.dtype)  # [K]
+    self_sims = (u * u).sum(dim=(1, 2))  # sum_a <u_a, u_a> (1 per present view)
+    pos_sum = (per_sample * per_sample).sum(dim=1) - self_sims
+    pos_pairs = counts * (counts - 1)
+    total = per_sample.sum(dim=0)
+    neg_sum = (total * total).sum() - (per_sample * per_sample).sum()
+    neg_pairs = counts.sum() ** 2 - (counts * counts).sum()
+    return {
+        "pos_sim": pos_sum.sum() / pos_pairs.sum().clamp_min(1),
+        "neg_sim": neg_sum / neg_pairs.clamp_min(1),
+    }

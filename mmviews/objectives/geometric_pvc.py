@@ -1,0 +1,39 @@
+"""Geometric poly-view contrastive loss (Shidani et al., ICLR 2024, eq. 13).
+
+Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]`` (True = view present).
+
+With ``S[i,a,j,b] = <u_ia, u_jb> / tau``, for anchor (i, a) and positive view b != a:
+
+    CE[i,a,b] = LSE({S[i,a,i,b]} U {S[i,a,j,g] : j != i, all g}) - S[i,a,i,b]
+    L = mean over i, a, b != a of CE[i,a,b]
+
+The negative set of anchor (i, a) does not depend on b, so one log-sum-exp per anchor,
+``neg[i,a] = LSE_{j != i, g} S[i,a,j,g]``, serves all M - 1 positives:
+``CE[i,a,b] = softplus(neg[i,a] - S[i,a,i,b])``. The cost is one ``[K*M, N*M]`` score matrix.
+
+Mask: absent views are neither anchors, positives nor negatives; the mean runs over the
+(i, a, b) with both views present (a sample with one present view adds no term).
+At M = 2 this is SimCLR's NT-Xent. ``mi_lower_bound(L, K, M)`` gives the paper's bound.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+
+
+@register_objective("geometric_pvc")
+class GeometricPVC(MultiViewObjective):
+    supports_mask = True
+
+    def __init__(self, temperature: float = 0.1) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+
+    def loss(self, views: ViewSet) -> ObjectiveOutput:
+        positives = views.within_sample(self.temperature)  # [K, M, M]
+        negatives = masked_logsumexp(views.all_pairs(self.temperature), views.negative_keep, dim=(2, 3))  # [K, M]
+        cross_entropy = F.softplus(negatives[:, :, None] - positives)  # [K, M, M]
+        loss = views.mean(cross_entropy, views.pair_valid)
+        return ObjectiveOutput(loss, similarity_metrics(views))

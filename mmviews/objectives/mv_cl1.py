@@ -1,0 +1,32 @@
+"""MV-CL1 (Koromilas et al., 2025, eqs. 7 + 9): per-anchor alignment with InfoNCE negatives.
+
+Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]``.
+
+    L = mean_{i, a} [ -LSE_{b != a} S[i,a,i,b] + LSE_{j, g != a} S[i,a,j,g] ]
+
+The denominator runs over every sample j (the anchor's own included) and every view g other
+than the anchor's view a. Mask: absent views are neither anchors, positives nor candidates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+
+
+@register_objective("mv_cl1")
+class MVCL1(MultiViewObjective):
+    supports_mask = True
+
+    def __init__(self, temperature: float = 0.1) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+
+    def loss(self, views: ViewSet) -> ObjectiveOutput:
+        alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=2)  # [K, M]
+        eye = torch.eye(views.M, dtype=torch.bool, device=views.u.device)
+        keep = views.present_all[None, None] & ~eye[None, :, None, :]  # [1, M, N, M]
+        denominator = masked_logsumexp(views.all_pairs(self.temperature), keep, dim=(2, 3))  # [K, M]
+        loss = views.mean(denominator - alignment, views.anchor_valid)
+        return ObjectiveOutput(loss, similarity_metrics(views))

@@ -1,0 +1,36 @@
+"""MV-InfoNCE (Koromilas et al., 2025, eq. 11): one term per sample over all its views.
+
+Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]``.
+
+    L_i = -LSE_{ordered (a, b), a != b} S[i,a,i,b] + LSE_{a, (j, g) != (i, a)} S[i,a,j,g]
+    L   = mean_i L_i
+
+The negative set follows the authors' released code: every (j, g) except the anchor itself,
+so the other views of sample i appear in the denominator too. (Eq. 11 as printed restricts
+the negatives to g != a.) Mask: absent views are neither anchors nor candidates; samples
+with fewer than two present views add no term.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+
+
+@register_objective("mv_infonce")
+class MVInfoNCE(MultiViewObjective):
+    supports_mask = True
+
+    def __init__(self, temperature: float = 0.1) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+
+    def loss(self, views: ViewSet) -> ObjectiveOutput:
+        alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=(1, 2))  # [K]
+        eye = torch.eye(views.M, dtype=torch.bool, device=views.u.device)
+        is_anchor_itself = (~views.other_sample)[:, None, :, None] & eye[None, :, None, :]  # [K, M, N, M]
+        keep = views.anchor_valid[:, :, None, None] & views.present_all[None, None] & ~is_anchor_itself
+        denominator = masked_logsumexp(views.all_pairs(self.temperature), keep, dim=(1, 2, 3))  # [K]
+        loss = views.mean(denominator - alignment, views.views_present >= 2)
+        return ObjectiveOutput(loss, similarity_metrics(views))

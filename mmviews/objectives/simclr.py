@@ -1,0 +1,21 @@
+"""SimCLR's NT-Xent loss (Chen et al., ICML 2020), the pairwise baseline.
+
+Shapes: ``z`` ``[K, 2, d]`` (exactly two views), optional ``mask`` ``[K, 2]``.
+
+With ``S[i,a,j,b] = <u_ia, u_jb> / tau`` (u the L2-normalised z), each of the 2K anchors
+(i, a) has the positive (i, b), b != a, and the 2(K - 1) negatives (j, a), (j, b), j != i:
+
+    L = mean_{i, a} [ LSE({S[i,a,i,b]} U {S[i,a,j,g] : j != i, g in {0, 1}}) - S[i,a,i,b] ]
+
+This is the two-view case of geometric poly-view contrastive learning, and is computed by it.
+"""
+
+from __future__ import annotations
+
+from ._base import register_objective
+from .geometric_pvc import GeometricPVC
+
+
+@register_objective("simclr")
+class SimCLR(GeometricPVC):
+    exact_views = 2
