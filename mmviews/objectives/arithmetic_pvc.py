@@ -18,7 +18,6 @@ belong to a sample with fewer than two present views add no term.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
 
@@ -34,7 +33,7 @@ class ArithmeticPVC(MultiViewObjective):
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positives = views.within_sample(self.temperature)  # [K, M, M]
         negatives = masked_logsumexp(views.all_pairs(self.temperature), views.negative_keep, dim=(2, 3))  # [K, M]
-        cross_entropy = F.softplus(negatives[:, :, None] - positives)  # [K, M, M]
+        cross_entropy = torch.logaddexp(negatives[:, :, None], positives) - positives  # [K, M, M]
         num_positives = (views.views_present - 1).clamp_min(1).to(positives.dtype)  # [K]
         log_mean_probability = masked_logsumexp(-cross_entropy, views.pair_valid, dim=2) - torch.log(num_positives)[:, None]
         loss = views.mean(-log_mean_probability, views.anchor_valid)

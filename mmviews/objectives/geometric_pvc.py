@@ -9,7 +9,7 @@ With ``S[i,a,j,b] = <u_ia, u_jb> / tau``, for anchor (i, a) and positive view b 
 
 The negative set of anchor (i, a) does not depend on b, so one log-sum-exp per anchor,
 ``neg[i,a] = LSE_{j != i, g} S[i,a,j,g]``, serves all M - 1 positives:
-``CE[i,a,b] = softplus(neg[i,a] - S[i,a,i,b])``. The cost is one ``[K*M, N*M]`` score matrix.
+``CE[i,a,b] = logaddexp(neg[i,a], S[i,a,i,b]) - S[i,a,i,b]``. The cost is one ``[K*M, N*M]`` score matrix.
 
 Mask: absent views are neither anchors, positives nor negatives; the mean runs over the
 (i, a, b) with both views present (a sample with one present view adds no term).
@@ -18,7 +18,7 @@ At M = 2 this is SimCLR's NT-Xent. ``mi_lower_bound(L, K, M)`` gives the paper's
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+import torch
 
 from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
 
@@ -34,6 +34,6 @@ class GeometricPVC(MultiViewObjective):
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positives = views.within_sample(self.temperature)  # [K, M, M]
         negatives = masked_logsumexp(views.all_pairs(self.temperature), views.negative_keep, dim=(2, 3))  # [K, M]
-        cross_entropy = F.softplus(negatives[:, :, None] - positives)  # [K, M, M]
+        cross_entropy = torch.logaddexp(negatives[:, :, None], positives) - positives  # [K, M, M]
         loss = views.mean(cross_entropy, views.pair_valid)
         return ObjectiveOutput(loss, similarity_metrics(views))

@@ -25,7 +25,6 @@ class MVCL2(MultiViewObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=2)  # [K, M]
-        uniformity = within_view_uniformity(views, self.temperature)
-        uniformity = uniformity.masked_fill(~views.anchor_valid, 0.0).sum(dim=1, keepdim=True)  # [K, 1]
+        uniformity = within_view_uniformity(views, self.temperature).sum(dim=1, keepdim=True)  # [K, 1]
         loss = views.mean(uniformity - alignment, views.anchor_valid)
         return ObjectiveOutput(loss, similarity_metrics(views))

@@ -15,6 +15,7 @@ give an r, and samples with fewer than two present views add no term and give no
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
@@ -44,5 +45,5 @@ class SufficientStatistics(MultiViewObjective):
         candidate_valid = views.present_all & (views.present_all.sum(dim=1) >= 2)[:, None]  # [N, M]
         keep = (views.other_sample[:, :, None] & candidate_valid[None])[:, None]  # [K, 1, N, M]
         negatives = masked_logsumexp(scores, keep, dim=(2, 3))
-        loss = views.mean(F.softplus(negatives - positives), views.anchor_valid)
+        loss = views.mean(torch.logaddexp(negatives, positives) - positives, views.anchor_valid)
         return ObjectiveOutput(loss, similarity_metrics(views))
