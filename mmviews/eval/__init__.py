@@ -15,6 +15,7 @@ from mmviews.eval.diagnostics import (
     vmf_kde_entropy,
     vmf_log_normaliser,
 )
+from mmviews.eval.evaluate import EvalTask, evaluate_encoder, parse_tasks
 from mmviews.eval.extract import Embeddings, extract_embeddings, fuse_views
 from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics, weighted_f1
 from mmviews.eval.probes import (
@@ -25,12 +26,20 @@ from mmviews.eval.probes import (
     linear_probe_classification,
     linear_probe_regression,
 )
+from mmviews.eval.report import plot_similarity_histograms, plot_spectrum, plot_training_curves, write_report
 from mmviews.eval.retrieval import cross_view_retrieval, retrieval_metrics, retrieval_ranks
 
 __all__ = [
     "ACC2_CONVENTIONS",
     "DEFAULT_WEIGHT_DECAYS",
     "Embeddings",
+    "EvalTask",
+    "evaluate_encoder",
+    "parse_tasks",
+    "plot_similarity_histograms",
+    "plot_spectrum",
+    "plot_training_curves",
+    "write_report",
     "ProbeResult",
     "alignment",
     "cross_view_retrieval",

@@ -39,8 +39,8 @@ With ``u = z / ||z||`` and, for a pair of unit vectors, ``D = ||u - v||^2 = 2 - 
   finite gradient) only for ``s < log 2``, ``s < 1``, ``s < 1``. Since ``s`` ranges over
   ``[-1/temperature, 1/temperature]``, such a combination is refused at construction with a
   ValueError stating the smallest admissible temperature (``1/log 2`` for js, ``1`` for sh and
-  vlc) rather than clamping scores or returning NaN. (This is why the paper's cosine VLC
-  "collapses": with its usual scales the scores leave the conjugate's domain.)
+  vlc) rather than clamping scores or returning NaN. (The paper reports that cosine VLC
+  fails to train, Table 4.)
 
 Loss (eq. 11 with the weight alpha of Algorithm 1):
 
@@ -164,17 +164,24 @@ class FMICL(MultiViewObjective):
         if self.similarity == "cosine":
             s = dots / self.temperature
             return s, conjugate(s, self.divergence, self.q)
-        # log G = log mu - ||u - v||^2 / (2 sigma^2), with ||u - v||^2 = 2 - 2 <u, v> >= 0
-        squared_distance = (2.0 - 2.0 * dots).clamp_min(0.0)
-        log_g = math.log(self.mu) - squared_distance / (2.0 * self.sigma**2)
+        # log G = log mu - ||u - v||^2 / (2 sigma^2) = log mu + (<u, v> - 1) / sigma^2 for unit
+        # vectors; the in-place scalar ops keep this one pass over the [K, M, N, M] block
+        log_g = (dots - 1.0).mul_(1.0 / self.sigma**2).add_(math.log(self.mu))
         return gaussian_terms(log_g, self.divergence, self.q)
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positive_s, _ = self._scores(views.within_sample(1.0))  # [K, M, M]
         _, negative_conj = self._scores(views.all_pairs(1.0))  # [K, M, N, M]
-        negative_valid = views.present[:, :, None, None] & views.negative_keep  # [K, M, N, M]
         positive_term = views.mean(positive_s, views.pair_valid)
-        negative_term = views.mean(negative_conj, negative_valid.expand_as(negative_conj))
+        if views.masked:
+            negative_valid = views.present[:, :, None, None] & views.negative_keep  # [K, M, N, M]
+            negative_term = views.mean(negative_conj, negative_valid.expand_as(negative_conj))
+        else:
+            # every pair except the own-sample ones (j == i: the diagonal of the sample axes)
+            own = torch.diagonal(negative_conj, offset=views.offset, dim1=0, dim2=2)  # [M, M, K]
+            total = negative_conj.sum() - own.sum()
+            count = views.N * views.M * (views.N - 1) * views.M  # over all ranks' anchors
+            negative_term = total * views.world / count
         loss = -(positive_term - self.alpha * negative_term)
         metrics = similarity_metrics(views)
         metrics.update(

@@ -108,7 +108,8 @@ class ViewFilter(nn.Module):
         super().__init__()
         if size < 1 or dim < 1 or k < 1 or eta < 1 or warmup_epochs < 0:
             raise ValueError(
-                f"ViewFilter needs size >= 1, dim >= 1, k >= 1, eta >= 1, warmup_epochs >= 0; got {size}, {dim}, {k}, {eta}, {warmup_epochs}"
+                "ViewFilter needs size >= 1, dim >= 1, k >= 1, eta >= 1, warmup_epochs >= 0; "
+                f"got {size}, {dim}, {k}, {eta}, {warmup_epochs}"
             )
         self.k, self.eta, self.warmup_epochs = k, eta, warmup_epochs
         self.register_buffer("snapshots", torch.zeros(eta, size, dim))
@@ -268,7 +269,8 @@ class IPMC(MultiViewObjective):
         """Create bank, filter and critic for ``M = num_views`` views of dimension ``dim``."""
         if int(self._shape[0]) > 0:
             if (int(self._shape[0]), int(self._shape[1])) != (num_views, dim):
-                raise ValueError(f"ipmc: built for [*, {int(self._shape[0])}, {int(self._shape[1])}] embeddings, got M = {num_views}, d = {dim}")
+                built = (int(self._shape[0]), int(self._shape[1]))
+                raise ValueError(f"ipmc: built for [*, {built[0]}, {built[1]}] embeddings, got M = {num_views}, d = {dim}")
             return
         device = self._shape.device
         if self.memory_bank_size > 0:
@@ -348,6 +350,8 @@ class IPMC(MultiViewObjective):
                         torch.distributed.all_reduce(parameter.grad, op=torch.distributed.ReduceOp.SUM)
                         parameter.grad /= distributed.world_size()
                 self.critic_optimizer.step()
+            # leave no gradient behind for another optimiser that might hold these parameters
+            self.critic_optimizer.zero_grad(set_to_none=True)
         return {"critic_distance": distance.detach().sum(), "gradient_penalty": penalty.detach().mean()}
 
     def distribution_loss(self, z: torch.Tensor) -> torch.Tensor:
@@ -363,11 +367,22 @@ class IPMC(MultiViewObjective):
         return self.compute(z, mask, index=index).loss
 
     def _logits(self, s: torch.Tensor, positive: bool) -> torch.Tensor:
-        if positive:
-            weight = torch.relu(1.0 + self.delta - s).detach()
-            return -self.gamma * weight * (s - (1.0 - self.delta))
-        weight = torch.relu(s + self.delta).detach()
-        return self.gamma * weight * (s - self.delta)
+        """Positive: ``-gamma alpha_p (s - (1 - delta))``; negative: ``gamma alpha_n (s - delta)``,
+        with the weights alpha detached (computed without a graph, gamma folded in)."""
+        with torch.no_grad():
+            if positive:
+                weight = (1.0 + self.delta - s).clamp_(min=0.0).mul_(-self.gamma)
+            else:
+                weight = (s + self.delta).clamp_(min=0.0).mul_(self.gamma)
+        return (s - (1.0 - self.delta if positive else self.delta)) * weight
+
+    @staticmethod
+    def _masked_lse(logits: torch.Tensor, sample_keep: torch.Tensor, view_keep: torch.Tensor) -> torch.Tensor:
+        """``[K]`` LSE of ``logits`` ``[K, M, C, M]`` over entries kept by both broadcast masks
+        (``[K, 1, C, 1]`` and ``[1, M, 1, M]``), filling in place rather than building the full mask."""
+        fill = torch.finfo(logits.dtype).min
+        logits = logits.masked_fill_(~sample_keep, fill).masked_fill_(~view_keep, fill)
+        return torch.logsumexp(logits, dim=(1, 2, 3))
 
     def loss(self, views: ViewSet, index: torch.Tensor | None = None) -> ObjectiveOutput:
         K, M, d = views.u.shape
@@ -397,12 +412,12 @@ class IPMC(MultiViewObjective):
 
         own = views.within_sample(1.0)  # [K, M, M]
         positive_lse = masked_logsumexp(self._logits(own, True), views.pair_valid, dim=(1, 2))  # [K]
+        view_keep = off_diagonal[None, :, None, :]  # cross-view pairs only
         if bool(moved.any()):
-            keep = moved[:, None, :, None] & off_diagonal[None, :, None, :]
-            moved_lse = masked_logsumexp(self._logits(cross, True), keep, dim=(1, 2, 3))
+            moved_lse = self._masked_lse(self._logits(cross, True), moved[:, None, :, None], view_keep)
             positive_lse = torch.logaddexp(positive_lse, moved_lse)
-        negative_keep = (~is_self & ~moved)[:, None, :, None] & off_diagonal[None, :, None, :]
-        negative_lse = masked_logsumexp(self._logits(cross, False), negative_keep, dim=(1, 2, 3))  # [K]
+        negative_keep = (~is_self & ~moved)[:, None, :, None]
+        negative_lse = self._masked_lse(self._logits(cross, False), negative_keep, view_keep)  # [K]
         unified = views.mean(F.softplus(negative_lse + positive_lse) / self.gamma)
 
         metrics = similarity_metrics(views)

@@ -1,0 +1,233 @@
+"""``mmviews compare RUN...``: several runs side by side in one table and one set of plots.
+
+Each RUN is a run folder (its ``metrics.json``, else ``eval/metrics.json``) or a
+``metrics.json`` file. The resolved config next to it (``config.yaml``,
+``resolved_config.yaml``, ``config.resolved.yaml`` or ``config.json``), if present, gives
+the objective name and the number of views when the metrics' ``meta`` does not.
+
+Writes ``comparison.md`` (rows: metrics, columns: runs), ``comparison.csv``,
+``comparison.json``, ``metrics_bar.png`` (headline metrics per run) and, when the runs
+differ in their number of views, ``metric_vs_views.png`` (one line per objective).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmviews.eval.report import _format, _pyplot, _save_figure, acc2_note, atomic_write_json, atomic_write_text
+
+CONFIG_NAMES = ("config.yaml", "resolved_config.yaml", "config.resolved.yaml", "config.json")
+# Suffixes of the metrics plotted by default (the ones papers print).
+HEADLINE_SUFFIXES = ("/acc", "/top1", "Has0_acc_2", "Non0_acc_2", "/Acc_2", "/R@1", "/MAE", "erank/fused")
+
+
+@dataclass
+class RunMetrics:
+    label: str
+    path: Path
+    metrics: dict[str, float]
+    meta: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+
+    @property
+    def num_views(self) -> float | None:
+        """Training M: ``meta["num_views"]``, else a ``num_views`` key in the config, else the
+        number of views the config's ``views`` list expands to (``copies`` per entry, as
+        ``mmviews.data.ViewSpec.from_config`` counts them)."""
+        for source in (self.meta, self.config or {}):
+            value = _find_key(source, "num_views")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        views = (self.config or {}).get("views")
+        if isinstance(views, list) and views:
+            try:
+                return float(sum(int(v.get("copies", 1)) if isinstance(v, dict) else 1 for v in views))
+            except (TypeError, ValueError):
+                return None
+        return None
+
+    @property
+    def objective(self) -> str:
+        if isinstance(self.meta.get("objective"), str):
+            return self.meta["objective"]
+        obj = (self.config or {}).get("objective")
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            return obj["name"]
+        return obj if isinstance(obj, str) else "run"
+
+
+def _find_key(node: Any, key: str) -> Any:
+    if isinstance(node, dict):
+        if key in node:
+            return node[key]
+        for value in node.values():
+            found = _find_key(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def load_run_metrics(path: str | Path) -> RunMetrics:
+    """Reads one run's metrics (and config). Raises FileNotFoundError / ValueError naming the file."""
+    path = Path(path)
+    if path.is_file():
+        metrics_file = path
+    else:
+        candidates = [path / "metrics.json", path / "eval" / "metrics.json"]
+        metrics_file = next((c for c in candidates if c.is_file()), None)
+        if metrics_file is None:
+            raise FileNotFoundError(f"no metrics.json in {path} or {path / 'eval'} (run 'mmviews eval {path}' first)")
+    try:
+        raw = json.loads(metrics_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{metrics_file} is not valid JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{metrics_file}: expected a JSON object, got {type(raw).__name__}")
+    metrics_raw = raw["metrics"] if isinstance(raw.get("metrics"), dict) else raw
+    meta = raw.get("meta", {}) if isinstance(raw.get("meta"), dict) else {}
+    metrics = {
+        k: float("nan") if v is None else float(v)
+        for k, v in metrics_raw.items()
+        if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    }
+    config = None
+    for folder in dict.fromkeys([metrics_file.parent, metrics_file.parent.parent]):
+        for name in CONFIG_NAMES:
+            f = folder / name
+            if f.is_file():
+                config = _read_config(f)
+                break
+        if config is not None:
+            break
+    run_dir = metrics_file.parent.parent if metrics_file.parent.name == "eval" else metrics_file.parent
+    return RunMetrics(run_dir.name or str(run_dir), run_dir, metrics, meta, config)
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+    else:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())  # safe_load: no code from data files
+    return data if isinstance(data, dict) else None
+
+
+def headline_metrics(keys: list[str], limit: int = 6) -> list[str]:
+    chosen = [k for k in keys if k.endswith(HEADLINE_SUFFIXES)]
+    return chosen[:limit]
+
+
+def _unique_labels(runs: list[RunMetrics]) -> None:
+    seen: dict[str, int] = {}
+    for r in runs:
+        if r.label in seen:
+            seen[r.label] += 1
+            r.label = f"{r.label}#{seen[r.label]}"
+        else:
+            seen[r.label] = 0
+
+
+def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str] | None = None) -> dict[str, Path]:
+    """Writes the comparison of ``paths`` into ``out_dir``; returns name -> written path."""
+    if not paths:
+        raise ValueError("compare needs at least one run")
+    runs = [load_run_metrics(p) for p in paths]
+    _unique_labels(runs)
+    keys = sorted(set().union(*(r.metrics for r in runs)))
+    if metrics:
+        missing = [m for m in metrics if m not in keys]
+        if missing:
+            raise ValueError(f"metrics {missing} are in none of the runs; known: {keys}")
+    plotted = metrics or headline_metrics(keys)
+    out = Path(out_dir)
+    written: dict[str, Path] = {}
+
+    header = ["metric"] + [r.label for r in runs]
+    lines = ["# Run comparison", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    info_rows = [("objective", [r.objective for r in runs]), ("num_views", [r.num_views for r in runs])]
+    for name, values in info_rows:
+        cells = ["-" if v is None else str(int(v)) if isinstance(v, float) and v.is_integer() else _format(v) for v in values]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for k in keys:
+        lines.append(f"| {k} | " + " | ".join(_format(r.metrics[k]) if k in r.metrics else "-" for r in runs) + " |")
+    lines += ["", "Runs: " + ", ".join(f"{r.label} = `{r.path}`" for r in runs), "", acc2_note(), ""]
+
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["run", "path", "objective", "num_views"] + keys)
+    for r in runs:
+        writer.writerow([r.label, str(r.path), r.objective, r.num_views] + [r.metrics.get(k, "") for k in keys])
+    written["csv"] = atomic_write_text(out / "comparison.csv", buf.getvalue())
+    written["json"] = atomic_write_json(
+        out / "comparison.json",
+        {r.label: {"path": str(r.path), "objective": r.objective, "num_views": r.num_views, "metrics": r.metrics} for r in runs},
+    )
+
+    if plotted:
+        written["metrics_bar"] = _plot_bars(runs, plotted, out / "metrics_bar.png")
+        views = {r.num_views for r in runs if r.num_views is not None}
+        if len(views) > 1:
+            written["metric_vs_views"] = _plot_vs_views(runs, plotted, out / "metric_vs_views.png")
+    if len(written) > 2:
+        lines.append("Plots: " + ", ".join(f"[{p.name}]({p.name})" for k, p in written.items() if k.endswith(("bar", "views"))))
+    written["markdown"] = atomic_write_text(out / "comparison.md", "\n".join(lines) + "\n")
+    return written
+
+
+def _plot_bars(runs: list[RunMetrics], keys: list[str], path: Path) -> Path:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(keys), figsize=(max(4.0, 1.2 * len(runs)) * len(keys) / 1.5, 4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        values = [r.metrics.get(key, math.nan) for r in runs]
+        ax.bar(np.arange(len(runs)), values, color=[f"C{i % 10}" for i in range(len(runs))])
+        ax.set_xticks(np.arange(len(runs)), [r.label for r in runs], rotation=45, ha="right", fontsize=8)
+        ax.set_title(key, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    return _save_figure(fig, path)
+
+
+def _plot_vs_views(runs: list[RunMetrics], keys: list[str], path: Path) -> Path:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        groups: dict[str, list[tuple[float, float]]] = {}
+        for r in runs:
+            if r.num_views is not None and key in r.metrics:
+                groups.setdefault(r.objective, []).append((r.num_views, r.metrics[key]))
+        for group, pts in sorted(groups.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=group)
+        ax.set_xlabel("number of views M")
+        ax.set_title(key, fontsize=9)
+        ax.grid(alpha=0.3)
+        if groups:
+            ax.legend(fontsize=7)
+    return _save_figure(fig, path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", help="run folders (or metrics.json files)")
+    parser.add_argument("--out", default="comparison", help="output folder (default: ./comparison)")
+    parser.add_argument("--metrics", nargs="+", default=None, help="metrics to plot (default: headline metrics)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        written = compare_runs(args.runs, args.out, args.metrics)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"mmviews compare: {err}", file=sys.stderr)
+        return 2
+    print((Path(args.out) / "comparison.md").read_text())
+    print("written: " + ", ".join(str(p) for p in written.values()))
+    return 0

@@ -1,0 +1,293 @@
+"""``evaluate_encoder``: the single evaluation entry used by the trainer and ``mmviews eval``.
+
+Tasks (strings, as in a recipe's ``eval.tasks`` list, or dicts with the same fields):
+
+- ``"linear"`` / ``"linear:KEY"``: logistic-regression probe on label KEY (default ``class``);
+- ``"knn"`` / ``"knn:KEY"``: weighted kNN (k = 200, T = 0.07) on label KEY (default ``class``);
+- ``"regression"`` / ``"regression:KEY"``: ridge probe on score KEY (default ``sentiment``);
+- ``"msa:DATASET"``: ridge probe on ``sentiment``, then ``msa_metrics(preds, labels, DATASET)``;
+- ``"retrieval"``: cross-view retrieval between view pairs, both directions (default: the
+  first view of each modality, all pairs; with one modality, all pairs of views);
+- ``"diagnostics"``: alignment, uniformity, ranks, vMF entropy, similarity histograms.
+
+Dict form: ``{"kind": "knn", "label": "class", "k": 20, "temperature": 0.1}``,
+``{"kind": "msa", "dataset": "mosei", "label": "sentiment"}``,
+``{"kind": "retrieval", "pairs": [["text_0", "audio_0"]], "ks": [1, 5, 10]}``,
+``{"kind": "diagnostics", "kappa": 10.0}``.
+
+Probes and kNN use the fused embeddings (``fuse="concat"`` or ``"mean"``); the metrics are
+computed on the test split (on the validation split when no test loader is given).
+Metric keys are ``"<split>/<task>/<...>"``, e.g. ``test/knn/class/top1``,
+``test/msa/mosi/Has0_acc_2``, ``test/retrieval/text_0->audio_0/R@1``, ``test/diag/unif``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import torch
+
+from mmviews.eval.diagnostics import representation_diagnostics
+from mmviews.eval.extract import Embeddings, Encoder, extract_embeddings
+from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics
+from mmviews.eval.probes import knn_accuracy, linear_probe_classification, linear_probe_regression
+from mmviews.eval.retrieval import cross_view_retrieval
+
+TASK_KINDS = ("linear", "knn", "regression", "msa", "retrieval", "diagnostics")
+# Spellings other layers use (the trainer's recipes write "linear_probe").
+TASK_ALIASES = {
+    "linear_probe": "linear",
+    "logistic": "linear",
+    "regression_probe": "regression",
+    "ridge": "regression",
+    "diagnostic": "diagnostics",
+}
+# Keyword parameters each task accepts in its dict form (checked before any extraction).
+TASK_PARAMS: dict[str, frozenset[str]] = {
+    "linear": frozenset({"weight_decays", "max_iter"}),
+    "knn": frozenset({"k", "temperature"}),
+    "regression": frozenset({"weight_decays"}),
+    "msa": frozenset({"weight_decays"}),
+    "retrieval": frozenset({"pairs", "ks"}),
+    "diagnostics": frozenset({"kappa", "max_samples"}),
+}
+_DEFAULT_LABEL = {"linear": "class", "knn": "class", "regression": "sentiment", "msa": "sentiment"}
+
+
+@dataclass
+class EvalTask:
+    kind: str
+    label: str | None = None
+    dataset: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs_train(self) -> bool:
+        return self.kind in ("linear", "knn", "regression", "msa")
+
+
+def parse_tasks(tasks: Iterable[str | Mapping[str, Any]] | str) -> list[EvalTask]:
+    """Parses task strings / dicts (see the module docstring) into :class:`EvalTask` objects."""
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    parsed = []
+    for spec in tasks:
+        if isinstance(spec, str):
+            kind, _, arg = spec.partition(":")
+            params: dict[str, Any] = {}
+            label = dataset = None
+            if kind == "msa":
+                dataset = arg or None
+            elif arg:
+                label = arg
+        elif isinstance(spec, Mapping):
+            params = dict(spec)
+            kind = str(params.pop("kind", ""))
+            label = params.pop("label", None)
+            dataset = params.pop("dataset", None)
+        else:
+            raise ValueError(f"an evaluation task must be a string or a mapping, got {spec!r}")
+        kind = TASK_ALIASES.get(kind, kind)
+        if kind not in TASK_KINDS:
+            raise ValueError(f"unknown evaluation task {spec!r}; kinds are {', '.join(TASK_KINDS)}")
+        if kind == "msa" and str(dataset).lower() not in ("mosi", "mosei", "sims"):
+            raise ValueError(f"task {spec!r}: msa needs a dataset among 'mosi', 'mosei', 'sims' (e.g. 'msa:mosi')")
+        unknown = set(params) - TASK_PARAMS[kind]
+        if unknown:
+            raise ValueError(
+                f"task {spec!r}: unknown parameter(s) {sorted(unknown)}; {kind} accepts {sorted(TASK_PARAMS[kind])}"
+            )
+        parsed.append(EvalTask(kind, label or _DEFAULT_LABEL.get(kind), dataset, params))
+    if not parsed:
+        raise ValueError("no evaluation tasks given")
+    return parsed
+
+
+def _label(emb: Embeddings, key: str, split: str) -> torch.Tensor:
+    if key not in emb.labels:
+        raise ValueError(f"label {key!r} is not in the {split} batches; they carry {sorted(emb.labels) or 'no labels'}")
+    return emb.labels[key]
+
+
+def _on(emb: Embeddings, device: torch.device) -> Embeddings:
+    return Embeddings(
+        emb.views.to(device), emb.mask.to(device), emb.fused.to(device),
+        {k: v.to(device) for k, v in emb.labels.items()}, emb.view_names, emb.index, emb.view_modalities,
+    )
+
+
+def _retrieval_pairs(emb: Embeddings, task: EvalTask) -> list[tuple[int, int]]:
+    names = emb.view_names
+    if "pairs" in task.params:
+        pairs = []
+        for a, b in task.params["pairs"]:
+            for n in (a, b):
+                if n not in names:
+                    raise ValueError(f"retrieval view {n!r} is not one of the views {names}")
+            pairs.append((names.index(a), names.index(b)))
+        return pairs
+    # Default: one view per modality (the first, i.e. slot 0) and all pairs of those; with a
+    # single modality, all pairs of its views.
+    modality_of = emb.view_modalities or names
+    firsts: dict[str, int] = {}
+    for i, mod in enumerate(modality_of):
+        firsts.setdefault(mod, i)
+    chosen = sorted(firsts.values()) if len(firsts) > 1 else list(range(len(names)))
+    return list(itertools.combinations(chosen, 2))
+
+
+def _compute(
+    tasks: list[EvalTask],
+    train: Embeddings | None,
+    val: Embeddings | None,
+    ev: Embeddings,
+    split: str,
+    seed: int,
+    device: torch.device,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    # Probes and kNN run on `device` (the accelerator's GPU when there is one): large
+    # splits are much faster there than on CPU.
+    train, val, ev = (None if e is None else _on(e, device) for e in (train, val, ev))
+    metrics: dict[str, float] = {}
+    data: dict[str, Any] = {}
+    for task in tasks:
+        if task.kind == "linear":
+            assert train is not None
+            res = linear_probe_classification(
+                train.fused, _label(train, task.label, "train"),
+                None if val is None else val.fused, None if val is None else _label(val, task.label, "val"),
+                ev.fused, _label(ev, task.label, split),
+                seed=seed, **task.params,
+            )
+            metrics[f"{split}/linear/{task.label}/acc"] = res.metrics["test_acc"]
+            metrics[f"val/linear/{task.label}/acc"] = res.val_score
+            metrics[f"linear/{task.label}/weight_decay"] = res.weight_decay
+        elif task.kind == "knn":
+            assert train is not None
+            metrics[f"{split}/knn/{task.label}/top1"] = knn_accuracy(
+                train.fused, _label(train, task.label, "train"), ev.fused, _label(ev, task.label, split),
+                **task.params,
+            )
+        elif task.kind in ("regression", "msa"):
+            assert train is not None
+            res = linear_probe_regression(
+                train.fused, _label(train, task.label, "train"),
+                None if val is None else val.fused, None if val is None else _label(val, task.label, "val"),
+                ev.fused, _label(ev, task.label, split),
+                seed=seed, **task.params,
+            )
+            if task.kind == "regression":
+                for k in ("test_mae", "test_mse", "test_r2"):
+                    if k in res.metrics:
+                        metrics[f"{split}/regression/{task.label}/{k[5:]}"] = res.metrics[k]
+                metrics[f"regression/{task.label}/weight_decay"] = res.weight_decay
+            else:
+                assert res.predictions is not None
+                for k, v in msa_metrics(res.predictions, _label(ev, task.label, split), task.dataset).items():
+                    metrics[f"{split}/msa/{task.dataset}/{k}"] = v
+                metrics[f"msa/{task.dataset}/weight_decay"] = res.weight_decay
+        elif task.kind == "retrieval":
+            for a, b in _retrieval_pairs(ev, task):
+                res = cross_view_retrieval(ev.views, ev.mask, a, b, ks=task.params.get("ks", (1, 5, 10)))
+                na, nb = ev.view_names[a], ev.view_names[b]
+                for k, v in res.items():
+                    if k.startswith("a2b/"):
+                        metrics[f"{split}/retrieval/{na}->{nb}/{k[4:]}"] = v
+                    elif k.startswith("b2a/"):
+                        metrics[f"{split}/retrieval/{nb}->{na}/{k[4:]}"] = v
+        elif task.kind == "diagnostics":
+            diag, diag_data = representation_diagnostics(ev.views, ev.mask, ev.fused, seed=seed, **task.params)
+            metrics.update({f"{split}/diag/{k}": v for k, v in diag.items()})
+            data.update(diag_data)
+    return metrics, data
+
+
+def evaluate_encoder(
+    encoder: Encoder,
+    train_loader: Any | None,
+    val_loader: Any | None,
+    test_loader: Any | None,
+    tasks: Sequence[str | Mapping[str, Any]] | str,
+    out_dir: str | os.PathLike | None = None,
+    accelerator: Any | None = None,
+    *,
+    fuse: Literal["concat", "mean"] = "concat",
+    log_csv: str | os.PathLike | None = None,
+    meta: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """Extracts embeddings of the splits the tasks need, computes the metrics and (with
+    ``out_dir``) writes the report (``metrics.json``, ``summary.md``, plots).
+
+    Args:
+        encoder: ``encoder(batch: ViewBatch) -> (z [K, M, d], mask [K, M])``.
+        train_loader, val_loader, test_loader: loaders of ViewBatch (unshuffled); train is
+            needed by probes and kNN; val (optional) selects the probes' weight decay; the
+            metrics are computed on test, or on val if test is None.
+        tasks: see the module docstring.
+        accelerator: an ``accelerate.Accelerator`` for multi-process extraction; the metrics
+            are computed on the main process and broadcast, and only it writes files.
+        log_csv: training log (``step,loss,...``) plotted in the report when it exists.
+        meta: extra run information stored in ``metrics.json``; ``mmviews compare`` reads
+            ``meta["objective"]`` and ``meta["num_views"]`` (the number of views M the
+            encoder was TRAINED with, which may differ from the evaluation views).
+        device: where probes, kNN and diagnostics run (default: the accelerator's device,
+            else CPU).
+    Returns:
+        Flat dict metric name -> float, identical on every process.
+    """
+    parsed = parse_tasks(tasks)
+    if test_loader is None and val_loader is None:
+        raise ValueError("evaluate_encoder needs a test or a validation loader to evaluate on")
+    needs_train = any(t.needs_train for t in parsed)
+    if needs_train and train_loader is None:
+        kinds = sorted({t.kind for t in parsed if t.needs_train})
+        raise ValueError(f"tasks {kinds} need a train_loader")
+    split = "test" if test_loader is not None else "val"
+    eval_loader = test_loader if test_loader is not None else val_loader
+
+    def extract(loader: Any, name: str) -> Embeddings:
+        return extract_embeddings(encoder, loader, accelerator, fuse, desc=f"embeddings ({name})")
+
+    train = extract(train_loader, "train") if needs_train else None
+    val = extract(val_loader, "val") if needs_train and val_loader is not None and split == "test" else None
+    ev = extract(eval_loader, split)
+
+    is_main = accelerator is None or accelerator.is_main_process
+    metrics: dict[str, float] = {}
+    if is_main:
+        if device is None:
+            device = accelerator.device if accelerator is not None else "cpu"
+        metrics, data = _compute(parsed, train, val, ev, split, seed, torch.device(device))
+        info: dict[str, Any] = {
+            "eval_split": split,
+            # the views evaluated; the trainer passes the training M as meta["num_views"]
+            "eval_num_views": len(ev.view_names),
+            "views": ", ".join(ev.view_names),
+            "fuse": fuse,
+            "tasks": ", ".join(f"{t.kind}:{t.dataset or t.label}" if t.label or t.dataset else t.kind for t in parsed),
+            f"n_{split}": ev.num_samples,
+            "embedding_dim": int(ev.views.shape[2]),
+        }
+        if train is not None:
+            info["n_train"] = train.num_samples
+        if val is not None:
+            info["n_val"] = val.num_samples
+        if any(t.kind == "msa" for t in parsed):
+            info["acc2_conventions"] = dict(ACC2_CONVENTIONS)
+        info.update(meta or {})
+        if out_dir is not None:
+            from mmviews.eval.report import write_report
+
+            write_report(out_dir, metrics, meta=info, data=data, log_csv=log_csv)
+    if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        box = [metrics]
+        broadcast_object_list(box, from_process=0)
+        metrics = box[0]
+    return metrics

@@ -1,0 +1,249 @@
+"""Evaluation reports: ``metrics.json``, a Markdown summary and PNG plots.
+
+Every file is written to a temporary name in the same folder and moved into place with
+``os.replace``, so a crash never leaves a half-written report. Plots use matplotlib's Agg
+backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from mmviews.eval.metrics import ACC2_CONVENTIONS
+
+
+def _umask_mode() -> int:
+    # mkstemp creates 0600 files; reports should get the usual permissions (0644 under umask 022)
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    _atomic_write_bytes(path, text.encode("utf-8"))
+    return path
+
+
+def _jsonable(obj: Any) -> Any:
+    """NaN/inf become None (standard JSON has no NaN); numpy/torch scalars become floats."""
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    path = Path(path)
+    _atomic_write_bytes(path, (json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+    return path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        _pyplot().close(fig)
+    return path
+
+
+def read_log_csv(csv_path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Reads a training log with a ``step`` column; returns column -> (steps, values) for
+    every other column that has numeric values (empty cells are skipped)."""
+    csv_path = Path(csv_path)
+    if not csv_path.is_file():
+        raise FileNotFoundError(f"training log {csv_path} does not exist")
+    with csv_path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or "step" not in reader.fieldnames:
+            raise ValueError(f"{csv_path}: a training log needs a 'step' column, got columns {reader.fieldnames}")
+        columns: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in reader.fieldnames if c != "step"}
+        for line_no, row in enumerate(reader, start=2):
+            try:
+                step = float(row["step"])
+            except (TypeError, ValueError):
+                raise ValueError(f"{csv_path}:{line_no}: step {row['step']!r} is not a number") from None
+            for c in columns:
+                try:
+                    value = float(row[c])
+                except (TypeError, ValueError):
+                    continue  # empty cell (metric not logged at this step) or text column
+                columns[c][0].append(step)
+                columns[c][1].append(value)
+    return {c: (np.asarray(s), np.asarray(v)) for c, (s, v) in columns.items() if v}
+
+
+def plot_training_curves(csv_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
+    """One panel per logged quantity (loss, lr, ...) against the step."""
+    curves = read_log_csv(csv_path)
+    if not curves:
+        raise ValueError(f"{csv_path}: no numeric column besides 'step'")
+    plt = _pyplot()
+    n = len(curves)
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False, layout="constrained")
+    for ax, (name, (steps, values)) in zip(axes.flat, curves.items()):
+        ax.plot(steps, values, lw=1.2)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("training curves")
+    return _save_figure(fig, Path(out_png))
+
+
+def plot_similarity_histograms(pos: np.ndarray, neg: np.ndarray, out_png: str | os.PathLike) -> Path:
+    """Overlaid densities of positive- and negative-pair cosine similarities on [-1, 1]."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bins = np.linspace(-1.0, 1.0, 81)
+    if len(neg):
+        ax.hist(np.asarray(neg), bins=bins, density=True, alpha=0.6, label=f"negative pairs (n={len(neg)})")
+    if len(pos):
+        ax.hist(np.asarray(pos), bins=bins, density=True, alpha=0.6, label=f"positive pairs (n={len(pos)})")
+    ax.set_xlabel("cosine similarity")
+    ax.set_ylabel("density")
+    ax.legend()
+    ax.set_title("positive vs negative similarities")
+    return _save_figure(fig, Path(out_png))
+
+
+def plot_spectrum(spectra: Mapping[str, np.ndarray], out_png: str | os.PathLike) -> Path:
+    """Normalised singular values (s / s_max) on a log scale, one line per embedding matrix."""
+    if not spectra:
+        raise ValueError("plot_spectrum needs at least one spectrum")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, s in spectra.items():
+        s = np.asarray(s, dtype=np.float64)
+        if s.size == 0 or s[0] <= 0:
+            continue
+        ax.semilogy(np.arange(1, s.size + 1), np.maximum(s / s[0], 1e-16), label=name)
+    ax.set_xlabel("index")
+    ax.set_ylabel("singular value / largest")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title("singular-value spectrum")
+    return _save_figure(fig, Path(out_png))
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "n/a"
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+    return str(value)
+
+
+def acc2_note() -> str:
+    """The Markdown paragraph that names the Acc-2 conventions."""
+    lines = ["Acc-2 conventions (papers disagree on which one they print; both are reported):", ""]
+    lines += [f"- `{k}`: {v}" for k, v in ACC2_CONVENTIONS.items()]
+    return "\n".join(lines)
+
+
+def markdown_summary(metrics: Mapping[str, Any], meta: Mapping[str, Any] | None = None, title: str = "Evaluation") -> str:
+    lines = [f"# {title}", ""]
+    for k, v in (meta or {}).items():
+        if isinstance(v, (str, int, float, bool)):
+            lines.append(f"- {k}: {_format(v)}")
+    lines += ["", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {_format(v)} |" for k, v in sorted(metrics.items())]
+    lines += ["", "Accuracies, F1 and R@k are fractions in [0, 1].", "", acc2_note(), ""]
+    return "\n".join(lines)
+
+
+def write_report(
+    out_dir: str | os.PathLike,
+    metrics: Mapping[str, Any],
+    *,
+    meta: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+    log_csv: str | os.PathLike | None = None,
+    title: str = "mmviews evaluation",
+) -> dict[str, Path]:
+    """Writes ``metrics.json`` (``{"metrics": ..., "meta": ...}``), ``summary.md`` and plots.
+
+    Args:
+        metrics: flat name -> value mapping.
+        meta: run information (dataset sizes, view names, tasks ...), stored in the JSON.
+        data: arrays from :func:`mmviews.eval.representation_diagnostics`: ``sim_pos`` /
+            ``sim_neg`` give ``similarity_hist.png``; ``spectrum/<name>`` entries give
+            ``spectrum.png``.
+        log_csv: a training log with columns ``step,loss,...`` for ``training_curves.png``
+            (skipped, with a note in the summary, if it does not exist).
+    Returns:
+        name -> written path.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    data = data or {}
+    notes: list[str] = []
+    if log_csv is not None:
+        if Path(log_csv).is_file():
+            written["training_curves"] = plot_training_curves(log_csv, out / "training_curves.png")
+        else:
+            notes.append(f"No training log at {log_csv}; training curves not plotted.")
+    if "sim_pos" in data and "sim_neg" in data:
+        written["similarity_hist"] = plot_similarity_histograms(data["sim_pos"], data["sim_neg"], out / "similarity_hist.png")
+    spectra = {k.split("/", 1)[1]: v for k, v in data.items() if k.startswith("spectrum/")}
+    if spectra:
+        written["spectrum"] = plot_spectrum(spectra, out / "spectrum.png")
+    meta = dict(meta or {})
+    meta["plots"] = sorted(p.name for p in written.values())
+    written["metrics"] = atomic_write_json(out / "metrics.json", {"metrics": dict(metrics), "meta": meta})
+    summary = markdown_summary(metrics, meta, title)
+    if notes:
+        summary += "\n" + "\n".join(notes) + "\n"
+    if written.keys() - {"metrics"}:
+        summary += "\nPlots: " + ", ".join(f"[{p.name}]({p.name})" for k, p in written.items() if k != "metrics") + "\n"
+    written["summary"] = atomic_write_text(out / "summary.md", summary)
+    return written

@@ -1,0 +1,169 @@
+"""Embedding extraction: single process, fusion, and 2 real processes with gather_for_metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from mmviews.data.batch import ViewBatch, ViewInfo
+from mmviews.eval import extract_embeddings, fuse_views
+
+VIEWS = [ViewInfo("feat_0", "feat", 0), ViewInfo("feat_1", "feat", 1, natural=False)]
+
+
+class Toy(Dataset):
+    """Sample i has two 4-d views derived from i; view 1 is absent for i % 3 == 0."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        x = torch.arange(8, dtype=torch.float32).reshape(2, 4) + 10.0 * i
+        return {"x": x, "i": i}
+
+
+def collate(items) -> ViewBatch:
+    x = torch.stack([it["x"] for it in items])  # [K, 2, 4], sample-major below
+    idx = torch.tensor([it["i"] for it in items])
+    mask = torch.ones(len(items), 2, dtype=torch.bool)
+    mask[:, 1] = idx % 3 != 0
+    return ViewBatch(
+        inputs={"feat": {"values": x.reshape(-1, 4)}},
+        views=VIEWS,
+        mask=mask,
+        labels={"class": idx % 2, "sentiment": idx.double() / 10},
+        index=idx,
+    )
+
+
+class Enc(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.arange(12, dtype=torch.float32).reshape(3, 4) / 10)
+            self.lin.bias.zero_()
+
+    def forward(self, batch: ViewBatch):
+        z = self.lin(batch.inputs["feat"]["values"]).reshape(batch.num_samples, 2, 3)
+        return z, batch.mask
+
+
+def _reference(n: int) -> torch.Tensor:
+    x = torch.arange(8, dtype=torch.float32).reshape(1, 2, 4) + 10.0 * torch.arange(n, dtype=torch.float32)[:, None, None]
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 10
+    return x @ w.T  # [n, 2, 3]
+
+
+def test_extract_single_process_matches_direct_computation():
+    enc = Enc()
+    enc.train()
+    loader = DataLoader(Toy(7), batch_size=3, collate_fn=collate)
+    emb = extract_embeddings(enc, loader, fuse="concat")
+    assert enc.training, "train mode must be restored"
+    assert emb.views.shape == (7, 2, 3)
+    torch.testing.assert_close(emb.views, _reference(7))
+    assert emb.mask[:, 1].tolist() == [i % 3 != 0 for i in range(7)]
+    assert emb.index.tolist() == list(range(7))
+    assert emb.labels["class"].tolist() == [i % 2 for i in range(7)]
+    assert emb.view_names == ["feat_0", "feat_1"]
+    # concat zeroes the absent view
+    expected = _reference(7) * emb.mask[..., None]
+    torch.testing.assert_close(emb.fused, expected.flatten(1))
+    assert not emb.views.requires_grad
+
+
+def test_fuse_mean_ignores_absent_views():
+    v = torch.tensor([[[1.0, 1.0], [3.0, 5.0]], [[2.0, 0.0], [100.0, 100.0]]])
+    m = torch.tensor([[True, True], [True, False]])
+    torch.testing.assert_close(fuse_views(v, m, "mean"), torch.tensor([[2.0, 3.0], [2.0, 0.0]]))
+    with pytest.raises(ValueError, match="fuse"):
+        fuse_views(v, m, "max")
+
+
+def test_encoder_with_wrong_shape_is_rejected():
+    loader = DataLoader(Toy(4), batch_size=2, collate_fn=collate)
+    with pytest.raises(ValueError, match="encoder must return"):
+        extract_embeddings(lambda b: (torch.zeros(2, 3), b.mask), loader)
+
+
+# Run by 2 processes; it imports the dataset, collate and encoder above from this file.
+SCRIPT = textwrap.dedent(
+    '''
+    import json, sys
+    sys.path.insert(0, sys.argv[2])
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from mmviews.eval import evaluate_encoder, extract_embeddings
+    from test_eval_extract import Enc, Toy, collate
+
+    acc = Accelerator(cpu=True)
+    loader = DataLoader(Toy(7), batch_size=2, collate_fn=collate)
+    emb = extract_embeddings(Enc(), loader, accelerator=acc, fuse="mean")
+    out = {
+        "world": acc.num_processes,
+        "n": emb.num_samples,
+        "index": emb.index.tolist(),
+        "views": emb.views.tolist(),
+        "mask": emb.mask.tolist(),
+        "class": emb.labels["class"].tolist(),
+    }
+    out["metrics"] = evaluate_encoder(
+        Enc(), DataLoader(Toy(9), batch_size=2, collate_fn=collate), None,
+        DataLoader(Toy(7), batch_size=2, collate_fn=collate),
+        [{"kind": "knn", "k": 3}, "retrieval"], out_dir=sys.argv[1] + "/report", accelerator=acc,
+        meta={"rank_written": acc.process_index},
+    )
+    with open(sys.argv[1] + f"/rank{acc.process_index}.json", "w") as f:
+        json.dump(out, f)
+    '''
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
+    script = tmp_path / "extract_ddp.py"
+    script.write_text(SCRIPT)
+    launcher = Path(sys.executable).with_name("accelerate")
+    cmd = [
+        str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        str(script), str(tmp_path), str(Path(__file__).parent),
+    ]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    outs = []
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert out["world"] == 2
+        # 7 samples over 2 processes with batch 2: the last step pads one duplicate
+        # sample, which gather_for_metrics must drop.
+        assert out["n"] == 7
+        assert sorted(out["index"]) == list(range(7))
+        order = torch.tensor(out["index"]).argsort()
+        torch.testing.assert_close(torch.tensor(out["views"])[order], _reference(7))
+        assert torch.tensor(out["mask"])[order][:, 1].tolist() == [i % 3 != 0 for i in range(7)]
+        assert torch.tensor(out["class"])[order].tolist() == [i % 2 for i in range(7)]
+        outs.append(out)
+    # metrics computed once on the main process and broadcast: identical on both ranks
+    assert outs[0]["metrics"] == outs[1]["metrics"] and "test/knn/class/top1" in outs[0]["metrics"]
+    saved = json.loads((tmp_path / "report" / "metrics.json").read_text())
+    assert saved["meta"]["rank_written"] == 0 and saved["meta"]["n_test"] == 7 and saved["meta"]["n_train"] == 9
