@@ -1,0 +1,481 @@
+"""The adapter contract shared by every modality.
+
+An adapter maps one view to one point on the unit sphere of the shared space:
+
+    inputs (dict) -> preprocess -> backbone -> pool -> projection head -> L2 normalise -> [B, d]
+
+``features(inputs)`` runs the first three steps and returns the pooled backbone features,
+``[B, F]`` (or ``[B, T, F]`` for inputs made of several frames, pooled over time after the
+head). ``project(features)`` runs the head and the normalisation. The split is what the
+feature cache (:mod:`mmviews.modalities.cache`) uses to skip a frozen backbone.
+
+No temperature is applied here: it belongs to the objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+# type name -> Adapter subclass, filled by @register_adapter.
+ADAPTERS: dict[str, type["Adapter"]] = {}
+
+
+# --------------------------------------------------------------------------- configs
+
+
+@dataclass
+class HeadConfig:
+    """Projection head. ``kind="linear"``: one Linear. ``kind="mlp"`` (SimCLR-style):
+    ``num_layers`` Linear layers (>= 2) with BatchNorm (optional) and an activation
+    between them; the last layer has no norm and no activation."""
+
+    kind: str = "mlp"
+    hidden_dim: int | None = None  # None: max(feature_dim, embed_dim)
+    num_layers: int = 2
+    batch_norm: bool = True
+    activation: str = "relu"  # relu | gelu
+    dropout: float = 0.0
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA through ``peft`` on the backbone's linear layers. ``target_modules`` None
+    uses the adapter's default (e.g. BERT ``query``/``value``)."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] | None = None
+
+
+@dataclass
+class FinetuneConfig:
+    """How much of the backbone trains.
+
+    ``mode``: ``"full"`` (everything), ``"frozen"`` (nothing; the backbone runs in eval
+    mode and without autograd, and its outputs can be cached), or ``"last_n"`` (the last
+    ``last_n`` blocks plus whatever follows them, e.g. a final LayerNorm). ``lora`` adds
+    LoRA matrices (trainable) on top of any mode; with ``"frozen"`` only they train.
+    """
+
+    mode: str = "full"
+    last_n: int = 0
+    lora: LoRAConfig | None = None
+
+
+@dataclass
+class AdapterConfig:
+    """Fields common to every adapter. Subclasses add their backbone's fields."""
+
+    type: ClassVar[str] = ""
+    embed_dim: int = 128
+    head: HeadConfig = field(default_factory=HeadConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"type": self.type}
+        out.update(dataclasses.asdict(self))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AdapterConfig":
+        data = dict(data)
+        given_type = data.pop("type", cls.type)
+        if given_type != cls.type:
+            raise ValueError(f"config of type {given_type!r} given to {cls.__name__} (type {cls.type!r})")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {unknown} in {cls.type!r} adapter config; allowed: {sorted(names)}"
+            )
+        if isinstance(data.get("head"), Mapping):
+            data["head"] = _dataclass_from_dict(HeadConfig, data["head"], "head")
+        if isinstance(data.get("finetune"), Mapping):
+            ft = dict(data["finetune"])
+            if isinstance(ft.get("lora"), Mapping):
+                ft["lora"] = _dataclass_from_dict(LoRAConfig, ft["lora"], "finetune.lora")
+            data["finetune"] = _dataclass_from_dict(FinetuneConfig, ft, "finetune")
+        return cls(**data)
+
+
+def _dataclass_from_dict(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in {where!r}; allowed: {sorted(names)}")
+    return cls(**data)
+
+
+# --------------------------------------------------------------------------- head
+
+
+class ProjectionHead(nn.Module):
+    """Linear or MLP projection ``[N, in_dim] -> [N, out_dim]`` (not normalised)."""
+
+    def __init__(self, in_dim: int, out_dim: int, config: HeadConfig) -> None:
+        super().__init__()
+        if config.kind == "linear":
+            self.net: nn.Module = nn.Linear(in_dim, out_dim)
+        elif config.kind == "mlp":
+            if config.num_layers < 2:
+                raise ValueError(f"head.num_layers must be >= 2 for an MLP head, got {config.num_layers}")
+            hidden = config.hidden_dim or max(in_dim, out_dim)
+            acts = {"relu": nn.ReLU, "gelu": nn.GELU}
+            if config.activation not in acts:
+                raise ValueError(f"head.activation must be one of {sorted(acts)}, got {config.activation!r}")
+            layers: list[nn.Module] = []
+            dim = in_dim
+            for _ in range(config.num_layers - 1):
+                # BatchNorm's shift makes the Linear bias redundant.
+                layers.append(nn.Linear(dim, hidden, bias=not config.batch_norm))
+                if config.batch_norm:
+                    layers.append(nn.BatchNorm1d(hidden))
+                layers.append(acts[config.activation]())
+                if config.dropout > 0:
+                    layers.append(nn.Dropout(config.dropout))
+                dim = hidden
+            layers.append(nn.Linear(dim, out_dim))
+            self.net = nn.Sequential(*layers)
+        else:
+            raise ValueError(f"head.kind must be 'linear' or 'mlp', got {config.kind!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+# --------------------------------------------------------------------------- adapter
+
+
+def register_adapter(cls: type["Adapter"]) -> type["Adapter"]:
+    """Class decorator: make ``cls`` buildable from a config dict with its ``type``."""
+    ADAPTERS[cls.config_class.type] = cls
+    return cls
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x [B, L, D]`` over the positions where ``mask [B, L]`` is True.
+    Rows with no True position give zeros (not NaN)."""
+    m = mask.to(x.dtype).unsqueeze(-1)
+    return (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+def lengths_to_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``[B]`` lengths -> ``[B, max_len]`` bool, True at valid positions."""
+    return torch.arange(max_len, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def require_tensor(inputs: Mapping[str, Any], key: str, where: str) -> torch.Tensor:
+    if key not in inputs:
+        raise ValueError(f"{where}: input dict has no key {key!r} (keys: {sorted(inputs)})")
+    x = inputs[key]
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{where}: inputs[{key!r}] must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def check_finite(x: torch.Tensor, where: str) -> None:
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{where}: {bad} non-finite value(s) (NaN/inf) in input of shape {tuple(x.shape)}")
+
+
+def subset_inputs(inputs: Mapping[str, Any], rows: torch.Tensor, batch_size: int) -> dict[str, Any]:
+    """The items ``rows`` of an input dict: tensors and lists whose first dimension is
+    ``batch_size`` are indexed, everything else (e.g. ``sample_rate``) is kept."""
+    out: dict[str, Any] = {}
+    idx = rows.tolist()
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch_size:
+            out[k] = v[rows.to(v.device)]
+        elif isinstance(v, (list, tuple)) and len(v) == batch_size:
+            out[k] = [v[i] for i in idx]
+        else:
+            out[k] = v
+    return out
+
+
+class Adapter(nn.Module):
+    """Base class: one modality's view -> unit vector ``[B, embed_dim]``.
+
+    Subclasses set ``config_class``, build ``self.backbone`` and ``self.feature_dim`` in
+    ``__init__`` and then call ``self._finish_init()``; they implement ``preprocess`` and
+    ``encode`` (backbone + pooling), and list their blocks for ``last_n`` fine-tuning.
+    """
+
+    config_class: ClassVar[type[AdapterConfig]] = AdapterConfig
+    # peft target module names used when ``finetune.lora.target_modules`` is None.
+    default_lora_targets: ClassVar[list[str] | None] = None
+
+    backbone: nn.Module
+    feature_dim: int
+
+    def __init__(self, config: AdapterConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    # ---- construction -----------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: AdapterConfig | Mapping[str, Any]) -> "Adapter":
+        """Build from a config object or dict (``{"type": ..., ...}``). On the base class
+        the ``type`` key picks the subclass."""
+        if isinstance(config, Mapping):
+            if cls is Adapter:
+                return build_adapter(config)
+            config = cls.config_class.from_dict(config)
+        if cls is Adapter:
+            return ADAPTERS[config.type](config)
+        return cls(config)  # type: ignore[call-arg]
+
+    def _finish_init(self) -> None:
+        self.head = ProjectionHead(self.feature_dim, self.config.embed_dim, self.config.head)
+        self._apply_finetune()
+
+    def backbone_blocks(self) -> list[nn.Module]:
+        """The backbone's repeated blocks, input to output (for ``last_n``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support finetune.mode='last_n'")
+
+    def backbone_tail(self) -> list[nn.Parameter]:
+        """Backbone parameters after the last block (final norm, pooler); they train
+        whenever ``last_n > 0``."""
+        return []
+
+    def _apply_finetune(self) -> None:
+        ft = self.config.finetune
+        if ft.mode not in ("full", "frozen", "last_n"):
+            raise ValueError(f"finetune.mode must be 'full', 'frozen' or 'last_n', got {ft.mode!r}")
+        if ft.lora is not None:
+            self._inject_lora(ft.lora)
+        for p in self.backbone.parameters():
+            p.requires_grad_(ft.mode == "full")
+        if ft.mode == "last_n":
+            blocks = self.backbone_blocks()
+            if not 0 <= ft.last_n <= len(blocks):
+                raise ValueError(f"finetune.last_n must be in [0, {len(blocks)}] for this backbone, got {ft.last_n}")
+            if ft.last_n > 0:
+                for block in blocks[len(blocks) - ft.last_n :]:
+                    block.requires_grad_(True)
+                for p in self.backbone_tail():
+                    p.requires_grad_(True)
+        if ft.lora is not None:
+            for name, p in self.backbone.named_parameters():
+                if "lora_" in name:
+                    p.requires_grad_(True)
+
+    def _inject_lora(self, lora: LoRAConfig) -> None:
+        try:
+            from peft import LoraConfig, inject_adapter_in_model
+        except ImportError as e:  # optional extra
+            raise ImportError("finetune.lora needs peft: pip install 'mmviews[lora]'") from e
+        targets = lora.target_modules or self.default_lora_targets
+        if not targets:
+            raise ValueError(
+                f"{type(self).__name__} has no default LoRA targets; set finetune.lora.target_modules"
+            )
+        cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(targets))
+        self.backbone = inject_adapter_in_model(cfg, self.backbone)
+
+    @property
+    def backbone_frozen(self) -> bool:
+        """True when no backbone parameter trains (its outputs may be cached)."""
+        return not any(p.requires_grad for p in self.backbone.parameters())
+
+    def train(self, mode: bool = True) -> "Adapter":
+        super().train(mode)
+        if self.backbone_frozen:
+            # A frozen backbone keeps dropout off and BatchNorm statistics fixed.
+            self.backbone.eval()
+        return self
+
+    # ---- forward ----------------------------------------------------------------
+
+    def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
+        """Validate and turn the batch's input dict into backbone inputs. ``present`` [B]
+        bool marks real items; absent ones (zero-filled slots) skip the emptiness checks."""
+        raise NotImplementedError
+
+    def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
+        """Backbone + pooling: ``[B, F]`` or ``[B, T, F]``."""
+        raise NotImplementedError
+
+    def features(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> torch.Tensor:
+        """Pooled backbone features ``[B, F]`` (or ``[B, T, F]`` per frame)."""
+        prepared = self.preprocess(inputs, present)
+        if self.backbone_frozen:
+            with torch.no_grad():
+                return self.encode(prepared)
+        return self.encode(prepared)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Head + L2 normalisation: ``[B, F] -> [B, d]``. For ``[B, T, F]`` every frame is
+        projected and normalised, averaged over T and normalised again."""
+        if features.dim() == 3:
+            b, t, f = features.shape
+            z = F.normalize(self._head(features.reshape(b * t, f)), dim=-1)
+            return F.normalize(z.reshape(b, t, -1).mean(1), dim=-1)
+        return F.normalize(self._head(features), dim=-1)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1 and self.head.training:
+            # BatchNorm has no batch statistics for one row (e.g. the only present view
+            # of a modality in a batch): use its running statistics for this call.
+            self.head.eval()
+            try:
+                return self.head(x)
+            finally:
+                self.head.train()
+        return self.head(x)
+
+    def forward(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> torch.Tensor:
+        """``inputs`` (see :mod:`mmviews.data.batch`) -> unit vectors ``[B, embed_dim]``.
+
+        ``present [B]`` bool (optional): absent items (zero-filled slots of missing views)
+        are skipped by the backbone and the head (so they cannot shift BatchNorm
+        statistics) and come back as zero vectors."""
+        if present is None or bool(present.all()):
+            return self.project(self.features(inputs, None))
+        present = present.bool()
+        batch = int(present.numel())
+        head_param = next(self.head.parameters())
+        out = head_param.new_zeros(batch, self.config.embed_dim)
+        rows = torch.nonzero(present.cpu()).flatten()
+        if rows.numel() == 0:
+            return out
+        z = self.project(self.features(subset_inputs(inputs, rows, batch), None))
+        return out.index_put((rows.to(out.device),), z)
+
+    def preprocessing_signature(self) -> dict[str, Any]:
+        """JSON-able description of everything besides the backbone weights that decides
+        ``features()`` (config fields other than the head's); part of the cache key."""
+        cfg = self.config.to_dict()
+        for k in ("head", "embed_dim", "finetune"):
+            cfg.pop(k, None)
+        return cfg
+
+    # ---- optimisation -----------------------------------------------------------
+
+    def param_groups(
+        self, backbone_lr: float, head_lr: float, weight_decay: float = 0.0
+    ) -> list[dict[str, Any]]:
+        """Optimizer parameter groups: backbone and head at their own learning rates;
+        biases and norm weights (1-D tensors) without weight decay. Frozen parameters
+        are left out; empty groups are dropped."""
+        backbone_ids = {id(p) for p in self.backbone.parameters()}
+        buckets: dict[tuple[str, bool], list[nn.Parameter]] = {}
+        for p in self.parameters():
+            if not p.requires_grad:
+                continue
+            part = "backbone" if id(p) in backbone_ids else "head"
+            buckets.setdefault((part, p.ndim >= 2), []).append(p)
+        groups = []
+        for (part, decay), params in sorted(buckets.items()):
+            groups.append(
+                {
+                    "name": f"{part}{'' if decay else '_no_decay'}",
+                    "params": params,
+                    "lr": backbone_lr if part == "backbone" else head_lr,
+                    "weight_decay": weight_decay if decay else 0.0,
+                }
+            )
+        return groups
+
+    # ---- persistence ------------------------------------------------------------
+
+    def _save_extra(self, directory: Path) -> None:
+        """Save what rebuilding the architecture needs besides config.json (HF configs,
+        tokenizers, feature extractors)."""
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (whole adapter) to ``directory``."""
+        from safetensors.torch import save_model
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self._save_extra(d)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=WEIGHTS_NAME, suffix=".tmp")
+        os.close(fd)
+        try:
+            save_model(self, tmp)  # handles tied (shared) tensors
+            os.replace(tmp, d / WEIGHTS_NAME)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        _atomic_write_text(d / CONFIG_NAME, json.dumps(self.config.to_dict(), indent=2))
+        return d
+
+    @classmethod
+    def _build_for_load(cls, config: AdapterConfig, directory: Path) -> "Adapter":
+        """The architecture of a saved adapter, without fetching pretrained weights
+        (subclasses with HF backbones read the configs saved by ``_save_extra``)."""
+        return cls(config, load_weights=False, saved_dir=directory)  # type: ignore[call-arg]
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike[str]) -> "Adapter":
+        """Load an adapter saved by :meth:`save_pretrained`."""
+        from safetensors.torch import load_model
+
+        d = Path(directory)
+        cfg_path, weights = d / CONFIG_NAME, d / WEIGHTS_NAME
+        for p in (cfg_path, weights):
+            if not p.is_file():
+                raise FileNotFoundError(f"no saved adapter at {d}: missing {p.name}")
+        data = json.loads(cfg_path.read_text())
+        kind = data.get("type")
+        if kind not in ADAPTERS:
+            raise ValueError(f"{cfg_path}: unknown adapter type {kind!r}; known: {sorted(ADAPTERS)}")
+        target = ADAPTERS[kind]
+        if cls is not Adapter and not issubclass(target, cls):
+            raise ValueError(f"{cfg_path} holds a {kind!r} adapter, not a {cls.__name__}")
+        config = target.config_class.from_dict(data)
+        adapter = target._build_for_load(config, d)
+        load_model(adapter, str(weights), strict=True)
+        return adapter
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    def extra_repr(self) -> str:
+        return f"type={self.config.type!r}, embed_dim={self.config.embed_dim}, finetune={self.config.finetune.mode!r}"
+
+
+def build_adapter(config: Mapping[str, Any] | AdapterConfig) -> Adapter:
+    """Build an adapter from a dict such as ``{"type": "text", "embed_dim": 128, ...}``."""
+    if isinstance(config, AdapterConfig):
+        return ADAPTERS[config.type](config)
+    if not isinstance(config, Mapping) or "type" not in config:
+        raise ValueError(f"adapter config must be a dict with a 'type' key (one of {sorted(ADAPTERS)}), got {config!r}")
+    kind = config["type"]
+    if kind not in ADAPTERS:
+        raise ValueError(f"unknown adapter type {kind!r}; known: {sorted(ADAPTERS)}")
+    cls = ADAPTERS[kind]
+    return cls(cls.config_class.from_dict(config))
+
+
+def check_local_or_hub(name: str, what: str) -> None:
+    """Raise FileNotFoundError when ``name`` looks like a filesystem path that does not
+    exist (absolute, ``./``, ``../``, ``~``, or more than one ``/``, which no hub id has).
+    Other strings are hub ids (``org/name``)."""
+    looks_local = os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1
+    if looks_local and not os.path.exists(os.path.expanduser(name)):
+        raise FileNotFoundError(f"{what}: local path {name!r} does not exist")

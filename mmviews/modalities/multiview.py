@@ -1,0 +1,218 @@
+"""``MultiViewEncoder``: a set of adapters (one per modality) applied to a ``ViewBatch``.
+
+View order: ``z[:, i]`` is the embedding of ``batch.views[i]``, the batch's global view
+order. All views of one modality are encoded by one backbone call on the modality's
+stacked inputs (sample-major: item ``k * V_m + v``), reshaped to ``[K, V_m, d]`` and
+scattered to the positions of that modality's views (by slot). Absent views
+(``batch.mask`` False) come out as zero vectors; objectives ignore them via the mask.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from mmviews.data.batch import ViewBatch
+
+from .base import Adapter, _atomic_write_text, build_adapter
+from .cache import FeatureCache
+
+ENCODER_CONFIG = "encoder.json"
+
+
+class MultiViewEncoder(nn.Module):
+    def __init__(self, adapters: Mapping[str, Adapter]) -> None:
+        super().__init__()
+        if not adapters:
+            raise ValueError("MultiViewEncoder needs at least one adapter")
+        dims = {name: a.config.embed_dim for name, a in adapters.items()}
+        if len(set(dims.values())) != 1:
+            raise ValueError(f"all adapters must share embed_dim; got {dims}")
+        self.adapters = nn.ModuleDict(dict(adapters))
+        self.embed_dim = next(iter(dims.values()))
+        self.caches: dict[str, FeatureCache] = {}
+
+    # ---- construction / persistence --------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "MultiViewEncoder":
+        """``{"embed_dim": 128, "modalities": {"text": {"type": "text", ...}, ...}}``, or
+        directly ``{"text": {...}, "vision": {...}}``. A top-level ``embed_dim`` fills the
+        adapters that do not set their own."""
+        config = dict(config)
+        embed_dim = config.pop("embed_dim", None)
+        modalities = config.pop("modalities", None)
+        if modalities is None:
+            modalities = config
+        elif config:
+            raise ValueError(f"unknown encoder config key(s) {sorted(config)}; allowed: embed_dim, modalities")
+        if not isinstance(modalities, Mapping) or not modalities:
+            raise ValueError("encoder config needs a non-empty mapping modality -> adapter config")
+        adapters = {}
+        for name, cfg in modalities.items():
+            if not isinstance(cfg, Mapping):
+                raise ValueError(f"encoder config for modality {name!r} must be a dict, got {cfg!r}")
+            cfg = dict(cfg)
+            if embed_dim is not None:
+                cfg.setdefault("embed_dim", embed_dim)
+            adapters[name] = build_adapter(cfg)
+        return cls(adapters)
+
+    def config_dict(self) -> dict[str, Any]:
+        return {
+            "embed_dim": self.embed_dim,
+            "modalities": {name: a.config.to_dict() for name, a in self.adapters.items()},
+        }
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """``encoder.json`` plus one ``save_pretrained`` sub-directory per modality."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        for name, adapter in self.adapters.items():
+            adapter.save_pretrained(d / name)
+        _atomic_write_text(d / ENCODER_CONFIG, json.dumps({"modalities": list(self.adapters)}, indent=2))
+        return d
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike[str]) -> "MultiViewEncoder":
+        d = Path(directory)
+        path = d / ENCODER_CONFIG
+        if not path.is_file():
+            raise FileNotFoundError(f"no saved MultiViewEncoder at {d}: missing {ENCODER_CONFIG}")
+        names = json.loads(path.read_text())["modalities"]
+        return cls({name: Adapter.from_pretrained(d / name) for name in names})
+
+    # ---- feature cache ----------------------------------------------------------
+
+    def enable_cache(
+        self, directory: str | os.PathLike[str], split: str = "train", modalities: list[str] | None = None
+    ) -> dict[str, FeatureCache]:
+        """Cache the features of frozen backbones for ``split`` (one cache per modality,
+        loaded from ``directory`` when a file with the same key exists). Only natural,
+        non-augmented views of batches with ``index`` are cached. Call
+        :meth:`save_cache` to persist."""
+        names = modalities or [n for n, a in self.adapters.items() if a.backbone_frozen]
+        self.caches = {}
+        for name in names:
+            adapter = self.adapters[name]
+            if not adapter.backbone_frozen:
+                raise ValueError(f"feature cache for {name!r}: its backbone is not frozen (finetune.mode)")
+            self.caches[name] = FeatureCache(directory, adapter, split=split, name=name)
+        return self.caches
+
+    def disable_cache(self) -> None:
+        self.caches = {}
+
+    def fill_cache(self, batches: Iterable[ViewBatch], progress: bool = True) -> dict[str, int]:
+        """Run once over a split (e.g. its loader, unshuffled) so that every natural view's
+        features are cached, then save the files. Returns the cached rows per modality.
+        Cache ids are ``batch.index * V_m + slot``: ``index`` must be the dataset indices."""
+        from tqdm.auto import tqdm
+
+        if not self.caches:
+            raise ValueError("fill_cache: call enable_cache(directory, split) first")
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                for batch in tqdm(batches, desc="caching backbone features", disable=not progress):
+                    if batch.index is None:
+                        raise ValueError("fill_cache: batches need 'index' (dataset indices) to key the cache")
+                    self(batch)
+        finally:
+            self.train(was_training)
+        self.save_cache()
+        return {name: len(cache) for name, cache in self.caches.items()}
+
+    def save_cache(self) -> list[Path]:
+        return [p for c in self.caches.values() if (p := c.save()) is not None]
+
+    # ---- forward ----------------------------------------------------------------
+
+    def encode_modality(
+        self, name: str, inputs: Mapping[str, Any], present: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Embed one modality's inputs: ``[B, embed_dim]`` unit vectors (evaluation)."""
+        if name not in self.adapters:
+            raise KeyError(f"no adapter for modality {name!r}; have {sorted(self.adapters)}")
+        return self.adapters[name](inputs, present)
+
+    def forward(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch`` -> ``z [K, M, d]`` (unit rows; zero rows where absent), ``mask [K, M]``."""
+        k, m = batch.num_samples, batch.num_views
+        if tuple(batch.mask.shape) != (k, m) or m == 0:
+            raise ValueError(f"batch.mask has shape {tuple(batch.mask.shape)}, expected [K, M] with M={m} views")
+        mask = batch.mask.bool()
+        pieces: list[tuple[list[int], torch.Tensor]] = []
+        seen: list[str] = []
+        for v in batch.views:
+            if v.modality not in seen:
+                seen.append(v.modality)
+        for modality in seen:
+            if modality not in self.adapters:
+                raise KeyError(f"batch has views of modality {modality!r} but the encoder has no adapter for it "
+                               f"(adapters: {sorted(self.adapters)})")
+            if modality not in batch.inputs:
+                raise KeyError(f"batch.inputs has no entry for modality {modality!r}")
+            positions = batch.views_of(modality)
+            nv = len(positions)
+            present = mask[:, positions].reshape(-1)
+            zm = self._encode_stacked(batch, modality, positions, present)
+            if zm.shape[0] != k * nv:
+                raise ValueError(f"modality {modality!r}: {zm.shape[0]} embeddings for K={k} samples x {nv} views; "
+                                 "inputs must be stacked sample-major")
+            pieces.append((positions, zm.reshape(k, nv, -1)))
+        first = pieces[0][1]
+        z = first.new_zeros(k, m, self.embed_dim)
+        for positions, zm in pieces:
+            z[:, positions] = zm.to(z.dtype)
+        z = z * mask.unsqueeze(-1).to(z.dtype)
+        return z, mask
+
+    def _encode_stacked(
+        self, batch: ViewBatch, modality: str, positions: list[int], present: torch.Tensor
+    ) -> torch.Tensor:
+        adapter = self.adapters[modality]
+        inputs = batch.inputs[modality]
+        cache = self.caches.get(modality)
+        if not bool(present.any()):  # every view of this modality is missing in this batch
+            return next(adapter.head.parameters()).new_zeros(present.numel(), adapter.config.embed_dim)
+        if cache is None or batch.index is None or not adapter.backbone_frozen:
+            return adapter(inputs, present)
+        nv = len(positions)
+        slots = torch.arange(nv)
+        ids = batch.index.to("cpu").long().unsqueeze(1) * nv + slots  # [K, V]
+        cacheable = torch.tensor(
+            [batch.views[p].natural and batch.views[p].augmentation is None for p in positions], dtype=torch.bool
+        )
+        ids = torch.where(cacheable.unsqueeze(0), ids, torch.full_like(ids, -1)).reshape(-1)
+        ids = torch.where(present.to("cpu"), ids, torch.full_like(ids, -1))  # absent slots are never stored
+        feats = cache.features(
+            ids,
+            inputs,
+            lambda sub, rows: adapter.features(sub, present if rows is None else present[rows.to(present.device)]),
+            ids.numel(),
+            needed=present,
+        )
+        param = next(adapter.head.parameters())
+        out = param.new_zeros(ids.numel(), adapter.config.embed_dim)
+        rows = torch.nonzero(present.cpu()).flatten()
+        if rows.numel() == 0:
+            return out
+        # Only present rows reach the head (absent ones would shift its BatchNorm statistics).
+        z = adapter.project(feats[rows.to(feats.device)].to(param.device, param.dtype))
+        return out.index_put((rows.to(out.device),), z)
+
+    def param_groups(self, backbone_lr: float, head_lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
+        """Every adapter's groups (see :meth:`Adapter.param_groups`), names prefixed by modality."""
+        groups = []
+        for name, adapter in self.adapters.items():
+            for g in adapter.param_groups(backbone_lr, head_lr, weight_decay):
+                g["name"] = f"{name}.{g['name']}"
+                groups.append(g)
+        return groups

@@ -1,0 +1,178 @@
+"""Text: BERT-family encoders through ``transformers`` (AutoModel / AutoTokenizer).
+
+Inputs: ``{"text": list[str]}`` (tokenised here, truncated to ``max_length``) or
+``{"input_ids": LongTensor[B, L], "attention_mask": LongTensor[B, L]}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from .base import (
+    Adapter,
+    AdapterConfig,
+    check_local_or_hub,
+    masked_mean,
+    register_adapter,
+    require_tensor,
+)
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass
+class TextConfig(AdapterConfig):
+    """``model``: hub name or local directory of a transformers checkpoint (AutoModel);
+    with ``pretrained=False`` only its architecture is used (random weights).
+    Without ``model``: ``bert_config`` (BertConfig keyword arguments, random weights)
+    and ``vocab`` (a word list, or a path to a vocab.txt) for the tokenizer.
+    ``pooling``: ``mean`` (masked mean over tokens), ``cls`` or ``pooler``."""
+
+    type = "text"
+    model: str | None = None
+    pretrained: bool = True
+    tokenizer: str | None = None  # defaults to ``model``
+    bert_config: dict[str, Any] | None = None
+    vocab: list[str] | str | None = None
+    pooling: str = "mean"
+    max_length: int = 128
+
+
+def build_word_vocab(words: list[str]) -> dict[str, int]:
+    """Token -> id for ``BertTokenizerFast(vocab=...)``: the BERT special tokens first,
+    then ``words`` (lower-cased, de-duplicated, in order)."""
+    vocab: dict[str, int] = {}
+    for w in SPECIAL_TOKENS + [w.lower() for w in words]:
+        if w not in vocab:
+            vocab[w] = len(vocab)
+    return vocab
+
+
+@register_adapter
+class TextAdapter(Adapter):
+    config_class = TextConfig
+    default_lora_targets = ["query", "value"]
+    config: TextConfig
+
+    def __init__(self, config: TextConfig, *, load_weights: bool = True, saved_dir: Path | None = None) -> None:
+        super().__init__(config)
+        from huggingface_hub.errors import HFValidationError
+        from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
+
+        if config.pooling not in ("mean", "cls", "pooler"):
+            raise ValueError(f"text pooling must be 'mean', 'cls' or 'pooler', got {config.pooling!r}")
+        if config.max_length < 2:
+            raise ValueError(f"text max_length must be >= 2, got {config.max_length}")
+        if saved_dir is not None:
+            self.backbone = AutoModel.from_config(AutoConfig.from_pretrained(saved_dir / "backbone"))
+            self.tokenizer = AutoTokenizer.from_pretrained(saved_dir / "tokenizer")
+        elif config.model:
+            check_local_or_hub(config.model, "text model")
+            try:
+                if config.pretrained and load_weights:
+                    self.backbone = AutoModel.from_pretrained(config.model)
+                else:
+                    self.backbone = AutoModel.from_config(AutoConfig.from_pretrained(config.model))
+                tok = config.tokenizer or config.model
+                check_local_or_hub(tok, "text tokenizer")
+                self.tokenizer = AutoTokenizer.from_pretrained(tok)
+            except (OSError, HFValidationError) as e:
+                raise FileNotFoundError(
+                    f"text model {config.model!r}: neither a local checkpoint directory nor a reachable hub model ({e})"
+                ) from e
+        elif config.bert_config is not None:
+            if config.vocab is None:
+                raise ValueError("text adapter with bert_config needs 'vocab' (word list or vocab.txt path)")
+            if isinstance(config.vocab, str):
+                check_local_or_hub(config.vocab, "text vocab")
+                if not Path(config.vocab).is_file():
+                    raise FileNotFoundError(f"text vocab file {config.vocab!r} does not exist")
+                vocab: Any = config.vocab
+                n_vocab = sum(1 for _ in open(config.vocab, encoding="utf-8"))
+            else:
+                vocab = build_word_vocab(list(config.vocab))
+                n_vocab = len(vocab)
+            # transformers 5 ignores vocab_file=; vocab= takes a path or a dict.
+            self.tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True)
+            bcfg = dict(config.bert_config)
+            bcfg.setdefault("vocab_size", n_vocab)
+            if bcfg["vocab_size"] < n_vocab:
+                raise ValueError(f"bert_config.vocab_size={bcfg['vocab_size']} < tokenizer vocabulary size {n_vocab}")
+            bcfg.setdefault("max_position_embeddings", max(config.max_length, 16))
+            self.backbone = BertModel(BertConfig(**bcfg))
+        else:
+            raise ValueError("text adapter needs 'model' (hub name or local dir) or 'bert_config' + 'vocab'")
+        if config.pooling == "pooler" and getattr(self.backbone, "pooler", None) is None:
+            raise ValueError(f"text pooling='pooler' but {type(self.backbone).__name__} has no pooler layer")
+        self.feature_dim = int(self.backbone.config.hidden_size)
+        self._finish_init()
+
+    def _save_extra(self, directory: Path) -> None:
+        self.backbone.config.save_pretrained(directory / "backbone")
+        self.tokenizer.save_pretrained(directory / "tokenizer")
+
+    def backbone_blocks(self) -> list[nn.Module]:
+        encoder = getattr(self.backbone, "encoder", None)
+        layers = getattr(encoder, "layer", None) or getattr(encoder, "layers", None)
+        if layers is None:
+            raise NotImplementedError(f"cannot find the layers of {type(self.backbone).__name__} for last_n")
+        return list(layers)
+
+    def backbone_tail(self) -> list[nn.Parameter]:
+        pooler = getattr(self.backbone, "pooler", None)
+        return list(pooler.parameters()) if pooler is not None and self.config.pooling == "pooler" else []
+
+    def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
+        device = next(self.backbone.parameters()).device
+        if "text" in inputs:
+            texts = inputs["text"]
+            if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+                raise ValueError("text adapter: inputs['text'] must be a list of strings")
+            if len(texts) == 0:
+                raise ValueError("text adapter: inputs['text'] is an empty list")
+            keep = [True] * len(texts) if present is None else present.tolist()
+            empty = [i for i, (t, k) in enumerate(zip(texts, keep)) if k and not t.strip()]
+            if empty:
+                raise ValueError(f"text adapter: empty string(s) at batch position(s) {empty[:10]}")
+            tok = self.tokenizer(
+                list(texts),
+                padding=True,
+                truncation=True,
+                max_length=self.config.max_length,
+                return_tensors="pt",
+            )
+            ids, mask = tok["input_ids"], tok["attention_mask"]
+        elif "input_ids" in inputs:
+            ids = require_tensor(inputs, "input_ids", "text adapter")
+            if ids.dim() != 2:
+                raise ValueError(f"text adapter: input_ids must be [B, L], got shape {tuple(ids.shape)}")
+            mask = inputs.get("attention_mask")
+            mask = torch.ones_like(ids) if mask is None else mask
+            if mask.shape != ids.shape:
+                raise ValueError(f"text adapter: attention_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
+            vocab_size = int(self.backbone.config.vocab_size)
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+                raise ValueError(f"text adapter: token ids outside [0, {vocab_size}) (min {int(ids.min())}, max {int(ids.max())})")
+            ids, mask = ids[:, : self.config.max_length].long(), mask[:, : self.config.max_length].long()
+        else:
+            raise ValueError(f"text adapter: inputs need 'text' or 'input_ids' (keys: {sorted(inputs)})")
+        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+    def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
+        out = self.backbone(input_ids=prepared["input_ids"], attention_mask=prepared["attention_mask"])
+        if self.config.pooling == "cls":
+            return out.last_hidden_state[:, 0]
+        if self.config.pooling == "pooler":
+            return out.pooler_output
+        return masked_mean(out.last_hidden_state, prepared["attention_mask"].bool())
+
+    def preprocessing_signature(self) -> dict[str, Any]:
+        """What the cache key must cover besides the backbone weights."""
+        sig = super().preprocessing_signature()
+        sig["tokenizer_vocab"] = sorted(self.tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        return sig

@@ -1,0 +1,203 @@
+"""MultiViewEncoder over ViewBatch, and the feature cache for frozen backbones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmviews.data.batch import ViewBatch, ViewInfo
+from mmviews.modalities import FeatureCache, MultiViewEncoder, backbone_fingerprint, build_adapter
+from mmviews.modalities.presets import tiny_config
+
+K = 4
+
+
+def _encoder(frozen: bool = False) -> MultiViewEncoder:
+    ft = {"mode": "frozen"} if frozen else {"mode": "full"}
+    return MultiViewEncoder.from_config(
+        {
+            "embed_dim": 16,
+            "modalities": {
+                "seq": {**tiny_config("feature_sequence"), "finetune": ft},
+                "image": {**tiny_config("small_cnn"), "finetune": ft},
+            },
+        }
+    )
+
+
+def _batch(seed: int = 0, index: torch.Tensor | None = None) -> ViewBatch:
+    g = torch.Generator().manual_seed(seed)
+    # Views interleaved across modalities, and listed out of slot order for "image".
+    views = [
+        ViewInfo("image_1", "image", 1, natural=False, augmentation="crop"),
+        ViewInfo("seq_0", "seq", 0),
+        ViewInfo("image_0", "image", 0),
+    ]
+    lengths = torch.tensor([12, 5, 0, 7])  # sample 2 has no sequence view
+    seq = {"values": torch.randn(K, 12, 6, generator=g), "lengths": lengths}
+    seq["values"][2] = 0
+    images = torch.rand(K * 2, 3, 32, 32, generator=g)  # sample-major: k * 2 + slot
+    mask = torch.ones(K, 3, dtype=torch.bool)
+    mask[2, 1] = False
+    return ViewBatch(inputs={"seq": seq, "image": {"values": images}}, views=views, mask=mask, index=index)
+
+
+def test_view_order_and_mask() -> None:
+    torch.manual_seed(0)
+    enc = _encoder().eval()
+    batch = _batch()
+    z, mask = enc(batch)
+    assert z.shape == (K, 3, 16) and torch.equal(mask, batch.mask)
+    images = batch.inputs["image"]["values"].reshape(K, 2, 3, 32, 32)
+    slot1 = enc.encode_modality("image", {"values": images[:, 1]})
+    slot0 = enc.encode_modality("image", {"values": images[:, 0]})
+    assert torch.allclose(z[:, 0], slot1, atol=1e-5), "position 0 is image slot 1"
+    assert torch.allclose(z[:, 2], slot0, atol=1e-5)
+    present = torch.tensor([0, 1, 3])
+    seq_in = {k: v[present] for k, v in batch.inputs["seq"].items()}
+    assert torch.allclose(z[present, 1], enc.encode_modality("seq", seq_in), atol=1e-5)
+    assert torch.all(z[2, 1] == 0), "absent views are zero vectors"
+    norms = z.norm(dim=-1)
+    assert torch.allclose(norms[mask], torch.ones(int(mask.sum())), atol=1e-5)
+
+
+def test_gradients_flow_to_every_adapter_and_param_groups() -> None:
+    torch.manual_seed(0)
+    enc = _encoder().train()
+    z, mask = enc(_batch())
+    (z[mask] ** 3).sum().backward()
+    for name, adapter in enc.adapters.items():
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in adapter.backbone.parameters()), name
+    names = {g["name"] for g in enc.param_groups(1e-4, 1e-3, 0.01)}
+    assert {"seq.backbone", "seq.head", "image.backbone", "image.head"} <= names
+
+
+def test_save_and_load_whole_encoder(tmp_path) -> None:
+    torch.manual_seed(0)
+    enc = _encoder().eval()
+    batch = _batch()
+    enc.save_pretrained(tmp_path / "enc")
+    loaded = MultiViewEncoder.from_pretrained(tmp_path / "enc").eval()
+    assert torch.allclose(loaded(batch)[0], enc(batch)[0], atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="encoder.json"):
+        MultiViewEncoder.from_pretrained(tmp_path / "missing")
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ValueError, match="embed_dim"):
+        MultiViewEncoder(
+            {"a": build_adapter(tiny_config("small_cnn", embed_dim=8)), "b": build_adapter(tiny_config("small_cnn"))}
+        )
+    enc = _encoder()
+    batch = _batch()
+    batch.views[1] = ViewInfo("txt", "text", 0)
+    with pytest.raises(KeyError, match="no adapter"):
+        enc(batch)
+
+
+def _count_backbone_calls(enc: MultiViewEncoder) -> dict[str, int]:
+    calls = {name: 0 for name in enc.adapters}
+
+    def hook(name):
+        def fn(*_):
+            calls[name] += 1
+
+        return fn
+
+    for name, adapter in enc.adapters.items():
+        adapter.backbone.register_forward_hook(hook(name))
+    return calls
+
+
+def test_feature_cache_second_epoch_skips_backbones(tmp_path) -> None:
+    torch.manual_seed(0)
+    enc = _encoder(frozen=True).eval()
+    calls = _count_backbone_calls(enc)
+    epoch = [_batch(seed=s, index=torch.arange(K) + K * s) for s in range(2)]
+    reference = [enc(b)[0] for b in epoch]
+    assert calls == {"seq": 2, "image": 2}
+    enc.enable_cache(tmp_path / "cache", split="train")
+    first = [enc(b)[0] for b in epoch]
+    assert calls == {"seq": 4, "image": 4}
+    second = [enc(b)[0] for b in epoch]
+    # seq is fully cached; "image" has an augmented view (slot 1), recomputed every epoch.
+    assert calls["seq"] == 4, "second epoch reads sequence features from the cache"
+    assert calls["image"] == 6
+    for a, b, c in zip(reference, first, second):
+        assert torch.allclose(a, b, atol=1e-6) and torch.allclose(a, c, atol=1e-6)
+    # Only natural, present views are stored: seq misses one absent sample per batch.
+    assert len(enc.caches["seq"]) == 2 * K - 2 and len(enc.caches["image"]) == 2 * K
+    written = enc.save_cache()
+    assert len(written) == 2 and all(p.is_file() for p in written)
+
+    # A new process (fresh encoder with the same weights) reads the files: no backbone call.
+    fresh = MultiViewEncoder({n: a for n, a in enc.adapters.items()})
+    fresh.enable_cache(tmp_path / "cache", split="train")
+    assert fresh.caches["seq"].key == enc.caches["seq"].key
+    before = dict(calls)
+    out = fresh(epoch[0])[0]
+    assert calls["seq"] == before["seq"]
+    assert torch.allclose(out, reference[0], atol=1e-6)
+
+
+def test_changed_backbone_never_reads_a_stale_cache(tmp_path) -> None:
+    torch.manual_seed(0)
+    adapter = build_adapter(tiny_config("feature_sequence", finetune={"mode": "frozen"})).eval()
+    batch = {"values": torch.randn(3, 12, 6), "lengths": torch.tensor([12, 4, 9])}
+    ids = torch.arange(3)
+    cache = FeatureCache(tmp_path, adapter, split="train")
+    cache.features(ids, batch, lambda inp, rows: adapter.features(inp), 3)
+    cache.save()
+    key = cache.key
+    with torch.no_grad():
+        adapter.backbone.input_proj.weight.add_(0.1)  # "fine-tuned" backbone: same architecture, new weights
+    assert backbone_fingerprint(adapter) != key
+    reopened = FeatureCache(tmp_path, adapter, split="train")
+    assert len(reopened) == 0, "a changed key must not load the old file"
+    computed = []
+    out = reopened.features(ids, batch, lambda inp, rows: computed.append(1) or adapter.features(inp), 3)
+    assert computed == [1] and torch.allclose(out, adapter.features(batch))
+    # Preprocessing is part of the key too.
+    other = build_adapter(tiny_config("feature_sequence", pooling="max", finetune={"mode": "frozen"}))
+    other.load_state_dict(adapter.state_dict())
+    assert backbone_fingerprint(other) != backbone_fingerprint(adapter)
+
+
+def test_fill_cache_then_training_epoch_makes_no_sequence_backbone_call(tmp_path) -> None:
+    torch.manual_seed(0)
+    enc = _encoder(frozen=True)
+    split = [_batch(seed=s, index=torch.arange(K) + K * s) for s in range(2)]
+    with pytest.raises(ValueError, match="enable_cache"):
+        enc.fill_cache(split)
+    enc.enable_cache(tmp_path, split="train")
+    counts = enc.fill_cache(split, progress=False)
+    assert counts["seq"] == 2 * K - 2
+    assert enc.training, "fill_cache restores the training mode"
+    calls = _count_backbone_calls(enc)
+    z, mask = enc(split[1])
+    (z[mask] ** 3).sum().backward()  # the heads still train on cached features
+    assert calls["seq"] == 0
+    assert all(p.grad is not None for p in enc.adapters["seq"].head.parameters())
+
+
+def test_cache_refuses_trainable_backbone(tmp_path) -> None:
+    enc = _encoder(frozen=False)
+    with pytest.raises(ValueError, match="not frozen"):
+        enc.enable_cache(tmp_path, modalities=["seq"])
+    assert enc.enable_cache(tmp_path) == {}
+
+
+def test_absent_views_do_not_reach_the_head_batchnorm() -> None:
+    torch.manual_seed(0)
+    adapter = build_adapter(tiny_config("feature_sequence", dropout=0.0)).train()
+    x = {"values": torch.randn(4, 12, 6), "lengths": torch.tensor([12, 0, 5, 0])}
+    present = torch.tensor([True, False, True, False])
+    bn = next(m for m in adapter.head.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    z = adapter(x, present)
+    assert torch.all(z[~present] == 0) and torch.allclose(z[present].norm(dim=-1), torch.ones(2), atol=1e-5)
+    stats_with_absent = bn.running_mean.clone()
+    torch.manual_seed(0)
+    only = build_adapter(tiny_config("feature_sequence", dropout=0.0)).train()
+    only({k: v[present] for k, v in x.items()})
+    bn_only = next(m for m in only.head.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    assert torch.allclose(stats_with_absent, bn_only.running_mean, atol=1e-6)
