@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.special import gammaln
+
+from mmviews.objectives.er import log_vmf_normaliser as vmf_log_normaliser  # one implementation, shared with ER
 
 
 def _check_views(views: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -117,28 +118,6 @@ def numerical_rank(x: torch.Tensor, rtol: float | None = None) -> int:
     if s.numel() == 0 or s[0] == 0:
         return 0
     return int((s > rtol * s[0]).sum())
-
-
-def log_bessel_iv(v: float, x: float) -> float:
-    """``log I_v(x)`` for v >= 0, x > 0, from the power series summed in log space.
-
-    ``I_v(x) = sum_k (x/2)^(2k+v) / (k! Gamma(k+v+1))``: every term is positive, so the
-    log-sum-exp is accurate, and nothing underflows for large v (scipy's ``iv`` returns 0
-    for v = 255, x = 10). The terms peak before k = x/2 and then fall faster than
-    geometrically, so 2x + 60 terms suffice.
-    """
-    if v < 0 or x <= 0:
-        raise ValueError(f"log_bessel_iv needs v >= 0 and x > 0, got v={v}, x={x}")
-    k = np.arange(int(2 * x) + 60, dtype=np.float64)
-    terms = (2 * k + v) * math.log(x / 2.0) - gammaln(k + 1) - gammaln(k + v + 1)
-    top = terms.max()
-    return float(top + math.log(np.exp(terms - top).sum()))
-
-
-def vmf_log_normaliser(d: int, kappa: float) -> float:
-    """``log C_d(kappa)`` of the von Mises-Fisher density on the unit sphere in R^d."""
-    nu = d / 2.0 - 1.0
-    return nu * math.log(kappa) - (d / 2.0) * math.log(2 * math.pi) - log_bessel_iv(nu, kappa)
 
 
 @torch.no_grad()

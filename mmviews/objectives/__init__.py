@@ -8,6 +8,7 @@ each module's docstring (and in the project's OBJECTIVES.md).
 """
 
 from ._base import (
+    ContrastiveObjective,
     MultiViewObjective,
     ObjectiveOutput,
     ViewSet,
@@ -24,6 +25,7 @@ from . import mv_infonce, mv_dhel, mv_cl1, mv_cl2  # noqa: F401,E401
 from . import fmicl, er, ipmc  # noqa: F401,E401
 
 __all__ = [
+    "ContrastiveObjective",
     "MultiViewObjective",
     "ObjectiveOutput",
     "ViewSet",

@@ -151,6 +151,10 @@ class ViewSet:
         anchors = (self.u / temperature).transpose(0, 1)  # [M, K, d]
         return torch.bmm(anchors, self.U.permute(1, 2, 0))  # [M, K, N]
 
+    def cross_sample_negatives(self, temperature: float) -> torch.Tensor:
+        """[K, M]: LSE_{j != i, (j, g) present} S[i,a,j,g], every view of every other sample."""
+        return masked_logsumexp(self.all_pairs(temperature), self.negative_keep, dim=(2, 3))
+
     def all_pairs(self, temperature: float) -> torch.Tensor:
         """[K, M, N, M]: S[i, a, j, b] (the full score tensor of local anchors)."""
         K, M, d = self.u.shape
@@ -245,6 +249,19 @@ class MultiViewObjective(nn.Module):
         else:
             U, present_all, offset = u, present, 0
         return ViewSet(u=u, present=present, U=U, present_all=present_all, offset=offset, world=world, masked=mask is not None)
+
+
+class ContrastiveObjective(MultiViewObjective):
+    """An objective over temperature-scaled cosine scores that honours a view mask."""
+
+    supports_mask: ClassVar[bool] = True
+
+    def __init__(self, temperature: float = 0.1) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}"
 
 
 def mi_lower_bound(loss: torch.Tensor | float, K: int, M: int) -> torch.Tensor | float:

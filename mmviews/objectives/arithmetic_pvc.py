@@ -19,20 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
 @register_objective("arithmetic_pvc")
-class ArithmeticPVC(MultiViewObjective):
-    supports_mask = True
-
-    def __init__(self, temperature: float = 0.1) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
+class ArithmeticPVC(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positives = views.within_sample(self.temperature)  # [K, M, M]
-        negatives = masked_logsumexp(views.all_pairs(self.temperature), views.negative_keep, dim=(2, 3))  # [K, M]
+        negatives = views.cross_sample_negatives(self.temperature)  # [K, M]
         cross_entropy = torch.logaddexp(negatives[:, :, None], positives) - positives  # [K, M, M]
         num_positives = (views.views_present - 1).clamp_min(1).to(positives.dtype)  # [K]
         log_mean_probability = masked_logsumexp(-cross_entropy, views.pair_valid, dim=2) - torch.log(num_positives)[:, None]

@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, similarity_metrics
 
 
 @register_objective("avg")
-class Avg(MultiViewObjective):
+class Avg(ContrastiveObjective):
     supports_mask = False
-
-    def __init__(self, temperature: float = 0.1) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         K, M = views.K, views.M

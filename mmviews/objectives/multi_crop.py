@@ -18,16 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
 @register_objective("multi_crop")
-class MultiCrop(MultiViewObjective):
-    supports_mask = True
-
-    def __init__(self, temperature: float = 0.1) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
+class MultiCrop(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positives = views.within_sample(self.temperature)  # [K, M, M]

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
 @register_objective("mv_cl1")
-class MVCL1(MultiViewObjective):
-    supports_mask = True
-
-    def __init__(self, temperature: float = 0.1) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
+class MVCL1(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=2)  # [K, M]

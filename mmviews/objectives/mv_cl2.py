@@ -11,17 +11,12 @@ Mask: as in mv_dhel; the uniformity sum runs over sample i's present views.
 
 from __future__ import annotations
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 from .mv_dhel import within_view_uniformity
 
 
 @register_objective("mv_cl2")
-class MVCL2(MultiViewObjective):
-    supports_mask = True
-
-    def __init__(self, temperature: float = 0.1) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
+class MVCL2(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=2)  # [K, M]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
 def within_view_uniformity(views: ViewSet, temperature: float) -> torch.Tensor:
@@ -35,12 +35,7 @@ def within_view_uniformity(views: ViewSet, temperature: float) -> torch.Tensor:
 
 
 @register_objective("mv_dhel")
-class MVDHEL(MultiViewObjective):
-    supports_mask = True
-
-    def __init__(self, temperature: float = 0.1) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
+class MVDHEL(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=(1, 2))  # [K]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
 def leave_one_out_directions(u, present):
@@ -28,12 +28,7 @@ def leave_one_out_directions(u, present):
 
 
 @register_objective("sufficient_statistics")
-class SufficientStatistics(MultiViewObjective):
-    supports_mask = True
-
-    def __init__(self, temperature: float = 0.1) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
+class SufficientStatistics(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         K, M, d = views.u.shape
