@@ -85,6 +85,49 @@ def masked_logsumexp(scores: torch.Tensor, keep: torch.Tensor, dim: int | tuple[
     return torch.logsumexp(filled, dim=dim)
 
 
+class _ScoresLogSumExp(torch.autograd.Function):
+    """``LSE`` over ``dims`` of ``(anchors @ candidates.T).view(shape)``, entries where ``drop``
+    is True excluded, in one score buffer.
+
+    The forward turns the score buffer into the softmax weights in place and saves only
+    those; the backward is two matrix products. Compared with ``masked_fill`` followed by
+    ``torch.logsumexp`` this avoids two extra copies of the largest tensor of the loss and
+    one pass over it (it is what keeps the all-pairs objectives near the cost of a single
+    cross-entropy).
+    """
+
+    @staticmethod
+    def forward(ctx, anchors, candidates, drop, shape, dims):  # type: ignore[override]
+        scores = (anchors @ candidates.T).view(shape)
+        scores.masked_fill_(drop, torch.finfo(scores.dtype).min)
+        top = scores.amax(dim=dims, keepdim=True)
+        scores.sub_(top).exp_()
+        total = scores.sum(dim=dims, keepdim=True)
+        scores.div_(total)
+        # A fully masked reduction has top = finfo.min and uniform weights over dropped
+        # entries: its gradient must be zero, not spread over them.
+        row_has_entries = top > torch.finfo(scores.dtype).min
+        ctx.save_for_backward(anchors, candidates, scores, row_has_entries)
+        return (top + total.log()).squeeze(dims)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        anchors, candidates, weights, row_has_entries = ctx.saved_tensors
+        grad = grad.reshape(row_has_entries.shape) * row_has_entries
+        weighted = (weights * grad).view(anchors.shape[0], candidates.shape[0])
+        return weighted @ candidates, weighted.T @ anchors, None, None, None
+
+
+def scores_logsumexp(
+    anchors: torch.Tensor, candidates: torch.Tensor, keep: torch.Tensor, shape: tuple[int, ...], dims: tuple[int, ...]
+) -> torch.Tensor:
+    """``masked_logsumexp((anchors @ candidates.T).view(shape), keep, dims)``, fused (see above).
+
+    anchors ``[R, d]``, candidates ``[C, d]``, ``shape`` a view of ``[R, C]``, ``keep`` broadcastable to it.
+    """
+    return _ScoresLogSumExp.apply(anchors, candidates, ~keep, shape, tuple(sorted(dims)))
+
+
 @dataclass
 class ViewSet:
     """One call's inputs in the form the formulas use.
@@ -151,9 +194,25 @@ class ViewSet:
         anchors = (self.u / temperature).transpose(0, 1)  # [M, K, d]
         return torch.bmm(anchors, self.U.permute(1, 2, 0))  # [M, K, N]
 
+    def pairs_logsumexp(self, temperature: float, keep: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        """LSE over ``dims`` of the all-pairs scores ``[K, M, N, M]`` restricted to ``keep``
+        (broadcastable), without materialising more than one score buffer."""
+        K, M, d = self.u.shape
+        return scores_logsumexp(
+            (self.u / temperature).reshape(K * M, d), self.U.reshape(self.N * M, d), keep, (K, M, self.N, M), dims
+        )
+
     def cross_sample_negatives(self, temperature: float) -> torch.Tensor:
         """[K, M]: LSE_{j != i, (j, g) present} S[i,a,j,g], every view of every other sample."""
-        return masked_logsumexp(self.all_pairs(temperature), self.negative_keep, dim=(2, 3))
+        return self.pairs_logsumexp(temperature, self.negative_keep, (2, 3))
+
+    def per_view_negatives(self, temperature: float) -> torch.Tensor:
+        """[K, M, M]: LSE_{j != i, (j, b) present} S[i,a,j,b] for each anchor view a and candidate view b."""
+        K, M, d = self.u.shape
+        keep = self.other_sample[:, None, None, :] & self.present_all.T[None, None, :, :]  # [K, 1, M, N]
+        # candidates ordered view-major so that the reduction over samples j is contiguous
+        candidates = self.U.transpose(0, 1).reshape(M * self.N, d)
+        return scores_logsumexp((self.u / temperature).reshape(K * M, d), candidates, keep, (K, M, M, self.N), (3,))
 
     def all_pairs(self, temperature: float) -> torch.Tensor:
         """[K, M, N, M]: S[i, a, j, b] (the full score tensor of local anchors)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, similarity_metrics
 
 
 @register_objective("multi_crop")
@@ -26,7 +26,7 @@ class MultiCrop(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positives = views.within_sample(self.temperature)  # [K, M, M]
-        per_view_negatives = masked_logsumexp(views.all_pairs(self.temperature), views.negative_keep, dim=2)  # [K, M, M]
+        per_view_negatives = views.per_view_negatives(self.temperature)  # [K, M, M]
         same_view_negatives = per_view_negatives.diagonal(dim1=1, dim2=2)[:, :, None].expand_as(positives)
         denominator = torch.logsumexp(torch.stack([positives, per_view_negatives, same_view_negatives]), dim=0)
         loss = views.mean(denominator - positives, views.pair_valid)

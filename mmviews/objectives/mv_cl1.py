@@ -22,6 +22,6 @@ class MVCL1(ContrastiveObjective):
         alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=2)  # [K, M]
         eye = torch.eye(views.M, dtype=torch.bool, device=views.u.device)
         keep = views.present_all[None, None] & ~eye[None, :, None, :]  # [1, M, N, M]
-        denominator = masked_logsumexp(views.all_pairs(self.temperature), keep, dim=(2, 3))  # [K, M]
+        denominator = views.pairs_logsumexp(self.temperature, keep, (2, 3))  # [K, M]
         loss = views.mean(denominator - alignment, views.anchor_valid)
         return ObjectiveOutput(loss, similarity_metrics(views))

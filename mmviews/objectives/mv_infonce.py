@@ -26,6 +26,6 @@ class MVInfoNCE(ContrastiveObjective):
         eye = torch.eye(views.M, dtype=torch.bool, device=views.u.device)
         is_anchor_itself = (~views.other_sample)[:, None, :, None] & eye[None, :, None, :]  # [K, M, N, M]
         keep = views.anchor_valid[:, :, None, None] & views.present_all[None, None] & ~is_anchor_itself
-        denominator = masked_logsumexp(views.all_pairs(self.temperature), keep, dim=(1, 2, 3))  # [K]
+        denominator = views.pairs_logsumexp(self.temperature, keep, (1, 2, 3))  # [K]
         loss = views.mean(denominator - alignment, views.views_present >= 2)
         return ObjectiveOutput(loss, similarity_metrics(views))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, scores_logsumexp, similarity_metrics
 
 
 def leave_one_out_directions(u, present):
@@ -36,9 +36,8 @@ class SufficientStatistics(ContrastiveObjective):
         local_statistics = statistics[views.offset : views.offset + K]
         anchors = views.u / self.temperature
         positives = (anchors * local_statistics).sum(dim=-1)  # [K, M]
-        scores = (anchors.reshape(K * M, d) @ statistics.reshape(views.N * M, d).T).view(K, M, views.N, M)
         candidate_valid = views.present_all & (views.present_all.sum(dim=1) >= 2)[:, None]  # [N, M]
         keep = (views.other_sample[:, :, None] & candidate_valid[None])[:, None]  # [K, 1, N, M]
-        negatives = masked_logsumexp(scores, keep, dim=(2, 3))
+        negatives = scores_logsumexp(anchors.reshape(K * M, d), statistics.reshape(views.N * M, d), keep, (K, M, views.N, M), (2, 3))
         loss = views.mean(torch.logaddexp(negatives, positives) - positives, views.anchor_valid)
         return ObjectiveOutput(loss, similarity_metrics(views))

@@ -1,0 +1,36 @@
+"""``mmviews bench VERB [options]``: dispatch to one benchmark module.
+
+Each verb lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+only the chosen one is imported (so ``mmviews bench objectives`` does not import the
+adapters' or the data loaders' dependencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+VERBS: dict[str, tuple[str, str]] = {
+    "objectives": ("mmviews.bench.objectives", "time and memory of every objective vs a cross-entropy floor and naive loops"),
+    "adapters": ("mmviews.bench.adapters", "throughput and memory of the modality adapters"),
+    "data": ("mmviews.bench.data", "throughput of the data pipeline"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        "verbs:\n"
+        + "\n".join(f"  {name:<11} {help_text}" for name, (_, help_text) in VERBS.items())
+        + "\n\nRun 'mmviews bench VERB --help' for the options of one verb."
+    )
+    parser.add_argument("verb", choices=sorted(VERBS), metavar="VERB", help="what to benchmark: " + ", ".join(VERBS))
+    parser.add_argument("options", nargs=argparse.REMAINDER, help="options of the verb")
+
+
+def run(args: argparse.Namespace) -> int:
+    module_name, help_text = VERBS[args.verb]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"mmviews bench {args.verb}", description=help_text)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(args.options)) or 0)

@@ -1,0 +1,551 @@
+"""``mmviews bench objectives``: speed and peak memory of every objective, forward + backward.
+
+For each objective on ``z`` ``[K, M, d]`` (random normal, ``requires_grad``) it measures, in one
+run and with the calls interleaved round-robin (so that load from other processes hits every
+contender alike):
+
+- the median wall time of ``loss = objective(z); loss.backward()``;
+- the peak memory of that call (see "Memory" below);
+- both as ratios to the *floor*: a plain ``F.cross_entropy`` over one ``[K*M, K*M]`` score
+  matrix of the normalised ``z`` (what any objective that needs every score pays at least);
+- the speed-up over a *naive* version that loops over anchor and positive views in Python as
+  the papers' pseudo-code and the authors' code do (for the objectives that have one, see
+  :data:`NAIVE`). Each naive version is checked, in float64 on the same ``z``, to give the
+  library's value; a mismatch aborts the benchmark.
+
+Clock. ``--clock wall`` (default) times elapsed time. On a machine shared with other jobs,
+``--threads 1 --clock cpu`` times this process's CPU time instead (``time.process_time``), which
+other processes' load barely moves; with more threads, idle threads spinning would count.
+
+Objectives defined for a fixed number of views (``simclr``: 2) run on the first views of ``z``
+and are compared with a floor of the same size.
+
+Memory. On CUDA: ``torch.cuda.max_memory_allocated`` during the call (after
+``reset_peak_memory_stats``). On CPU: the peak of the total size of live tensors over the
+timeline that torch's memory profiler reconstructs from the allocator's events
+(``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)`` and
+``torch.profiler._memory_profiler.MemoryProfileTimeline``, the data behind
+``profile.export_memory_timeline``). Both count tensor memory only (``z`` and its gradient
+included, allocator caching excluded), so the ratio to the floor is like for like. The CPU
+numbers come from a separate profiled call, not from the timed ones. If the (private)
+timeline API is unavailable the memory columns are ``null``; we do not fall back to process
+RSS, which the allocator's caching makes meaningless at this scale.
+
+Precision: under ``--dtype bfloat16`` the objectives compute in float32 (their contract), and so
+do the floor and the naive versions; float64 inputs are computed in float64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+# Objectives that need constructor parameters in the benchmark (others use their defaults).
+BENCH_PARAMS: dict[str, dict[str, Any]] = {
+    "fmicl": {"divergence": "kl"},
+    "ipmc": {"beta": 0.0},
+}
+
+# name -> list of (metric, bound) with metric one of time_vs_floor, memory_vs_floor (<= bound)
+# or speedup_vs_naive (>= bound): the project's targets at K = 256, M = 8, d = 128, float32.
+_POLY = [("time_vs_floor", 1.5), ("memory_vs_floor", 3.0)]
+TARGETS: dict[str, list[tuple[str, float]]] = {
+    "geometric_pvc": _POLY + [("speedup_vs_naive", 2.5)],
+    "arithmetic_pvc": _POLY,
+    "sufficient_statistics": _POLY,
+    "mv_infonce": _POLY,
+    "mv_cl1": _POLY,
+    "multi_crop": _POLY,
+    "mv_dhel": [("time_vs_floor", 0.5)],
+    "er": [("time_vs_floor", 0.5)],
+}
+
+Loss = Callable[[torch.Tensor, float], torch.Tensor]
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+# ---------------------------------------------------------------------------------------------
+# The floor and the naive loop implementations (written from the papers, independent of
+# mmviews.objectives). Every function takes z [K, M, d] and the temperature, returns the loss.
+# ---------------------------------------------------------------------------------------------
+def _unit(z: torch.Tensor) -> torch.Tensor:
+    dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+    return F.normalize(z.to(dtype), dim=-1)
+
+
+def floor_loss(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """One cross-entropy over the [K*M, K*M] scores of the normalised z (label: the next view
+    of the same sample). No masking: the least work any all-pairs objective must do."""
+    K, M, d = z.shape
+    u = _unit(z).reshape(K * M, d)
+    scores = u @ u.T / temperature
+    index = torch.arange(K * M, device=z.device)
+    labels = (index // M) * M + (index % M + 1) % M
+    return F.cross_entropy(scores, labels)
+
+
+def _diag_masked(block: torch.Tensor) -> torch.Tensor:
+    eye = torch.eye(block.shape[0], dtype=torch.bool, device=block.device)
+    return block.masked_fill(eye, float("-inf"))
+
+
+def naive_geometric_pvc(z: torch.Tensor, temperature: float, reduce: str = "mean") -> torch.Tensor:
+    """Algorithm 1 of Shidani et al. (2024): scores once, then a loop over anchor view alpha and
+    positive view beta, each a cross-entropy over [K, M*K] logits with the own sample's other
+    views masked out."""
+    u = _unit(z)
+    K, M, _ = u.shape
+    scores = torch.einsum("jmd,knd->jmnk", u, u) / temperature  # [K, M, M, K]
+    own = torch.eye(K, dtype=torch.bool, device=u.device)
+    labels = torch.arange(K, device=u.device)
+    losses = []
+    for alpha in range(M):
+        per_beta = []
+        for beta in range(M):
+            if alpha == beta:
+                continue
+            drop = own[:, None, :].repeat(1, M, 1)  # [K, M, K]
+            drop[:, beta] = False
+            logits = scores[:, alpha].masked_fill(drop, float("-inf")).reshape(K, M * K)
+            per_beta.append(F.cross_entropy(logits, labels + beta * K, reduction="none"))
+        losses.append(torch.stack(per_beta, dim=1))  # [K, M - 1]
+    cross_entropy = torch.stack(losses, dim=1)  # [K, M, M - 1]
+    if reduce == "none":
+        return cross_entropy
+    return cross_entropy.mean()
+
+
+def naive_arithmetic_pvc(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. 12 of Shidani et al.: per anchor, -(LSE_b(-CE[i,a,b]) - log(M - 1)), from the same loops."""
+    cross_entropy = naive_geometric_pvc(z, temperature, reduce="none")  # [K, M, M - 1]
+    M = z.shape[1]
+    terms = [-(torch.logsumexp(-cross_entropy[:, a], dim=1) - math.log(M - 1)) for a in range(M)]
+    return torch.stack(terms).mean()
+
+
+def naive_sufficient_statistics(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Algorithm 2 of Shidani et al.: anchor u[:, a] against r[:, g] = normalise(mean of views != g)."""
+    u = _unit(z)
+    K, M, _ = u.shape
+    total = u.sum(dim=1)
+    stats = [F.normalize(total - u[:, g], dim=-1) for g in range(M)]
+    own = torch.eye(K, dtype=torch.bool, device=u.device)
+    labels = torch.arange(K, device=u.device)
+    losses = []
+    for a in range(M):
+        blocks = []
+        for g in range(M):
+            block = u[:, a] @ stats[g].T / temperature
+            blocks.append(block if g == a else block.masked_fill(own, float("-inf")))
+        losses.append(F.cross_entropy(torch.cat(blocks, dim=1), labels + a * K))
+    return torch.stack(losses).mean()
+
+
+def _nt_xent(x: torch.Tensor, y: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SimCLR over the 2K anchors of (x, y): positive the partner, negatives every other row."""
+    K = x.shape[0]
+    reps = torch.cat([x, y])
+    logits = _diag_masked(reps @ reps.T / temperature)
+    labels = (torch.arange(2 * K, device=x.device) + K) % (2 * K)
+    return F.cross_entropy(logits, labels)
+
+
+def naive_simclr(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    u = _unit(z)
+    return _nt_xent(u[:, 0], u[:, 1], temperature)
+
+
+def naive_multi_crop(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Pairwise ensemble: for every ordered view pair (a, b), SimCLR's anchor-a terms on views a, b."""
+    u = _unit(z)
+    K, M, _ = u.shape
+    labels = torch.arange(K, device=u.device)
+    losses = []
+    for a in range(M):
+        same_view = _diag_masked(u[:, a] @ u[:, a].T / temperature)
+        for b in range(M):
+            if a != b:
+                logits = torch.cat([u[:, a] @ u[:, b].T / temperature, same_view], dim=1)
+                losses.append(F.cross_entropy(logits, labels))
+    return torch.stack(losses).mean()
+
+
+def naive_avg(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """AVG (MV-DHEL authors' code): per view, SimCLR between the view and the (not re-normalised)
+    mean of the other views."""
+    u = _unit(z)
+    M = u.shape[1]
+    total = u.sum(dim=1)
+    return torch.stack([_nt_xent(u[:, a], (total - u[:, a]) / (M - 1), temperature) for a in range(M)]).mean()
+
+
+def _pair_alignment(u: torch.Tensor, temperature: float) -> list[list[torch.Tensor | None]]:
+    """[a][b] -> S[i,a,i,b] as [K] (None on the diagonal)."""
+    M = u.shape[1]
+    return [[None if a == b else (u[:, a] * u[:, b]).sum(-1) / temperature for b in range(M)] for a in range(M)]
+
+
+def naive_mv_infonce(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. 11 of Koromilas et al. with the authors' negative set (every (j, g) but the anchor)."""
+    u = _unit(z)
+    M = u.shape[1]
+    pairs = _pair_alignment(u, temperature)
+    alignment = torch.logsumexp(torch.stack([pairs[a][b] for a in range(M) for b in range(M) if a != b], dim=1), dim=1)
+    blocks = []
+    for a in range(M):
+        for g in range(M):
+            block = u[:, a] @ u[:, g].T / temperature
+            blocks.append(_diag_masked(block) if g == a else block)
+    denominator = torch.logsumexp(torch.cat(blocks, dim=1), dim=1)
+    return (denominator - alignment).mean()
+
+
+def _uniformity(u: torch.Tensor, temperature: float) -> list[torch.Tensor]:
+    """[g] -> LSE_{j != i} S[i,g,j,g] as [K]."""
+    return [torch.logsumexp(_diag_masked(u[:, g] @ u[:, g].T / temperature), dim=1) for g in range(u.shape[1])]
+
+
+def naive_mv_dhel(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. 12 of Koromilas et al.: alignment over ordered pairs, uniformity per view."""
+    u = _unit(z)
+    M = u.shape[1]
+    pairs = _pair_alignment(u, temperature)
+    alignment = torch.logsumexp(torch.stack([pairs[a][b] for a in range(M) for b in range(M) if a != b], dim=1), dim=1)
+    uniformity = torch.stack(_uniformity(u, temperature)).sum(dim=0)
+    return (uniformity - alignment).mean()
+
+
+def naive_mv_cl1(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    u = _unit(z)
+    M = u.shape[1]
+    pairs = _pair_alignment(u, temperature)
+    terms = []
+    for a in range(M):
+        alignment = torch.logsumexp(torch.stack([pairs[a][b] for b in range(M) if b != a], dim=1), dim=1)
+        denominator = torch.logsumexp(torch.cat([u[:, a] @ u[:, g].T / temperature for g in range(M) if g != a], 1), 1)
+        terms.append(denominator - alignment)
+    return torch.stack(terms).mean()
+
+
+def naive_mv_cl2(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    u = _unit(z)
+    M = u.shape[1]
+    pairs = _pair_alignment(u, temperature)
+    uniformity = torch.stack(_uniformity(u, temperature)).sum(dim=0)
+    terms = []
+    for a in range(M):
+        alignment = torch.logsumexp(torch.stack([pairs[a][b] for b in range(M) if b != a], dim=1), dim=1)
+        terms.append(uniformity - alignment)
+    return torch.stack(terms).mean()
+
+
+NAIVE: dict[str, Loss] = {
+    "simclr": naive_simclr,
+    "multi_crop": naive_multi_crop,
+    "avg": naive_avg,
+    "geometric_pvc": naive_geometric_pvc,
+    "arithmetic_pvc": naive_arithmetic_pvc,
+    "sufficient_statistics": naive_sufficient_statistics,
+    "mv_infonce": naive_mv_infonce,
+    "mv_dhel": naive_mv_dhel,
+    "mv_cl1": naive_mv_cl1,
+    "mv_cl2": naive_mv_cl2,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Step:
+    """One forward + backward on the leaf ``z``; ``reset()`` drops the previous gradient (done
+    outside the measured region, so that its release is not counted)."""
+
+    def __init__(self, loss_fn: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> None:
+        self.loss_fn, self.z = loss_fn, z
+
+    def reset(self) -> None:
+        self.z.grad = None
+
+    def __call__(self) -> None:
+        self.loss_fn(self.z).backward()
+
+
+def peak_memory_bytes(call: _Step, device: torch.device) -> int | None:
+    """Peak tensor memory of one ``call`` (see the module docstring), or None if unmeasurable."""
+    call.reset()
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        call()
+        _sync(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+                call()
+            timeline = MemoryProfileTimeline(prof._memory_profile())
+            _, sizes = timeline._coalesce_timeline(device)
+        return int(max(sum(row) for row in sizes)) if sizes else None
+    except Exception as error:  # private API: report the gap rather than a made-up number
+        print(f"warning: CPU memory timeline unavailable ({type(error).__name__}: {error})", file=sys.stderr)
+        return None
+
+
+def _objective_kwargs(name: str, temperature: float) -> dict[str, Any]:
+    from mmviews.objectives._base import _REGISTRY
+
+    params = dict(BENCH_PARAMS.get(name, {}))
+    if "temperature" in inspect.signature(_REGISTRY[name].__init__).parameters:
+        params.setdefault("temperature", temperature)
+    return params
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def benchmark(
+    K: int = 256,
+    M: int = 8,
+    d: int = 128,
+    dtype: str = "float32",
+    repeats: int = 10,
+    warmup: int = 2,
+    objectives: list[str] | None = None,
+    temperature: float = 0.1,
+    device: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    clock: str = "wall",
+    threads: int | None = None,
+    memory: bool = True,
+) -> dict[str, Any]:
+    """Run the benchmark; returns the JSON-able result (see ``run`` for the printed table)."""
+    from tqdm import tqdm
+
+    from mmviews.objectives import get_objective, list_objectives
+    from mmviews.objectives._base import _REGISTRY
+
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    for what, value, least in (("K", K, 2), ("M", M, 2), ("d", d, 1), ("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if value < least:
+            raise ValueError(f"--{what} must be >= {least}, got {value}")
+    names = list_objectives() if not objectives else list(objectives)
+    unknown = [n for n in names if n not in _REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown objective(s) {unknown}; known objectives: {', '.join(list_objectives())}")
+    device_ = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if clock not in CLOCKS:
+        raise ValueError(f"--clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    if clock == "cpu" and device_.type == "cuda":
+        raise ValueError("--clock cpu measures host CPU time: use --clock wall on CUDA")
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    timer = CLOCKS[clock]
+    torch_dtype = DTYPES[dtype]
+
+    generator = torch.Generator().manual_seed(seed)
+    base = torch.randn(K, M, d, generator=generator, dtype=torch.float64)
+
+    def leaf(num_views: int) -> torch.Tensor:
+        return base[:, :num_views].to(device_, torch_dtype).contiguous().requires_grad_(True)
+
+    # Contenders: floor per number of views used, each objective, each naive loop.
+    calls: dict[str, _Step] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    floors: dict[int, str] = {}
+    for name in names:
+        num_views = _REGISTRY[name].exact_views or M
+        if num_views > M:
+            raise ValueError(f"objective {name!r} needs {num_views} views, more than --M {M}")
+        if num_views not in floors:
+            floors[num_views] = f"floor@M={num_views}"
+            calls[floors[num_views]] = _Step(lambda z: floor_loss(z, temperature), leaf(num_views))
+        params = _objective_kwargs(name, temperature)
+        objective = get_objective(name, **params).to(device_)
+        calls[name] = _Step(objective, leaf(num_views))
+        row: dict[str, Any] = {"params": params, "M": num_views, "floor": floors[num_views]}
+        with torch.no_grad():
+            row["loss"] = float(objective(leaf(num_views).detach()))
+        if name in NAIVE:
+            naive = NAIVE[name]
+            calls[f"naive:{name}"] = _Step(lambda z, f=naive: f(z, temperature), leaf(num_views))
+            # Same value: float64 on the same inputs, so only summation order differs.
+            z64 = base[:, :num_views].to(device_)
+            want = float(get_objective(name, **params).to(device_)(z64))
+            got = float(naive(z64, temperature))
+            if not math.isclose(got, want, rel_tol=1e-7, abs_tol=1e-9):
+                raise RuntimeError(f"naive {name} gives {got!r} but mmviews gives {want!r} (float64, K={K}, M={num_views})")
+            row["naive_check"] = {"library_loss": want, "naive_loss": got, "abs_diff": abs(got - want)}
+        rows[name] = row
+
+    # Time: warm-up, then rounds over every contender in turn.
+    times: dict[str, list[float]] = {key: [] for key in calls}
+    total = (warmup + repeats) * len(calls)
+    with tqdm(total=total + len(calls), desc="bench objectives", disable=not progress, file=sys.stderr) as bar:
+        for round_ in range(warmup + repeats):
+            for key, call in calls.items():
+                bar.set_postfix_str(key)
+                call.reset()
+                _sync(device_)
+                start = timer()
+                call()
+                _sync(device_)
+                if round_ >= warmup:
+                    times[key].append(timer() - start)
+                bar.update()
+        peaks: dict[str, int | None] = {}
+        for key, call in calls.items():
+            bar.set_postfix_str(f"memory {key}")
+            peaks[key] = peak_memory_bytes(call, device_) if memory else None
+            bar.update()
+
+    def summary(key: str) -> dict[str, Any]:
+        peak = peaks[key]
+        return {"time_ms": _median_ms(times[key]), "times_ms": [t * 1e3 for t in times[key]],
+                "peak_mb": None if peak is None else peak / 2**20}
+
+    floor_rows = {key: summary(key) for key in floors.values()}
+    for name, row in rows.items():
+        row.update(summary(name))
+        floor = floor_rows[row["floor"]]
+        row["time_vs_floor"] = row["time_ms"] / floor["time_ms"]
+        row["memory_vs_floor"] = None if row["peak_mb"] is None or not floor["peak_mb"] else row["peak_mb"] / floor["peak_mb"]
+        if f"naive:{name}" in calls:
+            row["naive"] = summary(f"naive:{name}")
+            row["speedup_vs_naive"] = row["naive"]["time_ms"] / row["time_ms"]
+        else:
+            row["naive"], row["speedup_vs_naive"] = None, None
+        checks = []
+        for metric, bound in TARGETS.get(name, []):
+            value = row[metric]
+            ok = None if value is None else (value >= bound if metric == "speedup_vs_naive" else value <= bound)
+            checks.append({"metric": metric, "bound": bound, "value": value, "ok": ok})
+        row["targets"] = checks
+
+    return {
+        "config": {
+            "K": K, "M": M, "d": d, "dtype": dtype, "repeats": repeats, "warmup": warmup,
+            "temperature": temperature, "device": str(device_), "seed": seed,
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(),
+            "memory_method": "torch.cuda.max_memory_allocated" if device_.type == "cuda"
+            else "torch.profiler memory timeline (peak live tensor bytes)",
+            "clock": clock,
+            "timing": f"median {clock} time of forward+backward, contenders interleaved round-robin",
+        },
+        "floors": floor_rows,
+        "objectives": rows,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The human-readable table of a :func:`benchmark` result."""
+
+    def num(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    c = result["config"]
+    lines = [
+        f"objectives, forward+backward: K={c['K']} M={c['M']} d={c['d']} {c['dtype']} on {c['device']} "
+        f"({c['threads']} threads), median {c['clock']} time of {c['repeats']}",
+        f"{'objective':<22}{'ms':>9}{'peak MB':>9}{'x floor t':>10}{'x floor m':>10}{'naive ms':>10}{'speedup':>9}  targets",
+    ]
+    for key, floor in result["floors"].items():
+        lines.append(f"{key:<22}{floor['time_ms']:>9.2f}{num(floor['peak_mb'], '.1f'):>9}{'1.00':>10}{'1.00':>10}")
+    for name, row in result["objectives"].items():
+        naive = row["naive"]
+        marks = " ".join(
+            f"{t['metric'].split('_')[0]}{'<=' if t['metric'] != 'speedup_vs_naive' else '>='}{t['bound']}:"
+            f"{'ok' if t['ok'] else ('MISS' if t['ok'] is False else '?')}"
+            for t in row["targets"]
+        )
+        lines.append(
+            f"{name:<22}{row['time_ms']:>9.2f}{num(row['peak_mb'], '.1f'):>9}{row['time_vs_floor']:>10.2f}"
+            f"{num(row['memory_vs_floor'], '.2f'):>10}{num(naive and naive['time_ms'], '.2f'):>10}"
+            f"{num(row['speedup_vs_naive'], '.2f'):>9}  {marks}"
+        )
+    return "\n".join(lines)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
+        json.dump(data, handle, indent=2)
+    os.replace(handle.name, path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--K", type=int, default=256, help="samples per batch (default 256)")
+    parser.add_argument("--M", type=int, default=8, help="views per sample (default 8)")
+    parser.add_argument("--d", type=int, default=128, help="embedding dimension (default 128)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of z (default float32)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per contender (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per contender first (default 2)")
+    parser.add_argument("--objectives", nargs="+", metavar="NAME", help="subset of objectives (default: all)")
+    parser.add_argument("--temperature", type=float, default=0.1, help="temperature of every objective (default 0.1)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random z (default 0)")
+    parser.add_argument("--out", type=Path, default=Path("bench-objectives.json"), help="JSON output path")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall",
+        help="wall: elapsed time (default); cpu: this process's CPU time, steadier on a shared machine "
+        "(use with --threads 1: spinning idle threads would count)",
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    objectives = None
+    if args.objectives:
+        objectives = [name for item in args.objectives for name in item.split(",") if name]
+    result = benchmark(
+        K=args.K, M=args.M, d=args.d, dtype=args.dtype, repeats=args.repeats, warmup=args.warmup,
+        objectives=objectives, temperature=args.temperature, device=args.device, seed=args.seed,
+        progress=not args.no_progress, clock=args.clock, threads=args.threads, memory=not args.no_memory,
+    )
+    print(format_table(result))
+    _write_json(args.out, result)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m mmviews.bench.objectives [options]``."""
+    parser = argparse.ArgumentParser(prog="mmviews bench objectives", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Worker of the two-process distributed tests (tests/test_objectives_distributed.py).
+
+Each rank joins a gloo process group, takes its slice of one fixed float64 batch, and records,
+for every registered objective (and each of its parameter variants, with and without a view
+mask), its loss and the gradient of that loss w.r.t. its local inputs; then the parameter
+gradients of a small encoder wrapped in DDP; then the error raised when the ranks hold
+different numbers of samples. Results go to ``<out_dir>/rank<r>.pt``; the test process
+compares them with single-process runs on the concatenated batch.
+
+The batch, masks and model are built by the functions below from fixed seeds, so the test
+process rebuilds exactly the same tensors. Run by hand with ``python tests/dist_worker.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+WORLD = 2
+K_LOCAL = 4  # samples per rank
+M = 3  # views per sample (objectives with exact_views use that many)
+D = 5  # embedding dimension
+D_IN = 6  # input dimension of the DDP test encoder
+TEMPERATURE = 0.3
+
+# Constructor parameters of objectives that need some, and the variants worth covering.
+# Objectives not listed are built with their defaults (plus the test temperature).
+VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "fmicl": [{"divergence": div} for div in ("kl", "js", "pearson", "sh", "tsallis", "vlc")]
+    + [{"divergence": "kl", "similarity": "cosine"}],
+    "er": [{"estimator": "joe"}, {"estimator": "plugin"}],
+    "ipmc": [{"beta": 0.0}],
+}
+
+
+def objective_variants() -> list[tuple[str, str, dict[str, Any]]]:
+    """(key, name, params) for every registered objective and each of its variants."""
+    from mmviews.objectives import list_objectives
+
+    out = []
+    for name in list_objectives():
+        for params in VARIANTS.get(name, [{}]):
+            key = name + "".join(f"[{k}={v}]" for k, v in sorted(params.items()))
+            out.append((key, name, params))
+    return out
+
+
+def build_objective(name: str, params: dict[str, Any]):
+    """Build with the test temperature when the objective takes one (seeded: some own modules)."""
+    import inspect
+
+    from mmviews.objectives import get_objective
+    from mmviews.objectives._base import _REGISTRY
+
+    params = dict(params)
+    if "temperature" in inspect.signature(_REGISTRY[name].__init__).parameters:
+        params.setdefault("temperature", TEMPERATURE)
+    torch.manual_seed(1234)
+    return get_objective(name, **params)
+
+
+def views_of(name: str) -> int:
+    from mmviews.objectives._base import _REGISTRY
+
+    return _REGISTRY[name].exact_views or M
+
+
+def supports_mask(name: str) -> bool:
+    from mmviews.objectives._base import _REGISTRY
+
+    return bool(_REGISTRY[name].supports_mask)
+
+
+def full_batch(num_views: int) -> torch.Tensor:
+    """[WORLD * K_LOCAL, num_views, D] float64, the concatenation of the ranks' batches."""
+    generator = torch.Generator().manual_seed(100 + num_views)
+    return torch.randn(WORLD * K_LOCAL, num_views, D, generator=generator, dtype=torch.float64)
+
+
+def full_mask(num_views: int) -> torch.Tensor:
+    """[WORLD * K_LOCAL, num_views] bool with some views absent on both ranks, one sample with a
+    single present view (no anchor term) and one with none."""
+    generator = torch.Generator().manual_seed(200 + num_views)
+    mask = torch.rand(WORLD * K_LOCAL, num_views, generator=generator) > 0.3
+    mask[0] = True
+    mask[1] = False
+    mask[1, 0] = True  # rank 0: a sample with one view
+    mask[K_LOCAL + 1] = False  # rank 1: a sample with no view
+    mask[K_LOCAL + 2] = True
+    return mask
+
+
+def full_inputs(num_views: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(300 + num_views)
+    return torch.randn(WORLD * K_LOCAL, num_views, D_IN, generator=generator, dtype=torch.float64)
+
+
+def encoder() -> torch.nn.Module:
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(D_IN, 8), torch.nn.Tanh(), torch.nn.Linear(8, D)).double()
+
+
+def local_slice(rank: int) -> slice:
+    return slice(rank * K_LOCAL, (rank + 1) * K_LOCAL)
+
+
+def run_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180)
+    )
+    from torch.nn.parallel import DistributedDataParallel
+
+    results: dict[str, Any] = {}
+    part = local_slice(rank)
+    for key, name, params in objective_variants():
+        try:
+            objective = build_objective(name, params)
+            num_views = views_of(name)
+            for masked in (False, True) if objective.supports_mask else (False,):
+                z = full_batch(num_views)[part].clone().requires_grad_(True)
+                mask = full_mask(num_views)[part] if masked else None
+                loss = objective(z, mask)
+                loss.backward()
+                results[f"{key}|mask={masked}"] = {"loss": loss.detach(), "grad": z.grad.detach()}
+
+            # DDP: every rank encodes its inputs; DDP averages the parameter gradients.
+            model = DistributedDataParallel(encoder())
+            objective = build_objective(name, params)
+            loss = objective(model(full_inputs(num_views)[part]))
+            loss.backward()
+            results[f"{key}|ddp"] = {
+                "loss": loss.detach(),
+                "grads": [p.grad.detach().clone() for p in model.module.parameters()],
+            }
+        except Exception:  # reported per objective by the test
+            results[f"{key}|error"] = traceback.format_exc()
+
+    # Ranks with different K: a clear ValueError on every rank (no hang, no silent mis-slicing).
+    try:
+        objective = build_objective("geometric_pvc", {})
+        objective(full_batch(M)[: K_LOCAL + rank])
+        results["unequal_K"] = None
+    except ValueError as error:
+        results["unequal_K"] = str(error)
+
+    path = Path(out_dir) / f"rank{rank}.pt"
+    torch.save(results, str(path) + ".tmp")
+    os.replace(str(path) + ".tmp", path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(out_dir: str, timeout: float = 300.0) -> None:
+    """Run :func:`run_rank` in ``WORLD`` spawned processes; raise if one fails or hangs."""
+    import torch.multiprocessing as mp
+
+    init_file = os.path.join(out_dir, "store")
+    context = mp.start_processes(
+        run_rank, args=(WORLD, init_file, out_dir), nprocs=WORLD, join=False, start_method="spawn"
+    )
+    import time
+
+    deadline = time.monotonic() + timeout
+    try:
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"distributed workers did not finish within {timeout} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        launch(tmp)
+        for r in range(WORLD):
+            res = torch.load(Path(tmp) / f"rank{r}.pt")
+            errors = [k for k in res if k.endswith("|error")]
+            print(f"rank {r}: {len(res)} results, errors: {errors}")
+            for k in errors:
+                print(res[k])
+    sys.exit(0)

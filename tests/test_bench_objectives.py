@@ -1,0 +1,94 @@
+"""`mmviews bench objectives` on tiny sizes: every objective in the JSON with finite numbers,
+the naive loop versions agreeing with the library (values and gradients), and a wrong naive
+version stopping the benchmark."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from mmviews.bench import objectives as bench
+from mmviews.cli import main
+from mmviews.objectives import get_objective, list_objectives
+
+TINY = ["--K", "8", "--M", "3", "--d", "8", "--repeats", "1", "--warmup", "0", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "objectives.json"
+    assert main(["bench", "objectives", *TINY, "--device", "cpu", "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _finite_positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_json_has_every_objective_with_finite_numbers(result):
+    assert result["config"]["K"] == 8 and result["config"]["M"] == 3 and result["config"]["d"] == 8
+    assert set(result["objectives"]) == set(list_objectives())
+    for key, floor in result["floors"].items():
+        assert _finite_positive(floor["time_ms"]) and _finite_positive(floor["peak_mb"]), key
+    for name, row in result["objectives"].items():
+        for field in ("time_ms", "peak_mb", "time_vs_floor", "memory_vs_floor"):
+            assert _finite_positive(row[field]), (name, field, row[field])
+        assert math.isfinite(row["loss"]), name
+        assert row["floor"] in result["floors"]
+        assert len(row["times_ms"]) == 1
+        if name in bench.NAIVE:
+            assert _finite_positive(row["naive"]["time_ms"]) and _finite_positive(row["speedup_vs_naive"]), name
+        for target in row["targets"]:
+            assert target["ok"] in (True, False), (name, target)
+    # simclr needs two views: it runs on the first two, against a floor of that size
+    assert result["objectives"]["simclr"]["M"] == 2 and "floor@M=2" in result["floors"]
+
+
+def test_naive_versions_agree_with_the_library_in_the_bench(result):
+    expected = {"geometric_pvc", "arithmetic_pvc", "multi_crop", "mv_infonce", "mv_dhel"}
+    assert expected <= set(bench.NAIVE)
+    for name in set(bench.NAIVE) & set(result["objectives"]):
+        check = result["objectives"][name]["naive_check"]
+        assert check["naive_loss"] == pytest.approx(check["library_loss"], rel=1e-7, abs=1e-9), name
+
+
+@pytest.mark.parametrize("name", sorted(bench.NAIVE))
+def test_naive_version_matches_library_value_and_gradient(name):
+    M = 2 if name == "simclr" else 4
+    z = torch.randn(6, M, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    z_lib, z_naive = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
+    want = get_objective(name, temperature=0.2)(z_lib)
+    got = bench.NAIVE[name](z_naive, 0.2)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(z_naive.grad, z_lib.grad, rtol=1e-8, atol=1e-10)
+
+
+def test_floor_is_cross_entropy_over_the_full_score_matrix():
+    z = torch.randn(4, 3, 5, dtype=torch.float64)
+    u = torch.nn.functional.normalize(z, dim=-1).reshape(12, 5)
+    scores = u @ u.T / 0.5
+    # anchor (i, a) -> positive (i, a+1 mod M), written out by hand
+    manual = torch.stack(
+        [torch.logsumexp(scores[r], 0) - scores[r, (r // 3) * 3 + (r % 3 + 1) % 3] for r in range(12)]
+    ).mean()
+    torch.testing.assert_close(bench.floor_loss(z, 0.5), manual)
+
+
+def test_a_wrong_naive_version_stops_the_benchmark(monkeypatch):
+    monkeypatch.setitem(bench.NAIVE, "mv_dhel", lambda z, t: bench.naive_mv_dhel(z, t) + 1e-3)
+    with pytest.raises(RuntimeError, match="naive mv_dhel"):
+        bench.benchmark(K=8, M=3, d=8, repeats=1, warmup=0, objectives=["mv_dhel"], device="cpu", progress=False)
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="unknown objective"):
+        bench.benchmark(K=8, M=3, d=8, objectives=["nope"], device="cpu", progress=False)
+    with pytest.raises(ValueError, match="--K"):
+        bench.benchmark(K=1, M=3, d=8, device="cpu", progress=False)
+    with pytest.raises(SystemExit):
+        main(["bench", "nonsense"])
