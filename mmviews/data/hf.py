@@ -1,0 +1,225 @@
+"""Local HuggingFace ``datasets`` as sample dicts (no hub access needed).
+
+Three forms of ``root``:
+
+- ``format="disk"``: a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``.
+- ``format="imagefolder"``: ``root/[split/]label/xxx.png`` (the ``imagefolder`` builder).
+- ``format="audiofolder"``: ``root/[split/]label/xxx.wav``. The ``audiofolder`` builder
+  encodes with torchcodec, which is missing here (STACK.md), so the folder is listed
+  directly into a ``datasets.Dataset`` of file paths.
+
+``columns`` maps modality names to columns (``{"image": "img", "text": "sentence"}``) and
+``labels`` maps label names to columns (``{"class": "label"}``). Image and audio columns
+are read with decoding turned off and decoded here (PIL, soundfile), so a damaged file
+raises an error naming it (or, with ``on_error="skip"``, is marked absent and counted).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+
+
+def _audiofolder(root: Path, split: str) -> Any:
+    import datasets
+
+    base = root / split if (root / split).is_dir() else root
+    files = sorted(p for p in base.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS)
+    names = sorted({p.parent.name for p in files if p.parent != base})
+    data: dict[str, list[Any]] = {"audio": [str(p) for p in files]}
+    features = {"audio": datasets.Value("string")}
+    if names:
+        data["label"] = [names.index(p.parent.name) if p.parent != base else -1 for p in files]
+        features["label"] = datasets.ClassLabel(names=names)
+    return datasets.Dataset.from_dict(data, features=datasets.Features(features))
+
+
+class HFDataset(Dataset):
+    """A local HuggingFace dataset split yielding sample dicts.
+
+    Args:
+        root: dataset folder (see module docstring).
+        split: split name for DatasetDicts / split sub-folders.
+        format: ``"auto"`` (disk if ``dataset_dict.json`` or ``dataset_info.json`` is present,
+            else imagefolder/audiofolder by the files found), ``"disk"``, ``"imagefolder"``,
+            ``"audiofolder"``.
+        columns: ``{modality: column}``; default: the columns named image, audio, text.
+        labels: ``{label name: column}``; default ``{"class": "label"}`` if present.
+        image_size: resize images to this (int or (H, W)) so a batch stacks; None keeps sizes.
+        sample_rate: audio is resampled to it (torchaudio) after decoding with soundfile.
+
+    Modality values: images FloatTensor[3, H, W] in [0, 1]; audio FloatTensor[T] mono; text str;
+    numeric list columns FloatTensor of their shape.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], split: str = "train", *, format: str = "auto",
+                 columns: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
+                 image_size: int | tuple[int, int] | None = None, sample_rate: int = 16000, on_error: str = "raise") -> None:
+        import datasets
+
+        self.root = Path(root)
+        if not self.root.exists():
+            raise FileNotFoundError(f"no such dataset folder: {self.root}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if format == "auto":
+            if (self.root / "dataset_dict.json").is_file() or (self.root / "dataset_info.json").is_file():
+                format = "disk"
+            elif any(p.suffix.lower() in AUDIO_EXTENSIONS for p in self.root.rglob("*")):
+                format = "audiofolder"
+            else:
+                format = "imagefolder"
+        if format == "disk":
+            try:
+                ds = datasets.load_from_disk(str(self.root))
+            except (FileNotFoundError, KeyError):
+                raise
+            except Exception as err:  # datasets fails deep inside (e.g. IndexError) on an empty save
+                raise ValueError(f"{self.root}: cannot load the saved dataset ({type(err).__name__}: {err}); "
+                                 "it may be empty or incompletely written") from err
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise KeyError(f"{self.root}: no split {split!r}; available: {sorted(ds)}")
+                ds = ds[split]
+        elif format == "imagefolder":
+            ds = datasets.load_dataset("imagefolder", data_dir=str(self.root), split=split)
+        elif format == "audiofolder":
+            ds = _audiofolder(self.root, split)
+        else:
+            raise ValueError(f"format must be auto, disk, imagefolder or audiofolder, got {format!r}")
+        feats = ds.features
+        if columns is None:
+            columns = {m: m for m in ("image", "audio", "text") if m in feats}
+        if labels is None:
+            labels = {"class": "label"} if "label" in feats else {}
+        for name, col in {**columns, **labels}.items():
+            if col not in feats:
+                raise KeyError(f"{self.root}: column {col!r} (for {name!r}) not found; columns: {sorted(feats)}")
+        if not columns:
+            raise ValueError(f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
+                             f"(columns: {sorted(feats)})")
+        # Decode images and audio here, not in datasets: names the file on failure, and
+        # Audio() decoding needs torchcodec (STACK.md).
+        self.kinds: dict[str, str] = {}
+        for m, col in columns.items():
+            f = feats[col]
+            if isinstance(f, datasets.Image):
+                ds = ds.cast_column(col, datasets.Image(decode=False))
+                self.kinds[m] = "image"
+            elif isinstance(f, datasets.Audio):
+                ds = ds.cast_column(col, datasets.Audio(decode=False))
+                self.kinds[m] = "waveform"
+            elif m == "audio" or (isinstance(f, datasets.Value) and f.dtype in ("binary", "large_binary")):
+                self.kinds[m] = "waveform"
+            elif isinstance(f, datasets.Value) and f.dtype in ("string", "large_string"):
+                self.kinds[m] = "text"
+            else:
+                self.kinds[m] = "array"
+        if len(ds) == 0:
+            raise ValueError(f"{self.root}: split {split!r} is empty")
+        self.ds = ds
+        self.columns = dict(columns)
+        self.label_columns = dict(labels)
+        self.image_size = (image_size, image_size) if isinstance(image_size, int) else image_size
+        self.sample_rate = int(sample_rate)
+        self.on_error = on_error
+        self.num_skipped = 0
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def modality_info(self) -> dict[str, dict[str, Any]]:
+        info: dict[str, dict[str, Any]] = {}
+        for m, k in self.kinds.items():
+            if k == "image":
+                info[m] = {"kind": "image"} | ({"shape": (3, *self.image_size)} if self.image_size else {})
+            elif k == "waveform":
+                info[m] = {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate}
+            elif k == "text":
+                info[m] = {"kind": "text"}
+        return info
+
+    def _decode_image(self, value: Any) -> torch.Tensor:
+        from PIL import Image
+
+        if isinstance(value, (bytes, bytearray)):
+            value = {"bytes": bytes(value), "path": None}
+        src = value.get("path") if isinstance(value, Mapping) else None
+        try:
+            if isinstance(value, Mapping) and value.get("bytes"):
+                im = Image.open(io.BytesIO(value["bytes"]))
+            elif src:
+                im = Image.open(src)
+            else:
+                im = value  # already a PIL image
+            arr = np.asarray(im.convert("RGB"))
+        except Exception as err:  # PIL raises several types for damaged files
+            raise ValueError(f"{src or '<image bytes>'}: cannot read image ({type(err).__name__}: {err})") from err
+        x = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+        if self.image_size is not None and tuple(x.shape[-2:]) != tuple(self.image_size):
+            from torchvision.transforms.v2 import functional as F
+
+            x = F.resize(x, list(self.image_size), antialias=True).clamp_(0, 1)
+        return x
+
+    def _decode_audio(self, value: Any) -> torch.Tensor:
+        import soundfile as sf
+
+        if isinstance(value, Mapping) and "array" in value:
+            wav, sr = np.asarray(value["array"], dtype=np.float32), int(value.get("sampling_rate", self.sample_rate))
+            src = value.get("path") or "<audio array>"
+        else:
+            if isinstance(value, (bytes, bytearray)):
+                value = {"bytes": bytes(value), "path": None}
+            src = (value.get("path") if isinstance(value, Mapping) else value) or "<audio bytes>"
+            try:
+                if isinstance(value, Mapping) and value.get("bytes"):
+                    wav, sr = sf.read(io.BytesIO(value["bytes"]), dtype="float32", always_2d=True)
+                else:
+                    wav, sr = sf.read(str(src), dtype="float32", always_2d=True)
+            except Exception as err:  # soundfile raises LibsndfileError / RuntimeError variants
+                raise ValueError(f"{src}: cannot read audio ({type(err).__name__}: {err})") from err
+            wav = wav.mean(axis=1)
+        x = torch.from_numpy(np.ascontiguousarray(wav))
+        if sr != self.sample_rate:
+            import torchaudio.functional as AF
+
+            x = AF.resample(x, sr, self.sample_rate)
+        return x
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = self.ds[int(index)]
+        mods: dict[str, Any] = {}
+        for m, col in self.columns.items():
+            value = row[col]
+            kind = self.kinds[m]
+            if value is None:
+                mods[m] = None
+                continue
+            try:
+                if kind == "image":
+                    mods[m] = self._decode_image(value)
+                elif kind == "waveform":
+                    mods[m] = self._decode_audio(value)
+                elif kind == "text":
+                    mods[m] = str(value)
+                else:
+                    mods[m] = torch.as_tensor(np.asarray(value, dtype=np.float32))
+            except ValueError as err:
+                if self.on_error == "raise":
+                    raise ValueError(f"{self.root} row {index}, column {col!r}: {err}") from err
+                self.num_skipped += 1
+                warnings.warn(f"{self.root} row {index}, column {col!r}: {err}; marked absent", stacklevel=2)
+                mods[m] = None
+        labels = {name: row[col] for name, col in self.label_columns.items()}
+        return {"index": int(index), "modalities": mods, "labels": labels}

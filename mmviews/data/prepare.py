@@ -1,0 +1,125 @@
+"""``mmviews prepare DATASET PATH``: check a user's copy against its data card and convert it.
+
+- ``mosi`` / ``mosei`` / ``sims``: PATH is the MMSA or MulT ``.pkl``. Checks the splits,
+  keys, shapes, lengths and split sizes (warning on the MulT split), then writes the
+  memory-mapped store (default ``PATH.mmstore``, or ``--out``).
+- ``ucf101`` / ``hmdb51``: PATH is the folder of class folders. Checks the split lists,
+  that every listed clip exists, counts clips with an audio track and unreadable clips,
+  and writes ``index.json`` (clips, classes, audio presence) to ``--out`` (default
+  ``PATH/mmviews_index.json``).
+- ``synthetic``: nothing to prepare (generated on the fly); prints its shapes.
+
+Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+SENTIMENT = ("mosi", "mosei", "sims")
+VIDEO = ("ucf101", "hmdb51")
+# Clip counts from the data cards.
+VIDEO_CLIPS = {"ucf101": 13320, "hmdb51": 6766}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("synthetic",)), help="dataset name (see data_cards/)")
+    parser.add_argument("path", nargs="?", default=None, help="the .pkl file (mosi/mosei/sims) or the video folder")
+    parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
+    parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    parser.add_argument("--fold", type=int, default=1, help="video split fold to check (1-3)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+        return
+    for k, v in summary.items():
+        if isinstance(v, dict):
+            print(f"{k}:")
+            for kk, vv in v.items():
+                print(f"  {kk}: {vv}")
+        elif isinstance(v, list):
+            print(f"{k}: {len(v)}")
+            for item in v[:10]:
+                print(f"  - {item}")
+        else:
+            print(f"{k}: {v}")
+
+
+def _prepare_sentiment(args: argparse.Namespace) -> dict[str, Any]:
+    from mmviews.data.sentiment import convert_sentiment_pickle
+
+    path = Path(args.path)
+    out = Path(args.out) if args.out else path.with_name(path.name + ".mmstore")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        meta = convert_sentiment_pickle(path, out, dataset=args.dataset, layout=args.layout, overwrite=args.overwrite,
+                                        progress=True)
+    summary: dict[str, Any] = {"dataset": args.dataset, "source": str(path), "store": str(out), "layout": meta["layout"],
+                               "split variant": meta["variant"] or "unknown"}
+    for split, sm in meta["splits"].items():
+        shapes = ", ".join(f"{m} {tuple(v['shape'][1:])}" for m, v in sm["modalities"].items())
+        nonfinite = sum(sm["nonfinite_set_to_zero"].values())
+        summary[split] = f"{sm['num_samples']} samples; {shapes}; labels {sm['labels']}; non-finite set to 0: {nonfinite}"
+    summary["warnings"] = [str(w.message) for w in caught]
+    return summary
+
+
+def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
+    from mmviews.data.video import VideoFolder, scan_video_folder
+
+    root = Path(args.path)
+    summary: dict[str, Any] = {"dataset": args.dataset, "root": str(root)}
+    splits: dict[str, Any] = {}
+    for split in ("train", "test"):
+        ds = VideoFolder(root, split=split, fold=args.fold, audio=False)
+        missing = [rel for _, rel in ds.clips if not (root / rel).is_file()]
+        splits[split] = {"clips": len(ds.clips), "missing": missing}
+        summary[f"{split} (fold {args.fold})"] = f"{len(ds.clips)} clips listed, {len(missing)} missing"
+    scan = scan_video_folder(root)
+    expected = VIDEO_CLIPS[args.dataset]
+    summary["clips on disk"] = f"{scan['clips']} in {scan['classes']} classes (card: {expected})"
+    summary["clips with an audio track"] = scan["with_audio"]
+    summary["unreadable"] = scan["unreadable"]
+    out = Path(args.out) if args.out else root / "mmviews_index.json"
+    index = {"dataset": args.dataset, "fold": args.fold, "splits": splits, "scan": scan}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(index, indent=1))
+    os.replace(tmp, out)
+    summary["index"] = str(out)
+    summary["problems"] = [f"{s}: {len(v['missing'])} listed clips missing" for s, v in splits.items() if v["missing"]] + \
+        ([f"{len(scan['unreadable'])} unreadable clips"] if scan["unreadable"] else [])
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.dataset == "synthetic":
+            from mmviews.data.synthetic import SyntheticMultimodal
+
+            info = SyntheticMultimodal(1).modality_info()
+            _print_summary({"dataset": "synthetic", "note": "generated on the fly; nothing to prepare",
+                            "modalities": {k: v.get("shape", v["kind"]) for k, v in info.items()}}, args.json)
+            return 0
+        if args.path is None:
+            print(f"error: mmviews prepare {args.dataset} needs PATH (see data_cards/{args.dataset}.md)")
+            return 1
+        if not Path(args.path).exists():
+            print(f"error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)")
+            return 1
+        summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:
+        # The message names the file, split or key at fault.
+        print(f"error: {err}")
+        return 1
+    _print_summary(summary, args.json)
+    return 1 if summary.get("problems") else 0

@@ -1,0 +1,324 @@
+"""Video folders in the UCF-101 / HMDB-51 layout: frames, optical flow and the audio track.
+
+Layout (``data_cards/ucf101.md``, ``data_cards/hmdb51.md``)::
+
+    root/ClassName/clip.avi                       one folder per class
+    splits_dir/trainlist01.txt, testlist01.txt    UCF-101 ("Class/clip.avi [label]"), classInd.txt
+    splits_dir/<class>_test_split1.txt            HMDB-51 ("clip.avi 1|2|0": train|test|unused)
+    frames_root/ClassName/clip/img_00001.jpg      optional precomputed frames
+    flow_root/ClassName/clip/flow_x_00001.jpg     optional TV-L1 flow (or flow_y_, or 3-channel flow_00001.jpg)
+
+Flow images store ``(f + 20) * 255 / 40`` as uint8 after clipping f to +-20 px; they are
+decoded back to pixels. Frames and audio are decoded with PyAV; a clip without an audio
+stream gives ``audio = None`` (absent, never silence).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".webm", ".mov")
+FLOW_BOUND = 20.0
+
+
+def decode_flow_image(values: np.ndarray) -> np.ndarray:
+    """uint8 flow image values -> pixels: ``v * 40 / 255 - 20`` (inverse of DATA.md's encoding)."""
+    return values.astype(np.float32) * (2 * FLOW_BOUND / 255.0) - FLOW_BOUND
+
+
+def encode_flow_image(flow: np.ndarray) -> np.ndarray:
+    """pixels -> uint8 flow image values: clip to +-20, then ``(f + 20) * 255 / 40``."""
+    return np.rint((np.clip(flow, -FLOW_BOUND, FLOW_BOUND) + FLOW_BOUND) * 255.0 / (2 * FLOW_BOUND)).astype(np.uint8)
+
+
+def read_video_frames(path: str | os.PathLike[str]) -> tuple[np.ndarray, float]:
+    """All frames of a video file as uint8 ``[N, H, W, 3]`` RGB, and its frame rate (PyAV)."""
+    import av
+
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise ValueError(f"{path}: no video stream")
+        stream = container.streams.video[0]
+        fps = float(stream.average_rate) if stream.average_rate else 25.0
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+    if not frames:
+        raise ValueError(f"{path}: the video stream has no decodable frames")
+    return np.stack(frames), fps
+
+
+def read_audio_track(path: str | os.PathLike[str], sample_rate: int = 16000) -> np.ndarray | None:
+    """The audio track as mono float32 ``[T]`` at ``sample_rate`` (PyAV), or None if the file has none."""
+    import av
+
+    with av.open(str(path)) as container:
+        if not container.streams.audio:
+            return None
+        stream = container.streams.audio[0]
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+        chunks: list[np.ndarray] = []
+        for frame in container.decode(stream):
+            for out in resampler.resample(frame):
+                chunks.append(out.to_ndarray().reshape(-1))
+        for out in resampler.resample(None):  # flush
+            chunks.append(out.to_ndarray().reshape(-1))
+    if not chunks:
+        return None
+    return np.concatenate(chunks).astype(np.float32)
+
+
+def _read_image(path: Path, mode: str) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert(mode))
+    except Exception as err:  # PIL raises several types for damaged files
+        raise ValueError(f"{path}: cannot read image ({type(err).__name__}: {err})") from err
+
+
+def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tuple[str, str]]:
+    """``[(class name, relative clip path)]`` of one official split (UCF-101 or HMDB-51 lists)."""
+    if split == "all":
+        clips = []
+        for cls in sorted(p for p in root.iterdir() if p.is_dir()):
+            clips += [(cls.name, f"{cls.name}/{f.name}") for f in sorted(cls.iterdir()) if f.suffix.lower() in VIDEO_EXTENSIONS]
+        return clips
+    if split not in ("train", "test"):
+        raise ValueError(f"video folders have splits 'train', 'test' (official lists) or 'all', got {split!r}")
+    ucf = splits_dir / f"{split}list{fold:02d}.txt"
+    if ucf.is_file():
+        out = []
+        for line in ucf.read_text().splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            rel = line.split()[0].replace("\\", "/")
+            out.append((rel.split("/")[0], rel))
+        return out
+    hmdb = sorted(splits_dir.glob(f"*_test_split{fold}.txt"))
+    if hmdb:
+        want = "1" if split == "train" else "2"
+        out = []
+        for f in hmdb:
+            cls = re.sub(rf"_test_split{fold}\.txt$", "", f.name)
+            for line in f.read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[1] == want:
+                    out.append((cls, f"{cls}/{parts[0]}"))
+        return out
+    raise FileNotFoundError(f"no split list for split {split!r} fold {fold} in {splits_dir}: expected "
+                            f"{ucf.name} (UCF-101) or *_test_split{fold}.txt (HMDB-51); use split='all' to take every clip")
+
+
+class VideoFolder(Dataset):
+    """Clips of a UCF-101 / HMDB-51 style folder as sample dicts.
+
+    Modalities: ``video`` FloatTensor[T, 3, H, W] in [0, 1] (T = ``num_frames`` consecutive
+    frames from the middle of the clip, resized to ``size``); ``flow`` FloatTensor[T - 1, 2, H, W]
+    in pixels when ``flow`` is ``"precomputed"`` (images under ``flow_root``) or ``"farneback"``
+    (OpenCV, computed from the decoded frames); ``audio`` FloatTensor[S] mono at
+    ``sample_rate`` (at most ``max_audio_seconds`` around the frames) or None for a clip without
+    an audio track. Labels: ``class`` (index in ``self.classes``).
+
+    ``on_error="raise"`` raises a ValueError naming the file that cannot be read;
+    ``"skip"`` marks that modality absent, warns with the file name and counts it in
+    ``self.num_skipped`` (per process).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], split: str = "train", *, dataset: str | None = None, fold: int = 1,
+                 splits_dir: str | os.PathLike[str] | None = None, num_frames: int = 8, size: int | tuple[int, int] = 112,
+                 frames_root: str | os.PathLike[str] | None = None, flow_root: str | os.PathLike[str] | None = None,
+                 flow: str | None = None, audio: bool = True, sample_rate: int = 16000, max_audio_seconds: float = 5.0,
+                 on_error: str = "raise") -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"no such video folder: {self.root}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if flow is None and flow_root is not None:
+            flow = "precomputed"
+        if flow not in (None, "precomputed", "farneback"):
+            raise ValueError(f"flow must be None, 'precomputed' or 'farneback', got {flow!r}")
+        if flow == "precomputed" and flow_root is None:
+            raise ValueError("flow='precomputed' needs flow_root")
+        if num_frames < 2 and flow is not None:
+            raise ValueError("flow needs num_frames >= 2")
+        self.dataset = dataset
+        self.num_frames = int(num_frames)
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+        self.frames_root = Path(frames_root) if frames_root is not None else None
+        self.flow_root = Path(flow_root) if flow_root is not None else None
+        self.flow = flow
+        self.audio = audio
+        self.sample_rate = int(sample_rate)
+        self.max_audio_seconds = float(max_audio_seconds)
+        self.on_error = on_error
+        self.num_skipped = 0
+        sdir = Path(splits_dir) if splits_dir is not None else self._find_splits_dir()
+        self.clips = parse_split(self.root, sdir, split, fold)
+        if not self.clips:
+            raise ValueError(f"{self.root}: split {split!r} (fold {fold}) lists no clips")
+        class_ind = sdir / "classInd.txt"
+        if class_ind.is_file():
+            pairs = [ln.split() for ln in class_ind.read_text().splitlines() if ln.strip()]
+            self.classes = [name for _, name in sorted(pairs, key=lambda p: int(p[0]))]
+        else:
+            self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        self.class_to_index = {c: i for i, c in enumerate(self.classes)}
+        unknown = sorted({c for c, _ in self.clips if c not in self.class_to_index})
+        if unknown:
+            raise ValueError(f"{self.root}: split lists name classes without a folder: {unknown[:5]}")
+
+    def _find_splits_dir(self) -> Path:
+        for cand in (self.root, self.root / "ucfTrainTestlist", self.root / "splits", self.root / "testTrainMulti_7030_splits",
+                     self.root.parent / "ucfTrainTestlist", self.root.parent / "testTrainMulti_7030_splits"):
+            if cand.is_dir() and (any(cand.glob("*list0*.txt")) or any(cand.glob("*_test_split*.txt"))):
+                return cand
+        return self.root
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def modality_info(self) -> dict[str, dict[str, Any]]:
+        H, W = self.size
+        info: dict[str, dict[str, Any]] = {"video": {"kind": "video", "shape": (self.num_frames, 3, H, W)}}
+        if self.flow is not None:
+            info["flow"] = {"kind": "flow", "shape": (self.num_frames - 1, 2, H, W)}
+        if self.audio:
+            info["audio"] = {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate}
+        return info
+
+    def _fail(self, path: Path, err: Exception) -> None:
+        if self.on_error == "raise":
+            if isinstance(err, (ValueError, FileNotFoundError)) and str(path) in str(err):
+                raise err
+            raise ValueError(f"{path}: cannot read ({type(err).__name__}: {err})") from err
+        self.num_skipped += 1
+        warnings.warn(f"skipped unreadable {path} ({type(err).__name__}: {err}); modality marked absent", stacklevel=3)
+
+    def _window(self, n: int) -> np.ndarray:
+        T = min(self.num_frames, n)
+        start = (n - T) // 2
+        idx = np.arange(start, start + self.num_frames)
+        return np.clip(idx, 0, n - 1)  # short clips repeat their last frame
+
+    def _resize(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as F
+
+        if tuple(x.shape[-2:]) == self.size:
+            return x
+        return F.resize(x, list(self.size), antialias=True)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        cls, rel = self.clips[index]
+        path = self.root / rel
+        stem = Path(rel).stem
+        mods: dict[str, Any] = {"video": None}
+        if self.flow is not None:
+            mods["flow"] = None
+        if self.audio:
+            mods["audio"] = None
+        frames_np: np.ndarray | None = None
+        fps = 25.0
+        start_time = 0.0
+        try:
+            if self.frames_root is not None:
+                d = self.frames_root / cls / stem
+                files = sorted(d.glob("img_*.jpg"))
+                if not files:
+                    raise FileNotFoundError(f"{d}: no img_*.jpg frames")
+                idx = self._window(len(files))
+                frames_np = np.stack([_read_image(files[i], "RGB") for i in idx])
+            else:
+                if not path.is_file():
+                    raise FileNotFoundError(f"{path}: listed in the split but missing")
+                all_frames, fps = read_video_frames(path)
+                idx = self._window(len(all_frames))
+                frames_np = all_frames[idx]
+            start_time = float(idx[0]) / fps
+            video = torch.from_numpy(frames_np).permute(0, 3, 1, 2).float().div_(255.0)
+            mods["video"] = self._resize(video).clamp_(0, 1)
+        except Exception as err:
+            self._fail(path if self.frames_root is None else self.frames_root / cls / stem, err)
+            frames_np = None
+        if self.flow is not None:
+            try:
+                mods["flow"] = self._flow(cls, stem, frames_np)
+            except Exception as err:
+                self._fail((self.flow_root / cls / stem) if self.flow_root else path, err)
+        if self.audio:
+            try:
+                if not path.is_file():
+                    raise FileNotFoundError(f"{path}: missing (needed for its audio track)")
+                wav = read_audio_track(path, self.sample_rate)
+                if wav is not None and wav.size > 0:
+                    # Keep up to max_audio_seconds centred on the frame window.
+                    n = int(self.max_audio_seconds * self.sample_rate)
+                    centre = int((start_time + self.num_frames / (2 * fps)) * self.sample_rate)
+                    s = max(0, min(len(wav) - n, centre - n // 2))
+                    mods["audio"] = torch.from_numpy(wav[s : s + n].copy())
+            except Exception as err:
+                self._fail(path, err)
+        return {"index": index, "id": rel, "modalities": mods, "labels": {"class": self.class_to_index[cls]}}
+
+    def _flow(self, cls: str, stem: str, frames_np: np.ndarray | None) -> torch.Tensor | None:
+        if self.flow == "farneback":
+            if frames_np is None:
+                return None
+            import cv2
+
+            gray = [cv2.cvtColor(f, cv2.COLOR_RGB2GRAY) for f in frames_np]
+            fl = [cv2.calcOpticalFlowFarneback(gray[t], gray[t + 1], None, 0.5, 3, 15, 3, 5, 1.2, 0)
+                  for t in range(len(gray) - 1)]
+            flow = torch.from_numpy(np.stack(fl)).permute(0, 3, 1, 2).float()
+        else:
+            assert self.flow_root is not None
+            d = self.flow_root / cls / stem
+            xs = sorted(d.glob("flow_x_*.jpg"))
+            if xs:
+                ys = [d / f.name.replace("flow_x_", "flow_y_") for f in xs]
+                n = len(xs)
+                idx = self._window(n + 1)[:-1].clip(0, n - 1)
+                u = np.stack([_read_image(xs[i], "L") for i in idx])
+                v = np.stack([_read_image(ys[i], "L") for i in idx])
+                flow_np = np.stack([u, v], axis=1)
+            else:
+                fs = sorted(d.glob("flow_*.jpg"))
+                if not fs:
+                    raise FileNotFoundError(f"{d}: no flow_x_*.jpg / flow_y_*.jpg or flow_*.jpg images")
+                idx = self._window(len(fs) + 1)[:-1].clip(0, len(fs) - 1)
+                flow_np = np.stack([_read_image(fs[i], "RGB")[..., :2] for i in idx]).transpose(0, 3, 1, 2)
+            flow = torch.from_numpy(decode_flow_image(flow_np))
+        H, W = flow.shape[-2:]
+        if (H, W) != self.size:
+            import torch.nn.functional as TF
+
+            flow = TF.interpolate(flow, size=self.size, mode="bilinear", align_corners=False)
+            flow = flow * torch.tensor([self.size[1] / W, self.size[0] / H]).view(1, 2, 1, 1)
+        return flow
+
+
+def scan_video_folder(root: str | os.PathLike[str], extensions: Sequence[str] = VIDEO_EXTENSIONS) -> dict[str, Any]:
+    """Count classes, clips and clips with an audio stream (for ``mmviews prepare``)."""
+    import av
+    from tqdm.auto import tqdm
+
+    root = Path(root)
+    clips = [p for p in sorted(root.glob("*/*")) if p.suffix.lower() in tuple(extensions)]
+    with_audio, unreadable = 0, []
+    for p in tqdm(clips, desc=f"scanning {root.name}", unit="clip"):
+        try:
+            with av.open(str(p)) as c:
+                with_audio += bool(c.streams.audio)
+        except Exception as err:  # av raises its own error types per container problem
+            unreadable.append(f"{p}: {type(err).__name__}: {err}")
+    return {"classes": len({p.parent.name for p in clips}), "clips": len(clips), "with_audio": with_audio,
+            "unreadable": unreadable}
