@@ -128,6 +128,11 @@ SCRIPT = textwrap.dedent(
     )
     with open(sys.argv[1] + f"/rank{acc.process_index}.json", "w") as f:
         json.dump(out, f)
+    # Tear the gloo group down before exit: left to interpreter shutdown it can abort
+    # ("terminate called without an active exception").
+    import torch.distributed as dist
+    acc.wait_for_everyone()
+    dist.destroy_process_group()
     '''
 )
 
