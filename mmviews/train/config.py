@@ -1,0 +1,489 @@
+"""Typed training configuration, loaded from YAML recipes.
+
+A recipe is a YAML mapping whose top-level keys are the fields of :class:`TrainConfig`
+(``name``, ``seed``, ``data``, ``views``, ``adapters``, ``encoder``, ``objective``,
+``optimisation``, ``evaluation``, ``output``...). Loading checks every key and every value's
+type against the dataclasses below; an unknown key or a wrong type is a
+:class:`ConfigError` that names the key path and the file it came from.
+
+Overrides use dotted key paths with YAML scalars as values (``--set optimisation.lr=3e-4``,
+``--set data.options.num_samples=512``, ``--set views.0.copies=3``); they are applied to the
+raw mapping before validation, so they are checked exactly like the file.
+
+Sections whose schema belongs to another layer (``views``: :class:`mmviews.data.ViewSpec`;
+``adapters``/``encoder``: :mod:`mmviews.modalities`; ``objective.params``: the objective's
+constructor; ``evaluation.tasks``: :mod:`mmviews.eval`) are passed through as mappings and
+validated by that layer when the run is set up, before any training step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A recipe or override is invalid; the message names the file and the key."""
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class DataConfig:
+    """Where the samples come from and how batches are formed.
+
+    ``batch_size`` is the number of samples K per optimiser micro-batch across ALL
+    processes (the global batch): with N processes each one encodes ``K / N`` samples and
+    the objectives gather embeddings, so the negatives seen by the loss do not depend on
+    the number of processes. ``batch_mode="fixed"`` keeps ``K * M`` at
+    ``batch_size * reference_views`` instead (poly-view paper, sec. 3.2).
+    """
+
+    name: str = "synthetic"  # registry name of mmviews.data.build_dataset
+    root: str | None = None  # dataset folder or file; None for generated data
+    options: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of build_dataset
+    split_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per split name, over ``options``
+    train_split: str = "train"
+    val_split: str | None = "valid"
+    test_split: str | None = "test"
+    batch_size: int = 64
+    batch_mode: Literal["growing", "fixed"] = "growing"
+    reference_views: int = 2
+    num_workers: int = 0
+    eval_batch_size: int = 256
+    # Keep every decoded sample in memory after its first use (small datasets whose samples
+    # are costly to produce, e.g. the generated synthetic data). Per process and per loader
+    # worker; augmentations still run on every use.
+    cache: bool = False
+
+
+@dataclass
+class ObjectiveConfig:
+    """``name`` and keyword ``params`` of :func:`mmviews.objectives.get_objective`.
+
+    ``ema_teacher``: keep an EMA copy of the encoder and give its embeddings (stop-gradient)
+    to the objective as ``teacher=`` (``er``'s distillation form); objectives that declare
+    ``requires_teacher`` get one anyway. ``teacher_momentum`` is the EMA decay.
+    """
+
+    name: str = "mv_dhel"
+    params: dict[str, Any] = field(default_factory=dict)
+    ema_teacher: bool = False
+    teacher_momentum: float = 0.996
+
+
+@dataclass
+class OptimisationConfig:
+    """Optimiser, schedule and precision.
+
+    ``lr`` is the learning rate of the projection heads (and of the whole model when
+    ``backbone_lr`` is None). ``epochs`` bounds the run; ``max_steps`` (optimiser steps), when
+    set, stops it earlier. Warm-up is ``warmup_steps`` plus ``warmup_epochs`` worth of steps.
+    ``grad_accum_steps`` > 1 sums gradients of several micro-batches before a step: it
+    enlarges the effective batch for the optimiser but NOT the set of negatives, which
+    stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
+    decompose over micro-batches).
+    """
+
+    optimizer: Literal["adamw", "sgd", "lars"] = "adamw"
+    lr: float = 1e-3
+    backbone_lr: float | None = None
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW
+    momentum: float = 0.9  # SGD and LARS
+    nesterov: bool = False
+    lars_eta: float = 0.001  # LARS trust coefficient
+    epochs: int = 1
+    max_steps: int | None = None
+    warmup_steps: int = 0
+    warmup_epochs: float = 0.0
+    schedule: Literal["cosine", "constant"] = "cosine"
+    grad_accum_steps: int = 1
+    max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+
+
+@dataclass
+class EvaluationConfig:
+    """Probes run by :func:`mmviews.eval.evaluate_encoder` on frozen embeddings.
+
+    ``tasks``: the evaluation layer's task list (see :mod:`mmviews.eval.evaluate`, e.g.
+    ``"linear:class"``, ``"regression:sentiment"``, ``{"kind": "msa", "dataset": "mosi"}``). ``every_epochs`` > 0 also evaluates during training. ``random_baseline``
+    evaluates the encoder as initialised (before any step) with the same probes, so the
+    report shows what training added. ``fuse``: probes see the concatenation of the views'
+    embeddings or their mean (the mean rewards views that agree in the shared space).
+    ``views``: the view spec of the evaluation loaders
+    (None: one natural, un-augmented view per modality of the training views).
+    """
+
+    tasks: list[Any] = field(default_factory=list)  # strings ("linear:class") or mappings
+    every_epochs: int = 0
+    at_end: bool = True
+    random_baseline: bool = True
+    views: list[Any] | None = None
+    fuse: Literal["concat", "mean"] = "concat"  # how per-view embeddings become one vector for probes
+
+
+@dataclass
+class OutputConfig:
+    """Run folder, logging and checkpoints.
+
+    ``dir`` None: ``runs/<name>``. ``checkpoint_every`` optimiser steps (0: at the end of
+    every epoch only); the last ``keep_last`` checkpoints are kept.
+    """
+
+    dir: str | None = None
+    log_every: int = 1
+    checkpoint_every: int = 0
+    keep_last: int = 2
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """A whole recipe."""
+
+    name: str = "run"
+    description: str = ""
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    views: list[Any] = field(default_factory=list)  # mmviews.data.ViewSpec.from_config entries
+    adapters: dict[str, dict[str, Any]] = field(default_factory=dict)  # modality -> adapter config
+    encoder: dict[str, Any] = field(default_factory=dict)  # other MultiViewEncoder options (embed_dim...)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optimisation: OptimisationConfig = field(default_factory=OptimisationConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    cpu: bool = False  # force CPU even where an accelerator is present
+    # DDP: tolerate parameters that get no gradient in a step (e.g. a BERT pooler unused by
+    # mean pooling); set False for a little speed when every parameter is used.
+    find_unused_parameters: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def encoder_config(self) -> dict[str, Any]:
+        """The mapping given to ``MultiViewEncoder.from_config``."""
+        return {**self.encoder, "modalities": {k: dict(v) for k, v in self.adapters.items()}}
+
+
+# --------------------------------------------------------------------------- typed loading
+
+# Numbers in exponent notation without a dot ("3e-4"), which YAML 1.1 leaves as strings.
+_FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "null"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return getattr(origin, "__name__", str(origin))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; returns the value (ints widened to
+    float where a float is expected, nested mappings turned into dataclasses)."""
+
+    def fail(expected: str | None = None) -> ConfigError:
+        return ConfigError(f"{source}: key '{key}': expected {expected or _type_name(tp)}, got {_describe(value)}")
+
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise fail()
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, source)
+            except ConfigError as error:
+                errors.append(error)
+        if len(errors) == 1:
+            raise errors[0]
+        raise fail()
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise fail()
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise fail(f"a mapping (section {tp.__name__})")
+        return _build(tp, value, key, source)
+    if origin in (list, Sequence) or tp is list:
+        if not isinstance(value, list):
+            raise fail("a list")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item_tp, f"{key}.{i}", source) for i, v in enumerate(value)]
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise fail("a mapping")
+        key_tp, item_tp = typing.get_args(tp) or (str, Any)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{source}: key '{key}': mapping keys must be strings, got {_describe(k)}")
+            out[k] = _coerce(v, item_tp, f"{key}.{k}", source)
+        return out
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise fail()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail()
+        return value
+    if tp is float:
+        if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads "1e-3" (no dot) as a string
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail()
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise fail()
+        return value
+    raise TypeError(f"config annotation {tp!r} at {key!r} is not supported")  # a bug here, not in the recipe
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        where = f"'{prefix}.{unknown[0]}'" if prefix else f"'{unknown[0]}'"
+        raise ConfigError(f"{source}: unknown key {where}; allowed keys{' in ' + repr(prefix) if prefix else ''}: {', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        if name in data:
+            kwargs[name] = _coerce(data[name], hints[name], f"{prefix}.{name}" if prefix else name, source)
+    return cls(**kwargs)
+
+
+def _check_values(config: TrainConfig, source: str) -> None:
+    """Range checks that types cannot express."""
+
+    def need(ok: bool, key: str, message: str) -> None:
+        if not ok:
+            raise ConfigError(f"{source}: key '{key}': {message}")
+
+    d, o, e, out = config.data, config.optimisation, config.evaluation, config.output
+    need(d.batch_size >= 2, "data.batch_size", f"must be >= 2 (negatives come from other samples), got {d.batch_size}")
+    need(d.reference_views >= 1, "data.reference_views", f"must be >= 1, got {d.reference_views}")
+    need(d.num_workers >= 0, "data.num_workers", f"must be >= 0, got {d.num_workers}")
+    need(d.eval_batch_size >= 1, "data.eval_batch_size", f"must be >= 1, got {d.eval_batch_size}")
+    need(len(config.views) > 0, "views", "at least one view entry is needed")
+    need(len(config.adapters) > 0, "adapters", "at least one modality adapter is needed")
+    need(o.lr > 0, "optimisation.lr", f"must be > 0, got {o.lr}")
+    need(o.backbone_lr is None or o.backbone_lr >= 0, "optimisation.backbone_lr", f"must be >= 0, got {o.backbone_lr}")
+    need(o.weight_decay >= 0, "optimisation.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    need(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optimisation.betas", f"must be two numbers in [0, 1), got {o.betas}")
+    need(0 <= o.momentum < 1, "optimisation.momentum", f"must be in [0, 1), got {o.momentum}")
+    need(o.lars_eta > 0, "optimisation.lars_eta", f"must be > 0, got {o.lars_eta}")
+    need(o.epochs >= 1, "optimisation.epochs", f"must be >= 1, got {o.epochs}")
+    need(o.max_steps is None or o.max_steps >= 1, "optimisation.max_steps", f"must be >= 1, got {o.max_steps}")
+    need(o.warmup_steps >= 0, "optimisation.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    need(o.warmup_epochs >= 0, "optimisation.warmup_epochs", f"must be >= 0, got {o.warmup_epochs}")
+    need(o.grad_accum_steps >= 1, "optimisation.grad_accum_steps", f"must be >= 1, got {o.grad_accum_steps}")
+    need(o.max_grad_norm is None or o.max_grad_norm > 0, "optimisation.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
+    need(0 <= config.objective.teacher_momentum < 1, "objective.teacher_momentum", f"must be in [0, 1), got {config.objective.teacher_momentum}")
+    need(e.every_epochs >= 0, "evaluation.every_epochs", f"must be >= 0, got {e.every_epochs}")
+    need(out.log_every >= 1, "output.log_every", f"must be >= 1, got {out.log_every}")
+    need(out.checkpoint_every >= 0, "output.checkpoint_every", f"must be >= 0, got {out.checkpoint_every}")
+    need(out.keep_last >= 1, "output.keep_last", f"must be >= 1, got {out.keep_last}")
+    for modality, adapter in config.adapters.items():
+        need("type" in adapter, f"adapters.{modality}.type", "every adapter needs a 'type'")
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b=value"`` -> (``["a", "b"]``, value parsed as a YAML scalar)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE (e.g. optimisation.lr=3e-4)")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not key.strip() or any(not p for p in parts):
+        raise ConfigError(f"--set {text!r}: empty key component in {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML: {error}") from None
+    if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+        value = float(value)
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``--set`` strings to a raw recipe mapping (a deep copy is returned).
+
+    Keys are checked against the schema: an unknown section key is an error naming the
+    override, whereas free-form mappings (``data.options``, ``objective.params``,
+    ``adapters.<modality>``) accept new keys. List items are addressed by index.
+    """
+    import copy
+
+    out = copy.deepcopy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        _check_override_path(parts, text)
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                index = _list_index(node, part, text)
+                node = node[index]
+                continue
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: '{'.'.join(parts[: i])}' is not a mapping")
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        last = parts[-1]
+        if isinstance(node, list):
+            node[_list_index(node, last, text)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError(f"--set {text!r}: '{'.'.join(parts[:-1])}' is not a mapping")
+    return out
+
+
+def _list_index(node: list, part: str, text: str) -> int:
+    try:
+        index = int(part)
+    except ValueError:
+        raise ConfigError(f"--set {text!r}: {part!r} must be a list index") from None
+    if not -len(node) <= index < len(node):
+        raise ConfigError(f"--set {text!r}: index {index} out of range for a list of {len(node)}")
+    return index
+
+
+def _check_override_path(parts: list[str], text: str) -> None:
+    """Reject keys that are not fields of the typed sections (free-form mappings excepted)."""
+    cls: Any = TrainConfig
+    for depth, part in enumerate(parts):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            return  # inside a free-form mapping or list: the owning layer validates it
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            path = ".".join(parts[: depth + 1])
+            raise ConfigError(f"--set {text!r}: unknown key '{path}'; allowed keys here: {', '.join(names)}")
+        tp = typing.get_type_hints(cls)[part]
+        cls = tp if dataclasses.is_dataclass(tp) else None
+
+
+# --------------------------------------------------------------------------- files
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> TrainConfig:
+    """Validate a raw mapping into a :class:`TrainConfig` (``source`` names it in errors)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    config = _build(TrainConfig, data, "", source)
+    _check_values(config, source)
+    return config
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a recipe, apply ``--set`` overrides, validate. Errors name the key and the file."""
+    raw = apply_overrides(read_yaml(path), overrides)
+    source = str(path) + (" (with --set overrides)" if overrides else "")
+    return config_from_dict(raw, source)
+
+
+def save_config(config: TrainConfig, path: str | os.PathLike[str]) -> Path:
+    """Write the resolved config as YAML, atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def recipes_dirs() -> list[Path]:
+    """Folders searched for bare recipe names: ``$MMVIEWS_RECIPES``, ``./recipes``, and the
+    ``recipes/`` folder of the source tree this package was loaded from."""
+    dirs = []
+    if os.environ.get("MMVIEWS_RECIPES"):
+        dirs.append(Path(os.environ["MMVIEWS_RECIPES"]))
+    dirs.append(Path.cwd() / "recipes")
+    dirs.append(Path(__file__).resolve().parents[2] / "recipes")
+    unique: list[Path] = []
+    for d in dirs:
+        if d not in unique:
+            unique.append(d)
+    return unique
+
+
+def list_recipes() -> list[Path]:
+    """Every ``*.yaml`` recipe found in :func:`recipes_dirs` (first occurrence of a name wins)."""
+    seen: dict[str, Path] = {}
+    for d in recipes_dirs():
+        if d.is_dir():
+            for p in sorted(d.glob("*.yaml")):
+                seen.setdefault(p.stem, p)
+    return [seen[k] for k in sorted(seen)]
+
+
+def resolve_recipe(name_or_path: str | os.PathLike[str]) -> Path:
+    """A recipe given as a path, or as a bare name (``quickstart``) looked up in
+    :func:`recipes_dirs`."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if path.suffix not in (".yaml", ".yml") and len(path.parts) == 1:
+        for d in recipes_dirs():
+            for suffix in (".yaml", ".yml"):
+                candidate = d / f"{path.name}{suffix}"
+                if candidate.is_file():
+                    return candidate
+    known = ", ".join(p.stem for p in list_recipes()) or "none found"
+    raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found (not a file, nor a name in {', '.join(map(str, recipes_dirs()))}); known recipes: {known}")

@@ -1,0 +1,87 @@
+"""Shared helpers of the training tests: tiny recipes on the synthetic data, a runner for
+``mmviews train`` in a subprocess, and weight loading. (No tests here.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(*, batch_norm: bool = True, dropout: float = 0.1, image: bool = True, num_samples: int = 64,
+                batch_size: int = 16, epochs: int = 2, tasks: list[Any] | None = None) -> dict[str, Any]:
+    """A recipe that trains in seconds on CPU: tiny BERT text views (+ a tiny CNN image view)."""
+    from mmviews.data.synthetic import synthetic_vocabulary
+
+    head = {"kind": "mlp", "hidden_dim": 32, "batch_norm": batch_norm}
+    adapters: dict[str, Any] = {
+        "text": {
+            "type": "text",
+            "bert_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                            "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout},
+            "vocab": synthetic_vocabulary(False),
+            "max_length": 16,
+            "head": head,
+        }
+    }
+    views: list[Any] = [{"modality": "text"}, {"modality": "text", "augment": "text_default", "copies": 1}]
+    modalities = ["text"]
+    if image:
+        adapters["image"] = {"type": "small_cnn", "channels": [8], "head": head}
+        views.append({"modality": "image"})
+        modalities.append("image")
+    else:
+        views[1]["copies"] = 2
+    return {
+        "name": "tiny",
+        "seed": 0,
+        "data": {"name": "synthetic", "options": {"num_samples": num_samples, "modalities": modalities},
+                 "batch_size": batch_size, "eval_batch_size": 64},
+        "views": views,
+        "encoder": {"embed_dim": 16},
+        "adapters": adapters,
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
+        "optimisation": {"optimizer": "adamw", "lr": 3e-3, "epochs": epochs, "warmup_steps": 1, "max_grad_norm": 5.0},
+        "evaluation": {"tasks": tasks if tasks is not None else [], "random_baseline": True},
+        "output": {"log_every": 1, "checkpoint_every": 2, "keep_last": 2, "progress_bar": False},
+    }
+
+
+def write_recipe(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def train_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mmviews.cli", "train", *args]
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = dict(os.environ)
+    out.setdefault("OMP_NUM_THREADS", "1")  # several runs share 2 cores; one thread keeps them deterministic
+    out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
+    out.update(extra)
+    return out
+
+
+def run_train(*args: str, timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(*args), capture_output=True, text=True, timeout=timeout, env=env(**extra_env),
+                          cwd=REPO)
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a saved MultiViewEncoder folder (``encoder/``), keyed by modality/name."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for sub in sorted(p for p in path.iterdir() if p.is_dir()):
+        for k, v in load_file(str(sub / "model.safetensors")).items():
+            out[f"{sub.name}/{k}"] = v
+    return out
