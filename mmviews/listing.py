@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +15,9 @@ def run(args: argparse.Namespace) -> int:
 
         names = list_objectives()
     elif args.what == "recipes":
-        names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
+        from mmviews.train.config import list_recipes
+
+        names = [path.stem for path in list_recipes()]
     else:
         from mmviews.data import list_datasets
 

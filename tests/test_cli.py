@@ -32,3 +32,9 @@ def test_demo_loss_falls(capsys):
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", capsys.readouterr().out)]
     assert len(losses) >= 5
     assert losses[-1] < losses[0] - 0.5
+
+
+@pytest.mark.parametrize("what, expected", [("objectives", "mv_dhel"), ("recipes", "quickstart"), ("datasets", "synthetic")])
+def test_list(capsys, what, expected):
+    assert main(["list", what]) == 0
+    assert expected in capsys.readouterr().out.split()

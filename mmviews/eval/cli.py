@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the run's evaluation.tasks, else 'retrieval diagnostics')",
     )
     parser.add_argument("--out", default=None, help="report folder (default: <run folder>/eval)")
-    parser.add_argument("--fuse", choices=["concat", "mean"], default="concat", help="how views are fused for probes")
+    parser.add_argument("--fuse", choices=["concat", "mean"], default=None,
+                        help="how views are fused for probes (default: the run's evaluation.fuse, else concat)")
     parser.add_argument("--log-csv", default=None, help="training log with columns step,loss,... (default: found in the run folder)")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             meta[key] = value
     metrics = evaluate_encoder(
         encoder, train, val, test, tasks, out_dir=out, accelerator=accelerator,
-        fuse=args.fuse, log_csv=log_csv, meta=meta, seed=args.seed,
+        fuse=args.fuse or _get(config, "evaluation", "fuse") or "concat", log_csv=log_csv, meta=meta, seed=args.seed,
     )
     if accelerator is None or accelerator.is_main_process:
         print(json.dumps(metrics, indent=2, sort_keys=True, default=str))

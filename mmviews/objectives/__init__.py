@@ -16,6 +16,7 @@ from ._base import (
     list_objectives,
     masked_logsumexp,
     mi_lower_bound,
+    objective_class,
     register_objective,
 )
 
@@ -33,5 +34,6 @@ __all__ = [
     "list_objectives",
     "masked_logsumexp",
     "mi_lower_bound",
+    "objective_class",
     "register_objective",
 ]

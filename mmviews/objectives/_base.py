@@ -48,16 +48,22 @@ def list_objectives() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_objective(name: str, **params) -> "MultiViewObjective":
-    """Build the objective registered as ``name`` with its keyword parameters."""
+def objective_class(name: str) -> type["MultiViewObjective"]:
+    """The class registered as ``name`` (e.g. to inspect its constructor's parameters)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown objective {name!r}; known objectives: {', '.join(list_objectives())}")
+    return _REGISTRY[name]
+
+
+def get_objective(name: str, **params) -> "MultiViewObjective":
+    """Build the objective registered as ``name`` with its keyword parameters."""
+    cls = objective_class(name)
     try:
-        return _REGISTRY[name](**params)
+        return cls(**params)
     except TypeError as error:  # unexpected keyword: say which objective and what it takes
         import inspect
 
-        accepted = [p for p in inspect.signature(_REGISTRY[name].__init__).parameters if p != "self"]
+        accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
         raise ValueError(f"objective {name!r}: {error}; accepted parameters: {accepted}") from None
 
 

@@ -32,6 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="validate the recipe (config, dataset, views, objective) and exit without training")
 
 
+def _close_process_group() -> None:
+    """Under ``accelerate launch``, tear the process group down before exit: left to
+    interpreter shutdown, gloo can abort ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _fail(message: str) -> int:
     print(f"mmviews train: error: {message}", file=sys.stderr)
     return 2
@@ -69,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         summary = train(config, run_dir, resume=args.resume, source=str(recipe))
     except (ConfigError, FileNotFoundError) as error:
         return _fail(str(error))
+    finally:
+        _close_process_group()
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {summary['final_loss']:.4f}, "
           f"{summary['wall_time_s']:.1f} s)")
     if summary["eval"]:

@@ -291,11 +291,10 @@ def build_objective(config: TrainConfig, num_views: int, source: str = "recipe",
     memory) when the constructor takes one and the recipe leaves it out."""
     import inspect
 
-    from mmviews.objectives import get_objective
-    from mmviews.objectives._base import _REGISTRY
+    from mmviews.objectives import get_objective, list_objectives, objective_class
 
     params = dict(config.objective.params)
-    cls = _REGISTRY.get(config.objective.name)
+    cls = objective_class(config.objective.name) if config.objective.name in list_objectives() else None
     if (dataset_size is not None and cls is not None and "dataset_size" not in params
             and "dataset_size" in inspect.signature(cls.__init__).parameters):
         params["dataset_size"] = dataset_size
