@@ -1,0 +1,290 @@
+"""Shared driver of the CPU-scale reproduction scripts in ``recipes/reproduce/``.
+
+Every run goes through the public trainer: a small recipe derived from
+``recipes/quickstart.yaml`` (fewer samples and epochs, smaller adapters, no text/BERT) is written
+to ``OUT/recipes/<base>.yaml`` and each run is ``mmviews.train.load_config(recipe, overrides)``
+followed by ``mmviews.train.train(config, run_dir)`` -- exactly what ``mmviews train RECIPE --set
+...`` does (the equivalent command line of every run is stored in ``OUT/commands.txt`` and in the
+table). In-process calls avoid paying the torch/transformers start-up once per run, which on a
+2-core machine is a large share of a 20-second run.
+
+Probes (trainer's evaluation): a linear probe on the class and the representation diagnostics
+(effective rank, alignment, uniformity) of the test split, on the mean of the per-modality
+natural views' embeddings (``evaluation.fuse: mean``, as in quickstart).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shlex
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+REPRO_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = REPRO_DIR / "results"
+QUICKSTART = REPRO_DIR.parent / "quickstart.yaml"
+
+ACC = "test/linear/class/acc"
+ERANK = "test/diag/erank/fused"
+ERANK_VIEWS = "test/diag/erank/view_mean"
+ALIGN = "test/diag/align"
+UNIF = "test/diag/unif"
+
+# Sizes: (train samples, test samples, epochs). Tuned so that one image+flow run takes
+# 10-40 s on a shared 2-core CPU.
+SIZES: dict[str, dict[str, int]] = {
+    "smoke": {"train": 32, "valid": 16, "test": 32, "epochs": 1},
+    "default": {"train": 768, "valid": 128, "test": 256, "epochs": 4},
+    "full": {"train": 4096, "valid": 512, "test": 1024, "epochs": 30},
+}
+
+
+def small_recipe(name: str, *, modalities: Sequence[str] = ("image", "flow"), size: str = "default",
+                 batch_size: int = 64, seed: int = 0) -> dict[str, Any]:
+    """A small recipe derived from ``quickstart.yaml``: the given synthetic modalities (no text by
+    default: the tiny BERT is the slowest adapter on CPU), narrower CNN adapters, 32-d
+    embeddings, a linear probe on the class plus diagnostics (effective rank)."""
+    base = yaml.safe_load(QUICKSTART.read_text())
+    sz = SIZES[size]
+    recipe: dict[str, Any] = {
+        "name": name,
+        "description": f"reproduction run derived from quickstart.yaml ({size} size)",
+        "seed": seed,
+        "data": {
+            **base["data"],
+            "options": {"num_classes": 4, "modalities": list(modalities)},
+            "split_options": {"train": {"num_samples": sz["train"]}, "valid": {"num_samples": sz["valid"]},
+                              "test": {"num_samples": sz["test"]}},
+            "batch_size": batch_size,
+            "eval_batch_size": 256,
+        },
+        "views": [{"modality": m} for m in modalities],
+        "encoder": {"embed_dim": 32},
+        "adapters": {},
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
+        "optimisation": {**base["optimisation"], "epochs": sz["epochs"], "warmup_epochs": 0.5},
+        "evaluation": {"tasks": ["linear:class", {"kind": "diagnostics"}], "fuse": "mean", "random_baseline": False},
+        "output": {"log_every": 1, "checkpoint_every": 0, "keep_last": 1, "tensorboard": False,
+                   "progress_bar": False},
+    }
+    small_head = {"kind": "mlp", "hidden_dim": 64, "batch_norm": True}
+    for m in modalities:
+        adapter = dict(base["adapters"][m])
+        if m == "image":
+            adapter["channels"] = [16, 32]
+        elif m == "flow":
+            adapter["channels"] = [16, 32]
+        elif m == "audio":
+            adapter["channels"] = [16, 32]
+        adapter["head"] = small_head
+        recipe["adapters"][m] = adapter
+    return recipe
+
+
+def write_recipe(recipe: Mapping[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, yaml.safe_dump(dict(recipe), sort_keys=False, default_flow_style=None))
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def cli_command(recipe_path: Path, run_dir: Path, overrides: Sequence[str]) -> str:
+    """The ``mmviews train`` command line equivalent to :func:`train_run`."""
+    parts = ["mmviews", "train", str(recipe_path)] + [f"--set {shlex.quote(o)}" for o in overrides]
+    parts += ["--output", str(run_dir), "--overwrite"]
+    return " ".join(parts)
+
+
+def train_run(recipe_path: Path, run_dir: Path, overrides: Sequence[str] = (), *, threads: int = 1,
+              reuse: bool = True) -> dict[str, Any]:
+    """Train and evaluate one run with the public trainer; returns a flat row.
+
+    ``reuse``: a run folder whose ``results.json`` exists and whose ``config.yaml`` equals the
+    config resolved now is not retrained (lets an interrupted sweep continue).
+    Row keys: ``acc``, ``erank``, ``erank_views``, ``align``, ``unif``, ``final_loss``, ``steps``,
+    ``wall_s``, ``status`` (``ok`` or the error message: a diverging objective is a result).
+    """
+    import torch
+
+    from mmviews.train import load_config, train
+
+    torch.set_num_threads(threads)
+    config = load_config(recipe_path, list(overrides))
+    run_dir = Path(run_dir)
+    resolved = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
+    results = run_dir / "results.json"
+    started = time.perf_counter()
+    summary: dict[str, Any] | None = None
+    status = "ok"
+    if reuse and results.is_file() and (run_dir / "config.yaml").is_file() \
+            and yaml.safe_load((run_dir / "config.yaml").read_text()) == yaml.safe_load(resolved):
+        summary = json.loads(results.read_text())
+    else:
+        try:
+            summary = train(config, run_dir, source=str(recipe_path))
+        except (FloatingPointError, ValueError, RuntimeError) as error:  # divergence is a finding
+            status = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            atomic_write_text(run_dir / "failed.txt", status + "\n")
+    wall = time.perf_counter() - started
+    metrics = (summary or {}).get("eval") or {}
+    row = {
+        "acc": metrics.get(ACC, float("nan")),
+        "erank": metrics.get(ERANK, float("nan")),
+        "erank_views": metrics.get(ERANK_VIEWS, float("nan")),
+        "align": metrics.get(ALIGN, float("nan")),
+        "unif": metrics.get(UNIF, float("nan")),
+        "final_loss": (summary or {}).get("final_loss", float("nan")),
+        "steps": (summary or {}).get("steps", 0),
+        "wall_s": round((summary or {}).get("wall_time_s", wall), 1),
+        "status": status,
+        "run_dir": str(run_dir),
+        "command": cli_command(recipe_path, run_dir, overrides),
+    }
+    return row
+
+
+def write_table(rows: Sequence[Mapping[str, Any]], out_dir: Path, stem: str = "results") -> tuple[Path, Path]:
+    """``<stem>.csv`` and ``<stem>.json`` (atomic)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fields: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in fields:
+                fields.append(k)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+    atomic_write_text(out_dir / f"{stem}.csv", buf.getvalue())
+    atomic_write_text(out_dir / f"{stem}.json", json.dumps(list(rows), indent=2, default=str))
+    atomic_write_text(out_dir / "commands.txt", "\n".join(str(r.get("command", "")) for r in rows) + "\n")
+    return out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return "nan" if v != v else f"{v:.3f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Save a PNG atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp.png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def add_size_arguments(parser: Any) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--smoke", action="store_true", help="a few steps on tiny data (tests)")
+    group.add_argument("--full", action="store_true", help="the paper-like size (hours on a CPU)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--no-reuse", action="store_true", help="retrain runs whose folder already holds a result")
+
+
+def size_of(args: Any) -> str:
+    return "smoke" if args.smoke else "full" if args.full else "default"
+
+
+def compare_runs(run_dirs: Iterable[str], out_dir: Path) -> int:
+    """``mmviews compare RUN... --out OUT`` over the finished runs (best effort: the table and
+    plot of the script do not depend on it)."""
+    import argparse
+
+    from mmviews.eval import compare
+
+    dirs = [d for d in run_dirs if (Path(d) / "results.json").is_file()]
+    if len(dirs) < 2:
+        return 1
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    try:
+        args = parser.parse_args(dirs + ["--out", str(out_dir)])
+    except SystemExit:
+        return 1
+    try:
+        return int(compare.run(args) or 0)
+    except Exception as error:  # noqa: BLE001 - comparison is an extra; report and go on
+        print(f"mmviews compare failed: {error}")
+        return 1
+
+
+def run_sweep(specs: Sequence[Mapping[str, Any]], recipe_path: Path, out_dir: Path, args: Any,
+              *, stem: str = "results") -> list[dict[str, Any]]:
+    """Train every spec (``{"run": folder name, "overrides": [...], **fields}``) in order and
+    return the rows (spec fields + :func:`train_run` metrics). The table is rewritten after each
+    run, so an interrupted sweep leaves the finished rows on disk."""
+    rows: list[dict[str, Any]] = []
+    total = len(specs)
+    for i, spec in enumerate(specs, 1):
+        fields = {k: v for k, v in spec.items() if k not in ("run", "overrides")}
+        print(f"[{i}/{total}] {spec['run']} ...", flush=True)
+        row = {**fields, **train_run(recipe_path, out_dir / "runs" / spec["run"], spec["overrides"],
+                                     threads=args.threads, reuse=not args.no_reuse)}
+        print(f"[{i}/{total}] {spec['run']}: acc {row['acc']:.3f}, erank {row['erank']:.2f}, "
+              f"loss {row['final_loss']:.4f}, {row['wall_s']} s, {row['status']}", flush=True)
+        rows.append(row)
+        write_table(rows, out_dir, stem)
+    return rows
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value, nan for none), ignoring nan."""
+    import math
+
+    vals = [float(v) for v in values if v == v]
+    if not vals:
+        return math.nan, math.nan
+    mean = sum(vals) / len(vals)
+    if len(vals) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+
+
+def random_init_baseline(recipe_path: Path, out_dir: Path, overrides: Sequence[str], args: Any) -> dict[str, Any]:
+    """The same probes on the encoder as initialised (before any step): the trainer's
+    ``evaluation.random_baseline`` of a one-step run (its ``eval_random``). Rows reference it,
+    because on this data a random encoder's embeddings already carry class information."""
+    run_dir = out_dir / "runs" / "random_init"
+    row = train_run(recipe_path, run_dir, list(overrides) + ["evaluation.random_baseline=true", "optimisation.max_steps=1"],
+                    threads=args.threads, reuse=not args.no_reuse)
+    results = run_dir / "results.json"
+    metrics = (json.loads(results.read_text()).get("eval_random") or {}) if results.is_file() else {}
+    base = {"acc": metrics.get(ACC, float("nan")), "erank": metrics.get(ERANK, float("nan")),
+            "command": row["command"], "run_dir": str(run_dir)}
+    atomic_write_text(out_dir / "random_init.json", json.dumps(base, indent=2))
+    print(f"random-init encoder: acc {base['acc']:.3f}, erank {base['erank']:.2f}", flush=True)
+    return base

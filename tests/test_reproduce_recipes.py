@@ -1,0 +1,116 @@
+"""The CPU-scale reproduction scripts of recipes/reproduce/ (view multiplicity, f-MICL similarity,
+ER batch size, IPMC ablation): each ``--smoke`` run trains through the public trainer and
+writes its tables and a PNG plot.
+
+The scripts are run in this process (``main(argv)``) so that torch and the trainer are imported
+once; each smoke run trains 2 tiny runs (32 samples, one epoch)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPRO = Path(__file__).resolve().parents[1] / "recipes" / "reproduce"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"reproduce_{name}", REPRO / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(REPRO))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPRO))
+    return module
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _check_common(out: Path, png: str, n_runs: int) -> list[dict[str, str]]:
+    rows = _rows(out / "results.csv")
+    assert len(rows) == n_runs
+    assert (out / png).is_file() and (out / png).stat().st_size > 1000
+    assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(json.loads((out / "results.json").read_text())) == n_runs
+    commands = (out / "commands.txt").read_text().strip().splitlines()
+    assert len(commands) == n_runs and all(c.startswith("mmviews train ") for c in commands)
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert 0.0 <= float(row["acc"]) <= 1.0
+        assert float(row["erank"]) >= 1.0
+        assert int(row["steps"]) >= 1
+        # the run folder is a real trainer run whose resolved config holds the swept setting
+        config = yaml.safe_load((Path(row["run_dir"]) / "config.yaml").read_text())
+        assert (Path(row["run_dir"]) / "results.json").is_file()
+        row["_config"] = config  # type: ignore[assignment]
+    return rows
+
+
+def test_er_batch_size_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "er"
+    assert _load("er_batch_size").main(["--smoke", "--out", str(out)]) == 0
+    rows = _check_common(out, "er_batch_size.png", 2)
+    assert {r["objective"] for r in rows} == {"simclr", "er"}
+    for r in rows:
+        assert r["_config"]["objective"]["name"] == r["objective"]
+        assert r["_config"]["data"]["batch_size"] == int(r["batch_size"]) == 8
+    summary = _rows(out / "summary.csv")
+    assert {s["objective"] for s in summary} == {"simclr", "er"}
+
+
+def test_fmicl_similarity_smoke(tmp_path: Path) -> None:
+    module = _load("fmicl_similarity")
+    # the cosine temperature of VLC must be above the admissible bound 1 of its conjugate
+    assert module.cosine_temperature("vlc", 0.2, 1.05) > 1.0
+    assert module.cosine_temperature("js", 0.2, 1.05) > 1 / math.log(2)
+    assert module.cosine_temperature("kl", 0.2, 1.05) == 0.2
+    out = tmp_path / "fmicl"
+    assert module.main(["--smoke", "--out", str(out)]) == 0
+    rows = _check_common(out, "fmicl_similarity.png", 2)
+    sims = {r["similarity"]: r["_config"]["objective"]["params"] for r in rows}
+    assert sims["cosine"]["similarity"] == "cosine" and sims["cosine"]["temperature"] > 1.0
+    assert sims["gaussian"]["similarity"] == "gaussian" and sims["gaussian"]["divergence"] == "vlc"
+
+
+def test_view_multiplicity_smoke(tmp_path: Path) -> None:
+    module = _load("view_multiplicity")
+    assert [len(module.views_for(M)) for M in (2, 3, 4)] == [2, 3, 4]  # entries
+    assert sum(v.get("copies", 1) for v in module.views_for(6)) == 6
+    out = tmp_path / "vm"
+    assert module.main(["--smoke", "--out", str(out)]) == 0
+    rows = _check_common(out, "view_multiplicity.png", 2)
+    for r in rows:
+        config = r["_config"]
+        M = int(r["M"])
+        assert sum(v.get("copies", 1) for v in config["views"]) == M
+        assert config["data"]["batch_mode"] == "fixed"
+    assert _rows(out / "trend.csv")
+
+
+def test_ipmc_ablation_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "ipmc"
+    assert _load("ipmc_ablation").main(["--smoke", "--out", str(out)]) == 0
+    rows = _check_common(out, "ipmc_ablation.png", 2)
+    params = {r["variant"]: r["_config"]["objective"]["params"] for r in rows}
+    assert params["Fp"]["beta"] == 0.0 and "view_filter_k" not in params["Fp"]
+    assert params["Sap+DA"]["beta"] > 0 and params["Sap+DA"]["view_filter_k"] == 1
+    assert [v["augment"] for v in rows[0]["_config"]["views"]] == ["rgb", "lab_l", "lab_ab"]
+
+
+@pytest.mark.parametrize("script", ["er_batch_size", "fmicl_similarity", "view_multiplicity", "ipmc_ablation"])
+def test_scripts_have_full_and_smoke_flags(script: str) -> None:
+    import subprocess
+
+    help_text = subprocess.run([sys.executable, str(REPRO / f"{script}.py"), "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    assert "--full" in help_text and "--smoke" in help_text
