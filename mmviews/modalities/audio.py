@@ -21,6 +21,7 @@ from .base import (
     Adapter,
     AdapterConfig,
     check_finite,
+    validated_lengths,
     check_local_or_hub,
     lengths_to_mask,
     masked_mean,
@@ -51,15 +52,7 @@ def prepare_waveform(
     rate = int(inputs["sample_rate"])
     if rate <= 0:
         raise ValueError(f"{where}: sample_rate must be positive, got {rate}")
-    lengths = inputs.get("lengths")
-    lengths = torch.full((x.shape[0],), x.shape[1]) if lengths is None else torch.as_tensor(lengths)
-    lengths = lengths.to(x.device).long()
-    if lengths.shape != (x.shape[0],) or bool((lengths < 0).any()) or bool((lengths > x.shape[1]).any()):
-        raise ValueError(f"{where}: lengths must be [B] in [0, {x.shape[1]}], got {lengths.tolist()[:10]}")
-    need = torch.ones_like(lengths, dtype=torch.bool) if present is None else present.to(x.device).bool()
-    if bool(((lengths == 0) & need).any()):
-        idx = torch.nonzero((lengths == 0) & need).flatten().tolist()
-        raise ValueError(f"{where}: zero-length waveform at batch position(s) {idx[:10]}")
+    lengths = validated_lengths(inputs, x, present, where, what="waveform")
     x = x.float()
     if rate != target_rate:
         x = AF.resample(x, rate, target_rate)

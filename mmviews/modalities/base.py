@@ -194,6 +194,23 @@ def require_tensor(inputs: Mapping[str, Any], key: str, where: str) -> torch.Ten
     return x
 
 
+def validated_lengths(
+    inputs: Mapping[str, Any], x: torch.Tensor, present: torch.Tensor | None, where: str, what: str = "sequence"
+) -> torch.Tensor:
+    """The ``[B]`` real lengths of ``x`` ``[B, T, ...]`` (all T when absent), checked: within
+    ``[0, T]``, and non-zero for every present item (absent views have length 0)."""
+    lengths = inputs.get("lengths")
+    lengths = torch.full((x.shape[0],), x.shape[1]) if lengths is None else torch.as_tensor(lengths)
+    lengths = lengths.to(x.device).long()
+    if lengths.shape != (x.shape[0],) or bool((lengths < 0).any()) or bool((lengths > x.shape[1]).any()):
+        raise ValueError(f"{where}: lengths must be [B] in [0, {x.shape[1]}], got {lengths.tolist()[:10]}")
+    need = torch.ones_like(lengths, dtype=torch.bool) if present is None else present.to(x.device).bool()
+    if bool(((lengths == 0) & need).any()):
+        idx = torch.nonzero((lengths == 0) & need).flatten().tolist()
+        raise ValueError(f"{where}: zero-length {what} at batch position(s) {idx[:10]} of present views")
+    return lengths
+
+
 def check_finite(x: torch.Tensor, where: str) -> None:
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())

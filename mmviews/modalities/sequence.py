@@ -19,6 +19,7 @@ from .base import (
     Adapter,
     AdapterConfig,
     check_finite,
+    validated_lengths,
     lengths_to_mask,
     masked_mean,
     register_adapter,
@@ -115,16 +116,7 @@ class FeatureSequenceAdapter(Adapter):
         if x.shape[1] == 0:
             raise ValueError(f"{where}: zero-length sequences (values shape {tuple(x.shape)})")
         check_finite(x, where)
-        lengths = inputs.get("lengths")
-        if lengths is None:
-            lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)
-        lengths = lengths.to(x.device).long()
-        if lengths.shape != (x.shape[0],) or bool((lengths < 0).any()) or bool((lengths > x.shape[1]).any()):
-            raise ValueError(f"{where}: lengths must be [B] in [0, {x.shape[1]}], got {lengths.tolist()[:10]}")
-        need = torch.ones_like(lengths, dtype=torch.bool) if present is None else present.to(x.device).bool()
-        if bool(((lengths == 0) & need).any()):
-            idx = torch.nonzero((lengths == 0) & need).flatten().tolist()
-            raise ValueError(f"{where}: length 0 at present batch position(s) {idx[:10]}")
+        lengths = validated_lengths(inputs, x, present, where)
         device = next(self.backbone.parameters()).device
         return {"values": x.to(device, torch.float32), "mask": lengths_to_mask(lengths.to(device), x.shape[1])}
 
