@@ -211,6 +211,12 @@ def validated_lengths(
     return lengths
 
 
+def per_clip(features: torch.Tensor, frames: int | None) -> torch.Tensor:
+    """Backbone output of a flattened clip batch ``[B * T, F]`` -> ``[B, T, F]`` (pooled over
+    time by :meth:`Adapter.project`); single images (``frames`` None) stay ``[B, F]``."""
+    return features if frames is None else features.reshape(-1, frames, features.shape[-1])
+
+
 def check_finite(x: torch.Tensor, where: str) -> None:
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())

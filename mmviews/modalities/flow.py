@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, check_finite, register_adapter, require_tensor
+from .base import Adapter, AdapterConfig, check_finite, per_clip, register_adapter, require_tensor
 from .vision import (
+    OpenCLIPTower,
     OpenCLIPVisionConfig,
     SmallCNN,
-    _clip_blocks,
-    _clip_tail,
     create_open_clip_visual,
+    resize_shortest_center_crop,
     split_frames,
 )
 
@@ -198,12 +198,10 @@ class FlowCNNAdapter(Adapter):
                 raise ValueError(f"{where}: temporal='stack' expects T={self.config.num_flows} flows, got {t}")
             frames, t = frames.reshape(-1, 2 * t, *frames.shape[-2:]), 1
         device = next(self.backbone.parameters()).device
-        return {"values": frames.to(device, torch.float32) / self.config.flow_scale, "frames": t}
+        return {"values": frames.to(device, torch.float32) / self.config.flow_scale, "frames": None if t == 1 else t}
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
-        f = self.backbone(prepared["values"])
-        t = prepared["frames"]
-        return f if t == 1 else f.reshape(-1, t, f.shape[-1])
+        return per_clip(self.backbone(prepared["values"]), prepared["frames"])
 
 
 # --------------------------------------------------------------------------- flow ViT
@@ -241,7 +239,7 @@ def adapt_patch_embedding(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
 
 
 @register_adapter
-class FlowCLIPAdapter(Adapter):
+class FlowCLIPAdapter(OpenCLIPTower, Adapter):
     config_class = FlowCLIPConfig
     default_lora_targets = ["c_fc", "c_proj"]
     config: FlowCLIPConfig
@@ -254,20 +252,10 @@ class FlowCLIPAdapter(Adapter):
         if not isinstance(getattr(self.backbone, "conv1", None), nn.Conv2d):
             raise ValueError(f"flow_clip needs a ViT with a conv1 patch embedding, got {type(self.backbone).__name__}")
         self.backbone.conv1 = adapt_patch_embedding(self.backbone.conv1, 2 * config.stacked_flows)
-        size = self.backbone.image_size
-        self.image_size = (size, size) if isinstance(size, int) else tuple(size)
-        self.feature_dim = int(self.backbone.output_dim)
+        self._read_tower()
         self._finish_init()
 
-    def backbone_blocks(self) -> list[nn.Module]:
-        return _clip_blocks(self.backbone)
-
-    def backbone_tail(self) -> list[nn.Parameter]:
-        return _clip_tail(self.backbone)
-
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
-        from torchvision.transforms.v2 import functional as TF
-
         where = "flow_clip adapter"
         frames, t = check_flow(require_tensor(inputs, "values", where), where)
         s = self.config.stacked_flows
@@ -279,12 +267,8 @@ class FlowCLIPAdapter(Adapter):
         if (h, w) != self.image_size:
             # Resizing changes displacements in proportion; crop keeps the centre.
             scale = max(self.image_size) / min(h, w)
-            x = TF.center_crop(TF.resize(x, [max(self.image_size)], antialias=True), list(self.image_size)) * scale
+            x = resize_shortest_center_crop(x, self.image_size, "bilinear") * scale
         groups = t // s
         x = x.reshape(-1, s * 2, *x.shape[-2:])  # [B * T/S, 2S, H, W]: S consecutive flows stacked
-        return {"pixels": x.clamp(-self.config.flow_scale, self.config.flow_scale) / self.config.flow_scale, "groups": groups}
-
-    def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
-        f = self.backbone(prepared["pixels"])
-        g = prepared["groups"]
-        return f if g == 1 else f.reshape(-1, g, f.shape[-1])
+        pixels = x.clamp(-self.config.flow_scale, self.config.flow_scale) / self.config.flow_scale
+        return {"pixels": pixels, "frames": None if groups == 1 else groups}

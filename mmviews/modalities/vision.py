@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, check_finite, register_adapter, require_tensor
+from .base import Adapter, AdapterConfig, check_finite, per_clip, register_adapter, require_tensor
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -116,8 +116,29 @@ def _clip_tail(visual: nn.Module) -> list[nn.Parameter]:
     return params
 
 
+class OpenCLIPTower:
+    """Shared by the adapters whose backbone is an open_clip visual tower (images, flow):
+    its input size, feature width, fine-tuning blocks and per-clip encoding."""
+
+    backbone: nn.Module
+
+    def _read_tower(self) -> None:
+        size = self.backbone.image_size
+        self.image_size = (size, size) if isinstance(size, int) else tuple(size)
+        self.feature_dim = int(self.backbone.output_dim)
+
+    def backbone_blocks(self) -> list[nn.Module]:
+        return _clip_blocks(self.backbone)
+
+    def backbone_tail(self) -> list[nn.Parameter]:
+        return _clip_tail(self.backbone)
+
+    def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
+        return per_clip(self.backbone(prepared["pixels"]), prepared["frames"])
+
+
 @register_adapter
-class OpenCLIPVisionAdapter(Adapter):
+class OpenCLIPVisionAdapter(OpenCLIPTower, Adapter):
     config_class = OpenCLIPVisionConfig
     default_lora_targets = ["c_fc", "c_proj"]
     config: OpenCLIPVisionConfig
@@ -128,19 +149,11 @@ class OpenCLIPVisionAdapter(Adapter):
         super().__init__(config)
         self.backbone = create_open_clip_visual(config, load_weights)
         pcfg = getattr(self.backbone, "preprocess_cfg", {}) or {}
-        size = self.backbone.image_size
-        self.image_size = (size, size) if isinstance(size, int) else tuple(size)
+        self._read_tower()
         self.interpolation = pcfg.get("interpolation", "bicubic")
         self.register_buffer("mean", torch.tensor(pcfg.get("mean", OPENAI_MEAN)).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(pcfg.get("std", OPENAI_STD)).view(1, 3, 1, 1), persistent=False)
-        self.feature_dim = int(self.backbone.output_dim)
         self._finish_init()
-
-    def backbone_blocks(self) -> list[nn.Module]:
-        return _clip_blocks(self.backbone)
-
-    def backbone_tail(self) -> list[nn.Parameter]:
-        return _clip_tail(self.backbone)
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
         where = f"{self.config.type} adapter"
@@ -150,11 +163,6 @@ class OpenCLIPVisionAdapter(Adapter):
         frames = frames.to(self.mean.device, torch.float32)
         frames = resize_shortest_center_crop(frames, self.image_size, self.interpolation).clamp(0, 1)
         return {"pixels": (frames - self.mean) / self.std, "frames": t}
-
-    def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
-        f = self.backbone(prepared["pixels"])
-        t = prepared["frames"]
-        return f if t is None else f.reshape(-1, t, f.shape[-1])
 
 
 @dataclass
@@ -231,6 +239,4 @@ class SmallCNNVisionAdapter(Adapter):
         return {"pixels": (frames - self.mean) / self.std, "frames": t}
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
-        f = self.backbone(prepared["pixels"])
-        t = prepared["frames"]
-        return f if t is None else f.reshape(-1, t, f.shape[-1])
+        return per_clip(self.backbone(prepared["pixels"]), prepared["frames"])
