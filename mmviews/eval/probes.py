@@ -132,6 +132,20 @@ def _fit_logistic(
     return w.detach(), b.detach()
 
 
+def _probe_splits(train_x, train_y, val_x, val_y, test_x, test_y, weight_decays, seed):
+    """Checks shared by both probes; without a validation split, 10% of train is held out.
+    Returns ``(grid, train_x (float), train_y, val_x, val_y)``."""
+    _check_xy(train_x, train_y, "train")
+    grid = _check_grid(weight_decays)
+    if (val_x is None) != (val_y is None) or (test_x is None) != (test_y is None):
+        raise ValueError("give both embeddings and labels for a split, or neither")
+    train_x = train_x.float()
+    if val_x is None:
+        train_x, train_y, val_x, val_y = _holdout(train_x, train_y, seed)
+    _check_xy(val_x, val_y, "val")
+    return grid, train_x, train_y, val_x, val_y
+
+
 def linear_probe_classification(
     train_x: torch.Tensor,
     train_y: torch.Tensor,
@@ -153,14 +167,9 @@ def linear_probe_classification(
     Returns:
         A ProbeResult whose ``metrics`` hold ``val_acc`` and, with a test split, ``test_acc``.
     """
-    _check_xy(train_x, train_y, "train")
-    grid = _check_grid(weight_decays)
-    if (val_x is None) != (val_y is None) or (test_x is None) != (test_y is None):
-        raise ValueError("give both embeddings and labels for a split, or neither")
-    train_x = train_x.float()
-    if val_x is None:
-        train_x, train_y, val_x, val_y = _holdout(train_x, train_y, seed)
-    _check_xy(val_x, val_y, "val")
+    grid, train_x, train_y, val_x, val_y = _probe_splits(
+        train_x, train_y, val_x, val_y, test_x, test_y, weight_decays, seed
+    )
     classes = torch.unique(train_y)
 
     def encode(y: torch.Tensor) -> torch.Tensor:
@@ -230,14 +239,10 @@ def linear_probe_regression(
         A ProbeResult; ``metrics`` hold ``val_mae`` and, with a test split, ``test_mae``,
         ``test_mse`` and ``test_r2``; ``predictions`` are the test scores [N_test].
     """
-    _check_xy(train_x, train_y, "train")
-    grid = _check_grid(weight_decays)
-    if (val_x is None) != (val_y is None) or (test_x is None) != (test_y is None):
-        raise ValueError("give both embeddings and labels for a split, or neither")
-    train_x, train_y = train_x.float(), train_y.float()
-    if val_x is None:
-        train_x, train_y, val_x, val_y = _holdout(train_x, train_y, seed)
-    _check_xy(val_x, val_y, "val")
+    grid, train_x, train_y, val_x, val_y = _probe_splits(
+        train_x, train_y, val_x, val_y, test_x, test_y, weight_decays, seed
+    )
+    train_y = train_y.float()
     mean, std = _standardiser(train_x)
     xs = (train_x - mean) / std
     xv = (val_x.float().to(mean.device) - mean) / std
