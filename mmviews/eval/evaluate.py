@@ -153,14 +153,21 @@ def _compute(
     train, val, ev = (None if e is None else _on(e, device) for e in (train, val, ev))
     metrics: dict[str, float] = {}
     data: dict[str, Any] = {}
+
+    def probe_splits(label: str) -> tuple[Any, ...]:
+        """(train x, y, val x, y, eval x, y) of the fused embeddings, as the probes take them."""
+        assert train is not None
+        return (
+            train.fused, _label(train, label, "train"),
+            None if val is None else val.fused, None if val is None else _label(val, label, "val"),
+            ev.fused, _label(ev, label, split),
+        )
+
     for task in tasks:
         if task.kind == "linear":
             assert train is not None
             res = linear_probe_classification(
-                train.fused, _label(train, task.label, "train"),
-                None if val is None else val.fused, None if val is None else _label(val, task.label, "val"),
-                ev.fused, _label(ev, task.label, split),
-                seed=seed, **task.params,
+                *probe_splits(task.label), seed=seed, **task.params,
             )
             metrics[f"{split}/linear/{task.label}/acc"] = res.metrics["test_acc"]
             metrics[f"val/linear/{task.label}/acc"] = res.val_score
@@ -174,10 +181,7 @@ def _compute(
         elif task.kind in ("regression", "msa"):
             assert train is not None
             res = linear_probe_regression(
-                train.fused, _label(train, task.label, "train"),
-                None if val is None else val.fused, None if val is None else _label(val, task.label, "val"),
-                ev.fused, _label(ev, task.label, split),
-                seed=seed, **task.params,
+                *probe_splits(task.label), seed=seed, **task.params,
             )
             if task.kind == "regression":
                 for k in ("test_mae", "test_mse", "test_r2"):
