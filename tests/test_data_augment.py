@@ -90,6 +90,25 @@ def test_colour_views():
     assert torch.allclose(y[0], 0.299 * img[0] + 0.587 * img[1] + 0.114 * img[2], atol=1e-6)
 
 
+
+def test_colour_views_with_cmc_crop_and_flip():
+    # A horizontal ramp: a crop keeps the ramp's direction, a flip reverses it.
+    ramp = torch.linspace(0.0, 1.0, 16).expand(3, 16, 16).clone()
+    plain = get_augmentation("lab_l")(ramp, g(0))
+    cropped = get_augmentation("lab_l", crop_scale=(0.2, 0.5))
+    out = cropped(ramp, g(0))
+    assert out.shape == plain.shape == (1, 16, 16)
+    assert torch.equal(out, cropped(ramp, g(0)))  # same generator seed, same crop
+    assert not torch.equal(out, cropped(ramp, g(1)))  # another seed, another crop
+    assert not torch.allclose(out, plain)  # a crop of at most half the area changes the image
+    assert (out[0, :, -1] >= out[0, :, 0]).all()  # still increasing left to right
+    flipped = get_augmentation("rgb", flip_p=1.0)(ramp, g(0))
+    assert torch.equal(flipped, ramp.flip(-1))
+    with pytest.raises(ValueError, match="crop_scale"):
+        get_augmentation("lab_ab", crop_scale=(0.5, 1.5))
+    with pytest.raises(ValueError, match="flip_p"):
+        get_augmentation("rgb", flip_p=2.0)
+
 def test_audio_noise_snr_and_speed_length():
     x = torch.sin(torch.linspace(0, 200, 16000))
     noisy = get_augmentation("audio_noise", min_snr_db=10.0, max_snr_db=10.0)(x, g(0))

@@ -85,6 +85,15 @@ def test_extract_single_process_matches_direct_computation():
     assert not emb.views.requires_grad
 
 
+def test_extract_progress_bar_can_be_hidden(capsys):
+    loader = DataLoader(Toy(7), batch_size=3, collate_fn=collate)
+    extract_embeddings(Enc(), loader, desc="embeddings (probe)")
+    assert "embeddings (probe)" in capsys.readouterr().err
+    quiet = extract_embeddings(Enc(), loader, desc="embeddings (probe)", progress=False)
+    assert "embeddings (probe)" not in capsys.readouterr().err
+    torch.testing.assert_close(quiet.views, _reference(7))
+
+
 def test_fuse_mean_ignores_absent_views():
     v = torch.tensor([[[1.0, 1.0], [3.0, 5.0]], [[2.0, 0.0], [100.0, 100.0]]])
     m = torch.tensor([[True, True], [True, False]])

@@ -97,6 +97,9 @@ def test_write_report_files_and_plots(tmp_path: Path):
     assert "Has0_acc_2" in summary and "Non0_acc_2" in summary and "negative vs non-negative" in summary
     assert "training_curves.png" in summary
     assert not list((tmp_path / "rep").glob("*.tmp"))
+    # a report without binary-sentiment accuracies carries no Acc-2 note
+    write_report(tmp_path / "cls", {"test/linear/class/acc": 0.7}, meta={"run": "y"})
+    assert "Acc-2" not in (tmp_path / "cls" / "summary.md").read_text()
 
 
 def test_training_log_without_step_column_is_rejected(tmp_path: Path):

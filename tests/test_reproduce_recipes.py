@@ -84,8 +84,23 @@ def test_fmicl_similarity_smoke(tmp_path: Path) -> None:
 
 def test_view_multiplicity_smoke(tmp_path: Path) -> None:
     module = _load("view_multiplicity")
-    assert [len(module.views_for(M)) for M in (2, 3, 4)] == [2, 3, 4]  # entries
-    assert sum(v.get("copies", 1) for v in module.views_for(6)) == 6
+    natural = ("text", "audio", "image", "flow")
+    for M in (4, 5, 6, 8, 9):
+        views = module.views_for(M, natural)
+        assert sum(v.get("copies", 1) for v in views) == M
+        assert [v["modality"] for v in views[:4]] == list(natural) and not any("augment" in v for v in views[:4])
+        assert all("augment" in v for v in views[4:])
+    # augmented copies go round the modalities: M = 8 adds one of each
+    assert sorted(v["modality"] for v in module.views_for(8, natural)[4:]) == sorted(natural)
+    assert [v["modality"] for v in module.views_for(3, ("image", "flow"))] == ["image", "flow", "image"]
+    with pytest.raises(ValueError, match="M must be >= 4"):
+        module.views_for(3, natural)
+    # no flips of images or flow: a flip changes the synthetic class (45 <-> 135 degrees)
+    for v in module.views_for(8, natural)[4:]:
+        if v["modality"] in ("image", "flow"):
+            assert v["params"]["flip_p"] == 0.0
+    (image_views,) = module.image_views_for(4)
+    assert image_views["copies"] == 4 and image_views["augment"] == "simclr" and image_views["params"]["flip_p"] == 0.0
     out = tmp_path / "vm"
     assert module.main(["--smoke", "--out", str(out)]) == 0
     rows = _check_common(out, "view_multiplicity.png", 2)
@@ -97,14 +112,24 @@ def test_view_multiplicity_smoke(tmp_path: Path) -> None:
     assert _rows(out / "trend.csv")
 
 
-def test_ipmc_ablation_smoke(tmp_path: Path) -> None:
+@pytest.mark.parametrize("views", ["natural", "colour", "augmented"])
+def test_ipmc_ablation_smoke(tmp_path: Path, views: str) -> None:
     out = tmp_path / "ipmc"
-    assert _load("ipmc_ablation").main(["--smoke", "--out", str(out)]) == 0
+    # --jobs 1: the sweep in this process (the other smoke tests use the worker processes)
+    assert _load("ipmc_ablation").main(["--smoke", "--views", views, "--jobs", "1", "--out", str(out)]) == 0
     rows = _check_common(out, "ipmc_ablation.png", 2)
     params = {r["variant"]: r["_config"]["objective"]["params"] for r in rows}
     assert params["Fp"]["beta"] == 0.0 and "view_filter_k" not in params["Fp"]
     assert params["Sap+DA"]["beta"] > 0 and params["Sap+DA"]["view_filter_k"] == 1
-    assert [v["augment"] for v in rows[0]["_config"]["views"]] == ["rgb", "lab_l", "lab_ab"]
+    config_views = rows[0]["_config"]["views"]
+    if views == "colour":  # the paper's colour views, each with its own CMC crop
+        assert [v["augment"] for v in config_views] == ["rgb", "lab_l", "lab_ab"]
+        assert all(v["params"]["crop_scale"] == [0.3, 1.0] for v in config_views)
+    elif views == "augmented":  # three un-flipped SimCLR copies of the image
+        assert len(config_views) == 1 and config_views[0]["copies"] == 3
+        assert config_views[0]["augment"] == "simclr" and config_views[0]["params"]["flip_p"] == 0.0
+    else:
+        assert [v["modality"] for v in config_views] == ["image", "flow"] and not any(v.get("augment") for v in config_views)
 
 
 @pytest.mark.parametrize("script", ["er_batch_size", "fmicl_similarity", "view_multiplicity", "ipmc_ablation"])

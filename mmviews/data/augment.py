@@ -208,10 +208,27 @@ def _channels(x: torch.Tensor, channels: int | None) -> torch.Tensor:
     raise ValueError(f"cannot map {x.shape[-3]} channels to {channels}")
 
 
-def _colour_view(which: str, channels: int | None) -> Augmentation:
+def _colour_view(which: str, channels: int | None, crop_scale: tuple[float, float] | None = None,
+                 crop_ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.0) -> Augmentation:
+    if crop_scale is not None and not 0.0 < float(crop_scale[0]) <= float(crop_scale[1]) <= 1.0:
+        raise ValueError(f"colour view {which!r}: crop_scale must satisfy 0 < lo <= hi <= 1, got {crop_scale}")
+    if not 0.0 <= flip_p <= 1.0:
+        raise ValueError(f"colour view {which!r}: flip_p must be in [0, 1], got {flip_p}")
+
     def run(img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        if img.shape[-3] != 3:
+        if img.ndim != 3 or img.shape[-3] != 3:
             raise ValueError(f"colour view {which!r} needs an RGB image [3, H, W], got {tuple(img.shape)}")
+        if crop_scale is not None or flip_p > 0:
+            # CMC's augmentation (random resized crop + flip), drawn per view, so that the views do
+            # not share pixel positions: otherwise matching the layout solves the task.
+            from torchvision.transforms.v2 import functional as F
+
+            H, W = img.shape[-2:]
+            if crop_scale is not None:
+                top, left, h, w = _crop_params(g, H, W, tuple(crop_scale), tuple(crop_ratio))
+                img = F.resized_crop(img, top, left, h, w, [H, W], antialias=True).clamp(0.0, 1.0)
+            if _coin(g, flip_p):
+                img = F.horizontal_flip(img)
         if which == "rgb":
             return img
         if which in ("lab_l", "lab_ab"):
@@ -226,10 +243,12 @@ def _colour_view(which: str, channels: int | None) -> Augmentation:
 
 
 def _register_colour(name: str, doc: str) -> None:
-    def factory(channels: int | None = None) -> Augmentation:
-        return _colour_view(name, channels)
+    def factory(channels: int | None = None, crop_scale: tuple[float, float] | None = None,
+                crop_ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.0) -> Augmentation:
+        return _colour_view(name, channels, crop_scale, crop_ratio, flip_p)
 
-    factory.__doc__ = doc
+    factory.__doc__ = doc + (" Optional CMC augmentation before the colour split: a random resized crop"
+                             " (``crop_scale``, ``crop_ratio``) and a horizontal flip with probability ``flip_p``.")
     register_augmentation(name)(factory)
 
 

@@ -161,7 +161,7 @@ def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for k in keys:
         lines.append(f"| {k} | " + " | ".join(_format(r.metrics[k]) if k in r.metrics else "-" for r in runs) + " |")
-    lines += ["", "Runs: " + ", ".join(f"{r.label} = `{r.path}`" for r in runs), "", acc2_note(), ""]
+    lines += ["", "Runs: " + ", ".join(f"{r.label} = `{r.path}`" for r in runs), "", acc2_note(keys), ""]
 
     buf = io.StringIO()
     writer = csv.writer(buf)

@@ -223,6 +223,7 @@ def evaluate_encoder(
     meta: Mapping[str, Any] | None = None,
     seed: int = 0,
     device: torch.device | str | None = None,
+    progress: bool = True,
 ) -> dict[str, float]:
     """Extracts embeddings of the splits the tasks need, computes the metrics and (with
     ``out_dir``) writes the report (``metrics.json``, ``summary.md``, plots).
@@ -241,6 +242,7 @@ def evaluate_encoder(
             encoder was TRAINED with, which may differ from the evaluation views).
         device: where probes, kNN and diagnostics run (default: the accelerator's device,
             else CPU).
+        progress: show a progress bar per extracted split (main process only).
     Returns:
         Flat dict metric name -> float, identical on every process.
     """
@@ -255,7 +257,7 @@ def evaluate_encoder(
     eval_loader = test_loader if test_loader is not None else val_loader
 
     def extract(loader: Any, name: str) -> Embeddings:
-        return extract_embeddings(encoder, loader, accelerator, fuse, desc=f"embeddings ({name})")
+        return extract_embeddings(encoder, loader, accelerator, fuse, desc=f"embeddings ({name})", progress=progress)
 
     train = extract(train_loader, "train") if needs_train else None
     val = extract(val_loader, "val") if needs_train and val_loader is not None and split == "test" else None

@@ -70,6 +70,7 @@ def extract_embeddings(
     *,
     desc: str = "embeddings",
     device: torch.device | str | None = None,
+    progress: bool = True,
 ) -> Embeddings:
     """Runs ``encoder(batch) -> (z [K, M, d], mask [K, M])`` over ``loader`` under ``no_grad``.
 
@@ -81,6 +82,7 @@ def extract_embeddings(
     encoder's parameters' device, else CPU).
 
     A ``torch.nn.Module`` encoder is put in eval mode for the pass and restored afterwards.
+    ``progress=False`` hides the progress bar (shown on the main process otherwise).
     Returns an :class:`Embeddings` on CPU.
     """
     if fuse not in ("concat", "mean"):
@@ -96,7 +98,7 @@ def extract_embeddings(
     if isinstance(encoder, torch.nn.Module):
         encoder.eval()
 
-    show = accelerator is None or accelerator.is_local_main_process
+    show = progress and (accelerator is None or accelerator.is_local_main_process)
     chunks: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]] = []
     view_names: list[str] = []
     view_modalities: list[str] = []

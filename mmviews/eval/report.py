@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -182,8 +182,11 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def acc2_note() -> str:
-    """The Markdown paragraph that names the Acc-2 conventions."""
+def acc2_note(metric_names: Iterable[str] | None = None) -> str:
+    """The Markdown paragraph that names the Acc-2 conventions; empty when ``metric_names`` is
+    given and holds no binary-sentiment accuracy (a class probe needs no such note)."""
+    if metric_names is not None and not any(name.rsplit("/", 1)[-1] in ACC2_CONVENTIONS for name in metric_names):
+        return ""
     lines = ["Acc-2 conventions (papers disagree on which one they print; both are reported):", ""]
     lines += [f"- `{k}`: {v}" for k, v in ACC2_CONVENTIONS.items()]
     return "\n".join(lines)
@@ -196,7 +199,7 @@ def markdown_summary(metrics: Mapping[str, Any], meta: Mapping[str, Any] | None 
             lines.append(f"- {k}: {_format(v)}")
     lines += ["", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {_format(v)} |" for k, v in sorted(metrics.items())]
-    lines += ["", "Accuracies, F1 and R@k are fractions in [0, 1].", "", acc2_note(), ""]
+    lines += ["", "Accuracies, F1 and R@k are fractions in [0, 1].", "", acc2_note(metrics), ""]
     return "\n".join(lines)
 
 

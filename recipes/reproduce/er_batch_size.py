@@ -5,11 +5,14 @@ The paper: replacing SimCLR's loss by the Entropy-Reconstruction bound halves th
 drop when the batch shrinks (SimCLR -2.17, SimCLR + ER -1.01 points from 4096 to 512 on
 ImageNet), with nothing else changed.
 
-Here: the embedded synthetic data, M = 2 natural modality views (image, optical flow), the
-small CNN adapters of ``_common.small_recipe``; ``simclr`` and ``er`` at the same temperature,
-learning rate, schedule and number of epochs, for batch sizes K in {256, 64, 16} (so a smaller
-batch makes more, smaller optimiser steps over the same samples, as in the paper). Linear-probe
-accuracy (class) and effective rank of the mean-of-views embedding on the test split.
+Here: the embedded synthetic data, M = 2 natural modality views, audio and image (``simclr`` takes
+exactly two views; with text + image both objectives reach 0.99-1.00 test accuracy at K <= 64,
+a ceiling that hides any batch-size effect, while audio + image stays in the middle: 0.58 for
+SimCLR at K = 64 after 8 epochs, against 0.29 for the encoder as initialised), quickstart's
+adapters; ``simclr`` and ``er`` at the same temperature, learning rate, schedule and number of
+epochs (2048 samples, 6 epochs), for batch sizes K in {256, 64, 16} (so a smaller batch makes more,
+smaller optimiser steps over the same samples, as in the paper). Linear-probe accuracy (class)
+and effective rank of the mean-of-views embedding on the test split, 5 seeds.
 
 Usage::
 
@@ -40,18 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     C.add_size_arguments(parser)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="K values (default 256 64 16)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0; --full: 0 1 2)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0 1 2 3 4; --smoke: 0)")
     parser.add_argument("--temperature", type=float, default=0.2, help="temperature of both objectives")
     parser.add_argument("--out", type=Path, default=C.RESULTS_DIR / "er_batch_size")
     args = parser.parse_args(argv)
     size = C.size_of(args)
     batch_sizes = args.batch_sizes or {"smoke": [8], "default": [256, 64, 16], "full": [512, 128, 32]}[size]
-    seeds = args.seeds or ([0, 1, 2] if size == "full" else [0])
+    seeds = args.seeds or ([0] if size == "smoke" else [0, 1, 2, 3, 4])
     out: Path = args.out
-    recipe = C.small_recipe("er_batch_size", size=size, batch_size=max(batch_sizes))
+    recipe = C.small_recipe("er_batch_size", modalities=("audio", "image"), size=size, batch_size=max(batch_sizes))
     if size == "default":
-        recipe["data"]["split_options"]["train"]["num_samples"] = 1024
-        recipe["optimisation"]["epochs"] = 6
+        recipe["data"]["split_options"]["train"]["num_samples"] = 2048
     recipe_path = C.write_recipe(recipe, out / "recipes" / "base.yaml")
 
     specs = []

@@ -5,8 +5,8 @@ The paper (CIFAR-10, test accuracy %): the f-Gaussian similarity beats the cosin
 divergence (KL 90.61 vs 89.95, JS 89.66 vs 88.06, Pearson 89.35 vs 87.79, SH 89.52 vs 87.06,
 Tsallis-3 89.15 vs 88.55) and cosine VLC fails completely (10.00 = chance, vs 89.13).
 
-Here: the embedded synthetic data, M = 2 natural modality views (image, optical flow), the small
-CNN adapters of ``_common.small_recipe``, the ``fmicl`` objective with ``similarity`` in
+Here: the embedded synthetic data, quickstart's four natural modality views (text, audio, image,
+optical flow; M = 4) and adapters (``_common.small_recipe``), the ``fmicl`` objective with ``similarity`` in
 {gaussian, cosine} for each divergence in {kl, js, pearson, sh, tsallis (q = 3), vlc}. The
 Gaussian critic uses the paper's defaults (sigma = 0.7071, mu = 1, alpha = 40). The cosine critic
 ``s = <u, v> / temperature`` needs, for js/sh/vlc, ``temperature > 1/log 2`` resp. ``> 1`` (their
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     C.add_size_arguments(parser)
     parser.add_argument("--divergences", nargs="+", default=None, choices=DIVERGENCES, help="default: all six")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0; --full: 0 1 2)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0 1; --smoke: 0; --full: 0 1 2)")
     parser.add_argument("--cosine-temperature", type=float, default=0.2, help="cosine temperature for kl/pearson/tsallis")
     parser.add_argument("--cosine-margin", type=float, default=1.05,
                         help="cosine temperature of js/sh/vlc = this x the smallest admissible one")
@@ -62,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = C.size_of(args)
     divergences = args.divergences or (["vlc"] if size == "smoke" else list(DIVERGENCES))
-    seeds = args.seeds or ([0, 1, 2] if size == "full" else [0])
+    seeds = args.seeds or {"smoke": [0], "default": [0, 1], "full": [0, 1, 2]}[size]
     K = args.batch_size or (8 if size == "smoke" else 64 if size == "default" else 256)
     out: Path = args.out
-    recipe = C.small_recipe("fmicl_similarity", size=size, batch_size=K)
+    recipe = C.small_recipe("fmicl_similarity", modalities=("image", "flow") if size == "smoke" else C.NATURAL,
+                            size=size, batch_size=K)
     recipe_path = C.write_recipe(recipe, out / "recipes" / "base.yaml")
 
     specs = []

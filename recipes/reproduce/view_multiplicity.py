@@ -8,19 +8,28 @@ improve, whereas Multi-Crop saturates. MV-DHEL (Figures 3-4): MV-DHEL's accuracy
 rank keep growing with M while MV-InfoNCE / pairwise objectives saturate or lose rank
 (dimensional collapse).
 
-Here: the embedded synthetic data; the views are the natural image and optical-flow views
-(M = 2) plus augmented copies: M = 3 adds a SimCLR-augmented image, M = 4 also an augmented
-flow, M = 6 two of each, M = 8 three of each. Objectives ``mv_dhel``, ``geometric_pvc``,
+Here: the embedded synthetic data with quickstart's four modalities and adapters; the views
+are the natural text, audio, image and optical-flow views (M = 4) plus augmented copies, added
+in the order image (SimCLR), flow, audio, text and round again: M = 6 adds an augmented image
+and flow, M = 8 also an augmented audio and text. Objectives ``mv_dhel``, ``geometric_pvc``,
 ``mv_infonce``, ``multi_crop`` (temperature 0.2). Batch policies of the trainer
 (``data.batch_mode``, ``mmviews.data.views.batch_size_for``): ``growing`` (K = batch_size for
-every M) and ``fixed`` (K = batch_size * 2 // M, so K*M stays at 2 * batch_size). Same number
-of epochs for every run. Linear-probe accuracy (class, chance 0.25) and effective rank of the
-mean of the natural views' embeddings on the test split.
+every M, so K*M grows) and ``fixed`` (K = batch_size * 4 // M, so K*M stays at 4 * batch_size
+and a larger M sees fewer distinct samples per batch). Same number of epochs for every run.
+Linear-probe accuracy (class, chance 0.25) and effective rank of the mean of the natural views'
+embeddings on the test split.
+
+``--views image`` is the poly-view paper's own setting: the image modality alone, every view a
+SimCLR-augmented copy of the image (M in {2, 4, 8}, fixed batch relative to M = 2), probed on the
+un-augmented image. Augmentations never flip here: a horizontal flip turns the synthetic data's
+45-degree stripes (class 1) into 135-degree ones (class 3).
 
 Usage::
 
-    python recipes/reproduce/view_multiplicity.py            # default: M in {2, 3, 4}, < 15 min on 2 CPU cores
-    python recipes/reproduce/view_multiplicity.py --full     # M in {2, 4, 6, 8}, 4096 samples, 30 epochs, 3 seeds
+    python recipes/reproduce/view_multiplicity.py            # default: M in {4, 8}, < 15 min on 2 CPU cores
+    python recipes/reproduce/view_multiplicity.py --Ms 4 6 8 # adds M = 6 (about 1.7x the time)
+    python recipes/reproduce/view_multiplicity.py --views image   # augmented copies of the image only
+    python recipes/reproduce/view_multiplicity.py --full     # M in {4, 6, 8, 12}, 4096 samples, 30 epochs, 3 seeds
     python recipes/reproduce/view_multiplicity.py --smoke    # seconds (tests)
 """
 
@@ -37,22 +46,37 @@ import _common as C  # noqa: E402
 
 TITLE = "View multiplicity (cf. Shidani et al. 2024 sec. 3.2 / Fig. 3; MV-DHEL Figs. 3-4)"
 OBJECTIVES = ("mv_dhel", "geometric_pvc", "mv_infonce", "multi_crop")
-IMAGE_AUG = {"modality": "image", "augment": "simclr", "params": {"strength": 0.5, "blur_p": 0.0}}
-FLOW_AUG = {"modality": "flow", "augment": "flow_default"}
+# No flips: on the synthetic data a horizontal flip turns a 45-degree stripe or motion axis into a
+# 135-degree one, i.e. class 1 into class 3, so flipped copies would be positives of another class.
+IMAGE_AUG = {"modality": "image", "augment": "simclr", "params": {"strength": 0.5, "blur_p": 0.0, "flip_p": 0.0}}
+AUGMENTED = (  # the order in which augmented copies are added beyond the natural views
+    IMAGE_AUG,
+    {"modality": "flow", "augment": "flow_default", "params": {"flip_p": 0.0}},
+    {"modality": "audio", "augment": "audio_default"},
+    {"modality": "text", "augment": "text_default"},
+)
 
 
-def views_for(M: int) -> list[dict[str, Any]]:
-    """Natural image + flow, then augmented image / flow copies alternately."""
+def views_for(M: int, natural: tuple[str, ...] = C.NATURAL) -> list[dict[str, Any]]:
+    """The natural views, then augmented copies in the order of ``AUGMENTED`` (of the natural
+    modalities only), round after round."""
+    if M < len(natural):
+        raise ValueError(f"M must be >= {len(natural)} (the natural views {list(natural)}), got {M}")
+    augmented = [a for a in AUGMENTED if a["modality"] in natural]
+    copies = [0] * len(augmented)
+    for k in range(M - len(natural)):
+        copies[k % len(augmented)] += 1
+    views: list[dict[str, Any]] = [{"modality": m} for m in natural]
+    views += [{**aug, "copies": n} for aug, n in zip(augmented, copies) if n]
+    return views
+
+
+def image_views_for(M: int) -> list[dict[str, Any]]:
+    """``--views image``: M SimCLR-augmented copies of the image, no natural view (the poly-view
+    paper's setting: every view an augmentation of one image)."""
     if M < 2:
         raise ValueError(f"M must be >= 2, got {M}")
-    views: list[dict[str, Any]] = [{"modality": "image"}, {"modality": "flow"}]
-    extra = M - 2
-    n_img, n_flow = (extra + 1) // 2, extra // 2
-    if n_img:
-        views.append({**IMAGE_AUG, "copies": n_img})
-    if n_flow:
-        views.append({**FLOW_AUG, "copies": n_flow})
-    return views
+    return [{**IMAGE_AUG, "copies": M}]
 
 
 def _flow_yaml(value: Any) -> str:
@@ -64,24 +88,35 @@ def _flow_yaml(value: Any) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     C.add_size_arguments(parser)
-    parser.add_argument("--Ms", type=int, nargs="+", default=None, help="numbers of views (default 2 3 4)")
+    parser.add_argument("--views", choices=["natural", "image"], default="natural",
+                        help="natural: the four modalities plus augmented copies (default); image: M augmented "
+                             "copies of the image only")
+    parser.add_argument("--Ms", type=int, nargs="+", default=None, help="numbers of views (default 4 8; --views image: 2 4 8)")
     parser.add_argument("--objectives", nargs="+", default=None, choices=OBJECTIVES)
     parser.add_argument("--modes", nargs="+", default=["growing", "fixed"], choices=["growing", "fixed"])
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0; --full: 0 1 2)")
-    parser.add_argument("--batch-size", type=int, default=None, help="K at M = 2 (default 64; smoke 16)")
-    parser.add_argument("--out", type=Path, default=C.RESULTS_DIR / "view_multiplicity")
+    parser.add_argument("--batch-size", type=int, default=None, help="K at the reference M (default 64; smoke 8)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: results/view_multiplicity, or results/view_multiplicity_image")
     args = parser.parse_args(argv)
     size = C.size_of(args)
-    Ms = args.Ms or {"smoke": [2, 3], "default": [2, 3, 4], "full": [2, 4, 6, 8]}[size]
+    unimodal = args.views == "image"
+    natural = ("image",) if unimodal else ("image", "flow") if size == "smoke" else C.NATURAL
+    if unimodal:
+        Ms = args.Ms or {"smoke": [2, 3], "default": [2, 4, 8], "full": [2, 4, 8, 16]}[size]
+    else:
+        Ms = args.Ms or {"smoke": [2, 3], "default": [4, 8], "full": [4, 6, 8, 12]}[size]
     objectives = args.objectives or (["mv_dhel"] if size == "smoke" else list(OBJECTIVES))
     modes = ["fixed"] if size == "smoke" and args.modes == ["growing", "fixed"] else args.modes
     seeds = args.seeds or ([0, 1, 2] if size == "full" else [0])
     K = args.batch_size or (8 if size == "smoke" else 64 if size == "default" else 256)
-    out: Path = args.out
-    recipe = C.small_recipe("view_multiplicity", size=size, batch_size=K)
-    if size == "default":
-        recipe["data"]["split_options"]["train"]["num_samples"] = 640
-    recipe["data"]["reference_views"] = 2
+    out: Path = args.out or C.RESULTS_DIR / ("view_multiplicity_image" if unimodal else "view_multiplicity")
+    recipe = C.small_recipe("view_multiplicity", modalities=natural, size=size, batch_size=K)
+    M0 = Ms[0] if unimodal else len(natural)  # the reference M of the fixed-batch setting
+    recipe["data"]["reference_views"] = M0
+    if unimodal:
+        recipe["views"] = image_views_for(M0)
+    views_of = image_views_for if unimodal else (lambda M: views_for(M, natural))
     recipe_path = C.write_recipe(recipe, out / "recipes" / "base.yaml")
 
     specs = []
@@ -89,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in objectives:
             for M in Ms:
                 for mode in modes:
-                    if M == 2 and mode == "fixed" and "growing" in modes:
-                        continue  # identical to growing at the reference M = 2
+                    if M == M0 and mode == "fixed" and "growing" in modes:
+                        continue  # identical to growing at the reference M
                     specs.append({
                         "run": f"{name}_M{M}_{mode}_s{seed}", "objective": name, "M": M, "mode": mode, "seed": seed,
-                        "K": K if mode == "growing" else max(1, K * 2 // M),
+                        "K": K if mode == "growing" else max(1, K * M0 // M),
                         "overrides": [f"objective.name={name}", "objective.params={temperature: 0.2}",
-                                      f"views={_flow_yaml(views_for(M))}", f"data.batch_mode={mode}", f"seed={seed}"],
+                                      f"views={_flow_yaml(views_of(M))}", f"data.batch_mode={mode}", f"seed={seed}"],
                     })
     rows = C.run_sweep(specs, recipe_path, out, args)
     base = C.random_init_baseline(recipe_path, out, ["objective.params={temperature: 0.2}"], args) \
@@ -106,14 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             for M in Ms:
                 sel = [r for r in rows if r["objective"] == name and r["M"] == M and r["status"] == "ok"
-                       and (r["mode"] == mode or (M == 2 and "growing" in modes))]
-                summary.append({
-                    "objective": name, "mode": mode, "M": M,
-                    "acc": sum(r["acc"] for r in sel) / len(sel) if sel else math.nan,
-                    "erank": sum(r["erank"] for r in sel) / len(sel) if sel else math.nan,
-                    "seeds": len(sel),
-                })
-    # Does the objective improve with M? (last M minus M = 2, per mode)
+                       and (r["mode"] == mode or (M == M0 and "growing" in modes))]
+                acc, acc_std = C.mean_std([r["acc"] for r in sel])
+                erank, erank_std = C.mean_std([r["erank"] for r in sel])
+                summary.append({"objective": name, "mode": mode, "M": M, "K": sel[0]["K"] if sel else math.nan,
+                                "acc": acc, "acc_std": acc_std, "erank": erank, "erank_std": erank_std,
+                                "seeds": len(sel)})
+    # Does the objective improve with M? (largest M minus the natural M, per mode)
     trend = []
     for name in objectives:
         for mode in modes:
@@ -135,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     for j, mode in enumerate(modes):
         for name in objectives:
             pts = [s for s in summary if s["objective"] == name and s["mode"] == mode]
-            axes[0][j].plot([s["M"] for s in pts], [s["acc"] for s in pts], marker="o", label=name)
-            axes[1][j].plot([s["M"] for s in pts], [s["erank"] for s in pts], marker="o", label=name)
+            for i, key in enumerate(("acc", "erank")):  # error bars: std over seeds
+                axes[i][j].errorbar([s["M"] for s in pts], [s[key] for s in pts], yerr=[s[f"{key}_std"] for s in pts],
+                                    marker="o", capsize=3, label=name)
         if base is not None:
             axes[0][j].axhline(base["acc"], color="gray", ls="--", lw=1, label="random-init encoder")
             axes[1][j].axhline(base["erank"], color="gray", ls="--", lw=1, label="random-init encoder")
@@ -148,11 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             axes[i][j].set_xticks(Ms)
             axes[i][j].grid(alpha=0.3)
             axes[i][j].legend(fontsize=7)
-    fig.suptitle(TITLE, fontsize=9)
+    fig.suptitle(f"{TITLE}\nviews: {'augmented copies of the image' if unimodal else 'four modalities + augmented copies'}"
+                 f" (mean +- std over {len(seeds)} seed{'s' if len(seeds) > 1 else ''})", fontsize=9)
     C.save_figure(fig, out / "view_multiplicity.png")
     if size != "smoke":  # mmviews compare over the runs (skipped in the quick test mode)
         C.compare_runs([r["run_dir"] for r in rows], out / "comparison")
-    print(C.markdown_table(summary, ["objective", "mode", "M", "acc", "erank", "seeds"]))
+    print(C.markdown_table(summary, ["objective", "mode", "M", "K", "acc", "acc_std", "erank", "seeds"]))
     if trend:
         print(C.markdown_table(trend, list(trend[0])))
     return 0
