@@ -18,11 +18,11 @@ import os
 import platform
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from mmviews.fileio import atomic_write_text
 from mmviews.modalities import MultiViewEncoder, build_adapter
 from mmviews.modalities.presets import ADAPTER_TYPES, example_inputs, realistic_config, tiny_config
 
@@ -179,12 +179,7 @@ def run(args: argparse.Namespace) -> int:
         "adapters": rows,
         "cache": cache,
     }
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, out)
+    out = atomic_write_text(args.output, json.dumps(result, indent=2))
     print(f"\nwrote {out}")
     return 0
 

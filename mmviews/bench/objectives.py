@@ -41,17 +41,17 @@ import argparse
 import inspect
 import json
 import math
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from mmviews.fileio import atomic_write_text
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -496,13 +496,6 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
-        json.dump(data, handle, indent=2)
-    os.replace(handle.name, path)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--K", type=int, default=256, help="samples per batch (default 256)")
     parser.add_argument("--M", type=int, default=8, help="views per sample (default 8)")
@@ -535,7 +528,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, clock=args.clock, threads=args.threads, memory=not args.no_memory,
     )
     print(format_table(result))
-    _write_json(args.out, result)
+    atomic_write_text(args.out, json.dumps(result, indent=2))
     print(f"wrote {args.out}")
     return 0
 

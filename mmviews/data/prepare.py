@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
 import warnings
 from pathlib import Path
 from typing import Any
+
+from mmviews.fileio import atomic_write_text
 
 SENTIMENT = ("mosi", "mosei", "sims")
 VIDEO = ("ucf101", "hmdb51")
@@ -92,9 +93,7 @@ def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
     summary["unreadable"] = scan["unreadable"]
     out = Path(args.out) if args.out else root / "mmviews_index.json"
     index = {"dataset": args.dataset, "fold": args.fold, "splits": splits, "scan": scan}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(index, indent=1))
-    os.replace(tmp, out)
+    atomic_write_text(out, json.dumps(index, indent=1))
     summary["index"] = str(out)
     summary["problems"] = [f"{s}: {len(v['missing'])} listed clips missing" for s, v in splits.items() if v["missing"]] + \
         ([f"{len(scan['unreadable'])} unreadable clips"] if scan["unreadable"] else [])

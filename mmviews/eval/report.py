@@ -11,40 +11,13 @@ import csv
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from mmviews.fileio import atomic_save, atomic_write_text
 from mmviews.eval.metrics import ACC2_CONVENTIONS
-
-
-def _umask_mode() -> int:
-    # mkstemp creates 0600 files; reports should get the usual permissions (0644 under umask 022)
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    path = Path(path)
-    _atomic_write_bytes(path, text.encode("utf-8"))
-    return path
 
 
 def _jsonable(obj: Any) -> Any:
@@ -63,9 +36,7 @@ def _jsonable(obj: Any) -> Any:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    path = Path(path)
-    _atomic_write_bytes(path, (json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
-    return path
+    return atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def _pyplot():
@@ -78,18 +49,11 @@ def _pyplot():
 
 
 def _save_figure(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Save ``fig`` as a PNG atomically and close it."""
     try:
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
+        return atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight"))
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         _pyplot().close(fig)
-    return path
 
 
 def read_log_csv(csv_path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -25,6 +24,8 @@ from typing import Any, ClassVar, Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mmviews.fileio import atomic_save, atomic_write_text
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -164,13 +165,6 @@ def register_adapter(cls: type["Adapter"]) -> type["Adapter"]:
     """Class decorator: make ``cls`` buildable from a config dict with its ``type``."""
     ADAPTERS[cls.config_class.type] = cls
     return cls
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -436,15 +430,8 @@ class Adapter(nn.Module):
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self._save_extra(d)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=WEIGHTS_NAME, suffix=".tmp")
-        os.close(fd)
-        try:
-            save_model(self, tmp)  # handles tied (shared) tensors
-            os.replace(tmp, d / WEIGHTS_NAME)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        _atomic_write_text(d / CONFIG_NAME, json.dumps(self.config.to_dict(), indent=2))
+        atomic_save(d / WEIGHTS_NAME, lambda tmp: save_model(self, tmp))  # save_model handles tied tensors
+        atomic_write_text(d / CONFIG_NAME, json.dumps(self.config.to_dict(), indent=2))
         return d
 
     @classmethod

@@ -17,11 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
+
+from mmviews.fileio import atomic_save
 
 from .base import Adapter, subset_inputs
 
@@ -154,18 +155,8 @@ class FeatureCache:
 
         if not self._dirty or self._feats is None:
             return None
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=self.path.name, suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file(
-                {"ids": self._ids.contiguous(), "features": self._feats.contiguous()},
-                tmp,
-                metadata={"key": self.key, "name": self.name, "split": self.split},
-            )
-            os.replace(tmp, self.path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        tensors = {"ids": self._ids.contiguous(), "features": self._feats.contiguous()}
+        metadata = {"key": self.key, "name": self.name, "split": self.split}
+        atomic_save(self.path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
         self._dirty = False
         return self.path

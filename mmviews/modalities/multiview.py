@@ -19,7 +19,9 @@ from torch import nn
 
 from mmviews.data.batch import ViewBatch
 
-from .base import Adapter, _atomic_write_text, build_adapter
+from mmviews.fileio import atomic_write_text
+
+from .base import Adapter, build_adapter
 from .cache import FeatureCache
 
 ENCODER_CONFIG = "encoder.json"
@@ -75,7 +77,7 @@ class MultiViewEncoder(nn.Module):
         d.mkdir(parents=True, exist_ok=True)
         for name, adapter in self.adapters.items():
             adapter.save_pretrained(d / name)
-        _atomic_write_text(d / ENCODER_CONFIG, json.dumps({"modalities": list(self.adapters)}, indent=2))
+        atomic_write_text(d / ENCODER_CONFIG, json.dumps({"modalities": list(self.adapters)}, indent=2))
         return d
 
     @classmethod

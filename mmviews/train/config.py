@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import yaml
+
+from mmviews.fileio import atomic_write_text
 
 
 class ConfigError(ValueError):
@@ -438,14 +439,7 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
 
 def save_config(config: TrainConfig, path: str | os.PathLike[str]) -> Path:
     """Write the resolved config as YAML, atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None))
 
 
 def recipes_dirs() -> list[Path]:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import json
 import math
 import os
@@ -71,6 +72,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from mmviews.fileio import atomic_write_text
 from mmviews.train.config import ConfigError, TrainConfig, save_config
 from mmviews.train.optim import build_optimizer, build_scheduler
 
@@ -462,12 +464,11 @@ class CSVLogger:
                 fields = reader.fieldnames
                 rows = [r for r in reader if int(float(r["step"])) <= resume_step]
             if fields:
-                tmp = path.with_suffix(".csv.tmp")
-                with tmp.open("w", newline="") as f:
-                    writer = csv.DictWriter(f, fieldnames=fields)
-                    writer.writeheader()
-                    writer.writerows(rows)
-                os.replace(tmp, path)
+                kept = io.StringIO()
+                writer = csv.DictWriter(kept, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(rows)
+                atomic_write_text(path, kept.getvalue())
                 self.fields = list(fields)
         elif path.exists():
             path.unlink()
@@ -754,12 +755,6 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     return summary
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _lower_is_better(metric: str) -> bool:
     leaf = metric.rsplit("/", 1)[-1].lower()
     return leaf in {"mae", "mse", "rmse", "loss"} or leaf.startswith("mae")
@@ -768,7 +763,7 @@ def _lower_is_better(metric: str) -> bool:
 def _write_results(run_dir: Path, summary: dict[str, Any]) -> None:
     """``results.json`` and ``report.md``: the run summary and, per metric, trained vs
     randomly initialised encoder."""
-    _atomic_write(run_dir / "results.json", json.dumps(summary, indent=2, default=str))
+    atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2, default=str))
     lines = [f"# Run report: {summary['name']}", "",
              f"- objective: {summary['objective']}",
              f"- optimiser steps: {summary['steps']} ({summary['epochs']} epochs, {summary['samples_seen']} samples)",
@@ -787,7 +782,7 @@ def _write_results(run_dir: Path, summary: dict[str, Any]) -> None:
             lines.append(f"| {key} | {t:.4f} | {'' if r is None else f'{r:.4f}'} | {diff} |")
         lines += ["", "Full evaluation report: [eval/summary.md](eval/summary.md)"
                   + ("; random-initialisation baseline: [eval_random/summary.md](eval_random/summary.md)" if random_ else ""), ""]
-    _atomic_write(run_dir / "report.md", "\n".join(lines))
+    atomic_write_text(run_dir / "report.md", "\n".join(lines))
 
 
 # --------------------------------------------------------------------------- loading a run

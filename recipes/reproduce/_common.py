@@ -23,12 +23,13 @@ import io
 import json
 import os
 import shlex
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
+
+from mmviews.fileio import atomic_save, atomic_write_text
 
 REPRO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = REPRO_DIR.parents[1]
@@ -96,15 +97,6 @@ def write_recipe(recipe: Mapping[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, yaml.safe_dump(dict(recipe), sort_keys=False, default_flow_style=None))
     return path
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def repo_relative(path: Path | str) -> str:
@@ -219,12 +211,7 @@ def pyplot():
 
 def save_figure(fig: Any, path: Path) -> Path:
     """Save a PNG atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp.png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    return atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
 
 
 def add_size_arguments(parser: Any) -> None:

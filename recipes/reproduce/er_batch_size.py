@@ -28,7 +28,6 @@ train`` command of every run), ``er_batch_size.png`` and ``comparison/`` (``mmvi
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 

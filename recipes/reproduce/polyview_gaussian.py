@@ -48,9 +48,7 @@ import csv
 import io
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -59,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmviews.fileio import atomic_write_bytes
 from mmviews.objectives import get_objective, mi_lower_bound
 
 OBJECTIVES: tuple[str, ...] = ("multi_crop", "arithmetic_pvc", "geometric_pvc", "sufficient_statistics")
@@ -221,27 +220,13 @@ def cache_path(out: Path, regime: Regime, M: int, objectives: tuple[str, ...]) -
 
 
 # ---- output ----------------------------------------------------------------------------------------
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_csv(path: Path, rows: list[dict]) -> None:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
     writer.writeheader()
     for row in rows:
         writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-    _atomic_write(path, buffer.getvalue().encode())
+    atomic_write_bytes(path, buffer.getvalue().encode())
 
 
 def plot(summary: list[dict], regimes: list[Regime], path: Path) -> None:
@@ -287,7 +272,7 @@ def plot(summary: list[dict], regimes: list[Regime], path: Path) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    _atomic_write(path, buffer.getvalue())
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -355,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds": time.perf_counter() - t0}
                 print(f"[{regime.name}] K={regime.K} M={M}: {piece['seconds']:.1f}s", file=sys.stderr)
                 if cache is not None:
-                    _atomic_write(cache, json.dumps(piece).encode())
+                    atomic_write_bytes(cache, json.dumps(piece).encode())
             rows += piece["rows"]
             compute_seconds += piece["seconds"]
     wall = time.perf_counter() - start
@@ -368,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             "objectives": list(objectives), "figure": FIGURE_CITATION,
             "bounds": "poly-view: log((K-1)M+1) - L (mi_lower_bound); multi_crop: log(2K-1) - L (Proposition 2.1)",
             "summary": summary}
-    _atomic_write(args.out / "summary.json", (json.dumps(meta, indent=2) + "\n").encode())
+    atomic_write_bytes(args.out / "summary.json", (json.dumps(meta, indent=2) + "\n").encode())
     plot(summary, regimes, args.out / "mi_gap.png")
 
     print(f"{'regime':6} {'K':>5} {'objective':22} {'M':>3} {'true MI':>8} {'bound':>15} {'gap':>15}")
