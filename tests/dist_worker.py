@@ -57,26 +57,25 @@ def build_objective(name: str, params: dict[str, Any]):
     """Build with the test temperature when the objective takes one (seeded: some own modules)."""
     import inspect
 
-    from mmviews.objectives import get_objective
-    from mmviews.objectives._base import _REGISTRY
+    from mmviews.objectives import get_objective, objective_class
 
     params = dict(params)
-    if "temperature" in inspect.signature(_REGISTRY[name].__init__).parameters:
+    if "temperature" in inspect.signature(objective_class(name).__init__).parameters:
         params.setdefault("temperature", TEMPERATURE)
     torch.manual_seed(1234)
     return get_objective(name, **params)
 
 
 def views_of(name: str) -> int:
-    from mmviews.objectives._base import _REGISTRY
+    from mmviews.objectives import objective_class
 
-    return _REGISTRY[name].exact_views or M
+    return objective_class(name).exact_views or M
 
 
 def supports_mask(name: str) -> bool:
-    from mmviews.objectives._base import _REGISTRY
+    from mmviews.objectives import objective_class
 
-    return bool(_REGISTRY[name].supports_mask)
+    return bool(objective_class(name).supports_mask)
 
 
 def full_batch(num_views: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """`mmviews bench objectives` on tiny sizes: every objective in the JSON with finite numbers,
-the naive loop versions agreeing with the library (values and gradients), and a wrong naive
-version stopping the benchmark."""
+the reference loops it times agreeing with the library (values and gradients), and a wrong
+reference stopping the benchmark."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from mmviews.bench import objectives as bench
 from mmviews.cli import main
 from mmviews.objectives import get_objective, list_objectives
 
-TINY = ["--K", "8", "--M", "3", "--d", "8", "--repeats", "1", "--warmup", "0", "--no-progress"]
+TINY = ["--K", "8", "--M", "3", "--d", "8", "--repeats", "1", "--warmup", "0", "--no-progress", "--reference-K", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -39,33 +39,43 @@ def test_json_has_every_objective_with_finite_numbers(result):
         assert math.isfinite(row["loss"]), name
         assert row["floor"] in result["floors"]
         assert len(row["times_ms"]) == 1
-        if name in bench.NAIVE:
-            assert _finite_positive(row["naive"]["time_ms"]) and _finite_positive(row["speedup_vs_naive"]), name
+        if name in bench.REFERENCE_LOSSES:
+            assert row["reference"]["K"] == 4 == result["config"]["reference_K"]
+            assert _finite_positive(row["reference"]["time_ms"]) and _finite_positive(row["speedup_vs_reference"]), name
+            assert _finite_positive(row["library_at_reference_K"]["time_ms"]), name
+            assert row["speedup_vs_reference"] == pytest.approx(
+                row["reference"]["time_ms"] / row["library_at_reference_K"]["time_ms"]
+            )
+        else:
+            assert row["reference"] is None and row["speedup_vs_reference"] is None, name
         for target in row["targets"]:
             assert target["ok"] in (True, False), (name, target)
     # simclr needs two views: it runs on the first two, against a floor of that size
     assert result["objectives"]["simclr"]["M"] == 2 and "floor@M=2" in result["floors"]
 
 
-def test_naive_versions_agree_with_the_library_in_the_bench(result):
-    expected = {"geometric_pvc", "arithmetic_pvc", "multi_crop", "mv_infonce", "mv_dhel"}
-    assert expected <= set(bench.NAIVE)
-    for name in set(bench.NAIVE) & set(result["objectives"]):
-        check = result["objectives"][name]["naive_check"]
-        assert check["naive_loss"] == pytest.approx(check["library_loss"], rel=1e-7, abs=1e-9), name
+def test_reference_loops_agree_with_the_library_in_the_bench(result):
+    # every objective but ipmc (whose reference is too slow to time) has a reference loop
+    assert set(bench.REFERENCE_LOSSES) == set(list_objectives()) - {"ipmc"}
+    for name in bench.REFERENCE_LOSSES:
+        check = result["objectives"][name]["reference_check"]
+        assert check["reference_loss"] == pytest.approx(check["library_loss"], rel=1e-7, abs=1e-9), name
 
 
-@pytest.mark.parametrize("name", sorted(bench.NAIVE))
-def test_naive_version_matches_library_value_and_gradient(name):
+@pytest.mark.parametrize("name", sorted(bench.REFERENCE_LOSSES))
+def test_reference_loss_matches_library_value_and_gradient(name):
+    """The bench's reference for ``name``, called with the objective's constructor keywords,
+    computes that objective's loss."""
     M = 2 if name == "simclr" else 4
     z = torch.randn(6, M, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    z_lib, z_naive = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
-    want = get_objective(name, temperature=0.2)(z_lib)
-    got = bench.NAIVE[name](z_naive, 0.2)
+    z_lib, z_ref = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
+    params = bench._objective_kwargs(name, 0.2)
+    want = get_objective(name, **params)(z_lib)
+    got = bench.REFERENCE_LOSSES[name](z_ref, params)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     want.backward()
     got.backward()
-    torch.testing.assert_close(z_naive.grad, z_lib.grad, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(z_ref.grad, z_lib.grad, rtol=1e-8, atol=1e-10)
 
 
 def test_floor_is_cross_entropy_over_the_full_score_matrix():
@@ -79,10 +89,18 @@ def test_floor_is_cross_entropy_over_the_full_score_matrix():
     torch.testing.assert_close(bench.floor_loss(z, 0.5), manual)
 
 
-def test_a_wrong_naive_version_stops_the_benchmark(monkeypatch):
-    monkeypatch.setitem(bench.NAIVE, "mv_dhel", lambda z, t: bench.naive_mv_dhel(z, t) + 1e-3)
-    with pytest.raises(RuntimeError, match="naive mv_dhel"):
+def test_a_wrong_reference_stops_the_benchmark(monkeypatch):
+    right = bench.REFERENCE_LOSSES["mv_dhel"]
+    monkeypatch.setitem(bench.REFERENCE_LOSSES, "mv_dhel", lambda z, params: right(z, params) + 1e-3)
+    with pytest.raises(RuntimeError, match="reference mv_dhel"):
         bench.benchmark(K=8, M=3, d=8, repeats=1, warmup=0, objectives=["mv_dhel"], device="cpu", progress=False)
+
+
+def test_reference_column_can_be_skipped():
+    out = bench.benchmark(K=4, M=3, d=4, repeats=1, warmup=0, objectives=["mv_dhel"], device="cpu", progress=False,
+                          memory=False, reference_K=0)
+    row = out["objectives"]["mv_dhel"]
+    assert row["reference"] is None and row["speedup_vs_reference"] is None and "reference_check" not in row
 
 
 def test_bad_options_are_named():
@@ -90,5 +108,7 @@ def test_bad_options_are_named():
         bench.benchmark(K=8, M=3, d=8, objectives=["nope"], device="cpu", progress=False)
     with pytest.raises(ValueError, match="--K"):
         bench.benchmark(K=1, M=3, d=8, device="cpu", progress=False)
+    with pytest.raises(ValueError, match="--reference-K"):
+        bench.benchmark(K=8, M=3, d=8, device="cpu", progress=False, reference_K=1)
     with pytest.raises(SystemExit):
         main(["bench", "nonsense"])

@@ -108,11 +108,11 @@ def test_encoder_with_wrong_shape_is_rejected():
         extract_embeddings(lambda b: (torch.zeros(2, 3), b.mask), loader)
 
 
-# Run by 2 processes; it imports the dataset, collate and encoder above from this file.
+# Run by 2 processes; it imports the dataset, collate and encoder above from this file (the
+# tests folder reaches the workers through PYTHONPATH).
 SCRIPT = textwrap.dedent(
     '''
     import json, sys
-    sys.path.insert(0, sys.argv[2])
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from mmviews.eval import evaluate_encoder, extract_embeddings
@@ -159,9 +159,10 @@ def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
     cmd = [
         str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        str(script), str(tmp_path), str(Path(__file__).parent),
+        str(script), str(tmp_path),
     ]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     outs = []

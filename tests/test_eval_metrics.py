@@ -14,7 +14,7 @@ from mmviews.eval import msa_metrics, weighted_f1
 
 
 def mmsa_reference_mosi(preds: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Written from DATA.md / the MMSA code with sklearn, independently of the library."""
+    """Written from the MMSA metric definitions with sklearn, independently of the library."""
     nz = np.array([i for i, e in enumerate(labels) if e != 0])
     out = {
         "Has0_acc_2": accuracy_score(labels >= 0, preds >= 0),

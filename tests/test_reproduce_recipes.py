@@ -21,13 +21,10 @@ REPRO = Path(__file__).resolve().parents[1] / "recipes" / "reproduce"
 
 
 def _load(name: str):
+    """The script as a module (each script puts its own folder on the path for ``_common``)."""
     spec = importlib.util.spec_from_file_location(f"reproduce_{name}", REPRO / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(REPRO))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(REPRO))
+    spec.loader.exec_module(module)
     return module
 
 
@@ -59,13 +56,18 @@ def _check_common(out: Path, png: str, n_runs: int) -> list[dict[str, str]]:
 def test_er_batch_size_smoke(tmp_path: Path) -> None:
     out = tmp_path / "er"
     assert _load("er_batch_size").main(["--smoke", "--out", str(out)]) == 0
-    rows = _check_common(out, "er_batch_size.png", 2)
-    assert {r["objective"] for r in rows} == {"simclr", "er"}
+    rows = _check_common(out, "er_batch_size.png", 3)
+    assert {r["objective"] for r in rows} == {"simclr", "er", "er_ema"}
     for r in rows:
-        assert r["_config"]["objective"]["name"] == r["objective"]
+        objective = r["_config"]["objective"]
+        assert objective["name"] == ("er" if r["objective"] == "er_ema" else r["objective"])
+        # er_ema: the EMA teacher with the paper's coefficient; the others have none
+        assert objective["ema_teacher"] == (r["objective"] == "er_ema")
+        if r["objective"] == "er_ema":
+            assert objective["teacher_momentum"] == 0.99
         assert r["_config"]["data"]["batch_size"] == int(r["batch_size"]) == 8
     summary = _rows(out / "summary.csv")
-    assert {s["objective"] for s in summary} == {"simclr", "er"}
+    assert {s["objective"] for s in summary} == {"simclr", "er", "er_ema"}
 
 
 def test_fmicl_similarity_smoke(tmp_path: Path) -> None:
@@ -102,13 +104,17 @@ def test_view_multiplicity_smoke(tmp_path: Path) -> None:
     (image_views,) = module.image_views_for(4)
     assert image_views["copies"] == 4 and image_views["augment"] == "simclr" and image_views["params"]["flip_p"] == 0.0
     out = tmp_path / "vm"
-    assert module.main(["--smoke", "--out", str(out)]) == 0
-    rows = _check_common(out, "view_multiplicity.png", 2)
+    assert module.main(["--smoke", "--modes", "fixed", "fixed_steps", "--out", str(out)]) == 0
+    rows = _check_common(out, "view_multiplicity.png", 4)
     for r in rows:
         config = r["_config"]
         M = int(r["M"])
         assert sum(v.get("copies", 1) for v in config["views"]) == M
         assert config["data"]["batch_mode"] == "fixed"
+    # smoke: 32 samples, K = 8 at M = 2 -> 4 steps; at M = 3, K = 5: 6 steps per epoch, unless
+    # fixed_steps holds them at the reference's 4
+    steps = {(r["mode"], int(r["M"])): int(r["steps"]) for r in rows}
+    assert steps == {("fixed", 2): 4, ("fixed", 3): 6, ("fixed_steps", 2): 4, ("fixed_steps", 3): 4}
     assert _rows(out / "trend.csv")
 
 
@@ -120,6 +126,8 @@ def test_ipmc_ablation_smoke(tmp_path: Path, views: str) -> None:
     rows = _check_common(out, "ipmc_ablation.png", 2)
     params = {r["variant"]: r["_config"]["objective"]["params"] for r in rows}
     assert params["Fp"]["beta"] == 0.0 and "view_filter_k" not in params["Fp"]
+    # the paper's attenuated weights, written out in the recipe
+    assert all(p["phi_dec"] == 6.0 and p["tau_dec"] == 1.0 and p["gamma"] == 64.0 for p in params.values())
     assert params["Sap+DA"]["beta"] > 0 and params["Sap+DA"]["view_filter_k"] == 1
     config_views = rows[0]["_config"]["views"]
     if views == "colour":  # the paper's colour views, each with its own CMC crop

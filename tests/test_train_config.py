@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_train_utils import REPO, run_train, tiny_config, write_recipe
 
-from mmviews.train.config import (
+from mmviews.config import (
     ConfigError,
     apply_overrides,
     config_from_dict,
@@ -17,7 +17,7 @@ from mmviews.train.config import (
     save_config,
 )
 from mmviews.train.optim import LARS
-from mmviews.train.trainer import build_run
+from mmviews.train import build_run
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 

@@ -10,8 +10,7 @@ import json
 import torch
 from test_train_utils import load_weights, run_train, tiny_config, write_recipe
 
-from mmviews.train import load_run
-from mmviews.train.trainer import list_checkpoints
+from mmviews.run import list_checkpoints, load_run
 
 
 def test_short_run_trains_checkpoints_evaluates_and_reports(tmp_path):
@@ -63,3 +62,12 @@ def test_short_run_trains_checkpoints_evaluates_and_reports(tmp_path):
     batch = next(iter(loaders["test"]))
     z, mask = encoder(batch)
     assert z.shape == (batch.num_samples, 2, 16) and [v.name for v in batch.views] == ["text_0", "image_0"]
+
+    # `mmviews eval` loads the run itself and records the training M for `mmviews compare`.
+    from mmviews.cli import main
+    from mmviews.eval.compare import load_run_metrics
+
+    assert main(["eval", str(run), "--tasks", "diagnostics", "--out", str(tmp_path / "again")]) == 0
+    again = load_run_metrics(tmp_path / "again")
+    assert again.num_views == 3 and again.objective == "mv_dhel" and "test/diag/unif" in again.metrics
+    assert load_run_metrics(run).num_views == 3  # the trainer's final evaluation records it too

@@ -8,15 +8,17 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from test_train_utils import REPO, env, load_weights, run_train, tiny_config, train_command, write_recipe
+from test_train_utils import REPO, env, load_weights, run_train, tiny_config, write_recipe
 
-from mmviews.train import load_run
-from mmviews.train.trainer import list_checkpoints
+from mmviews.run import list_checkpoints, load_run
+
+SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 
 # 4 batches per epoch x 3 epochs = 12 optimiser steps, a checkpoint every 2 steps. Dropout
 # and BatchNorm are on, so equality also needs the RNG states and BN buffers restored.
@@ -44,9 +46,11 @@ def _last_step(log: Path) -> int:
     return int(rows[-1]["step"]) if rows else 0
 
 
-def _start(recipe: Path, run: Path, **extra_env: str) -> subprocess.Popen:
-    return subprocess.Popen(train_command(str(recipe), "--output", str(run)), env=env(**extra_env), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _start(recipe: Path, run: Path, *sleep_options: str) -> subprocess.Popen:
+    """``mmviews train RECIPE --output RUN`` in a subprocess, slowed down by the sleeping
+    callback of ``tests/slow_train.py`` (``--step-sleep S``, ``--checkpoint-sleep S@STEP``)."""
+    command = [sys.executable, str(SLOW_TRAIN), *sleep_options, "--", str(recipe), "--output", str(run)]
+    return subprocess.Popen(command, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _kill_when(proc: subprocess.Popen, condition, timeout: float = 180) -> None:
@@ -72,7 +76,7 @@ def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 def test_sigkill_at_random_step_then_resume_is_identical(recipe, reference, tmp_path):
     kill_at = random.randint(3, 10)  # printed by pytest on failure
     run = tmp_path / "run"
-    proc = _start(recipe, run, MMVIEWS_DEBUG_STEP_SLEEP="0.25")
+    proc = _start(recipe, run, "--step-sleep", "0.25")
     _kill_when(proc, lambda: _last_step(run / "metrics.csv") >= kill_at)
     assert not (run / "encoder").exists(), "the run finished before the kill"
     done = _last_step(run / "metrics.csv")
@@ -88,8 +92,9 @@ def test_sigkill_at_random_step_then_resume_is_identical(recipe, reference, tmp_
 
 def test_kill_while_writing_checkpoint_keeps_previous_one(recipe, reference, tmp_path):
     run = tmp_path / "run"
-    # Sleep for a long time in the middle of writing the checkpoint of step 6 (mid-epoch 2).
-    proc = _start(recipe, run, MMVIEWS_DEBUG_CHECKPOINT_SLEEP="60@6")
+    # Sleep for a long time once the checkpoint of step 6 (mid-epoch 2) is written to its
+    # temporary folder, before the rename.
+    proc = _start(recipe, run, "--checkpoint-sleep", "60@6")
     tmp = run / "checkpoints" / ".tmp-checkpoint-00000006"
     _kill_when(proc, lambda: (tmp / "train_state.json").exists() or (tmp.is_dir() and any(tmp.glob("*.safetensors"))))
     assert tmp.is_dir(), "the half-written checkpoint should be left in its temporary folder"

@@ -11,7 +11,7 @@ import argparse
 import importlib
 
 VERBS: dict[str, tuple[str, str]] = {
-    "objectives": ("mmviews.bench.objectives", "time and memory of every objective vs a cross-entropy floor and naive loops"),
+    "objectives": ("mmviews.bench.objectives", "time and memory of every objective vs a cross-entropy floor and the reference loops"),
     "adapters": ("mmviews.bench.adapters", "throughput and memory of the modality adapters"),
     "data": ("mmviews.bench.data", "throughput of the data pipeline"),
 }

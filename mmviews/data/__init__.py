@@ -17,6 +17,10 @@ Typical use (what ``mmviews.train`` does with a recipe's ``data`` and ``views`` 
     sampler = ViewSetBatchSampler(len(ds), batch_size=64, num_views=len(spec), mode="growing")
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2)
 
+Datasets: ``list_datasets()`` (name -> description), ``build_dataset(name, root, split,
+**options)``, ``register_dataset(name, description)`` for new ones; ``gaussian_latents`` is the
+1-D Gaussian of the poly-view synthetic setting (:mod:`mmviews.data.gaussian`).
+
 Every dataset yields *sample dicts* ``{"index", "modalities": {name: value or None},
 "labels": {...}}`` (None = modality absent); the collator stacks them into the
 :class:`ViewBatch` of :mod:`mmviews.data.batch` with the ``[K, M]`` presence mask.
@@ -30,8 +34,12 @@ Augmentations: ``list_augmentations()``, ``get_augmentation(name, **params)``; e
 ``aug(value, generator)``. Pickles: ``safe_load_pickle(path)`` only.
 """
 
+# The dataset modules register their datasets when imported: importing them all here makes
+# every name known to build_dataset after ``import mmviews.data``.
+from mmviews.data import hf as _hf, sentiment as _sentiment, video as _video  # noqa: F401
 from mmviews.data.augment import get_augmentation, list_augmentations, register_augmentation
 from mmviews.data.batch import ViewBatch, ViewInfo
+from mmviews.data.gaussian import GaussianLatents
 from mmviews.data.registry import build_dataset, list_datasets, register_dataset
 from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError, safe_load_pickle
 from mmviews.data.synthetic import SyntheticMultimodal, synthetic_vocabulary, write_vocabulary
@@ -47,6 +55,7 @@ from mmviews.data.views import (
 __all__ = [
     "KINDS",
     "CorruptFileError",
+    "GaussianLatents",
     "SyntheticMultimodal",
     "UnsafePickleError",
     "ViewBatch",

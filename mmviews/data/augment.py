@@ -17,39 +17,38 @@ crop parameters: they then draw the same random numbers (see ``video_default`` a
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as TF
 
+from mmviews.registry import Registry
+
 Augmentation = Callable[[Any, torch.Generator], Any]
-_REGISTRY: dict[str, Callable[..., Augmentation]] = {}
-_DOCS: dict[str, str] = {}
+AugmentationFactory = Callable[..., Augmentation]
+
+# name -> factory(**params) -> Augmentation; private: use the functions below.
+_AUGMENTATIONS: Registry[AugmentationFactory] = Registry("augmentation")
 
 
-def register_augmentation(name: str) -> Callable[[Callable[..., Augmentation]], Callable[..., Augmentation]]:
-    """Register a factory ``factory(**params) -> aug(value, generator)`` under ``name``."""
-
-    def deco(factory: Callable[..., Augmentation]) -> Callable[..., Augmentation]:
-        if name in _REGISTRY:
-            raise ValueError(f"augmentation {name!r} is already registered")
-        _REGISTRY[name] = factory
-        _DOCS[name] = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        return factory
-
-    return deco
+def register_augmentation(name: str, description: str = "") -> Callable[[AugmentationFactory], AugmentationFactory]:
+    """Decorator: register a factory ``factory(**params) -> aug(value, generator)`` as ``name``
+    (``description`` defaults to the first line of its docstring). A name registered twice
+    raises ``ValueError``."""
+    return _AUGMENTATIONS.register(name, description)
 
 
 def list_augmentations() -> dict[str, str]:
-    """``{name: one-line description}`` of every registered augmentation."""
-    return dict(sorted(_DOCS.items()))
+    """``{name: one-line description}`` of every registered augmentation, sorted by name."""
+    return _AUGMENTATIONS.descriptions()
 
 
 def get_augmentation(name: str, **params: Any) -> Augmentation:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown augmentation {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    """The augmentation ``name`` built with ``params``. An unknown name raises ``ValueError``
+    listing the known ones; parameters the factory does not take raise ``ValueError`` too."""
+    factory = _AUGMENTATIONS.get(name)
     try:
-        return _REGISTRY[name](**params)
+        return factory(**params)
     except TypeError as err:
         raise ValueError(f"augmentation {name!r}: bad parameters {params}: {err}") from err
 
@@ -565,10 +564,3 @@ def sequence_default(min_fraction: float = 0.8, mask_width: float = 0.1, noise_s
     """Feature-sequence pipeline: temporal crop, time masking, Gaussian noise, feature dropout."""
     return compose(seq_temporal_crop(min_fraction), seq_time_mask(mask_width), seq_noise(noise_std),
                    seq_feature_dropout(dropout_p))
-
-
-def describe(params: Mapping[str, Any] | None = None) -> str:
-    """Markdown table of the registry (for docs and ``mmviews list``)."""
-    rows = ["| name | description |", "|---|---|"]
-    rows += [f"| `{k}` | {v} |" for k, v in list_augmentations().items()]
-    return "\n".join(rows)

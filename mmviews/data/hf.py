@@ -5,8 +5,8 @@ Three forms of ``root``:
 - ``format="disk"``: a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``.
 - ``format="imagefolder"``: ``root/[split/]label/xxx.png`` (the ``imagefolder`` builder).
 - ``format="audiofolder"``: ``root/[split/]label/xxx.wav``. The ``audiofolder`` builder
-  encodes with torchcodec, which is missing here (STACK.md), so the folder is listed
-  directly into a ``datasets.Dataset`` of file paths.
+  decodes with torchcodec (plus a system FFmpeg), which mmviews does not require, so the
+  folder is listed directly into a ``datasets.Dataset`` of file paths.
 
 ``columns`` maps modality names to columns (``{"image": "img", "text": "sentence"}``) and
 ``labels`` maps label names to columns (``{"class": "label"}``). Image and audio columns
@@ -25,6 +25,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from mmviews.data.registry import register_dataset
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -109,7 +111,7 @@ class HFDataset(Dataset):
             raise ValueError(f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
                              f"(columns: {sorted(feats)})")
         # Decode images and audio here, not in datasets: names the file on failure, and
-        # Audio() decoding needs torchcodec (STACK.md).
+        # datasets' Audio() decoding needs torchcodec, which mmviews does not require.
         self.kinds: dict[str, str] = {}
         for m, col in columns.items():
             f = feats[col]
@@ -223,3 +225,10 @@ class HFDataset(Dataset):
                 mods[m] = None
         labels = {name: row[col] for name, col in self.label_columns.items()}
         return {"index": int(index), "modalities": mods, "labels": labels}
+
+
+@register_dataset("hf", "a local HuggingFace dataset (save_to_disk, imagefolder, audiofolder) with a column mapping")
+def _build_hf(root: Any = None, split: str = "train", **options: Any) -> Dataset:
+    if root is None:
+        raise ValueError("hf: pass root= a local dataset folder")
+    return HFDataset(root, split=split, **options)

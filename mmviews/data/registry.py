@@ -1,4 +1,10 @@
-"""Dataset registry: ``list_datasets()`` and ``build_dataset(name, root, split, **options)``."""
+"""Dataset registry: ``register_dataset``, ``build_dataset(name, root, split, **options)`` and
+``list_datasets()``.
+
+Each dataset is registered under its name by the module that defines it (``synthetic.py``,
+``sentiment.py``, ``video.py``, ``hf.py``, ``gaussian.py``); ``mmviews.data`` imports all of
+them, so after ``import mmviews.data`` every name below is known.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +13,24 @@ from typing import Any, Callable
 
 from torch.utils.data import Dataset
 
-_BUILDERS: dict[str, tuple[Callable[..., Dataset], str]] = {}
+from mmviews.registry import Registry
 
-# Seed offsets so that the synthetic splits are disjoint draws of the same distribution.
-_SYNTHETIC_SPLIT_OFFSET = {"train": 0, "valid": 1, "test": 2}
-SYNTHETIC_DEFAULT_SIZES = {"train": 2048, "valid": 512, "test": 512}
+DatasetBuilder = Callable[..., Dataset]
+
+# name -> builder(root=..., split=..., **options); private: use the functions below.
+_DATASETS: Registry[DatasetBuilder] = Registry("dataset")
 
 
-def register_dataset(name: str, description: str) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
-    def deco(fn: Callable[..., Dataset]) -> Callable[..., Dataset]:
-        _BUILDERS[name] = (fn, description)
-        return fn
-
-    return deco
+def register_dataset(name: str, description: str = "") -> Callable[[DatasetBuilder], DatasetBuilder]:
+    """Decorator: register ``builder(root=None, split="train", **options) -> Dataset`` as
+    ``name`` (``description`` defaults to the first line of the builder's docstring).
+    A name registered twice raises ``ValueError``."""
+    return _DATASETS.register(name, description)
 
 
 def list_datasets() -> dict[str, str]:
-    """``{name: one-line description}`` of the datasets ``build_dataset`` knows."""
-    return {k: v[1] for k, v in sorted(_BUILDERS.items())}
+    """``{name: one-line description}`` of the datasets ``build_dataset`` knows, sorted by name."""
+    return _DATASETS.descriptions()
 
 
 def build_dataset(name: str, root: str | Path | None = None, split: str = "train", **options: Any) -> Dataset:
@@ -42,60 +48,9 @@ def build_dataset(name: str, root: str | Path | None = None, split: str = "train
     - ``hf``: root = a ``save_to_disk`` folder, or an image/audio folder with
       ``format="imagefolder"|"audiofolder"``; ``columns={modality: column}`` (see
       :class:`mmviews.data.hf.HFDataset`).
+    - ``gaussian_latents``: no root. Options: ``num_samples`` (default 65536 train, 4096
+      valid / test), ``sigma0``, ``seed`` (see :mod:`mmviews.data.gaussian`).
+
+    An unknown ``name`` raises ``ValueError`` listing the known ones.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(_BUILDERS))}")
-    return _BUILDERS[name][0](root=root, split=split, **options)
-
-
-@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class and a sentiment (no download)")
-def _synthetic(root: Any = None, split: str = "train", num_samples: int | None = None, seed: int = 0,
-               **options: Any) -> Dataset:
-    from mmviews.data.synthetic import SyntheticMultimodal
-
-    if split not in _SYNTHETIC_SPLIT_OFFSET:
-        raise ValueError(f"synthetic: unknown split {split!r}; choose from {sorted(_SYNTHETIC_SPLIT_OFFSET)}")
-    n = SYNTHETIC_DEFAULT_SIZES[split] if num_samples is None else int(num_samples)
-    return SyntheticMultimodal(n, seed=seed * 1000 + _SYNTHETIC_SPLIT_OFFSET[split], **options)
-
-
-def _sentiment_builder(dataset: str) -> Callable[..., Dataset]:
-    def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
-        from mmviews.data.sentiment import open_sentiment
-
-        if root is None:
-            raise ValueError(f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by `mmviews prepare {dataset}`"
-                             f" (see data_cards/{dataset}.md)")
-        return open_sentiment(root, split=split, dataset=dataset, **options)
-
-    return build
-
-
-for _name, _desc in (("mosi", "CMU-MOSI features (MMSA or MulT pickle, or a prepared store)"),
-                     ("mosei", "CMU-MOSEI features (MMSA or MulT pickle, or a prepared store)"),
-                     ("sims", "CH-SIMS features (MMSA pickle or a prepared store)")):
-    register_dataset(_name, _desc)(_sentiment_builder(_name))
-
-
-def _video_builder(dataset: str) -> Callable[..., Dataset]:
-    def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
-        from mmviews.data.video import VideoFolder
-
-        if root is None:
-            raise ValueError(f"{dataset}: pass root= the folder of class folders (see data_cards/{dataset}.md)")
-        return VideoFolder(root, split=split, dataset=dataset, **options)
-
-    return build
-
-
-register_dataset("ucf101", "UCF-101 video folder with split lists: frames, flow images, audio track")(_video_builder("ucf101"))
-register_dataset("hmdb51", "HMDB-51 video folder with split lists: frames, flow images")(_video_builder("hmdb51"))
-
-
-@register_dataset("hf", "a local HuggingFace dataset (save_to_disk, imagefolder, audiofolder) with a column mapping")
-def _hf(root: Any = None, split: str = "train", **options: Any) -> Dataset:
-    from mmviews.data.hf import HFDataset
-
-    if root is None:
-        raise ValueError("hf: pass root= a local dataset folder")
-    return HFDataset(root, split=split, **options)
+    return _DATASETS.get(name)(root=root, split=split, **options)

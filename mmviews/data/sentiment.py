@@ -1,6 +1,6 @@
 """CMU-MOSI, CMU-MOSEI and CH-SIMS feature pickles: reading, checking, and a memory-mapped store.
 
-Two layouts are read (see ``shared/DATA.md`` and ``data_cards/``):
+Two layouts are read (``data_cards/mosi.md``, ``mosei.md`` and ``sims.md`` say where each comes from):
 
 - **MMSA / M-SENA**: ``{"train"|"valid"|"test": {"text": (N, L, 768), "text_bert": (N, 3, L),
   "audio": (N, La, Da), "vision": (N, Lv, Dv), "audio_lengths", "vision_lengths" (unaligned
@@ -23,12 +23,13 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mmviews.data.registry import register_dataset
 from mmviews.data.safe_pickle import safe_load_pickle
 
 SPLITS = ("train", "valid", "test")
@@ -431,3 +432,21 @@ def open_sentiment(path: str | os.PathLike[str], split: str = "train", dataset: 
     if stale:
         convert_sentiment_pickle(path, store, dataset=dataset, layout=layout, overwrite=True, progress=progress)
     return SentimentStoreDataset(store, split, modalities)
+
+
+def _sentiment_builder(dataset: str) -> Callable[..., Dataset]:
+    """``build_dataset`` entry for one of the sentiment datasets (``root`` is required)."""
+
+    def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
+        if root is None:
+            raise ValueError(f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by `mmviews prepare {dataset}`"
+                             f" (see data_cards/{dataset}.md)")
+        return open_sentiment(root, split=split, dataset=dataset, **options)
+
+    return build
+
+
+for _name, _desc in (("mosi", "CMU-MOSI features (MMSA or MulT pickle, or a prepared store)"),
+                     ("mosei", "CMU-MOSEI features (MMSA or MulT pickle, or a prepared store)"),
+                     ("sims", "CH-SIMS features (MMSA pickle or a prepared store)")):
+    register_dataset(_name, _desc)(_sentiment_builder(_name))

@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mmviews.data.registry import register_dataset
+
 MODALITIES = ("text", "audio", "image", "video", "flow")
 
 _TOPICS: tuple[tuple[str, ...], ...] = (
@@ -88,7 +90,9 @@ def synthetic_vocabulary(special_tokens: bool = True) -> list[str]:
     """Every word the synthetic text can contain (sorted), special tokens first if asked.
 
     ``transformers.BertTokenizerFast(vocab={w: i for i, w in enumerate(synthetic_vocabulary())})``
-    gives a tiny tokenizer with no unknown words (STACK.md: pass ``vocab=``, not ``vocab_file=``).
+    gives a tiny tokenizer with no unknown words (pass ``vocab=``: transformers 5 silently
+    ignores ``vocab_file=`` and every word becomes ``[UNK]``). A text adapter config can name
+    this list as ``vocab: synthetic`` instead of copying it.
     """
     words = {w for group in _TOPICS for w in group} | {w for group in _SENTIMENT for w in group}
     words |= set(_INTENSIFIERS) | set(_FILLER) | {"not"}
@@ -318,3 +322,20 @@ class SyntheticMultimodal(Dataset):
                 flow[t, 1, y0 : y0 + size, x0 : x0 + size] = d[1]
         video += rng.normal(0.0, 0.03, size=video.shape).astype(np.float32)
         return torch.from_numpy(np.clip(video, 0, 1)), torch.from_numpy(flow)
+
+
+# ----------------------------------------------------------------------------- registration
+
+# Seed offsets so that the synthetic splits are disjoint draws of the same distribution.
+_SPLIT_OFFSET = {"train": 0, "valid": 1, "test": 2}
+SYNTHETIC_DEFAULT_SIZES = {"train": 2048, "valid": 512, "test": 512}
+
+
+@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class and a sentiment (no download)")
+def _build_synthetic(root: Any = None, split: str = "train", num_samples: int | None = None, seed: int = 0,
+                     **options: Any) -> Dataset:
+    # split s of seed k draws from seed 1000 k + offset(s): disjoint splits, one per seed.
+    if split not in _SPLIT_OFFSET:
+        raise ValueError(f"synthetic: unknown split {split!r}; choose from {sorted(_SPLIT_OFFSET)}")
+    n = SYNTHETIC_DEFAULT_SIZES[split] if num_samples is None else int(num_samples)
+    return SyntheticMultimodal(n, seed=seed * 1000 + _SPLIT_OFFSET[split], **options)

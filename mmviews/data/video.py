@@ -19,18 +19,20 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from mmviews.data.registry import register_dataset
 
 VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".webm", ".mov")
 FLOW_BOUND = 20.0
 
 
 def decode_flow_image(values: np.ndarray) -> np.ndarray:
-    """uint8 flow image values -> pixels: ``v * 40 / 255 - 20`` (inverse of DATA.md's encoding)."""
+    """uint8 flow image values -> pixels: ``v * 40 / 255 - 20`` (inverse of the flow-image encoding below)."""
     return values.astype(np.float32) * (2 * FLOW_BOUND / 255.0) - FLOW_BOUND
 
 
@@ -322,3 +324,18 @@ def scan_video_folder(root: str | os.PathLike[str], extensions: Sequence[str] = 
             unreadable.append(f"{p}: {type(err).__name__}: {err}")
     return {"classes": len({p.parent.name for p in clips}), "clips": len(clips), "with_audio": with_audio,
             "unreadable": unreadable}
+
+
+def _video_builder(dataset: str) -> Callable[..., Dataset]:
+    """``build_dataset`` entry for one of the video-folder datasets (``root`` is required)."""
+
+    def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
+        if root is None:
+            raise ValueError(f"{dataset}: pass root= the folder of class folders (see data_cards/{dataset}.md)")
+        return VideoFolder(root, split=split, dataset=dataset, **options)
+
+    return build
+
+
+register_dataset("ucf101", "UCF-101 video folder with split lists: frames, flow images, audio track")(_video_builder("ucf101"))
+register_dataset("hmdb51", "HMDB-51 video folder with split lists: frames, flow images")(_video_builder("hmdb51"))

@@ -1,9 +1,9 @@
 """``mmviews compare RUN...``: several runs side by side in one table and one set of plots.
 
-Each RUN is a run folder (its ``metrics.json``, else ``eval/metrics.json``) or a
-``metrics.json`` file. The resolved config next to it (``config.yaml``,
-``resolved_config.yaml``, ``config.resolved.yaml`` or ``config.json``), if present, gives
-the objective name and the number of views when the metrics' ``meta`` does not.
+Each RUN is a run folder (its ``eval/metrics.json``), an evaluation folder (its
+``metrics.json``) or a ``metrics.json`` file, as written by the trainer or ``mmviews eval``.
+The file's ``meta`` gives each run's objective (``meta["objective"]``) and the number of views
+M its encoder was trained with (``meta["num_views"]``).
 
 Writes ``comparison.md`` (rows: metrics, columns: runs), ``comparison.csv``,
 ``comparison.json``, ``metrics_bar.png`` (headline metrics per run) and, when the runs
@@ -26,7 +26,6 @@ import numpy as np
 
 from mmviews.eval.report import _format, _pyplot, _save_figure, acc2_note, atomic_write_json, atomic_write_text
 
-CONFIG_NAMES = ("config.yaml", "resolved_config.yaml", "config.resolved.yaml", "config.json")
 # Suffixes of the metrics plotted by default (the ones papers print).
 HEADLINE_SUFFIXES = ("/acc", "/top1", "Has0_acc_2", "Non0_acc_2", "/Acc_2", "/R@1", "/MAE", "erank/fused")
 
@@ -37,48 +36,23 @@ class RunMetrics:
     path: Path
     metrics: dict[str, float]
     meta: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] | None = None
 
     @property
     def num_views(self) -> float | None:
-        """Training M: ``meta["num_views"]``, else a ``num_views`` key in the config, else the
-        number of views the config's ``views`` list expands to (``copies`` per entry, as
-        ``mmviews.data.ViewSpec.from_config`` counts them)."""
-        for source in (self.meta, self.config or {}):
-            value = _find_key(source, "num_views")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-        views = (self.config or {}).get("views")
-        if isinstance(views, list) and views:
-            try:
-                return float(sum(int(v.get("copies", 1)) if isinstance(v, dict) else 1 for v in views))
-            except (TypeError, ValueError):
-                return None
+        """Training M (``meta["num_views"]``), None when the metrics do not record it."""
+        value = self.meta.get("num_views")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
         return None
 
     @property
     def objective(self) -> str:
-        if isinstance(self.meta.get("objective"), str):
-            return self.meta["objective"]
-        obj = (self.config or {}).get("objective")
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            return obj["name"]
-        return obj if isinstance(obj, str) else "run"
-
-
-def _find_key(node: Any, key: str) -> Any:
-    if isinstance(node, dict):
-        if key in node:
-            return node[key]
-        for value in node.values():
-            found = _find_key(value, key)
-            if found is not None:
-                return found
-    return None
+        value = self.meta.get("objective")
+        return value if isinstance(value, str) else "run"
 
 
 def load_run_metrics(path: str | Path) -> RunMetrics:
-    """Reads one run's metrics (and config). Raises FileNotFoundError / ValueError naming the file."""
+    """Reads one run's metrics and meta. Raises FileNotFoundError / ValueError naming the file."""
     path = Path(path)
     if path.is_file():
         metrics_file = path
@@ -91,36 +65,17 @@ def load_run_metrics(path: str | Path) -> RunMetrics:
         raw = json.loads(metrics_file.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{metrics_file} is not valid JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{metrics_file}: expected a JSON object, got {type(raw).__name__}")
-    metrics_raw = raw["metrics"] if isinstance(raw.get("metrics"), dict) else raw
+    if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict):
+        raise ValueError(f"{metrics_file}: expected an evaluation report {{\"metrics\": {{...}}, \"meta\": {{...}}}}")
+    metrics_raw = raw["metrics"]
     meta = raw.get("meta", {}) if isinstance(raw.get("meta"), dict) else {}
     metrics = {
         k: float("nan") if v is None else float(v)
         for k, v in metrics_raw.items()
         if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
     }
-    config = None
-    for folder in dict.fromkeys([metrics_file.parent, metrics_file.parent.parent]):
-        for name in CONFIG_NAMES:
-            f = folder / name
-            if f.is_file():
-                config = _read_config(f)
-                break
-        if config is not None:
-            break
     run_dir = metrics_file.parent.parent if metrics_file.parent.name == "eval" else metrics_file.parent
-    return RunMetrics(run_dir.name or str(run_dir), run_dir, metrics, meta, config)
-
-
-def _read_config(path: Path) -> dict[str, Any] | None:
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-    else:
-        import yaml
-
-        data = yaml.safe_load(path.read_text())  # safe_load: no code from data files
-    return data if isinstance(data, dict) else None
+    return RunMetrics(run_dir.name or str(run_dir), run_dir, metrics, meta)
 
 
 def headline_metrics(keys: list[str], limit: int = 6) -> list[str]:

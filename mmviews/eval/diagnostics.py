@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mmviews.objectives import mi_lower_bound as objective_mi_lower_bound
 from mmviews.objectives.er import log_vmf_normaliser as vmf_log_normaliser  # one implementation, shared with ER
 
 
@@ -193,20 +194,10 @@ def similarity_samples(
 
 
 def mi_lower_bound(loss: float | torch.Tensor, K: int, M: int) -> float:
-    """Poly-view lower bound ``log(K M - M + 1) - loss`` on the one-vs-rest MI, in nats.
-
-    Uses ``mmviews.objectives.mi_lower_bound`` when the objectives package provides it, so
-    both report the same quantity.
-    """
-    try:
-        from mmviews.objectives import mi_lower_bound as objective_bound  # type: ignore[attr-defined]
-    except ImportError:
-        objective_bound = None
-    if objective_bound is not None:
-        return float(objective_bound(loss, K, M))
-    if K < 1 or M < 1:
-        raise ValueError(f"K and M must be >= 1, got K={K}, M={M}")
-    return math.log(K * M - M + 1) - float(loss)
+    """Poly-view lower bound ``log(K M - M + 1) - loss`` on the one-vs-rest MI, in nats, as a
+    float: :func:`mmviews.objectives.mi_lower_bound`, so that training logs and evaluation
+    reports give the same quantity."""
+    return float(objective_mi_lower_bound(loss, K, M))
 
 
 @torch.no_grad()

@@ -54,10 +54,9 @@ def fuse_views(views: torch.Tensor, mask: torch.Tensor, how: Literal["concat", "
 
 
 def _prepared(loader: Any) -> bool:
-    try:
-        from accelerate.data_loader import DataLoaderStateMixin
-    except ImportError:  # pragma: no cover - accelerate is a core dependency
-        return False
+    """True for a loader already wrapped by ``accelerator.prepare`` (it shards by itself)."""
+    from accelerate.data_loader import DataLoaderStateMixin
+
     return isinstance(loader, DataLoaderStateMixin)
 
 

@@ -1,6 +1,6 @@
 """Multimodal sentiment analysis (MSA) metrics, exactly as the MMSA / M-SENA papers compute them.
 
-Conventions (``shared/DATA.md``):
+Conventions (those of the MMSA / M-SENA evaluation code):
 
 - MOSI / MOSEI (scores in [-3, 3]):
   ``Has0_acc_2`` / ``Has0_F1``: every sample, negative (< 0) vs non-negative (>= 0).

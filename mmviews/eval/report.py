@@ -82,19 +82,48 @@ def read_log_csv(csv_path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.
     return {c: (np.asarray(s), np.asarray(v)) for c, (s, v) in columns.items() if v}
 
 
+# Columns of the trainer's metrics.csv that get a panel of their own or share one, in this
+# order; the objective's other metrics follow, one panel each. ``epoch`` and ``time_s`` are
+# only other x axes and get no panel.
+_CURVE_PANELS = (
+    ("loss", ("loss",)),
+    ("MI lower bound (nats)", ("mi_lower_bound",)),
+    ("cosine similarity", ("pos_sim", "neg_sim")),
+)
+_NOT_PLOTTED = frozenset({"epoch", "time_s"})
+
+
+def training_curve_panels(columns: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """``[(title, columns plotted in the panel)]`` for a training log's columns: the loss, the
+    MI bound (poly-view objectives), positive and negative similarity in one panel, the
+    objective's other metrics, the learning rates in one panel, the throughput."""
+    columns = [c for c in columns if c not in _NOT_PLOTTED]
+    panels = [(title, [c for c in names if c in columns]) for title, names in _CURVE_PANELS]
+    lrs = [c for c in columns if c == "lr" or c.startswith("lr_")]
+    grouped = {c for _, names in _CURVE_PANELS for c in names} | set(lrs) | {"samples_per_s"}
+    panels += [(c, [c]) for c in columns if c not in grouped]
+    panels += [("learning rate", lrs), ("throughput (samples/s)", [c for c in ("samples_per_s",) if c in columns])]
+    return [(title, names) for title, names in panels if names]
+
+
 def plot_training_curves(csv_path: str | os.PathLike, out_png: str | os.PathLike) -> Path:
-    """One panel per logged quantity (loss, lr, ...) against the step."""
+    """The panels of :func:`training_curve_panels` against the optimiser step."""
     curves = read_log_csv(csv_path)
-    if not curves:
-        raise ValueError(f"{csv_path}: no numeric column besides 'step'")
+    panels = training_curve_panels(curves)
+    if not panels:
+        raise ValueError(f"{csv_path}: no numeric column to plot besides 'step', 'epoch' and 'time_s'")
     plt = _pyplot()
-    n = len(curves)
+    n = len(panels)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False, layout="constrained")
-    for ax, (name, (steps, values)) in zip(axes.flat, curves.items()):
-        ax.plot(steps, values, lw=1.2)
-        ax.set_title(name)
+    for ax, (title, names) in zip(axes.flat, panels):
+        for name in names:
+            steps, values = curves[name]
+            ax.plot(steps, values, lw=1.2, label=name)
+        if len(names) > 1:
+            ax.legend(fontsize=8)
+        ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:

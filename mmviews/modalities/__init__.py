@@ -42,7 +42,12 @@ audio_cnn           log-mel + 1-D CNN                            same
 flow_cnn            2-D CNN per flow (or 2T stacked channels)    ``values [B, T, 2, H, W]`` (pixels)
 flow_clip           open_clip ViT, patch embedding adapted       same
                     from RGB to 2 flow channels
+mlp                 Linear + GELU on the first step              ``values [B, L, D]``
 ==================  ===========================================  =========================================
+
+The registry of types: ``list_adapters()`` (type -> description), ``adapter_class(type)``,
+and ``@register_adapter`` on an :class:`Adapter` subclass to add one (its config class's
+``type`` is the name; registering a type twice is an error).
 
 Common config keys: ``embed_dim``, ``head`` (:class:`HeadConfig`), ``finetune``
 (:class:`FinetuneConfig`: ``mode`` full | frozen | last_n, ``last_n``, ``lora``).
@@ -51,14 +56,16 @@ Flow helpers: :func:`compute_flow`, :func:`encode_flow_uint8`, :func:`decode_flo
 
 from .audio import AudioCNNAdapter, AudioCNNConfig, HFAudioAdapter, HFAudioConfig
 from .base import (
-    ADAPTERS,
     Adapter,
     AdapterConfig,
     FinetuneConfig,
     HeadConfig,
     LoRAConfig,
     ProjectionHead,
+    adapter_class,
     build_adapter,
+    list_adapters,
+    register_adapter,
 )
 from .cache import FeatureCache, backbone_fingerprint
 from .flow import (
@@ -72,13 +79,13 @@ from .flow import (
     decode_flow_uint8,
     encode_flow_uint8,
 )
+from .mlp import MLPAdapter, MLPConfig
 from .multiview import MultiViewEncoder
 from .sequence import FeatureSequenceAdapter, FeatureSequenceConfig
 from .text import TextAdapter, TextConfig, build_word_vocab
 from .vision import OpenCLIPVisionAdapter, OpenCLIPVisionConfig, SmallCNNVisionAdapter, SmallCNNVisionConfig
 
 __all__ = [
-    "ADAPTERS",
     "Adapter",
     "AdapterConfig",
     "AudioCNNAdapter",
@@ -95,6 +102,8 @@ __all__ = [
     "HFAudioConfig",
     "HeadConfig",
     "LoRAConfig",
+    "MLPAdapter",
+    "MLPConfig",
     "MultiViewEncoder",
     "OpenCLIPVisionAdapter",
     "OpenCLIPVisionConfig",
@@ -104,6 +113,7 @@ __all__ = [
     "TextAdapter",
     "TextConfig",
     "adapt_patch_embedding",
+    "adapter_class",
     "backbone_fingerprint",
     "build_adapter",
     "build_word_vocab",
@@ -111,4 +121,6 @@ __all__ = [
     "compute_flow",
     "decode_flow_uint8",
     "encode_flow_uint8",
+    "list_adapters",
+    "register_adapter",
 ]

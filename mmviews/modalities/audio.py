@@ -94,6 +94,8 @@ class HFAudioConfig(AdapterConfig):
 
 @register_adapter
 class HFAudioAdapter(Adapter):
+    """HuBERT / wav2vec2 (transformers) on a waveform ``values [B, T]``, mean-pooled over frames."""
+
     config_class = HFAudioConfig
     default_lora_targets = ["q_proj", "v_proj"]
     config: HFAudioConfig
@@ -251,6 +253,8 @@ class AudioCNN(nn.Module):
 
 @register_adapter
 class AudioCNNAdapter(Adapter):
+    """Log-mel spectrogram and a small 1-D CNN on a waveform ``values [B, T]``."""
+
     config_class = AudioCNNConfig
     config: AudioCNNConfig
 

@@ -19,19 +19,21 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mmviews.fileio import atomic_save, atomic_write_text
+from mmviews.registry import Registry
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
-# type name -> Adapter subclass, filled by @register_adapter.
-ADAPTERS: dict[str, type["Adapter"]] = {}
+# config type name -> Adapter subclass, filled by @register_adapter where each adapter is
+# defined; private: use register_adapter / adapter_class / build_adapter / list_adapters.
+_ADAPTERS: Registry[type["Adapter"]] = Registry("adapter type")
 
 
 # --------------------------------------------------------------------------- configs
@@ -162,9 +164,21 @@ class ProjectionHead(nn.Module):
 
 
 def register_adapter(cls: type["Adapter"]) -> type["Adapter"]:
-    """Class decorator: make ``cls`` buildable from a config dict with its ``type``."""
-    ADAPTERS[cls.config_class.type] = cls
-    return cls
+    """Class decorator: make ``cls`` buildable from a config dict whose ``type`` is
+    ``cls.config_class.type``. The first line of the class docstring is its description in
+    :func:`list_adapters`. A type registered twice raises ``ValueError``."""
+    return _ADAPTERS.add(cls.config_class.type, cls)
+
+
+def adapter_class(type_name: str) -> type["Adapter"]:
+    """The :class:`Adapter` subclass registered for config ``type`` ``type_name``; an unknown
+    type raises ``ValueError`` listing the known ones."""
+    return _ADAPTERS.get(type_name)
+
+
+def list_adapters() -> dict[str, str]:
+    """``{type: one-line description}`` of every registered adapter, sorted by type."""
+    return _ADAPTERS.descriptions()
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -232,6 +246,20 @@ def subset_inputs(inputs: Mapping[str, Any], rows: torch.Tensor, batch_size: int
     return out
 
 
+def embed_present_rows(
+    present: torch.Tensor, width: int, like: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """Zeros ``[B, width]`` (dtype and device of ``like``) whose rows at the True positions of
+    ``present [B]`` (bool) are ``embed(rows)``: ``rows`` is the CPU LongTensor of those
+    positions and ``embed`` returns ``[len(rows), width]``. ``embed`` is not called when no
+    row is present, so absent items never reach a backbone or a head."""
+    out = like.new_zeros(int(present.numel()), width)
+    rows = torch.nonzero(present.cpu()).flatten()
+    if rows.numel() == 0:
+        return out
+    return out.index_put((rows.to(out.device),), embed(rows))
+
+
 class Adapter(nn.Module):
     """Base class: one modality's view -> unit vector ``[B, embed_dim]``.
 
@@ -262,7 +290,7 @@ class Adapter(nn.Module):
                 return build_adapter(config)
             config = cls.config_class.from_dict(config)
         if cls is Adapter:
-            return ADAPTERS[config.type](config)
+            return adapter_class(config.type)(config)
         return cls(config)  # type: ignore[call-arg]
 
     def _finish_init(self) -> None:
@@ -374,13 +402,12 @@ class Adapter(nn.Module):
             return self.project(self.features(inputs, None))
         present = present.bool()
         batch = int(present.numel())
-        head_param = next(self.head.parameters())
-        out = head_param.new_zeros(batch, self.config.embed_dim)
-        rows = torch.nonzero(present.cpu()).flatten()
-        if rows.numel() == 0:
-            return out
-        z = self.project(self.features(subset_inputs(inputs, rows, batch), None))
-        return out.index_put((rows.to(out.device),), z)
+        return embed_present_rows(
+            present,
+            self.config.embed_dim,
+            next(self.head.parameters()),
+            lambda rows: self.project(self.features(subset_inputs(inputs, rows, batch), None)),
+        )
 
     def preprocessing_signature(self) -> dict[str, Any]:
         """JSON-able description of everything besides the backbone weights that decides
@@ -452,9 +479,10 @@ class Adapter(nn.Module):
                 raise FileNotFoundError(f"no saved adapter at {d}: missing {p.name}")
         data = json.loads(cfg_path.read_text())
         kind = data.get("type")
-        if kind not in ADAPTERS:
-            raise ValueError(f"{cfg_path}: unknown adapter type {kind!r}; known: {sorted(ADAPTERS)}")
-        target = ADAPTERS[kind]
+        try:
+            target = adapter_class(kind)
+        except ValueError as err:
+            raise ValueError(f"{cfg_path}: {err}") from None
         if cls is not Adapter and not issubclass(target, cls):
             raise ValueError(f"{cfg_path} holds a {kind!r} adapter, not a {cls.__name__}")
         config = target.config_class.from_dict(data)
@@ -472,13 +500,12 @@ class Adapter(nn.Module):
 def build_adapter(config: Mapping[str, Any] | AdapterConfig) -> Adapter:
     """Build an adapter from a dict such as ``{"type": "text", "embed_dim": 128, ...}``."""
     if isinstance(config, AdapterConfig):
-        return ADAPTERS[config.type](config)
+        return adapter_class(config.type)(config)
     if not isinstance(config, Mapping) or "type" not in config:
-        raise ValueError(f"adapter config must be a dict with a 'type' key (one of {sorted(ADAPTERS)}), got {config!r}")
-    kind = config["type"]
-    if kind not in ADAPTERS:
-        raise ValueError(f"unknown adapter type {kind!r}; known: {sorted(ADAPTERS)}")
-    cls = ADAPTERS[kind]
+        raise ValueError(
+            f"adapter config must be a dict with a 'type' key (one of {_ADAPTERS.names()}), got {config!r}"
+        )
+    cls = adapter_class(config["type"])
     return cls(cls.config_class.from_dict(config))
 
 

@@ -3,8 +3,8 @@
 Flow views are ``{"values": FloatTensor[B, T, 2, H, W]}`` in pixels ((u, v) = (x, y)
 displacement); N frames give T = N - 1 flows.
 
-Stored-flow convention (shared/DATA.md, TV-L1 datasets): clip to +-20 px, then
-``value = (f + 20) * 255 / 40`` as uint8. :func:`encode_flow_uint8` / :func:`decode_flow_uint8`.
+Stored-flow convention (the one of the common TV-L1 flow releases of UCF-101 / HMDB-51,
+``flow_x/flow_y`` JPEGs): clip to +-20 px, then ``value = (f + 20) * 255 / 40`` as uint8. :func:`encode_flow_uint8` / :func:`decode_flow_uint8`.
 
 Encoders:
 
@@ -48,7 +48,7 @@ def clip_flow(flow: torch.Tensor, bound: float = FLOW_BOUND) -> torch.Tensor:
 
 
 def encode_flow_uint8(flow: torch.Tensor | np.ndarray, bound: float = FLOW_BOUND) -> torch.Tensor:
-    """Flow in pixels -> uint8 with the DATA.md convention ``(f + b) * 255 / (2 b)`` after
+    """Flow in pixels -> uint8 with the stored-flow convention ``(f + b) * 255 / (2 b)`` after
     clipping to ``[-b, b]`` (rounded to nearest)."""
     f = torch.as_tensor(flow, dtype=torch.float32).clamp(-bound, bound)
     return torch.round((f + bound) * 255.0 / (2 * bound)).to(torch.uint8)
@@ -171,6 +171,8 @@ class FlowCNNConfig(AdapterConfig):
 
 @register_adapter
 class FlowCNNAdapter(Adapter):
+    """Small 2-D CNN on optical flow ``values [B, T, 2, H, W]`` (per flow, or 2T stacked channels)."""
+
     config_class = FlowCNNConfig
     config: FlowCNNConfig
 
@@ -240,6 +242,8 @@ def adapt_patch_embedding(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
 
 @register_adapter
 class FlowCLIPAdapter(OpenCLIPTower, Adapter):
+    """open_clip ViT whose patch embedding is adapted from RGB to 2 flow channels."""
+
     config_class = FlowCLIPConfig
     default_lora_targets = ["c_fc", "c_proj"]
     config: FlowCLIPConfig

@@ -18,10 +18,9 @@ import torch
 from torch import nn
 
 from mmviews.data.batch import ViewBatch
-
 from mmviews.fileio import atomic_write_text
 
-from .base import Adapter, build_adapter
+from .base import Adapter, build_adapter, embed_present_rows
 from .cache import FeatureCache
 
 ENCODER_CONFIG = "encoder.json"
@@ -202,13 +201,13 @@ class MultiViewEncoder(nn.Module):
             needed=present,
         )
         param = next(adapter.head.parameters())
-        out = param.new_zeros(ids.numel(), adapter.config.embed_dim)
-        rows = torch.nonzero(present.cpu()).flatten()
-        if rows.numel() == 0:
-            return out
         # Only present rows reach the head (absent ones would shift its BatchNorm statistics).
-        z = adapter.project(feats[rows.to(feats.device)].to(param.device, param.dtype))
-        return out.index_put((rows.to(out.device),), z)
+        return embed_present_rows(
+            present,
+            adapter.config.embed_dim,
+            param,
+            lambda rows: adapter.project(feats[rows.to(feats.device)].to(param.device, param.dtype)),
+        )
 
     def param_groups(self, backbone_lr: float, head_lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
         """Every adapter's groups (see :meth:`Adapter.param_groups`), names prefixed by modality."""

@@ -82,6 +82,8 @@ class SequenceEncoder(nn.Module):
 
 @register_adapter
 class FeatureSequenceAdapter(Adapter):
+    """Small transformer encoder on a feature sequence ``values [B, L, D]`` with ``lengths [B]``."""
+
     config_class = FeatureSequenceConfig
     default_lora_targets = ["linear1", "linear2"]
     config: FeatureSequenceConfig

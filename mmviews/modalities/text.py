@@ -6,12 +6,15 @@ Inputs: ``{"text": list[str]}`` (tokenised here, truncated to ``max_length``) or
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
+
+from mmviews.data.synthetic import synthetic_vocabulary
 
 from .base import (
     Adapter,
@@ -24,13 +27,24 @@ from .base import (
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
+# Word lists a config can name instead of copying them (``vocab: synthetic``), so a recipe
+# cannot drift out of sync with the data it tokenises.
+NAMED_VOCABULARIES: dict[str, Callable[[], list[str]]] = {
+    # every word the synthetic text can contain, sorted (the special tokens are added by
+    # build_word_vocab)
+    "synthetic": lambda: synthetic_vocabulary(special_tokens=False),
+}
+
 
 @dataclass
 class TextConfig(AdapterConfig):
     """``model``: hub name or local directory of a transformers checkpoint (AutoModel);
     with ``pretrained=False`` only its architecture is used (random weights).
     Without ``model``: ``bert_config`` (BertConfig keyword arguments, random weights)
-    and ``vocab`` (a word list, or a path to a vocab.txt) for the tokenizer.
+    and ``vocab`` for the tokenizer: a word list, the name of a built-in word list
+    (:data:`NAMED_VOCABULARIES`: ``synthetic`` = the synthetic data's words; a name wins
+    over a file of that name), or a path to a vocab.txt. A named list is replaced by its
+    words when the adapter is built, so the saved ``config.json`` holds the words.
     ``pooling``: ``mean`` (masked mean over tokens), ``cls`` or ``pooler``."""
 
     type = "text"
@@ -55,11 +69,17 @@ def build_word_vocab(words: list[str]) -> dict[str, int]:
 
 @register_adapter
 class TextAdapter(Adapter):
+    """BERT-family text encoder (transformers AutoModel, or a random BertConfig with a word list)."""
+
     config_class = TextConfig
     default_lora_targets = ["query", "value"]
     config: TextConfig
 
     def __init__(self, config: TextConfig, *, load_weights: bool = True, saved_dir: Path | None = None) -> None:
+        if isinstance(config.vocab, str) and config.vocab in NAMED_VOCABULARIES:
+            # Keep the words, not the name, in the config: config.json then rebuilds this
+            # exact tokenizer even if the named list changes later.
+            config = dataclasses.replace(config, vocab=NAMED_VOCABULARIES[config.vocab]())
         super().__init__(config)
         from huggingface_hub.errors import HFValidationError
         from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizerFast

@@ -139,6 +139,8 @@ class OpenCLIPTower:
 
 @register_adapter
 class OpenCLIPVisionAdapter(OpenCLIPTower, Adapter):
+    """open_clip image tower (ViT / ResNet) on images ``[B, 3, H, W]`` or clips ``[B, T, 3, H, W]``."""
+
     config_class = OpenCLIPVisionConfig
     default_lora_targets = ["c_fc", "c_proj"]
     config: OpenCLIPVisionConfig
@@ -207,6 +209,8 @@ class SmallCNN(nn.Module):
 
 @register_adapter
 class SmallCNNVisionAdapter(Adapter):
+    """Small 2-D CNN (CPU-sized images, any number of channels)."""
+
     config_class = SmallCNNVisionConfig
     config: SmallCNNVisionConfig
 

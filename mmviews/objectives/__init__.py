@@ -1,10 +1,17 @@
 """Multi-view objectives over ``z`` ``[K samples, M views, d]``.
 
 ``get_objective(name, **params)`` builds one by its registry name; ``list_objectives()``
-lists the names. Every objective is an ``nn.Module``: ``objective(z, mask=None)`` returns
-the 0-dim loss, ``objective.compute(z, mask)`` an :class:`ObjectiveOutput` with metrics, and
-``objective.last_metrics`` holds the metrics of the last call. The exact formulas are in
-each module's docstring (and in the project's OBJECTIVES.md).
+lists the names and ``describe_objectives()`` gives each a one-line description;
+``objective_class(name)`` is the class, whose attributes declare what the objective takes
+(``supports_mask``, ``exact_views``, ``takes_index``, ``takes_teacher``, ``needs_teacher``,
+``takes_dataset_size``, ``poly_view_bound``: see :class:`MultiViewObjective`).
+
+Every objective is an ``nn.Module``: ``objective(z, mask=None)`` returns the 0-dim loss,
+``objective.compute(z, mask)`` an :class:`ObjectiveOutput` with metrics, and
+``objective.last_metrics`` holds the metrics of the last call. The exact formulas, shapes and
+departures from the authors' code are in each module's docstring. :mod:`.reference` holds
+slow loop implementations written straight from the equations (used by the tests and by
+``mmviews bench objectives``).
 """
 
 from ._base import (
@@ -12,6 +19,7 @@ from ._base import (
     MultiViewObjective,
     ObjectiveOutput,
     ViewSet,
+    describe_objectives,
     get_objective,
     list_objectives,
     masked_logsumexp,
@@ -30,6 +38,7 @@ __all__ = [
     "MultiViewObjective",
     "ObjectiveOutput",
     "ViewSet",
+    "describe_objectives",
     "get_objective",
     "list_objectives",
     "masked_logsumexp",

@@ -1,5 +1,5 @@
-"""Shared machinery of every objective: the registry, input checks, precision, the
-view-set context holding local anchors and (gathered) candidates, and the score blocks.
+"""Shared machinery of every objective: the registry, the contract (class attributes and
+hooks of :class:`MultiViewObjective`), input checks, precision, the view-set context holding local anchors and (gathered) candidates, and the score blocks.
 
 Score blocks, with ``u`` the L2-normalised local embeddings ``[K, M, d]``, ``U`` the
 candidates of all ranks ``[N, M, d]`` (``N = K`` on one process), ``tau`` the temperature:
@@ -16,6 +16,8 @@ finite log-sum-exp and finite gradients; terms that must not count are then drop
 
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, ClassVar, TypeVar
@@ -24,20 +26,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmviews.registry import Registry
+
 from . import _distributed as distributed
 
-_REGISTRY: dict[str, type["MultiViewObjective"]] = {}
+_CLASSES: Registry[type["MultiViewObjective"]] = Registry("objective")
 T = TypeVar("T", bound=type["MultiViewObjective"])
 
 
-def register_objective(name: str) -> Callable[[T], T]:
-    """Class decorator: make an objective available as ``get_objective(name)``."""
+def register_objective(name: str, description: str = "") -> Callable[[T], T]:
+    """Class decorator: make an objective available as ``get_objective(name)``.
+
+    ``description`` is the one line :func:`describe_objectives` shows (default: the first
+    line of the class docstring). The class's contract attributes are checked against its
+    ``loss`` and constructor signatures here, so that a mismatch fails at import rather
+    than as a missing input in the middle of a training run.
+    """
 
     def wrap(cls: T) -> T:
-        if name in _REGISTRY:
-            raise ValueError(f"objective {name!r} is registered twice")
+        check_contract(cls)
+        _CLASSES.add(name, cls, description)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return wrap
@@ -45,14 +54,18 @@ def register_objective(name: str) -> Callable[[T], T]:
 
 def list_objectives() -> list[str]:
     """Names accepted by :func:`get_objective`, sorted."""
-    return sorted(_REGISTRY)
+    return _CLASSES.names()
+
+
+def describe_objectives() -> dict[str, str]:
+    """``{name: one-line description}`` of every registered objective, sorted by name."""
+    return _CLASSES.descriptions()
 
 
 def objective_class(name: str) -> type["MultiViewObjective"]:
-    """The class registered as ``name`` (e.g. to inspect its constructor's parameters)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown objective {name!r}; known objectives: {', '.join(list_objectives())}")
-    return _REGISTRY[name]
+    """The class registered as ``name`` (e.g. to read its contract attributes or its
+    constructor's parameters); an unknown name raises ``ValueError`` listing the known ones."""
+    return _CLASSES.get(name)
 
 
 def get_objective(name: str, **params) -> "MultiViewObjective":
@@ -61,13 +74,32 @@ def get_objective(name: str, **params) -> "MultiViewObjective":
     try:
         return cls(**params)
     except TypeError as error:  # unexpected keyword: say which objective and what it takes
-        import inspect
-
         accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
         raise ValueError(f"objective {name!r}: {error}; accepted parameters: {accepted}") from None
 
 
+def check_contract(cls: type["MultiViewObjective"]) -> None:
+    """Raise ``TypeError`` if ``cls``'s contract attributes disagree with its signatures:
+    ``takes_index`` / ``takes_teacher`` with the ``index`` / ``teacher`` parameters of
+    ``loss``, ``takes_dataset_size`` with the ``dataset_size`` parameter of ``__init__``, and
+    ``needs_teacher`` only together with ``takes_teacher``."""
+    loss_parameters = inspect.signature(cls.loss).parameters
+    init_parameters = inspect.signature(cls.__init__).parameters
+    declared = {
+        ("takes_index", "loss", "index"): (cls.takes_index, "index" in loss_parameters),
+        ("takes_teacher", "loss", "teacher"): (cls.takes_teacher, "teacher" in loss_parameters),
+        ("takes_dataset_size", "__init__", "dataset_size"): (cls.takes_dataset_size, "dataset_size" in init_parameters),
+    }
+    for (attribute, method, parameter), (value, present) in declared.items():
+        if bool(value) != present:
+            has = "has" if present else "has no"
+            raise TypeError(f"objective class {cls.__qualname__}: {attribute} = {value} but its {method}() {has} parameter {parameter!r}")
+    if cls.needs_teacher and not cls.takes_teacher:
+        raise TypeError(f"objective class {cls.__qualname__}: needs_teacher = True requires takes_teacher = True")
+
+
 def check_temperature(temperature: float, what: str = "temperature") -> float:
+    """``temperature`` as a float; ``ValueError`` unless it is finite and > 0."""
     temperature = float(temperature)
     if not temperature > 0 or temperature != temperature or temperature == float("inf"):
         raise ValueError(f"{what} must be a finite number > 0, got {temperature}")
@@ -239,25 +271,92 @@ class ViewSet:
         return total * self.world / count.clamp_min(1)
 
 
+def check_embeddings(z: object, prefix: str) -> None:
+    """``ValueError`` (starting with ``prefix``) unless ``z`` is a floating-point tensor of
+    shape ``[K, M, d]``. Sizes are checked by :meth:`MultiViewObjective.prepare`."""
+    if not isinstance(z, torch.Tensor):
+        raise ValueError(f"{prefix} z must be a torch.Tensor of shape [K, M, d], got {type(z).__name__}")
+    if z.ndim != 3:
+        raise ValueError(f"{prefix} z must have shape [K, M, d] (3 dims), got shape {tuple(z.shape)}")
+    if not z.is_floating_point():
+        raise ValueError(f"{prefix} z must be a floating-point tensor, got {z.dtype}")
+
+
+def check_finite(z: torch.Tensor, prefix: str) -> None:
+    """``ValueError`` (starting with ``prefix``) naming the first non-finite entry of ``z``."""
+    if not torch.isfinite(z).all():
+        bad = (~torch.isfinite(z)).nonzero()[0].tolist()
+        raise ValueError(f"{prefix} z has non-finite values (first at index {tuple(bad)})")
+
+
 class MultiViewObjective(nn.Module):
-    """Base class. ``objective(z, mask=None)`` returns the 0-dim loss; ``objective.compute``
-    returns an :class:`ObjectiveOutput` with metrics too; after either call the detached
-    metrics are also in ``objective.last_metrics``.
+    """Base class of every objective, and the contract the trainer codes against.
+
+    ``objective(z, mask=None, *, index=None, teacher=None)`` returns the 0-dim loss;
+    ``objective.compute(...)`` an :class:`ObjectiveOutput` with metrics too; after either call
+    the detached metrics are also in ``objective.last_metrics``.
+
+    What an objective takes and needs is declared by class attributes (checked against the
+    signatures of ``loss`` and ``__init__`` by :func:`register_objective`), so that callers
+    read them instead of probing methods:
+
+    - ``supports_mask``: ``mask`` ``[K, M]`` (True = view present) is honoured; else refused.
+    - ``exact_views``: the objective is defined for exactly this number of views (else None).
+    - ``takes_index``: ``loss`` uses ``index`` ``LongTensor[K]``, the batch's dataset indices
+      (e.g. IPMC's memory bank and view filter).
+    - ``takes_teacher``: ``loss`` uses ``teacher`` ``Tensor[K, M, d]``, embeddings of the same
+      views by an EMA teacher encoder.
+    - ``needs_teacher``: the trainer must build an EMA teacher even when the recipe does not ask.
+    - ``takes_dataset_size``: the constructor takes ``dataset_size=`` (the number of training
+      samples), which the trainer fills in when the recipe leaves it out.
+    - ``poly_view_bound``: :func:`mi_lower_bound` ``(loss, K, M)`` is a valid bound for this loss.
+
+    Stateful objectives override the hooks, which are no-ops here: ``critic_step(z)`` on every
+    micro-batch, with detached embeddings, before the loss (returns extra metrics);
+    ``on_step_end(z, index)`` after each micro-batch's backward; ``on_epoch_end(epoch)`` after
+    each epoch (counted from 0).
     """
 
     name: ClassVar[str] = ""
     supports_mask: ClassVar[bool] = False
-    #: the objective is defined only for this number of views (simclr: 2), else None
     exact_views: ClassVar[int | None] = None
+    takes_index: ClassVar[bool] = False
+    takes_teacher: ClassVar[bool] = False
+    needs_teacher: ClassVar[bool] = False
+    takes_dataset_size: ClassVar[bool] = False
+    poly_view_bound: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
         self.last_metrics: dict[str, torch.Tensor] = {}
 
-    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.compute(z, mask).loss
+    def forward(
+        self,
+        z: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        index: torch.Tensor | None = None,
+        teacher: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.compute(z, mask, index=index, teacher=teacher).loss
 
-    def compute(self, z: torch.Tensor, mask: torch.Tensor | None = None, **extra) -> ObjectiveOutput:
+    def compute(
+        self,
+        z: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        index: torch.Tensor | None = None,
+        teacher: torch.Tensor | None = None,
+    ) -> ObjectiveOutput:
+        """The loss and metrics of ``z`` ``[K, M, d]``. ``index`` / ``teacher`` reach ``loss``
+        only when the objective takes them (``takes_index`` / ``takes_teacher``); giving one
+        it does not take is a ``ValueError`` rather than a silently ignored input."""
+        extra: dict[str, torch.Tensor | None] = {}
+        for key, value, taken in (("index", index, self.takes_index), ("teacher", teacher, self.takes_teacher)):
+            if taken:
+                extra[key] = value
+            elif value is not None:
+                raise ValueError(f"objective {self.name!r} does not take {key}= (its takes_{key} is False)")
         views = self.prepare(z, mask)
         # Losses in float32 (or the caller's float64) even under bf16/fp16 autocast.
         with torch.autocast(device_type=views.u.device.type, enabled=False):
@@ -265,11 +364,23 @@ class MultiViewObjective(nn.Module):
         self.last_metrics = {k: v.detach() for k, v in output.metrics.items()}
         return output
 
-    def loss(self, views: ViewSet, **extra) -> ObjectiveOutput:  # pragma: no cover - abstract
+    def loss(self, views: ViewSet) -> ObjectiveOutput:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    # ---- trainer hooks (no-ops unless the objective keeps state) -------------------------
+    def critic_step(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Train an auxiliary model on the detached ``z`` ``[K, M, d]`` before the loss; returns metrics."""
+        return {}
+
+    def on_step_end(self, z: torch.Tensor, index: torch.Tensor) -> None:
+        """After a micro-batch's backward, with the detached ``z`` ``[K, M, d]`` and ``index`` ``[K]``."""
+
+    def on_epoch_end(self, epoch: int) -> None:
+        """After epoch ``epoch`` (counted from 0)."""
 
     # ---- input handling ------------------------------------------------------------------
     def check_views(self, M: int) -> None:
+        """``ValueError`` if the objective is not defined for ``M`` views per sample."""
         if self.exact_views is not None and M != self.exact_views:
             raise ValueError(
                 f"objective {self.name!r} needs exactly {self.exact_views} views per sample, got M = {M} "
@@ -279,22 +390,16 @@ class MultiViewObjective(nn.Module):
             raise ValueError(f"objective {self.name!r} needs at least 2 views per sample, got M = {M}")
 
     def prepare(self, z: torch.Tensor, mask: torch.Tensor | None) -> ViewSet:
+        """Check ``z`` ``[K, M, d]`` and ``mask`` ``[K, M]``, normalise, gather across ranks."""
         prefix = f"objective {self.name!r}:"
-        if not isinstance(z, torch.Tensor):
-            raise ValueError(f"{prefix} z must be a torch.Tensor of shape [K, M, d], got {type(z).__name__}")
-        if z.ndim != 3:
-            raise ValueError(f"{prefix} z must have shape [K, M, d] (3 dims), got shape {tuple(z.shape)}")
-        if not z.is_floating_point():
-            raise ValueError(f"{prefix} z must be a floating-point tensor, got {z.dtype}")
+        check_embeddings(z, prefix)
         K, M, d = z.shape
         self.check_views(M)
         if K < 2:
             raise ValueError(f"{prefix} needs at least K = 2 samples (negatives come from other samples), got K = {K}")
         if d < 1:
             raise ValueError(f"{prefix} embedding dimension d must be >= 1, got {d}")
-        if not torch.isfinite(z).all():
-            bad = (~torch.isfinite(z)).nonzero()[0].tolist()
-            raise ValueError(f"{prefix} z has non-finite values (first at index {tuple(bad)})")
+        check_finite(z, prefix)
         if mask is not None:
             if not self.supports_mask:
                 raise ValueError(f"{prefix} does not support a view mask")
@@ -331,9 +436,8 @@ class ContrastiveObjective(MultiViewObjective):
 
 def mi_lower_bound(loss: torch.Tensor | float, K: int, M: int) -> torch.Tensor | float:
     """Poly-view lower bound on the one-vs-rest mutual information, in nats:
-    ``c(B, M) - L = log(K*M - M + 1) - loss`` (Shidani et al., 2024, Theorem 2.3 / eq. 10)."""
-    import math
-
+    ``c(B, M) - L = log(K*M - M + 1) - loss`` (Shidani et al., 2024, Theorem 2.3 / eq. 10).
+    It bounds the objectives whose ``poly_view_bound`` is True."""
     if K < 2 or M < 2:
         raise ValueError(f"mi_lower_bound needs K >= 2 and M >= 2, got K = {K}, M = {M}")
     return math.log(K * M - M + 1) - loss

@@ -1,9 +1,16 @@
-"""Gathering embeddings across processes with gradient.
+"""Every collective call of the objectives: gathering embeddings across processes (with or
+without gradient), summing and averaging over ranks. Objectives never call
+``torch.distributed`` directly; each function here is the identity on one process.
 
 Follows open_clip's ``loss.py`` pattern: each rank keeps its local anchors and scores them
-against the candidates of every rank. The gather is a small autograd Function of our own
-because, with torch 2.11 and gloo, ``torch.distributed.nn.functional.all_gather`` returns
-wrong gradients (silently) when the incoming gradient is non-contiguous (shared/STACK.md).
+against the candidates of every rank. The gather with gradient is a small autograd Function
+of our own rather than ``torch.distributed.nn.functional.all_gather``: with torch 2.11 and
+the gloo backend, that function returns wrong gradients, without any error, when the
+gradient flowing back into the gathered tensor is not contiguous in memory -- which is the
+ordinary case here, since the objectives index and transpose the gathered ``[N, M, d]``
+tensor. (The functional-collectives variant refuses such a gradient with an error instead.)
+Our backward makes the gradient contiguous before reducing it, and the distributed tests
+compare it with single-process gradients using two real processes.
 
 Backward sums the gradient of the gathered tensor over ranks (every rank's loss depends on
 every rank's embeddings) and returns this rank's slice. With that, the mean of the ranks'
@@ -18,10 +25,12 @@ import torch.distributed as dist
 
 
 def world_size() -> int:
+    """Number of processes of the default group (1 when torch.distributed is not initialised)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def rank() -> int:
+    """This process's rank (0 when torch.distributed is not initialised)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
@@ -62,11 +71,22 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
 
 
 def gather_no_grad(local: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``local`` ([K, ...]) of every rank along dim 0, without gradient."""
     if world_size() == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world_size())]
     dist.all_gather(parts, local.contiguous())
     return torch.cat(parts, dim=0)
+
+
+def average_(tensor: torch.Tensor) -> torch.Tensor:
+    """Replace ``tensor`` in place by its mean over ranks (sum, then divide by the world
+    size); returns it. Used to keep replicated auxiliary models (IPMC's critic) identical."""
+    world = world_size()
+    if world > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= world
+    return tensor
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,11 @@ import torch
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
-@register_objective("arithmetic_pvc")
+@register_objective(
+    "arithmetic_pvc", "arithmetic poly-view contrastive loss (Shidani et al., 2024, eq. 12)"
+)
 class ArithmeticPVC(ContrastiveObjective):
+    poly_view_bound = True  # mi_lower_bound(loss, K, M) applies
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positives = views.within_sample(self.temperature)  # [K, M, M]

@@ -20,7 +20,9 @@ import torch
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, similarity_metrics
 
 
-@register_objective("avg")
+@register_objective(
+    "avg", "SimCLR between each view and the mean of the other views (AVG baseline of Koromilas et al., 2025)"
+)
 class Avg(ContrastiveObjective):
     supports_mask = False
 

@@ -79,9 +79,12 @@ def log_vmf_normaliser(d: int, kappa: float) -> float:
     return nu * math.log(kappa) - (d / 2.0) * math.log(2.0 * math.pi) - log_bessel_i(nu, kappa)
 
 
-@register_objective("er")
+@register_objective(
+    "er", "Entropy-Reconstruction bound with a von Mises-Fisher kernel density (Rodriguez-Galvez et al., 2023)"
+)
 class EntropyReconstruction(MultiViewObjective):
     supports_mask = True
+    takes_teacher = True  # optional: without a teacher the reconstruction targets are z's own views
 
     def __init__(self, temperature: float = 0.1, estimator: str = "joe") -> None:
         super().__init__()
@@ -90,9 +93,6 @@ class EntropyReconstruction(MultiViewObjective):
         if estimator not in ESTIMATORS:
             raise ValueError(f"er: unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
         self.estimator = estimator
-
-    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, teacher: torch.Tensor | None = None) -> torch.Tensor:
-        return self.compute(z, mask, teacher=teacher).loss
 
     def _teacher_units(self, teacher: torch.Tensor, views: ViewSet) -> torch.Tensor:
         if not isinstance(teacher, torch.Tensor) or tuple(teacher.shape) != tuple(views.u.shape):

@@ -21,12 +21,19 @@ With ``u = z / ||z||`` and, for a pair of unit vectors, ``D = ||u - v||^2 = 2 - 
   vlc      1 - 4/(G+1)^2                  (G-1)(3G+1)/(G+1)^2
   ======== ============================== =========================
 
-  VLC: the paper's Table 1 (and OBJECTIVES.md, copied from it) lists ``f*(f'(u)) = 3 - 4/(u+1)``,
-  but composing the table's own ``f*(t) = 4 - t - 4 sqrt(1 - t)`` with ``f'(u) = 1 - 4/(u+1)^2``
-  (equivalently ``u f'(u) - f(u)``) gives ``(u-1)(3u+1)/(u+1)^2`` (e.g. 0 at u = 1, where the
-  table's entry gives 1). We use the correct composition, so that the cosine and Gaussian
-  critics share one conjugate and the objective stays the variational bound. With
-  ``inv = 1/(1+G) = sigmoid(-log G)`` it is ``(1 - 2 inv)(3 - 2 inv)``.
+  VLC (``f(u) = (u-1)^2/(u+1)``, ``f'(u) = 1 - 4/(u+1)^2``): we depart from
+  the paper's Table 1, which prints ``f*(f'(u)) = 3 - 4/(u+1)``. For a convex differentiable f
+  the supremum in ``f*(t) = sup_x (x t - f(x))`` at ``t = f'(u)`` is reached at ``x = u``, so
+
+      f*(f'(u)) = u f'(u) - f(u) = [u (u+1)^2 - 4u - (u-1)^2 (u+1)] / (u+1)^2
+                = (3u^2 - 2u - 1) / (u+1)^2 = (u-1)(3u+1) / (u+1)^2.
+
+  The table's own conjugate column agrees with this: with ``t = f'(u)``, ``sqrt(1 - t) =
+  2/(u+1)`` and ``4 - t - 4 sqrt(1 - t) = 3 + 4/(u+1)^2 - 8/(u+1)``, the same fraction. The
+  printed entry does not (at u = 1 it gives 1, where ``f*(f'(1)) = f*(0) = 0``). We use the
+  composition, so that the cosine and Gaussian critics share one conjugate and the objective
+  stays the variational bound. With ``inv = 1/(1+G) = sigmoid(-log G)`` it is
+  ``(1 - 2 inv)(3 - 2 inv)``.
 
   ``temperature`` is not used by this critic (``sigma`` plays its role).
 
@@ -110,7 +117,9 @@ def conjugate(s: torch.Tensor, divergence: str, q: float) -> torch.Tensor:
     raise ValueError(f"unknown divergence {divergence!r}")
 
 
-@register_objective("fmicl")
+@register_objective(
+    "fmicl", "f-MICL: variational f-mutual-information bound, f-Gaussian or cosine critic (Lu et al., 2024)"
+)
 class FMICL(MultiViewObjective):
     supports_mask = True
 

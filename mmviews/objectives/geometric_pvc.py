@@ -23,8 +23,11 @@ import torch
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, similarity_metrics
 
 
-@register_objective("geometric_pvc")
+@register_objective(
+    "geometric_pvc", "geometric poly-view contrastive loss (Shidani et al., 2024, eq. 13)"
+)
 class GeometricPVC(ContrastiveObjective):
+    poly_view_bound = True  # mi_lower_bound(loss, K, M) applies
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positives = views.within_sample(self.temperature)  # [K, M, M]

@@ -21,7 +21,9 @@ import torch
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, similarity_metrics
 
 
-@register_objective("multi_crop")
+@register_objective(
+    "multi_crop", "mean over ordered view pairs of SimCLR (multi-crop / pairwise ensemble, Caron et al., 2020)"
+)
 class MultiCrop(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:

@@ -15,7 +15,9 @@ import torch
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
-@register_objective("mv_cl1")
+@register_objective(
+    "mv_cl1", "MV-CL1: per-anchor alignment with InfoNCE negatives (Koromilas et al., 2025)"
+)
 class MVCL1(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:

@@ -15,7 +15,9 @@ from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsum
 from .mv_dhel import within_view_uniformity
 
 
-@register_objective("mv_cl2")
+@register_objective(
+    "mv_cl2", "MV-CL2: per-anchor alignment with MV-DHEL's uniformity (Koromilas et al., 2025)"
+)
 class MVCL2(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:

@@ -34,7 +34,9 @@ def within_view_uniformity(views: ViewSet, temperature: float) -> torch.Tensor:
     return uniformity.masked_fill(~counts, 0.0)
 
 
-@register_objective("mv_dhel")
+@register_objective(
+    "mv_dhel", "MV-DHEL: decoupled hyperspherical energy loss over M views (Koromilas et al., 2025, eq. 12)"
+)
 class MVDHEL(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:

@@ -18,7 +18,9 @@ import torch
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
 
 
-@register_objective("mv_infonce")
+@register_objective(
+    "mv_infonce", "MV-InfoNCE: one term per sample over all its views (Koromilas et al., 2025, eq. 11)"
+)
 class MVInfoNCE(ContrastiveObjective):
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:

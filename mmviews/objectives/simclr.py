@@ -16,6 +16,9 @@ from ._base import register_objective
 from .geometric_pvc import GeometricPVC
 
 
-@register_objective("simclr")
+@register_objective("simclr", "SimCLR's NT-Xent loss, exactly two views (Chen et al., 2020)")
 class SimCLR(GeometricPVC):
     exact_views = 2
+    # The poly-view bound is declared for the M-view objectives only (the trainer logs it for
+    # them); at M = 2 it is InfoNCE's log(2K - 1) - L.
+    poly_view_bound = False

@@ -27,8 +27,11 @@ def leave_one_out_directions(u, present):
     return F.normalize(present_u.sum(dim=1, keepdim=True) - present_u, dim=-1, eps=1e-12)
 
 
-@register_objective("sufficient_statistics")
+@register_objective(
+    "sufficient_statistics", "poly-view contrastive loss against leave-one-out view means (Shidani et al., 2024, eq. 22)"
+)
 class SufficientStatistics(ContrastiveObjective):
+    poly_view_bound = True  # mi_lower_bound(loss, K, M) applies
 
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         K, M, d = views.u.shape

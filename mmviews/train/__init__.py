@@ -1,20 +1,33 @@
-"""Training with HuggingFace Accelerate: typed YAML recipes, the loop, checkpoints, runs.
+"""Training with HuggingFace Accelerate: run assembly, the loop, checkpoints, logging.
 
-- :func:`load_config` / :class:`TrainConfig`: recipes (``mmviews.train.config``).
-- :func:`train`: train or resume a run folder (``mmviews.train.trainer``).
-- :func:`load_run`: ``load_run(path) -> (encoder, config, loaders)`` for evaluation of a
-  run folder or checkpoint (used by ``mmviews eval``).
-- ``mmviews train RECIPE``: :mod:`mmviews.train.cli`.
+- :func:`train`: train or resume a run folder (the loop, :mod:`mmviews.train.trainer`), with
+  an optional :class:`TrainCallback`.
+- :func:`build_run`: build and check everything a recipe describes (:mod:`mmviews.train.build`).
+- :mod:`mmviews.train.checkpoint`, :mod:`mmviews.train.logging`, :mod:`mmviews.train.optim`,
+  :mod:`mmviews.train.teacher`: the loop's parts.
+
+Recipes are :mod:`mmviews.config` (:class:`TrainConfig`, :func:`load_config`); the run folder
+and :func:`load_run` are :mod:`mmviews.run`; the command is ``mmviews train``
+(:mod:`mmviews.cli.train`). Those names are re-exported here for convenience.
 """
 
-from mmviews.train.config import ConfigError, TrainConfig, load_config, resolve_recipe, save_config
+from mmviews.config import ConfigError, TrainConfig, load_config, resolve_recipe, save_config
+from mmviews.run import find_checkpoint, list_checkpoints, load_run
+from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
+from mmviews.train.callbacks import TrainCallback
+from mmviews.train.checkpoint import TrainState
 from mmviews.train.optim import LARS, build_optimizer, build_scheduler
-from mmviews.train.trainer import build_run, find_checkpoint, list_checkpoints, load_run, train
+from mmviews.train.trainer import train, train_step
 
 __all__ = [
     "ConfigError",
     "LARS",
+    "RunParts",
+    "TrainCallback",
     "TrainConfig",
+    "TrainState",
+    "build_encoder",
+    "build_objective",
     "build_optimizer",
     "build_run",
     "build_scheduler",
@@ -25,4 +38,5 @@ __all__ = [
     "resolve_recipe",
     "save_config",
     "train",
+    "train_step",
 ]

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import torch
 
-from mmviews.train.config import OptimisationConfig
+from mmviews.config import OptimisationConfig
 
 
 class LARS(torch.optim.Optimizer):

@@ -2,7 +2,7 @@
 
 Every run goes through the public trainer: a recipe derived from ``recipes/quickstart.yaml`` (the
 same four synthetic modalities and adapters, fewer samples) is written to
-``OUT/recipes/base.yaml`` and each run is ``mmviews.train.load_config(recipe, overrides)``
+``OUT/recipes/base.yaml`` and each run is ``mmviews.config.load_config(recipe, overrides)``
 followed by ``mmviews.train.train(config, run_dir)`` -- exactly what ``mmviews train RECIPE --set
 ...`` does (the equivalent command line of every run is stored in ``OUT/commands.txt`` and in the
 table). Runs are spread over ``--jobs`` worker processes (one torch thread each by default);
@@ -133,7 +133,8 @@ def train_run(recipe_path: Path, run_dir: Path, overrides: Sequence[str] = (), *
     """
     import torch
 
-    from mmviews.train import load_config, train
+    from mmviews.config import load_config
+    from mmviews.train import train
 
     torch.set_num_threads(threads)
     config = load_config(recipe_path, list(overrides))

@@ -60,8 +60,20 @@ PAPER_TABLE1 = {  # CIFAR-10 fc / CIFAR-100 fc top-1 (%)
 }
 
 
-def variants(beta: float, warmup: int, eta: int) -> dict[str, str]:
-    base = "gamma: 64.0, delta: 0.35"
+def loss_params(gamma: float = 64.0, delta: float = 0.35, phi_dec: float | None = 6.0, tau_dec: float = 1.0,
+                scale: float = 1.0, pools: str = "sample", bank: int = 0, bank_negatives: int = 4096) -> str:
+    """The unified-loss parameters shared by every IPMC variant, written out in full (so that a
+    change of the objective's defaults does not silently change the runs)."""
+    phi = "null" if phi_dec is None else f"{phi_dec}"
+    text = (f"gamma: {gamma}, delta: {delta}, phi_dec: {phi}, tau_dec: {tau_dec}, scale: {scale}, "
+            f"pools: {pools}")
+    if bank > 0:
+        text += f", memory_bank_size: {bank}, bank_negatives: {bank_negatives}"
+    return text
+
+
+def variants(beta: float, warmup: int, eta: int, base: str | None = None) -> dict[str, str]:
+    base = base or loss_params()
     return {
         "Fp": f"{{{base}, beta: 0.0}}",
         "Fp+DA": f"{{{base}, beta: {beta}, critic_steps: 2, critic_hidden: 64, critic_lr: 1.0e-3}}",
@@ -81,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="the four synthetic modalities (default), the paper's RGB / L / ab colour views of the "
                              "image, or three SimCLR-augmented copies of the image")
     parser.add_argument("--no-reference", action="store_true", help="skip the MV-DHEL reference runs")
+    loss = parser.add_argument_group("unified loss (defaults: the paper's best)")
+    loss.add_argument("--gamma", type=float, default=64.0, help="scale gamma (paper: 4 .. 128)")
+    loss.add_argument("--delta", type=float, default=0.35, help="margin delta (paper: 0.20 .. 0.45)")
+    loss.add_argument("--phi-dec", default="6.0",
+                      help="attenuation phi_dec of the Circle-loss weights (sec. 4.3); 'none' = plain weights")
+    loss.add_argument("--tau-dec", type=float, default=1.0, help="attenuation exponent tau_dec")
+    loss.add_argument("--scale", type=float, default=1.0, help="loss multiplier (the authors' code: 16)")
+    loss.add_argument("--pools", choices=["sample", "direction"], default="sample",
+                      help="one pool per sample over all view directions (the authors' layout) or one per direction")
+    loss.add_argument("--bank", type=int, default=0, help="memory bank size (0: in-batch negatives)")
+    loss.add_argument("--bank-negatives", type=int, default=4096, help="negatives drawn from the bank per step")
+    loss.add_argument("--variants", nargs="+", default=None, choices=list(PAPER_TABLE1),
+                      help="IPMC variants to run (default: all three; --smoke: Fp and Sap+DA)")
     args = parser.parse_args(argv)
     size = C.size_of(args)
     seeds = args.seeds or ([0] if size == "smoke" else [0, 1, 2])
@@ -96,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     recipe_path = C.write_recipe(recipe, out / "recipes" / "base.yaml")
     epochs = recipe["optimisation"]["epochs"]
     warmup, eta = (1, 1) if size == "smoke" else (2, 2) if size == "default" else (5, 10)
-    names = ["Fp", "Sap+DA"] if size == "smoke" else list(PAPER_TABLE1)
+    names = args.variants or (["Fp", "Sap+DA"] if size == "smoke" else list(PAPER_TABLE1))
     with_reference = not args.no_reference and size != "smoke"
-    params = variants(args.beta, min(warmup, max(0, epochs - 1)), eta)
+    phi_dec = None if str(args.phi_dec).lower() in ("none", "null") else float(args.phi_dec)
+    base_params = loss_params(args.gamma, args.delta, phi_dec, args.tau_dec, args.scale, args.pools,
+                              args.bank, args.bank_negatives)
+    params = variants(args.beta, min(warmup, max(0, epochs - 1)), eta, base_params)
 
     specs = []
     for seed in seeds:

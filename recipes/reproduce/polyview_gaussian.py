@@ -16,7 +16,7 @@ Bounds (nats), with ``L`` the mean held-out loss:
 - ``multi_crop``: ``log(2K - 1) - L`` (paper Proposition 2.1: Multi-Crop is a mean of pairwise
   InfoNCE terms, each with 2K - 1 candidates, so its bound keeps the M = 2 constant).
 
-Two regimes are run (see the project's FINDINGS.md, "Poly-view synthetic 1-D Gaussian"):
+Two regimes are run:
 
 - ``cap`` (default headline): K = 16, where the InfoNCE cap ``log(2K - 1)`` is about the size of
   the MI, so raising the cap with M (poly-view) visibly closes the gap while Multi-Crop's does not.

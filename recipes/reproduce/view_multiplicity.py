@@ -15,7 +15,11 @@ and flow, M = 8 also an augmented audio and text. Objectives ``mv_dhel``, ``geom
 ``mv_infonce``, ``multi_crop`` (temperature 0.2). Batch policies of the trainer
 (``data.batch_mode``, ``mmviews.data.views.batch_size_for``): ``growing`` (K = batch_size for
 every M, so K*M grows) and ``fixed`` (K = batch_size * 4 // M, so K*M stays at 4 * batch_size
-and a larger M sees fewer distinct samples per batch). Same number of epochs for every run.
+and a larger M sees fewer distinct samples per batch). Same number of epochs for every run, so
+``fixed`` also makes M / M0 times the optimiser steps of the reference M0. The third mode,
+``fixed_steps``, separates views from steps: the batch of ``fixed`` (K*M constant) but the
+number of optimiser steps of the reference M0 (``optimisation.max_steps``; the cosine schedule
+follows it), so a larger M sees fewer samples in all (M0 / M of the epochs).
 Linear-probe accuracy (class, chance 0.25) and effective rank of the mean of the natural views'
 embeddings on the test split.
 
@@ -93,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                              "copies of the image only")
     parser.add_argument("--Ms", type=int, nargs="+", default=None, help="numbers of views (default 4 8; --views image: 2 4 8)")
     parser.add_argument("--objectives", nargs="+", default=None, choices=OBJECTIVES)
-    parser.add_argument("--modes", nargs="+", default=["growing", "fixed"], choices=["growing", "fixed"])
+    parser.add_argument("--modes", nargs="+", default=["growing", "fixed", "fixed_steps"],
+                        choices=["growing", "fixed", "fixed_steps"],
+                        help="batch policies: growing (K fixed), fixed (K*M fixed, same epochs), fixed_steps "
+                             "(K*M fixed, same optimiser steps as the reference M)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0; --full: 0 1 2)")
     parser.add_argument("--batch-size", type=int, default=None, help="K at the reference M (default 64; smoke 8)")
     parser.add_argument("--out", type=Path, default=None,
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         Ms = args.Ms or {"smoke": [2, 3], "default": [4, 8], "full": [4, 6, 8, 12]}[size]
     objectives = args.objectives or (["mv_dhel"] if size == "smoke" else list(OBJECTIVES))
-    modes = ["fixed"] if size == "smoke" and args.modes == ["growing", "fixed"] else args.modes
+    modes = ["fixed"] if size == "smoke" and args.modes == ["growing", "fixed", "fixed_steps"] else args.modes
     seeds = args.seeds or ([0, 1, 2] if size == "full" else [0])
     K = args.batch_size or (8 if size == "smoke" else 64 if size == "default" else 256)
     out: Path = args.out or C.RESULTS_DIR / ("view_multiplicity_image" if unimodal else "view_multiplicity")
@@ -118,19 +125,24 @@ def main(argv: list[str] | None = None) -> int:
         recipe["views"] = image_views_for(M0)
     views_of = image_views_for if unimodal else (lambda M: views_for(M, natural))
     recipe_path = C.write_recipe(recipe, out / "recipes" / "base.yaml")
+    # optimiser steps at the reference M (every mode's K there is K): the budget of fixed_steps
+    reference_steps = recipe["optimisation"]["epochs"] * (C.SIZES[size]["train"] // K)  # the sampler drops the last batch
 
     specs = []
     for seed in seeds:
         for name in objectives:
             for M in Ms:
                 for mode in modes:
-                    if M == M0 and mode == "fixed" and "growing" in modes:
+                    if M == M0 and mode != "growing" and "growing" in modes:
                         continue  # identical to growing at the reference M
+                    steps = [f"optimisation.max_steps={reference_steps}"] if mode == "fixed_steps" else []
                     specs.append({
                         "run": f"{name}_M{M}_{mode}_s{seed}", "objective": name, "M": M, "mode": mode, "seed": seed,
                         "K": K if mode == "growing" else max(1, K * M0 // M),
                         "overrides": [f"objective.name={name}", "objective.params={temperature: 0.2}",
-                                      f"views={_flow_yaml(views_of(M))}", f"data.batch_mode={mode}", f"seed={seed}"],
+                                      f"views={_flow_yaml(views_of(M))}",
+                                      f"data.batch_mode={'growing' if mode == 'growing' else 'fixed'}",
+                                      *steps, f"seed={seed}"],
                     })
     rows = C.run_sweep(specs, recipe_path, out, args)
     base = C.random_init_baseline(recipe_path, out, ["objective.params={temperature: 0.2}"], args) \

@@ -10,12 +10,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported by choice, so that listing recipes does not import torch.
     if args.what == "objectives":
         from mmviews.objectives import list_objectives
 
         names = list_objectives()
     elif args.what == "recipes":
-        from mmviews.train.config import list_recipes
+        from mmviews.config import list_recipes
 
         names = [path.stem for path in list_recipes()]
     else:

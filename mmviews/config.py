@@ -1,4 +1,4 @@
-"""Typed training configuration, loaded from YAML recipes.
+"""The recipe schema: typed training configuration, loaded from YAML recipes.
 
 A recipe is a YAML mapping whose top-level keys are the fields of :class:`TrainConfig`
 (``name``, ``seed``, ``data``, ``views``, ``adapters``, ``encoder``, ``objective``,
@@ -73,8 +73,8 @@ class ObjectiveConfig:
     """``name`` and keyword ``params`` of :func:`mmviews.objectives.get_objective`.
 
     ``ema_teacher``: keep an EMA copy of the encoder and give its embeddings (stop-gradient)
-    to the objective as ``teacher=`` (``er``'s distillation form); objectives that declare
-    ``requires_teacher`` get one anyway. ``teacher_momentum`` is the EMA decay.
+    to the objective as ``teacher=`` (``er``'s distillation form); objectives whose class sets
+    ``needs_teacher`` get one anyway. ``teacher_momentum`` is the EMA decay.
     """
 
     name: str = "mv_dhel"
@@ -449,7 +449,7 @@ def recipes_dirs() -> list[Path]:
     if os.environ.get("MMVIEWS_RECIPES"):
         dirs.append(Path(os.environ["MMVIEWS_RECIPES"]))
     dirs.append(Path.cwd() / "recipes")
-    dirs.append(Path(__file__).resolve().parents[2] / "recipes")
+    dirs.append(Path(__file__).resolve().parents[1] / "recipes")
     unique: list[Path] = []
     for d in dirs:
         if d not in unique:

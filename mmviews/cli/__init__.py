@@ -1,10 +1,14 @@
 """The ``mmviews`` command line.
 
-Each sub-command lives in the module that owns its feature and exposes two functions:
-``add_arguments(parser: argparse.ArgumentParser) -> None`` and ``run(args) -> int``.
-Only the module of the command being run is imported, so ``mmviews --help`` stays fast.
+Every sub-command is a module exposing two functions, ``add_arguments(parser:
+argparse.ArgumentParser) -> None`` and ``run(args) -> int``: ``train``, ``eval`` and ``list``
+live in this package (:mod:`mmviews.cli.train`, :mod:`mmviews.cli.eval`,
+:mod:`mmviews.cli.list`); ``compare``, ``bench``, ``prepare`` and ``demo`` in the module that
+owns their feature. Only the module of the command being run is imported, so
+``mmviews --help`` stays fast.
 
-Multi-GPU / multi-node: ``accelerate launch -m mmviews.cli train RECIPE ...``.
+Multi-GPU / multi-node: ``accelerate launch -m mmviews.cli train RECIPE ...`` (``python -m
+mmviews.cli`` runs :mod:`mmviews.cli.__main__`).
 """
 
 from __future__ import annotations
@@ -14,17 +18,19 @@ import importlib
 import sys
 from typing import Sequence
 
-# command -> (module, one-line help). Sub-commands with their own sub-verbs (bench, list)
-# are dispatched by their module.
+# command -> (module, one-line help). Sub-commands with their own sub-verbs (bench) are
+# dispatched by their module.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("mmviews.train.cli", "train an encoder from a YAML recipe (with --set overrides, --resume)"),
-    "eval": ("mmviews.eval.cli", "evaluate a run or checkpoint and write its report"),
+    "train": ("mmviews.cli.train", "train an encoder from a YAML recipe (with --set overrides, --resume)"),
+    "eval": ("mmviews.cli.eval", "evaluate a run or checkpoint and write its report"),
     "compare": ("mmviews.eval.compare", "put several runs side by side in one table and one set of plots"),
     "bench": ("mmviews.bench.cli", "benchmark objectives, adapters or data loading"),
     "prepare": ("mmviews.data.prepare", "validate a dataset copy against its card and convert it to the fast store"),
-    "list": ("mmviews.listing", "list objectives, recipes or datasets"),
+    "list": ("mmviews.cli.list", "list objectives, recipes or datasets"),
     "demo": ("mmviews.demo", "train a toy encoder with a poly-view loss on synthetic views"),
 }
+# (Importing the submodules mmviews.cli.list and mmviews.cli.eval binds the names ``list`` and
+# ``eval`` in this module's namespace, shadowing the builtins: code here must not call them.)
 
 
 def _top_level_parser() -> argparse.ArgumentParser:
@@ -42,7 +48,7 @@ def _top_level_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [*(sys.argv[1:] if argv is None else argv)]
     top = _top_level_parser()
     if not argv or argv[0] in ("-h", "--help"):
         top.print_help()
@@ -61,7 +67,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     module.add_arguments(parser)
     args = parser.parse_args(argv[1:])
     return int(module.run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,18 @@
-"""Slow reference implementations of the objectives of OBJECTIVES.md, for tests only.
+"""Slow reference implementations of the objectives, written straight from the equations.
 
-Each reference is written straight from the equations of ``/work/shared/OBJECTIVES.md``
-(and the papers behind it) with explicit Python loops over samples i, j and views a, b, g,
-independently of the vectorised code in :mod:`mmviews.objectives`. They work on float64
-torch scalars so that ``torch.autograd.grad`` through them gives reference gradients.
+Each reference follows the formula of its objective (stated in the docstring of the
+objective's module, and in the paper behind it) with explicit Python loops over samples
+i, j and views a, b, g. They share no code with the vectorised implementations (none of the
+score blocks, masks or helpers of :mod:`mmviews.objectives._base`), so that a test comparing
+the two checks the vectorised algebra rather than reusing it. They compute in float64 on
+0-dim torch tensors, so that ``torch.autograd.grad`` through them gives reference gradients.
 
-Every reference has the signature ``reference(z, temperature, mask=None) -> 0-dim tensor``
-with ``z`` ``[K, M, d]`` and ``mask`` ``[K, M]`` (True = view present). The mask contract:
+They are slow (Python-level work grows as K^2 M^2 and more): tests run them on a few samples,
+and ``mmviews bench objectives`` times them at a small batch as its "reference loop" column.
+
+Every entry of :data:`REFERENCES` has the signature ``reference(z, temperature, mask=None) ->
+0-dim tensor`` with ``z`` ``[K, M, d]`` and ``mask`` ``[K, M]`` (True = view present). The mask
+contract:
 
 - absent views are neither anchors, positives nor negatives/candidates;
 - a sample with fewer than two present views adds no term (its present views stay
@@ -16,7 +22,9 @@ with ``z`` ``[K, M, d]`` and ``mask`` ``[K, M]`` (True = view present). The mask
   (triples (i, a, b) for geometric_pvc and multi_crop; anchors (i, a) for arithmetic_pvc,
   sufficient_statistics, mv_cl1 and mv_cl2; samples i for mv_infonce and mv_dhel).
 
-``simclr`` and ``avg`` take no mask. ``REFERENCES`` maps registry names to references.
+``simclr`` and ``avg`` take no mask; :data:`MASKED` lists the references that take one.
+The objectives with more parameters have their own signatures: :func:`fmicl_reference`,
+:func:`er_reference` (and :func:`er_reference_terms`), :func:`ipmc_reference`.
 """
 
 from __future__ import annotations
@@ -340,6 +348,245 @@ def mv_cl2_reference(z: torch.Tensor, temperature: float, mask: torch.Tensor | N
                         uniformity = uniformity + term
             terms.append(-alignment + uniformity)
     return mean(terms)
+
+
+# ---------------------------------------------------------------------------------------
+# f-MICL (Lu et al., 2024): Table 1 of the paper, extended to M views
+
+
+def f_prime_reference(divergence: str, G: Scalar, q: float) -> Scalar:
+    """The critic ``f'(G)`` of the f-Gaussian similarity ``G``."""
+    if divergence == "kl":
+        return torch.log(G) + 1
+    if divergence == "js":
+        return math.log(2) + torch.log(G / (1 + G))
+    if divergence == "pearson":
+        return 2 * (G - 1)
+    if divergence == "sh":
+        return 1 - G ** (-0.5)
+    if divergence == "tsallis":
+        return q / (q - 1) * G ** (q - 1)
+    if divergence == "vlc":
+        return 1 - 4 / (G + 1) ** 2
+    raise ValueError(f"unknown divergence {divergence!r}")
+
+
+def f_star_of_f_prime_reference(divergence: str, G: Scalar, q: float) -> Scalar:
+    """The negative term ``f*(f'(G)) = G f'(G) - f(G)``."""
+    if divergence == "kl":
+        return G
+    if divergence == "js":
+        return torch.log((1 + G) / 2)
+    if divergence == "pearson":
+        return G**2 - 1
+    if divergence == "sh":
+        return G**0.5 - 1
+    if divergence == "tsallis":
+        return G**q
+    if divergence == "vlc":
+        # G f'(G) - f(G) with f(G) = (G - 1)^2 / (G + 1). The paper's Table 1 prints 3 - 4/(G + 1),
+        # which is not the composition of its own f* and f' columns (it gives 1 at G = 1, where
+        # f*(f'(1)) = f*(0) = 0).
+        return (G - 1) * (3 * G + 1) / (G + 1) ** 2
+    raise ValueError(f"unknown divergence {divergence!r}")
+
+
+def conjugate_reference(divergence: str, t: Scalar, q: float) -> Scalar:
+    """``f*(t) = sup_{x >= 0} (x t - f(x))`` (Table 1's f* column, with its x = 0 branch)."""
+    if divergence == "kl":
+        return torch.exp(t - 1)
+    if divergence == "js":
+        return -torch.log(2 - torch.exp(t))
+    if divergence == "pearson":
+        return t**2 / 4 + t if t >= -2 else torch.tensor(-1.0, dtype=t.dtype) + 0 * t
+    if divergence == "sh":
+        return t / (1 - t)
+    if divergence == "tsallis":
+        return ((q - 1) / q * t) ** (q / (q - 1)) if t > 0 else 0 * t
+    if divergence == "vlc":
+        return 4 - t - 4 * torch.sqrt(1 - t) if t >= -3 else torch.tensor(-1.0, dtype=t.dtype) + 0 * t
+    raise ValueError(f"unknown divergence {divergence!r}")
+
+
+def fmicl_reference(
+    z: torch.Tensor,
+    divergence: str,
+    similarity: str = "gaussian",
+    alpha: float = 40.0,
+    sigma: float = 0.7071,
+    mu: float = 1.0,
+    temperature: float = 0.1,
+    q: float = 3.0,
+    mask: torch.Tensor | None = None,
+) -> Scalar:
+    """``-(mean_pos s - alpha * mean_neg f*(s))``: positives every ordered pair of present views
+    of one sample, negatives every pair of present views of two different samples. Gaussian:
+    ``G = mu exp(-||u - v||^2 / (2 sigma^2))``, ``s = f'(G)``; cosine: ``s = <u, v> / temperature``."""
+    u, present, K, M = _setup(z, mask)
+
+    def critic(x: Vector, y: Vector) -> tuple[Scalar, Scalar]:
+        if similarity == "cosine":
+            s = dot(x, y) / temperature
+            return s, conjugate_reference(divergence, s, q)
+        G = mu * torch.exp(-((x - y) ** 2).sum() / (2 * sigma**2))
+        return f_prime_reference(divergence, G, q), f_star_of_f_prime_reference(divergence, G, q)
+
+    positives, negatives = [], []
+    for i in range(K):
+        for a in range(M):
+            for b in range(M):
+                if a != b and present[i][a] and present[i][b]:
+                    positives.append(critic(u[i][a], u[i][b])[0])
+            for j in range(K):
+                for b in range(M):
+                    if j != i and present[i][a] and present[j][b]:
+                        negatives.append(critic(u[i][a], u[j][b])[1])
+    return -(mean(positives) - alpha * mean(negatives))
+
+
+# ---------------------------------------------------------------------------------------
+# Entropy-Reconstruction (Rodriguez-Galvez et al., 2023, eqs. 6-9)
+
+
+def log_vmf_normaliser_reference(d: int, kappa: float) -> float:
+    """``log C_d(kappa) = (d/2 - 1) log kappa - (d/2) log(2 pi) - log I_{d/2-1}(kappa)``, with
+    the Bessel function in 30-digit arithmetic (mpmath, installed with torch through sympy)."""
+    import mpmath
+
+    nu = d / 2 - 1
+    with mpmath.workdps(30):
+        value = nu * mpmath.log(kappa) - (d / 2) * mpmath.log(2 * mpmath.pi) - mpmath.log(mpmath.besseli(nu, kappa))
+    return float(value)
+
+
+def er_reference_terms(
+    z: torch.Tensor,
+    temperature: float = 0.1,
+    estimator: str = "joe",
+    mask: torch.Tensor | None = None,
+    teacher: torch.Tensor | None = None,
+) -> tuple[Scalar, Scalar, Scalar]:
+    """``(loss, entropy, reconstruction)`` with ``loss = -(entropy + reconstruction)``.
+
+    Per view a, over its present samples (K_a of them), ``log p(u_ia) = LSE_j kappa <u_ia, u_ja>
+    - log K_a + log C_d`` (self-pair included); entropy ``H_a = -mean_i log p`` (joe) or
+    ``-sum_i softmax(log p)_i log p`` (plugin); ``entropy = mean_a H_a`` over views with a present
+    sample. ``reconstruction`` = mean over present ordered pairs (a, b), a != b, of
+    ``kappa <u_ia, t_ib> + log C_d``, with ``t`` the normalised, detached teacher (else ``u``)."""
+    K, M, d = z.shape
+    kappa = 1 / temperature
+    log_c = log_vmf_normaliser_reference(d, kappa)
+    u, present, K, M = _setup(z, mask)
+    if teacher is None:
+        t = u
+    else:
+        teacher = teacher.to(torch.float64)
+        t = [[normalise(teacher[i, a]).detach() for a in range(M)] for i in range(K)]
+    entropies = []
+    for a in range(M):
+        samples = [i for i in range(K) if present[i][a]]
+        if not samples:
+            continue
+        log_p = []
+        for i in samples:
+            kernel = torch.stack([kappa * dot(u[i][a], u[j][a]) for j in samples])
+            log_p.append(torch.logsumexp(kernel, dim=0) - math.log(len(samples)) + log_c)
+        log_p_a = torch.stack(log_p)
+        if estimator == "joe":
+            entropies.append(-log_p_a.mean())
+        else:
+            weights = torch.softmax(log_p_a, dim=0)
+            entropies.append(-(weights * log_p_a).sum())
+    rec = []
+    for i in range(K):
+        for a in range(M):
+            for b in range(M):
+                if a != b and present[i][a] and present[i][b]:
+                    rec.append(kappa * dot(u[i][a], t[i][b]) + log_c)
+    entropy, reconstruction = mean(entropies), mean(rec)
+    return -(entropy + reconstruction), entropy, reconstruction
+
+
+def er_reference(
+    z: torch.Tensor,
+    temperature: float = 0.1,
+    estimator: str = "joe",
+    mask: torch.Tensor | None = None,
+    teacher: torch.Tensor | None = None,
+) -> Scalar:
+    """The loss of :func:`er_reference_terms`."""
+    return er_reference_terms(z, temperature, estimator, mask, teacher)[0]
+
+
+# ---------------------------------------------------------------------------------------
+# IPMC (Li et al.): the unified loss, eqs. 10-11 in Circle-loss form, over cross-view pools
+
+
+def unified_reference(
+    pos: Sequence[Scalar], neg: Sequence[Scalar], gamma: float, delta: float,
+    phi_dec: float | None = None, tau_dec: float = 1.0,
+) -> Scalar:
+    """``(1/gamma) log(1 + sum_p sum_n exp(gamma (alpha_n (s_n - delta) - alpha_p (s_p - (1 - delta)))))``
+    with the detached weights ``alpha_p = relu(1 + delta - s_p)``, ``alpha_n = relu(s_n + delta)``;
+    with ``phi_dec`` given, each weight is replaced by the paper's attenuated one,
+    ``max(alpha^tau_dec / phi_dec + 1, 0)`` (sec. 4.3)."""
+
+    def weight(alpha: Scalar) -> Scalar:
+        alpha = alpha.detach()
+        if phi_dec is None:
+            return alpha
+        return torch.clamp(alpha**tau_dec / phi_dec + 1, min=0)
+
+    exponents = [torch.zeros((), dtype=torch.float64)]
+    for sp in pos:
+        alpha_p = weight(torch.clamp(1 + delta - sp, min=0))
+        for sn in neg:
+            alpha_n = weight(torch.clamp(sn + delta, min=0))
+            exponents.append(gamma * (alpha_n * (sn - delta) - alpha_p * (sp - (1 - delta))))
+    return torch.logsumexp(torch.stack(exponents), dim=0) / gamma
+
+
+def ipmc_reference(
+    z: torch.Tensor,
+    gamma: float,
+    delta: float,
+    candidates: Sequence[torch.Tensor] | None = None,
+    candidate_index: Sequence[int] | None = None,
+    index: Sequence[int] | None = None,
+    moved: Sequence[Sequence[int]] | None = None,
+    phi_dec: float | None = None,
+    tau_dec: float = 1.0,
+    scale: float = 1.0,
+    pools: str = "sample",
+) -> Scalar:
+    """``scale`` times the mean of :func:`unified_reference` over the pools.
+
+    ``pools="sample"``: one pool per sample i, positives the ordered cross-view pairs (a != b)
+    of i, negatives the cross-view pairs of i with every candidate j (other samples of the batch,
+    or bank entries ``candidates`` (each ``[M, d]``) whose dataset index ``candidate_index[j]``
+    differs from ``index[i]``); mean over i. ``pools="direction"``: one pool per (i, a, b),
+    a != b, positive (u[i,a], u[i,b]), negatives (u[i,a], candidate j's view b); mean over the
+    (i, a, b). ``moved[i]``: candidate positions moved from i's negatives to its positives (the
+    view filter)."""
+    u, _, K, M = _setup(z, None)
+    pool = range(K) if candidates is None else range(len(candidates))
+    others = [u[j] if candidates is None else [normalise(candidates[j][b].to(torch.float64)) for b in range(M)]
+              for j in pool]
+    losses = []
+    for i in range(K):
+        directions = [(a, b) for a in range(M) for b in range(M) if a != b]
+        rows = [directions] if pools == "sample" else [[ab] for ab in directions]
+        for row in rows:
+            pos = [dot(u[i][a], u[i][b]) for a, b in row]
+            neg: list[Scalar] = []
+            for j in pool:
+                own = (j == i) if candidates is None else (candidate_index[j] == index[i])
+                if own:
+                    continue
+                target = pos if (moved is not None and j in moved[i]) else neg
+                target.extend(dot(u[i][a], others[j][b]) for a, b in row)
+            losses.append(unified_reference(pos, neg, gamma, delta, phi_dec, tau_dec))
+    return scale * mean(losses)
 
 
 def mi_lower_bound_reference(loss: float, K: int, M: int) -> float:

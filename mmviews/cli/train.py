@@ -1,4 +1,4 @@
-"""``mmviews train RECIPE [--set KEY=VALUE ...] [--output DIR] [--resume DIR]``.
+"""``mmviews train RECIPE [--set KEY=VALUE ...] [--output DIR] [--resume DIR] [--check]``.
 
 RECIPE is a YAML path or a bare recipe name (``quickstart``) looked up in ``recipes/``.
 ``--resume DIR`` continues the run in DIR (its latest complete checkpoint, or DIR itself
@@ -18,6 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from mmviews.config import ConfigError, load_config, resolve_recipe
+from mmviews.run import CONFIG_FILE, find_checkpoint, run_dir_of
+from mmviews.train import TrainCallback, build_run, train
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,18 +50,14 @@ def _fail(message: str) -> int:
     return 2
 
 
-def run(args: argparse.Namespace) -> int:
-    from mmviews.train.config import ConfigError, load_config, resolve_recipe
-    from mmviews.train.trainer import CONFIG_FILE, build_run, find_checkpoint, run_dir_of, train
-
+def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
+    """The command; ``callback`` is handed to :func:`mmviews.train.train` (tests use it to
+    slow a run down, see ``tests/slow_train.py``)."""
     try:
         if args.resume is not None:
             checkpoint = find_checkpoint(args.resume)
             run_dir = run_dir_of(checkpoint) if Path(args.resume).resolve() == checkpoint.resolve() else Path(args.resume)
-            if args.recipe is not None:
-                recipe = resolve_recipe(args.recipe)
-            else:
-                recipe = run_dir / CONFIG_FILE
+            recipe = resolve_recipe(args.recipe) if args.recipe is not None else run_dir / CONFIG_FILE
             config = load_config(recipe, args.overrides)
             if args.output is not None and Path(args.output).resolve() != run_dir.resolve():
                 return _fail(f"--output {args.output} differs from the resumed run folder {run_dir}")
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "
                   f"objective {config.objective.name}; {len(parts.datasets['train'])} training samples)")
             return 0
-        summary = train(config, run_dir, resume=args.resume, source=str(recipe))
+        summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback)
     except (ConfigError, FileNotFoundError) as error:
         return _fail(str(error))
     finally:

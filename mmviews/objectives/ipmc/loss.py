@@ -1,0 +1,271 @@
+"""The ``ipmc`` objective: IPMC's unified instance-tier loss over set-tier pools, with the
+memory bank, view filter and Wasserstein critic wired in (see the package docstring for the
+formulas)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import _distributed as distributed
+from .._base import (
+    MultiViewObjective,
+    ObjectiveOutput,
+    ViewSet,
+    check_embeddings,
+    check_finite,
+    masked_logsumexp,
+    register_objective,
+    similarity_metrics,
+)
+from .critic import WassersteinCritic, distribution_loss, make_critic_optimizer, train_critic
+from .memory_bank import MemoryBank, check_index
+from .view_filter import ViewFilter
+
+
+@register_objective(
+    "ipmc", "IPMC: Circle-loss instance tier, memory bank, view filter and Wasserstein critic (Li et al.)"
+)
+class IPMC(MultiViewObjective):
+    """IPMC's objective; see :mod:`mmviews.objectives.ipmc` for the formulas and the parameters.
+
+    ``state_dict`` keys: ``_shape`` (``(M, d)`` once built, else zeros), ``bank.*``,
+    ``filter.*``, ``critic.*`` for the parts in use, and ``_extra_state`` (the critic
+    optimiser's state)."""
+
+    supports_mask = False
+    takes_index = True  # needed with a memory bank or a view filter, optional otherwise
+    takes_dataset_size = True  # the view filter keeps a history row per dataset sample
+
+    def __init__(
+        self,
+        gamma: float = 64.0,
+        delta: float = 0.35,
+        beta: float = 0.0,
+        phi_dec: float | None = 6.0,
+        tau_dec: float = 1.0,
+        scale: float = 1.0,
+        pools: str = "sample",
+        memory_bank_size: int = 0,
+        bank_negatives: int = 4096,
+        view_filter_k: int = 0,
+        dataset_size: int | None = None,
+        warmup_epochs: int = 10,
+        eta: int = 10,
+        critic_steps: int = 5,
+        critic_hidden: int = 256,
+        gp_weight: float = 10.0,
+        critic_lr: float = 1e-4,
+        num_views: int | None = None,
+        dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        checks = {
+            "gamma": (gamma, float(gamma) > 0 and math.isfinite(float(gamma))),
+            "delta": (delta, 0 <= float(delta) < 1),
+            "beta": (beta, float(beta) >= 0 and math.isfinite(float(beta))),
+            "phi_dec": (phi_dec, phi_dec is None or (float(phi_dec) > 0 and math.isfinite(float(phi_dec)))),
+            "tau_dec": (tau_dec, float(tau_dec) > 0 and math.isfinite(float(tau_dec))),
+            "scale": (scale, float(scale) > 0 and math.isfinite(float(scale))),
+            "pools": (pools, pools in ("sample", "direction")),
+            "memory_bank_size": (memory_bank_size, int(memory_bank_size) >= 0),
+            "bank_negatives": (bank_negatives, int(bank_negatives) >= 0),
+            "view_filter_k": (view_filter_k, int(view_filter_k) >= 0),
+            "warmup_epochs": (warmup_epochs, int(warmup_epochs) >= 0),
+            "eta": (eta, int(eta) >= 1),
+            "critic_steps": (critic_steps, int(critic_steps) >= 0),
+            "critic_hidden": (critic_hidden, int(critic_hidden) >= 1),
+            "gp_weight": (gp_weight, float(gp_weight) >= 0 and math.isfinite(float(gp_weight))),
+            "critic_lr": (critic_lr, float(critic_lr) > 0 and math.isfinite(float(critic_lr))),
+        }
+        for name, (value, ok) in checks.items():
+            if not ok:
+                raise ValueError(
+                    f"ipmc: invalid {name} = {value!r} (gamma, critic_lr, tau_dec, scale > 0; phi_dec > 0 or None; "
+                    "0 <= delta < 1; eta >= 1; counts >= 0; pools 'sample' or 'direction')"
+                )
+        self.gamma, self.delta, self.beta = float(gamma), float(delta), float(beta)
+        self.phi_dec = None if phi_dec is None else float(phi_dec)
+        self.tau_dec, self.scale, self.pools = float(tau_dec), float(scale), str(pools)
+        self.memory_bank_size, self.bank_negatives = int(memory_bank_size), int(bank_negatives)
+        self.view_filter_k, self.warmup_epochs, self.eta = int(view_filter_k), int(warmup_epochs), int(eta)
+        self.dataset_size = int(dataset_size) if dataset_size is not None else self.memory_bank_size
+        if self.view_filter_k > 0 and self.dataset_size < 1:
+            raise ValueError("ipmc: the view filter (view_filter_k > 0) needs dataset_size (or memory_bank_size) >= 1")
+        self.critic_steps, self.critic_hidden = int(critic_steps), int(critic_hidden)
+        self.gp_weight, self.critic_lr = float(gp_weight), float(critic_lr)
+        self.bank: MemoryBank | None = None
+        self.filter: ViewFilter | None = None
+        self.critic: WassersteinCritic | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.register_buffer("_shape", torch.zeros(2, dtype=torch.long))  # (M, d) once built
+        if num_views is not None and dim is not None:
+            self.build(int(num_views), int(dim))
+
+    # ---- components ----------------------------------------------------------------------
+    def build(self, num_views: int, dim: int) -> None:
+        """Create bank, filter and critic for ``M = num_views`` views of dimension ``dim``.
+
+        They are built lazily (on the first call) because their shapes depend on M and d."""
+        if int(self._shape[0]) > 0:
+            if (int(self._shape[0]), int(self._shape[1])) != (num_views, dim):
+                built = (int(self._shape[0]), int(self._shape[1]))
+                raise ValueError(f"ipmc: built for [*, {built[0]}, {built[1]}] embeddings, got M = {num_views}, d = {dim}")
+            return
+        device = self._shape.device
+        if self.memory_bank_size > 0:
+            self.bank = MemoryBank(self.memory_bank_size, num_views, dim).to(device)
+        if self.view_filter_k > 0:
+            self.filter = ViewFilter(self.dataset_size, dim, self.view_filter_k, self.eta, self.warmup_epochs).to(device)
+        if self.beta > 0:
+            self.critic = WassersteinCritic(num_views, dim, self.critic_hidden).to(device)
+            self.critic_optimizer = make_critic_optimizer(self.critic, self.critic_lr)
+        self._shape.copy_(torch.tensor([num_views, dim]))
+
+    def get_extra_state(self) -> dict:
+        return {"critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict()}
+
+    def set_extra_state(self, state: dict) -> None:
+        if state.get("critic_optimizer") is not None and self.critic_optimizer is not None:
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # A fresh objective builds its components from the saved shape before they are loaded
+        # (children are loaded after this method runs).
+        shape = state_dict.get(prefix + "_shape")
+        if shape is not None and int(shape[0]) > 0 and int(self._shape[0]) == 0:
+            self.build(int(shape[0]), int(shape[1]))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def _units(self, z: torch.Tensor) -> torch.Tensor:
+        """Detached unit vectors of ``z`` ``[K, M, d]`` for the hooks, which the trainer may
+        call outside :meth:`compute` (the critic step runs before it): same checks as ``prepare``."""
+        prefix = f"objective {self.name!r}:"
+        check_embeddings(z, prefix)
+        check_finite(z, prefix)
+        dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        return F.normalize(z.detach().to(dtype), dim=-1)
+
+    # ---- trainer hooks --------------------------------------------------------------------
+    @torch.no_grad()
+    def on_step_end(self, z: torch.Tensor, index: torch.Tensor) -> None:
+        """After an optimiser step: write the batch into the bank and the filter's history
+        (every rank's batch, so that the replicas stay identical)."""
+        u = self._units(z)
+        self.build(u.shape[1], u.shape[2])
+        if self.bank is None and self.filter is None:
+            return
+        size = self.bank.size if self.bank is not None else self.dataset_size
+        index = check_index(index, u.shape[0], size, "on_step_end").to(u.device)
+        u, index = distributed.gather_no_grad(u.contiguous()), distributed.gather_no_grad(index)
+        if self.bank is not None:
+            self.bank.update(u, index)
+        if self.filter is not None:
+            self.filter.record(u, index)
+
+    def on_epoch_end(self, epoch: int | None = None) -> None:
+        """End of an epoch (``epoch`` counted from 0): advances the filter's window."""
+        if self.filter is not None:
+            self.filter.next_epoch()
+            if epoch is not None:
+                self.filter.epoch.fill_(int(epoch) + 1)
+
+    def critic_step(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Train the critics ``critic_steps`` times on the (detached) batch; returns metrics
+        (none when there is no critic, i.e. ``beta = 0``)."""
+        u = self._units(z)
+        self.build(u.shape[1], u.shape[2])
+        if self.critic is None or self.critic_steps == 0:
+            return {}
+        return train_critic(self.critic, self.critic_optimizer, u, self.critic_steps, self.gp_weight)
+
+    def distribution_loss(self, z: torch.Tensor) -> torch.Tensor:
+        """``L_DA`` of ``z`` ``[K, M, d]`` (normalised here) with the critic detached; see
+        :func:`mmviews.objectives.ipmc.critic.distribution_loss`."""
+        u = F.normalize(z.to(torch.float64 if z.dtype == torch.float64 else torch.float32), dim=-1)
+        self.build(u.shape[1], u.shape[2])
+        return distribution_loss(self.critic, u)
+
+    # ---- loss -----------------------------------------------------------------------------
+    def _logits(self, s: torch.Tensor, positive: bool) -> torch.Tensor:
+        """Positive: ``-gamma alpha_p (s - (1 - delta))``; negative: ``gamma alpha_n (s - delta)``,
+        with the weights alpha detached (computed without a graph, gamma folded in). With
+        ``phi_dec`` set, each alpha is attenuated to ``[alpha^tau_dec / phi_dec + 1]_+`` (sec. 4.3)."""
+        with torch.no_grad():
+            weight = (1.0 + self.delta - s) if positive else (s + self.delta)
+            weight = weight.clamp_(min=0.0)
+            if self.phi_dec is not None:
+                # alpha >= 0, so alpha^tau / phi + 1 >= 1: the paper's [.]_+ never binds for phi > 0
+                weight = weight.pow_(self.tau_dec).div_(self.phi_dec).add_(1.0)
+            weight = weight.mul_(-self.gamma if positive else self.gamma)
+        return (s - (1.0 - self.delta if positive else self.delta)) * weight
+
+    @staticmethod
+    def _masked_lse(
+        logits: torch.Tensor, sample_keep: torch.Tensor, view_keep: torch.Tensor, dim: tuple[int, ...] = (1, 2, 3)
+    ) -> torch.Tensor:
+        """LSE of ``logits`` ``[K, M, C, M]`` over ``dim`` (``(1, 2, 3)``: ``[K]``; ``(2,)``:
+        ``[K, M, M]``) over entries kept by both broadcast masks (``[K, 1, C, 1]`` and
+        ``[1, M, 1, M]``), filling in place rather than building the full mask. A row with no kept
+        entry gives about ``finfo.min`` (finite), i.e. it adds nothing after a ``logaddexp``."""
+        fill = torch.finfo(logits.dtype).min
+        logits = logits.masked_fill_(~sample_keep, fill).masked_fill_(~view_keep, fill)
+        return torch.logsumexp(logits, dim=dim)
+
+    def loss(self, views: ViewSet, index: torch.Tensor | None = None) -> ObjectiveOutput:
+        K, M, d = views.u.shape
+        self.build(M, d)
+        device, dtype = views.u.device, views.u.dtype
+        off_diagonal = ~torch.eye(M, dtype=torch.bool, device=device)
+        if self.bank is not None or self.filter is not None:
+            size = self.bank.size if self.bank is not None else self.dataset_size
+            index = check_index(index, K, size, "the memory bank / view filter").to(device)
+
+        # candidates: the bank's sampled entries (detached) or every rank's batch
+        use_bank = self.bank is not None and bool(self.bank.filled.any())
+        if use_bank:
+            candidate_index, candidates = self.bank.sample(self.bank_negatives)
+            candidate_index, candidates = candidate_index.to(device), candidates.to(device=device, dtype=dtype)
+            is_self = candidate_index[None, :] == index[:, None]  # [K, C]
+        else:
+            candidates = views.U
+            candidate_index = distributed.gather_no_grad(index) if index is not None else None
+            is_self = ~views.other_sample
+        C = candidates.shape[0]
+        cross = (views.u.reshape(K * M, d) @ candidates.reshape(C * M, d).T).view(K, M, C, M)  # [K, M, C, M]
+
+        moved = torch.zeros(K, C, dtype=torch.bool, device=device)
+        if self.filter is not None and self.filter.active:
+            moved = self.filter.select(index, candidate_index, ~is_self).to(device)
+
+        own = views.within_sample(1.0)  # [K, M, M]
+        view_keep = off_diagonal[None, :, None, :]  # cross-view pairs only
+        # pools "sample": one row per sample i (all its directions a -> b in one pool, [K]);
+        # "direction": one row per (i, a, b) with its own positive(s) and negatives ([K, M, M]).
+        per_direction = self.pools == "direction"
+        lse_dims = (2,) if per_direction else (1, 2, 3)
+        if per_direction:
+            positive_lse = self._logits(own, True)  # the single positive of row (i, a, b)
+        else:
+            positive_lse = masked_logsumexp(self._logits(own, True), views.pair_valid, dim=(1, 2))  # [K]
+        if bool(moved.any()):
+            moved_lse = self._masked_lse(self._logits(cross, True), moved[:, None, :, None], view_keep, lse_dims)
+            positive_lse = torch.logaddexp(positive_lse, moved_lse)
+        negative_keep = (~is_self & ~moved)[:, None, :, None]
+        negative_lse = self._masked_lse(self._logits(cross, False), negative_keep, view_keep, lse_dims)
+        terms = F.softplus(negative_lse + positive_lse) / self.gamma
+        if per_direction:  # rows a == b are not pairs; every sample has the same M (M - 1) rows
+            terms = terms[:, off_diagonal]  # [K, M (M - 1)]
+        # scale: the authors' code multiplies the unified loss by 16 (after the 1 / gamma)
+        unified = self.scale * views.mean(terms)
+
+        metrics = similarity_metrics(views)
+        metrics.update(unified=unified.detach(), moved_to_positive=moved.sum().to(dtype))
+        loss = unified
+        if self.beta > 0:
+            distribution = self.distribution_loss(views.u)
+            metrics["distribution"] = distribution.detach()
+            loss = unified + self.beta * distribution
+        return ObjectiveOutput(loss, metrics)

@@ -1,0 +1,127 @@
+"""Run assembly: datasets, views, loaders, encoder and objective from a recipe, checked to fit
+together before any training work (``mmviews train --check`` stops here).
+
+Global batches: ``data.batch_size`` is the number of samples K per micro-batch across all
+processes. The training loader yields global batches of K indices (:class:`GlobalBatchSampler`)
+that Accelerate splits between the N processes (``split_batches=True``), so K must be a
+multiple of N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from mmviews.config import ConfigError, TrainConfig
+from mmviews.data.loaders import GlobalBatchSampler, build_dataset_split
+from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.eval.evaluate import parse_tasks
+from mmviews.objectives import MultiViewObjective, get_objective, list_objectives, objective_class
+from mmviews.run import build_encoder, eval_loaders
+
+__all__ = ["RunParts", "build_encoder", "build_objective", "build_run", "uses_teacher"]
+
+
+@dataclass
+class RunParts:
+    """Everything a run needs, built and checked before any training work."""
+
+    config: TrainConfig
+    datasets: dict[str, Any]
+    view_spec: ViewSpec
+    collator: ViewSetCollator
+    sampler: GlobalBatchSampler
+    train_loader: DataLoader
+    eval_loaders: dict[str, DataLoader | None]
+    encoder: nn.Module
+    objective: MultiViewObjective
+    loader_generator: torch.Generator = field(default_factory=torch.Generator)
+
+
+def uses_teacher(config: TrainConfig, objective: MultiViewObjective) -> bool:
+    """An EMA teacher is kept when the recipe asks (``objective.ema_teacher``) or the objective
+    needs one (``needs_teacher``)."""
+    return bool(config.objective.ema_teacher or objective.needs_teacher)
+
+
+def build_objective(config: TrainConfig, num_views: int, source: str = "recipe",
+                    dataset_size: int | None = None) -> MultiViewObjective:
+    """The objective, checked against the view set (e.g. ``simclr`` needs M = 2).
+
+    ``dataset_size`` fills the constructor's ``dataset_size`` (IPMC's view-filter memory) for
+    objectives that take one (``takes_dataset_size``) when the recipe leaves it out."""
+    name = config.objective.name
+    params = dict(config.objective.params)
+    if (dataset_size is not None and "dataset_size" not in params and name in list_objectives()
+            and objective_class(name).takes_dataset_size):
+        params["dataset_size"] = dataset_size
+    try:
+        objective = get_objective(name, **params)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{source}: key 'objective': {error}") from error
+    try:
+        objective.check_views(num_views)
+    except ValueError as error:
+        raise ConfigError(f"{source}: key 'objective.name': {error}; the recipe's views give M = {num_views}") from error
+    if uses_teacher(config, objective) and not objective.takes_teacher:
+        raise ConfigError(f"{source}: key 'objective.ema_teacher': objective {name!r} takes no teacher "
+                          "embeddings (its loss has no 'teacher' argument)")
+    return objective
+
+
+def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe", *,
+              with_eval: bool = True) -> RunParts:
+    """Build datasets, views, loaders, encoder and objective, checking that they fit
+    together. Every recipe error surfaces here, before any training step."""
+    from accelerate.utils import set_seed
+
+    if with_eval and config.evaluation.tasks:
+        try:
+            parse_tasks(config.evaluation.tasks)
+        except ValueError as error:
+            raise ConfigError(f"{source}: key 'evaluation.tasks': {error}") from error
+    try:
+        spec = ViewSpec.from_config(config.views)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"{source}: key 'views': {error}") from error
+    missing = [m for m in spec.modalities if m not in config.adapters]
+    if missing:
+        raise ConfigError(f"{source}: key 'adapters': no adapter for modalities {missing} used by 'views' "
+                          f"(adapters given: {sorted(config.adapters)})")
+    M = len(spec)
+    d = config.data
+    sampler = ViewSetBatchSampler(1, d.batch_size, M, d.batch_mode, reference_views=d.reference_views)
+    if sampler.K < 2:
+        raise ConfigError(f"{source}: key 'data.batch_size': the batch has K = {sampler.K} samples with M = {M} views "
+                          f"(batch_mode {d.batch_mode!r}); K must be >= 2")
+    if sampler.K % num_processes:
+        raise ConfigError(f"{source}: key 'data.batch_size': K = {sampler.K} samples per batch cannot be split evenly "
+                          f"between {num_processes} processes")
+
+    train_dataset = build_dataset_split(d, d.train_split)
+    objective = build_objective(config, M, source, dataset_size=len(train_dataset))
+    if len(train_dataset) < sampler.K:
+        raise ConfigError(f"{source}: key 'data.batch_size': the {d.train_split!r} split has {len(train_dataset)} samples, "
+                          f"fewer than one batch of K = {sampler.K}")
+    loaders = eval_loaders(config, train_dataset) if with_eval else {}
+    try:
+        collator = ViewSetCollator.for_dataset(train_dataset, spec, seed=config.seed)
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"{source}: key 'views': {error}") from error
+    inner = ViewSetBatchSampler(len(train_dataset), d.batch_size, M, d.batch_mode,
+                                reference_views=d.reference_views, shuffle=True, drop_last=True, seed=config.seed)
+    batches = GlobalBatchSampler(inner)
+    generator = torch.Generator()
+    generator.manual_seed(config.seed)
+    # The loader draws its worker base seed from its own generator, not the global RNG, so
+    # that resuming mid-epoch (a new iterator) leaves the training RNG stream unchanged.
+    train_loader = DataLoader(train_dataset, batch_sampler=batches, collate_fn=collator,
+                              num_workers=d.num_workers, generator=generator)
+    set_seed(config.seed)  # identical initial weights on every process and every run
+    encoder = build_encoder(config, source)
+    return RunParts(config, {"train": train_dataset}, spec, collator, batches, train_loader, loaders,
+                    encoder, objective, generator)

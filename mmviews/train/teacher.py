@@ -1,0 +1,36 @@
+"""The EMA teacher: a stop-gradient copy of the encoder whose weights follow it slowly.
+
+After every optimiser step, ``t <- momentum * t + (1 - momentum) * s`` for each parameter
+(``s`` the encoder's), and buffers (BatchNorm statistics) are copied. Its embeddings of the
+same views are given to objectives that take a teacher (``takes_teacher``) as ``teacher=``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class EMATeacher(nn.Module):
+    """Exponential moving average of the encoder's weights (no gradients)."""
+
+    def __init__(self, encoder: nn.Module, momentum: float) -> None:
+        super().__init__()
+        self.module = copy.deepcopy(encoder)
+        self.module.requires_grad_(False)
+        self.momentum = momentum
+
+    @torch.no_grad()
+    def update(self, encoder: nn.Module) -> None:
+        for t, s in zip(self.module.parameters(), encoder.parameters()):
+            t.lerp_(s.detach(), 1.0 - self.momentum)
+        for t, s in zip(self.module.buffers(), encoder.buffers()):
+            t.copy_(s)
+
+    @torch.no_grad()
+    def forward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z [K, M, d], mask [K, M])`` of the teacher copy."""
+        return self.module(batch)
