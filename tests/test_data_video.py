@@ -124,7 +124,7 @@ def test_prepare_video_folder(ucf, tmp_path, capsys):
 
     parser = argparse.ArgumentParser()
     prepare.add_arguments(parser)
-    rc = prepare.run(parser.parse_args(["ucf101", str(ucf), "--out", str(tmp_path / "index.json")]))
+    rc = prepare.run(parser.parse_args(["ucf101", str(ucf), "--check-only", "--out", str(tmp_path / "index.json")]))
     out = capsys.readouterr().out
     assert rc == 1  # one clip is unreadable: reported, exit status 1
     assert "clips with an audio track: 1" in out and "v_Run_g02_c01.mp4" in out

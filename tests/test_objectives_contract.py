@@ -86,12 +86,10 @@ def test_compute_passes_on_exactly_the_inputs_the_objective_takes(name):
     assert seen[-1] == {key: None for key in taken}
 
 
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("key", INPUTS)
+@pytest.mark.parametrize(("name", "key"), [(name, key) for name in NAMES for key in INPUTS
+                                           if not getattr(objective_class(name), f"takes_{key}")])
 def test_an_input_the_objective_does_not_take_is_refused(name, key):
     objective = get_objective(name)
-    if getattr(objective, f"takes_{key}"):
-        pytest.skip(f"{name} takes {key}")
     z = _z(name)
     with pytest.raises(ValueError, match=rf"{name}.*does not take {key}="):
         objective.compute(z, **{key: _inputs(z)[key]})

@@ -12,7 +12,22 @@ ViewSetCollator):
   (conversion time reported), then text/audio/vision x2 with the feature-sequence augmentations.
 
 The first batch (worker start-up) is timed separately; ``samples/s`` is the steady state.
-Prints a table and the JSON (also written to ``--json PATH``).
+
+``video`` (the UCF-101 pipeline): realistic clips are encoded into a temporary folder (320x240,
+25 fps, MPEG-4 part 2 in AVI, a keyframe every ``--video-gop`` frames, a panning two-octave
+texture, a moving object and sensor noise) at ``--video-seconds`` and at half and twice that
+length; ``VideoFolder`` clips (8 frames from the middle, 112x112) are then read one by one in
+this process with one torch thread, as in a DataLoader worker, so the figures are the per-clip
+cost one loader worker pays:
+
+- ``full+flow``: the old path, every frame of the file decoded, Farneback flow on the fly (the
+  baseline the ratios refer to);
+- ``seek+flow``: only the clip's frames decoded (seek to the keyframe before them);
+- ``store+flow``: frames and flow read from the store ``mmviews prepare`` writes (JPEG, short
+  side 128), made in the same run (its time is reported);
+- ``full`` / ``seek`` at each length without flow: decode cost against the video's length.
+
+Prints tables and the JSON (also written to ``--json PATH``).
 """
 
 from __future__ import annotations
@@ -33,7 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="samples K per batch")
     parser.add_argument("--batches", type=int, default=12, help="timed batches per case (after the first)")
     parser.add_argument("--store-samples", type=int, default=1024, help="samples in the MOSI-shaped pickle")
-    parser.add_argument("--cases", nargs="*", default=None, help="subset of cases to run")
+    parser.add_argument("--cases", nargs="*", default=None,
+                        help="subset of cases to run (synthetic-natural, synthetic-augmented, mosi-store-augmented, video)")
+    parser.add_argument("--video-clips", type=int, default=6, help="clips per video length (video case)")
+    parser.add_argument("--video-seconds", type=float, default=7.0, help="main clip length; also half and twice it")
+    parser.add_argument("--video-gop", type=int, default=12, help="keyframe interval of the generated videos")
+    parser.add_argument("--video-passes", type=int, default=3,
+                        help="timed passes over the clips per video case (the fastest counts)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -52,6 +73,150 @@ def _write_mosi_like(path: Path, n: int, seed: int = 0) -> None:
     data = {"train": split(n), "valid": split(8), "test": split(8)}
     with open(path, "wb") as f:
         pickle.dump(data, f, protocol=4)
+
+
+def write_bench_video(path: Path, seconds: float, fps: int = 25, size: tuple[int, int] = (240, 320), gop: int = 12,
+                      seed: int = 0) -> int:
+    """Encode a clip that costs about what a UCF-101 clip costs to decode and to compute flow on.
+
+    A two-octave smooth texture panning 1.5 px per frame, a disc crossing it and sensor noise
+    (a bank of 8 noise frames, sigma ~3), as MPEG-4 part 2 in AVI (UCF-101's codec family) at
+    ~1 Mbit/s with a keyframe every ``gop`` frames. Returns the number of frames.
+    """
+    import av
+    import cv2
+
+    h, w = size
+    n = int(round(seconds * fps))
+    rng = np.random.default_rng(seed)
+    width = w + int(1.5 * n) + 2
+    coarse = cv2.resize(rng.uniform(0, 255, (h // 16 + 2, width // 16 + 2, 3)).astype(np.float32), (width, h),
+                        interpolation=cv2.INTER_CUBIC)
+    fine = cv2.resize(rng.normal(0, 25, (h // 3 + 1, width // 3 + 1, 3)).astype(np.float32), (width, h),
+                      interpolation=cv2.INTER_LINEAR)
+    texture = np.clip(0.8 * coarse + fine + 25, 0, 255).astype(np.float32)
+    noise = rng.normal(0, 3, (8, h, w, 3)).astype(np.float32)
+    yy, xx = np.mgrid[0:h, 0:w]
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.gop_size = gop
+        stream.bit_rate = 1_000_000
+        for i in range(n):
+            x0 = int(1.5 * i)
+            img = texture[:, x0:x0 + w] + noise[i % 8]
+            cx, cy = (4 * i) % (w + 60) - 30, h / 2 + 40 * np.sin(i / 10)
+            img[(xx - cx) ** 2 + (yy - cy) ** 2 < 400] = (230, 60, 40)
+            frame = av.VideoFrame.from_ndarray(np.clip(img, 0, 255).astype(np.uint8), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return n
+
+
+def _time_clips(datasets: dict[str, Any], passes: int) -> dict[str, dict[str, float]]:
+    """Per-clip cost of each dataset through ``dataset[i]`` in this process.
+
+    One warm-up item each, then ``passes`` rounds; each round times one pass over every dataset
+    in turn, so that all see the same load. A case's figure is its fastest pass (the least
+    disturbed by other processes; the median is reported too).
+    """
+    for ds in datasets.values():
+        ds[0]
+    times: dict[str, list[float]] = {name: [] for name in datasets}
+    for _ in range(passes):
+        for name, ds in datasets.items():
+            t = time.perf_counter()
+            for i in range(len(ds)):
+                ds[i]
+            times[name].append(time.perf_counter() - t)
+    out = {}
+    for name, ts in times.items():
+        n = len(datasets[name])
+        best = min(ts)
+        out[name] = {"clips": n, "passes": passes, "best_pass_s": round(best, 3), "clips_per_s": round(n / best, 2),
+                     "ms_per_clip": round(1000 * best / n, 2), "median_ms_per_clip": round(1000 * float(np.median(ts)) / n, 2)}
+    return out
+
+
+def _video_cases(args: argparse.Namespace) -> dict[str, Any]:
+    """The video cases (module docstring): per-clip cost of each way of reading, same run, same clips."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker; several threads on tiny tensors only add contention
+    try:
+        return _video_cases_timed(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _video_cases_timed(args: argparse.Namespace) -> dict[str, Any]:
+    from mmviews.data.video import VideoFolder
+    from mmviews.data.video_store import prepare_video_store
+
+    lengths = (args.video_seconds / 2, args.video_seconds, args.video_seconds * 2)
+    result: dict[str, Any] = {"setup": {"clips_per_length": args.video_clips, "lengths_s": list(lengths),
+                                        "video": "320x240, 25 fps, mpeg4/avi", "gop": args.video_gop,
+                                        "clip": "8 frames, 112x112",
+                                        "process": "one, 1 torch thread (as a loader worker)"}}
+    with tempfile.TemporaryDirectory() as tmp:
+        roots: dict[float, Path] = {}
+        t = time.perf_counter()
+        for seconds in lengths:
+            root = roots[seconds] = Path(tmp) / f"videos_{seconds:g}s"
+            for k in range(args.video_clips):
+                (root / f"class{k % 2}").mkdir(parents=True, exist_ok=True)
+                write_bench_video(root / f"class{k % 2}" / f"v_{k:02d}.avi", seconds, gop=args.video_gop, seed=k)
+        result["encode_s"] = round(time.perf_counter() - t, 2)
+        main = roots[args.video_seconds]
+        kw: dict[str, Any] = {"split": "all", "num_frames": 8, "size": 112, "audio": False}
+        store = Path(tmp) / "store"
+        prep = prepare_video_store(main, store, image_format="jpeg", size=128, workers=args.workers, progress=False)
+        size_mb = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 2**20
+        result["prepare"] = {"clips": prep["clips"], "seconds": prep["seconds"], "workers": args.workers,
+                             "clips_per_s": round(prep["clips"] / prep["seconds"], 2), "store_mb": round(size_mb, 1)}
+        datasets = {"full+flow": VideoFolder(main, decode="full", flow="farneback", store=False, **kw),
+                    "seek+flow": VideoFolder(main, decode="seek", flow="farneback", store=False, **kw),
+                    "store+flow": VideoFolder(main, flow="farneback", store=store, **kw)}
+        for seconds in lengths:
+            for decode in ("full", "seek"):
+                datasets[f"{decode} {seconds:g}s"] = VideoFolder(roots[seconds], decode=decode, flow=None, store=False, **kw)
+        cases = _time_clips(datasets, args.video_passes)
+    base = cases["full+flow"]["clips_per_s"]
+    for r in cases.values():
+        r["x_baseline"] = round(r["clips_per_s"] / base, 2)
+    lo, hi = lengths[0], lengths[-1]
+    result["cases"] = cases
+    result["length_ratio"] = {d: round(cases[f"{d} {lo:g}s"]["clips_per_s"] / cases[f"{d} {hi:g}s"]["clips_per_s"], 2)
+                              for d in ("full", "seek")}
+    store_x = cases["store+flow"]["clips_per_s"] / base
+    result["targets"] = {
+        "store_vs_on_the_fly": round(store_x, 2), "store_vs_seek_on_the_fly":
+            round(cases["store+flow"]["clips_per_s"] / cases["seek+flow"]["clips_per_s"], 2),
+        "store_at_least_5x": store_x >= 5.0,
+        # 4x the length: the full decode gets ~4x slower; the seek should not (some noise allowed)
+        "seek_independent_of_length": result["length_ratio"]["seek"] < 1.5,
+    }
+    return result
+
+
+def _print_video(video: dict[str, Any]) -> None:
+    header = f"{'video case':<16} {'clips':>5} {'clips/s':>8} {'ms/clip':>8} {'median ms':>9} {'x full+flow':>11}"
+    print(header)
+    print("-" * len(header))
+    for name, r in video["cases"].items():
+        print(f"{name:<16} {r['clips']:>5} {r['clips_per_s']:>8.1f} {r['ms_per_clip']:>8.1f} {r['median_ms_per_clip']:>9.1f} "
+              f"{r['x_baseline']:>11.2f}")
+    lr, tg, pr = video["length_ratio"], video["targets"], video["prepare"]
+    lengths = video["setup"]["lengths_s"]
+    print(f"clips/s at {lengths[0]:g} s over clips/s at {lengths[-1]:g} s: full decode {lr['full']}x, seek {lr['seek']}x "
+          f"(1x = independent of the video's length)")
+    print(f"store vs on-the-fly (full+flow): {tg['store_vs_on_the_fly']}x (target >= 5x: "
+          f"{'met' if tg['store_at_least_5x'] else 'NOT met'}); vs seek+flow: {tg['store_vs_seek_on_the_fly']}x")
+    print(f"prepare: {pr['clips']} clips in {pr['seconds']} s with {pr['workers']} workers ({pr['clips_per_s']} clips/s), "
+          f"store {pr['store_mb']} MB; encoding the test videos took {video['encode_s']} s")
 
 
 def _time_loader(dataset: Any, views: list[Any], batch_size: int, batches: int, workers: int) -> dict[str, float]:
@@ -119,15 +284,22 @@ def run(args: argparse.Namespace) -> int:
             r["pickle_mb"] = round(pkl.stat().st_size / 2**20, 1)
             cases["mosi-store-augmented"] = r
     results["cases"] = cases
+    if want is None or "video" in want:
+        results["video"] = _video_cases(args)
     header = f"{'case':<22} {'views':>5} {'K':>4} {'first batch s':>13} {'samples/s':>10} {'views/s':>9}"
-    print(header)
-    print("-" * len(header))
+    if cases:
+        print(header)
+        print("-" * len(header))
     for name, r in cases.items():
         print(f"{name:<22} {r['views']:>5} {r['batch_size']:>4} {r['first_batch_s']:>13.2f} {r['samples_per_s']:>10.1f} "
               f"{r['views_per_s']:>9.1f}")
     if "mosi-store-augmented" in cases:
         r = cases["mosi-store-augmented"]
         print(f"(MOSI-shaped pickle of {r['pickle_mb']} MB converted to the store in {r['convert_s']} s)")
+    if "video" in results:
+        if cases:
+            print()
+        _print_video(results["video"])
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

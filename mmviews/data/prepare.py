@@ -3,10 +3,16 @@
 - ``mosi`` / ``mosei`` / ``sims``: PATH is the MMSA or MulT ``.pkl``. Checks the splits,
   keys, shapes, lengths and split sizes (warning on the MulT split), then writes the
   memory-mapped store (default ``PATH.mmstore``, or ``--out``).
-- ``ucf101`` / ``hmdb51``: PATH is the folder of class folders. Checks the split lists,
-  that every listed clip exists, counts clips with an audio track and unreadable clips,
-  and writes ``index.json`` (clips, classes, audio presence) to ``--out`` (default
-  ``PATH/mmviews_index.json``).
+- ``ucf101`` / ``hmdb51``: PATH is the folder of class folders. Checks the split lists and
+  that every listed clip exists, then extracts every video's frames (resized to a short side
+  of ``--size`` px, as JPEG or uint8 ``.npy`` arrays: ``--format``) and Farneback optical flow
+  (``--flow``, stored as uint8 +-20 px) once into the video store ``--out`` (default
+  ``PATH.mmstore``, next to PATH), in ``--workers`` processes with a progress bar. A killed
+  prepare resumes where it stopped when run again; unreadable videos are reported by name and
+  skipped (``--on-error skip``) or stop the run (``raise``). The datasets read the store when it
+  exists. Layout and manifest: :mod:`mmviews.data.video_store`. ``--check-only`` only checks:
+  it counts clips with an audio track and unreadable clips and writes ``index.json`` to
+  ``--out`` (default ``PATH/mmviews_index.json``).
 - ``synthetic``: nothing to prepare (generated on the fly); prints its shapes.
 
 Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -34,8 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", nargs="?", default=None, help="the .pkl file (mosi/mosei/sims) or the video folder")
     parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
     parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing store (video: removes only the outputs its manifest lists)")
     parser.add_argument("--fold", type=int, default=1, help="video split fold to check (1-3)")
+    video = parser.add_argument_group("video (ucf101, hmdb51)")
+    video.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                       help="worker processes extracting clips (default: one per CPU; 0: in this process)")
+    video.add_argument("--size", type=int, default=128, help="short side of the stored frames in px (0: as decoded)")
+    video.add_argument("--format", default="jpeg", choices=["jpeg", "npy"], help="frames and flow as JPEG files or uint8 .npy arrays")
+    video.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality (1-100)")
+    video.add_argument("--flow", default="farneback", choices=["farneback", "none"], help="optical flow to store")
+    video.add_argument("--on-error", default="skip", choices=["skip", "raise"],
+                       help="an unreadable video: report it and go on (skip) or stop (raise)")
+    video.add_argument("--check-only", action="store_true", help="only check the folder and write its index (no store)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -77,17 +95,33 @@ def _prepare_sentiment(args: argparse.Namespace) -> dict[str, Any]:
 
 def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
     from mmviews.data.video import VideoFolder, scan_video_folder
+    from mmviews.data.video_store import default_store_path, prepare_video_store
 
     root = Path(args.path)
     summary: dict[str, Any] = {"dataset": args.dataset, "root": str(root)}
     splits: dict[str, Any] = {}
     for split in ("train", "test"):
-        ds = VideoFolder(root, split=split, fold=args.fold, audio=False)
+        ds = VideoFolder(root, split=split, fold=args.fold, audio=False, store=False)
         missing = [rel for _, rel in ds.clips if not (root / rel).is_file()]
         splits[split] = {"clips": len(ds.clips), "missing": missing}
         summary[f"{split} (fold {args.fold})"] = f"{len(ds.clips)} clips listed, {len(missing)} missing"
-    scan = scan_video_folder(root)
     expected = VIDEO_CLIPS[args.dataset]
+    missing_problems = [f"{s}: {len(v['missing'])} listed clips missing" for s, v in splits.items() if v["missing"]]
+    if not args.check_only:
+        res = prepare_video_store(root, Path(args.out) if args.out else default_store_path(root), dataset=args.dataset,
+                                  image_format=args.format, size=args.size, flow=None if args.flow == "none" else args.flow,
+                                  jpeg_quality=args.jpeg_quality, workers=args.workers, on_error=args.on_error,
+                                  overwrite=args.overwrite)
+        summary["clips on disk"] = f"{res['clips']} (card: {expected})"
+        summary["store"] = res["store"]
+        summary["prepared now"] = res["prepared"]
+        summary["already in the store"] = res["already_done"]
+        summary["clips with an audio track"] = res["with_audio"]
+        summary["unreadable (skipped)"] = list(res["failed"].values())
+        summary["seconds"] = res["seconds"]
+        summary["problems"] = missing_problems + ([f"{len(res['failed'])} unreadable clips"] if res["failed"] else [])
+        return summary
+    scan = scan_video_folder(root)
     summary["clips on disk"] = f"{scan['clips']} in {scan['classes']} classes (card: {expected})"
     summary["clips with an audio track"] = scan["with_audio"]
     summary["unreadable"] = scan["unreadable"]
@@ -95,8 +129,7 @@ def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
     index = {"dataset": args.dataset, "fold": args.fold, "splits": splits, "scan": scan}
     atomic_write_text(out, json.dumps(index, indent=1))
     summary["index"] = str(out)
-    summary["problems"] = [f"{s}: {len(v['missing'])} listed clips missing" for s, v in splits.items() if v["missing"]] + \
-        ([f"{len(scan['unreadable'])} unreadable clips"] if scan["unreadable"] else [])
+    summary["problems"] = missing_problems + ([f"{len(scan['unreadable'])} unreadable clips"] if scan["unreadable"] else [])
     return summary
 
 

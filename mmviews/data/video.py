@@ -7,10 +7,13 @@ Layout (``data_cards/ucf101.md``, ``data_cards/hmdb51.md``)::
     splits_dir/<class>_test_split1.txt            HMDB-51 ("clip.avi 1|2|0": train|test|unused)
     frames_root/ClassName/clip/img_00001.jpg      optional precomputed frames
     flow_root/ClassName/clip/flow_x_00001.jpg     optional TV-L1 flow (or flow_y_, or 3-channel flow_00001.jpg)
+    <root>.mmstore/                               optional store of frames + flow made by ``mmviews prepare``
+                                                  (:mod:`mmviews.data.video_store`), used when present
 
 Flow images store ``(f + 20) * 255 / 40`` as uint8 after clipping f to +-20 px; they are
-decoded back to pixels. Frames and audio are decoded with PyAV; a clip without an audio
-stream gives ``audio = None`` (absent, never silence).
+decoded back to pixels. Frames and audio are decoded with PyAV (frames: only the clip's
+window, found by seeking, :mod:`mmviews.data.video_io`); a clip without an audio stream gives
+``audio = None`` (absent, never silence).
 """
 
 from __future__ import annotations
@@ -27,63 +30,20 @@ from torch.utils.data import Dataset
 
 from mmviews.data.registry import register_dataset
 
-VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".webm", ".mov")
-FLOW_BOUND = 20.0
-
-
-def decode_flow_image(values: np.ndarray) -> np.ndarray:
-    """uint8 flow image values -> pixels: ``v * 40 / 255 - 20`` (inverse of the flow-image encoding below)."""
-    return values.astype(np.float32) * (2 * FLOW_BOUND / 255.0) - FLOW_BOUND
-
-
-def encode_flow_image(flow: np.ndarray) -> np.ndarray:
-    """pixels -> uint8 flow image values: clip to +-20, then ``(f + 20) * 255 / 40``."""
-    return np.rint((np.clip(flow, -FLOW_BOUND, FLOW_BOUND) + FLOW_BOUND) * 255.0 / (2 * FLOW_BOUND)).astype(np.uint8)
-
-
-def read_video_frames(path: str | os.PathLike[str]) -> tuple[np.ndarray, float]:
-    """All frames of a video file as uint8 ``[N, H, W, 3]`` RGB, and its frame rate (PyAV)."""
-    import av
-
-    with av.open(str(path)) as container:
-        if not container.streams.video:
-            raise ValueError(f"{path}: no video stream")
-        stream = container.streams.video[0]
-        fps = float(stream.average_rate) if stream.average_rate else 25.0
-        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
-    if not frames:
-        raise ValueError(f"{path}: the video stream has no decodable frames")
-    return np.stack(frames), fps
-
-
-def read_audio_track(path: str | os.PathLike[str], sample_rate: int = 16000) -> np.ndarray | None:
-    """The audio track as mono float32 ``[T]`` at ``sample_rate`` (PyAV), or None if the file has none."""
-    import av
-
-    with av.open(str(path)) as container:
-        if not container.streams.audio:
-            return None
-        stream = container.streams.audio[0]
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
-        chunks: list[np.ndarray] = []
-        for frame in container.decode(stream):
-            for out in resampler.resample(frame):
-                chunks.append(out.to_ndarray().reshape(-1))
-        for out in resampler.resample(None):  # flush
-            chunks.append(out.to_ndarray().reshape(-1))
-    if not chunks:
-        return None
-    return np.concatenate(chunks).astype(np.float32)
-
-
-def _read_image(path: Path, mode: str) -> np.ndarray:
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert(mode))
-    except Exception as err:  # PIL raises several types for damaged files
-        raise ValueError(f"{path}: cannot read image ({type(err).__name__}: {err})") from err
+# The file-level readers live in video_io (shared with the prepared store); the names are
+# imported here too so that ``mmviews.data.video.read_video_frames`` etc. keep working.
+from mmviews.data.video_io import (  # noqa: F401
+    FLOW_BOUND,
+    VIDEO_EXTENSIONS,
+    decode_flow_image,
+    encode_flow_image,
+    farneback_flow,
+    read_audio_track,
+    read_image as _read_image,
+    read_video_frames,
+    read_video_window,
+)
+from mmviews.data.video_store import VideoStore
 
 
 def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tuple[str, str]]:
@@ -133,18 +93,28 @@ class VideoFolder(Dataset):
     ``on_error="raise"`` raises a ValueError naming the file that cannot be read;
     ``"skip"`` marks that modality absent, warns with the file name and counts it in
     ``self.num_skipped`` (per process).
+
+    Where frames come from, first match wins: ``frames_root`` images; the prepared store
+    (``store``: True looks for ``<root>.mmstore`` made by ``mmviews prepare``, a path names one,
+    False/None never uses one; a clip missing from it, or whose video changed since, is decoded
+    instead); the video file, decoded with ``decode="seek"`` (only the frames of the window, see
+    :func:`mmviews.data.video_io.read_video_window`) or ``"full"`` (every frame, the old path).
+    With ``flow="farneback"`` a store's flow is used when it has one (computed at the store's
+    size, stored as uint8 +-20 px), else Farneback runs on the frames read.
     """
 
     def __init__(self, root: str | os.PathLike[str], split: str = "train", *, dataset: str | None = None, fold: int = 1,
                  splits_dir: str | os.PathLike[str] | None = None, num_frames: int = 8, size: int | tuple[int, int] = 112,
                  frames_root: str | os.PathLike[str] | None = None, flow_root: str | os.PathLike[str] | None = None,
                  flow: str | None = None, audio: bool = True, sample_rate: int = 16000, max_audio_seconds: float = 5.0,
-                 on_error: str = "raise") -> None:
+                 on_error: str = "raise", decode: str = "seek", store: bool | str | os.PathLike[str] | None = True) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"no such video folder: {self.root}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if decode not in ("seek", "full"):
+            raise ValueError(f"decode must be 'seek' or 'full', got {decode!r}")
         if flow is None and flow_root is not None:
             flow = "precomputed"
         if flow not in (None, "precomputed", "farneback"):
@@ -164,6 +134,11 @@ class VideoFolder(Dataset):
         self.max_audio_seconds = float(max_audio_seconds)
         self.on_error = on_error
         self.num_skipped = 0
+        self.decode = decode
+        self.store: VideoStore | None = None
+        if frames_root is None and store is not None and store is not False:
+            self.store = VideoStore.find(self.root) if store is True else VideoStore(store)
+        self.num_stale = 0  # clips decoded because their video changed after the store was made (per process)
         sdir = Path(splits_dir) if splits_dir is not None else self._find_splits_dir()
         self.clips = parse_split(self.root, sdir, split, fold)
         if not self.clips:
@@ -178,6 +153,10 @@ class VideoFolder(Dataset):
         unknown = sorted({c for c, _ in self.clips if c not in self.class_to_index})
         if unknown:
             raise ValueError(f"{self.root}: split lists name classes without a folder: {unknown[:5]}")
+        if self.store is not None and 0 < int(self.store.options["size"]) < min(self.size):
+            warnings.warn(f"the store {self.store.path} holds frames with a short side of {self.store.options['size']} px, "
+                          f"smaller than size={self.size}: they are upscaled (prepare again with --size "
+                          f"{min(self.size)} or more for sharp frames)", stacklevel=2)
 
     def _find_splits_dir(self) -> Path:
         for cand in (self.root, self.root / "ucfTrainTestlist", self.root / "splits", self.root / "testTrainMulti_7030_splits",
@@ -231,6 +210,8 @@ class VideoFolder(Dataset):
         frames_np: np.ndarray | None = None
         fps = 25.0
         start_time = 0.0
+        entry = self._store_entry(rel, path)
+        source = path if self.frames_root is None else self.frames_root / cls / stem  # named when reading fails
         try:
             if self.frames_root is not None:
                 d = self.frames_root / cls / stem
@@ -239,23 +220,34 @@ class VideoFolder(Dataset):
                     raise FileNotFoundError(f"{d}: no img_*.jpg frames")
                 idx = self._window(len(files))
                 frames_np = np.stack([_read_image(files[i], "RGB") for i in idx])
+            elif entry is not None:
+                assert self.store is not None
+                source = self.store.folder(entry)
+                idx = self._window(int(entry["frames"]))
+                frames_np = self.store.read_frames(entry, idx)
+                fps = float(entry["fps"])
             else:
                 if not path.is_file():
                     raise FileNotFoundError(f"{path}: listed in the split but missing")
-                all_frames, fps = read_video_frames(path)
-                idx = self._window(len(all_frames))
-                frames_np = all_frames[idx]
+                frames_np, idx, fps = read_video_window(path, self._window, seek=self.decode == "seek")
             start_time = float(idx[0]) / fps
             video = torch.from_numpy(frames_np).permute(0, 3, 1, 2).float().div_(255.0)
             mods["video"] = self._resize(video).clamp_(0, 1)
         except Exception as err:
-            self._fail(path if self.frames_root is None else self.frames_root / cls / stem, err)
+            self._fail(source, err)
             frames_np = None
         if self.flow is not None:
             try:
-                mods["flow"] = self._flow(cls, stem, frames_np)
+                if self.flow == "farneback" and entry is not None and self.store is not None and self.store.has_flow:
+                    source = self.store.folder(entry)
+                    # Stored flow of the same frame window (computed at the store's size).
+                    mods["flow"] = self._resize_flow(torch.from_numpy(
+                        self.store.read_flow(entry, self._window(int(entry["frames"])))))
+                else:
+                    source = (self.flow_root / cls / stem) if self.flow_root else path
+                    mods["flow"] = self._flow(cls, stem, frames_np)
             except Exception as err:
-                self._fail((self.flow_root / cls / stem) if self.flow_root else path, err)
+                self._fail(source, err)
         if self.audio:
             try:
                 if not path.is_file():
@@ -271,16 +263,23 @@ class VideoFolder(Dataset):
                 self._fail(path, err)
         return {"index": index, "id": rel, "modalities": mods, "labels": {"class": self.class_to_index[cls]}}
 
+    def _store_entry(self, rel: str, path: Path) -> dict[str, Any] | None:
+        """The store's entry of clip ``rel`` when it is there and its video unchanged, else None."""
+        if self.store is None:
+            return None
+        entry, stale = self.store.lookup(rel, path)
+        if stale:
+            self.num_stale += 1
+            if self.num_stale == 1:  # once per process: the count is in self.num_stale
+                warnings.warn(f"{path} changed after the store {self.store.path} was made: decoding it instead "
+                              "(rerun `mmviews prepare` to update the store)", stacklevel=3)
+        return entry
+
     def _flow(self, cls: str, stem: str, frames_np: np.ndarray | None) -> torch.Tensor | None:
         if self.flow == "farneback":
             if frames_np is None:
                 return None
-            import cv2
-
-            gray = [cv2.cvtColor(f, cv2.COLOR_RGB2GRAY) for f in frames_np]
-            fl = [cv2.calcOpticalFlowFarneback(gray[t], gray[t + 1], None, 0.5, 3, 15, 3, 5, 1.2, 0)
-                  for t in range(len(gray) - 1)]
-            flow = torch.from_numpy(np.stack(fl)).permute(0, 3, 1, 2).float()
+            flow = torch.from_numpy(farneback_flow(frames_np))
         else:
             assert self.flow_root is not None
             d = self.flow_root / cls / stem
@@ -299,6 +298,10 @@ class VideoFolder(Dataset):
                 idx = self._window(len(fs) + 1)[:-1].clip(0, len(fs) - 1)
                 flow_np = np.stack([_read_image(fs[i], "RGB")[..., :2] for i in idx]).transpose(0, 3, 1, 2)
             flow = torch.from_numpy(decode_flow_image(flow_np))
+        return self._resize_flow(flow)
+
+    def _resize_flow(self, flow: torch.Tensor) -> torch.Tensor:
+        """``[T, 2, h, w]`` pixels -> ``[T, 2, H, W]`` at ``self.size``, displacements scaled by ``W / w``, ``H / h``."""
         H, W = flow.shape[-2:]
         if (H, W) != self.size:
             import torch.nn.functional as TF

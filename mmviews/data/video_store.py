@@ -1,0 +1,558 @@
+"""The prepared video store: frames and optical flow of every clip, extracted once.
+
+``mmviews prepare ucf101|hmdb51 ROOT`` (:func:`prepare_video_store`) decodes each video of
+``ROOT/<class>/`` once, resizes its frames, computes Farneback flow between consecutive
+frames and writes both to a store folder (default ``<ROOT>.mmstore``, next to ROOT: a store
+inside ROOT would be taken for a class folder). :class:`VideoStore` reads it back; the video
+datasets use it automatically when it exists (``VideoFolder(store=...)``).
+
+Layout::
+
+    STORE/manifest.json                  kind "mmviews-video-store", version, dataset, source root,
+                                         options, clips {rel: entry}, failed {rel: message}
+    STORE/clips/<class>/<clip stem>/     one folder per clip
+        clip.json                        the clip's manifest entry; its presence = clip done
+        img_00001.jpg ...                frames, RGB             (format "jpeg")
+        flow_x_00001.jpg, flow_y_00001.jpg ...  flow of frames i -> i+1, grayscale uint8
+        frames.npy                       uint8 [N, H, W, 3]      (format "npy")
+        flow.npy                         uint8 [N - 1, 2, H, W]  (format "npy")
+
+Flow values use the flow-image convention: clip to +-20 px, ``value = (f + 20) * 255 / 40``
+(:func:`mmviews.data.video_io.encode_flow_image`), so JPEG and npy stores hold the same
+numbers up to JPEG loss; N frames give N - 1 flows (frame numbers start at 1 in file names).
+A clip entry: ``frames``, ``flows``, ``height``, ``width`` (stored size), ``fps``, ``audio``
+(the source has an audio track), ``source_size`` / ``source_mtime_ns`` (of the video when it
+was prepared), ``source_height`` / ``source_width``, ``format`` and ``options``.
+
+Resuming: each clip is written into a temporary folder (``.mmviews-tmp-<stem>.<pid>``) and
+renamed to its final name once complete, ``clip.json`` included, so after a kill a clip folder
+is either complete or absent; a rerun skips the clips whose ``clip.json`` matches the current
+source file (size and modification time) and options, and removes the temporary folders left
+behind. ``manifest.json`` gathers the entries (saved every few seconds and at the end).
+
+Safety: mmviews deletes only what it wrote. ``overwrite=True`` removes the clip folders the
+manifest lists (only the file names the entry accounts for) and refuses a folder without a
+video-store manifest; a folder that is in the way and was not written by mmviews is reported
+by name and left alone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import re
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from mmviews.data.video_io import (
+    DEFAULT_FPS,
+    decode_flow_image,
+    encode_flow_image,
+    farneback_pair,
+    list_video_clips,
+    to_gray,
+)
+from mmviews.fileio import atomic_write_text
+
+STORE_KIND = "mmviews-video-store"
+STORE_VERSION = 1
+MANIFEST = "manifest.json"
+CLIP_ENTRY = "clip.json"
+CLIPS_DIR = "clips"
+TMP_PREFIX = ".mmviews-tmp-"
+LOCK_FILE = ".mmviews-lock"
+FORMATS = ("jpeg", "npy")
+FLOW_METHODS = ("farneback",)
+# Any file name a clip folder of ours can hold (used for temporary folders, whose entry may be
+# missing; complete clip folders are cleaned by the names their entry accounts for).
+_OUR_FILE = re.compile(r"clip\.json|frames\.npy|flow\.npy|img_\d{5,}\.jpg|flow_[xy]_\d{5,}\.jpg")
+_MANIFEST_SAVE_S = 10.0  # seconds between manifest saves during a prepare
+
+
+def default_store_path(root: str | os.PathLike[str]) -> Path:
+    """Where ``mmviews prepare`` puts the store of the video folder ``root``: ``<root>.mmstore``."""
+    root = Path(root)
+    return root.with_name(root.name + ".mmstore")
+
+
+def read_manifest(store: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The store's manifest, or None when ``store`` has no video-store ``manifest.json``."""
+    path = Path(store) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("kind") != STORE_KIND:
+        return None
+    return manifest
+
+
+def clip_dir_name(rel: str) -> str:
+    """Store folder of the clip ``"Class/clip.avi"``: ``"clips/Class/clip"``."""
+    cls, name = rel.split("/", 1)
+    return f"{CLIPS_DIR}/{cls}/{Path(name).stem}"
+
+
+def _entry_files(entry: dict[str, Any]) -> list[str]:
+    """Every file name a complete clip folder holds according to its entry."""
+    names = [CLIP_ENTRY]
+    if entry.get("format") == "npy":
+        return names + ["frames.npy", "flow.npy"]
+    names += [f"img_{i:05d}.jpg" for i in range(1, int(entry["frames"]) + 1)]
+    for i in range(1, int(entry.get("flows", 0)) + 1):
+        names += [f"flow_x_{i:05d}.jpg", f"flow_y_{i:05d}.jpg"]
+    return names
+
+
+def _check_ours(folder: Path, entry: dict[str, Any] | None) -> None:
+    """ValueError naming ``folder`` if it holds anything but the files its entry names (any of
+    our file names for a temporary folder, ``entry=None``)."""
+    ours = set(_entry_files(entry)) if entry is not None else None
+    foreign = sorted(f.name for f in folder.iterdir()
+                     if not f.is_file() or not (f.name in ours if ours is not None else _OUR_FILE.fullmatch(f.name)))
+    if foreign:
+        raise ValueError(f"{folder}: holds files mmviews did not write ({foreign[:5]}); nothing deleted, "
+                         "move them away first")
+
+
+def _remove_clip_folder(folder: Path, entry: dict[str, Any] | None) -> None:
+    """Delete a clip folder mmviews wrote (see :func:`_check_ours`, checked first)."""
+    _check_ours(folder, entry)
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
+
+
+# --------------------------------------------------------------------------- writing one clip
+
+
+def _output_size(height: int, width: int, size: int) -> tuple[int, int]:
+    """Stored ``(H, W)``: the short side scaled to ``size`` (aspect kept); never upscaled; 0 = as is."""
+    short = min(height, width)
+    if size <= 0 or short <= size:
+        return height, width
+    return max(1, round(height * size / short)), max(1, round(width * size / short))
+
+
+def _init_worker() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)  # one process per core already: OpenCV's own threads would oversubscribe
+
+
+class StoreWriteError(OSError):
+    """Writing to the store failed (disk full, permissions): stops a prepare, never skips a clip."""
+
+
+def _prepare_clip(root: str, rel: str, store: str, options: dict[str, Any],
+                  before_commit: Callable[[str], None] | None) -> tuple[str, dict[str, Any] | None, str | None]:
+    """Decode, resize, compute flow and write one clip. Returns ``(rel, entry, None)`` or, when the
+    video cannot be read, ``(rel, None, message naming the file)``; a failure to write the store
+    raises :class:`StoreWriteError`. Runs in a worker process."""
+    import av
+    import cv2
+
+    src = Path(root) / rel
+    final = Path(store) / clip_dir_name(rel)
+    tmp = final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
+    fmt, size, flow_method, quality = options["format"], int(options["size"]), options["flow"], options.get("jpeg_quality")
+    jpeg = [cv2.IMWRITE_JPEG_QUALITY, int(quality or 90)]
+
+    def write_jpeg(path: Path, img: np.ndarray) -> None:  # OpenCV: faster than PIL, and what the reader uses
+        try:
+            ok = cv2.imwrite(str(path), img if img.ndim == 2 else cv2.cvtColor(img, cv2.COLOR_RGB2BGR), jpeg)
+        except cv2.error as err:
+            raise StoreWriteError(f"{path}: cannot write ({err})") from err
+        if not ok:
+            raise StoreWriteError(f"{path}: cannot write")
+
+    if tmp.exists():  # left by a killed worker that had the same process id
+        _remove_clip_folder(tmp, None)
+    reading = True  # until the video is decoded, an exception means the video cannot be read
+    try:
+        st = src.stat()
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as err:
+            raise StoreWriteError(f"{tmp}: cannot create ({err})") from err
+        frames: list[np.ndarray] = []  # npy format only
+        flows: list[np.ndarray] = []
+        n = src_h = src_w = out_h = out_w = 0
+        prev_gray: np.ndarray | None = None
+        with av.open(str(src)) as container:
+            if not container.streams.video:
+                raise ValueError("no video stream")
+            stream = container.streams.video[0]
+            fps = float(stream.average_rate) if stream.average_rate else DEFAULT_FPS
+            has_audio = bool(container.streams.audio)
+            for frame in container.decode(stream):
+                rgb = frame.to_ndarray(format="rgb24")
+                if n == 0:
+                    src_h, src_w = rgb.shape[:2]
+                    out_h, out_w = _output_size(src_h, src_w, size)
+                if (out_h, out_w) != rgb.shape[:2]:
+                    rgb = cv2.resize(rgb, (out_w, out_h), interpolation=cv2.INTER_AREA)
+                n += 1
+                if flow_method is not None:
+                    gray = to_gray(rgb)
+                    if prev_gray is not None:
+                        uv = encode_flow_image(farneback_pair(prev_gray, gray))  # uint8 [2, H, W]
+                        if fmt == "npy":
+                            flows.append(uv)
+                        else:
+                            write_jpeg(tmp / f"flow_x_{n - 1:05d}.jpg", uv[0])
+                            write_jpeg(tmp / f"flow_y_{n - 1:05d}.jpg", uv[1])
+                    prev_gray = gray
+                if fmt == "npy":
+                    frames.append(rgb)
+                else:
+                    write_jpeg(tmp / f"img_{n:05d}.jpg", rgb)
+        if n == 0:
+            raise ValueError("the video stream has no decodable frames")
+        reading = False
+        n_flows = n - 1 if flow_method is not None else 0
+        if fmt == "npy":
+            np.save(tmp / "frames.npy", np.stack(frames))
+            if flow_method is not None:
+                np.save(tmp / "flow.npy", np.stack(flows) if flows else np.zeros((0, 2, out_h, out_w), np.uint8))
+        entry = {"dir": clip_dir_name(rel), "frames": n, "flows": n_flows, "height": out_h, "width": out_w, "fps": fps,
+                 "audio": has_audio, "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns,
+                 "source_height": src_h, "source_width": src_w, "format": fmt, "options": options}
+        (tmp / CLIP_ENTRY).write_text(json.dumps(entry))
+        if before_commit is not None:
+            before_commit(rel)
+        os.rename(tmp, final)  # atomic: the clip folder appears complete or not at all
+        return rel, entry, None
+    except Exception as err:  # PyAV and OpenCV raise their own types; report, never half-write
+        if tmp.exists():
+            _remove_clip_folder(tmp, None)
+        if not reading or isinstance(err, StoreWriteError):
+            raise
+        return rel, None, f"{src}: {type(err).__name__}: {err}"
+
+
+# --------------------------------------------------------------------------- the whole store
+
+
+@contextmanager
+def _store_lock(store: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the store for one prepare (a second one fails, naming the store)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; one prepare at a time is then up to the user
+        yield
+        return
+    with open(store / LOCK_FILE, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            raise ValueError(f"{store}: another mmviews prepare is writing this store") from err
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def clear_video_store(store: str | os.PathLike[str]) -> int:
+    """Remove the outputs a video store's manifest lists; returns the number of clip folders removed.
+
+    The manifest is ``manifest.json`` plus the per-clip ``clip.json`` entries. Only those clip
+    folders (the files their entries name), temporary folders of an interrupted prepare and
+    ``manifest.json`` itself are deleted; class folders are removed when that leaves them empty.
+    A folder that is not a mmviews video store raises ValueError naming it; nothing is deleted.
+    """
+    store = Path(store)
+    manifest = read_manifest(store)
+    if manifest is None:
+        raise ValueError(f"{store} is not a mmviews video store (no {MANIFEST} of kind {STORE_KIND!r}): "
+                         "refusing to delete anything in it")
+    removed = 0
+    folders: dict[Path, dict[str, Any] | None] = {}
+    for entry in manifest.get("clips", {}).values():
+        folders[store / entry["dir"]] = entry
+    clips_root = store / CLIPS_DIR
+    if clips_root.is_dir():
+        for cls in clips_root.iterdir():
+            if not cls.is_dir():
+                continue
+            for d in cls.iterdir():
+                if d.is_dir() and d.name.startswith(TMP_PREFIX):
+                    folders[d] = None
+                elif d.is_dir() and (d / CLIP_ENTRY).is_file() and d not in folders:
+                    folders[d] = json.loads((d / CLIP_ENTRY).read_text())
+    folders = {d: entry for d, entry in folders.items() if d.is_dir()}
+    for d, entry in folders.items():  # all checked before anything is deleted
+        _check_ours(d, entry)
+    for d, entry in folders.items():
+        _remove_clip_folder(d, entry)
+        removed += 1
+    if clips_root.is_dir():
+        for cls in clips_root.iterdir():
+            if cls.is_dir() and not any(cls.iterdir()):
+                cls.rmdir()
+        if not any(clips_root.iterdir()):
+            clips_root.rmdir()
+    (store / MANIFEST).unlink(missing_ok=True)
+    return removed
+
+
+def _write_manifest(store: Path, header: dict[str, Any], clips: dict[str, Any], failed: dict[str, str]) -> None:
+    manifest = {**header, "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "clips": dict(sorted(clips.items())), "failed": dict(sorted(failed.items()))}
+    atomic_write_text(store / MANIFEST, json.dumps(manifest, indent=0))
+
+
+def _is_current(entry: dict[str, Any], source: Path, options: dict[str, Any]) -> bool:
+    try:
+        st = source.stat()
+    except OSError:
+        return False
+    return (entry.get("options") == options and entry.get("source_size") == st.st_size
+            and entry.get("source_mtime_ns") == st.st_mtime_ns)
+
+
+def store_options(image_format: str = "jpeg", size: int = 128, flow: str | None = "farneback",
+                  jpeg_quality: int = 90) -> dict[str, Any]:
+    """The options a store is made with (checked, as recorded in its manifest)."""
+    if image_format not in FORMATS:
+        raise ValueError(f"image format must be one of {FORMATS}, got {image_format!r}")
+    if flow not in (None, *FLOW_METHODS):
+        raise ValueError(f"flow must be None or one of {FLOW_METHODS}, got {flow!r}")
+    if int(size) < 0:
+        raise ValueError(f"size (short side in pixels, 0 = as decoded) must be >= 0, got {size}")
+    if image_format == "jpeg" and not 1 <= int(jpeg_quality) <= 100:
+        raise ValueError(f"jpeg_quality must be in 1..100, got {jpeg_quality}")
+    return {"format": image_format, "size": int(size), "flow": flow,
+            "jpeg_quality": int(jpeg_quality) if image_format == "jpeg" else None}
+
+
+def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
+                        dataset: str | None = None, image_format: str = "jpeg", size: int = 128,
+                        flow: str | None = "farneback", jpeg_quality: int = 90, workers: int | None = None,
+                        on_error: str = "skip", overwrite: bool = False, progress: bool = True,
+                        before_commit: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Extract frames and flow of every video under ``root/<class>/`` into a store (layout: module docstring).
+
+    ``image_format`` "jpeg" (``jpeg_quality``) or "npy" (uint8 arrays, exact); ``size``: short side
+    in pixels (0: as decoded); ``flow`` "farneback" or None; ``workers``: worker processes (0: in
+    this process; None: one per CPU). ``on_error="skip"`` reports unreadable videos by name
+    (a warning, and ``failed`` in the result and manifest) and goes on; ``"raise"`` stops at the
+    first one with a ValueError naming it (finished clips are kept). A rerun resumes: clips
+    already in the store are not redone. ``overwrite`` first clears the store
+    (:func:`clear_video_store`). ``before_commit(rel)`` is called in the worker just before a
+    finished clip is renamed into place (tests use it to slow a prepare down; must pickle).
+
+    Returns ``{"store", "clips", "already_done", "prepared", "failed": {rel: message}, "with_audio",
+    "seconds"}``.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no such video folder: {root}")
+    out = Path(out) if out is not None else default_store_path(root)
+    if on_error not in ("skip", "raise"):
+        raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    options = store_options(image_format, size, flow, jpeg_quality)
+    if out.resolve() == root.resolve() or root.resolve() in out.resolve().parents:
+        raise ValueError(f"store {out} is inside the video folder {root}, where it would be taken for a class folder; "
+                         f"choose another --out (default {default_store_path(root)})")
+    clips = list_video_clips(root)
+    if not clips:
+        raise ValueError(f"{root}: no videos in class folders (expected {root}/<class>/<clip>.avi)")
+    seen: dict[str, str] = {}
+    for rel in clips:
+        other = seen.setdefault(clip_dir_name(rel), rel)
+        if other != rel:
+            raise ValueError(f"{root}: {other} and {rel} would share the store folder {clip_dir_name(rel)}")
+
+    manifest = read_manifest(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder")
+    if manifest is None and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} is not a mmviews video store (no {MANIFEST} of kind {STORE_KIND!r}) and is not empty: "
+                         "refusing to write into it; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    with _store_lock(out):
+        if manifest is not None and overwrite:
+            clear_video_store(out)
+            manifest = None
+        if manifest is not None and manifest.get("options") != options:
+            raise ValueError(f"{out} was prepared with options {manifest.get('options')}, not {options}: "
+                             "pass --overwrite to rebuild it with the new ones, or choose another --out")
+        header = {"kind": STORE_KIND, "version": STORE_VERSION, "dataset": dataset, "source_root": str(root.resolve()),
+                  "options": options}
+        # Temporary folders of an interrupted prepare: incomplete, ours (prefix), removed.
+        clips_root = out / CLIPS_DIR
+        if clips_root.is_dir():
+            for tmp in clips_root.glob(f"*/{TMP_PREFIX}*"):
+                if tmp.is_dir():
+                    _remove_clip_folder(tmp, None)
+        done: dict[str, dict[str, Any]] = {}
+        todo: list[str] = []
+        for rel in clips:
+            folder = out / clip_dir_name(rel)
+            entry_path = folder / CLIP_ENTRY
+            if entry_path.is_file():
+                entry = json.loads(entry_path.read_text())
+                if _is_current(entry, root / rel, options):
+                    done[rel] = entry
+                    continue
+                _remove_clip_folder(folder, entry)  # ours but stale (source changed): redo
+            elif folder.exists():
+                raise ValueError(f"{folder} exists but was not written by mmviews (no {CLIP_ENTRY}): "
+                                 "move it away or choose another --out")
+            todo.append(rel)
+        already = len(done)
+        failed: dict[str, str] = {}
+        _write_manifest(out, header, done, failed)
+        for class_dir in {clip_dir_name(r).rsplit("/", 1)[0] for r in todo}:
+            (out / class_dir).mkdir(parents=True, exist_ok=True)
+
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(clips), initial=already, desc=f"preparing {dataset or root.name}", unit="clip",
+                   disable=not progress)
+        last_save = time.monotonic()
+        error: str | None = None
+
+        def record(rel: str, entry: dict[str, Any] | None, message: str | None) -> None:
+            nonlocal last_save, error
+            bar.update(1)
+            if entry is not None:
+                done[rel] = entry
+            else:
+                assert message is not None
+                failed[rel] = message
+                if on_error == "raise":
+                    error = message
+                else:
+                    warnings.warn(f"skipped unreadable video {message}", stacklevel=3)
+            if time.monotonic() - last_save > _MANIFEST_SAVE_S:
+                _write_manifest(out, header, done, failed)
+                last_save = time.monotonic()
+
+        n_workers = (os.cpu_count() or 1) if workers is None else int(workers)
+        try:
+            if n_workers <= 0:
+                for rel in todo:
+                    record(*_prepare_clip(str(root), rel, str(out), options, before_commit))
+                    if error is not None:
+                        break
+            elif todo:
+                # spawn, not fork: the parent may hold threads (torch, OpenCV) that fork does not copy safely.
+                ctx = multiprocessing.get_context("spawn")
+                with cf.ProcessPoolExecutor(max_workers=min(n_workers, len(todo)), mp_context=ctx,
+                                            initializer=_init_worker) as pool:
+                    futures = [pool.submit(_prepare_clip, str(root), rel, str(out), options, before_commit) for rel in todo]
+                    try:
+                        for fut in cf.as_completed(futures):
+                            record(*fut.result())
+                            if error is not None:
+                                break
+                    finally:
+                        for fut in futures:
+                            fut.cancel()
+        finally:
+            bar.close()
+            _write_manifest(out, header, done, failed)
+        if error is not None:
+            raise ValueError(f"cannot read {error} (prepare stopped: on_error='raise'; finished clips are kept, "
+                             "a rerun resumes)")
+    return {"store": str(out), "clips": len(clips), "already_done": already, "prepared": len(done) - already,
+            "failed": failed, "with_audio": sum(bool(e.get("audio")) for e in done.values()),
+            "seconds": round(time.perf_counter() - t_start, 2)}
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_jpeg(path: Path, gray: bool) -> np.ndarray:
+    """A store JPEG as uint8 ``[H, W]`` (gray) or ``[H, W, 3]`` RGB. OpenCV, not PIL: 2-4x faster
+    on these small images (both use libjpeg-turbo)."""
+    import cv2
+
+    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR)
+    if img is None:
+        raise ValueError(f"{path}: missing or unreadable store image (rerun `mmviews prepare` to repair the store)")
+    return img if gray else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+class VideoStore:
+    """Read access to a prepared store: ``lookup`` a clip, then ``read_frames`` / ``read_flow``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        manifest = read_manifest(self.path)
+        if manifest is None:
+            raise ValueError(f"{self.path} is not a mmviews video store (no {MANIFEST} of kind {STORE_KIND!r}); "
+                             "make one with `mmviews prepare ucf101|hmdb51 ROOT --out STORE`")
+        if manifest.get("version") != STORE_VERSION:
+            raise ValueError(f"{self.path}: video store version {manifest.get('version')}, this mmviews reads "
+                             f"{STORE_VERSION}; rebuild it with `mmviews prepare ... --overwrite`")
+        self.options: dict[str, Any] = manifest["options"]
+        self.clips: dict[str, dict[str, Any]] = manifest["clips"]
+        self.has_flow = self.options.get("flow") is not None
+
+    @classmethod
+    def find(cls, root: str | os.PathLike[str]) -> VideoStore | None:
+        """The store at :func:`default_store_path` of ``root`` if there is one, else None."""
+        path = default_store_path(root)
+        return cls(path) if read_manifest(path) is not None else None
+
+    def lookup(self, rel: str, source: Path) -> tuple[dict[str, Any] | None, bool]:
+        """``(entry, stale)`` of clip ``rel``: entry None when the store lacks it or ``source`` has
+        changed since (``stale`` True: size or modification time differ). A source that no longer
+        exists does not make the entry stale: the store is then all there is."""
+        entry = self.clips.get(rel)
+        if entry is None:
+            return None, False
+        try:
+            st = source.stat()
+        except FileNotFoundError:
+            return entry, False
+        if st.st_size != entry["source_size"] or st.st_mtime_ns != entry["source_mtime_ns"]:
+            return None, True
+        return entry, False
+
+    def folder(self, entry: dict[str, Any]) -> Path:
+        return self.path / entry["dir"]
+
+    def read_frames(self, entry: dict[str, Any], idx: np.ndarray) -> np.ndarray:
+        """Frames ``idx`` (0-based, repeats allowed) as uint8 ``[T, H, W, 3]``."""
+        d = self.folder(entry)
+        if entry["format"] == "npy":
+            return np.asarray(np.load(d / "frames.npy", mmap_mode="r")[idx])
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        images = np.stack([_read_jpeg(d / f"img_{i + 1:05d}.jpg", gray=False) for i in uniq])
+        return images[inverse]
+
+    def read_flow(self, entry: dict[str, Any], idx: np.ndarray) -> np.ndarray:
+        """Flow between the frames ``idx[t]`` and ``idx[t + 1]`` as float32 ``[T - 1, 2, H, W]`` pixels.
+
+        Consecutive frames read the stored flow ``idx[t]``; a repeated frame (a clip shorter than
+        the window) gives zero flow.
+        """
+        if not entry.get("flows") and len(idx) > 1 and np.any(idx[1:] == idx[:-1] + 1):
+            raise ValueError(f"{self.folder(entry)}: the store holds no flow (prepared with flow=None)")
+        d = self.folder(entry)
+        start = np.asarray(idx[:-1])
+        moving = idx[1:] == idx[:-1] + 1
+        out = np.zeros((len(start), 2, entry["height"], entry["width"]), np.float32)
+        wanted = start[moving]
+        if len(wanted):
+            if entry["format"] == "npy":
+                stored = np.asarray(np.load(d / "flow.npy", mmap_mode="r")[wanted])
+            else:
+                stored = np.stack([np.stack([_read_jpeg(d / f"flow_x_{i + 1:05d}.jpg", gray=True),
+                                             _read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
+            out[moving] = decode_flow_image(stored)
+        return out
