@@ -139,15 +139,27 @@ class EvaluationConfig:
 class OutputConfig:
     """Run folder, logging and checkpoints.
 
-    ``dir`` None: ``runs/<name>``. ``checkpoint_every`` optimiser steps (0: at the end of
+    ``dir``: the run folder's name, one path component relative to the working directory
+    (None: ``runs/<name>``; any other folder is chosen with ``--output``). ``checkpoint_every`` optimiser steps (0: at the end of
     every epoch only); the last ``keep_last`` checkpoints are kept.
+
+    ``metrics.csv`` is always written. ``trackers`` adds Accelerate experiment trackers that
+    receive the same per-step rows and the recipe as hyper-parameters (``log_with=``):
+    ``tensorboard`` (the ``mmviews[tensorboard]`` extra; events in ``<run>/logs/``) and the
+    others Accelerate knows, whose packages the user installs (a tracker asked for but not
+    installed stops the run before any work). ``tensorboard`` is the old switch, kept so that
+    recipes and run folders that have it still load: ``true`` adds TensorBoard when it is
+    installed (skipped with a warning otherwise), ``false``/``null`` does nothing; new recipes
+    use ``trackers: [tensorboard]``.
     """
 
     dir: str | None = None
     log_every: int = 1
     checkpoint_every: int = 0
     keep_last: int = 2
-    tensorboard: bool = True
+    trackers: list[Literal["tensorboard", "aim", "mlflow", "wandb", "comet_ml", "clearml", "dvclive", "swanlab",
+                           "trackio"]] = field(default_factory=list)
+    tensorboard: bool | None = None  # deprecated: use trackers: [tensorboard]
     progress_bar: bool = True
 
 
@@ -323,6 +335,19 @@ def _check_values(config: TrainConfig, source: str) -> None:
     need(out.keep_last >= 1, "output.keep_last", f"must be >= 1, got {out.keep_last}")
     for modality, adapter in config.adapters.items():
         need("type" in adapter, f"adapters.{modality}.type", "every adapter needs a 'type'")
+    # The run folder is runs/<name> (or output.dir): a name with a separator, '..' or an
+    # absolute path would put it anywhere. Choosing another folder is --output's job.
+    need(is_folder_name(config.name), "name",
+         f"must be a single folder name (no '/', '\\', '..' or absolute path), got {config.name!r}; "
+         "choose a run folder elsewhere with --output")
+    need(out.dir is None or is_folder_name(out.dir), "output.dir",
+         f"must be a single folder name (no '/', '\\', '..' or absolute path), got {out.dir!r}; "
+         "choose a run folder elsewhere with --output")
+
+
+def is_folder_name(name: str) -> bool:
+    """Whether ``name`` is one path component: not empty, not ``.``/``..``, no separator or NUL."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
 # --------------------------------------------------------------------------- overrides
@@ -442,19 +467,48 @@ def save_config(config: TrainConfig, path: str | os.PathLike[str]) -> Path:
     return atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None))
 
 
-def recipes_dirs() -> list[Path]:
-    """Folders searched for bare recipe names: ``$MMVIEWS_RECIPES``, ``./recipes``, and the
-    ``recipes/`` folder of the source tree this package was loaded from."""
-    dirs = []
+def recipe_sources() -> list[tuple[Path, str]]:
+    """Folders searched for bare recipe names, in order, each with where it comes from:
+
+    1. ``$MMVIEWS_RECIPES`` (origin ``"MMVIEWS_RECIPES"``), when set;
+    2. ``./recipes`` in the current folder (``"local"``);
+    3. the recipes shipped with mmviews (:func:`mmviews.resources.resource_dir`): the wheel's
+       packaged copy (``"packaged"``) or, in a source checkout or editable install, the
+       repository's top-level ``recipes/`` (``"checkout"``).
+
+    A folder reached twice (``./recipes`` of the checkout itself) is listed once, first origin."""
+    from mmviews.resources import resource_dir
+
+    found: list[tuple[Path, str]] = []
     if os.environ.get("MMVIEWS_RECIPES"):
-        dirs.append(Path(os.environ["MMVIEWS_RECIPES"]))
-    dirs.append(Path.cwd() / "recipes")
-    dirs.append(Path(__file__).resolve().parents[1] / "recipes")
-    unique: list[Path] = []
-    for d in dirs:
-        if d not in unique:
-            unique.append(d)
+        found.append((Path(os.environ["MMVIEWS_RECIPES"]), "MMVIEWS_RECIPES"))
+    found.append((Path.cwd() / "recipes", "local"))
+    shipped = resource_dir("recipes")
+    if shipped is not None:
+        found.append(shipped)
+    unique: list[tuple[Path, str]] = []
+    seen: set[Path] = set()
+    for folder, origin in found:
+        key = folder.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append((folder, origin))
     return unique
+
+
+def recipes_dirs() -> list[Path]:
+    """The folders of :func:`recipe_sources`, in search order."""
+    return [folder for folder, _ in recipe_sources()]
+
+
+def recipe_origin(path: str | os.PathLike[str]) -> str:
+    """Where a recipe file comes from: the origin of the :func:`recipe_sources` folder holding
+    it (``"packaged"``, ``"checkout"``, ``"local"``, ``"MMVIEWS_RECIPES"``), else ``"path"``."""
+    parent = Path(path).resolve().parent
+    for folder, origin in recipe_sources():
+        if folder.resolve() == parent:
+            return origin
+    return "path"
 
 
 def list_recipes() -> list[Path]:
@@ -469,7 +523,7 @@ def list_recipes() -> list[Path]:
 
 def resolve_recipe(name_or_path: str | os.PathLike[str]) -> Path:
     """A recipe given as a path, or as a bare name (``quickstart``) looked up in
-    :func:`recipes_dirs`."""
+    :func:`recipes_dirs` (see :func:`recipe_sources` for the order)."""
     path = Path(name_or_path)
     if path.is_file():
         return path

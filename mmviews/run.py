@@ -2,14 +2,33 @@
 
 A run folder written by ``mmviews train`` holds::
 
+    .mmviews-run.json    the manifest: what this run wrote (RUN_MANIFEST)
     config.yaml          the resolved recipe (CONFIG_FILE)
     metrics.csv          one row per logged optimiser step (LOG_FILE)
     checkpoints/checkpoint-NNNNNNNN/   complete checkpoints (train_state.json, objective.pt,
-                                       Accelerate's model/optimiser/scheduler/RNG files)
+                                       teacher.safetensors, Accelerate's model/optimiser/
+                                       scheduler/RNG files)
     checkpoints/.tmp-checkpoint-NNNNNNNN/   a checkpoint being written (ignored when loading)
-    encoder/             MultiViewEncoder.save_pretrained, once training finished
+    encoder/             MultiViewEncoder.save_pretrained, once training finished, with a
+                         README.md model card (objective, views, data, evaluation, command)
+    logs/<tracker>/      what the trackers of ``output.trackers`` write (e.g. TensorBoard events)
     eval/, eval_random/, eval_epoch_N/   evaluation reports (metrics.json, summary.md, plots)
     results.json, report.md              the run summary
+
+**Never delete what mmviews did not write.** A run starts only in a folder that does not
+exist, is empty, or is an mmviews run (:func:`check_run_dir`); an existing run is replaced
+only when asked (``--overwrite``), and then only the entries its manifest lists are removed
+(:func:`claim_run_dir`): files the user put next to them stay. The manifest records the
+top-level entries that appeared in the folder while mmviews ran (:func:`record_run_outputs`,
+called at the start, at every checkpoint and at the end), apart from those present when the
+run took the folder.
+
+**Checkpoints are data, not code.** ``train_state.json`` records, besides the loop position,
+the size and SHA-256 of every file of its checkpoint (:func:`checkpoint_file_records`);
+:func:`verify_checkpoint_file` checks a file against it before anything reads the file, so a
+truncated, corrupt or swapped file is named instead of silently loaded. Pickled files are
+only ever read with ``torch.load(weights_only=True)`` (:func:`load_torch_file`), which
+refuses any global outside tensors, containers and numbers.
 
 Both the trainer (:mod:`mmviews.train`) and ``mmviews eval`` use this module, so evaluation
 never depends on the training code.
@@ -17,8 +36,15 @@ never depends on the training code.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pickle
+import re
+import shutil
+import zipfile
 from pathlib import Path
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -26,6 +52,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from mmviews.config import ConfigError, TrainConfig, load_config
 from mmviews.data.loaders import build_eval_loaders, eval_view_config
+from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError
+from mmviews.fileio import atomic_write_text
 from mmviews.modalities.multiview import MultiViewEncoder
 
 CONFIG_FILE = "config.yaml"
@@ -35,10 +63,155 @@ CHECKPOINT_PREFIX = "checkpoint-"
 TMP_PREFIX = ".tmp-" + CHECKPOINT_PREFIX
 TRAIN_STATE_FILE = "train_state.json"
 OBJECTIVE_FILE = "objective.pt"
+TEACHER_FILE = "teacher.safetensors"
 ENCODER_DIR = "encoder"
 EVAL_METRICS_FILE = "metrics.json"  # inside each evaluation folder
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
+RUN_MANIFEST = ".mmviews-run.json"
+MANIFEST_FORMAT = "mmviews-run"
+MANIFEST_VERSION = 1
+# What runs written before the manifest existed put in their folder (removed by --overwrite
+# of such a run; nothing else is).
+LEGACY_OUTPUTS = (CONFIG_FILE, LOG_FILE, CHECKPOINTS_DIR, ENCODER_DIR, "eval", "eval_random", RESULTS_FILE,
+                  REPORT_FILE, "tensorboard")
+LEGACY_OUTPUT_PREFIXES = ("eval_epoch_",)
+
+
+class RunFolderError(ValueError):
+    """A folder cannot be used as (or is not) a run folder; the message names it."""
+
+
+# --------------------------------------------------------------------------- run folders
+
+
+def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run's manifest ``{"format", "version", "created": [names], "foreign": [names]}``,
+    or None when the folder has none. A manifest that is not one is a :class:`CorruptFileError`."""
+    path = Path(run_dir) / RUN_MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorruptFileError(f"{path}: not valid JSON ({error}); the run manifest is corrupt") from None
+    ok = (isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT
+          and all(isinstance(data.get(k), list) and all(isinstance(n, str) for n in data[k]) for k in ("created", "foreign")))
+    if not ok:
+        raise CorruptFileError(f"{path}: not an mmviews run manifest (expected format {MANIFEST_FORMAT!r} with "
+                               "lists 'created' and 'foreign')")
+    return data
+
+
+def _is_legacy_run(run_dir: Path) -> bool:
+    """A run written before manifests: a ``config.yaml`` next to a log, checkpoints or an encoder."""
+    return (run_dir / CONFIG_FILE).is_file() and (
+        (run_dir / LOG_FILE).is_file() or bool(list_checkpoints(run_dir)) or (run_dir / ENCODER_DIR).is_dir())
+
+
+def is_run_dir(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``run_dir`` is a folder written by ``mmviews train`` (manifest, or the layout of
+    a run from before manifests)."""
+    run_dir = Path(run_dir)
+    return run_dir.is_dir() and ((run_dir / RUN_MANIFEST).is_file() or _is_legacy_run(run_dir))
+
+
+def _entries(run_dir: Path) -> set[str]:
+    return {p.name for p in run_dir.iterdir()} - {RUN_MANIFEST} if run_dir.is_dir() else set()
+
+
+def _run_outputs(run_dir: Path) -> list[str]:
+    """Top-level entries of a run folder that the run wrote."""
+    manifest = read_manifest(run_dir)
+    present = _entries(run_dir)
+    if manifest is not None:
+        return sorted(present & set(manifest["created"]))
+    return sorted(n for n in present if n in LEGACY_OUTPUTS or n.startswith(LEGACY_OUTPUT_PREFIXES))
+
+
+def _writable_ancestor(path: Path) -> Path:
+    """``path`` or its nearest existing ancestor (where a folder would be created)."""
+    path = path.absolute()
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, resume: bool = False) -> None:
+    """Raise :class:`RunFolderError` (naming the folder) unless a run may write to ``run_dir``.
+
+    A fresh run needs a folder that does not exist or is empty; an existing mmviews run
+    only with ``overwrite``; a folder holding anything else, never (whatever ``overwrite``
+    says). ``resume`` needs an mmviews run. In every case the folder (or the ancestor it
+    would be created in) must be writable. Writes nothing.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"{run_dir} is a file, not a run folder: choose another --output")
+    if resume:
+        if not is_run_dir(run_dir):
+            raise RunFolderError(f"{run_dir} is not an mmviews run folder (no {RUN_MANIFEST} or {CONFIG_FILE}): "
+                                 "nothing to resume")
+    elif run_dir.is_dir() and any(run_dir.iterdir()):
+        if not is_run_dir(run_dir):
+            found = sorted(p.name for p in run_dir.iterdir())
+            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+            raise RunFolderError(f"{run_dir} is not empty and not an mmviews run folder (it holds {shown}); mmviews "
+                                 "writes only into a new or empty folder or one of its own runs: choose another --output")
+        if not overwrite:
+            raise RunFolderError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+                                 "or choose another --output (or --overwrite to replace what that run wrote)")
+    where = _writable_ancestor(run_dir)
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{where} is not writable: cannot write the run folder {run_dir}")
+
+
+def claim_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, resume: bool = False) -> None:
+    """Main process, before a run writes anything: check the folder (:func:`check_run_dir`),
+    remove what a replaced run wrote (``overwrite``; only the entries its manifest lists),
+    create the folder and write its manifest."""
+    run_dir = Path(run_dir)
+    check_run_dir(run_dir, overwrite=overwrite, resume=resume)
+    old = read_manifest(run_dir) if run_dir.is_dir() else None
+    if resume:
+        # Entries the user had put here stay foreign; everything else found now was written
+        # by this run (possibly after its last manifest update, before a kill).
+        foreign = set(old["foreign"]) if old is not None else _entries(run_dir) - set(_run_outputs(run_dir))
+        created = set(old["created"]) if old is not None else set(_run_outputs(run_dir))
+    else:
+        if run_dir.is_dir():
+            for name in _run_outputs(run_dir):  # empty unless replacing a run (overwrite)
+                target = run_dir / name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        foreign, created = _entries(run_dir), set()
+    _write_manifest(run_dir, created | (_entries(run_dir) - foreign), foreign)
+
+
+def _write_manifest(run_dir: Path, created: Iterable[str], foreign: Iterable[str]) -> None:
+    data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+            "note": "written by mmviews train: 'created' lists what --overwrite may remove",
+            "created": sorted(created), "foreign": sorted(foreign)}
+    atomic_write_text(run_dir / RUN_MANIFEST, json.dumps(data, indent=1))
+
+
+def record_run_outputs(run_dir: str | os.PathLike[str]) -> None:
+    """Main process: add the folder's new top-level entries to the manifest's ``created``
+    (a run folder without a manifest is left alone)."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    if manifest is None:
+        return
+    foreign = set(manifest["foreign"])
+    created = set(manifest["created"]) | (_entries(run_dir) - foreign)
+    if created != set(manifest["created"]):
+        _write_manifest(run_dir, created, foreign)
+
+
+# --------------------------------------------------------------------------- checkpoint files
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
@@ -46,7 +219,8 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
     folder = Path(run_dir) / CHECKPOINTS_DIR
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+             and p.name[len(CHECKPOINT_PREFIX):].isdigit()]
     return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
 
 
@@ -73,6 +247,120 @@ def run_dir_of(checkpoint: Path) -> Path:
     return checkpoint.parent.parent
 
 
+def file_record(path: Path) -> dict[str, Any]:
+    """``{"bytes": size, "sha256": hex digest}`` of a file."""
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"bytes": path.stat().st_size, "sha256": digest}
+
+
+def checkpoint_file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """The :func:`file_record` of every file of a checkpoint folder (``train_state.json``
+    excepted: it holds these records)."""
+    return {p.name: file_record(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != TRAIN_STATE_FILE}
+
+
+_STATE_KEYS = ("epoch", "batch_in_epoch", "step", "samples")
+
+
+def read_train_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint's ``train_state.json``: ``{"epoch", "batch_in_epoch", "step", "samples"}``
+    (non-negative ints) and ``"files"`` (the :func:`checkpoint_file_records` written with it,
+    or None for checkpoints from before they were recorded). Anything else is a
+    :class:`CorruptFileError` naming the file."""
+    path = Path(checkpoint) / TRAIN_STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {checkpoint} is not a complete checkpoint")
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorruptFileError(f"{path}: not valid JSON ({error}); the checkpoint is corrupt, "
+                               "resume from an earlier one (checkpoints/checkpoint-N)") from None
+    if not isinstance(data, dict):
+        raise CorruptFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    for key in _STATE_KEYS:
+        value = data.get(key, 0 if key == "samples" else None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CorruptFileError(f"{path}: key {key!r} must be a non-negative integer, got {value!r}")
+    files = data.get("files")
+    if files is not None and not (isinstance(files, dict) and all(
+            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
+            for v in files.values())):
+        raise CorruptFileError(f"{path}: key 'files' must map file names to {{'bytes', 'sha256'}}")
+    return {**{k: int(data.get(k, 0)) for k in _STATE_KEYS}, "files": files}
+
+
+def verify_checkpoint_file(checkpoint: Path, name: str, records: dict[str, dict[str, Any]] | None) -> Path:
+    """``checkpoint/name``, after checking it exists and, when ``records`` (from
+    ``train_state.json``) list it, that its size and SHA-256 are those recorded when the
+    checkpoint was written. A mismatch is a :class:`CorruptFileError` naming the file."""
+    path = checkpoint / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the checkpoint is incomplete")
+    expected = None if records is None else records.get(name)
+    if records is not None and expected is None:
+        raise CorruptFileError(f"{path} is not listed in {checkpoint / TRAIN_STATE_FILE}: it was not written "
+                               "with this checkpoint")
+    if expected is not None:
+        if path.stat().st_size != expected["bytes"]:
+            raise CorruptFileError(f"{path} has {path.stat().st_size} bytes, {expected['bytes']} when the checkpoint "
+                                   "was written: truncated or replaced; resume from an earlier checkpoint")
+        if file_record(path)["sha256"] != expected["sha256"]:
+            raise CorruptFileError(f"{path} does not match the SHA-256 recorded when the checkpoint was written: "
+                                   "modified or replaced; resume from an earlier checkpoint")
+    return path
+
+
+def load_torch_file(path: Path, safe_globals: Iterable[Any] = ()) -> Any:
+    """``torch.load(path, weights_only=True)`` on CPU: tensors, containers and numbers only
+    (plus ``safe_globals``, e.g. numpy's array rebuild for RNG states). A file that names any
+    other global is an :class:`UnsafePickleError` and one that cannot be read a
+    :class:`CorruptFileError`; both name the file, and nothing from the file has run."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    if path.stat().st_size == 0:
+        raise CorruptFileError(f"{path} is empty (truncated)")
+    try:
+        with torch.serialization.safe_globals(list(safe_globals)):
+            # mmap: a zip checkpoint's tensors are mapped, not read, so checking a big file is cheap.
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as error:
+        # torch's message suggests allow-listing the global: not advice to follow for a
+        # checkpoint, so only the global (or the refused instruction) is quoted.
+        text = str(error)
+        if "Weights only load failed" in text or "GLOBAL" in text:
+            found = re.search(r"GLOBAL ([\w.]+)", text)
+            what = f"refused to load global '{found.group(1)}'" if found else "refused: not a weights-only torch file"
+            raise UnsafePickleError(f"{path}: {what}; a checkpoint file holds only tensors and numbers, so this one "
+                                    "is corrupt or was replaced (it may be malicious)") from None
+        raise CorruptFileError(f"{path}: not a readable torch file ({_first_sentence(text)}): truncated or corrupt") from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as error:
+        raise CorruptFileError(f"{path}: not a readable torch file ({_first_sentence(str(error)) or type(error).__name__}): "
+                               "truncated or corrupt") from None
+
+
+def _first_sentence(text: str) -> str:
+    return text.strip().splitlines()[0].split(". ")[0].rstrip(".") if text.strip() else ""
+
+
+def check_safetensors(path: Path) -> Path:
+    """Open a safetensors file's header and tensors; a damaged file is a :class:`CorruptFileError`
+    naming it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                f.get_slice(key)
+    except Exception as error:  # safetensors raises its own SafetensorError (not an OSError)
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CorruptFileError(f"{path}: not a readable safetensors file ({first}): truncated or corrupt") from None
+    return path
+
+
+# --------------------------------------------------------------------------- loading a run
+
+
 def build_encoder(config: TrainConfig, source: str = "recipe") -> nn.Module:
     """The recipe's :class:`MultiViewEncoder` (``adapters`` and ``encoder`` sections), freshly
     initialised; an invalid section is a :class:`ConfigError` naming ``source``."""
@@ -89,6 +377,18 @@ def eval_loaders(config: TrainConfig, train_dataset: Dataset | None = None) -> d
     return build_eval_loaders(config.data, views, config.seed, train_dataset)
 
 
+def load_checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The encoder weights of a checkpoint (``model.safetensors``, or ``pytorch_model.bin`` when
+    Accelerate saved without safetensors), checked against ``train_state.json``."""
+    from safetensors.torch import load_file
+
+    records = read_train_state(checkpoint)["files"]
+    if (checkpoint / "model.safetensors").is_file():
+        path = check_safetensors(verify_checkpoint_file(checkpoint, "model.safetensors", records))
+        return load_file(str(path))
+    return load_torch_file(verify_checkpoint_file(checkpoint, "pytorch_model.bin", records))
+
+
 def load_run(path: str | os.PathLike[str]) -> tuple[nn.Module, TrainConfig, dict[str, DataLoader | None]]:
     """Load a trained run for evaluation: ``(encoder, config, loaders)``.
 
@@ -96,13 +396,14 @@ def load_run(path: str | os.PathLike[str]) -> tuple[nn.Module, TrainConfig, dict
     checkpoint) or a checkpoint folder. ``encoder(batch) -> (z [K, M, d], mask [K, M])`` is on
     CPU in eval mode; ``config`` is the run's resolved :class:`TrainConfig`; ``loaders`` maps
     ``"train"``, ``"val"``, ``"test"`` to unshuffled, un-augmented loaders of the recipe's
-    splits (None for a split the recipe lacks), with the evaluation views.
+    splits (None for a split the recipe lacks), with the evaluation views. A damaged file is
+    an error naming it (:class:`CorruptFileError`).
     """
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no run or checkpoint at {path}")
+    if not path.is_dir():
+        raise RunFolderError(f"{path} is a file: give a run folder or a checkpoint folder")
     checkpoint_given = is_checkpoint(path)
     run_dir = run_dir_of(path) if checkpoint_given else path
     config_path = run_dir / CONFIG_FILE
@@ -114,11 +415,11 @@ def load_run(path: str | os.PathLike[str]) -> tuple[nn.Module, TrainConfig, dict
     else:
         checkpoint = find_checkpoint(path)
         encoder = build_encoder(config, str(config_path))
-        weights = checkpoint / "model.safetensors"
-        if weights.is_file():
-            state = load_file(str(weights))
-        else:  # Accelerate saves pytorch_model.bin when safetensors is off
-            state = torch.load(checkpoint / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        encoder.load_state_dict(state, strict=True)
+        state = load_checkpoint_weights(checkpoint)
+        try:
+            encoder.load_state_dict(state, strict=True)
+        except RuntimeError as error:  # missing/unexpected keys or shapes: not this recipe's encoder
+            raise CorruptFileError(f"{checkpoint}: its weights do not fit the encoder of {config_path} "
+                                   f"({str(error).splitlines()[0]})") from None
     encoder.eval()
     return encoder, config, eval_loaders(config)

@@ -41,13 +41,26 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+# Streamed score blocks: every objective that takes chunk_size also runs with blocks of this
+# many local anchor samples (K_LOCAL = 4: an uneven last block), its local anchors scored
+# against the gathered candidates block by block, the candidates' gradient flowing back through
+# the gather. (Single-process equality of streamed and unchunked: test_objectives_streaming.py.)
+STREAMED_CHUNK = 3
+
+
 def objective_variants() -> list[tuple[str, str, dict[str, Any]]]:
-    """(key, name, params) for every registered objective and each of its variants."""
-    from mmviews.objectives import list_objectives
+    """(key, name, params) for every registered objective and each of its variants, plus a
+    streamed variant (``chunk_size``) of the first for objectives that take one."""
+    import inspect
+
+    from mmviews.objectives import list_objectives, objective_class
 
     out = []
     for name in list_objectives():
-        for params in VARIANTS.get(name, [{}]):
+        variants = list(VARIANTS.get(name, [{}]))
+        if "chunk_size" in inspect.signature(objective_class(name).__init__).parameters:
+            variants.append({**variants[0], "chunk_size": STREAMED_CHUNK})
+        for params in variants:
             key = name + "".join(f"[{k}={v}]" for k, v in sorted(params.items()))
             out.append((key, name, params))
     return out

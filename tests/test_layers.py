@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mmviews"
 # Lowest first. A module belongs to the longest prefix listed; the package itself
 # (``mmviews/__init__.py``: the version) is below them all.
 LAYERS: list[tuple[str, ...]] = [
-    ("mmviews.registry", "mmviews.fileio"),
+    ("mmviews.registry", "mmviews.fileio", "mmviews.resources"),
     ("mmviews.objectives",),
     ("mmviews.data",),
     ("mmviews.modalities",),

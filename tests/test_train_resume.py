@@ -138,3 +138,31 @@ def test_resume_restores_stateful_objective(tmp_path):
     r = run_train("--resume", str(part))
     assert r.returncode == 0, r.stderr[-3000:]
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))
+
+
+def test_resume_restores_ema_teacher(tmp_path):
+    """An EMA teacher (ER's distillation form) is checkpointed as teacher.safetensors, not
+    through Accelerate's pickled custom state: resuming mid-run gives the same final weights
+    (the loss depends on the teacher, so a teacher not restored would change them)."""
+    import shutil
+
+    raw = tiny_config(num_samples=64, batch_size=16, epochs=3)
+    raw["objective"] = {"name": "er", "params": {"temperature": 0.2}, "ema_teacher": True, "teacher_momentum": 0.9}
+    raw["output"].update(checkpoint_every=3, keep_last=10)
+    recipe = write_recipe(tmp_path / "er.yaml", raw)
+    full = tmp_path / "full"
+    r = run_train(str(recipe), "--output", str(full))
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = list_checkpoints(full)[1]
+    assert (ckpt / "teacher.safetensors").is_file() and not list(ckpt.glob("custom_checkpoint_*"))
+
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    shutil.rmtree(part / "encoder")
+    for ckpt in list_checkpoints(part):
+        if int(ckpt.name.split("-")[1]) > 6:
+            shutil.rmtree(ckpt)
+    assert list_checkpoints(part)[-1].name == "checkpoint-00000006"
+    r = run_train("--resume", str(part))
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))

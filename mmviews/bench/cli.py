@@ -12,8 +12,10 @@ import importlib
 
 VERBS: dict[str, tuple[str, str]] = {
     "objectives": ("mmviews.bench.objectives", "time and memory of every objective vs a cross-entropy floor and the reference loops"),
+    "scale": ("mmviews.bench.scale", "time and peak memory of the objectives at K*M up to 65,536, streamed vs unchunked"),
     "adapters": ("mmviews.bench.adapters", "throughput and memory of the modality adapters"),
     "data": ("mmviews.bench.data", "throughput of the data pipeline"),
+    "train": ("mmviews.bench.train", "samples/s of a whole training step and where its time goes (data, encoders, loss, backward, optimiser)"),
 }
 
 

@@ -9,14 +9,32 @@ owns their feature. Only the module of the command being run is imported, so
 
 Multi-GPU / multi-node: ``accelerate launch -m mmviews.cli train RECIPE ...`` (``python -m
 mmviews.cli`` runs :mod:`mmviews.cli.__main__`).
+
+Errors: :func:`main` is the one place that turns an error into a message. A user error (a
+bad recipe, file, folder, dataset, split or option: ``ValueError`` and its subclasses
+``ConfigError`` and ``CorruptFileError``, ``KeyError``, ``OSError`` such as
+``FileNotFoundError`` or ``PermissionError``, a refused pickle) is printed as one line,
+``mmviews COMMAND: error: MESSAGE`` (the message names the file, key or value at fault),
+with exit status 2; a diverging run (``FloatingPointError``) likewise with status 1. Any
+other exception is a bug and keeps its traceback. ``--debug`` (any command) shows the
+traceback of every error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import pickle
 import sys
 from typing import Sequence
+
+# Errors the user can fix (exit status 2). ConfigError and CorruptFileError are ValueErrors;
+# UnsafePickleError is a pickle.UnpicklingError.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, pickle.UnpicklingError)
+# A run that diverged (non-finite loss, named with its step): reported, exit status 1.
+RUN_FAILURES: tuple[type[BaseException], ...] = (FloatingPointError,)
+
+__all__ = ["COMMANDS", "error_message", "main"]
 
 # command -> (module, one-line help). Sub-commands with their own sub-verbs (bench) are
 # dispatched by their module.
@@ -65,5 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"mmviews {name}", description=help_text)
     module.add_arguments(parser)
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = parser.parse_args(argv[1:])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except USER_ERRORS + RUN_FAILURES as error:
+        if args.debug:
+            raise
+        print(f"mmviews {name}: error: {error_message(error)}", file=sys.stderr)
+        return 1 if isinstance(error, RUN_FAILURES) else 2
+
+
+def error_message(error: BaseException) -> str:
+    """The error as one line: its message (a KeyError's without the quotes ``str`` adds),
+    whitespace runs and line breaks folded into single spaces."""
+    text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else str(error)
+    text = " ".join(str(text).split())
+    return text or type(error).__name__

@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from mmviews.data.views import ViewSpec
 from mmviews.eval.evaluate import evaluate_encoder
-from mmviews.run import LOG_FILE, load_run
+from mmviews.modalities.base import allow_remote_models
+from mmviews.run import LOG_FILE, load_run, record_run_outputs
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
 
@@ -37,14 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-csv", default=None,
                         help=f"training log with columns step,loss,... (default: the run folder's {LOG_FILE})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--allow-remote-models", action="store_true",
+                        help="allow adapters to build open_clip models named 'hf-hub:...' or 'local-dir:...'")
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
     path = Path(args.run)
     if not path.exists():
-        print(f"mmviews eval: {path} does not exist", file=sys.stderr)
-        return 2
-    encoder, config, loaders = load_run(path)
+        raise FileNotFoundError(f"{path} does not exist: give a run folder or a checkpoint folder")
+    with allow_remote_models(args.allow_remote_models):
+        encoder, config, loaders = load_run(path)
     tasks = args.tasks or config.evaluation.tasks or DEFAULT_TASKS
     run_dir = path if path.is_dir() else path.parent
     out = Path(args.out) if args.out else run_dir / "eval"
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if accelerator is None or accelerator.is_main_process:
+        if out.parent.resolve() == run_dir.resolve():
+            record_run_outputs(run_dir)  # the report is part of the run (for --overwrite)
         print(json.dumps(metrics, indent=2, sort_keys=True, default=str))
         print(f"report written to {out}")
     return 0

@@ -10,16 +10,24 @@ change it (e.g. more epochs). Several GPUs or nodes::
 
 ``data.batch_size`` is the global batch (split between processes), so a recipe gives the
 same negatives and the same results on any number of processes.
+
+The run folder (``--output``, else ``output.dir``, else ``runs/<name>``) must be new or empty;
+an existing mmviews run is replaced only with ``--overwrite``, which removes only what that
+run wrote (its manifest, see :mod:`mmviews.run`); a folder holding anything else is refused.
+A resumed checkpoint is checked file by file and never unpickled beyond tensors and numbers;
+``--resume-ignore-rng`` continues past unreadable RNG states (losing exact reproducibility).
+``--allow-remote-models`` allows open_clip ``hf-hub:``/``local-dir:`` model names.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 from pathlib import Path
 
-from mmviews.config import ConfigError, load_config, resolve_recipe
-from mmviews.run import CONFIG_FILE, find_checkpoint, run_dir_of
+from mmviews.config import load_config, resolve_recipe
+from mmviews.modalities.base import allow_remote_models
+from mmviews.run import CONFIG_FILE, check_run_dir, find_checkpoint, run_dir_of
 from mmviews.train import TrainCallback, build_run, train
 
 
@@ -30,9 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", "-o", default=None, help="run folder (default: output.dir, else runs/<name>)")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="continue the run in DIR (run folder or checkpoint folder) from its last checkpoint")
-    parser.add_argument("--overwrite", action="store_true", help="allow training into an existing run folder")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the mmviews run in the output folder (removes only what that run wrote; a folder "
+                        "holding anything else is never written to)")
     parser.add_argument("--check", action="store_true",
                         help="validate the recipe (config, dataset, views, objective) and exit without training")
+    parser.add_argument("--resume-ignore-rng", action="store_true",
+                        help="with --resume: continue even if the checkpoint's random-number-generator states cannot be "
+                        "read (the resumed run then no longer reproduces an uninterrupted one exactly)")
+    parser.add_argument("--allow-remote-models", action="store_true",
+                        help="allow adapters to build open_clip models named 'hf-hub:...' or 'local-dir:...' (their "
+                        "configuration and weights come from outside the recipe)")
 
 
 def _close_process_group() -> None:
@@ -45,43 +61,55 @@ def _close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _fail(message: str) -> int:
-    print(f"mmviews train: error: {message}", file=sys.stderr)
-    return 2
+def _is_first_process() -> bool:
+    """Global rank 0 (or no launcher). Only it checks the run folder: under ``accelerate
+    launch`` it may already have claimed the folder (manifest, config.yaml) by the time a slower
+    process would look, which would then see "a run" and refuse. The launcher stops the other
+    processes when rank 0 exits with an error."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
     """The command; ``callback`` is handed to :func:`mmviews.train.train` (tests use it to
-    slow a run down, see ``tests/slow_train.py``)."""
-    try:
-        if args.resume is not None:
-            checkpoint = find_checkpoint(args.resume)
-            run_dir = run_dir_of(checkpoint) if Path(args.resume).resolve() == checkpoint.resolve() else Path(args.resume)
-            recipe = resolve_recipe(args.recipe) if args.recipe is not None else run_dir / CONFIG_FILE
-            config = load_config(recipe, args.overrides)
-            if args.output is not None and Path(args.output).resolve() != run_dir.resolve():
-                return _fail(f"--output {args.output} differs from the resumed run folder {run_dir}")
-        else:
-            if args.recipe is None:
-                return _fail("give a RECIPE (path or name in recipes/) or --resume DIR")
-            recipe = resolve_recipe(args.recipe)
-            config = load_config(recipe, args.overrides)
-            run_dir = Path(args.output or config.output.dir or Path("runs") / config.name)
-            if not args.check and (run_dir / CONFIG_FILE).exists() and not args.overwrite:
-                return _fail(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
-                             "or choose another --output (or --overwrite)")
-        if args.check:
-            parts = build_run(config, source=str(recipe))
-            print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "
-                  f"objective {config.objective.name}; {len(parts.datasets['train'])} training samples)")
-            return 0
-        summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback)
-    except (ConfigError, FileNotFoundError) as error:
-        return _fail(str(error))
-    finally:
-        _close_process_group()
-    print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {summary['final_loss']:.4f}, "
-          f"{summary['wall_time_s']:.1f} s)")
+    slow a run down, see ``tests/slow_train.py``). Errors are raised; :func:`mmviews.cli.main`
+    prints them as one line."""
+    with allow_remote_models(args.allow_remote_models):
+        try:
+            return _run(args, callback)
+        finally:
+            _close_process_group()
+
+
+def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
+    if args.resume_ignore_rng and args.resume is None:
+        raise ValueError("--resume-ignore-rng only applies with --resume DIR")
+    if args.resume is not None:
+        checkpoint = find_checkpoint(args.resume)
+        run_dir = run_dir_of(checkpoint) if Path(args.resume).resolve() == checkpoint.resolve() else Path(args.resume)
+        recipe = resolve_recipe(args.recipe) if args.recipe is not None else run_dir / CONFIG_FILE
+        config = load_config(recipe, args.overrides)
+        if args.output is not None and Path(args.output).resolve() != run_dir.resolve():
+            raise ValueError(f"--output {args.output} differs from the resumed run folder {run_dir}")
+        if _is_first_process():
+            check_run_dir(run_dir, resume=True)
+    else:
+        if args.recipe is None:
+            raise ValueError("give a RECIPE (path or name in recipes/) or --resume DIR")
+        recipe = resolve_recipe(args.recipe)
+        config = load_config(recipe, args.overrides)
+        run_dir = Path(args.output or config.output.dir or Path("runs") / config.name)
+        if not args.check and _is_first_process():  # before any work: new, empty, or a run to --overwrite
+            check_run_dir(run_dir, overwrite=args.overwrite)
+    if args.check:
+        parts = build_run(config, source=str(recipe))
+        print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "
+              f"objective {config.objective.name}; {len(parts.datasets['train'])} training samples)")
+        return 0
+    summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
+                    overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng)
+    loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
+    print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
+          + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
-    return 0
+    return 1 if summary.get("status") == "failed" else 0

@@ -49,6 +49,11 @@ class ViewBatch:
     mask: torch.Tensor  # [K, M] bool, True = view present
     labels: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. "class" [K], "sentiment" [K]
     index: torch.Tensor | None = None  # [K] dataset indices (IPMC's memory bank)
+    # Whether every view of every sample is present, read from the mask while it was still in
+    # host memory (by :meth:`to` and :meth:`pin_memory`), so that code running on an
+    # accelerator can branch on it without reading the device mask back (a synchronisation).
+    # None: not known yet.
+    all_present: bool | None = None
 
     @property
     def num_samples(self) -> int:
@@ -63,18 +68,43 @@ class ViewBatch:
         positions = [i for i, v in enumerate(self.views) if v.modality == modality]
         return sorted(positions, key=lambda i: self.views[i].slot)
 
-    def to(self, device: torch.device | str) -> "ViewBatch":
-        def move(x: Any) -> Any:
+    def all_views_present(self) -> bool:
+        """True when no view of any sample is absent (``mask.all()``). Free when the batch
+        was moved by :meth:`to` or pinned by :meth:`pin_memory` (read while in host memory);
+        otherwise it reads the mask, a device synchronisation for an accelerator's mask."""
+        if self.all_present is None:
+            self.all_present = bool(self.mask.all())
+        return self.all_present
+
+    def _host_all_present(self) -> bool | None:
+        if self.all_present is not None:
+            return self.all_present
+        return bool(self.mask.all()) if self.mask.device.type == "cpu" else None
+
+    def _map(self, fn: Any) -> "ViewBatch":
+        def walk(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
-                return x.to(device, non_blocking=True)
+                return fn(x)
             if isinstance(x, dict):
-                return {k: move(v) for k, v in x.items()}
+                return {k: walk(v) for k, v in x.items()}
             return x
 
         return ViewBatch(
-            inputs=move(self.inputs),
+            inputs=walk(self.inputs),
             views=list(self.views),
-            mask=self.mask.to(device),
-            labels=move(self.labels),
-            index=None if self.index is None else self.index.to(device),
+            mask=fn(self.mask),
+            labels=walk(self.labels),
+            index=None if self.index is None else fn(self.index),
+            all_present=self._host_all_present(),
         )
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "ViewBatch":
+        """The batch with every tensor on ``device``. ``non_blocking=True`` lets copies from
+        pinned host memory (:meth:`pin_memory`) overlap with work already queued on the device
+        (Accelerate passes it when the loader is configured with ``non_blocking``)."""
+        return self._map(lambda x: x.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "ViewBatch":
+        """The batch with its CPU tensors in page-locked memory; called by ``DataLoader(...,
+        pin_memory=True)`` in its pinning thread, so that :meth:`to` can copy asynchronously."""
+        return self._map(lambda x: x.pin_memory() if x.device.type == "cpu" else x)

@@ -32,9 +32,32 @@ AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
+# Folder names that ``datasets`` reads as the split "validation" (its imagefolder builder
+# renames them), and the names users give that split in recipes.
+VALIDATION_NAMES = ("validation", "valid", "val", "dev")
+SPLIT_FOLDER_NAMES = ("train", "test", *VALIDATION_NAMES)
+
+
+def missing_split_error(root: Path, split: str, available: Any) -> KeyError:
+    """A KeyError naming the split asked for and the ones there, and saying when ``datasets``
+    renamed a ``valid/``-like folder to ``validation``."""
+    available = sorted(str(a) for a in available)
+    note = ""
+    if split in VALIDATION_NAMES and "validation" in available:
+        folders = [n for n in VALIDATION_NAMES[1:] if (root / n).is_dir()]
+        said = f"datasets names the folder {folders[0]}/ split 'validation'" if folders else \
+            "this dataset calls its validation split 'validation'"
+        note = f"; {said}: ask for split 'validation' (e.g. --set data.val_split=validation)"
+    return KeyError(f"{root}: no split {split!r}; available: {available}{note}")
+
+
 def _audiofolder(root: Path, split: str) -> Any:
     import datasets
 
+    split_dirs = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name in SPLIT_FOLDER_NAMES)
+    if split_dirs and not (root / split).is_dir():
+        # A folder with split sub-folders but not this one: taking every file would mix splits.
+        raise KeyError(f"{root}: no split folder {split!r}; split folders: {split_dirs}")
     base = root / split if (root / split).is_dir() else root
     files = sorted(p for p in base.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS)
     names = sorted({p.parent.name for p in files if p.parent != base})
@@ -91,10 +114,14 @@ class HFDataset(Dataset):
                                  "it may be empty or incompletely written") from err
             if isinstance(ds, datasets.DatasetDict):
                 if split not in ds:
-                    raise KeyError(f"{self.root}: no split {split!r}; available: {sorted(ds)}")
+                    raise missing_split_error(self.root, split, ds)
                 ds = ds[split]
         elif format == "imagefolder":
-            ds = datasets.load_dataset("imagefolder", data_dir=str(self.root), split=split)
+            # Every split is prepared anyway; asking for all of them lets a missing one be named.
+            splits = datasets.load_dataset("imagefolder", data_dir=str(self.root))
+            if split not in splits:
+                raise missing_split_error(self.root, split, splits)
+            ds = splits[split]
         elif format == "audiofolder":
             ds = _audiofolder(self.root, split)
         else:
@@ -129,6 +156,16 @@ class HFDataset(Dataset):
                 self.kinds[m] = "array"
         if len(ds) == 0:
             raise ValueError(f"{self.root}: split {split!r} is empty")
+        for name, col in labels.items():
+            f = feats[col]
+            if isinstance(f, datasets.Value) and f.dtype.startswith("float"):
+                values = np.asarray(ds[col], dtype=np.float64)  # a NaN target fails later, far from its row
+                finite = np.isfinite(values)
+                if not finite.all():
+                    row = int(np.argmin(finite))
+                    raise ValueError(f"{self.root} [split {split!r}]: label {name!r} (column {col!r}) is not finite "
+                                     f"({values[row]}) at row {row}; {int((~finite).sum())} of {len(values)} labels "
+                                     "are non-finite: fix or drop those rows")
         self.ds = ds
         self.columns = dict(columns)
         self.label_columns = dict(labels)

@@ -7,6 +7,8 @@
   is split between the processes.
 - :func:`eval_view_config` / :func:`build_eval_loaders`: unshuffled, un-augmented loaders of
   the train, validation and test splits for the probes.
+- :func:`loader_options` / :class:`EpochCollator`: how the loaders feed an accelerator
+  (pinned memory, persistent workers that still see each epoch's augmentation seeds).
 
 The functions read a recipe's ``data`` section through the small :class:`DataSource` protocol
 (``mmviews.config.DataConfig`` has these fields), so this layer does not depend on the recipe
@@ -18,9 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
+import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mmviews.data.registry import build_dataset
+from mmviews.data.registry import build_dataset, list_datasets
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 
 
@@ -98,14 +101,25 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
     **data.split_options[split]}``, wrapped in :class:`CachedDataset` when ``data.cache``.
 
     A ``data.root`` that does not exist is a ``FileNotFoundError`` naming the path and the
-    dataset's card, before the dataset module tries to read it."""
+    dataset's card, before the dataset module tries to read it; an unknown ``data.name`` or
+    option is a ``ValueError`` naming the key."""
+    known = list_datasets()
+    if data.name not in known:
+        raise ValueError(f"key 'data.name': unknown dataset {data.name!r}; known: {', '.join(known)}")
     if data.root is not None and not Path(data.root).expanduser().exists():
         raise FileNotFoundError(f"dataset {data.name!r} not found at {data.root}, see data_cards/{data.name}.md "
                                 f"(set data.root, e.g. --set data.root=/path/to/{data.name})")
     kwargs = {**data.options, **data.split_options.get(split, {})}
     if data.root is not None:
         kwargs["root"] = str(Path(data.root).expanduser())
-    dataset = build_dataset(data.name, split=split, **kwargs)
+    try:
+        dataset = build_dataset(data.name, split=split, **kwargs)
+    except TypeError as error:
+        if "unexpected keyword argument" not in str(error):
+            raise
+        # The builder's signature is the list of its options (see build_dataset's docstring).
+        raise ValueError(f"keys 'data.options'/'data.split_options.{split}': dataset {data.name!r} has no such option "
+                         f"({error})") from None
     return CachedDataset(dataset) if data.cache else dataset
 
 
@@ -133,3 +147,64 @@ def build_eval_loaders(data: DataSource, view_config: Sequence[Any], seed: int,
         loaders[key] = DataLoader(dataset, batch_size=data.eval_batch_size, shuffle=False, collate_fn=collator,
                                   num_workers=data.num_workers)
     return loaders
+
+
+def pin_memory_default(cpu: bool = False) -> bool:
+    """Whether loaders should pin their batches: only when training runs on a CUDA device
+    (``cpu`` False and CUDA available). Pinned (page-locked) host memory is what lets the copy
+    to the device run asynchronously (``ViewBatch.to(device, non_blocking=True)``); on CPU it
+    would only cost a copy."""
+    return not cpu and torch.cuda.is_available()
+
+
+def loader_options(num_workers: int, *, pin_memory: bool = False, prefetch_factor: int | None = None) -> dict[str, Any]:
+    """``DataLoader`` keyword arguments for ``num_workers`` worker processes.
+
+    With workers, they are persistent (started once, not at every epoch, and a
+    :class:`CachedDataset` keeps its memo across epochs) and each prefetches
+    ``prefetch_factor`` batches (torch's default of 2 when None). A training loader with
+    persistent workers must get each epoch's augmentation seed through an
+    :class:`EpochCollator`: workers keep the collator they were started with."""
+    if num_workers < 0:
+        raise ValueError(f"key 'data.num_workers': must be >= 0, got {num_workers}")
+    options: dict[str, Any] = {"num_workers": num_workers, "pin_memory": pin_memory}
+    if num_workers > 0:
+        options["persistent_workers"] = True
+        if prefetch_factor is not None:
+            options["prefetch_factor"] = prefetch_factor
+    return options
+
+
+class EpochCollator:
+    """A :class:`ViewSetCollator` whose epoch reaches persistent DataLoader workers.
+
+    Workers hold a copy of the collate function made when they start; with
+    ``persistent_workers=True`` they live for the whole run, so ``collator.set_epoch(e)`` in the
+    main process would never reach them and every epoch would repeat the first epoch's
+    augmentations. The epoch is kept here in a one-element shared-memory tensor instead (torch
+    passes it to the workers by reference, whatever the start method); each call copies it into
+    the worker's collator before collating. :meth:`set_epoch` must be called before the
+    epoch's iterator is created (the loader has no batch of the previous epoch in flight then)."""
+
+    def __init__(self, collator: ViewSetCollator) -> None:
+        self.collator = collator
+        self._epoch = torch.full((), int(collator.epoch), dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(int(epoch))
+        self.collator.set_epoch(epoch)
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        epoch = int(self._epoch)  # a host tensor: no device synchronisation
+        if self.collator.epoch != epoch:
+            self.collator.set_epoch(epoch)
+        return self.collator(samples)
+
+    def __getattr__(self, name: str) -> Any:  # view_spec, seed, ... of the wrapped collator
+        if name in ("collator", "_epoch"):  # not yet set (e.g. while unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.collator, name)

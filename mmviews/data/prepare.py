@@ -150,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:
-        # The message names the file, split or key at fault.
-        print(f"error: {err}")
+        # The message names the file, split or key at fault (a KeyError's without str()'s quotes).
+        print(f"error: {err.args[0] if isinstance(err, KeyError) and err.args else err}")
         return 1
     _print_summary(summary, args.json)
     return 1 if summary.get("problems") else 0

@@ -44,7 +44,9 @@ def build_dataset(name: str, root: str | Path | None = None, split: str = "train
       text, audio, vision; also ``text_ids``, ``raw_text``), ``layout``, ``store_dir``.
     - ``ucf101`` / ``hmdb51``: root = the folder of class folders. Options: ``fold``,
       ``splits_dir``, ``num_frames``, ``size``, ``frames_root``, ``flow_root``, ``audio``,
-      ``on_error`` (see :class:`mmviews.data.video.VideoFolder`).
+      ``on_error``, ``decode`` (``"seek"``: only the clip's frames; ``"full"``), ``store``
+      (the frame/flow store of ``mmviews prepare``, used by default when ``<root>.mmstore``
+      exists) (see :class:`mmviews.data.video.VideoFolder`).
     - ``hf``: root = a ``save_to_disk`` folder, or an image/audio folder with
       ``format="imagefolder"|"audiofolder"``; ``columns={modality: column}`` (see
       :class:`mmviews.data.hf.HFDataset`).

@@ -33,6 +33,9 @@ from mmviews.data.registry import register_dataset
 from mmviews.data.safe_pickle import safe_load_pickle
 
 SPLITS = ("train", "valid", "test")
+# Marks a store folder being written (``<store>.partial``): only such a folder is removed
+# when a later conversion starts over.
+_PARTIAL_MARKER = ".mmviews-partial"
 _SPLIT_ALIASES = {"val": "valid", "dev": "valid", "validation": "valid"}
 STORE_FORMAT = "mmviews-sentiment-store"
 STORE_VERSION = 1
@@ -96,6 +99,18 @@ def check_split_sizes(dataset: str | None, sizes: Mapping[str, int], source: str
     return None
 
 
+def check_finite_labels(labels: Mapping[str, np.ndarray], where: str, ids: Sequence[Any] | None = None) -> None:
+    """Raise ``ValueError`` naming the label, the row (and its id) of the first NaN/inf label:
+    a non-finite target would otherwise surface much later as a probe's "non-finite value"."""
+    for name, values in labels.items():
+        finite = np.isfinite(np.asarray(values, dtype=np.float64))
+        if not finite.all():
+            row = int(np.argmin(finite))
+            sample = f" (id {ids[row]!r})" if ids is not None and row < len(ids) else ""
+            raise ValueError(f"{where}: label {name!r} is not finite ({float(values[row])}) at row {row}{sample}; "
+                             f"{int((~finite).sum())} of {finite.size} labels are non-finite: fix or drop those samples")
+
+
 def _lengths_from_left_padding(arr: np.ndarray) -> np.ndarray:
     """Valid steps of left-zero-padded ``(N, L, D)`` arrays: L minus the leading all-zero rows."""
     nonzero = np.any(arr != 0, axis=2)
@@ -152,6 +167,7 @@ def _normalise_split(raw: Mapping[str, Any], layout: str, source: str, split: st
     for k, v in labels.items():
         if v.shape[0] != N:
             raise ValueError(f"{where}: label {k!r} has {v.shape[0]} entries but the features have {N} samples")
+    check_finite_labels(labels, where, raw.get("id"))
 
     lengths: dict[str, np.ndarray] = {}
     text_ids = None
@@ -254,11 +270,16 @@ def convert_sentiment_pickle(path: str | os.PathLike[str], out_dir: str | os.Pat
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+    check_replaceable_store(out_dir)
     info, splits = read_sentiment_pickle(path, dataset=dataset, layout=layout)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     if tmp.exists():
+        if not (tmp / _PARTIAL_MARKER).is_file():
+            raise FileExistsError(f"{tmp} exists and was not left by an interrupted conversion (no {_PARTIAL_MARKER}); "
+                                  "mmviews does not delete it: move it away or choose another store folder")
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    (tmp / _PARTIAL_MARKER).write_text("an mmviews sentiment store being written\n")
     src = Path(path)
     meta: dict[str, Any] = {"format": STORE_FORMAT, "version": STORE_VERSION, "dataset": dataset,
                             "layout": info["layout"], "variant": info["variant"],
@@ -293,10 +314,35 @@ def convert_sentiment_pickle(path: str | os.PathLike[str], out_dir: str | os.Pat
         del part
     bar.close()
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    (tmp / _PARTIAL_MARKER).unlink()
     if out_dir.exists():
-        shutil.rmtree(out_dir)
+        check_replaceable_store(out_dir)  # again: the folder may have changed during the conversion
+        if out_dir.is_dir():
+            shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
     return meta
+
+
+def check_replaceable_store(out_dir: Path) -> None:
+    """Raise ``FileExistsError`` naming ``out_dir`` unless it is absent, an empty folder, or a
+    sentiment store (``meta.json`` of format ``mmviews-sentiment-store``): mmviews replaces only
+    what it wrote."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} is a file, not a sentiment store: mmviews does not replace it; "
+                              "choose another store folder (--out / data.options.store_dir)")
+    if not any(out_dir.iterdir()):
+        return
+    meta = out_dir / "meta.json"
+    try:
+        ours = json.loads(meta.read_text()).get("format") == STORE_FORMAT if meta.is_file() else False
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        ours = False
+    if not ours:
+        raise FileExistsError(f"{out_dir} is not empty and is not an mmviews sentiment store (no meta.json of format "
+                              f"{STORE_FORMAT!r}): mmviews does not delete it; choose another store folder "
+                              "(--out / data.options.store_dir)")
 
 
 def read_store_meta(store: str | os.PathLike[str]) -> dict[str, Any]:
@@ -344,6 +390,9 @@ class SentimentStoreDataset(Dataset):
         self.dir = self.store / split
         self.num_samples = int(self.smeta["num_samples"])
         self.dataset = self.meta.get("dataset")
+        # Stores written before labels were checked at conversion (or edited since) may hold NaN.
+        check_finite_labels({k: np.load(self.dir / f"label_{k}.npy") for k in self.smeta["labels"]},
+                            f"{self.store} [{split}]")
         self._arrays: dict[str, np.ndarray] | None = None  # opened lazily in each worker
 
     def __len__(self) -> int:

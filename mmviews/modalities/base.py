@@ -14,17 +14,19 @@ No temperature is applied here: it belongs to the objective.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmviews.data.safe_pickle import CorruptFileError
 from mmviews.fileio import atomic_save, atomic_write_text
 from mmviews.registry import Registry
 
@@ -34,6 +36,36 @@ WEIGHTS_NAME = "model.safetensors"
 # config type name -> Adapter subclass, filled by @register_adapter where each adapter is
 # defined; private: use register_adapter / adapter_class / build_adapter / list_adapters.
 _ADAPTERS: Registry[type["Adapter"]] = Registry("adapter type")
+
+
+# --------------------------------------------------------------------------- model sources
+
+# Model names whose architecture and weights come from outside the recipe (open_clip's
+# "hf-hub:ORG/NAME" and "local-dir:PATH"): refused unless the user allowed them for this
+# process (``--allow-remote-models``), since a saved encoder's or a recipe's config must not
+# be able to pull them in on its own.
+EXTERNAL_MODEL_PREFIXES = ("hf-hub:", "local-dir:")
+_external_models_allowed = False
+
+
+@contextlib.contextmanager
+def allow_remote_models(allowed: bool = True) -> Iterator[None]:
+    """Within the block, adapters may build models named ``hf-hub:...`` / ``local-dir:...``
+    (the command line's ``--allow-remote-models``)."""
+    global _external_models_allowed
+    previous, _external_models_allowed = _external_models_allowed, bool(allowed)
+    try:
+        yield
+    finally:
+        _external_models_allowed = previous
+
+
+def check_model_source(name: str, key: str) -> None:
+    """Raise ``ValueError`` naming ``key`` when ``name`` is an external model name and
+    :func:`allow_remote_models` is not in effect."""
+    if name.startswith(EXTERNAL_MODEL_PREFIXES) and not _external_models_allowed:
+        raise ValueError(f"{key}={name!r} loads a model configuration and weights from outside the recipe; "
+                         "refused unless asked for on the command line (--allow-remote-models)")
 
 
 # --------------------------------------------------------------------------- configs
@@ -470,6 +502,7 @@ class Adapter(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike[str]) -> "Adapter":
         """Load an adapter saved by :meth:`save_pretrained`."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_model
 
         d = Path(directory)
@@ -477,7 +510,12 @@ class Adapter(nn.Module):
         for p in (cfg_path, weights):
             if not p.is_file():
                 raise FileNotFoundError(f"no saved adapter at {d}: missing {p.name}")
-        data = json.loads(cfg_path.read_text())
+        try:
+            data = json.loads(cfg_path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"{cfg_path}: not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{cfg_path}: expected a JSON object, got {type(data).__name__}")
         kind = data.get("type")
         try:
             target = adapter_class(kind)
@@ -485,9 +523,18 @@ class Adapter(nn.Module):
             raise ValueError(f"{cfg_path}: {err}") from None
         if cls is not Adapter and not issubclass(target, cls):
             raise ValueError(f"{cfg_path} holds a {kind!r} adapter, not a {cls.__name__}")
-        config = target.config_class.from_dict(data)
-        adapter = target._build_for_load(config, d)
-        load_model(adapter, str(weights), strict=True)
+        try:  # a config that does not build (unknown or refused keys) is named with its file
+            config = target.config_class.from_dict(data)
+            adapter = target._build_for_load(config, d)
+        except (ValueError, TypeError, KeyError) as err:
+            message = err.args[0] if isinstance(err, KeyError) and err.args else err
+            raise ValueError(f"{cfg_path}: {message}") from None
+        try:
+            load_model(adapter, str(weights), strict=True)
+        except RuntimeError as err:  # missing/unexpected keys or shapes
+            raise ValueError(f"{weights}: does not fit the adapter of {cfg_path} ({str(err).splitlines()[0]})") from None
+        except SafetensorError as err:  # a truncated or damaged file
+            raise CorruptFileError(f"{weights}: not a readable safetensors file ({err}): truncated or corrupt") from None
         return adapter
 
     def num_parameters(self, trainable_only: bool = False) -> int:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, check_finite, per_clip, register_adapter, require_tensor
+from .base import Adapter, AdapterConfig, check_finite, check_model_source, per_clip, register_adapter, require_tensor
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -63,10 +63,13 @@ def resize_shortest_center_crop(x: torch.Tensor, size: tuple[int, int], interpol
 
 @dataclass
 class OpenCLIPVisionConfig(AdapterConfig):
-    """``model``: an open_clip model name (``open_clip.list_models()``). ``pretrained``:
-    a tag (``open_clip.list_pretrained_tags_by_model(model)``, needs internet), a local
-    checkpoint file, or None (random weights). ``model_overrides``: keyword arguments for
-    ``open_clip.create_model`` (e.g. a small ``vision_cfg`` for tests)."""
+    """``model``: an open_clip model name (``open_clip.list_models()``; ``hf-hub:``/``local-dir:``
+    names only with ``--allow-remote-models``). ``pretrained``: a tag
+    (``open_clip.list_pretrained_tags_by_model(model)``, needs internet), a local checkpoint
+    file (safetensors, or a torch file read weights-only), or None (random weights).
+    ``model_overrides``: architecture keywords for ``open_clip.create_model`` (e.g. a small
+    ``vision_cfg`` for tests): only the keys in :data:`OPEN_CLIP_OVERRIDE_KEYS`, so that a
+    config cannot make open_clip load other files or unpickle anything."""
 
     type = "open_clip"
     model: str = "ViT-B-32"
@@ -75,10 +78,46 @@ class OpenCLIPVisionConfig(AdapterConfig):
     image_size: int | None = None  # force_image_size
 
 
+# model_overrides keys passed to open_clip.create_model: the architecture (CLIP's constructor
+# arguments and create_model's force_* switches), nothing that loads files or weights
+# (pretrained_image_path, pretrained_text_path, weights_only, cache_dir, pretrained_image,
+# pretrained_hf, jit, device...).
+OPEN_CLIP_OVERRIDE_KEYS = frozenset({
+    "embed_dim", "vision_cfg", "text_cfg", "quick_gelu", "init_logit_scale", "init_logit_bias",
+    "nonscalar_logit_scale", "force_quick_gelu", "force_custom_text", "force_patch_dropout",
+    "force_preprocess_cfg", "force_context_length",
+})
+# Keys of vision_cfg / text_cfg that fetch weights or tokenizers (timm / HuggingFace hub).
+_TOWER_KEYS_REFUSED = frozenset({"timm_model_pretrained", "hf_model_name", "hf_model_pretrained",
+                                 "hf_tokenizer_name", "tokenizer_kwargs"})
+
+
+def check_open_clip_overrides(overrides: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first ``model_overrides`` key outside
+    :data:`OPEN_CLIP_OVERRIDE_KEYS`, or a tower key that loads weights."""
+    for key, value in overrides.items():
+        if key not in OPEN_CLIP_OVERRIDE_KEYS:
+            raise ValueError(f"model_overrides key {key!r} is not allowed (only architecture keys: "
+                             f"{', '.join(sorted(OPEN_CLIP_OVERRIDE_KEYS))}); weights come from 'pretrained'")
+        if key in ("vision_cfg", "text_cfg"):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"model_overrides.{key} must be a mapping, got {type(value).__name__}")
+            refused = sorted(set(value) & _TOWER_KEYS_REFUSED)
+            if refused:
+                raise ValueError(f"model_overrides.{key}.{refused[0]} is not allowed: it makes open_clip fetch weights "
+                                 "or a tokenizer; weights come from 'pretrained'")
+
+
 def create_open_clip_visual(config: OpenCLIPVisionConfig, load_weights: bool) -> nn.Module:
-    """The image tower of ``open_clip.create_model`` (the text tower is dropped)."""
+    """The image tower of ``open_clip.create_model`` (the text tower is dropped).
+
+    Weights: ``config.pretrained`` only (open_clip reads safetensors, or torch files with
+    ``weights_only=True``); overrides are checked by :func:`check_open_clip_overrides` and
+    external model names by :func:`~mmviews.modalities.base.check_model_source` first."""
     import open_clip
 
+    check_open_clip_overrides(config.model_overrides)
+    check_model_source(config.model, "model")
     pretrained = config.pretrained if load_weights else None
     if pretrained:
         tags = open_clip.list_pretrained_tags_by_model(config.model)
@@ -93,7 +132,7 @@ def create_open_clip_visual(config: OpenCLIPVisionConfig, load_weights: bool) ->
     kwargs = dict(config.model_overrides)
     if config.image_size:
         kwargs["force_image_size"] = config.image_size
-    model = open_clip.create_model(config.model, pretrained=pretrained, **kwargs)
+    model = open_clip.create_model(config.model, pretrained=pretrained, weights_only=True, **kwargs)
     return model.visual
 
 

@@ -6,6 +6,12 @@ lists the names and ``describe_objectives()`` gives each a one-line description;
 (``supports_mask``, ``exact_views``, ``takes_index``, ``takes_teacher``, ``needs_teacher``,
 ``takes_dataset_size``, ``poly_view_bound``: see :class:`MultiViewObjective`).
 
+Large batches: every objective that builds a large score block (all pairs ``[K M, N M]`` or
+within view ``[M, K, N]``) takes ``chunk_size`` (anchor samples per block) and
+``score_budget_mb`` (default 512): beyond the budget, or with a ``chunk_size``, the block is
+streamed (computed and reduced block by block, recomputed in backward), with the same loss
+and gradients and ``O(block * N M + K M d)`` memory (the memory model in :mod:`._base`).
+
 Every objective is an ``nn.Module``: ``objective(z, mask=None)`` returns the 0-dim loss,
 ``objective.compute(z, mask)`` an :class:`ObjectiveOutput` with metrics, and
 ``objective.last_metrics`` holds the metrics of the last call. The exact formulas, shapes and

@@ -12,6 +12,29 @@ Each objective asks only for the blocks its formula needs. Masked entries are fi
 ``finfo.min`` rather than ``-inf`` so that a row whose every entry is masked still gives a
 finite log-sum-exp and finite gradients; terms that must not count are then dropped with
 ``torch.where`` before any sum.
+
+Memory model. The within-sample block is small (``K M^2``). The all-pairs and within-view
+blocks are not: ``K M N M`` and ``M K N`` floats, 16 GB and 2 GB at ``K M = N M = 65,536``
+(M = 8). They are only ever *reduced* (a log-sum-exp over candidates, or a sum of a function
+of each score), so they are evaluated in one of two ways, chosen per call by
+:meth:`ViewSet.block_size` from the objective's ``chunk_size`` and ``score_budget_mb``
+(constructor parameters, hence recipe keys):
+
+- unchunked (the fast path, used when the whole block fits in ``score_budget_mb``, default
+  512 MB, and no ``chunk_size`` is given): one score buffer; :class:`_ScoresLogSumExp` turns it
+  into the softmax weights in place and saves those for backward. Peak: about one block.
+- streamed (:mod:`._streaming`): the anchor samples are processed ``block`` at a time
+  (``chunk_size``, else the largest block within the budget; on CPU within 16 MB, which keeps
+  a block in cache, or 256 anchor rows if more); forward keeps only each row's log-sum-exp (or the reduction's per-row
+  values), backward recomputes each block's scores from the saved embeddings. Peak:
+  ``O(block * M N M + K M d + N M d)`` (a few blocks plus the embeddings), independent of
+  ``(K M)^2``; the same values and gradients up to float rounding, for one extra score
+  matrix product in backward.
+
+Exclusions (the anchor's own sample, absent views) are applied to each block in place by an
+``exclude(scores, start, stop)`` callable rather than with a ``[K, ...]`` mask: the own-sample
+entries are a strided diagonal (:meth:`ViewSet.fill_own_sample`), so no mask the size of the
+scores, nor a ``[K, N]`` one, is built on either path.
 """
 
 from __future__ import annotations
@@ -29,6 +52,17 @@ from torch import nn
 from mmviews.registry import Registry
 
 from . import _distributed as distributed
+from ._streaming import (
+    DEFAULT_SCORE_BUDGET_MB,
+    BlockReduce,
+    Exclude,
+    check_streaming,
+    fill_own_sample,
+    keep_exclusion,
+    plan_block,
+    streamed_logsumexp,
+    streamed_reduce,
+)
 
 _CLASSES: Registry[type["MultiViewObjective"]] = Registry("objective")
 T = TypeVar("T", bound=type["MultiViewObjective"])
@@ -114,18 +148,20 @@ class ObjectiveOutput:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def masked_logsumexp(scores: torch.Tensor, keep: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+def masked_logsumexp(scores: torch.Tensor, keep: torch.Tensor | None, dim: int | tuple[int, ...]) -> torch.Tensor:
     """log-sum-exp of ``scores`` over ``dim`` counting only entries where ``keep`` (broadcastable) is True.
 
     A fully masked reduction returns about ``finfo.min`` (finite), never NaN.
     """
+    if keep is None:
+        return torch.logsumexp(scores, dim=dim)
     filled = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
     return torch.logsumexp(filled, dim=dim)
 
 
 class _ScoresLogSumExp(torch.autograd.Function):
-    """``LSE`` over ``dims`` of ``(anchors @ candidates.T).view(shape)``, entries where ``drop``
-    is True excluded, in one score buffer.
+    """``LSE`` over ``dims`` of ``(anchors @ candidates.T).view(shape)``, the entries filled by
+    ``exclude`` left out, in one score buffer (the unchunked path).
 
     The forward turns the score buffer into the softmax weights in place and saves only
     those; the backward is two matrix products. Compared with ``masked_fill`` followed by
@@ -135,9 +171,9 @@ class _ScoresLogSumExp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchors, candidates, drop, shape, dims):  # type: ignore[override]
+    def forward(ctx, anchors, candidates, exclude, shape, dims):  # type: ignore[override]
         scores = (anchors @ candidates.T).view(shape)
-        scores.masked_fill_(drop, torch.finfo(scores.dtype).min)
+        exclude(scores, 0, shape[0])
         top = scores.amax(dim=dims, keepdim=True)
         scores.sub_(top).exp_()
         total = scores.sum(dim=dims, keepdim=True)
@@ -152,18 +188,33 @@ class _ScoresLogSumExp(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         anchors, candidates, weights, row_has_entries = ctx.saved_tensors
         grad = grad.reshape(row_has_entries.shape) * row_has_entries
-        weighted = (weights * grad).view(anchors.shape[0], candidates.shape[0])
-        return weighted @ candidates, weighted.T @ anchors, None, None, None
+        with torch.autocast(device_type=anchors.device.type, enabled=False):
+            weighted = (weights * grad).view(anchors.shape[0], candidates.shape[0])
+            return weighted @ candidates, weighted.T @ anchors, None, None, None
 
 
 def scores_logsumexp(
-    anchors: torch.Tensor, candidates: torch.Tensor, keep: torch.Tensor, shape: tuple[int, ...], dims: tuple[int, ...]
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    keep: torch.Tensor | Exclude,
+    shape: tuple[int, ...],
+    dims: tuple[int, ...],
 ) -> torch.Tensor:
     """``masked_logsumexp((anchors @ candidates.T).view(shape), keep, dims)``, fused (see above).
 
-    anchors ``[R, d]``, candidates ``[C, d]``, ``shape`` a view of ``[R, C]``, ``keep`` broadcastable to it.
+    anchors ``[R, d]``, candidates ``[C, d]``, ``shape`` a view of ``[R, C]`` whose dim 0 is the
+    anchor samples; ``keep`` a bool mask broadcastable to it, or an :data:`Exclude`
+    ``exclude(scores, 0, shape[0])`` that fills the left-out entries in place.
     """
-    return _ScoresLogSumExp.apply(anchors, candidates, ~keep, shape, tuple(sorted(dims)))
+    exclude = keep if callable(keep) else keep_exclusion(keep, 0, shape[0])
+    return _ScoresLogSumExp.apply(anchors, candidates, exclude, shape, tuple(sorted(dims)))
+
+
+def _grouped(exclude: Exclude, *, axis: int = 0) -> Exclude:
+    """The :data:`Exclude` of an ungrouped score layout ``[k, ...]`` as one for the grouped
+    layout ``[G, k, A, ...]`` of :mod:`._streaming`, with ``G = 1`` (``axis = 0``) or ``A = 1``
+    (``axis = 2``): it is handed the block without that axis (a view)."""
+    return lambda scores, start, stop: exclude(scores.select(axis, 0), start, stop)
 
 
 @dataclass
@@ -181,6 +232,9 @@ class ViewSet:
     offset: int
     world: int
     masked: bool  # False when the caller gave no mask (all views present)
+    # score blocks: anchor samples per block (None: automatic) and the automatic choice's budget
+    chunk_size: int | None = None
+    score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB
 
     @property
     def K(self) -> int:
@@ -198,7 +252,12 @@ class ViewSet:
     @cached_property
     def other_sample(self) -> torch.Tensor:
         """[K, N] bool: candidate sample j is not the anchor's own sample i."""
-        own = torch.arange(self.K, device=self.u.device) + self.offset
+        return self.other_sample_rows(0, self.K)
+
+    def other_sample_rows(self, start: int, stop: int) -> torch.Tensor:
+        """[stop - start, N] bool: rows ``start:stop`` of :attr:`other_sample`, built alone (a
+        streamed block never builds the [K, N] mask)."""
+        own = torch.arange(start, stop, device=self.u.device) + self.offset
         return torch.arange(self.N, device=self.u.device)[None, :] != own[:, None]
 
     @cached_property
@@ -222,6 +281,15 @@ class ViewSet:
         """[K, 1, N, M] bool: candidate (j, g) is another sample's present view."""
         return (self.other_sample[:, :, None] & self.present_all[None, :, :])[:, None]
 
+    def block_size(self, elements_per_sample: int, rows_per_sample: int) -> int | None:
+        """Anchor samples per block for a score block with ``elements_per_sample`` entries per
+        anchor sample, in ``rows_per_sample`` rows of its matrix products, or None for the
+        unchunked path (see the module docstring and :func:`._streaming.plan_block`)."""
+        return plan_block(
+            self.K, elements_per_sample, self.u.element_size(), self.chunk_size, self.score_budget_mb,
+            self.u.device.type, rows_per_sample,
+        )
+
     # ---- score blocks --------------------------------------------------------------------
     def within_sample(self, temperature: float) -> torch.Tensor:
         """[K, M, M]: S[i, a, i, b]."""
@@ -232,25 +300,110 @@ class ViewSet:
         anchors = (self.u / temperature).transpose(0, 1)  # [M, K, d]
         return torch.bmm(anchors, self.U.permute(1, 2, 0))  # [M, K, N]
 
-    def pairs_logsumexp(self, temperature: float, keep: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-        """LSE over ``dims`` of the all-pairs scores ``[K, M, N, M]`` restricted to ``keep``
-        (broadcastable), without materialising more than one score buffer."""
+    def fill_own_sample(
+        self, scores: torch.Tensor, start: int, row_axis: int, candidate_axis: int, pattern: torch.Tensor | None = None
+    ) -> None:
+        """Exclude (fill in place) the scores of local anchor samples ``start + i`` (``row_axis``)
+        against their own sample among the candidates (``candidate_axis`` indexes ``U``), all of
+        them or those where ``pattern`` is True (see :func:`._streaming.fill_own_sample`)."""
+        fill_own_sample(scores, start, self.offset, row_axis, candidate_axis, pattern)
+
+    def pairs_logsumexp(
+        self,
+        temperature: float,
+        exclude: Exclude,
+        dims: tuple[int, ...],
+        candidates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """LSE over ``dims`` (not 0) of the all-pairs scores ``[K, M, N, M]``, the entries filled
+        by ``exclude`` left out, unchunked (one score buffer) or streamed (:meth:`block_size`).
+
+        ``exclude(scores, start, stop)`` fills, in place, the left-out scores of the block of
+        anchor samples ``start:stop`` (``scores`` ``[stop - start, M, N, M]``; e.g. with
+        :meth:`fill_own_sample` and :func:`._streaming.keep_exclusion`). ``candidates``:
+        ``[N, M, d]`` in place of ``U`` (e.g. sufficient statistics).
+        """
         K, M, d = self.u.shape
-        return scores_logsumexp(
-            (self.u / temperature).reshape(K * M, d), self.U.reshape(self.N * M, d), keep, (K, M, self.N, M), dims
-        )
+        candidates = self.U if candidates is None else candidates
+        N = candidates.shape[0]
+        anchors = self.u / temperature
+        block = self.block_size(M * N * M, M)
+        if block is None:
+            return scores_logsumexp(anchors.reshape(K * M, d), candidates.reshape(N * M, d), exclude, (K, M, N, M), dims)
+        return streamed_logsumexp(
+            anchors.reshape(1, K, M, d), candidates.reshape(1, N * M, d), _grouped(exclude), (N, M), tuple(x + 1 for x in dims), block
+        )[0]
 
     def cross_sample_negatives(self, temperature: float) -> torch.Tensor:
         """[K, M]: LSE_{j != i, (j, g) present} S[i,a,j,g], every view of every other sample."""
-        return self.pairs_logsumexp(temperature, self.negative_keep, (2, 3))
+        present = keep_exclusion(self.present_all[None, None] if self.masked else None, 0, self.K)
+
+        def exclude(scores: torch.Tensor, start: int, stop: int) -> None:  # [k, M, N, M]
+            present(scores, start, stop)
+            self.fill_own_sample(scores, start, 0, 2)
+
+        return self.pairs_logsumexp(temperature, exclude, (2, 3))
 
     def per_view_negatives(self, temperature: float) -> torch.Tensor:
         """[K, M, M]: LSE_{j != i, (j, b) present} S[i,a,j,b] for each anchor view a and candidate view b."""
         K, M, d = self.u.shape
-        keep = self.other_sample[:, None, None, :] & self.present_all.T[None, None, :, :]  # [K, 1, M, N]
+        present = keep_exclusion(self.present_all.T[None, None] if self.masked else None, 0, K)
+
+        def exclude(scores: torch.Tensor, start: int, stop: int) -> None:  # [k, M, M, N]
+            present(scores, start, stop)
+            self.fill_own_sample(scores, start, 0, 3)
+
         # candidates ordered view-major so that the reduction over samples j is contiguous
         candidates = self.U.transpose(0, 1).reshape(M * self.N, d)
-        return scores_logsumexp((self.u / temperature).reshape(K * M, d), candidates, keep, (K, M, M, self.N), (3,))
+        anchors = self.u / temperature
+        block = self.block_size(M * M * self.N, M)
+        if block is None:
+            return scores_logsumexp(anchors.reshape(K * M, d), candidates, exclude, (K, M, M, self.N), (3,))
+        return streamed_logsumexp(anchors.reshape(1, K, M, d), candidates[None], _grouped(exclude), (M, self.N), (4,), block)[0]
+
+    def within_view_logsumexp(self, temperature: float, exclude: Exclude) -> torch.Tensor:
+        """[M, K]: LSE_j over the within-view scores S[i,a,j,a] (:meth:`within_view`), the
+        entries filled by ``exclude(scores, start, stop)`` (``scores`` ``[M, stop - start, N]``)
+        left out, unchunked or streamed (:meth:`block_size`)."""
+        K, M, d = self.u.shape
+        block = self.block_size(M * self.N, 1)
+        if block is None:
+            scores = self.within_view(temperature)
+            exclude(scores, 0, K)  # in place on the product, whose backward does not need it
+            return torch.logsumexp(scores, dim=2)
+        anchors = (self.u / temperature).transpose(0, 1)[:, :, None, :]  # [M, K, 1, d]
+        candidates = self.U.transpose(0, 1).contiguous()  # [M, N, d], made contiguous once, not per block
+        return streamed_logsumexp(anchors, candidates, _grouped(exclude, axis=2), (self.N,), (3,), block)[:, :, 0]
+
+    def pairs_reduce(
+        self,
+        reduce: BlockReduce,
+        temperature: float = 1.0,
+        candidates: torch.Tensor | None = None,
+        working_copies: int = 4,
+    ) -> torch.Tensor:
+        """``reduce(S, 0, K)`` of the all-pairs scores ``S`` ``[K, M, C, M]`` (with ``C``
+        candidate samples, ``U`` by default), or the concatenation along dim 0 of
+        ``reduce(S[start:stop], start, stop)`` over blocks of anchor samples when streaming.
+
+        ``reduce`` returns a tensor whose dim 0 is the block's samples and must be
+        differentiable in ``S`` only (see :func:`._streaming.streamed_reduce`). The block is
+        sized for ``working_copies`` block-sized temporaries of the reduction within the budget.
+        """
+        K, M, d = self.u.shape
+        candidates = self.U if candidates is None else candidates
+        C = candidates.shape[0]
+        anchors = self.u / temperature if temperature != 1.0 else self.u
+        block = self.block_size(M * C * M * working_copies, M)
+        if block is None:
+            return reduce((anchors.reshape(K * M, d) @ candidates.reshape(C * M, d).T).view(K, M, C, M), 0, K)
+        return streamed_reduce(
+            anchors.reshape(1, K, M, d),
+            candidates.reshape(1, C * M, d),
+            lambda scores, start, stop: reduce(scores[0], start, stop)[None],
+            (C, M),
+            block,
+        )[0]
 
     def all_pairs(self, temperature: float) -> torch.Tensor:
         """[K, M, N, M]: S[i, a, j, b] (the full score tensor of local anchors)."""
@@ -325,10 +478,25 @@ class MultiViewObjective(nn.Module):
     needs_teacher: ClassVar[bool] = False
     takes_dataset_size: ClassVar[bool] = False
     poly_view_bound: ClassVar[bool] = False
+    # Score blocks (see the module docstring's memory model): objectives that build large
+    # blocks take these as constructor parameters and set them with ``set_streaming``.
+    chunk_size: int | None = None
+    score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB
+    # Input checks that read values back to the host (z finite; IPMC's index range): a clear
+    # ValueError for direct callers, but a device synchronisation per call on an accelerator.
+    # A training loop that checks the loss itself sets it to False (mmviews.train does, and
+    # checks for a non-finite loss at log steps); shapes and dtypes are always checked.
+    check_inputs: bool = True
 
     def __init__(self) -> None:
         super().__init__()
         self.last_metrics: dict[str, torch.Tensor] = {}
+
+    def set_streaming(self, chunk_size: int | None, score_budget_mb: float) -> None:
+        """Validate and keep the score-block parameters: ``chunk_size`` anchor samples per block
+        (None: chosen from the budget), ``score_budget_mb`` MB of scores per block (the whole
+        block unchunked when it fits; ``inf``: always unchunked unless ``chunk_size`` is set)."""
+        self.chunk_size, self.score_budget_mb = check_streaming(chunk_size, score_budget_mb, f"objective {self.name!r}")
 
     def forward(
         self,
@@ -399,7 +567,8 @@ class MultiViewObjective(nn.Module):
             raise ValueError(f"{prefix} needs at least K = 2 samples (negatives come from other samples), got K = {K}")
         if d < 1:
             raise ValueError(f"{prefix} embedding dimension d must be >= 1, got {d}")
-        check_finite(z, prefix)
+        if self.check_inputs:
+            check_finite(z, prefix)
         if mask is not None:
             if not self.supports_mask:
                 raise ValueError(f"{prefix} does not support a view mask")
@@ -418,20 +587,30 @@ class MultiViewObjective(nn.Module):
             offset = distributed.rank() * K
         else:
             U, present_all, offset = u, present, 0
-        return ViewSet(u=u, present=present, U=U, present_all=present_all, offset=offset, world=world, masked=mask is not None)
+        return ViewSet(
+            u=u, present=present, U=U, present_all=present_all, offset=offset, world=world, masked=mask is not None,
+            chunk_size=self.chunk_size, score_budget_mb=self.score_budget_mb,
+        )
 
 
 class ContrastiveObjective(MultiViewObjective):
-    """An objective over temperature-scaled cosine scores that honours a view mask."""
+    """An objective over temperature-scaled cosine scores that honours a view mask.
+
+    ``chunk_size`` / ``score_budget_mb``: how its large score blocks are evaluated (see the
+    memory model in :mod:`mmviews.objectives._base`); they change memory and speed, not the loss."""
 
     supports_mask: ClassVar[bool] = True
 
-    def __init__(self, temperature: float = 0.1) -> None:
+    def __init__(self, temperature: float = 0.1, chunk_size: int | None = None, score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
+        self.set_streaming(chunk_size, score_budget_mb)
 
     def extra_repr(self) -> str:
-        return f"temperature={self.temperature}"
+        streaming = "" if self.chunk_size is None else f", chunk_size={self.chunk_size}"
+        if self.score_budget_mb != DEFAULT_SCORE_BUDGET_MB:
+            streaming += f", score_budget_mb={self.score_budget_mb}"
+        return f"temperature={self.temperature}{streaming}"
 
 
 def mi_lower_bound(loss: torch.Tensor | float, K: int, M: int) -> torch.Tensor | float:

@@ -10,7 +10,9 @@ partner q_i (y_i or x_i) as positive and x_j, y_j (j != i) as negatives:
     CE[a, p_i] = LSE({p_i.q_i} U {p_i.x_j, p_i.y_j : j != i} / tau) - p_i.q_i / tau
     L = mean over views a and the 2K anchors of CE
 
-Cost: four K x N blocks per view.
+Cost: four K x N blocks per view. Memory: those ``[M, 2, K, 2, N]`` scores are streamed over
+blocks of anchor samples when they exceed ``score_budget_mb`` (or when ``chunk_size`` is
+given), see the memory model in :mod:`mmviews.objectives._base`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, similarity_metrics
+from ._streaming import streamed_logsumexp
 
 
 @register_objective(
@@ -35,6 +38,9 @@ class Avg(ContrastiveObjective):
 
         anchors = pairs(views.u) / self.temperature  # [M, 2, K, d]
         candidates = pairs(views.U)  # [M, 2, N, d]
+        block = views.block_size(M * 2 * 2 * views.N, 2)
+        if block is not None:
+            return self._streamed(views, anchors, candidates, block)
         scores = torch.einsum("mskd,mtnd->msktn", anchors, candidates)  # [M, 2, K, 2, N]
         local = torch.arange(K, device=scores.device)
         own = local + views.offset
@@ -46,4 +52,20 @@ class Avg(ContrastiveObjective):
         scores = scores.masked_fill(excluded, torch.finfo(scores.dtype).min)
         denominator = torch.logsumexp(scores.flatten(3), dim=3)  # [M, 2, K]
         loss = views.mean(denominator - positives)
+        return ObjectiveOutput(loss, similarity_metrics(views))
+
+    def _streamed(self, views: ViewSet, anchors: torch.Tensor, candidates: torch.Tensor, block: int) -> ObjectiveOutput:
+        """The same loss with the ``[M, 2, K, 2, N]`` scores streamed over blocks of anchor samples."""
+        K, N = views.K, views.N
+        same_side = torch.eye(2, dtype=torch.bool, device=anchors.device)
+
+        def exclude(scores: torch.Tensor, start: int, stop: int) -> None:  # [M, k, 2 (anchor side), 2 (candidate side), N]
+            views.fill_own_sample(scores, start, 1, 4, pattern=same_side)  # own sample, same side: not a candidate
+
+        M, _, _, d = anchors.shape
+        grouped_candidates = candidates.reshape(M, 2 * N, d)  # per view, (side, sample) flattened
+        denominator = streamed_logsumexp(anchors.permute(0, 2, 1, 3), grouped_candidates, exclude, (2, N), (3, 4), block)
+        partners = candidates[:, :, views.offset : views.offset + K].flip(1)  # q_i: the other side of sample i
+        positives = (anchors * partners).sum(dim=-1)  # [M, 2, K]
+        loss = views.mean(denominator.permute(0, 2, 1) - positives)
         return ObjectiveOutput(loss, similarity_metrics(views))

@@ -23,6 +23,9 @@ that underflows (large d): the authors' ``scipy.special.iv`` underflows for d >=
 
 Cost: the KDE uses the within-view blocks ``[M, K, N]`` and Rec the within-sample blocks
 ``[K, M, M]``, so the cost grows as M K^2 + K M^2; the ``[K M, K M]`` matrix is never built.
+Memory: the within-view block is streamed over blocks of anchor samples when it exceeds
+``score_budget_mb`` (or when ``chunk_size`` is given; see the memory model in
+:mod:`mmviews.objectives._base`), keeping ``O(block M N + K M d)``.
 
 Mask: an absent view is not a KDE centre, not an entropy term and not in a reconstruction pair;
 ``K_a`` is the number of present samples of view a; views with no present sample are left out
@@ -44,7 +47,16 @@ import torch
 import torch.nn.functional as F
 
 from . import _distributed as distributed
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, masked_logsumexp, register_objective
+from ._base import (
+    DEFAULT_SCORE_BUDGET_MB,
+    MultiViewObjective,
+    ObjectiveOutput,
+    ViewSet,
+    check_temperature,
+    masked_logsumexp,
+    register_objective,
+)
+from ._streaming import keep_exclusion
 
 ESTIMATORS = ("joe", "plugin")
 
@@ -86,9 +98,16 @@ class EntropyReconstruction(MultiViewObjective):
     supports_mask = True
     takes_teacher = True  # optional: without a teacher the reconstruction targets are z's own views
 
-    def __init__(self, temperature: float = 0.1, estimator: str = "joe") -> None:
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        estimator: str = "joe",
+        chunk_size: int | None = None,
+        score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB,
+    ) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
+        self.set_streaming(chunk_size, score_budget_mb)
         self.kappa = 1.0 / self.temperature
         if estimator not in ESTIMATORS:
             raise ValueError(f"er: unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
@@ -98,7 +117,7 @@ class EntropyReconstruction(MultiViewObjective):
         if not isinstance(teacher, torch.Tensor) or tuple(teacher.shape) != tuple(views.u.shape):
             shape = tuple(teacher.shape) if isinstance(teacher, torch.Tensor) else type(teacher).__name__
             raise ValueError(f"objective 'er': teacher must have the shape of z {tuple(views.u.shape)}, got {shape}")
-        if not teacher.is_floating_point() or not torch.isfinite(teacher).all():
+        if not teacher.is_floating_point() or (self.check_inputs and not torch.isfinite(teacher).all()):
             raise ValueError("objective 'er': teacher must be a finite floating-point tensor")
         return F.normalize(teacher.detach().to(device=views.u.device, dtype=views.u.dtype), dim=-1, eps=1e-12)
 
@@ -110,7 +129,8 @@ class EntropyReconstruction(MultiViewObjective):
         # ---- entropy: vMF KDE per view over every rank's present samples, self-pair included
         present_all_by_view = views.present_all.T  # [M, N]
         n_view = present_all_by_view.sum(dim=1).to(dtype)  # [M] K_a, global
-        kernel = masked_logsumexp(views.within_view(self.temperature), present_all_by_view[:, None, :], dim=2)  # [M, K]
+        present = keep_exclusion(present_all_by_view[:, None, :] if views.masked else None, 1, views.K)
+        kernel = views.within_view_logsumexp(self.temperature, present)  # [M, K]
         log_density = (kernel - n_view.clamp_min(1).log()[:, None] + log_c).T  # [K, M]
         view_has_samples = n_view > 0  # [M]
         n_views_used = view_has_samples.sum().clamp_min(1).to(dtype)

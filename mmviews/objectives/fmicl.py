@@ -59,16 +59,31 @@ and any ``a, b`` (the ``[K, M, N, M]`` block). Mask: absent views are in neither
 sample's single present view still meets the other samples' views as a negative).
 Metrics: ``positive_term`` (mean s), ``negative_term`` (mean f*(s)), and the
 f-MI bound estimate ``fmi_bound = positive_term - negative_term`` (alpha = 1).
+
+Memory: the negatives' ``[K, M, N, M]`` block is only summed, so when it (with the
+temporaries of the critic, about 4 block-sized buffers) exceeds ``score_budget_mb``, or when
+``chunk_size`` is given, it is streamed over blocks of anchor samples and recomputed block by
+block in backward (see the memory model in :mod:`mmviews.objectives._base`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from ._base import MultiViewObjective, ObjectiveOutput, ViewSet, check_temperature, register_objective, similarity_metrics
+from . import _distributed as distributed
+from ._base import (
+    DEFAULT_SCORE_BUDGET_MB,
+    MultiViewObjective,
+    ObjectiveOutput,
+    ViewSet,
+    check_temperature,
+    register_objective,
+    similarity_metrics,
+)
 
 DIVERGENCES = ("kl", "js", "pearson", "sh", "tsallis", "vlc")
 SIMILARITIES = ("gaussian", "cosine")
@@ -122,6 +137,8 @@ def conjugate(s: torch.Tensor, divergence: str, q: float) -> torch.Tensor:
 )
 class FMICL(MultiViewObjective):
     supports_mask = True
+    # block-sized buffers the critic and its gradient hold at once (scores, log G, f*, where)
+    WORKING_COPIES: ClassVar[int] = 4
 
     def __init__(
         self,
@@ -132,8 +149,11 @@ class FMICL(MultiViewObjective):
         mu: float = 1.0,
         temperature: float = 0.1,
         q: float = 3.0,
+        chunk_size: int | None = None,
+        score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB,
     ) -> None:
         super().__init__()
+        self.set_streaming(chunk_size, score_budget_mb)
         if divergence not in DIVERGENCES:
             raise ValueError(f"fmicl: unknown divergence {divergence!r}; known: {', '.join(DIVERGENCES)}")
         if similarity not in SIMILARITIES:
@@ -178,10 +198,46 @@ class FMICL(MultiViewObjective):
         log_g = (dots - 1.0).mul_(1.0 / self.sigma**2).add_(math.log(self.mu))
         return gaussian_terms(log_g, self.divergence, self.q)
 
+    def _streamed_negative_term(self, views: ViewSet) -> torch.Tensor:
+        """``mean_{neg} f*(s)`` (scaled as :meth:`ViewSet.mean`), with the ``[K, M, N, M]``
+        block streamed: per block of anchor samples, the sum of f*(s) over its valid negatives."""
+
+        def block_sums(dots: torch.Tensor, start: int, stop: int) -> torch.Tensor:  # [k, M, N, M] -> [k]
+            _, conj = self._scores(dots)
+            if views.masked:
+                keep = views.other_sample_rows(start, stop)[:, None, :, None]
+                keep = keep & views.present[start:stop, :, None, None] & views.present_all[None, None]
+                return torch.where(keep, conj, torch.zeros((), dtype=conj.dtype, device=conj.device)).sum(dim=(1, 2, 3))
+            # all pairs minus those with the own sample (a diagonal of the sample axes)
+            own = torch.diagonal(conj.narrow(2, views.offset + start, stop - start), dim1=0, dim2=2)  # [M, M, k]
+            return conj.sum(dim=(1, 2, 3)) - own.sum(dim=(0, 1))
+
+        total = views.pairs_reduce(block_sums, working_copies=self.WORKING_COPIES).sum()
+        # valid negatives of sample i: its c_i present views times the present views of the
+        # other samples, T - c_i (T: present views of all ranks)
+        counts = views.present.sum(dim=1).to(total.dtype)
+        count = distributed.all_reduce_sum((counts * (views.present_all.sum().to(total.dtype) - counts)).sum())
+        return total * views.world / count.clamp_min(1)
+
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         positive_s, _ = self._scores(views.within_sample(1.0))  # [K, M, M]
-        _, negative_conj = self._scores(views.all_pairs(1.0))  # [K, M, N, M]
         positive_term = views.mean(positive_s, views.pair_valid)
+        if views.block_size(views.M * views.N * views.M * self.WORKING_COPIES, views.M) is not None:
+            negative_term = self._streamed_negative_term(views)
+        else:
+            negative_term = self._unchunked_negative_term(views)
+        loss = -(positive_term - self.alpha * negative_term)
+        metrics = similarity_metrics(views)
+        metrics.update(
+            positive_term=positive_term.detach(),
+            negative_term=negative_term.detach(),
+            fmi_bound=(positive_term - negative_term).detach(),
+        )
+        return ObjectiveOutput(loss, metrics)
+
+    def _unchunked_negative_term(self, views: ViewSet) -> torch.Tensor:
+        """``mean_{neg} f*(s)`` from the whole ``[K, M, N, M]`` block."""
+        _, negative_conj = self._scores(views.all_pairs(1.0))  # [K, M, N, M]
         if views.masked:
             negative_valid = views.present[:, :, None, None] & views.negative_keep  # [K, M, N, M]
             negative_term = views.mean(negative_conj, negative_valid.expand_as(negative_conj))
@@ -191,11 +247,4 @@ class FMICL(MultiViewObjective):
             total = negative_conj.sum() - own.sum()
             count = views.N * views.M * (views.N - 1) * views.M  # over all ranks' anchors
             negative_term = total * views.world / count
-        loss = -(positive_term - self.alpha * negative_term)
-        metrics = similarity_metrics(views)
-        metrics.update(
-            positive_term=positive_term.detach(),
-            negative_term=negative_term.detach(),
-            fmi_bound=(positive_term - negative_term).detach(),
-        )
-        return ObjectiveOutput(loss, metrics)
+        return negative_term

@@ -6,7 +6,9 @@ Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]``.
     L   = mean_i L_i
 
 Alignment uses the M x M block of each sample, uniformity the K x K block of each view, so the
-cost grows as K M^2 + M K^2 and the full [K M, K M] score matrix is never built. The authors'
+cost grows as K M^2 + M K^2 and the full [K M, K M] score matrix is never built; the ``[M, K, N]``
+within-view block is streamed over blocks of anchor samples beyond ``score_budget_mb``
+(see the memory model in :mod:`mmviews.objectives._base`). The authors'
 code sums the alignment over unordered pairs (a constant log 2 lower); we follow eq. 12, and
 work in log space (their product of per-view sums of exponentials overflows in float32 at
 collapse). At M = 2 this is DHEL. Mask: absent views are neither anchors nor negatives; the sum
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
+from ._streaming import keep_exclusion
 
 
 def within_view_uniformity(views: ViewSet, temperature: float) -> torch.Tensor:
@@ -28,9 +31,17 @@ def within_view_uniformity(views: ViewSet, temperature: float) -> torch.Tensor:
     present in at least one other sample; with no negative at all the LSE is empty and the
     term is dropped rather than contributing log(0).
     """
-    keep = views.other_sample[None] & views.present_all.T[:, None, :]  # [M, K, N]
-    uniformity = masked_logsumexp(views.within_view(temperature), keep, dim=2).T  # [K, M]
-    counts = views.anchor_valid & keep.any(dim=2).T
+    present = keep_exclusion(views.present_all.T[:, None, :] if views.masked else None, 1, views.K)  # [M, 1, N]
+
+    def exclude(scores: torch.Tensor, start: int, stop: int) -> None:  # [M, k, N]
+        present(scores, start, stop)
+        views.fill_own_sample(scores, start, 1, 2)
+
+    uniformity = views.within_view_logsumexp(temperature, exclude).T  # [K, M]
+    # view a has a negative for (i, a) iff it is present in some sample j != i: its global count
+    # minus (i, a)'s own presence (sample i is one of the N) is positive
+    others_present = views.present_all.sum(dim=0)[None, :] - views.present.to(torch.long)  # [K, M]
+    counts = views.anchor_valid & (others_present > 0)
     return uniformity.masked_fill(~counts, 0.0)
 
 

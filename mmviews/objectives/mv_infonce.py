@@ -6,7 +6,9 @@ Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]``.
     L   = mean_i L_i
 
 The negative set follows the authors' released code: every (j, g) except the anchor itself,
-so the other views of sample i appear in the denominator too. (Eq. 11 as printed restricts
+so the other views of sample i appear in the denominator too. The denominator reduces the
+``[K, M, N, M]`` scores, streamed over blocks of anchor samples beyond ``score_budget_mb``
+(see the memory model in :mod:`mmviews.objectives._base`). (Eq. 11 as printed restricts
 the negatives to g != a.) Mask: absent views are neither anchors nor candidates; samples
 with fewer than two present views add no term.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, masked_logsumexp, register_objective, similarity_metrics
+from ._streaming import keep_exclusion
 
 
 @register_objective(
@@ -26,8 +29,13 @@ class MVInfoNCE(ContrastiveObjective):
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         alignment = masked_logsumexp(views.within_sample(self.temperature), views.pair_valid, dim=(1, 2))  # [K]
         eye = torch.eye(views.M, dtype=torch.bool, device=views.u.device)
-        is_anchor_itself = (~views.other_sample)[:, None, :, None] & eye[None, :, None, :]  # [K, M, N, M]
-        keep = views.anchor_valid[:, :, None, None] & views.present_all[None, None] & ~is_anchor_itself
-        denominator = views.pairs_logsumexp(self.temperature, keep, (1, 2, 3))  # [K]
+        valid = views.anchor_valid[:, :, None, None] & views.present_all[None, None] if views.masked else None  # [K, M, N, M]
+        present = keep_exclusion(valid, 0, views.K)
+
+        def exclude(scores: torch.Tensor, start: int, stop: int) -> None:  # [k, M, N, M]
+            present(scores, start, stop)
+            views.fill_own_sample(scores, start, 0, 2, pattern=eye)  # the anchor (i, a) itself
+
+        denominator = views.pairs_logsumexp(self.temperature, exclude, (1, 2, 3))  # [K]
         loss = views.mean(denominator - alignment, views.views_present >= 2)
         return ObjectiveOutput(loss, similarity_metrics(views))

@@ -8,7 +8,8 @@ Each anchor u[i,a] is contrasted with the re-normalised mean of its sample's oth
     CE[i,a] = LSE({<u_ia, r_ia>/tau} U {<u_ia, r_jg>/tau : j != i, all g}) - <u_ia, r_ia>/tau
     L = mean_{i, a} CE[i,a]
 
-At M = 2, r[i,a] is the other view, so the loss is SimCLR's.
+At M = 2, r[i,a] is the other view, so the loss is SimCLR's. The negatives reduce a ``[K, M, N, M]``
+block, streamed beyond ``score_budget_mb`` (see the memory model in :mod:`mmviews.objectives._base`).
 Mask: r[i,a] averages the present views b != a; absent views are neither anchors nor
 give an r, and samples with fewer than two present views add no term and give no negative.
 """
@@ -18,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, scores_logsumexp, similarity_metrics
+from ._base import ContrastiveObjective, ObjectiveOutput, ViewSet, register_objective, similarity_metrics
+from ._streaming import keep_exclusion
 
 
 def leave_one_out_directions(u, present):
@@ -40,7 +42,12 @@ class SufficientStatistics(ContrastiveObjective):
         anchors = views.u / self.temperature
         positives = (anchors * local_statistics).sum(dim=-1)  # [K, M]
         candidate_valid = views.present_all & (views.present_all.sum(dim=1) >= 2)[:, None]  # [N, M]
-        keep = (views.other_sample[:, :, None] & candidate_valid[None])[:, None]  # [K, 1, N, M]
-        negatives = scores_logsumexp(anchors.reshape(K * M, d), statistics.reshape(views.N * M, d), keep, (K, M, views.N, M), (2, 3))
+        valid = keep_exclusion(candidate_valid[None, None] if views.masked else None, 0, K)
+
+        def exclude(scores: torch.Tensor, start: int, stop: int) -> None:  # [k, M, N, M]
+            valid(scores, start, stop)
+            views.fill_own_sample(scores, start, 0, 2)
+
+        negatives = views.pairs_logsumexp(self.temperature, exclude, (2, 3), candidates=statistics)  # [K, M]
         loss = views.mean(torch.logaddexp(negatives, positives) - positives, views.anchor_valid)
         return ObjectiveOutput(loss, similarity_metrics(views))

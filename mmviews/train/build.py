@@ -17,7 +17,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from mmviews.config import ConfigError, TrainConfig
-from mmviews.data.loaders import GlobalBatchSampler, build_dataset_split
+from mmviews.data.loaders import (
+    EpochCollator,
+    GlobalBatchSampler,
+    build_dataset_split,
+    loader_options,
+    pin_memory_default,
+)
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.eval.evaluate import parse_tasks
 from mmviews.objectives import MultiViewObjective, get_objective, list_objectives, objective_class
@@ -33,7 +39,7 @@ class RunParts:
     config: TrainConfig
     datasets: dict[str, Any]
     view_spec: ViewSpec
-    collator: ViewSetCollator
+    collator: EpochCollator  # the training collator; set_epoch reaches persistent workers too
     sampler: GlobalBatchSampler
     train_loader: DataLoader
     eval_loaders: dict[str, DataLoader | None]
@@ -119,8 +125,12 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
     generator.manual_seed(config.seed)
     # The loader draws its worker base seed from its own generator, not the global RNG, so
     # that resuming mid-epoch (a new iterator) leaves the training RNG stream unchanged.
-    train_loader = DataLoader(train_dataset, batch_sampler=batches, collate_fn=collator,
-                              num_workers=d.num_workers, generator=generator)
+    # Workers (if any) are persistent, so the epoch's augmentation seed goes through the
+    # EpochCollator; batches are pinned when training on CUDA so that the trainer's copy to
+    # the device (non_blocking) overlaps with the previous step's kernels.
+    collator = EpochCollator(collator)
+    train_loader = DataLoader(train_dataset, batch_sampler=batches, collate_fn=collator, generator=generator,
+                              **loader_options(d.num_workers, pin_memory=pin_memory_default(config.cpu)))
     set_seed(config.seed)  # identical initial weights on every process and every run
     encoder = build_encoder(config, source)
     return RunParts(config, {"train": train_dataset}, spec, collator, batches, train_loader, loaders,

@@ -1,39 +1,92 @@
-"""Checkpoints you can kill: the loop position, and writing and loading checkpoints.
+"""Checkpoints you can kill, and that hold data only: the loop position, writing and loading.
 
-A checkpoint is ``accelerator.save_state`` (model, optimiser, scheduler, scaler, RNG states of
-every process, the EMA teacher and :class:`TrainState`, which are registered for
-checkpointing) plus ``objective.pt`` (the objective's ``state_dict``: memory banks, critics)
-and ``train_state.json``. Everything is written into ``checkpoints/.tmp-checkpoint-N`` and the
-folder is renamed to ``checkpoint-N`` only when complete, so a kill mid-write leaves the
-previous checkpoint intact; the last ``keep_last`` are kept.
+A checkpoint folder holds:
+
+- Accelerate's ``save_state``: ``model.safetensors``, ``optimizer.bin``, ``scheduler.bin``
+  (``scaler.pt`` with fp16) and ``random_states_<process>.pkl`` (Python, numpy, torch and CUDA
+  RNG states of every process);
+- ``objective.pt``: the objective's ``state_dict`` (memory banks, critics);
+- ``teacher.safetensors``: the EMA teacher's weights, when the run has one;
+- ``train_state.json``: the loop position (:class:`TrainState`) and the size and SHA-256 of
+  every other file (:func:`mmviews.run.checkpoint_file_records`).
+
+Everything is written into ``checkpoints/.tmp-checkpoint-N`` and the folder is renamed to
+``checkpoint-N`` only when complete, so a kill mid-write leaves the previous checkpoint
+intact; the last ``keep_last`` are kept.
+
+Loading (:func:`load_checkpoint`) runs no code from the folder. Nothing is registered with
+``accelerator.register_for_checkpointing`` (Accelerate reads such objects back with full
+unpickling); every file is checked against ``train_state.json`` and every pickle loaded with
+``weights_only=True`` before Accelerate reads anything, and Accelerate's ``load_state`` is
+given a folder of links to the model, optimiser and scheduler files only. The RNG states are
+restored here rather than by Accelerate, which ignores an unreadable RNG file: a damaged one
+stops the resume with its name, unless ``ignore_rng`` (``--resume-ignore-rng``) accepts that
+the resumed run no longer reproduces an uninterrupted one exactly.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import shutil
+import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from mmviews.config import TrainConfig, save_config
+from mmviews.data.safe_pickle import CorruptFileError
+from mmviews.fileio import atomic_write_text
 from mmviews.run import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
-    ENCODER_DIR,
     OBJECTIVE_FILE,
+    TEACHER_FILE,
     TMP_PREFIX,
     TRAIN_STATE_FILE,
+    check_safetensors,
+    checkpoint_file_records,
+    claim_run_dir,
     list_checkpoints,
+    load_torch_file,
+    read_train_state,
+    record_run_outputs,
+    verify_checkpoint_file,
 )
 
 if TYPE_CHECKING:
     from mmviews.train.callbacks import TrainCallback
+    from mmviews.train.teacher import EMATeacher
+
+# Files of Accelerate's save_state that its load_state reads back (model, optimiser,
+# scheduler, gradient scaler, sampler): the only ones it is shown.
+_ACCELERATE_FILES = re.compile(r"(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin"
+                               r"|scheduler(_\d+)?\.bin|sampler(_\d+)?\.bin|scaler\.pt)")
+# What numpy's RNG state (a uint32 array) needs besides tensors and containers.
+_NUMPY_RNG_GLOBALS: list[Any] = [np.ndarray, np.dtype,
+                                 getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct]
+if hasattr(np, "dtypes"):
+    _NUMPY_RNG_GLOBALS.append(np.dtypes.UInt32DType)
+# Checkpoints written before teacher.safetensors kept the teacher in Accelerate's custom
+# checkpoint of index 1 (index 0 was the loop position, now read from train_state.json).
+_LEGACY_TEACHER_FILE = "custom_checkpoint_1.pkl"
+
+
+class ReproducibilityWarning(UserWarning):
+    """A resumed run continues, but will not reproduce an uninterrupted one exactly."""
+
+
+def rng_file(process_index: int) -> str:
+    """Accelerate's RNG-state file of one process."""
+    return f"random_states_{process_index}.pkl"
 
 
 @dataclass
@@ -55,24 +108,23 @@ class TrainState:
         self.step, self.samples = int(state["step"]), int(state.get("samples", 0))
 
 
-def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool) -> None:
-    """Main process, before training: the run folder with the resolved ``config.yaml``. A
-    ``fresh`` run (not resumed, e.g. ``--overwrite``) first drops stale checkpoints and
-    encoder; temporary checkpoint folders left by a kill are always removed."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if fresh:
-        for stale in (CHECKPOINTS_DIR, ENCODER_DIR):
-            shutil.rmtree(run_dir / stale, ignore_errors=True)
+def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool, overwrite: bool = False) -> None:
+    """Main process, before training: claim the run folder (:func:`mmviews.run.claim_run_dir`:
+    a fresh run needs a new or empty folder, or ``overwrite`` to replace an mmviews run, of
+    which only what it wrote is removed) and write the resolved ``config.yaml``. Temporary
+    checkpoint folders left by a kill are removed."""
+    claim_run_dir(run_dir, overwrite=overwrite, resume=not fresh)
     save_config(config, run_dir / CONFIG_FILE)
     folder = run_dir / CHECKPOINTS_DIR
     if folder.is_dir():
         for p in folder.iterdir():
             if p.name.startswith(TMP_PREFIX):
                 shutil.rmtree(p, ignore_errors=True)
+    record_run_outputs(run_dir)
 
 
 def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_last: int, objective: nn.Module,
-                    callback: TrainCallback) -> Path:
+                    callback: TrainCallback, teacher: EMATeacher | None = None) -> Path:
     """``save_state`` into a temporary folder, then rename: a kill mid-write never replaces
     a complete checkpoint. Every process calls this (each saves its RNG state)."""
     folder = run_dir / CHECKPOINTS_DIR
@@ -87,22 +139,117 @@ def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_las
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         torch.save(objective.state_dict(), tmp / OBJECTIVE_FILE)
-        (tmp / TRAIN_STATE_FILE).write_text(json.dumps(state.state_dict()))
+        if teacher is not None:
+            teacher.save(tmp / TEACHER_FILE)
+        # Written last: its presence marks a complete checkpoint, and it records every file.
+        record = {**state.state_dict(), "files": checkpoint_file_records(tmp)}
+        atomic_write_text(tmp / TRAIN_STATE_FILE, json.dumps(record, indent=1))
         callback.on_checkpoint_written(state, tmp)
         if final.exists():  # same step saved twice (e.g. resumed and re-saved): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+        record_run_outputs(run_dir)
     accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(checkpoint: Path, accelerator: Any, state: TrainState, objective: nn.Module) -> None:
-    """Restore a checkpoint into the prepared objects (every process)."""
+def _read_rng_states(path: Path, records: dict[str, Any] | None, on_cuda: bool) -> dict[str, Any]:
+    """The RNG states of one process, checked: a bad file is a :class:`CorruptFileError`."""
+    states = load_torch_file(verify_checkpoint_file(path.parent, path.name, records), _NUMPY_RNG_GLOBALS)
+    try:
+        # Apply to throw-away generators first: a malformed state fails here, before the
+        # training generators are touched.
+        random.Random().setstate(states["random_state"])
+        np.random.RandomState().set_state(states["numpy_random_seed"])
+        torch_state = states["torch_manual_seed"]
+        if not (isinstance(torch_state, torch.Tensor) and torch_state.dtype == torch.uint8
+                and torch_state.shape == torch.get_rng_state().shape):
+            raise ValueError(f"torch_manual_seed is not a torch RNG state ({type(torch_state).__name__})")
+        if on_cuda and "torch_cuda_manual_seed" not in states:
+            raise KeyError("torch_cuda_manual_seed (the checkpoint was not written on a GPU)")
+    except (KeyError, TypeError, ValueError) as error:
+        raise CorruptFileError(f"{path}: not Accelerate's RNG states ({type(error).__name__}: {error})") from None
+    return states
+
+
+def _restore_rng(states: dict[str, Any], accelerator: Any) -> None:
+    random.setstate(states["random_state"])
+    np.random.set_state(states["numpy_random_seed"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    if torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
+        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+    if isinstance(states.get("step"), int):
+        accelerator.step = states["step"]  # Accelerate's own save counter, as its load_state sets it
+
+
+def load_checkpoint(checkpoint: Path, accelerator: Any, state: TrainState, objective: nn.Module,
+                    teacher: EMATeacher | None = None, ignore_rng: bool = False) -> None:
+    """Restore a checkpoint into the prepared objects (every process). Every file read is
+    first checked (:func:`mmviews.run.verify_checkpoint_file`, weights-only loading); a bad
+    one is an error naming it. ``ignore_rng``: a damaged RNG file is a
+    :class:`ReproducibilityWarning` instead of an error."""
+    info = read_train_state(checkpoint)
+    records = info["files"]
+    names = sorted(p.name for p in checkpoint.iterdir() if p.is_file() and _ACCELERATE_FILES.fullmatch(p.name))
+    for name in names:
+        path = verify_checkpoint_file(checkpoint, name, records)
+        check_safetensors(path) if name.endswith(".safetensors") else load_torch_file(path)
+    objective_state = load_torch_file(verify_checkpoint_file(checkpoint, OBJECTIVE_FILE, records))
+    teacher_state: dict[str, torch.Tensor] | None = None
+    if teacher is not None:
+        if (checkpoint / TEACHER_FILE).is_file() or records is not None:
+            check_safetensors(verify_checkpoint_file(checkpoint, TEACHER_FILE, records))
+        else:  # a checkpoint from before teacher.safetensors
+            teacher_state = load_torch_file(verify_checkpoint_file(checkpoint, _LEGACY_TEACHER_FILE, records))
+    rng_path = checkpoint / rng_file(accelerator.process_index)
+    rng_states: dict[str, Any] | None = None
+    try:
+        rng_states = _read_rng_states(rng_path, records, accelerator.device.type == "cuda")
+    except (CorruptFileError, FileNotFoundError) as error:
+        saved = len(list(checkpoint.glob("random_states_*.pkl")))
+        if isinstance(error, FileNotFoundError) and saved and saved != accelerator.num_processes:
+            error = FileNotFoundError(f"{rng_path} is missing: the checkpoint was written by {saved} process(es), this "
+                                      f"run has {accelerator.num_processes}")
+        if not ignore_rng:
+            raise type(error)(f"{error}. Resume from an earlier checkpoint, or pass --resume-ignore-rng to continue "
+                              "without the saved random states (the run then no longer reproduces an "
+                              "uninterrupted one exactly)") from None
+        warnings.warn(f"{error}; continuing without the saved random states (--resume-ignore-rng): the resumed "
+                      "run will not reproduce an uninterrupted run exactly", ReproducibilityWarning, stacklevel=2)
+
     # The objective first: loading may build lazily created parts (IPMC's critic), which
-    # draws random numbers; load_state then restores the RNG states.
-    objective.load_state_dict(torch.load(checkpoint / OBJECTIVE_FILE, map_location=accelerator.device,
-                                         weights_only=True))
-    accelerator.load_state(str(checkpoint))
-    state.load_state_dict(json.loads((checkpoint / TRAIN_STATE_FILE).read_text()))
+    # draws random numbers; the RNG states are restored last.
+    objective.load_state_dict(_to_device(objective_state, accelerator.device))
+    with tempfile.TemporaryDirectory(prefix="mmviews-load-") as staged:
+        for name in names:
+            try:
+                os.symlink((checkpoint / name).absolute(), Path(staged) / name)
+            except OSError:  # no symbolic links (e.g. Windows without the privilege): a copy
+                shutil.copy2(checkpoint / name, Path(staged) / name)
+        try:
+            accelerator.load_state(staged)
+        except Exception as error:  # files were checked: a mismatch with this run's model/optimiser
+            raise CorruptFileError(f"{checkpoint}: cannot restore the model/optimiser/scheduler state "
+                                   f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                                   "was it written by this recipe?") from None
+    if teacher is not None:
+        if teacher_state is None:
+            teacher.load(checkpoint / TEACHER_FILE)
+        else:
+            teacher.load_state_dict(teacher_state)
+    if rng_states is not None:
+        _restore_rng(rng_states, accelerator)
+    state.load_state_dict(info)
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    """Tensors of a nested state (loaded on CPU, memory-mapped) copied to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, copy=True)
+    if isinstance(value, dict):
+        return type(value)((k, _to_device(v, device)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value

@@ -1,5 +1,6 @@
-"""What a run records: ``metrics.csv`` and TensorBoard per optimiser step, the progress bar,
-and the summary (``results.json``, ``report.md``) at the end.
+"""What a run records: ``metrics.csv`` and the experiment trackers (``output.trackers``, e.g.
+TensorBoard) per optimiser step, the progress bar, and the summary (``results.json``,
+``report.md``) at the end.
 
 A ``metrics.csv`` row holds ``step``, ``epoch`` (fractional), ``loss`` (mean over
 processes), the objective's metrics (and the critic's, e.g. IPMC) in name order,
@@ -14,14 +15,16 @@ import csv
 import importlib.util
 import io
 import json
+import math
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from mmviews.config import TrainConfig
+from mmviews.config import ConfigError, TrainConfig
 from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE
@@ -35,6 +38,7 @@ class CSVLogger:
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
         self.fields: list[str] | None = None
+        self.last_loss: float | None = None  # loss of the last row kept on resume
         if resume_step is not None and path.is_file():
             with path.open(newline="") as f:
                 reader = csv.DictReader(f)
@@ -47,6 +51,8 @@ class CSVLogger:
                 writer.writerows(rows)
                 atomic_write_text(path, kept.getvalue())
                 self.fields = list(fields)
+                if rows and rows[-1].get("loss"):
+                    self.last_loss = float(rows[-1]["loss"])
         elif path.exists():
             path.unlink()
 
@@ -61,12 +67,53 @@ class CSVLogger:
             writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
 
 
+# Accelerate tracker name -> the modules any one of which makes it usable (Accelerate's own
+# availability test silently drops a tracker whose package is missing; we refuse instead).
+_TRACKER_MODULES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"), "aim": ("aim",), "mlflow": ("mlflow",), "wandb": ("wandb",),
+    "comet_ml": ("comet_ml",), "clearml": ("clearml",), "dvclive": ("dvclive",), "swanlab": ("swanlab",),
+    "trackio": ("trackio",),
+}
+#: Sub-folder of the run folder given to Accelerate as ``logging_dir``; file-based trackers
+#: write under ``<run>/logs/<recipe name>/`` (TensorBoard's event files).
+TRACKERS_DIR = "logs"
+
+
 def tensorboard_available() -> bool:
     return importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None
 
 
+def tracker_installed(name: str) -> bool:
+    """Whether the package of Accelerate tracker ``name`` can be imported."""
+    return any(importlib.util.find_spec(module) is not None for module in _TRACKER_MODULES[name])
+
+
+def resolve_trackers(config: TrainConfig, source: str = "recipe") -> list[str]:
+    """The Accelerate trackers of a run (``log_with=``): ``output.trackers`` in order, without
+    repeats; a tracker whose package is missing is a :class:`ConfigError` naming the key. The
+    deprecated ``output.tensorboard: true`` adds TensorBoard when it is installed and is skipped
+    with a warning otherwise (its old meaning), either way with a warning to move to
+    ``trackers``."""
+    names = list(dict.fromkeys(config.output.trackers))
+    for name in names:
+        if not tracker_installed(name):
+            extra = "pip install 'mmviews[tensorboard]'" if name == "tensorboard" else f"pip install {name}"
+            raise ConfigError(f"{source}: key 'output.trackers': tracker {name!r} is not installed ({extra}); "
+                              "metrics.csv is always written, remove the tracker to train without it")
+    if config.output.tensorboard:
+        if tensorboard_available():
+            names = list(dict.fromkeys([*names, "tensorboard"]))
+        else:
+            warnings.warn(f"{source}: output.tensorboard is true but TensorBoard is not installed; logging to "
+                          "metrics.csv only", stacklevel=2)
+        warnings.warn(f"{source}: key 'output.tensorboard' is deprecated, use 'output.trackers: [tensorboard]'",
+                      FutureWarning, stacklevel=2)
+    return names
+
+
 def flat_hparams(config: TrainConfig) -> dict[str, Any]:
-    """The recipe as ``{"optimisation.lr": 0.001, ...}`` (scalars only), for TensorBoard."""
+    """The recipe as ``{"optimisation.lr": 0.001, ...}`` (scalars only), for the trackers'
+    hyper-parameter tables."""
     out: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -82,12 +129,13 @@ def flat_hparams(config: TrainConfig) -> dict[str, Any]:
 
 class StepLogger:
     """Per optimiser step: the ``metrics.csv`` row (every ``output.log_every`` steps and at the
-    last one), TensorBoard (``output.tensorboard``, when installed) and the progress bar.
+    last one), the same row to the Accelerate ``trackers`` (:func:`resolve_trackers`; the
+    accelerator was made with ``log_with=trackers``) and the progress bar.
 
     Every process calls :meth:`log` (the metrics are averaged over processes); only the main
-    process writes."""
+    process writes (Accelerate's trackers act on the main process only)."""
 
-    def __init__(self, accelerator: Any, config: TrainConfig, run_dir: Path, *, use_tensorboard: bool,
+    def __init__(self, accelerator: Any, config: TrainConfig, run_dir: Path, *, trackers: Sequence[str],
                  total_steps: int, batches_per_epoch: int, poly_view_bound: bool, state: TrainState,
                  resumed: bool, started: float) -> None:
         self.accelerator = accelerator
@@ -97,14 +145,16 @@ class StepLogger:
         self.grad_accum_steps = config.optimisation.grad_accum_steps
         main = accelerator.is_main_process
         self.csv = CSVLogger(run_dir / LOG_FILE, resume_step=state.step if resumed else None) if main else None
-        self.use_tensorboard = use_tensorboard
-        if use_tensorboard:
-            accelerator.init_trackers("tensorboard", config=flat_hparams(config))
+        self.trackers = list(trackers)
+        if self.trackers:  # project = the recipe's name (TensorBoard: <run>/logs/<name>/)
+            accelerator.init_trackers(config.name, config=flat_hparams(config))
         self.bar = tqdm(total=total_steps, initial=state.step, desc="train",
                         disable=not (main and config.output.progress_bar), dynamic_ncols=True)
         self.started = started
         self.last_time = time.perf_counter()
         self.last_loss = float("nan")  # loss of the last logged step
+        if self.csv is not None and self.csv.last_loss is not None:
+            self.last_loss = self.csv.last_loss  # resumed at the end: no step left to log
 
     def log(self, state: TrainState, out: ObjectiveOutput, extra_metrics: dict[str, Any], optimizer: Any,
             num_samples: int, num_views: int) -> None:
@@ -131,11 +181,22 @@ class StepLogger:
             row["time_s"] = now - self.started
             if self.csv is not None:
                 self.csv.log(row)
-            if self.use_tensorboard:
+            if self.trackers:
                 self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
             self.bar.set_postfix(loss=f"{self.last_loss:.4f}")
         self.bar.update(1)
         self.last_time = now
+
+    def log_evaluation(self, metrics: dict[str, float], random_metrics: dict[str, float] | None, step: int) -> None:
+        """The final evaluation to the trackers, at the last step: the trained encoder's metrics
+        under their names (``test/linear/class/acc``), the random initialisation's under
+        ``random_init/...``."""
+        if not self.trackers:
+            return
+        values = {k: float(v) for k, v in metrics.items()}
+        values.update({f"random_init/{k}": float(v) for k, v in (random_metrics or {}).items()})
+        if values:
+            self.accelerator.log(values, step=step)
 
     def close(self) -> None:
         self.bar.close()
@@ -152,15 +213,46 @@ def _lower_is_better(metric: str) -> bool:
     return leaf in {"mae", "mse", "rmse", "loss"} or leaf.startswith("mae")
 
 
+def _finite_or_none(value: Any, key: str, bad: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(key)
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v, f"{key}.{k}" if key else str(k), bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v, f"{key}.{i}", bad) for i, v in enumerate(value)]
+    return value
+
+
+def finalise_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary as valid JSON data: a non-finite number (NaN, inf) becomes None and
+    marks the run ``"status": "failed"`` with a ``"reason"`` naming the keys; otherwise
+    ``"status": "ok"``."""
+    bad: list[str] = []
+    clean = _finite_or_none(dict(summary), "", bad)
+    if bad:
+        clean["status"] = "failed"
+        clean["reason"] = f"non-finite values (written as null): {', '.join(bad)}"
+    else:
+        clean.setdefault("status", "ok")
+    return clean
+
+
+def _fmt(value: Any, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
     """``results.json`` and ``report.md``: the run summary and, per metric, trained vs
-    randomly initialised encoder."""
-    atomic_write_text(run_dir / RESULTS_FILE, json.dumps(summary, indent=2, default=str))
+    randomly initialised encoder. The JSON is strict (no NaN; see :func:`finalise_summary`)."""
+    summary = finalise_summary(summary)
+    atomic_write_text(run_dir / RESULTS_FILE, json.dumps(summary, indent=2, default=str, allow_nan=False))
     lines = [f"# Run report: {summary['name']}", "",
              f"- objective: {summary['objective']}",
              f"- optimiser steps: {summary['steps']} ({summary['epochs']} epochs, {summary['samples_seen']} samples)",
-             f"- final training loss: {summary['final_loss']:.4f}",
+             f"- final training loss: {_fmt(summary['final_loss'])}",
              f"- wall time: {summary['wall_time_s']:.1f} s on {summary['num_processes']} process(es), {summary['device']}",
+             *([f"- status: **failed**: {summary['reason']}"] if summary["status"] == "failed" else []),
              ""]
     trained, random_ = summary["eval"], summary["eval_random"] or {}
     if trained:
@@ -170,8 +262,8 @@ def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
                 continue
             t = trained[key]
             r = random_.get(key)
-            diff = "" if r is None else f"{t - r:+.4f}" + (" (lower is better)" if _lower_is_better(key) else "")
-            lines.append(f"| {key} | {t:.4f} | {'' if r is None else f'{r:.4f}'} | {diff} |")
+            diff = "" if r is None or t is None else f"{t - r:+.4f}" + (" (lower is better)" if _lower_is_better(key) else "")
+            lines.append(f"| {key} | {_fmt(t)} | {'' if r is None else f'{r:.4f}'} | {diff} |")
         lines += ["", "Full evaluation report: [eval/summary.md](eval/summary.md)"
                   + ("; random-initialisation baseline: [eval_random/summary.md](eval_random/summary.md)" if random_ else ""), ""]
     atomic_write_text(run_dir / REPORT_FILE, "\n".join(lines))

@@ -3,11 +3,13 @@
 After every optimiser step, ``t <- momentum * t + (1 - momentum) * s`` for each parameter
 (``s`` the encoder's), and buffers (BatchNorm statistics) are copied. Its embeddings of the
 same views are given to objectives that take a teacher (``takes_teacher``) as ``teacher=``.
+Checkpoints keep its weights as ``teacher.safetensors`` (:meth:`EMATeacher.save`).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
@@ -34,3 +36,15 @@ class EMATeacher(nn.Module):
     def forward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(z [K, M, d], mask [K, M])`` of the teacher copy."""
         return self.module(batch)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """The teacher's weights and buffers as safetensors (no pickle)."""
+        from safetensors.torch import save_model
+
+        save_model(self.module, str(path))  # save_model handles tied tensors
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Weights written by :meth:`save` (every key must match)."""
+        from safetensors.torch import load_model
+
+        load_model(self.module, str(path), strict=True)

@@ -35,6 +35,13 @@ Accelerate example loop, a contrastive trainer needs:
    of the current epoch already done (``accelerator.skip_first_batches``): the final weights
    equal those of an uninterrupted run.
 
+5. **No host synchronisation between log steps.** Nothing in the step reads a device value
+   back: the objective's own input checks are off (``check_inputs = False``), a non-finite
+   loss is recorded in a device-side flag and checked at the next log step or checkpoint
+   (the error names the range of steps), "are all views present" comes from the batch's
+   host-side mask, and batches are copied with ``non_blocking=True`` from pinned memory (on
+   CUDA) by persistent loader workers. ``mmviews bench train`` measures the step.
+
 The run folder's layout is described in :mod:`mmviews.run`. ``callback``
 (:class:`~mmviews.train.callbacks.TrainCallback`) is called after every optimiser step and
 before each checkpoint's rename.
@@ -55,12 +62,20 @@ from torch import nn
 from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
-from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint
+from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.evaluation import run_evaluation
-from mmviews.train.logging import StepLogger, read_eval_metrics, tensorboard_available, write_results
+from mmviews.train.logging import (
+    TRACKERS_DIR,
+    StepLogger,
+    finalise_summary,
+    read_eval_metrics,
+    resolve_trackers,
+    write_results,
+)
+from mmviews.train.model_card import write_model_card
 from mmviews.train.optim import build_optimizer, build_scheduler
 from mmviews.train.teacher import EMATeacher
 
@@ -79,19 +94,26 @@ class Prepared:
     state: TrainState
     total_steps: int
     batches_per_epoch: int
+    # Device-side "a loss since the last check was non-finite" flag (0-dim bool; None: no step
+    # since), read by _check_losses at log steps and before checkpoints only: a host read of
+    # the loss at every step would wait for the device (see _check_losses).
+    nonfinite: torch.Tensor | None = None
+    checked_step: int = 0  # optimiser step at the last _check_losses
 
 
-def _accelerator(config: TrainConfig, run_dir: Path, use_tensorboard: bool) -> Any:
+def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any:
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
+    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, ProjectConfiguration
 
     return Accelerator(
         cpu=config.cpu,
         mixed_precision=config.optimisation.mixed_precision,
         gradient_accumulation_steps=config.optimisation.grad_accum_steps,
-        dataloader_config=DataLoaderConfiguration(split_batches=True),  # data.batch_size is the global K
-        log_with="tensorboard" if use_tensorboard else None,
-        project_dir=str(run_dir),
+        # data.batch_size is the global K; batches (pinned on CUDA, see build_run) are copied
+        # to the device without blocking the host.
+        dataloader_config=DataLoaderConfiguration(split_batches=True, non_blocking=True),
+        log_with=trackers or None,  # output.trackers; metrics.csv is written by StepLogger regardless
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / TRACKERS_DIR)),
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)],
     )
 
@@ -110,21 +132,27 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     scheduler = build_scheduler(optimizer, o, total_steps, steps_per_epoch)
 
     objective.to(accelerator.device)
+    # The objective's own check of z (a host read of isfinite(z).all() per call, i.e. a
+    # device synchronisation per step) is replaced by the loop's non-finite-loss check at
+    # log steps (_check_losses).
+    objective.check_inputs = False
     teacher = EMATeacher(encoder, config.objective.teacher_momentum) if uses_teacher(config, objective) else None
     model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, parts.train_loader, scheduler)
+    # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:
+    # Accelerate reads such objects back with full unpickling (code from the checkpoint could
+    # run). They are saved as JSON and safetensors by mmviews.train.checkpoint instead.
     state = TrainState()
-    accelerator.register_for_checkpointing(state)
     if teacher is not None:
         teacher.to(accelerator.device)
-        accelerator.register_for_checkpointing(teacher)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
                     total_steps, batches_per_epoch)
 
 
-def _present_mask(objective: MultiViewObjective, mask: torch.Tensor) -> torch.Tensor | None:
-    """The mask to pass: None when every view is present; an error when views are missing
-    and the objective cannot take a mask."""
-    if bool(mask.all()):
+def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
+    """The mask to pass: None when every view is present (``all_present``, known on the host:
+    see ``ViewBatch.all_views_present``); an error when views are missing and the objective
+    cannot take a mask."""
+    if all_present:
         return None
     if not objective.supports_mask:
         raise ValueError(f"objective {objective.name!r} does not support missing views, but this batch has absent "
@@ -139,13 +167,13 @@ def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tu
     objective = p.objective
     with p.accelerator.accumulate(p.model):
         z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
-        mask = _present_mask(objective, mask)
+        mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = p.teacher(batch)[0] if p.teacher is not None else None
         critic_metrics = objective.critic_step(z.detach())
         out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        if not torch.isfinite(out.loss):
-            raise FloatingPointError(f"non-finite loss {out.loss.item()} at step {p.state.step + 1} "
-                                     f"(epoch {p.state.epoch}, batch {p.state.batch_in_epoch})")
+        # Recorded on the device, read at the next log step (_check_losses): no host sync here.
+        bad = ~torch.isfinite(out.loss.detach())
+        p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
         p.accelerator.backward(out.loss)
         if p.accelerator.sync_gradients and max_grad_norm is not None:
             p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
@@ -154,6 +182,27 @@ def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tu
         p.optimizer.zero_grad(set_to_none=True)
     objective.on_step_end(z.detach(), batch.index)
     return out, critic_metrics
+
+
+def _check_losses(p: Prepared, state: TrainState, log_every: int) -> None:
+    """``FloatingPointError`` if a loss since the previous check was NaN or inf, naming the
+    range of optimiser steps in which it happened.
+
+    The loop calls it at log steps and before every checkpoint (so that no checkpoint holds
+    weights updated from a non-finite loss): one host read of the accumulated device flag, and
+    with several processes one collective, so that every process stops at the same step."""
+    flag, first = p.nonfinite, p.checked_step + 1
+    p.nonfinite, p.checked_step = None, state.step
+    if flag is None:  # no micro-batch since the last check (the same on every process)
+        return
+    if p.accelerator.num_processes > 1:
+        flag = p.accelerator.reduce(flag.float().reshape(1), reduction="sum")
+    if bool(flag):
+        where = f"step {state.step}" if first >= state.step else f"one of steps {first}-{state.step}"
+        raise FloatingPointError(
+            f"non-finite loss (NaN or inf) at {where} (epoch {state.epoch}; the loss is checked at log steps, "
+            f"output.log_every = {log_every}, and before checkpoints); try a lower optimisation.lr, "
+            "optimisation.max_grad_norm, or optimisation.mixed_precision: 'no'")
 
 
 def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
@@ -174,9 +223,13 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
 
 
 def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os.PathLike[str] | None = None,
-          source: str = "recipe", callback: TrainCallback | None = None) -> dict[str, Any]:
+          source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
+          resume_ignore_rng: bool = False) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the summary also written to
-    ``results.json``. ``resume``: a run folder (latest checkpoint) or a checkpoint folder."""
+    ``results.json``. ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
+    A fresh run needs ``run_dir`` new or empty, or ``overwrite`` to replace an mmviews run
+    (only what that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
+    ``resume_ignore_rng``: resume even if the checkpoint's RNG states cannot be read."""
     from accelerate import PartialState
 
     started = time.perf_counter()
@@ -184,22 +237,23 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
     parts = build_run(config, PartialState(cpu=config.cpu).num_processes, source)
-    use_tensorboard = config.output.tensorboard and tensorboard_available()
-    accelerator = _accelerator(config, run_dir, use_tensorboard)
+    trackers = resolve_trackers(config, source)  # a tracker asked for but not installed fails here too
+    accelerator = _accelerator(config, run_dir, trackers)
     if accelerator.is_main_process:
-        prepare_run_dir(run_dir, config, fresh=checkpoint is None)
+        prepare_run_dir(run_dir, config, fresh=checkpoint is None, overwrite=overwrite)
     accelerator.wait_for_everyone()
     p = _prepare(accelerator, parts)
     state, objective, num_views = p.state, parts.objective, len(parts.view_spec)
 
     random_metrics: dict[str, float] | None = None
     if checkpoint is not None:
-        load_checkpoint(checkpoint, accelerator, state, objective)
+        load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng)
+        p.checked_step = state.step
         random_metrics = read_eval_metrics(run_dir / "eval_random")
     elif config.evaluation.random_baseline and config.evaluation.tasks:
         random_metrics = run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / "eval_random", accelerator,
                                         meta={"encoder": "random initialisation (before training)"})
-    log = StepLogger(accelerator, config, run_dir, use_tensorboard=use_tensorboard, total_steps=p.total_steps,
+    log = StepLogger(accelerator, config, run_dir, trackers=trackers, total_steps=p.total_steps,
                      batches_per_epoch=p.batches_per_epoch, poly_view_bound=objective.poly_view_bound, state=state,
                      resumed=checkpoint is not None, started=started)
     o, out_cfg, eval_cfg = config.optimisation, config.output, config.evaluation
@@ -216,17 +270,21 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
             state.step += 1
             if p.teacher is not None:
                 p.teacher.update(accelerator.unwrap_model(p.model))
+            if state.step % out_cfg.log_every == 0 or state.step == p.total_steps:  # StepLogger's log steps
+                _check_losses(p, state, out_cfg.log_every)
             log.log(state, out, critic_metrics, p.optimizer, batch.num_samples, batch.num_views)
             callback.on_step_end(state)
             done, end_of_epoch = state.step >= p.total_steps, state.batch_in_epoch >= p.batches_per_epoch
             if out_cfg.checkpoint_every and state.step % out_cfg.checkpoint_every == 0 and not done and not end_of_epoch:
-                save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback)
+                _check_losses(p, state, out_cfg.log_every)
+                save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
             if done:
                 break
         if state.batch_in_epoch >= p.batches_per_epoch:
             objective.on_epoch_end(epoch)
             state.epoch, state.batch_in_epoch = epoch + 1, 0
-        save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback)
+        _check_losses(p, state, out_cfg.log_every)
+        save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
         if eval_cfg.every_epochs and eval_cfg.tasks and state.step < p.total_steps and (epoch + 1) % eval_cfg.every_epochs == 0:
             run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / f"eval_epoch_{epoch + 1}", accelerator,
                            log_csv=run_dir / LOG_FILE, meta={"epoch": epoch + 1, "step": state.step, "num_views": num_views})
@@ -241,14 +299,17 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
         metrics = run_evaluation(encoder, parts, run_dir / "eval", accelerator, log_csv=run_dir / LOG_FILE,
                                  meta={"objective": config.objective.name, "step": state.step, "recipe": config.name,
                                        "num_views": num_views})
-    summary = {
+    summary = finalise_summary({
         "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
         "samples_seen": state.samples, "final_loss": log.last_loss, "wall_time_s": time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
-    }
+    })
     if accelerator.is_main_process:
         write_results(run_dir, summary)
-    if use_tensorboard:
+        write_model_card(run_dir / ENCODER_DIR, config, summary, source)  # after evaluation: it has the numbers
+        record_run_outputs(run_dir)
+    if trackers:
+        log.log_evaluation(metrics, random_metrics, state.step)
         accelerator.end_training()
     return summary

@@ -149,7 +149,7 @@ def train_run(recipe_path: Path, run_dir: Path, overrides: Sequence[str] = (), *
         summary = json.loads(results.read_text())
     else:
         try:
-            summary = train(config, run_dir, source=str(recipe_path))
+            summary = train(config, run_dir, source=str(recipe_path), overwrite=True)  # a stale run of the sweep
         except (FloatingPointError, ValueError, RuntimeError) as error:  # divergence is a finding
             status = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
             atomic_write_text(run_dir / "failed.txt", status + "\n")

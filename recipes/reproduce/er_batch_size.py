@@ -12,7 +12,10 @@ SimCLR at K = 64 after 8 epochs, against 0.29 for the encoder as initialised), q
 adapters; ``simclr`` and ``er`` at the same temperature, learning rate, schedule and number of
 epochs (2048 samples, 6 epochs), for batch sizes K in {256, 64, 16} (so a smaller batch makes more,
 smaller optimiser steps over the same samples, as in the paper). Linear-probe accuracy (class)
-and effective rank of the mean-of-views embedding on the test split, 5 seeds.
+and effective rank of the mean-of-views embedding on the test split, 5 seeds. ``er_ema`` is ER
+with an EMA teacher (``objective.ema_teacher: true``, the paper's momentum 0.99, ``--momentum``):
+the reconstruction targets are the teacher's embeddings of the same views, stop-gradient (the
+paper's distillation setting, sec. 4.2); ``--objectives`` picks a subset.
 
 Usage::
 

@@ -7,7 +7,10 @@ e.g. CIFAR-10 fc 85.99 -> 87.97 -> 88.29, CIFAR-100 fc 58.95 -> 60.07 -> 60.58, 
 conv 43.91 -> 45.01 -> 45.11 (differences of 0.0-2.0 points, with +-0.2 to 0.3 over runs).
 
 Here (default, ``--views natural``): quickstart's four synthetic modalities (text, audio, image,
-optical flow) as the M = 4 views, the ``ipmc`` objective (gamma 64, delta 0.35):
+optical flow) as the M = 4 views, the ``ipmc`` objective with the paper's unified loss (by
+default gamma 64, delta 0.35 and the attenuated weights phi_dec 6, tau_dec 1 of sec. 4.3; every
+parameter is written out in the runs' recipes, and ``--gamma``, ``--delta``, ``--phi-dec`` (``none``:
+plain Circle-loss weights), ``--tau-dec``, ``--scale``, ``--pools``, ``--bank`` change them):
 
 - ``Fp``: the fixed in-batch pools (``beta = 0``, no view filter);
 - ``Fp+DA``: plus the Wasserstein distribution alignment (``beta = --beta``, critic trained by the

@@ -1,16 +1,24 @@
 """The ``ipmc`` objective: IPMC's unified instance-tier loss over set-tier pools, with the
 memory bank, view filter and Wasserstein critic wired in (see the package docstring for the
-formulas)."""
+formulas).
+
+Memory: the pools' ``[K, M, C, M]`` cross-sample scores are streamed over blocks of anchor
+samples when they (with about 4 block-sized temporaries) exceed ``score_budget_mb``, or when
+``chunk_size`` is given; each block's pool log-sum-exps are recomputed with autograd in
+backward, the weights alpha being functions of the detached scores (see the memory model in
+:mod:`mmviews.objectives._base`)."""
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from .. import _distributed as distributed
 from .._base import (
+    DEFAULT_SCORE_BUDGET_MB,
     MultiViewObjective,
     ObjectiveOutput,
     ViewSet,
@@ -36,6 +44,8 @@ class IPMC(MultiViewObjective):
     optimiser's state)."""
 
     supports_mask = False
+    # block-sized buffers of the pools at once (scores, logits, their weights and gradients)
+    WORKING_COPIES: ClassVar[int] = 4
     takes_index = True  # needed with a memory bank or a view filter, optional otherwise
     takes_dataset_size = True  # the view filter keeps a history row per dataset sample
 
@@ -58,6 +68,8 @@ class IPMC(MultiViewObjective):
         critic_hidden: int = 256,
         gp_weight: float = 10.0,
         critic_lr: float = 1e-4,
+        chunk_size: int | None = None,
+        score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB,
         num_views: int | None = None,
         dim: int | None = None,
     ) -> None:
@@ -94,6 +106,7 @@ class IPMC(MultiViewObjective):
         self.dataset_size = int(dataset_size) if dataset_size is not None else self.memory_bank_size
         if self.view_filter_k > 0 and self.dataset_size < 1:
             raise ValueError("ipmc: the view filter (view_filter_k > 0) needs dataset_size (or memory_bank_size) >= 1")
+        self.set_streaming(chunk_size, score_budget_mb)
         self.critic_steps, self.critic_hidden = int(critic_steps), int(critic_hidden)
         self.gp_weight, self.critic_lr = float(gp_weight), float(critic_lr)
         self.bank: MemoryBank | None = None
@@ -101,6 +114,11 @@ class IPMC(MultiViewObjective):
         self.critic: WassersteinCritic | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.register_buffer("_shape", torch.zeros(2, dtype=torch.long))  # (M, d) once built
+        # Host copies, so that the per-step hooks read no device value back (a synchronisation
+        # on an accelerator): of _shape with the buffer's identity and in-place version, and
+        # whether the bank has ever held an entry (entries are only ever added).
+        self._shape_cache: tuple[torch.Tensor, int, tuple[int, int]] | None = None
+        self._bank_used = False
         if num_views is not None and dim is not None:
             self.build(int(num_views), int(dim))
 
@@ -109,9 +127,9 @@ class IPMC(MultiViewObjective):
         """Create bank, filter and critic for ``M = num_views`` views of dimension ``dim``.
 
         They are built lazily (on the first call) because their shapes depend on M and d."""
-        if int(self._shape[0]) > 0:
-            if (int(self._shape[0]), int(self._shape[1])) != (num_views, dim):
-                built = (int(self._shape[0]), int(self._shape[1]))
+        built = self._built_shape()
+        if built[0] > 0:
+            if built != (num_views, dim):
                 raise ValueError(f"ipmc: built for [*, {built[0]}, {built[1]}] embeddings, got M = {num_views}, d = {dim}")
             return
         device = self._shape.device
@@ -123,6 +141,20 @@ class IPMC(MultiViewObjective):
             self.critic = WassersteinCritic(num_views, dim, self.critic_hidden).to(device)
             self.critic_optimizer = make_critic_optimizer(self.critic, self.critic_lr)
         self._shape.copy_(torch.tensor([num_views, dim]))
+
+    def _built_shape(self) -> tuple[int, int]:
+        """``(M, d)`` once built, else ``(0, 0)``; reads the ``_shape`` buffer back only when it
+        is a new tensor or was changed in place (build, ``load_state_dict``) since the last read."""
+        tensor, cached = self._shape, self._shape_cache
+        if cached is None or cached[0] is not tensor or cached[1] != tensor._version:
+            cached = self._shape_cache = (tensor, tensor._version, (int(tensor[0]), int(tensor[1])))
+        return cached[2]
+
+    def _bank_has_entries(self) -> bool:
+        """Whether the memory bank holds any entry; a host read only until it does."""
+        if not self._bank_used:
+            self._bank_used = bool(self.bank.filled.any())
+        return self._bank_used
 
     def get_extra_state(self) -> dict:
         return {"critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict()}
@@ -138,13 +170,15 @@ class IPMC(MultiViewObjective):
         if shape is not None and int(shape[0]) > 0 and int(self._shape[0]) == 0:
             self.build(int(shape[0]), int(shape[1]))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        self._bank_used = False  # the loaded bank may be empty: read it again
 
     def _units(self, z: torch.Tensor) -> torch.Tensor:
         """Detached unit vectors of ``z`` ``[K, M, d]`` for the hooks, which the trainer may
         call outside :meth:`compute` (the critic step runs before it): same checks as ``prepare``."""
         prefix = f"objective {self.name!r}:"
         check_embeddings(z, prefix)
-        check_finite(z, prefix)
+        if self.check_inputs:
+            check_finite(z, prefix)
         dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         return F.normalize(z.detach().to(dtype), dim=-1)
 
@@ -158,7 +192,7 @@ class IPMC(MultiViewObjective):
         if self.bank is None and self.filter is None:
             return
         size = self.bank.size if self.bank is not None else self.dataset_size
-        index = check_index(index, u.shape[0], size, "on_step_end").to(u.device)
+        index = check_index(index, u.shape[0], size, "on_step_end", host_check=self.check_inputs).to(u.device)
         u, index = distributed.gather_no_grad(u.contiguous()), distributed.gather_no_grad(index)
         if self.bank is not None:
             self.bank.update(u, index)
@@ -167,10 +201,13 @@ class IPMC(MultiViewObjective):
 
     def on_epoch_end(self, epoch: int | None = None) -> None:
         """End of an epoch (``epoch`` counted from 0): advances the filter's window."""
+        if self.bank is not None:
+            self.bank.note_if_full()  # once full, sampling needs no host read (see MemoryBank.sample)
         if self.filter is not None:
             self.filter.next_epoch()
             if epoch is not None:
                 self.filter.epoch.fill_(int(epoch) + 1)
+            self.filter.read_epoch()  # read back here, at the epoch's end, rather than in the next step
 
     def critic_step(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Train the critics ``critic_steps`` times on the (detached) batch; returns metrics
@@ -221,24 +258,29 @@ class IPMC(MultiViewObjective):
         off_diagonal = ~torch.eye(M, dtype=torch.bool, device=device)
         if self.bank is not None or self.filter is not None:
             size = self.bank.size if self.bank is not None else self.dataset_size
-            index = check_index(index, K, size, "the memory bank / view filter").to(device)
+            index = check_index(index, K, size, "the memory bank / view filter", host_check=self.check_inputs).to(device)
 
         # candidates: the bank's sampled entries (detached) or every rank's batch
-        use_bank = self.bank is not None and bool(self.bank.filled.any())
+        use_bank = self.bank is not None and self._bank_has_entries()
         if use_bank:
             candidate_index, candidates = self.bank.sample(self.bank_negatives)
             candidate_index, candidates = candidate_index.to(device), candidates.to(device=device, dtype=dtype)
-            is_self = candidate_index[None, :] == index[:, None]  # [K, C]
+
+            def is_self(start: int, stop: int) -> torch.Tensor:  # [k, C]: candidate is the anchor's own entry
+                return candidate_index[None, :] == index[start:stop, None]
         else:
             candidates = views.U
             candidate_index = distributed.gather_no_grad(index) if index is not None else None
-            is_self = ~views.other_sample
-        C = candidates.shape[0]
-        cross = (views.u.reshape(K * M, d) @ candidates.reshape(C * M, d).T).view(K, M, C, M)  # [K, M, C, M]
 
-        moved = torch.zeros(K, C, dtype=torch.bool, device=device)
+            def is_self(start: int, stop: int) -> torch.Tensor:
+                return ~views.other_sample_rows(start, stop)
+
+        # [K, C] candidates moved from the negatives to the positives by the view filter (None: none)
+        moved: torch.Tensor | None = None
         if self.filter is not None and self.filter.active:
-            moved = self.filter.select(index, candidate_index, ~is_self).to(device)
+            moved = self.filter.select(index, candidate_index, ~is_self(0, K)).to(device)
+            # Not dropped when empty: testing moved.any() would read the device back every
+            # step, and an empty moved pool's LSE (about finfo.min) leaves logaddexp unchanged.
 
         own = views.within_sample(1.0)  # [K, M, M]
         view_keep = off_diagonal[None, :, None, :]  # cross-view pairs only
@@ -250,11 +292,22 @@ class IPMC(MultiViewObjective):
             positive_lse = self._logits(own, True)  # the single positive of row (i, a, b)
         else:
             positive_lse = masked_logsumexp(self._logits(own, True), views.pair_valid, dim=(1, 2))  # [K]
-        if bool(moved.any()):
-            moved_lse = self._masked_lse(self._logits(cross, True), moved[:, None, :, None], view_keep, lse_dims)
-            positive_lse = torch.logaddexp(positive_lse, moved_lse)
-        negative_keep = (~is_self & ~moved)[:, None, :, None]
-        negative_lse = self._masked_lse(self._logits(cross, False), negative_keep, view_keep, lse_dims)
+
+        def pools(cross: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+            """Cross-sample scores ``[k, M, C, M]`` of anchor samples start:stop -> the LSE of the
+            negative pool, and of the moved positives if any, stacked on dim 1."""
+            negative_keep = ~is_self(start, stop) if moved is None else ~is_self(start, stop) & ~moved[start:stop]
+            negative = self._masked_lse(self._logits(cross, False), negative_keep[:, None, :, None], view_keep, lse_dims)
+            if moved is None:
+                return negative[:, None]
+            positive = self._masked_lse(self._logits(cross, True), moved[start:stop, None, :, None], view_keep, lse_dims)
+            return torch.stack([negative, positive], dim=1)
+
+        # the [K, M, C, M] scores, whole or streamed over blocks of anchor samples (score_budget_mb)
+        pool_lse = views.pairs_reduce(pools, candidates=candidates, working_copies=self.WORKING_COPIES)
+        negative_lse = pool_lse[:, 0]
+        if moved is not None:
+            positive_lse = torch.logaddexp(positive_lse, pool_lse[:, 1])
         terms = F.softplus(negative_lse + positive_lse) / self.gamma
         if per_direction:  # rows a == b are not pairs; every sample has the same M (M - 1) rows
             terms = terms[:, off_diagonal]  # [K, M (M - 1)]
@@ -262,7 +315,8 @@ class IPMC(MultiViewObjective):
         unified = self.scale * views.mean(terms)
 
         metrics = similarity_metrics(views)
-        metrics.update(unified=unified.detach(), moved_to_positive=moved.sum().to(dtype))
+        moved_count = torch.zeros((), dtype=dtype, device=device) if moved is None else moved.sum().to(dtype)
+        metrics.update(unified=unified.detach(), moved_to_positive=moved_count)
         loss = unified
         if self.beta > 0:
             distribution = self.distribution_loss(views.u)

@@ -11,15 +11,22 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def check_index(index: torch.Tensor | None, K: int, size: int, what: str) -> torch.Tensor:
+def check_index(index: torch.Tensor | None, K: int, size: int, what: str, host_check: bool = True) -> torch.Tensor:
     """``index`` as a LongTensor ``[K]`` with values in ``[0, size)``; ``ValueError`` naming
-    ``what`` needed it, the expected shape or the range otherwise."""
+    ``what`` needed it, the expected shape or the range otherwise.
+
+    ``host_check=False`` (the objective's ``check_inputs`` off, as in training) checks the range
+    without reading values back to the host: a device-side assertion, which on CPU raises a
+    ``RuntimeError`` at once and on CUDA fails at the next synchronisation."""
     if index is None:
         raise ValueError(f"ipmc: {what} needs the dataset indices of the batch: call objective(z, index=...)")
     if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or tuple(index.shape) != (K,):
         shape = tuple(index.shape) if isinstance(index, torch.Tensor) else type(index).__name__
         raise ValueError(f"ipmc: index must be an integer tensor of shape [K] = [{K}], got {shape}")
-    if K and (int(index.min()) < 0 or int(index.max()) >= size):
+    if K and not host_check:
+        torch._assert_async(((index >= 0) & (index < size)).all(),
+                            f"ipmc: index values must lie in [0, {size}) (the memory bank / view filter size)")
+    elif K and (int(index.min()) < 0 or int(index.max()) >= size):
         raise ValueError(f"ipmc: index values must lie in [0, {size}), got range [{int(index.min())}, {int(index.max())}]")
     return index.long()
 
@@ -36,6 +43,7 @@ class MemoryBank(nn.Module):
             raise ValueError(f"MemoryBank needs size >= 1, num_views >= 2, dim >= 1; got {size}, {num_views}, {dim}")
         self.register_buffer("embeddings", torch.zeros(size, num_views, dim))
         self.register_buffer("filled", torch.zeros(size, dtype=torch.bool))
+        self._full = False  # host-side: every row filled (set by note_if_full, outside the step)
 
     @property
     def size(self) -> int:
@@ -49,11 +57,24 @@ class MemoryBank(nn.Module):
         self.embeddings[index] = F.normalize(u.detach().to(self.embeddings), dim=-1)
         self.filled[index] = True
 
+    def note_if_full(self) -> None:
+        """Read once (e.g. at an epoch's end) whether every row is filled; from then on
+        :meth:`sample` draws from all rows without ``nonzero`` (a host synchronisation), with
+        the same result."""
+        self._full = bool(self.filled.all())
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # a loaded bank may be partly empty
+        self._full = False
+        super()._load_from_state_dict(*args, **kwargs)
+
     @torch.no_grad()
     def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(indices [C], embeddings [C, M, d])``: ``count`` filled entries drawn without
         replacement (all filled entries when ``count <= 0`` or fewer are filled)."""
-        filled = self.filled.nonzero().squeeze(1)
+        if self._full:  # the same indices as nonzero() would give, without its host read
+            filled = torch.arange(self.size, device=self.filled.device)
+        else:
+            filled = self.filled.nonzero().squeeze(1)
         if 0 < count < filled.numel():
             filled = filled[torch.randperm(filled.numel(), device=filled.device)[:count]]
         return filled, self.embeddings[filled]

@@ -35,15 +35,31 @@ class ViewFilter(nn.Module):
         self.register_buffer("snapshots", torch.zeros(eta, size, dim))
         self.register_buffer("seen", torch.zeros(eta, size, dtype=torch.bool))
         self.register_buffer("epoch", torch.zeros((), dtype=torch.long))
+        self._epoch_cache: tuple[torch.Tensor, int, int] | None = None
+
+    @property
+    def completed_epochs(self) -> int:
+        """``int(self.epoch)``, read back from the device only when the buffer is a new tensor
+        or was changed in place (its version counter) since the last read: the per-step
+        :attr:`active` and :meth:`record` then cause no synchronisation."""
+        return self.read_epoch()
+
+    def read_epoch(self) -> int:
+        """:attr:`completed_epochs`; call it after changing ``epoch`` (at an epoch's end) so that
+        the next step does not have to read it back."""
+        tensor, cached = self.epoch, self._epoch_cache
+        if cached is None or cached[0] is not tensor or cached[1] != tensor._version:
+            cached = self._epoch_cache = (tensor, tensor._version, int(tensor))
+        return cached[2]
 
     @property
     def active(self) -> bool:
-        return int(self.epoch) >= self.warmup_epochs
+        return self.completed_epochs >= self.warmup_epochs
 
     @torch.no_grad()
     def record(self, u: torch.Tensor, index: torch.Tensor) -> None:
         """Store the view means of ``u`` ``[K, M, d]`` for dataset indices ``index`` ``[K]`` in this epoch's slot."""
-        slot = int(self.epoch) % self.eta
+        slot = self.completed_epochs % self.eta
         index = index.to(self.snapshots.device)
         self.snapshots[slot, index] = F.normalize(u.detach().to(self.snapshots), dim=-1).mean(dim=1)
         self.seen[slot, index] = True

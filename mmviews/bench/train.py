@@ -1,0 +1,619 @@
+"""``mmviews bench train``: samples per second of a whole training step, and where the time goes.
+
+A step is what :func:`mmviews.train.train_step` does for one batch, preceded by waiting for
+the batch: **data** (the loader's ``next``: collation in the main process with
+``num_workers: 0``, else the wait for a worker; then Accelerate's copy to the device),
+**forward** (the encoders' adapters, and the EMA teacher's when the objective takes one),
+**objective** (``critic_step`` and ``compute``: the loss and its metrics), **backward**, and
+**optimiser** (gradient clipping, the optimiser and schedule steps, ``on_step_end``, the
+teacher's EMA update).
+
+Cases:
+
+- ``quickstart``: the recipe (``--recipe``, default ``quickstart``, with ``--set``
+  overrides) built by :func:`mmviews.train.build_run` and prepared as :func:`mmviews.train.train`
+  prepares it, so that it measures what ``mmviews train`` runs, loader workers included.
+- ``realistic``: the recipe's views, objective and optimiser with full-size adapters of
+  random weights (:func:`mmviews.modalities.presets.realistic_config`): bert-base text
+  (128 tokens), HuBERT-base audio on 2 s clips at 16 kHz, open_clip ViT-B/32 images at
+  224 px, and a CNN on 4 optical-flow frames of 224 px. Inputs are random (a pool of
+  generated samples, cycled), K is ``--realistic-K`` (default 8, so that CPU runs take
+  minutes; M is the recipe's).
+
+Timing. ``--warmup`` untimed steps, then ``--steps`` timed ones, each phase timed with
+``time.perf_counter``. On CUDA the benchmark (never the trainer) calls
+``torch.cuda.synchronize`` between phases so that each phase's kernels are charged to it; that
+removes the overlap of data copies with compute, so on CUDA the throughput (samples/s,
+views/s) is measured in a second loop of ``--steps`` calls of the trainer's own ``train_step``
+with a single synchronisation at the end. On CPU there is nothing to synchronise: the phase
+loop's total is the throughput. A view is one (sample, view) pair: views/s = samples/s * M.
+
+Memory. CUDA: ``torch.cuda.max_memory_allocated`` over the timed steps (tensor memory).
+CPU: the high-water mark of the process's resident set (``resource.getrusage``, main process
+only, since the process started: it includes building the models). Each case of a run with
+several runs in its own process, so that its figures are its own.
+
+Synchronisation checks (the training loop reads nothing back from the device between log
+steps): ``--sync-debug warn|error`` (CUDA) runs the throughput loop under
+``torch.cuda.set_sync_debug_mode``: ``warn`` counts the synchronising calls by the source line
+that made them, ``error`` stops at the first and reports it (exit status 1).
+``--count-host-reads N`` (any device) runs N further untimed steps under
+:class:`HostReadRecorder`, which records every read of a tensor's value by Python
+(``item``, ``bool``, ``int``, ``float``, ``tolist``...) and every operation whose output size
+depends on values (``nonzero``, boolean-mask indexing...), outside the loader's ``next``: on an
+accelerator each is a synchronisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import DataLoader, Dataset
+
+from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
+from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
+from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.fileio import atomic_write_text
+from mmviews.modalities.presets import TINY_WORDS, realistic_config
+from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
+from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepare, train_step
+
+CASES = ("quickstart", "realistic")
+PHASES = ("data", "forward", "objective", "backward", "optimiser")
+
+# Adapters of the realistic case, per modality of the quickstart's views (random weights).
+REALISTIC_ADAPTERS: dict[str, dict[str, Any]] = {
+    "text": realistic_config("text"),  # bert-base: 12 layers, 768 wide, 128 tokens
+    "audio": realistic_config("hf_audio"),  # HuBERT-base
+    "image": realistic_config("open_clip"),  # ViT-B/32 at 224 px
+    "flow": realistic_config("flow_cnn"),  # 3-stage CNN per flow frame
+}
+REALISTIC_INPUTS = {"audio_seconds": 2.0, "sample_rate": 16000, "image_size": 224, "flow_frames": 4, "words": 60}
+
+
+# ---------------------------------------------------------------------------------------------
+# Host reads (what would synchronise an accelerator)
+# ---------------------------------------------------------------------------------------------
+#: Tensor methods that hand a value to Python (a device-to-host copy and a wait on CUDA).
+HOST_READ_METHODS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__",
+                               "numpy", "equal", "allclose", "is_nonzero"})
+#: aten operations whose output size depends on tensor values: the host must wait for them.
+VALUE_SIZED_OPS = frozenset({"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+                             "argwhere", "nonzero_numpy", "repeat_interleave"})
+
+
+@dataclass
+class HostRead:
+    """One read: ``op`` (method or aten operation), ``where`` (innermost mmviews source line,
+    else the innermost Python frame) and the ``step`` label current when it happened."""
+
+    op: str
+    where: str
+    step: Any = None
+
+
+#: Reads of tensors that live in host memory whatever the training device, recognised by the
+#: function making them (``path suffix``, ``function``): torch.optim keeps its step counters
+#: on the CPU (unless ``capturable``/``fused``) and reads them with ``.item()``.
+HOST_RESIDENT_READS = ((f"torch{os.sep}optim{os.sep}optimizer.py", "_get_value"),)
+
+
+def _origin() -> str | None:
+    """``path:line (function)`` of the innermost frame in the mmviews package other than this
+    module; else of the innermost frame outside torch. None for a read of host-resident state
+    (:data:`HOST_RESIDENT_READS`)."""
+    frame = sys._getframe(2)
+    fallback = None
+    here = os.path.abspath(__file__)
+    package = os.path.dirname(os.path.dirname(here))
+    first = True
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path != here:
+            if first and any(path.endswith(suffix) and frame.f_code.co_name == name
+                             for suffix, name in HOST_RESIDENT_READS):
+                return None
+            first = False
+            if path.startswith(package + os.sep):
+                return f"mmviews/{os.path.relpath(path, package)}:{frame.f_lineno} ({frame.f_code.co_name})"
+            if fallback is None and f"{os.sep}torch{os.sep}" not in path:
+                fallback = f"{path}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return fallback or "<no Python frame>"
+
+
+class _FunctionReads(TorchFunctionMode):
+    def __init__(self, recorder: "HostReadRecorder") -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        read = name in HOST_READ_METHODS or (name in ("cpu", "to") and _leaves_device(args, kwargs))
+        if not read:
+            return func(*args, **(kwargs or {}))
+        self.recorder._record(name)
+        self.recorder._inside_read += 1
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.recorder._inside_read -= 1
+
+
+def _leaves_device(args: Sequence[Any], kwargs: Any) -> bool:
+    """``tensor.cpu()`` / ``tensor.to("cpu")`` of a tensor that is not on the CPU."""
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
+        return False
+    targets = [*args[1:], *(kwargs or {}).values()]
+    return not targets or any(str(t).startswith("cpu") for t in targets if isinstance(t, (str, torch.device)))
+
+
+class _DispatchReads(TorchDispatchMode):
+    def __init__(self, recorder: "HostReadRecorder") -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        if name == "_local_scalar_dense":
+            if not self.recorder._inside_read:  # a scalar read not seen by the function mode
+                self.recorder._record("_local_scalar_dense")
+        elif name in VALUE_SIZED_OPS and not (name == "repeat_interleave" and (kwargs or {}).get("output_size")):
+            self.recorder._record(name)
+        elif name in ("index", "index_put", "index_put_") and _has_bool_index(args):
+            self.recorder._record(f"{name} (boolean mask)")
+        return func(*args, **(kwargs or {}))
+
+
+def _has_bool_index(args: Sequence[Any]) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (indices or ()) if i is not None)
+
+
+class HostReadRecorder:
+    """Records reads of tensor values by the host while active (a context manager).
+
+    Two torch modes: a ``TorchFunctionMode`` sees Python's reads (``item``, ``bool(t)``,
+    ``int(t)``, ``float(t)``, ``t.tolist()``, ``t.cpu()`` of a device tensor...) with the line
+    that made them; a ``TorchDispatchMode`` sees the aten operations whose output size depends
+    on values (``nonzero``, boolean-mask indexing, ``unique``...) and scalar reads made inside
+    torch's own Python code. On CUDA each is a synchronisation. :meth:`paused` suspends
+    recording (e.g. around the loader's ``next``, whose collation reads host tensors only);
+    :attr:`step` labels the reads that follow."""
+
+    def __init__(self) -> None:
+        self.reads: list[HostRead] = []
+        self.step: Any = None
+        self._paused = 0
+        self._inside_read = 0
+        self._modes: tuple[_FunctionReads, _DispatchReads] | None = None
+
+    def _record(self, op: str) -> None:
+        if not self._paused:
+            where = _origin()
+            if where is not None:
+                self.reads.append(HostRead(op, where, self.step))
+
+    def __enter__(self) -> "HostReadRecorder":
+        self._modes = (_FunctionReads(self), _DispatchReads(self))
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._modes is not None
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+        self._modes = None
+
+    def paused(self) -> "_Paused":
+        return _Paused(self)
+
+    def summary(self) -> dict[str, int]:
+        """``"op at where" -> count``, most frequent first."""
+        return dict(Counter(f"{r.op} at {r.where}" for r in self.reads).most_common())
+
+
+class _Paused:
+    def __init__(self, recorder: HostReadRecorder) -> None:
+        self.recorder = recorder
+
+    def __enter__(self) -> None:
+        self.recorder._paused += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self.recorder._paused -= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The realistic case's data
+# ---------------------------------------------------------------------------------------------
+class RandomViews(Dataset):
+    """``num_samples`` samples of random text (``words`` words of a small vocabulary), audio
+    (``audio_seconds`` at ``sample_rate``), images ``[3, S, S]`` in [0, 1] and optical flow
+    ``[T, 2, S, S]`` in pixels, in the datasets' sample format. ``pool`` distinct samples are
+    generated up front and cycled, so that data time is the loader's, not the generator's."""
+
+    def __init__(self, num_samples: int, pool: int = 32, seed: int = 0, *, audio_seconds: float = 2.0,
+                 sample_rate: int = 16000, image_size: int = 224, flow_frames: int = 4, words: int = 60) -> None:
+        self.num_samples, self.sample_rate = num_samples, sample_rate
+        self.image_size, self.flow_frames = image_size, flow_frames
+        g = torch.Generator().manual_seed(seed)
+        n_audio = int(round(audio_seconds * sample_rate))
+        self._pool = []
+        for _ in range(min(pool, num_samples)):
+            ids = torch.randint(len(TINY_WORDS), (words,), generator=g).tolist()
+            self._pool.append({
+                "text": " ".join(TINY_WORDS[i] for i in ids),
+                "audio": torch.randn(n_audio, generator=g) * 0.1,
+                "image": torch.rand(3, image_size, image_size, generator=g),
+                "flow": torch.randn(flow_frames, 2, image_size, image_size, generator=g) * 3,
+            })
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def modality_info(self) -> dict[str, dict[str, Any]]:
+        S, T = self.image_size, self.flow_frames
+        return {
+            "text": {"kind": "text"},
+            "audio": {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate},
+            "image": {"kind": "image", "shape": (3, S, S)},
+            "flow": {"kind": "flow", "shape": (T, 2, S, S)},
+        }
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"index": index, "modalities": dict(self._pool[index % len(self._pool)]), "labels": {}}
+
+
+def realistic_config_of(config: TrainConfig, K: int) -> TrainConfig:
+    """``config`` with the realistic adapters for its modalities and batch size ``K``."""
+    raw = config.to_dict()
+    modalities = ViewSpec.from_config(config.views).modalities
+    unknown = [m for m in modalities if m not in REALISTIC_ADAPTERS]
+    if unknown:
+        raise ValueError(f"bench train: the realistic case has adapters for {sorted(REALISTIC_ADAPTERS)}, "
+                         f"the recipe's views also use {unknown}")
+    embed_dim = int(config.encoder.get("embed_dim", 128))
+    raw["adapters"] = {m: {**REALISTIC_ADAPTERS[m], "embed_dim": embed_dim} for m in modalities}
+    raw["data"]["batch_size"] = K
+    raw["evaluation"]["tasks"] = []
+    return config_from_dict(raw, f"{config.name} (realistic adapters)")
+
+
+def realistic_parts(config: TrainConfig, num_samples: int) -> RunParts:
+    """The pieces :func:`mmviews.train.build_run` makes, over :class:`RandomViews`."""
+    from accelerate.utils import set_seed
+
+    spec = ViewSpec.from_config(config.views)
+    d = config.data
+    dataset = RandomViews(num_samples, seed=config.seed, **REALISTIC_INPUTS)
+    collator = EpochCollator(ViewSetCollator.for_dataset(dataset, spec, seed=config.seed))
+    inner = ViewSetBatchSampler(len(dataset), d.batch_size, len(spec), d.batch_mode,
+                                reference_views=d.reference_views, shuffle=True, drop_last=True, seed=config.seed)
+    batches = GlobalBatchSampler(inner)
+    generator = torch.Generator().manual_seed(config.seed)
+    loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collator, generator=generator,
+                        **loader_options(d.num_workers, pin_memory=pin_memory_default(config.cpu)))
+    objective = build_objective(config, len(spec), "realistic case", dataset_size=len(dataset))
+    set_seed(config.seed)
+    encoder = build_encoder(config, "realistic case")
+    return RunParts(config, {"train": dataset}, spec, collator, batches, loader, {}, encoder, objective, generator)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurement
+# ---------------------------------------------------------------------------------------------
+def _batches(p: Prepared, parts: RunParts) -> Iterator[Any]:
+    """Batches forever, epoch after epoch, as the trainer's loop draws them."""
+    epoch = 0
+    while True:
+        p.train_loader.set_epoch(epoch)
+        parts.sampler.set_epoch(epoch)
+        parts.collator.set_epoch(epoch)
+        yield from p.train_loader
+        epoch += 1
+
+
+def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
+               sync: Callable[[], None]) -> dict[str, float]:
+    """One step of :func:`mmviews.train.train_step` (same calls in the same order, plus the
+    loop's teacher update), preceded by fetching the batch, with ``sync()`` and a clock read
+    between phases. Returns seconds per phase (see :data:`PHASES`)."""
+    objective, accelerator = p.objective, p.accelerator
+    t0 = time.perf_counter()
+    batch = next(batch_iter)
+    sync()
+    t1 = time.perf_counter()
+    with accelerator.accumulate(p.model):
+        z, mask = p.model(batch)
+        mask = _present_mask(objective, mask, batch.all_views_present())
+        teacher = p.teacher(batch)[0] if p.teacher is not None else None
+        sync()
+        t2 = time.perf_counter()
+        objective.critic_step(z.detach())
+        out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
+        bad = ~torch.isfinite(out.loss.detach())
+        p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+        sync()
+        t3 = time.perf_counter()
+        accelerator.backward(out.loss)
+        sync()
+        t4 = time.perf_counter()
+        if accelerator.sync_gradients and max_grad_norm is not None:
+            accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
+        p.optimizer.step()
+        p.scheduler.step()
+        p.optimizer.zero_grad(set_to_none=True)
+    objective.on_step_end(z.detach(), batch.index)
+    if p.teacher is not None and accelerator.sync_gradients:
+        p.teacher.update(accelerator.unwrap_model(p.model))
+    sync()
+    t5 = time.perf_counter()
+    return dict(zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)))
+
+
+def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "torch.cuda.max_memory_allocated over the timed steps"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    scale = 1 if sys.platform == "darwin" else 1024
+    return rss * scale / 2**20, "process RSS high-water mark (resource.getrusage, main process, since start)"
+
+
+def _sync_debug_loop(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None, steps: int,
+                     mode: str) -> dict[str, Any]:
+    """``steps`` calls of ``train_step`` (with the loader's ``next``) under
+    ``torch.cuda.set_sync_debug_mode(mode)``: the synchronisations by source line (``warn``),
+    or the first one (``error``)."""
+    found: Counter[str] = Counter()
+    first: str | None = None
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            for _ in range(steps):
+                batch = next(batch_iter)
+                train_step(p, batch, max_grad_norm)
+        except RuntimeError as error:
+            if "synchroniz" not in str(error).lower():
+                raise
+            tb = traceback.extract_tb(error.__traceback__)
+            frames = [f for f in tb if "mmviews" in f.filename] or list(tb)
+            first = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name}): {error}"
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    for w in caught:
+        if "synchroniz" in str(w.message).lower():
+            found[f"{w.filename}:{w.lineno}"] += 1
+    return {"mode": mode, "steps": steps, "synchronisations": dict(found.most_common()), "first_error": first}
+
+
+def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int, sync_debug: str | None = None,
+            count_host_reads: int = 0) -> dict[str, Any]:
+    """Prepare ``parts`` as :func:`mmviews.train.train` does and time ``steps`` steps after
+    ``warmup``; see the module docstring for what is measured."""
+    config = parts.config
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-train-") as run_dir:
+        accelerator = _accelerator(config, Path(run_dir), [])
+        p = _prepare(accelerator, parts)
+        dev = accelerator.device
+        if dev.type != device:
+            raise RuntimeError(f"bench train: asked for --device {device} but Accelerate chose {dev}")
+        cuda = dev.type == "cuda"
+
+        def sync() -> None:
+            if cuda:
+                torch.cuda.synchronize(dev)
+
+        max_grad_norm = config.optimisation.max_grad_norm
+        p.model.train()
+        batch_iter = _batches(p, parts)
+        for _ in range(warmup):
+            timed_step(p, batch_iter, max_grad_norm, sync)
+        sync()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+        phases = {name: [] for name in PHASES}
+        for _ in range(steps):
+            for name, seconds in timed_step(p, batch_iter, max_grad_norm, sync).items():
+                phases[name].append(seconds)
+        step_times = [sum(values) for values in zip(*phases.values())]
+        peak_mb, memory_method = _peak_memory_mb(dev)
+        throughput_s = sum(step_times)
+        throughput_method = "phase loop (no synchronisation to remove on CPU)"
+        if cuda:  # the trainer's own step, no synchronisation between phases
+            sync()
+            started = time.perf_counter()
+            for _ in range(steps):
+                train_step(p, next(batch_iter), max_grad_norm)
+            sync()
+            throughput_s = time.perf_counter() - started
+            throughput_method = "train_step loop, one torch.cuda.synchronize at the end"
+        result_sync = _sync_debug_loop(p, batch_iter, max_grad_norm, steps, sync_debug) if sync_debug else None
+        host_reads = None
+        if count_host_reads:
+            recorder = HostReadRecorder()
+            with recorder:
+                for i in range(count_host_reads):
+                    recorder.step = i
+                    with recorder.paused():
+                        batch = next(batch_iter)
+                    train_step(p, batch, max_grad_norm)
+            host_reads = {"steps": count_host_reads, "per_step": len(recorder.reads) / count_host_reads,
+                          "by_origin": recorder.summary()}
+        if p.nonfinite is not None and bool(p.nonfinite):
+            raise FloatingPointError(f"bench train ({case}): a non-finite loss during the benchmark")
+
+    K, M = parts.sampler.batch_size, len(parts.view_spec)
+    total = sum(sum(v) for v in phases.values())
+    samples_per_s = K * steps / throughput_s
+    return {
+        "case": case, "recipe": config.name, "K": K, "M": M, "objective": config.objective.name,
+        "adapters": {m: a.get("type") for m, a in config.adapters.items()},
+        "num_workers": config.data.num_workers, "pin_memory": bool(parts.train_loader.pin_memory),
+        "mixed_precision": config.optimisation.mixed_precision, "device": str(dev), "steps": steps, "warmup": warmup,
+        "samples_per_s": samples_per_s, "views_per_s": samples_per_s * M, "throughput_method": throughput_method,
+        "step_ms": 1000 * sorted(step_times)[len(step_times) // 2],
+        "phase_ms": {name: 1000 * sum(v) / steps for name, v in phases.items()},
+        "phase_share": {name: sum(v) / total for name, v in phases.items()},
+        "peak_memory_mb": peak_mb, "memory_method": memory_method,
+        "params_M": sum(q.numel() for q in accelerator.unwrap_model(p.model).parameters()) / 1e6,
+        "sync_debug": result_sync, "host_reads": host_reads,
+    }
+
+
+def _environment() -> dict[str, Any]:
+    info: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                            "platform": platform.platform(), "python": platform.python_version(),
+                            "cpu_count": os.cpu_count()}
+    if torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name()
+    return info
+
+
+def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build and measure one case (in this process)."""
+    overrides = [*args.set, f"cpu={'true' if args.device == 'cpu' else 'false'}"]
+    if args.workers is not None:
+        overrides.append(f"data.num_workers={args.workers}")
+    if args.mixed_precision is not None:
+        overrides.append(f"optimisation.mixed_precision={args.mixed_precision}")
+    config = load_config(resolve_recipe(args.recipe), overrides)
+    if case == "quickstart":
+        parts = build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
+    else:
+        config = realistic_config_of(config, args.realistic_K)
+        num_samples = config.data.batch_size * (args.steps * 3 + args.warmup + args.count_host_reads + 1)
+        parts = realistic_parts(config, num_samples)
+    return measure(parts, case=case, device=args.device, steps=args.steps, warmup=args.warmup,
+                   sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The human-readable table of a :func:`run` result."""
+    lines = [f"bench train on {result['environment'].get('cuda_device', 'cpu')} "
+             f"({result['environment']['threads']} threads): {result['steps']} timed steps after {result['warmup']}; "
+             "phase shares of the step",
+             f"{'case':<11}{'K':>5}{'M':>3}{'workers':>8}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
+             + "".join(f"{name[:5] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'params M':>10}"]
+    for row in result["cases"]:
+        lines.append(f"{row['case']:<11}{row['K']:>5}{row['M']:>3}{row['num_workers']:>8}{row['samples_per_s']:>11.1f}"
+                     f"{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
+                     + "".join(f"{100 * row['phase_share'][name]:>7.1f}" for name in PHASES)
+                     + f"{row['peak_memory_mb']:>9.0f}{row['params_M']:>10.1f}")
+    for row in result["cases"]:
+        if row["sync_debug"]:
+            s = row["sync_debug"]
+            lines.append(f"{row['case']}: sync debug ({s['mode']}): {sum(s['synchronisations'].values())} "
+                         f"synchronisation(s) in {s['steps']} steps" + (f"; first: {s['first_error']}" if s["first_error"] else ""))
+            lines += [f"  {n} x {where}" for where, n in s["synchronisations"].items()]
+        if row["host_reads"]:
+            h = row["host_reads"]
+            lines.append(f"{row['case']}: {h['per_step']:.1f} host read(s) per step outside the loader:")
+            lines += [f"  {n} x {what}" for what, n in h["by_origin"].items()]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--case", nargs="+", choices=CASES, default=list(CASES), help="cases to run (default: both)")
+    parser.add_argument("--recipe", default="quickstart", help="recipe name or path (default quickstart)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe value (repeatable), e.g. --set data.batch_size=256")
+    parser.add_argument("--realistic-K", type=int, default=8, help="samples per batch of the realistic case (default 8)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where to train (default: cuda if available)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per case (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--workers", type=int, default=None, help="loader workers (default: the recipe's)")
+    parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
+                        help="autocast (default: the recipe's optimisation.mixed_precision)")
+    parser.add_argument("--sync-debug", choices=("warn", "error"), default=None,
+                        help="CUDA: run --steps more train_step calls under torch.cuda.set_sync_debug_mode and "
+                        "report the synchronisations (error: the first; exit status 1 if any)")
+    parser.add_argument("--count-host-reads", type=int, default=0, metavar="N",
+                        help="run N more steps recording the host's reads of tensor values (any device)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--out", type=Path, default=Path("bench-train.json"), help="JSON output path")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.steps < 1 or args.warmup < 0 or args.realistic_K < 2 or args.count_host_reads < 0:
+        raise SystemExit("bench train: need --steps >= 1, --warmup >= 0, --realistic-K >= 2, --count-host-reads >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench train: --device cuda but torch sees no CUDA device")
+    if args.sync_debug and args.device != "cuda":
+        raise SystemExit("bench train: --sync-debug needs --device cuda (on CPU use --count-host-reads N)")
+
+
+def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
+    """Run one case in a fresh interpreter (its own peak memory and Accelerate state)."""
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-train-") as tmp:
+        out = Path(tmp) / "case.json"
+        command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--out", str(out)]
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True)
+        if done.returncode not in (0, 1) or not out.is_file():
+            raise RuntimeError(f"bench train: case {case!r} failed (exit status {done.returncode}): {' '.join(command)}")
+        return json.loads(out.read_text())["cases"][0]
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The options of ``args`` other than ``--case`` and ``--out``, as command-line words."""
+    argv = ["--recipe", args.recipe, "--realistic-K", str(args.realistic_K), "--device", args.device,
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--count-host-reads", str(args.count_host_reads)]
+    for item in args.set:
+        argv += ["--set", item]
+    for flag, value in (("--workers", args.workers), ("--mixed-precision", args.mixed_precision),
+                        ("--sync-debug", args.sync_debug), ("--threads", args.threads)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_args(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cases = list(dict.fromkeys(args.case))
+    if len(cases) == 1:
+        rows = [run_case(cases[0], args)]
+    else:
+        rows = [_case_in_subprocess(case, _argv_of(args)) for case in cases]
+    result = {"steps": args.steps, "warmup": args.warmup, "environment": _environment(),
+              "command": " ".join(["mmviews", "bench", "train", "--case", *cases, *_argv_of(args)]),
+              "cases": rows}
+    print(format_table(result))
+    atomic_write_text(args.out, json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    failed = any(r["sync_debug"] and (r["sync_debug"]["first_error"] or r["sync_debug"]["synchronisations"]) for r in rows
+                 if args.sync_debug == "error")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m mmviews.bench.train [options]``."""
+    parser = argparse.ArgumentParser(prog="mmviews bench train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Helpers of the security and reliability tests: hostile files, a tiny trained run, and the
+command line run in-process. (No tests here.)"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from test_train_utils import run_train, tiny_config, write_recipe
+
+from mmviews.cli import main
+from mmviews.run import TRAIN_STATE_FILE, checkpoint_file_records
+
+
+class CreatesFile:
+    """Unpickling this object calls ``open(path, "w")``: the file appears iff the pickle was
+    loaded with full unpickling (code from the file ran)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def hostile_torch_file(path: Path, marker: Path) -> Path:
+    """A ``torch.save`` file (what Accelerate and mmviews write) whose payload creates ``marker``."""
+    torch.save({"state": CreatesFile(marker), "step": 1}, path)
+    return path
+
+
+def hostile_pickle(path: Path, marker: Path, payload: Any = None) -> Path:
+    """A plain pickle whose payload (inside ``payload``'s dict, if given) creates ``marker``."""
+    obj = CreatesFile(marker) if payload is None else {**payload, "x": CreatesFile(marker)}
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=4)
+    return path
+
+
+def rerecord(checkpoint: Path) -> None:
+    """Rewrite the file records of ``train_state.json`` for the files as they are now, as an
+    attacker who edits a checkpoint would (so the checksum check cannot be what stops them)."""
+    path = checkpoint / TRAIN_STATE_FILE
+    state = json.loads(path.read_text())
+    state["files"] = checkpoint_file_records(checkpoint)
+    path.write_text(json.dumps(state))
+
+
+def drop_records(checkpoint: Path) -> None:
+    """Make ``train_state.json`` look like one written before file records existed."""
+    path = checkpoint / TRAIN_STATE_FILE
+    state = json.loads(path.read_text())
+    state.pop("files", None)
+    path.write_text(json.dumps(state))
+
+
+def train_tiny_run(folder: Path, **changes: Any) -> Path:
+    """Train a tiny run (2 epochs x 2 steps, a checkpoint every 2 steps) in a subprocess;
+    ``changes`` update the recipe's top-level sections. Returns the run folder."""
+    raw = tiny_config(num_samples=32, batch_size=16, epochs=2, image=False)
+    for key, value in changes.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+    folder.mkdir(parents=True, exist_ok=True)
+    recipe = write_recipe(folder / "tiny.yaml", raw)
+    run = folder / "run"
+    r = run_train(str(recipe), "--output", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+def copy_run(run: Path, dest: Path) -> Path:
+    shutil.copytree(run, dest)
+    return dest
+
+
+def cli(capsys: Any, *args: str) -> tuple[int, str, str]:
+    """``mmviews ARGS`` in this process: ``(exit status, stdout, stderr)``."""
+    capsys.readouterr()
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def one_line_error(err: str) -> str:
+    """The single ``mmviews ...: error: ...`` line of ``err`` (asserting there is exactly one
+    line apart from warnings, and no traceback)."""
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("mmviews ")]
+    assert len(lines) == 1 and ": error: " in lines[0], err
+    return lines[0]

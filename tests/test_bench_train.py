@@ -1,0 +1,113 @@
+"""``mmviews bench train``: the step it times is the trainer's, and its report is complete."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmviews.bench import train as bench
+from mmviews.bench.cli import VERBS
+from mmviews.config import load_config, resolve_recipe
+from mmviews.data.views import ViewSetCollator, ViewSpec
+from mmviews.train import build_run
+from mmviews.train.trainer import _accelerator, _prepare, train_step
+
+# The quickstart shrunk to seconds: K = 16 of 64 samples, small eval splits unused.
+SMALL = ["data.batch_size=16", "data.split_options.train.num_samples=64"]
+
+
+def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    options = ["--case", "quickstart", "--device", "cpu", "--steps", "2", "--warmup", "1", "--out",
+               str(tmp_path / "bench.json"), *[w for item in SMALL for w in ("--set", item)], *extra]
+    return parser.parse_args(options)
+
+
+def test_dispatch_entry() -> None:
+    assert VERBS["train"][0] == "mmviews.bench.train"
+
+
+def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.run(_args(tmp_path, "--count-host-reads", "1")) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    (row,) = result["cases"]
+    assert (row["case"], row["K"], row["M"], row["device"], row["num_workers"]) == ("quickstart", 16, 4, "cpu", 0)
+    assert set(row["phase_ms"]) == set(bench.PHASES) and all(v >= 0 for v in row["phase_ms"].values())
+    assert sum(row["phase_share"].values()) == pytest.approx(1.0)
+    assert row["phase_ms"]["forward"] > 0 and row["phase_ms"]["backward"] > 0
+    # samples/s from the timed steps: K * steps / their total time
+    total_s = sum(row["phase_ms"].values()) * row["steps"] / 1000
+    assert row["samples_per_s"] == pytest.approx(16 * 2 / total_s, rel=1e-6)
+    assert row["views_per_s"] == pytest.approx(4 * row["samples_per_s"])
+    assert row["peak_memory_mb"] > 0 and "getrusage" in row["memory_method"]
+    assert row["host_reads"]["steps"] == 1 and isinstance(row["host_reads"]["by_origin"], dict)
+    assert {"torch", "platform", "threads"} <= set(result["environment"])
+    table = capsys.readouterr().out
+    assert "quickstart" in table and "samples/s" in table and "data%" in table
+
+
+def test_timed_step_is_the_trainers_step(tmp_path: Path) -> None:
+    """The phase-timed step does what train_step does: same weights after the same batches."""
+    config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true"])
+    weights = []
+    for use_bench in (False, True):
+        parts = build_run(config, 1, with_eval=False)
+        p = _prepare(_accelerator(config, tmp_path / str(use_bench), []), parts)
+        p.model.train()
+        batches = bench._batches(p, parts)
+        for _ in range(2):
+            if use_bench:
+                bench.timed_step(p, batches, config.optimisation.max_grad_norm, lambda: None)
+            else:
+                train_step(p, next(batches), config.optimisation.max_grad_norm)
+        weights.append({k: v.detach().clone() for k, v in p.model.state_dict().items()})
+    assert weights[0].keys() == weights[1].keys()
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+
+
+def test_realistic_case_config_and_data() -> None:
+    """The realistic case's adapters and inputs (not built here: bert-base + HuBERT-base + ViT-B/32)."""
+    config = bench.realistic_config_of(load_config(resolve_recipe("quickstart")), 8)
+    assert config.data.batch_size == 8 and config.evaluation.tasks == []
+    assert {m: a["type"] for m, a in config.adapters.items()} == {
+        "text": "text", "audio": "hf_audio", "image": "open_clip", "flow": "flow_cnn"}
+    assert config.adapters["text"]["bert_config"] == {}  # BertConfig defaults: bert-base
+    assert "model_overrides" not in config.adapters["image"]  # ViT-B/32 as published (224 px)
+    dataset = bench.RandomViews(20, pool=4, **bench.REALISTIC_INPUTS)
+    collator = ViewSetCollator.for_dataset(dataset, ViewSpec.from_config(config.views))
+    batch = collator([dataset[i] for i in range(3)])
+    assert batch.inputs["audio"]["values"].shape == (3, 32000)  # 2 s at 16 kHz
+    assert batch.inputs["image"]["values"].shape == (3, 3, 224, 224)
+    assert batch.inputs["flow"]["values"].shape == (3, 4, 2, 224, 224)
+    assert len(batch.inputs["text"]["text"]) == 3 and len(batch.inputs["text"]["text"][0].split()) == 60
+
+
+def test_sync_debug_needs_cuda(tmp_path: Path) -> None:
+    if torch.cuda.is_available():  # pragma: no cover - CPU-only CI
+        pytest.skip("CUDA present")
+    with pytest.raises(SystemExit, match="--sync-debug needs --device cuda"):
+        bench.run(_args(tmp_path, "--sync-debug", "error"))
+
+
+def test_host_read_recorder_sees_reads_and_value_sized_ops() -> None:
+    x = torch.tensor([1.0, -2.0, 3.0])
+    with bench.HostReadRecorder() as recorder:
+        recorder.step = "a"
+        float(x.sum())
+        x.tolist()
+        bool(x.all())
+        x[x > 0]  # boolean mask: nonzero underneath
+        with recorder.paused():
+            x.max().item()
+        y = x * 2  # no read
+    ops = [(r.op, r.step) for r in recorder.reads]
+    assert ("__float__", "a") in ops and ("tolist", "a") in ops and ("__bool__", "a") in ops
+    assert any("boolean mask" in op or op == "nonzero" for op, _ in ops)
+    assert all(r.where.startswith("tests/") or "test_bench_train.py" in r.where for r in recorder.reads)
+    assert len(ops) == 4 and y.shape == (3,)
