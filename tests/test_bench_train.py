@@ -48,7 +48,7 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert row["host_reads"]["steps"] == 1 and isinstance(row["host_reads"]["by_origin"], dict)
     assert {"torch", "platform", "threads"} <= set(result["environment"])
     table = capsys.readouterr().out
-    assert "quickstart" in table and "samples/s" in table and "data%" in table
+    assert "quickstart" in table and "samples/s" in table and "data%" in table and "fwd%" in table
 
 
 def test_timed_step_is_the_trainers_step(tmp_path: Path) -> None:

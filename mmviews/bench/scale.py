@@ -270,7 +270,7 @@ def benchmark(
         big = find(name, MEMORY_SIZE, "streamed")
         if big is not None:
             peak = big.get("peak_bytes")
-            targets.append({"objective": name, "metric": f"streamed peak memory at K*M={MEMORY_SIZE} (bytes)",
+            targets.append({"objective": name, "metric": f"streamed peak memory at K*M={MEMORY_SIZE}",
                             "value": peak, "bound": MEMORY_BOUND, "ok": None if peak is None else peak < MEMORY_BOUND})
     return {
         "config": {
@@ -291,7 +291,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"objectives at scale, forward+backward: M={c['M']} d={c['d']} float32 on {c['device']} "
         f"({c['threads']} threads), median {c['clock']} time; peak = memory added by the call; "
-        "block: anchor samples per block (* = chosen by the default parameters)",
+        "block: anchor samples per block (* = chosen by the default parameters); MB = 1e6 bytes",
         f"{'objective':<15}{'K*M':>7}  {'mode':<10}{'block':>6}{'time s':>10}{'ns/entry':>10}{'peak MB':>10}{'x unchunked t':>15}",
     ]
     by_key = {(r["objective"], r["KM"], r["mode"]): r for r in result["rows"]}
@@ -304,7 +304,7 @@ def format_table(result: dict[str, Any]) -> str:
         if "error" in row:
             lines.append(f"{row['objective']:<15}{row['KM']:>7}  {row['mode']:<10}{chunk:>6}  failed: {row['error']}")
             continue
-        peak = "-" if row.get("peak_bytes") is None else f"{row['peak_bytes'] / 2**20:.0f}"
+        peak = "-" if row.get("peak_bytes") is None else f"{row['peak_bytes'] / 1e6:.0f}"
         lines.append(
             f"{row['objective']:<15}{row['KM']:>7}  {row['mode']:<10}{chunk:>6}{row['time_s']:>10.3f}"
             f"{row['ns_per_entry']:>10.3f}{peak:>10}{ratio:>15}"
@@ -312,8 +312,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("targets:")
     for t in result["targets"]:
         value = t["value"]
-        shown = "-" if value is None else (f"{value / 2**20:.0f} MB" if "memory" in t["metric"] else f"{value:.2f}")
-        bound = f"{t['bound'] / 2**20:.0f} MB" if "memory" in t["metric"] else f"{t['bound']}"
+        shown = "-" if value is None else (f"{value / 1e6:.0f} MB" if "memory" in t["metric"] else f"{value:.2f}")
+        bound = f"{t['bound'] / 1e9:.0f} GB" if "memory" in t["metric"] else f"{t['bound']}"
         status = "ok" if t["ok"] else ("MISS" if t["ok"] is False else "?")
         lines.append(f"  {t['objective']:<15}{t['metric']}: {shown} (bound {bound}) {status}")
     return "\n".join(lines)

@@ -20,8 +20,10 @@ Cases:
   generated samples, cycled), K is ``--realistic-K`` (default 8, so that CPU runs take
   minutes; M is the recipe's).
 
-Timing. ``--warmup`` untimed steps, then ``--steps`` timed ones, each phase timed with
-``time.perf_counter``. On CUDA the benchmark (never the trainer) calls
+Timing. ``--warmup`` untimed steps, then ``--steps`` timed ones (defaults 2 and 10; 1 and 3
+for the realistic case on CPU, where a step takes about a minute at K = 8 on 2 cores), each
+phase timed with ``time.perf_counter``; the table's step time is the median step, its phase
+shares those of the timed steps' total. On CUDA the benchmark (never the trainer) calls
 ``torch.cuda.synchronize`` between phases so that each phase's kernels are charged to it; that
 removes the overlap of data copies with compute, so on CUDA the throughput (samples/s,
 views/s) is measured in a second loop of ``--steps`` calls of the trainer's own ``train_step``
@@ -77,6 +79,7 @@ from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepar
 
 CASES = ("quickstart", "realistic")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
+_SHORT = {"data": "data", "forward": "fwd", "objective": "loss", "backward": "bwd", "optimiser": "optim"}
 
 # Adapters of the realistic case, per modality of the quickstart's views (random weights).
 REALISTIC_ADAPTERS: dict[str, dict[str, Any]] = {
@@ -498,25 +501,26 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.mixed_precision is not None:
         overrides.append(f"optimisation.mixed_precision={args.mixed_precision}")
     config = load_config(resolve_recipe(args.recipe), overrides)
+    steps, warmup = _steps_of(case, args)
     if case == "quickstart":
         parts = build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
     else:
         config = realistic_config_of(config, args.realistic_K)
-        num_samples = config.data.batch_size * (args.steps * 3 + args.warmup + args.count_host_reads + 1)
+        num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
         parts = realistic_parts(config, num_samples)
-    return measure(parts, case=case, device=args.device, steps=args.steps, warmup=args.warmup,
+    return measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
                    sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The human-readable table of a :func:`run` result."""
     lines = [f"bench train on {result['environment'].get('cuda_device', 'cpu')} "
-             f"({result['environment']['threads']} threads): {result['steps']} timed steps after {result['warmup']}; "
-             "phase shares of the step",
-             f"{'case':<11}{'K':>5}{'M':>3}{'workers':>8}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
-             + "".join(f"{name[:5] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'params M':>10}"]
+             f"({result['environment']['threads']} threads); step ms: median of the timed steps; "
+             "phase shares of their total",
+             f"{'case':<11}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
+             + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'params M':>10}"]
     for row in result["cases"]:
-        lines.append(f"{row['case']:<11}{row['K']:>5}{row['M']:>3}{row['num_workers']:>8}{row['samples_per_s']:>11.1f}"
+        lines.append(f"{row['case']:<11}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}{row['samples_per_s']:>11.1f}"
                      f"{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
                      + "".join(f"{100 * row['phase_share'][name]:>7.1f}" for name in PHASES)
                      + f"{row['peak_memory_mb']:>9.0f}{row['params_M']:>10.1f}")
@@ -541,8 +545,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--realistic-K", type=int, default=8, help="samples per batch of the realistic case (default 8)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where to train (default: cuda if available)")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per case (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps per case (default 10; 3 for the realistic case on CPU, about a minute "
+                        "a step at K = 8 on 2 cores)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps first (default 2; 1 for the realistic case on CPU)")
     parser.add_argument("--workers", type=int, default=None, help="loader workers (default: the recipe's)")
     parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
                         help="autocast (default: the recipe's optimisation.mixed_precision)")
@@ -555,8 +562,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-train.json"), help="JSON output path")
 
 
+def _steps_of(case: str, args: argparse.Namespace) -> tuple[int, int]:
+    """``(steps, warmup)`` of ``case``: the options, else the defaults (fewer for the realistic
+    case on CPU, whose steps take about a minute each)."""
+    slow = case == "realistic" and args.device == "cpu"
+    steps = args.steps if args.steps is not None else (3 if slow else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if slow else 2)
+    return steps, warmup
+
+
 def _check_args(args: argparse.Namespace) -> None:
-    if args.steps < 1 or args.warmup < 0 or args.realistic_K < 2 or args.count_host_reads < 0:
+    if ((args.steps is not None and args.steps < 1) or (args.warmup is not None and args.warmup < 0)
+            or args.realistic_K < 2 or args.count_host_reads < 0):
         raise SystemExit("bench train: need --steps >= 1, --warmup >= 0, --realistic-K >= 2, --count-host-reads >= 0")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench train: --device cuda but torch sees no CUDA device")
@@ -578,10 +595,11 @@ def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
 def _argv_of(args: argparse.Namespace) -> list[str]:
     """The options of ``args`` other than ``--case`` and ``--out``, as command-line words."""
     argv = ["--recipe", args.recipe, "--realistic-K", str(args.realistic_K), "--device", args.device,
-            "--steps", str(args.steps), "--warmup", str(args.warmup), "--count-host-reads", str(args.count_host_reads)]
+            "--count-host-reads", str(args.count_host_reads)]
     for item in args.set:
         argv += ["--set", item]
-    for flag, value in (("--workers", args.workers), ("--mixed-precision", args.mixed_precision),
+    for flag, value in (("--steps", args.steps), ("--warmup", args.warmup),
+                        ("--workers", args.workers), ("--mixed-precision", args.mixed_precision),
                         ("--sync-debug", args.sync_debug), ("--threads", args.threads)):
         if value is not None:
             argv += [flag, str(value)]
@@ -597,7 +615,7 @@ def run(args: argparse.Namespace) -> int:
         rows = [run_case(cases[0], args)]
     else:
         rows = [_case_in_subprocess(case, _argv_of(args)) for case in cases]
-    result = {"steps": args.steps, "warmup": args.warmup, "environment": _environment(),
+    result = {"environment": _environment(),
               "command": " ".join(["mmviews", "bench", "train", "--case", *cases, *_argv_of(args)]),
               "cases": rows}
     print(format_table(result))

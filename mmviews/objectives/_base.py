@@ -314,6 +314,7 @@ class ViewSet:
         exclude: Exclude,
         dims: tuple[int, ...],
         candidates: torch.Tensor | None = None,
+        anchors: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """LSE over ``dims`` (not 0) of the all-pairs scores ``[K, M, N, M]``, the entries filled
         by ``exclude`` left out, unchunked (one score buffer) or streamed (:meth:`block_size`).
@@ -321,12 +322,13 @@ class ViewSet:
         ``exclude(scores, start, stop)`` fills, in place, the left-out scores of the block of
         anchor samples ``start:stop`` (``scores`` ``[stop - start, M, N, M]``; e.g. with
         :meth:`fill_own_sample` and :func:`._streaming.keep_exclusion`). ``candidates``:
-        ``[N, M, d]`` in place of ``U`` (e.g. sufficient statistics).
+        ``[N, M, d]`` in place of ``U`` (e.g. sufficient statistics); ``anchors``: ``[K, M, d]``
+        in place of ``u / temperature`` (when the caller uses that tensor too).
         """
         K, M, d = self.u.shape
         candidates = self.U if candidates is None else candidates
         N = candidates.shape[0]
-        anchors = self.u / temperature
+        anchors = self.u / temperature if anchors is None else anchors
         block = self.block_size(M * N * M, M)
         if block is None:
             return scores_logsumexp(anchors.reshape(K * M, d), candidates.reshape(N * M, d), exclude, (K, M, N, M), dims)

@@ -28,7 +28,15 @@ independent of ``(K M)^2``. Block sizes come from :func:`plan_block`: an explici
 ``chunk_size`` (anchor samples per block) wins; otherwise, when the whole block fits in
 ``score_budget_mb`` the caller keeps its unchunked (fused) path, which is faster at small
 sizes (it saves the softmax weights instead of recomputing the scores in backward), and else
-each block holds at most ``score_budget_mb`` of scores (at most :data:`STREAM_BLOCK_MB` on CPU).
+each block holds at most ``score_budget_mb`` of scores (on CPU: :data:`STREAM_BLOCK_MB`, or
+:data:`MIN_BLOCK_ROWS` anchor rows if that is more, so that the elementwise passes run in cache
+and the matrix products on enough rows).
+
+Allocation: each pass allocates one block-sized score buffer and reuses it for every block,
+and :func:`streamed_reduce` runs its reduction on tiles of :data:`TILE_ELEMENTS` scores, so the
+only block-sized memory is that buffer (fresh block-sized temporaries per block would cost page
+faults each time, or fragment the CPU allocator's heap until the process's resident memory is
+several times the live tensors).
 
 Rows are independent, so the result is exact: the same values and gradients as the whole
 block up to float rounding. Everything is device-agnostic torch code (the same loops run on
@@ -117,13 +125,13 @@ def check_streaming(chunk_size: int | None, score_budget_mb: float, owner: str) 
     """Validated ``(chunk_size, score_budget_mb)``: chunk_size None or an int >= 1, budget > 0
     (``float('inf')`` never streams unless chunk_size is given)."""
     if chunk_size is not None:
-        if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or int(chunk_size) < 1:
+        integral = isinstance(chunk_size, int) or (isinstance(chunk_size, float) and chunk_size.is_integer())
+        if isinstance(chunk_size, bool) or not integral or chunk_size < 1:
             raise ValueError(f"{owner}: chunk_size must be None (automatic) or an integer >= 1 (anchor samples per block), got {chunk_size!r}")
         chunk_size = int(chunk_size)
-    budget = float(score_budget_mb)
-    if not budget > 0 or math.isnan(budget):
-        raise ValueError(f"{owner}: score_budget_mb must be > 0 (MB of scores per block; inf = never stream), got {score_budget_mb!r}")
-    return chunk_size, budget
+    if isinstance(score_budget_mb, bool) or not isinstance(score_budget_mb, (int, float)) or not score_budget_mb > 0:
+        raise ValueError(f"{owner}: score_budget_mb must be a number > 0 (MB of scores per block; inf = never stream), got {score_budget_mb!r}")
+    return chunk_size, float(score_budget_mb)
 
 
 def plan_block(
@@ -278,19 +286,23 @@ class _StreamedReduce(torch.autograd.Function):
     def forward(ctx, anchors, candidates, reduce, cand_shape, block):  # type: ignore[override]
         G, K, A, _ = anchors.shape
         tile = max(1, TILE_ELEMENTS // (G * A * candidates.shape[1]))
-        parts = []
+        out: torch.Tensor | None = None  # allocated once its shape is known (not one small tensor per tile)
         buffer = _score_buffer(anchors, candidates, block)
         with torch.autocast(device_type=anchors.device.type, enabled=False):
             for start in _blocks(K, block):
                 stop = min(K, start + block)
                 scores = _block_scores(anchors, candidates, start, stop, cand_shape, buffer)
                 for t0, t1 in _tiles(start, stop, tile):
-                    parts.append(reduce(scores[:, t0 - start : t1 - start], t0, t1))
+                    part = reduce(scores[:, t0 - start : t1 - start], t0, t1)
+                    if out is None:
+                        out = part.new_empty((part.shape[0], K, *part.shape[2:]))
+                    out[:, t0:t1] = part
+                    del part
                 del scores
         del buffer
         ctx.save_for_backward(anchors, candidates)
         ctx.reduce, ctx.cand_shape, ctx.block = reduce, cand_shape, block
-        return torch.cat(parts, dim=1)
+        return out
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]

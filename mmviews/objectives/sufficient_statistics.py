@@ -48,6 +48,6 @@ class SufficientStatistics(ContrastiveObjective):
             valid(scores, start, stop)
             views.fill_own_sample(scores, start, 0, 2)
 
-        negatives = views.pairs_logsumexp(self.temperature, exclude, (2, 3), candidates=statistics)  # [K, M]
+        negatives = views.pairs_logsumexp(self.temperature, exclude, (2, 3), candidates=statistics, anchors=anchors)  # [K, M]
         loss = views.mean(torch.logaddexp(negatives, positives) - positives, views.anchor_valid)
         return ObjectiveOutput(loss, similarity_metrics(views))

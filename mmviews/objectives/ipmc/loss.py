@@ -3,9 +3,9 @@ memory bank, view filter and Wasserstein critic wired in (see the package docstr
 formulas).
 
 Memory: the pools' ``[K, M, C, M]`` cross-sample scores are streamed over blocks of anchor
-samples when they (with about 4 block-sized temporaries) exceed ``score_budget_mb``, or when
+samples when they (counted with 4 working copies) exceed ``score_budget_mb``, or when
 ``chunk_size`` is given; each block's pool log-sum-exps are recomputed with autograd in
-backward, the weights alpha being functions of the detached scores (see the memory model in
+backward, tile by tile, the weights alpha being functions of the detached scores (see the memory model in
 :mod:`mmviews.objectives._base`)."""
 
 from __future__ import annotations
@@ -282,16 +282,11 @@ class IPMC(MultiViewObjective):
             # Not dropped when empty: testing moved.any() would read the device back every
             # step, and an empty moved pool's LSE (about finfo.min) leaves logaddexp unchanged.
 
-        own = views.within_sample(1.0)  # [K, M, M]
         view_keep = off_diagonal[None, :, None, :]  # cross-view pairs only
         # pools "sample": one row per sample i (all its directions a -> b in one pool, [K]);
         # "direction": one row per (i, a, b) with its own positive(s) and negatives ([K, M, M]).
         per_direction = self.pools == "direction"
         lse_dims = (2,) if per_direction else (1, 2, 3)
-        if per_direction:
-            positive_lse = self._logits(own, True)  # the single positive of row (i, a, b)
-        else:
-            positive_lse = masked_logsumexp(self._logits(own, True), views.pair_valid, dim=(1, 2))  # [K]
 
         def pools(cross: torch.Tensor, start: int, stop: int) -> torch.Tensor:
             """Cross-sample scores ``[k, M, C, M]`` of anchor samples start:stop -> the LSE of the
@@ -305,6 +300,14 @@ class IPMC(MultiViewObjective):
 
         # the [K, M, C, M] scores, whole or streamed over blocks of anchor samples (score_budget_mb)
         pool_lse = views.pairs_reduce(pools, candidates=candidates, working_copies=self.WORKING_COPIES)
+        # built after the cross-sample scores: u's gradient then sums in the order it had before
+        # streaming existed (bitwise the same training run)
+        own = views.within_sample(1.0)  # [K, M, M]
+        if per_direction:
+            positive_lse = self._logits(own, True)  # the single positive of row (i, a, b)
+        else:
+            positive_lse = masked_logsumexp(self._logits(own, True), views.pair_valid, dim=(1, 2))  # [K]
+
         negative_lse = pool_lse[:, 0]
         if moved is not None:
             positive_lse = torch.logaddexp(positive_lse, pool_lse[:, 1])
