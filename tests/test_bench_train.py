@@ -37,6 +37,7 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     result = json.loads((tmp_path / "bench.json").read_text())
     (row,) = result["cases"]
     assert (row["case"], row["K"], row["M"], row["device"], row["num_workers"]) == ("quickstart", 16, 4, "cpu", 0)
+    assert row["data_cache"] == "warm"  # data.cache: filled before timing, as the run's baseline evaluation does
     assert set(row["phase_ms"]) == set(bench.PHASES) and all(v >= 0 for v in row["phase_ms"].values())
     assert sum(row["phase_share"].values()) == pytest.approx(1.0)
     assert row["phase_ms"]["forward"] > 0 and row["phase_ms"]["backward"] > 0

@@ -268,3 +268,16 @@ def test_epoch_reaches_persistent_workers() -> None:
         plain.set_epoch(epoch)
         stale.append(list(loader))
     assert stale == [[0, 0], [0, 0]]
+
+
+def test_persistent_workers_train_like_the_main_process(tmp_path: Path) -> None:
+    """Augmentations (seq_noise, seeded by epoch and index) reach persistent workers each epoch:
+    a run with a loader worker logs the same losses as one without."""
+    losses = []
+    for workers in (0, 1):
+        config = gaussian_config({"name": "mv_dhel", "params": {}}, epochs=3, log_every=1, num_samples=48)
+        config["data"]["num_workers"] = workers
+        train(config_from_dict(config), tmp_path / f"run{workers}")
+        with (tmp_path / f"run{workers}" / "metrics.csv").open() as f:
+            losses.append([row["loss"] for row in csv.DictReader(f)])
+    assert len(losses[0]) == 9 and losses[0] == losses[1]

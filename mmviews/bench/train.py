@@ -12,7 +12,10 @@ Cases:
 
 - ``quickstart``: the recipe (``--recipe``, default ``quickstart``, with ``--set``
   overrides) built by :func:`mmviews.train.build_run` and prepared as :func:`mmviews.train.train`
-  prepares it, so that it measures what ``mmviews train`` runs, loader workers included.
+  prepares it, so that it measures what ``mmviews train`` runs, loader workers included. With
+  ``data.cache`` the sample cache is filled before timing, as the run's random-baseline
+  evaluation of the train split does before its first step (``--cold-cache``: not filled, so
+  that first-epoch steps also generate their samples; forked workers inherit a filled cache).
 - ``realistic``: the recipe's views, objective and optimiser with full-size adapters of
   random weights (:func:`mmviews.modalities.presets.realistic_config`): bert-base text
   (128 tokens), HuBERT-base audio on 2 s clips at 16 kHz, open_clip ViT-B/32 images at
@@ -373,6 +376,14 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
     return dict(zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)))
 
 
+def loop_step(p: Prepared, batch: Any, max_grad_norm: float | None) -> None:
+    """What the trainer's loop does with a batch between log steps: :func:`train_step`, then
+    the EMA teacher's update after an optimiser step."""
+    train_step(p, batch, max_grad_norm)
+    if p.teacher is not None and p.accelerator.sync_gradients:
+        p.teacher.update(p.accelerator.unwrap_model(p.model))
+
+
 def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20, "torch.cuda.max_memory_allocated over the timed steps"
@@ -383,7 +394,7 @@ def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
 
 def _sync_debug_loop(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None, steps: int,
                      mode: str) -> dict[str, Any]:
-    """``steps`` calls of ``train_step`` (with the loader's ``next``) under
+    """``steps`` calls of :func:`loop_step` (with the loader's ``next``) under
     ``torch.cuda.set_sync_debug_mode(mode)``: the synchronisations by source line (``warn``),
     or the first one (``error``)."""
     found: Counter[str] = Counter()
@@ -395,7 +406,7 @@ def _sync_debug_loop(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: floa
         try:
             for _ in range(steps):
                 batch = next(batch_iter)
-                train_step(p, batch, max_grad_norm)
+                loop_step(p, batch, max_grad_norm)
         except RuntimeError as error:
             if "synchroniz" not in str(error).lower():
                 raise
@@ -447,10 +458,10 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
             sync()
             started = time.perf_counter()
             for _ in range(steps):
-                train_step(p, next(batch_iter), max_grad_norm)
+                loop_step(p, next(batch_iter), max_grad_norm)
             sync()
             throughput_s = time.perf_counter() - started
-            throughput_method = "train_step loop, one torch.cuda.synchronize at the end"
+            throughput_method = "train_step (+ teacher update) loop, one torch.cuda.synchronize at the end"
         result_sync = _sync_debug_loop(p, batch_iter, max_grad_norm, steps, sync_debug) if sync_debug else None
         host_reads = None
         if count_host_reads:
@@ -460,7 +471,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
                     recorder.step = i
                     with recorder.paused():
                         batch = next(batch_iter)
-                    train_step(p, batch, max_grad_norm)
+                    loop_step(p, batch, max_grad_norm)
             host_reads = {"steps": count_host_reads, "per_step": len(recorder.reads) / count_host_reads,
                           "by_origin": recorder.summary()}
         if p.nonfinite is not None and bool(p.nonfinite):
@@ -502,33 +513,46 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         overrides.append(f"optimisation.mixed_precision={args.mixed_precision}")
     config = load_config(resolve_recipe(args.recipe), overrides)
     steps, warmup = _steps_of(case, args)
+    cache = "off"
     if case == "quickstart":
         parts = build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
+        if config.data.cache:
+            cache = "cold" if args.cold_cache else "warm"
+            if not args.cold_cache:  # what mmviews train's random-baseline evaluation does first
+                dataset = parts.datasets["train"]
+                for i in range(len(dataset)):
+                    dataset[i]
     else:
         config = realistic_config_of(config, args.realistic_K)
         num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
         parts = realistic_parts(config, num_samples)
-    return measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
-                   sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
+    row = measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
+                  sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
+    row["data_cache"] = cache
+    return row
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The human-readable table of a :func:`run` result."""
-    lines = [f"bench train on {result['environment'].get('cuda_device', 'cpu')} "
-             f"({result['environment']['threads']} threads); step ms: median of the timed steps; "
-             "phase shares of their total",
-             f"{'case':<11}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
+    env = result["environment"]
+    devices = sorted({row["device"] for row in result["cases"]})
+    gpu = f" ({env['cuda_device']})" if any(d.startswith("cuda") for d in devices) and "cuda_device" in env else ""
+    lines = [f"bench train on {', '.join(devices)}{gpu}, {env['threads']} CPU threads; step ms: median of the timed "
+             "steps; phase shares of their total",
+             f"{'case':<11}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
              + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'params M':>10}"]
     for row in result["cases"]:
-        lines.append(f"{row['case']:<11}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}{row['samples_per_s']:>11.1f}"
-                     f"{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
+        lines.append(f"{row['case']:<11}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
+                     f"{row.get('data_cache', '-'):>6}"
+                     f"{row['samples_per_s']:>11.1f}{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
                      + "".join(f"{100 * row['phase_share'][name]:>7.1f}" for name in PHASES)
                      + f"{row['peak_memory_mb']:>9.0f}{row['params_M']:>10.1f}")
     for row in result["cases"]:
         if row["sync_debug"]:
             s = row["sync_debug"]
+            first = f"; first: {s['first_error']}" if s["first_error"] else ""
             lines.append(f"{row['case']}: sync debug ({s['mode']}): {sum(s['synchronisations'].values())} "
-                         f"synchronisation(s) in {s['steps']} steps" + (f"; first: {s['first_error']}" if s["first_error"] else ""))
+                         f"synchronisation(s) in {s['steps']} steps{first}")
             lines += [f"  {n} x {where}" for where, n in s["synchronisations"].items()]
         if row["host_reads"]:
             h = row["host_reads"]
@@ -542,7 +566,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", default="quickstart", help="recipe name or path (default quickstart)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe value (repeatable), e.g. --set data.batch_size=256")
-    parser.add_argument("--realistic-K", type=int, default=8, help="samples per batch of the realistic case (default 8)")
+    parser.add_argument("--realistic-K", type=int, default=8,
+                        help="samples per batch of the realistic case (default 8)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where to train (default: cuda if available)")
     parser.add_argument("--steps", type=int, default=None,
@@ -551,6 +576,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed steps first (default 2; 1 for the realistic case on CPU)")
     parser.add_argument("--workers", type=int, default=None, help="loader workers (default: the recipe's)")
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="quickstart case with data.cache: do not fill the sample cache before timing (by "
+                        "default it is filled, as mmviews train's random-baseline evaluation of the train split "
+                        "does before the first step; cold, the first epoch's steps also generate their samples)")
     parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
                         help="autocast (default: the recipe's optimisation.mixed_precision)")
     parser.add_argument("--sync-debug", choices=("warn", "error"), default=None,
@@ -588,7 +617,8 @@ def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
         command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--out", str(out)]
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True)
         if done.returncode not in (0, 1) or not out.is_file():
-            raise RuntimeError(f"bench train: case {case!r} failed (exit status {done.returncode}): {' '.join(command)}")
+            raise RuntimeError(f"bench train: case {case!r} failed (exit status {done.returncode}): "
+                               f"{' '.join(command)}")
         return json.loads(out.read_text())["cases"][0]
 
 
@@ -598,6 +628,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
             "--count-host-reads", str(args.count_host_reads)]
     for item in args.set:
         argv += ["--set", item]
+    if args.cold_cache:
+        argv.append("--cold-cache")
     for flag, value in (("--steps", args.steps), ("--warmup", args.warmup),
                         ("--workers", args.workers), ("--mixed-precision", args.mixed_precision),
                         ("--sync-debug", args.sync_debug), ("--threads", args.threads)):
@@ -621,9 +653,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(result))
     atomic_write_text(args.out, json.dumps(result, indent=2))
     print(f"wrote {args.out}")
-    failed = any(r["sync_debug"] and (r["sync_debug"]["first_error"] or r["sync_debug"]["synchronisations"]) for r in rows
-                 if args.sync_debug == "error")
-    return 1 if failed else 0
+    found = [r for r in rows
+             if r["sync_debug"] and (r["sync_debug"]["first_error"] or r["sync_debug"]["synchronisations"])]
+    return 1 if args.sync_debug == "error" and found else 0
 
 
 def main(argv: list[str] | None = None) -> int:
