@@ -29,7 +29,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from mmviews.fileio import atomic_write_text
+from mmviews.fileio import atomic_write_text, is_folder_name
 
 
 class ConfigError(ValueError):
@@ -343,11 +343,6 @@ def _check_values(config: TrainConfig, source: str) -> None:
     need(out.dir is None or is_folder_name(out.dir), "output.dir",
          f"must be a single folder name (no '/', '\\', '..' or absolute path), got {out.dir!r}; "
          "choose a run folder elsewhere with --output")
-
-
-def is_folder_name(name: str) -> bool:
-    """Whether ``name`` is one path component: not empty, not ``.``/``..``, no separator or NUL."""
-    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
 # --------------------------------------------------------------------------- overrides

@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, Dataset
 from mmviews.config import ConfigError, TrainConfig, load_config
 from mmviews.data.loaders import build_eval_loaders, eval_view_config
 from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError
-from mmviews.fileio import atomic_write_text
+from mmviews.fileio import atomic_write_text, read_json_object
 from mmviews.modalities.multiview import MultiViewEncoder
 
 CONFIG_FILE = "config.yaml"
@@ -91,11 +91,8 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = Path(run_dir) / RUN_MANIFEST
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CorruptFileError(f"{path}: not valid JSON ({error}); the run manifest is corrupt") from None
-    ok = (isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT
+    data = read_json_object(path, CorruptFileError, "; the run manifest is corrupt")
+    ok = (data.get("format") == MANIFEST_FORMAT
           and all(isinstance(data.get(k), list) and all(isinstance(n, str) for n in data[k]) for k in ("created", "foreign")))
     if not ok:
         raise CorruptFileError(f"{path}: not an mmviews run manifest (expected format {MANIFEST_FORMAT!r} with "
@@ -271,13 +268,8 @@ def read_train_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(checkpoint) / TRAIN_STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {checkpoint} is not a complete checkpoint")
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CorruptFileError(f"{path}: not valid JSON ({error}); the checkpoint is corrupt, "
-                               "resume from an earlier one (checkpoints/checkpoint-N)") from None
-    if not isinstance(data, dict):
-        raise CorruptFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    data = read_json_object(path, CorruptFileError, "; the checkpoint is corrupt, resume from an earlier one "
+                            "(checkpoints/checkpoint-N)")
     for key in _STATE_KEYS:
         value = data.get(key, 0 if key == "samples" else None)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

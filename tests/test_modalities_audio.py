@@ -31,7 +31,7 @@ def test_resampling_scales_lengths_and_preserves_a_tone() -> None:
     tone = torch.sin(2 * torch.pi * 440 * t)
     x = torch.stack([tone, tone])
     values, lengths = prepare_waveform(
-        {"values": x, "lengths": torch.tensor([8000, 4000]), "sample_rate": sr_in}, sr_out, None, "test"
+        {"values": x, "lengths": torch.tensor([8000, 4000]), "sample_rate": sr_in}, sr_out, "test"
     )
     assert values.shape == (2, 16000) and lengths.tolist() == [16000, 8000]
     assert torch.all(values[1, 8000:] == 0), "samples past the real length are zero padding"

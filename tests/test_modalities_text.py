@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mmviews.modalities import TextAdapter, build_adapter
+from mmviews.modalities.base import masked_mean
 from mmviews.modalities.presets import tiny_config
 
 
@@ -47,6 +48,20 @@ def test_mean_pooling_ignores_padding_and_token_id_input_matches_text() -> None:
     tok = adapter.tokenizer(["a red car"], return_tensors="pt")
     via_ids = adapter.features({"input_ids": tok["input_ids"], "attention_mask": tok["attention_mask"]})
     assert torch.allclose(via_ids, alone, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_padding_mask_passed_as_4d_matches_transformers_own(attention: str) -> None:
+    """The adapter gives the backbone its padding mask in 4-D form (transformers reads a 2-D one
+    back, a device synchronisation): same hidden states as transformers building it itself."""
+    torch.manual_seed(0)
+    adapter = build_adapter(tiny_config("text")).eval()
+    adapter.backbone.config._attn_implementation = attention
+    prepared = adapter.preprocess({"text": ["the man reads a book under the tree", "a red car"]})
+    assert prepared["attention_mask"][1].tolist().count(0) > 0, "the second text must be padded"
+    own = adapter.backbone(**prepared).last_hidden_state
+    mask = prepared["attention_mask"].bool()
+    assert torch.allclose(adapter.encode(prepared), masked_mean(own, mask), atol=1e-6)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "pooler"])

@@ -1,5 +1,6 @@
 """The training loop reads nothing back from the device between log steps (issue: no needless
-synchronisation), and still stops on a non-finite loss at the next log step.
+synchronisation), adapters included, and still stops on a non-finite loss at the next log step
+and on a bad input (checked on the host where batches are collated) with the adapter's error.
 
 On CPU there is no device synchronisation to observe, so the no-sync tests record what would be
 one on an accelerator: every read of a tensor's value by Python (``item``, ``bool``, ``int``,
@@ -10,7 +11,10 @@ works on host tensors) and outside log steps and checkpoints."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +26,11 @@ import mmviews.train.trainer as trainer
 from mmviews.bench.train import HostReadRecorder
 from mmviews.config import config_from_dict
 from mmviews.data.batch import ViewBatch, ViewInfo
+from mmviews.data.gaussian import GaussianLatents
 from mmviews.data.loaders import EpochCollator, loader_options
+from mmviews.data.synthetic import SyntheticMultimodal
+from mmviews.modalities import MultiViewEncoder, build_adapter
+from mmviews.modalities.presets import tiny_config
 from mmviews.objectives import ObjectiveOutput, get_objective, objective_class
 from mmviews.objectives.ipmc.memory_bank import check_index
 from mmviews.train import TrainCallback, train
@@ -46,13 +54,35 @@ def gaussian_config(objective: dict[str, Any], *, epochs: int = 1, log_every: in
     }
 
 
-def _train_recording(config: dict[str, Any], run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> HostReadRecorder:
+def synthetic_config(adapters: dict[str, Any], views: list[dict[str, Any]], *, missing_rate: float = 0.3,
+                     num_samples: int = 64, batch_size: int = 16) -> dict[str, Any]:
+    """A recipe of a few seconds on the embedded synthetic data with missing modalities."""
+    return {
+        "name": "sync-missing", "seed": 0,
+        "data": {"name": "synthetic", "options": {"modalities": sorted(adapters), "missing_rate": missing_rate},
+                 "split_options": {"train": {"num_samples": num_samples}}, "batch_size": batch_size,
+                 "val_split": None, "test_split": None},
+        "views": views,
+        "encoder": {"embed_dim": 16},
+        "adapters": adapters,
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
+        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": 1, "max_grad_norm": 5.0},
+        "evaluation": {"tasks": [], "random_baseline": False},
+        "output": {"log_every": 1000, "checkpoint_every": 0, "keep_last": 1, "progress_bar": False},
+        "cpu": True,
+    }
+
+
+def _train_recording(config: dict[str, Any], run_dir: Path,
+                     monkeypatch: pytest.MonkeyPatch) -> tuple[HostReadRecorder, list[ViewBatch]]:
     """Train ``config`` recording every host read, each labelled with the optimiser step whose
     batch was fetched last (``"setup"`` before the first); the loader's ``next`` (host-side
-    collation, the copy to the device) is not recorded."""
+    collation and input checks, the copy to the device) is not recorded. Also returns the
+    batches trained on."""
     recorder = HostReadRecorder()
     recorder.step = "setup"
     original = trainer._epoch_batches
+    seen: list[ViewBatch] = []
 
     def batches(p: Any, parts: Any, epoch: int) -> Any:
         iterator = iter(original(p, parts, epoch))
@@ -62,26 +92,19 @@ def _train_recording(config: dict[str, Any], run_dir: Path, monkeypatch: pytest.
             if batch is None:
                 return
             recorder.step = p.state.step + 1  # grad_accum_steps 1: one batch per step
+            seen.append(batch)
             yield batch
 
     monkeypatch.setattr(trainer, "_epoch_batches", batches)
     with recorder:
         train(config_from_dict(config), run_dir)
-    return recorder
+    return recorder, seen
 
 
-def _reads_outside(recorder: HostReadRecorder, allowed_steps: set[int], ignore_prefix: str | None = None) -> list[str]:
-    """The reads made at steps other than ``allowed_steps`` (and setup), except those whose
-    source starts with ``ignore_prefix``."""
+def _reads_outside(recorder: HostReadRecorder, allowed_steps: set[int]) -> list[str]:
+    """The reads made at steps other than ``allowed_steps`` (and setup)."""
     return [f"step {r.step}: {r.op} at {r.where}" for r in recorder.reads
-            if r.step != "setup" and r.step not in allowed_steps
-            and not (ignore_prefix and r.where.startswith(ignore_prefix))]
-
-
-# The adapters' own input checks (mmviews/modalities: present.all(), finite inputs, lengths) still
-# read the device once or more per modality and step; they are listed by
-# test_adapter_forward_reads_are_known and excluded here, where the loop itself is under test.
-ADAPTERS = "mmviews/modalities/"
+            if r.step != "setup" and r.step not in allowed_steps]
 
 
 @pytest.mark.parametrize("objective", [
@@ -90,15 +113,16 @@ ADAPTERS = "mmviews/modalities/"
 ])
 def test_no_host_reads_between_log_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, objective: dict) -> None:
     # 96 samples / K = 16: 6 steps; log_every 1000: the only log step is the last (6).
-    recorder = _train_recording(gaussian_config(objective), tmp_path / "run", monkeypatch)
+    recorder, batches = _train_recording(gaussian_config(objective), tmp_path / "run", monkeypatch)
     assert any(r.step == 6 for r in recorder.reads), "the recorder saw nothing at the log step: it is not recording"
-    assert _reads_outside(recorder, {6}, ADAPTERS) == []
+    assert len(batches) == 6 and all(b.inputs_checked for b in batches), "batches must be checked on the host"
+    assert _reads_outside(recorder, {6}) == []
 
 
 def test_no_host_reads_between_log_steps_with_teacher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = gaussian_config({"name": "er", "params": {}}, ema_teacher=True)
-    recorder = _train_recording(config, tmp_path / "run", monkeypatch)
-    assert _reads_outside(recorder, {6}, ADAPTERS) == []
+    recorder, _ = _train_recording(config, tmp_path / "run", monkeypatch)
+    assert _reads_outside(recorder, {6}) == []
 
 
 def test_ipmc_hot_path_reads_nothing_once_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,18 +131,187 @@ def test_ipmc_hot_path_reads_nothing_once_warm(tmp_path: Path, monkeypatch: pyte
     # second epoch on, no step between log steps reads the device.
     objective = {"name": "ipmc", "params": {"memory_bank_size": 96, "bank_negatives": 32, "view_filter_k": 1,
                                             "warmup_epochs": 0, "eta": 2, "beta": 0.0}}
-    recorder = _train_recording(gaussian_config(objective, epochs=2), tmp_path / "run", monkeypatch)
+    recorder, _ = _train_recording(gaussian_config(objective, epochs=2), tmp_path / "run", monkeypatch)
     assert any(r.step in range(1, 7) and "nonzero" in r.op for r in recorder.reads), "expected the bank's nonzero"
     second_epoch = [r for r in recorder.reads if r.step != "setup" and r.step > 6]
     assert second_epoch, "the recorder saw nothing in the second epoch (the last step logs)"
-    assert _reads_outside(recorder, set(range(1, 7)) | {12}, ADAPTERS) == []
+    assert _reads_outside(recorder, set(range(1, 7)) | {12}) == []
 
 
-def test_adapter_forward_reads_are_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The encoder's remaining per-step reads are the adapters' input checks, and only those."""
-    recorder = _train_recording(gaussian_config({"name": "mv_dhel", "params": {}}), tmp_path / "run", monkeypatch)
-    between = [r for r in recorder.reads if r.step not in {"setup", 6}]
-    assert all(r.where.startswith(ADAPTERS) for r in between), [f"{r.op} at {r.where}" for r in between]
+def test_no_host_reads_with_missing_views_text_and_audio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Missing modalities (only their present items reach the adapters), tokenised text (BERT,
+    sdpa attention) and two audio views: nothing read between log steps either."""
+    adapters = {"text": {**tiny_config("text"), "vocab": "synthetic"}, "audio": tiny_config("audio_cnn"),
+                "image": tiny_config("small_cnn")}
+    views = [{"modality": "text"}, {"modality": "audio", "copies": 2}, {"modality": "image"}]
+    recorder, batches = _train_recording(synthetic_config(adapters, views), tmp_path / "run", monkeypatch)
+    # 64 samples / K = 16: 4 steps, the last one logs.
+    partial = [m for b in batches for m in ("text", "audio", "image")
+               if not b.present_items(m).all and not b.present_items(m).none]
+    assert len(batches) == 4 and len(partial) >= 4, "expected modalities missing from some but not all samples"
+    assert any(r.step == 4 for r in recorder.reads), "the recorder saw nothing at the log step"
+    assert _reads_outside(recorder, {4}) == []
+
+
+# ---- bad inputs stop the run with the adapter's error --------------------------------------
+def _poison_gaussian(monkeypatch: pytest.MonkeyPatch, value: torch.Tensor, index: int = 10) -> None:
+    """Item ``index`` of the gaussian_latents data holds ``value`` instead of its latent."""
+    original = GaussianLatents.__getitem__
+
+    def getitem(self: GaussianLatents, i: int) -> dict[str, Any]:
+        item = original(self, i)
+        if i == index:
+            item["modalities"]["x"] = value
+        return item
+
+    monkeypatch.setattr(GaussianLatents, "__getitem__", getitem)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_nan_input_stops_training_naming_modality_and_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          workers: int) -> None:
+    _poison_gaussian(monkeypatch, torch.full((1, 1), float("nan")))
+    steps = _Steps()
+    config = gaussian_config({"name": "mv_dhel", "params": {}})
+    config["data"]["num_workers"] = workers
+    # The item's 4 noisy copies (seq_noise) are all NaN; K = 16 samples x 4 views are stacked.
+    with pytest.raises(ValueError, match=r"modality 'x': mlp adapter: 4 non-finite value\(s\) \(NaN/inf\) "
+                                         r"in inputs\['values'\] of shape \(64, 1, 1\)"):
+        train(config_from_dict(config), tmp_path / "run", callback=steps)
+    assert len(steps.steps) < 6, "the run went on after the bad batch"
+    assert not (tmp_path / "run" / "encoder").exists()
+
+
+def test_zero_length_input_stops_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _poison_gaussian(monkeypatch, torch.zeros(0, 1))  # a present view with no step to read
+    with pytest.raises(ValueError, match=r"modality 'x': mlp adapter: zero-length sequence at batch position\(s\) "
+                                         r"\[([\d, ]+)\] of present views") as caught:
+        train(config_from_dict(gaussian_config({"name": "mv_dhel", "params": {}})), tmp_path / "run")
+    # The 4 views of the item, stacked sample-major: items 4k .. 4k + 3.
+    found = re.search(r"\[([\d, ]+)\]", str(caught.value))
+    assert found is not None
+    positions = [int(v) for v in found.group(1).split(", ")]
+    assert positions[0] % 4 == 0 and positions == list(range(positions[0], positions[0] + 4))
+
+
+def test_empty_waveform_of_a_present_view_stops_training_with_missing_views(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With missing audio (zero-filled slots of length 0, which are fine), a present waveform of
+    length 0 is refused, at the stacked positions of its two views."""
+    original = SyntheticMultimodal.__getitem__
+    emptied: list[int] = []
+
+    def getitem(self: SyntheticMultimodal, i: int) -> dict[str, Any]:
+        item = original(self, i)
+        if i % 5 == 0 and item["modalities"]["audio"] is not None:
+            item["modalities"]["audio"] = torch.zeros(0)
+            emptied.append(i)
+        return item
+
+    monkeypatch.setattr(SyntheticMultimodal, "__getitem__", getitem)
+    adapters = {"audio": tiny_config("audio_cnn"), "image": tiny_config("small_cnn")}
+    config = synthetic_config(adapters, [{"modality": "audio", "copies": 2}, {"modality": "image"}], missing_rate=0.4)
+    with pytest.raises(ValueError, match=r"modality 'audio': audio_cnn adapter: zero-length waveform at batch "
+                                         r"position\(s\) \[(\d+), \d+(, \d+, \d+)*\] of present views"):
+        train(config_from_dict(config), tmp_path / "run")
+    assert emptied
+
+
+def test_adapters_still_check_direct_calls_and_unchecked_batches() -> None:
+    adapter = build_adapter({"type": "mlp", "input_dim": 1, "embed_dim": 4, "head": {"kind": "linear"}})
+    values = torch.randn(3, 1, 1)
+    values[1] = float("nan")
+    with pytest.raises(ValueError, match=r"mlp adapter: 1 non-finite value\(s\) \(NaN/inf\) in inputs\['values'\] "
+                                         r"of shape \(3, 1, 1\)"):
+        adapter({"values": values})
+    with pytest.raises(ValueError, match=r"mlp adapter: zero-length sequence at batch position\(s\) \[2\]"):
+        adapter({"values": torch.randn(3, 1, 1), "lengths": torch.tensor([1, 1, 0])})
+    assert not torch.isfinite(adapter({"values": values}, check_inputs=False)).all()  # asked not to check
+    adapter.check_inputs = False
+    assert not torch.isfinite(adapter({"values": values})).all()
+
+    encoder = MultiViewEncoder({"x": build_adapter({"type": "mlp", "input_dim": 1, "embed_dim": 4})})
+    views = [ViewInfo("x_0", "x", 0), ViewInfo("x_1", "x", 1)]
+    mask = torch.tensor([[True, True], [True, False], [True, True]])
+    batch = ViewBatch(inputs={"x": {"values": torch.randn(6, 1, 1)}}, views=views, mask=mask)
+    batch.inputs["x"]["values"][4] = float("inf")
+    with pytest.raises(ValueError, match=r"modality 'x': mlp adapter: 1 non-finite value\(s\)"):
+        encoder(batch)  # a batch nobody checked: the adapter checks it
+    with pytest.raises(ValueError, match=r"modality 'x': mlp adapter: 1 non-finite value\(s\)"):
+        encoder.input_check()(batch)  # the trainer's check on the host
+    assert not batch.inputs_checked
+    z, _ = encoder(dataclasses.replace(batch, inputs_checked=True))  # checked already: not again
+    assert not torch.isfinite(z).all()
+
+
+def test_checked_batches_encode_without_host_reads() -> None:
+    """Text (tokenised here), audio with an absent view, and images: once checked and moved, the
+    encoder reads nothing back, whichever views are missing."""
+    torch.manual_seed(0)
+    encoder = MultiViewEncoder({m: build_adapter(tiny_config(kind)) for m, kind in
+                                (("text", "text"), ("audio", "audio_cnn"), ("image", "small_cnn"))}).train()
+    views = [ViewInfo("audio_0", "audio", 0), ViewInfo("text_0", "text", 0), ViewInfo("image_0", "image", 0),
+             ViewInfo("audio_1", "audio", 1)]  # modalities interleaved
+    mask = torch.tensor([[True, True, True, True], [False, True, True, False], [True, False, True, True]])
+    inputs = {"text": {"text": ["the cat sat", "a dog", ""]},
+              "audio": {"values": torch.randn(6, 3200), "lengths": torch.tensor([3200, 1600, 0, 0, 2400, 3200]),
+                        "sample_rate": 16000},
+              "image": {"values": torch.rand(3, 3, 32, 32)}}
+    batch = encoder.input_check()(ViewBatch(inputs=inputs, views=views, mask=mask)).to("cpu", non_blocking=True)
+    audio = batch.present_items("audio")
+    assert batch.inputs_checked and audio.positions == (0, 1, 4, 5) and audio.total == 6
+    assert audio.index is not None and audio.index.tolist() == [0, 1, 4, 5]
+    torch.manual_seed(1)  # the same dropout masks in both passes
+    with HostReadRecorder() as recorder:
+        z, _ = encoder(batch)
+        z.sum().backward()
+    assert recorder.reads == [], [f"{r.op} at {r.where}" for r in recorder.reads]
+    torch.manual_seed(1)
+    expected, _ = encoder(dataclasses.replace(batch, presence=None, inputs_checked=False))
+    assert torch.allclose(z, expected, atol=1e-5) and torch.all(z[1, 0] == 0) and torch.all(z[2, 1] == 0)
+
+
+def test_input_checks_travel_to_workers_without_weights() -> None:
+    """What HostCheckedCollate sends to loader workers started by spawn/forkserver: the checks'
+    parameters, not the models, and they still catch what the adapters would."""
+    encoder = MultiViewEncoder({"text": build_adapter(tiny_config("text")),
+                                "audio": build_adapter(tiny_config("hf_audio"))})
+    payload = pickle.dumps(trainer.HostCheckedCollate(_collate_stub, encoder.input_check()))
+    assert len(payload) < 2000, f"{len(payload)} bytes: the checks must not carry weights"
+    check = pickle.loads(payload).check
+    views = [ViewInfo("text_0", "text", 0), ViewInfo("audio_0", "audio", 0)]
+    mask = torch.tensor([[True, True], [True, False], [True, True]])
+    inputs = {"text": {"text": ["the cat", "a dog", "the sky"]},
+              "audio": {"values": torch.randn(3, 4000), "lengths": torch.tensor([4000, 0, 30]), "sample_rate": 16000}}
+    # HuBERT's tiny conv front end needs 45 samples for one frame: the present third waveform has 30.
+    with pytest.raises(ValueError, match=r"modality 'audio': hf_audio adapter: waveform\(s\) at position\(s\) \[2\] "
+                                         r"too short to give one frame \(fewer than 45 samples at 16000 Hz\)"):
+        check(ViewBatch(inputs=inputs, views=views, mask=mask))
+    inputs["audio"]["lengths"] = torch.tensor([4000, 0, 3000])
+    inputs["text"]["text"][1] = "  "
+    with pytest.raises(ValueError, match=r"modality 'text': text adapter: empty string\(s\) at batch "
+                                         r"position\(s\) \[1\]"):
+        check(ViewBatch(inputs=inputs, views=views, mask=mask))
+    inputs["text"]["text"][1] = "a dog"
+    assert check(ViewBatch(inputs=inputs, views=views, mask=mask)).inputs_checked
+
+
+def _collate_stub(samples: Any) -> Any:
+    return samples
+
+
+def test_bench_train_step_reads_nothing_with_missing_views() -> None:
+    """``mmviews bench train --count-host-reads``: the step it mirrors (quickstart: text, audio,
+    image and flow adapters, here with missing modalities) reads nothing from the device."""
+    from mmviews.bench import train as bench
+    from mmviews.config import load_config, resolve_recipe
+    from mmviews.train import build_run
+
+    overrides = ["data.batch_size=16", "data.split_options.train.num_samples=48", "data.options.missing_rate=0.3",
+                 "cpu=true"]
+    parts = build_run(load_config(resolve_recipe("quickstart"), overrides), 1, with_eval=False)
+    row = bench.measure(parts, case="quickstart", device="cpu", steps=1, warmup=0, count_host_reads=2)
+    assert row["host_reads"] == {"steps": 2, "per_step": 0.0, "by_origin": {}}
 
 
 class _NaNAt:
@@ -227,8 +420,15 @@ def test_viewbatch_knows_on_the_host_whether_views_are_missing() -> None:
     assert moved_full.all_present is True and moved_partial.all_present is False
     with HostReadRecorder() as recorder:
         assert moved_full.all_views_present() and not moved_partial.all_views_present()
+        full_x, partial_x = moved_full.present_items("x"), moved_partial.present_items("x")
     assert recorder.reads == []
     assert torch.equal(moved_partial.mask, partial.mask) and torch.equal(moved_partial.index, partial.index)
+    # Per modality, in the stacked order k * V + v: sample 1's second view (item 3) is missing.
+    assert full_x.all and full_x.index is None and (full_x.positions, full_x.total) == ((0, 1, 2, 3, 4, 5), 6)
+    assert not partial_x.all and not partial_x.none and partial_x.positions == (0, 1, 2, 4, 5)
+    assert partial_x.index is not None and partial_x.index.tolist() == [0, 1, 2, 4, 5]
+    checked = dataclasses.replace(partial, inputs_checked=True).to("cpu")
+    assert checked.inputs_checked and not moved_partial.inputs_checked
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")

@@ -48,7 +48,6 @@ import argparse
 import inspect
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -58,7 +57,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from mmviews.fileio import atomic_write_text
+from mmviews.bench.report import environment, write_report
 from mmviews.objectives import get_objective, list_objectives, objective_class, reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -315,7 +314,7 @@ def benchmark(
         "config": {
             "K": K, "M": M, "d": d, "dtype": dtype, "repeats": repeats, "warmup": warmup,
             "temperature": temperature, "device": str(device_), "seed": seed,
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(),
+            **environment(),
             "memory_method": "torch.cuda.max_memory_allocated" if device_.type == "cuda"
             else "torch.profiler memory timeline (peak live tensor bytes)",
             "clock": clock,
@@ -396,9 +395,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, clock=args.clock, threads=args.threads, memory=not args.no_memory,
         reference_K=args.reference_K,
     )
-    print(format_table(result))
-    atomic_write_text(args.out, json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_report(result, format_table(result), args.out)
     return 0
 
 

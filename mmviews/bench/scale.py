@@ -39,7 +39,6 @@ import argparse
 import inspect
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -50,7 +49,7 @@ from typing import Any
 
 import torch
 
-from mmviews.fileio import atomic_write_text
+from mmviews.bench.report import environment, write_report
 
 DEFAULT_OBJECTIVES = ["geometric_pvc", "mv_infonce", "multi_crop", "fmicl", "mv_dhel", "er"]
 DEFAULT_SIZES = [2048, 4096, 8192, 16384, 32768, 65536]
@@ -275,8 +274,10 @@ def benchmark(
     return {
         "config": {
             "M": M, "d": d, "sizes": sorted(sizes), "objectives": names, "unchunked_max": unchunked_max,
-            "repeats": repeats, "repeat_max": repeat_max, "clock": clock, "threads": threads, "device": str(device_),
-            "temperature": temperature, "seed": seed, "torch": torch.__version__, "platform": platform.platform(),
+            "repeats": repeats, "repeat_max": repeat_max, "clock": clock, "device": str(device_),
+            "temperature": temperature, "seed": seed,
+            # the cases' own thread count (None: torch's default), not this process's
+            **environment(), "threads": threads,
             "memory": "CUDA max_memory_allocated added by the first call" if device_.type == "cuda"
             else "resident-set high-water mark added by the first call (subprocess per case)",
         },
@@ -351,9 +352,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, temperature=args.temperature, seed=args.seed, timeout=args.timeout,
         progress=not args.no_progress,
     )
-    print(format_table(result))
-    atomic_write_text(args.out, json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_report(result, format_table(result), args.out)
     return 0
 
 

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -72,10 +71,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, Dataset
 
+from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
-from mmviews.fileio import atomic_write_text
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
 from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepare, train_step
@@ -495,15 +494,6 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
     }
 
 
-def _environment() -> dict[str, Any]:
-    info: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                            "platform": platform.platform(), "python": platform.python_version(),
-                            "cpu_count": os.cpu_count()}
-    if torch.cuda.is_available():
-        info["cuda_device"] = torch.cuda.get_device_name()
-    return info
-
-
 def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build and measure one case (in this process)."""
     overrides = [*args.set, f"cpu={'true' if args.device == 'cpu' else 'false'}"]
@@ -647,12 +637,10 @@ def run(args: argparse.Namespace) -> int:
         rows = [run_case(cases[0], args)]
     else:
         rows = [_case_in_subprocess(case, _argv_of(args)) for case in cases]
-    result = {"environment": _environment(),
+    result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--case", *cases, *_argv_of(args)]),
               "cases": rows}
-    print(format_table(result))
-    atomic_write_text(args.out, json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_report(result, format_table(result), args.out)
     found = [r for r in rows
              if r["sync_debug"] and (r["sync_debug"]["first_error"] or r["sync_debug"]["synchronisations"])]
     return 1 if args.sync_debug == "error" and found else 0

@@ -29,6 +29,7 @@ from mmviews.config import load_config, resolve_recipe
 from mmviews.modalities.base import allow_remote_models
 from mmviews.run import CONFIG_FILE, check_run_dir, find_checkpoint, run_dir_of
 from mmviews.train import TrainCallback, build_run, train
+from mmviews.train.logging import check_trackers_installed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace the mmviews run in the output folder (removes only what that run wrote; a folder "
                         "holding anything else is never written to)")
     parser.add_argument("--check", action="store_true",
-                        help="validate the recipe (config, dataset, views, objective) and exit without training")
+                        help="validate the recipe (config, trackers, dataset, views, objective) and exit without training")
     parser.add_argument("--resume-ignore-rng", action="store_true",
                         help="with --resume: continue even if the checkpoint's random-number-generator states cannot be "
                         "read (the resumed run then no longer reproduces an uninterrupted one exactly)")
@@ -100,6 +101,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         run_dir = Path(args.output or config.output.dir or Path("runs") / config.name)
         if not args.check and _is_first_process():  # before any work: new, empty, or a run to --overwrite
             check_run_dir(run_dir, overwrite=args.overwrite)
+    # a tracker the recipe names but this environment lacks would otherwise surface only after
+    # the datasets and models are built (train() resolves the trackers after build_run)
+    check_trackers_installed(config, str(recipe))
     if args.check:
         parts = build_run(config, source=str(recipe))
         print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "

@@ -42,6 +42,37 @@ class ViewInfo:
     augmentation: str | None = None  # name of the augmentation pipeline, if any
 
 
+@dataclass(frozen=True)
+class PresentItems:
+    """Which items of one modality's stacked inputs belong to present views, known on the host.
+
+    ``positions``: the items ``k * V_m + v`` whose view is present, in order; ``total``:
+    ``K * V_m``. ``index``: the same positions as a LongTensor that travels with the batch
+    (moved by :meth:`ViewBatch.to`, pinned by :meth:`ViewBatch.pin_memory`), so that code on an
+    accelerator can gather the present items without reading the mask back; None when every
+    item or none is present (nothing to gather)."""
+
+    positions: tuple[int, ...]
+    total: int
+    index: torch.Tensor | None = None
+
+    @property
+    def all(self) -> bool:
+        return len(self.positions) == self.total
+
+    @property
+    def none(self) -> bool:
+        return not self.positions
+
+    @classmethod
+    def from_mask(cls, present: torch.Tensor) -> "PresentItems":
+        """From a host ``[B]`` bool mask (reading a device mask would be a synchronisation)."""
+        positions = tuple(torch.nonzero(present.cpu()).flatten().tolist())
+        total = int(present.numel())
+        partial = 0 < len(positions) < total
+        return cls(positions, total, torch.tensor(positions, dtype=torch.long) if partial else None)
+
+
 @dataclass
 class ViewBatch:
     inputs: dict[str, dict[str, Any]]
@@ -54,6 +85,14 @@ class ViewBatch:
     # accelerator can branch on it without reading the device mask back (a synchronisation).
     # None: not known yet.
     all_present: bool | None = None
+    # Per modality, which of its stacked items are present (see :meth:`present_items`), read from
+    # the mask in host memory like ``all_present``. None: not known yet.
+    presence: dict[str, PresentItems] | None = None
+    # True when the inputs' values (finite, lengths, token ids...) were checked on the host where
+    # the batch was built (``MultiViewEncoder.input_check``, installed by the trainer in the
+    # training loader): the adapters then skip their own value checks, each of which would read
+    # the device back. Carried by :meth:`to` and :meth:`pin_memory`.
+    inputs_checked: bool = False
 
     @property
     def num_samples(self) -> int:
@@ -76,10 +115,32 @@ class ViewBatch:
             self.all_present = bool(self.mask.all())
         return self.all_present
 
+    def present_items(self, modality: str) -> PresentItems:
+        """Which stacked items of ``modality`` (``k * V_m + v``) belong to present views. Free
+        when the batch was moved by :meth:`to` or pinned by :meth:`pin_memory` (read while in
+        host memory); otherwise read from the mask, a device synchronisation for an
+        accelerator's mask."""
+        if self.presence is None:
+            self.presence = {}
+        if modality not in self.presence:
+            self.presence[modality] = PresentItems.from_mask(self.modality_mask(modality))
+        return self.presence[modality]
+
+    def modality_mask(self, modality: str) -> torch.Tensor:
+        """``[K * V_m]`` bool, in the stacked order of ``modality``'s inputs: True where the
+        item's view is present (on the mask's device)."""
+        return self.mask[:, self.views_of(modality)].reshape(-1)
+
     def _host_all_present(self) -> bool | None:
         if self.all_present is not None:
             return self.all_present
         return bool(self.mask.all()) if self.mask.device.type == "cpu" else None
+
+    def _host_presence(self) -> dict[str, PresentItems] | None:
+        if self.mask.device.type == "cpu":  # complete it while it costs no synchronisation
+            for modality in dict.fromkeys(v.modality for v in self.views):
+                self.present_items(modality)
+        return self.presence
 
     def _map(self, fn: Any) -> "ViewBatch":
         def walk(x: Any) -> Any:
@@ -89,6 +150,7 @@ class ViewBatch:
                 return {k: walk(v) for k, v in x.items()}
             return x
 
+        presence = self._host_presence()
         return ViewBatch(
             inputs=walk(self.inputs),
             views=list(self.views),
@@ -96,6 +158,10 @@ class ViewBatch:
             labels=walk(self.labels),
             index=None if self.index is None else fn(self.index),
             all_present=self._host_all_present(),
+            presence=None if presence is None else {
+                m: PresentItems(p.positions, p.total, None if p.index is None else fn(p.index))
+                for m, p in presence.items()},
+            inputs_checked=self.inputs_checked,
         )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "ViewBatch":

@@ -102,7 +102,10 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
 
     A ``data.root`` that does not exist is a ``FileNotFoundError`` naming the path and the
     dataset's card, before the dataset module tries to read it; an unknown ``data.name`` or
-    option is a ``ValueError`` naming the key."""
+    option is a ``ValueError`` naming the key. A ``ValueError``/``KeyError`` of the dataset
+    itself (e.g. an unknown split, with the splits it has) is raised again, same type, with
+    the recipe key(s) that chose ``split`` (``data.train_split``, ``data.val_split``,
+    ``data.test_split``) in front of its message."""
     known = list_datasets()
     if data.name not in known:
         raise ValueError(f"key 'data.name': unknown dataset {data.name!r}; known: {', '.join(known)}")
@@ -120,7 +123,21 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
         # The builder's signature is the list of its options (see build_dataset's docstring).
         raise ValueError(f"keys 'data.options'/'data.split_options.{split}': dataset {data.name!r} has no such option "
                          f"({error})") from None
+    except (ValueError, KeyError) as error:
+        keys = _split_keys(data, split)
+        if not keys or type(error) not in (ValueError, KeyError):  # subclasses may take other arguments
+            raise
+        # The dataset knows its splits and names them; only the recipe knows which key chose this one.
+        message = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else str(error)
+        raise type(error)(f"{'keys' if len(keys) > 1 else 'key'} {'/'.join(repr(k) for k in keys)} = {split!r}: "
+                          f"{message}") from None
     return CachedDataset(dataset) if data.cache else dataset
+
+
+def _split_keys(data: DataSource, split: str) -> list[str]:
+    """The recipe keys among ``data.train_split``, ``data.val_split`` and ``data.test_split``
+    whose value is ``split``."""
+    return [f"data.{field}" for field in ("train_split", "val_split", "test_split") if getattr(data, field) == split]
 
 
 def eval_view_config(train_views: Sequence[Any], eval_views: Sequence[Any] | None = None) -> list[Any]:

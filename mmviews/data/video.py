@@ -11,8 +11,8 @@ Layout (``data_cards/ucf101.md``, ``data_cards/hmdb51.md``)::
                                                   (:mod:`mmviews.data.video_store`), used when present
 
 Flow images store ``(f + 20) * 255 / 40`` as uint8 after clipping f to +-20 px; they are
-decoded back to pixels. Frames and audio are decoded with PyAV (frames: only the clip's
-window, found by seeking, :mod:`mmviews.data.video_io`); a clip without an audio stream gives
+decoded back to pixels. Frames and audio are decoded with PyAV (only the clip's window of
+each, found by seeking, :mod:`mmviews.data.video_io`); a clip without an audio stream gives
 ``audio = None`` (absent, never silence).
 """
 
@@ -39,6 +39,7 @@ from mmviews.data.video_io import (  # noqa: F401
     encode_flow_image,
     farneback_flow,
     read_audio_track,
+    read_audio_window,
     read_image as _read_image,
     read_video_frames,
     read_video_window,
@@ -252,13 +253,13 @@ class VideoFolder(Dataset):
             try:
                 if not path.is_file():
                     raise FileNotFoundError(f"{path}: missing (needed for its audio track)")
-                wav = read_audio_track(path, self.sample_rate)
+                # Up to max_audio_seconds centred on the frame window, shifted to fit inside the
+                # track; only that part is decoded (all of it with decode="full").
+                n = int(self.max_audio_seconds * self.sample_rate)
+                centre = int((start_time + self.num_frames / (2 * fps)) * self.sample_rate)
+                wav = read_audio_window(path, centre - n // 2, n, self.sample_rate, seek=self.decode == "seek")
                 if wav is not None and wav.size > 0:
-                    # Keep up to max_audio_seconds centred on the frame window.
-                    n = int(self.max_audio_seconds * self.sample_rate)
-                    centre = int((start_time + self.num_frames / (2 * fps)) * self.sample_rate)
-                    s = max(0, min(len(wav) - n, centre - n // 2))
-                    mods["audio"] = torch.from_numpy(wav[s : s + n].copy())
+                    mods["audio"] = torch.from_numpy(wav)
             except Exception as err:
                 self._fail(path, err)
         return {"index": index, "id": rel, "modalities": mods, "labels": {"class": self.class_to_index[cls]}}

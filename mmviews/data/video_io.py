@@ -10,6 +10,8 @@
   count larger than what decodes), it falls back to the sequential full decode, so the frames
   returned are always those :func:`read_video_frames` would give.
 - :func:`read_audio_track`: the audio track, resampled to mono.
+- :func:`read_audio_window`: the samples of that track a clip needs, found by seeking (the same
+  samples as slicing :func:`read_audio_track`, see its docstring for when it decodes everything).
 - Flow: :func:`farneback_flow` (OpenCV Farneback between consecutive frames) and the uint8
   flow-image convention of the common TV-L1 flow releases: clip to +-20 px, then
   ``value = (f + 20) * 255 / 40`` (:func:`encode_flow_image` / :func:`decode_flow_image`).
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from fractions import Fraction
@@ -29,6 +32,20 @@ VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".webm", ".mov")
 FLOW_BOUND = 20.0
 # Frame rate assumed when a stream does not state one (the rate of UCF-101 / HMDB-51).
 DEFAULT_FPS = 25.0
+# Audio window reads (read_audio_window). After a seek the decoder starts without the state that
+# earlier packets leave (AAC/Vorbis MDCT overlap, the MP3 bit reservoir, Opus pre-roll): audio
+# decoded in the first AUDIO_DECODER_PREROLL_S after the landing point is dropped (80 ms is the
+# Opus recommendation, the largest of these codecs).
+AUDIO_DECODER_PREROLL_S = 0.2
+# The resampler started mid-track has no history: its first outputs differ from those of a full
+# decode for the length of its filter (swr's default 32 taps, widened by in/out rate when
+# downsampling: about 33 output samples at 44.1 -> 16 kHz, 100 at 48 -> 8 kHz); they are dropped.
+AUDIO_RESAMPLER_WARMUP_S = 0.05
+# How much the container's duration may over-state what decodes (edit lists, encoder padding):
+# a window within this of the stated end is read from earlier so that the shift that fits it
+# inside the track (known only at the end) stays inside what was decoded. A track that ends
+# earlier still is read a second time, from its real end: this only saves that second pass.
+AUDIO_LENGTH_SLACK_S = 0.5
 
 
 def decode_flow_image(values: np.ndarray) -> np.ndarray:
@@ -198,17 +215,32 @@ def read_video_window(path: str | os.PathLike[str], select: Callable[[int], np.n
     return frames[idx], idx, fps
 
 
-def read_audio_track(path: str | os.PathLike[str], sample_rate: int = 16000) -> np.ndarray | None:
-    """The audio track as mono float32 ``[T]`` at ``sample_rate`` (PyAV), or None if the file has none."""
+def _mono_resampler(sample_rate: int) -> Any:
     import av
 
+    return av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+
+
+def read_audio_track(path: str | os.PathLike[str], sample_rate: int = 16000, stats: dict[str, Any] | None = None
+                     ) -> np.ndarray | None:
+    """The audio track as mono float32 ``[T]`` at ``sample_rate`` (PyAV), or None if the file has none.
+
+    Every decoded frame goes through one resampler, in order: sample ``k`` of the result is
+    sample ``k`` of the concatenated decoded audio, resampled. ``stats``, when given, receives
+    ``decoded`` (audio frames decoded).
+    """
+    import av
+
+    stats = {} if stats is None else stats
+    stats["decoded"] = 0
     with av.open(str(path)) as container:
         if not container.streams.audio:
             return None
         stream = container.streams.audio[0]
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+        resampler = _mono_resampler(sample_rate)
         chunks: list[np.ndarray] = []
         for frame in container.decode(stream):
+            stats["decoded"] += 1
             for out in resampler.resample(frame):
                 chunks.append(out.to_ndarray().reshape(-1))
         for out in resampler.resample(None):  # flush
@@ -216,6 +248,196 @@ def read_audio_track(path: str | os.PathLike[str], sample_rate: int = 16000) -> 
     if not chunks:
         return None
     return np.concatenate(chunks).astype(np.float32)
+
+
+def _drop_leading_samples(frame: Any, count: int) -> Any:
+    """A copy of audio frame ``frame`` without its first ``count`` samples (same format and layout)."""
+    import av
+
+    data = frame.to_ndarray()  # planar: [channels, samples]; packed: [1, samples * channels], interleaved
+    per_sample = 1 if frame.format.is_planar else frame.layout.nb_channels
+    out = av.AudioFrame.from_ndarray(np.ascontiguousarray(data[:, count * per_sample:]), format=frame.format,
+                                     layout=frame.layout)
+    out.sample_rate = frame.sample_rate
+    return out
+
+
+def _stated_track_samples(container: Any, stream: Any, in_rate: int) -> float | None:
+    """Length of the audio track in input samples as the container states it (nothing decoded), or None."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base * in_rate)
+    if container.duration:  # the longest stream's, in microseconds: an upper bound for the audio
+        return container.duration / 1e6 * in_rate
+    return None
+
+
+def _decode_audio_range(container: Any, stream: Any, start: int, length: int, sample_rate: int,
+                        stats: dict[str, Any], stated: float | None) -> tuple[np.ndarray | None, int | None]:
+    """``(what read_audio_window returns, None)``, decoding only around the window, or ``(None,
+    end)`` when it cannot: ``end`` is the track's length in input samples when the track ended
+    before the decoded part (``stated``, its length in input samples as far as known, was too
+    large; the caller tries again with ``end``), None when the timestamps cannot place the decoded
+    samples exactly (the caller decodes everything). Counts the audio frames decoded in
+    ``stats["decoded"]``.
+
+    Samples are placed by their timestamps, relative to the first frame the decoder gives (sample
+    0 of :func:`read_audio_track`): input sample ``(pts - pts0) * time_base * rate``. That is
+    exact when a timestamp tick is at most one sample (MP4/MOV: the sample rate; PCM in AVI) or
+    exactly one frame of samples (AVI's block counts), so only those are trusted; millisecond
+    timestamps (Matroska/WebM) are rounded and are not. The full decode puts samples end to end,
+    ignoring timestamps: a gap in the timestamps within the decoded part makes this give up, but
+    one before the seek's landing point cannot be seen without reading the file up to it, so there
+    the samples follow the timestamps (the frames' clock) where the full decode closes the gap.
+    The resampler is fed from an input sample that falls on its output grid (a multiple of
+    ``in_rate / gcd(in_rate, out_rate)``), so its outputs are those of the full decode, once its
+    warm-up is dropped.
+    """
+    import av
+
+    in_rate = int(stream.codec_context.sample_rate or 0)
+    if not in_rate or stream.time_base is None:
+        return None, None
+    samples_per_tick = Fraction(stream.time_base) * in_rate
+    frames = container.decode(stream)
+    first = next(frames, None)
+    if first is None:
+        return None, None
+    stats["decoded"] += 1
+
+    def input_index(frame: Any) -> int | None:
+        """Where ``frame`` starts in the full decode, in input samples; None when its timestamp cannot say."""
+        if frame.pts is None or first.pts is None or (samples_per_tick > 1 and frame.samples != samples_per_tick):
+            return None  # missing, or coarser than a sample without counting frames (rounded)
+        return round((frame.pts - first.pts) * samples_per_tick)
+
+    # The first output sample that must come out right: the window's start, or earlier when the
+    # window may end up shifted to fit the track's end (its exact length is known only there).
+    first_needed = max(0, start)
+    if stated is not None:
+        slack = AUDIO_LENGTH_SLACK_S * sample_rate
+        first_needed = max(0, min(first_needed, math.floor(stated * sample_rate / in_rate - slack) - length))
+    # Feed the resampler from output sample k0 (input sample m) on the shared grid, warm-up before it.
+    grid = math.gcd(in_rate, sample_rate)
+    steps = (first_needed - math.ceil(AUDIO_RESAMPLER_WARMUP_S * sample_rate)) // (sample_rate // grid)
+    preroll = math.ceil(AUDIO_DECODER_PREROLL_S * in_rate)
+    m = steps * (in_rate // grid)
+    resampler = _mono_resampler(sample_rate)
+    chunks: list[np.ndarray] = []
+    produced = 0
+
+    def push(frame: Any | None) -> None:
+        nonlocal produced
+        for out in resampler.resample(frame):
+            chunks.append(out.to_ndarray().reshape(-1))
+            produced += len(chunks[-1])
+
+    seeked = m - preroll > 0
+    if seeked:
+        if input_index(first) is None:
+            return None, None
+        stats["method"] = "seek"
+        k0 = steps * (sample_rate // grid)
+        first_valid = k0 + math.ceil(AUDIO_RESAMPLER_WARMUP_S * sample_rate)
+        target = m - preroll
+        try:
+            container.seek(first.pts + math.floor(target / samples_per_tick), stream=stream, backward=True,
+                           any_frame=False)
+        except av.error.FFmpegError:  # e.g. an AVI without an index: it can only be read in order
+            return None, None
+        frames = container.decode(stream)
+    else:  # the window is near the start: decode from there, exactly as the full decode does
+        stats["method"] = "head"
+        k0 = first_valid = 0
+        push(first)
+    wanted_end = max(0, start) + length  # once the output reaches it, no shift to the end can happen
+    expect: int | None = None  # input index the next decoded frame must start at (seek path)
+    landed = False
+    input_end = 0  # where the last decoded frame ends, in input samples (seek path)
+    ended = True
+    for frame in frames:
+        stats["decoded"] += 1
+        if seeked:
+            i = input_index(frame)
+            if i is None:
+                return None, None
+            if not landed:
+                if i > target:
+                    return None, None  # landed after the target: the decoder would not be warmed up
+                landed = True
+            input_end = i + frame.samples
+            if expect is None:
+                if i + frame.samples <= m:
+                    continue  # decoded only to rebuild the decoder's state
+                frame = _drop_leading_samples(frame, m - i)
+                i = m
+            elif i != expect:
+                return None, None  # a gap or overlap: samples are not where the full decode puts them
+            expect = i + frame.samples
+            frame.pts, frame.time_base = i, Fraction(1, in_rate)
+        push(frame)
+        if k0 + produced >= wanted_end:
+            ended = False
+            break
+    if ended:
+        push(None)  # flush, as the full decode does at the end of the track
+    total = k0 + produced  # the track's length, when it ended; otherwise a lower bound
+    s = max(0, min(total - length, start)) if ended else max(0, start)
+    if s < first_valid:  # the track ended earlier than stated: the shifted window starts before the decoded part
+        return None, input_end
+    wav = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+    return wav[s - k0 : s - k0 + length].copy(), None  # a copy: the decoded margins are not kept alive
+
+
+def read_audio_window(path: str | os.PathLike[str], start: int, length: int, sample_rate: int = 16000,
+                      seek: bool = True, stats: dict[str, Any] | None = None) -> np.ndarray | None:
+    """``length`` samples from sample ``start`` of :func:`read_audio_track` (mono float32 at
+    ``sample_rate``), decoding only what they need; None when the file has no audio.
+
+    Like slicing the full track: the window is shifted to fit inside the track
+    (``s = max(0, min(T - length, start))``, ``T`` the track's length) and a track shorter than
+    ``length`` is returned whole. The samples are those of the full decode, bit for bit, with two
+    exceptions: after a gap in the audio timestamps (see :func:`_decode_audio_range`), and AAC
+    bands coded by perceptual noise substitution, which FFmpeg's decoder fills from a noise
+    generator whose state depends on everything decoded since the file was opened (another draw
+    of the same noise). With ``seek``, PyAV seeks the audio stream to a little before
+    the window, decodes and resamples forward and stops once the window is out, so the cost does
+    not depend on the length of the track; a window near the start is decoded from the start
+    without seeking ("head"), and one that may be shifted to fit the end is decoded to the end,
+    from :data:`AUDIO_LENGTH_SLACK_S` before where the container says the track ends (if the track
+    ends before that, a second pass starts from its real end). When the timestamps cannot place
+    samples exactly (missing, millisecond-rounded, with gaps) or the seek fails or lands after the
+    window, everything is decoded instead ("full"). ``stats``, when given, receives ``decoded``
+    (audio frames decoded, seeking and a second pass included) and ``method`` ("seek", "head" or
+    "full").
+    """
+    import av
+
+    if length < 0:
+        raise ValueError(f"{path}: audio window length must be >= 0 samples, got {length}")
+    stats = {} if stats is None else stats
+    stats["decoded"] = 0
+    stated: float | None = None
+    for attempt in range(2 if seek else 0):
+        with av.open(str(path)) as container:
+            if not container.streams.audio:
+                return None
+            stream = container.streams.audio[0]
+            if attempt == 0:
+                stated = _stated_track_samples(container, stream, int(stream.codec_context.sample_rate or 0))
+            wav, end = _decode_audio_range(container, stream, start, length, sample_rate, stats, stated)
+        if wav is not None:
+            return wav
+        if end is None:
+            break
+        stated = end  # the track is shorter than its container says: once more, from its real end
+    decoded_before = stats["decoded"]
+    track = read_audio_track(path, sample_rate, stats)
+    stats["decoded"] += decoded_before
+    stats["method"] = "full"
+    if track is None:
+        return None
+    s = max(0, min(len(track) - length, start))
+    return track[s : s + length].copy()
 
 
 def list_video_clips(root: str | os.PathLike[str], extensions: tuple[str, ...] = VIDEO_EXTENSIONS) -> list[str]:

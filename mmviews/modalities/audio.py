@@ -10,9 +10,10 @@ removed at pooling rather than in attention).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -20,25 +21,21 @@ from torch import nn
 from .base import (
     Adapter,
     AdapterConfig,
-    check_finite,
-    validated_lengths,
+    InputCheck,
+    SequenceInputCheck,
     check_local_or_hub,
+    input_lengths,
     lengths_to_mask,
     masked_mean,
     register_adapter,
     require_tensor,
+    to_device,
 )
 
 
-def prepare_waveform(
-    inputs: Mapping[str, Any], target_rate: int, present: torch.Tensor | None, where: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate, resample to ``target_rate`` and zero the padding.
-
-    Returns ``values [B, T']`` float32 and ``lengths [B]`` (in samples at ``target_rate``).
-    """
-    import torchaudio.functional as AF
-
+def waveform_tensor(inputs: Mapping[str, Any], where: str) -> tuple[torch.Tensor, int]:
+    """``values [B, T]`` (float, T > 0) and ``sample_rate`` (positive) of waveform inputs,
+    structure checked (no value of the waveform is read)."""
     x = require_tensor(inputs, "values", where)
     if x.dim() != 2:
         raise ValueError(f"{where}: waveform values must be [B, T] (mono), got shape {tuple(x.shape)}")
@@ -46,19 +43,97 @@ def prepare_waveform(
         raise ValueError(f"{where}: zero-length waveform (values shape {tuple(x.shape)})")
     if not x.is_floating_point():
         raise ValueError(f"{where}: waveform must be float, got dtype {x.dtype}")
-    check_finite(x, where)
     if "sample_rate" not in inputs:
         raise ValueError(f"{where}: inputs need 'sample_rate' (the waveform's rate in Hz)")
     rate = int(inputs["sample_rate"])
     if rate <= 0:
         raise ValueError(f"{where}: sample_rate must be positive, got {rate}")
-    lengths = validated_lengths(inputs, x, present, where, what="waveform")
+    return x, rate
+
+
+def resampled_lengths(lengths: torch.Tensor, rate: int, target_rate: int, resampled_max: int) -> torch.Tensor:
+    """Real lengths at ``target_rate`` of waveforms of ``lengths`` samples at ``rate`` (rounded
+    up), within the ``resampled_max`` samples of the resampled batch."""
+    if rate == target_rate:
+        return lengths
+    return torch.div(lengths * target_rate + rate - 1, rate, rounding_mode="floor").clamp_max(resampled_max)
+
+
+def resampled_size(samples: int, rate: int, target_rate: int) -> int:
+    """Samples of a ``samples``-long waveform at ``rate`` resampled to ``target_rate``, as
+    ``torchaudio.functional.resample`` returns them (rounded up)."""
+    if rate == target_rate:
+        return samples
+    gcd = math.gcd(rate, target_rate)
+    return math.ceil((target_rate // gcd) * samples / (rate // gcd))
+
+
+def prepare_waveform(inputs: Mapping[str, Any], target_rate: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check the structure, resample to ``target_rate`` and zero the padding.
+
+    Returns ``values [B, T']`` float32 and ``lengths [B]`` (in samples at ``target_rate``). The
+    values are checked by :class:`WaveformInputCheck`, not here."""
+    import torchaudio.functional as AF
+
+    x, rate = waveform_tensor(inputs, where)
+    lengths = input_lengths(inputs, x, where)
     x = x.float()
     if rate != target_rate:
         x = AF.resample(x, rate, target_rate)
-        lengths = torch.div(lengths * target_rate + rate - 1, rate, rounding_mode="floor").clamp_max(x.shape[1])
+        lengths = resampled_lengths(lengths, rate, target_rate, x.shape[1])
     x = x * lengths_to_mask(lengths, x.shape[1])
     return x, lengths
+
+
+@dataclass(frozen=True)
+class WaveformInputCheck(SequenceInputCheck):
+    """Finite values, lengths in ``[0, T]`` and non-zero for present items and, with
+    ``min_samples`` > 1, every present waveform long enough at ``target_rate`` to give the
+    backbone one frame."""
+
+    what: str = "waveform"
+    target_rate: int = 16000
+    min_samples: int = 1
+
+    def __call__(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> None:
+        super().__call__(inputs, present)
+        x = inputs.get("values")
+        try:
+            rate = int(inputs.get("sample_rate"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return
+        if self.min_samples <= 1 or not isinstance(x, torch.Tensor) or x.dim() != 2 or rate <= 0:
+            return
+        lengths = inputs.get("lengths")
+        lengths = torch.full((x.shape[0],), x.shape[1]) if lengths is None else torch.as_tensor(lengths).long()
+        if lengths.shape != (x.shape[0],):
+            return
+        resampled_max = resampled_size(x.shape[1], rate, self.target_rate)
+        resampled = resampled_lengths(lengths, rate, self.target_rate, resampled_max)
+        need = lengths > 0 if present is None else present.to(lengths.device).bool() & (lengths > 0)
+        short = (resampled < self.min_samples) & need
+        if bool(short.any()):
+            idx = torch.nonzero(short).flatten().tolist()
+            raise ValueError(f"{self.where}: waveform(s) at position(s) {idx[:10]} too short to give one frame "
+                             f"(fewer than {self.min_samples} samples at {self.target_rate} Hz)")
+
+
+def min_samples_for_one_frame(frames_of: Callable[[torch.Tensor], torch.Tensor], where: str) -> int:
+    """The fewest samples from which ``frames_of`` (a conv front end's output length, which
+    grows with its input's) gives one frame."""
+    high = 1
+    while int(frames_of(torch.tensor(high))) < 1:
+        high *= 2
+        if high > 2**31:
+            raise ValueError(f"{where}: the backbone's conv front end gives no frame for any waveform length")
+    low = high // 2  # gives no frame (or is 0)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if int(frames_of(torch.tensor(mid))) >= 1:
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 def masked_standardise(x: torch.Tensor, lengths: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -140,6 +215,8 @@ class HFAudioAdapter(Adapter):
         )
         if not hasattr(self.backbone, "_get_feat_extract_output_lengths"):
             raise ValueError(f"hf_audio: {type(self.backbone).__name__} is not a wav2vec2-family model")
+        # Known once, so that the checks of a waveform's length read nothing from the device.
+        self.min_samples = min_samples_for_one_frame(self.backbone._get_feat_extract_output_lengths, "hf_audio")
         self.feature_dim = int(self.backbone.config.hidden_size)
         self._finish_init()
 
@@ -167,18 +244,17 @@ class HFAudioAdapter(Adapter):
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
         where = "hf_audio adapter"
-        x, lengths = prepare_waveform(inputs, self.sample_rate, present, where)
-        frames = self.backbone._get_feat_extract_output_lengths(lengths)
-        if int(self.backbone._get_feat_extract_output_lengths(torch.tensor(x.shape[1]))) <= 0:
-            raise ValueError(f"{where}: waveform of {x.shape[1]} samples is too short for the backbone's conv front end")
-        need = (lengths > 0) if present is None else (present.to(lengths.device).bool() & (lengths > 0))
-        if bool(((frames <= 0) & need).any()):
-            idx = torch.nonzero((frames <= 0) & need).flatten().tolist()
-            raise ValueError(f"{where}: waveform(s) at position(s) {idx[:10]} too short to give one frame")
+        x, lengths = prepare_waveform(inputs, self.sample_rate, where)
+        if x.shape[1] < self.min_samples:
+            raise ValueError(f"{where}: waveform of {x.shape[1]} samples is too short for the backbone's conv "
+                             f"front end (it needs {self.min_samples} at {self.sample_rate} Hz)")
         if self.do_normalize:
             x = masked_standardise(x, lengths)
         device = next(self.backbone.parameters()).device
-        return {"values": x.to(device), "lengths": lengths.to(device)}
+        return {"values": to_device(x, device), "lengths": to_device(lengths, device)}
+
+    def input_check(self) -> InputCheck:
+        return WaveformInputCheck("hf_audio adapter", target_rate=self.sample_rate, min_samples=self.min_samples)
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         x, lengths = prepared["values"], prepared["lengths"]
@@ -270,9 +346,12 @@ class AudioCNNAdapter(Adapter):
         return list(self.backbone.stages)
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
-        x, lengths = prepare_waveform(inputs, self.config.sample_rate, present, "audio_cnn adapter")
+        x, lengths = prepare_waveform(inputs, self.config.sample_rate, "audio_cnn adapter")
         device = next(self.backbone.parameters()).device
-        return {"values": x.to(device), "lengths": lengths.to(device)}
+        return {"values": to_device(x, device), "lengths": to_device(lengths, device)}
+
+    def input_check(self) -> InputCheck:
+        return WaveformInputCheck("audio_cnn adapter", target_rate=self.config.sample_rate)
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         return self.backbone(prepared["values"], prepared["lengths"])

@@ -20,14 +20,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmviews.data.batch import PresentItems
 from mmviews.data.safe_pickle import CorruptFileError
-from mmviews.fileio import atomic_save, atomic_write_text
+from mmviews.fileio import atomic_save, atomic_write_text, read_json_object
 from mmviews.registry import Registry
 
 CONFIG_NAME = "config.json"
@@ -234,21 +235,37 @@ def require_tensor(inputs: Mapping[str, Any], key: str, where: str) -> torch.Ten
     return x
 
 
-def validated_lengths(
-    inputs: Mapping[str, Any], x: torch.Tensor, present: torch.Tensor | None, where: str, what: str = "sequence"
-) -> torch.Tensor:
-    """The ``[B]`` real lengths of ``x`` ``[B, T, ...]`` (all T when absent), checked: within
-    ``[0, T]``, and non-zero for every present item (absent views have length 0)."""
+def to_device(x: torch.Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x`` on ``device`` (and ``dtype``). A copy from host memory does not wait for the work
+    queued on the device (``non_blocking``: the data is staged before the call returns); a copy
+    to the host does, since its values are read next."""
+    return x.to(device, dtype, non_blocking=x.device.type == "cpu")
+
+
+def input_lengths(inputs: Mapping[str, Any], x: torch.Tensor, where: str) -> torch.Tensor:
+    """The ``[B]`` real lengths of ``x`` ``[B, T, ...]`` (all T when ``inputs`` has none), long, on
+    ``x``'s device. Only their shape is checked here (free); :func:`check_lengths` checks values."""
     lengths = inputs.get("lengths")
-    lengths = torch.full((x.shape[0],), x.shape[1]) if lengths is None else torch.as_tensor(lengths)
-    lengths = lengths.to(x.device).long()
-    if lengths.shape != (x.shape[0],) or bool((lengths < 0).any()) or bool((lengths > x.shape[1]).any()):
+    if lengths is None:  # made on x's device: no copy from the host
+        return torch.full((x.shape[0],), x.shape[1], dtype=torch.long, device=x.device)
+    lengths = torch.as_tensor(lengths)
+    if lengths.shape != (x.shape[0],):
         raise ValueError(f"{where}: lengths must be [B] in [0, {x.shape[1]}], got {lengths.tolist()[:10]}")
-    need = torch.ones_like(lengths, dtype=torch.bool) if present is None else present.to(x.device).bool()
-    if bool(((lengths == 0) & need).any()):
-        idx = torch.nonzero((lengths == 0) & need).flatten().tolist()
+    return to_device(lengths, x.device, torch.long)
+
+
+def check_lengths(
+    lengths: torch.Tensor, max_len: int, present: torch.Tensor | None, where: str, what: str = "sequence"
+) -> None:
+    """``lengths [B]`` within ``[0, max_len]``, and non-zero for every present item (``present
+    [B]`` bool; absent views have length 0). Reads the values: run it on host tensors."""
+    if bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"{where}: lengths must be [B] in [0, {max_len}], got {lengths.tolist()[:10]}")
+    need = torch.ones_like(lengths, dtype=torch.bool) if present is None else present.to(lengths.device).bool()
+    empty = (lengths == 0) & need
+    if bool(empty.any()):
+        idx = torch.nonzero(empty).flatten().tolist()
         raise ValueError(f"{where}: zero-length {what} at batch position(s) {idx[:10]} of present views")
-    return lengths
 
 
 def per_clip(features: torch.Tensor, frames: int | None) -> torch.Tensor:
@@ -257,39 +274,73 @@ def per_clip(features: torch.Tensor, frames: int | None) -> torch.Tensor:
     return features if frames is None else features.reshape(-1, frames, features.shape[-1])
 
 
-def check_finite(x: torch.Tensor, where: str) -> None:
+def check_finite(x: torch.Tensor, where: str, key: str = "values") -> None:
+    """``ValueError`` naming ``where`` and ``inputs[key]`` when the floating tensor ``x`` holds
+    NaN or inf. Reads the values: run it on host tensors."""
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{where}: {bad} non-finite value(s) (NaN/inf) in input of shape {tuple(x.shape)}")
+        raise ValueError(f"{where}: {bad} non-finite value(s) (NaN/inf) in inputs[{key!r}] of shape {tuple(x.shape)}")
 
 
-def subset_inputs(inputs: Mapping[str, Any], rows: torch.Tensor, batch_size: int) -> dict[str, Any]:
-    """The items ``rows`` of an input dict: tensors and lists whose first dimension is
-    ``batch_size`` are indexed, everything else (e.g. ``sample_rate``) is kept."""
+@dataclass(frozen=True)
+class InputCheck:
+    """The checks of an adapter's input *values*, called as ``check(inputs, present)``.
+
+    An adapter's ``preprocess`` checks the structure of its inputs (keys, shapes, dtypes), which
+    costs nothing; checking values (finite numbers, lengths, token ids, value ranges) reads them,
+    which for inputs on an accelerator is a device synchronisation. So the value checks are this
+    separate object, free of weights (picklable): :meth:`Adapter.features` runs it when
+    ``check_inputs`` is on, and the trainer runs every adapter's on each batch while it is still in
+    host memory (:meth:`~mmviews.modalities.MultiViewEncoder.input_check`, in the loader's
+    workers when there are any). Inputs of the wrong structure are passed over: ``preprocess``
+    reports them.
+
+    This base class checks that every floating tensor of the inputs is finite; adapters add
+    theirs in subclasses. ``present [B]`` bool (None: all) marks the items of present views
+    (absent ones are zero-filled slots: length 0, empty text)."""
+
+    where: str
+
+    def __call__(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> None:
+        for key, value in inputs.items():
+            if isinstance(value, torch.Tensor):
+                check_finite(value, self.where, key)
+
+
+@dataclass(frozen=True)
+class SequenceInputCheck(InputCheck):
+    """Finite values, and ``lengths`` (when given) in ``[0, T]`` and non-zero for the present items
+    of ``values [B, T, ...]``."""
+
+    what: str = "sequence"
+
+    def __call__(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> None:
+        super().__call__(inputs, present)
+        x, lengths = inputs.get("values"), inputs.get("lengths")
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or lengths is None:
+            return  # no lengths: every item has all T > 0 steps (preprocess refuses T = 0)
+        lengths = torch.as_tensor(lengths)
+        if lengths.shape == (x.shape[0],):
+            check_lengths(lengths, x.shape[1], present, self.where, self.what)
+
+
+def subset_inputs(
+    inputs: Mapping[str, Any], rows: torch.Tensor, batch_size: int, host_rows: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """The items ``rows`` (LongTensor) of an input dict: tensors and lists whose first dimension
+    is ``batch_size`` are indexed, everything else (e.g. ``sample_rate``) is kept. ``host_rows``:
+    the same positions as Python ints, for list inputs (else read from ``rows``)."""
     out: dict[str, Any] = {}
-    idx = rows.tolist()
     for k, v in inputs.items():
         if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch_size:
-            out[k] = v[rows.to(v.device)]
+            out[k] = v[to_device(rows, v.device)]
         elif isinstance(v, (list, tuple)) and len(v) == batch_size:
-            out[k] = [v[i] for i in idx]
+            if host_rows is None:
+                host_rows = rows.tolist()
+            out[k] = [v[i] for i in host_rows]
         else:
             out[k] = v
     return out
-
-
-def embed_present_rows(
-    present: torch.Tensor, width: int, like: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor]
-) -> torch.Tensor:
-    """Zeros ``[B, width]`` (dtype and device of ``like``) whose rows at the True positions of
-    ``present [B]`` (bool) are ``embed(rows)``: ``rows`` is the CPU LongTensor of those
-    positions and ``embed`` returns ``[len(rows), width]``. ``embed`` is not called when no
-    row is present, so absent items never reach a backbone or a head."""
-    out = like.new_zeros(int(present.numel()), width)
-    rows = torch.nonzero(present.cpu()).flatten()
-    if rows.numel() == 0:
-        return out
-    return out.index_put((rows.to(out.device),), embed(rows))
 
 
 class Adapter(nn.Module):
@@ -303,6 +354,11 @@ class Adapter(nn.Module):
     config_class: ClassVar[type[AdapterConfig]] = AdapterConfig
     # peft target module names used when ``finetune.lora.target_modules`` is None.
     default_lora_targets: ClassVar[list[str] | None] = None
+    # Whether features()/forward() check the input values (input_check()); each check reads
+    # values back, a device synchronisation for inputs on an accelerator. A call may override it
+    # (check_inputs=...): MultiViewEncoder turns the checks off for batches already checked on
+    # the host (ViewBatch.inputs_checked), as the trainer's are.
+    check_inputs: bool = True
 
     backbone: nn.Module
     feature_dim: int
@@ -388,17 +444,29 @@ class Adapter(nn.Module):
     # ---- forward ----------------------------------------------------------------
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
-        """Validate and turn the batch's input dict into backbone inputs. ``present`` [B]
-        bool marks real items; absent ones (zero-filled slots) skip the emptiness checks."""
+        """Check the structure of the batch's input dict (keys, shapes, dtypes: no value is read)
+        and turn it into backbone inputs. ``present`` [B] bool marks real items (absent ones are
+        zero-filled slots); the built-in adapters use it in their value checks only
+        (:meth:`input_check`)."""
         raise NotImplementedError
+
+    def input_check(self) -> InputCheck:
+        """The checks of this adapter's input values (see :class:`InputCheck`): finite floating
+        inputs here; adapters with lengths, token ids or value ranges return their own."""
+        return InputCheck(f"{self.config.type} adapter")
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         """Backbone + pooling: ``[B, F]`` or ``[B, T, F]``."""
         raise NotImplementedError
 
-    def features(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> torch.Tensor:
-        """Pooled backbone features ``[B, F]`` (or ``[B, T, F]`` per frame)."""
+    def features(
+        self, inputs: Mapping[str, Any], present: torch.Tensor | None = None, *, check_inputs: bool | None = None
+    ) -> torch.Tensor:
+        """Pooled backbone features ``[B, F]`` (or ``[B, T, F]`` per frame). The input values are
+        checked (:meth:`input_check`) unless ``check_inputs`` (default: the attribute) is off."""
         prepared = self.preprocess(inputs, present)
+        if self.check_inputs if check_inputs is None else check_inputs:
+            self.input_check()(inputs, present)
         if self.backbone_frozen:
             with torch.no_grad():
                 return self.encode(prepared)
@@ -424,22 +492,37 @@ class Adapter(nn.Module):
                 self.head.train()
         return self.head(x)
 
-    def forward(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, inputs: Mapping[str, Any], present: torch.Tensor | None = None, *, check_inputs: bool | None = None
+    ) -> torch.Tensor:
         """``inputs`` (see :mod:`mmviews.data.batch`) -> unit vectors ``[B, embed_dim]``.
 
         ``present [B]`` bool (optional): absent items (zero-filled slots of missing views)
         are skipped by the backbone and the head (so they cannot shift BatchNorm
-        statistics) and come back as zero vectors."""
-        if present is None or bool(present.all()):
-            return self.project(self.features(inputs, None))
-        present = present.bool()
-        batch = int(present.numel())
-        return embed_present_rows(
-            present,
-            self.config.embed_dim,
-            next(self.head.parameters()),
-            lambda rows: self.project(self.features(subset_inputs(inputs, rows, batch), None)),
-        )
+        statistics) and come back as zero vectors. Finding them reads ``present`` (a
+        synchronisation for a device mask); :meth:`embed_present` takes them known on the host.
+        ``check_inputs``: see :meth:`features`."""
+        if present is None:
+            return self.project(self.features(inputs, None, check_inputs=check_inputs))
+        return self.embed_present(inputs, PresentItems.from_mask(present.bool()), check_inputs=check_inputs)
+
+    def embed_present(
+        self, inputs: Mapping[str, Any], items: PresentItems, *, check_inputs: bool | None = None
+    ) -> torch.Tensor:
+        """:meth:`forward` with the present items given as ``items`` (known on the host, e.g.
+        ``ViewBatch.present_items``): ``[items.total, embed_dim]``, zero rows at absent items,
+        which never reach the backbone or the head. Reads nothing from the device."""
+        like = next(self.head.parameters())
+        if items.all:
+            return self.project(self.features(inputs, None, check_inputs=check_inputs))
+        out = like.new_zeros(items.total, self.config.embed_dim)
+        if items.none:
+            return out
+        assert items.index is not None  # set whenever some but not all items are present
+        rows = to_device(items.index, like.device)
+        present_inputs = subset_inputs(inputs, rows, items.total, items.positions)
+        z = self.project(self.features(present_inputs, None, check_inputs=check_inputs))
+        return out.index_put((rows,), z.to(out.dtype))
 
     def preprocessing_signature(self) -> dict[str, Any]:
         """JSON-able description of everything besides the backbone weights that decides
@@ -510,12 +593,7 @@ class Adapter(nn.Module):
         for p in (cfg_path, weights):
             if not p.is_file():
                 raise FileNotFoundError(f"no saved adapter at {d}: missing {p.name}")
-        try:
-            data = json.loads(cfg_path.read_text())
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ValueError(f"{cfg_path}: not valid JSON ({err})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{cfg_path}: expected a JSON object, got {type(data).__name__}")
+        data = read_json_object(cfg_path)
         kind = data.get("type")
         try:
             target = adapter_class(kind)

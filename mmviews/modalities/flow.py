@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, check_finite, per_clip, register_adapter, require_tensor
+from .base import Adapter, AdapterConfig, per_clip, register_adapter, require_tensor, to_device
 from .vision import (
     OpenCLIPTower,
     OpenCLIPVisionConfig,
@@ -145,7 +145,6 @@ def check_flow(x: torch.Tensor, where: str) -> tuple[torch.Tensor, int]:
     frames, t = split_frames(x, 2, where)
     if not frames.is_floating_point():
         raise ValueError(f"{where}: flow must be float pixels (decode stored uint8 flow first), got dtype {x.dtype}")
-    check_finite(frames, where)
     return frames, int(t or 1)
 
 
@@ -200,7 +199,8 @@ class FlowCNNAdapter(Adapter):
                 raise ValueError(f"{where}: temporal='stack' expects T={self.config.num_flows} flows, got {t}")
             frames, t = frames.reshape(-1, 2 * t, *frames.shape[-2:]), 1
         device = next(self.backbone.parameters()).device
-        return {"values": frames.to(device, torch.float32) / self.config.flow_scale, "frames": None if t == 1 else t}
+        return {"values": to_device(frames, device, torch.float32) / self.config.flow_scale,
+                "frames": None if t == 1 else t}
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         return per_clip(self.backbone(prepared["values"]), prepared["frames"])
@@ -266,7 +266,7 @@ class FlowCLIPAdapter(OpenCLIPTower, Adapter):
         if t % s:
             raise ValueError(f"{where}: T={t} flows is not a multiple of stacked_flows={s}")
         device = next(self.backbone.parameters()).device
-        x = frames.to(device, torch.float32)
+        x = to_device(frames, device, torch.float32)
         h, w = x.shape[-2:]
         if (h, w) != self.image_size:
             # Resizing changes displacements in proportion; crop keeps the centre.

@@ -6,7 +6,7 @@ backbone ``Linear(input_dim, hidden_dim) + activation`` and the projection head
 ``hidden_dim -> embed_dim`` every adapter has. Its dataset is ``gaussian_latents``
 (:mod:`mmviews.data.gaussian`).
 
-Inputs: ``{"values": FloatTensor[B, L, input_dim]}``; only step 0 is used.
+Inputs: ``{"values": FloatTensor[B, L, input_dim]}`` (``"lengths"`` optional); only step 0 is used.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, register_adapter, require_tensor
+from .base import Adapter, AdapterConfig, InputCheck, SequenceInputCheck, register_adapter, require_tensor
 
 
 @dataclass
@@ -53,6 +53,10 @@ class MLPAdapter(Adapter):
         if values.ndim != 3 or values.shape[-1] != self.config.input_dim:
             raise ValueError(f"mlp adapter: values must be [B, L, {self.config.input_dim}], got {tuple(values.shape)}")
         return {"x": values[:, 0, :]}
+
+    def input_check(self) -> InputCheck:
+        # Finite values, and a first step to read in every present item (lengths > 0).
+        return SequenceInputCheck("mlp adapter")
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         return self.backbone(prepared["x"].to(self.backbone[0].weight.dtype))

@@ -5,12 +5,19 @@ order. All views of one modality are encoded by one backbone call on the modalit
 stacked inputs (sample-major: item ``k * V_m + v``), reshaped to ``[K, V_m, d]`` and
 scattered to the positions of that modality's views (by slot). Absent views
 (``batch.mask`` False) come out as zero vectors; objectives ignore them via the mask.
+
+Nothing here reads the device for a batch moved by ``ViewBatch.to`` (as the trainer's are):
+which views are present comes from what the batch recorded in host memory
+(``ViewBatch.present_items``), and the adapters' checks of input values are skipped for a
+batch that :meth:`MultiViewEncoder.input_check` already checked on the host
+(``ViewBatch.inputs_checked``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -18,12 +25,36 @@ import torch
 from torch import nn
 
 from mmviews.data.batch import ViewBatch
-from mmviews.fileio import atomic_write_text
+from mmviews.fileio import atomic_write_text, is_folder_name, read_json_object
 
-from .base import Adapter, build_adapter, embed_present_rows
+from .base import Adapter, InputCheck, build_adapter
 from .cache import FeatureCache
 
 ENCODER_CONFIG = "encoder.json"
+
+
+@dataclass(frozen=True)
+class BatchInputCheck:
+    """Every adapter's check of input values (:meth:`Adapter.input_check`, by modality) over a
+    :class:`ViewBatch`, meant for batches still in host memory, where reading values costs no
+    device synchronisation: the trainer runs it where batches are collated. It raises
+    ``ValueError`` naming the modality, or returns the batch marked ``inputs_checked`` (the
+    encoder then skips the adapters' own checks). Holds no weights: it can be sent to
+    DataLoader workers."""
+
+    checks: dict[str, InputCheck]
+
+    def __call__(self, batch: ViewBatch) -> ViewBatch:
+        for modality in dict.fromkeys(v.modality for v in batch.views):
+            check = self.checks.get(modality)
+            if check is None or modality not in batch.inputs:
+                continue  # the encoder's forward names what is missing
+            try:
+                check(batch.inputs[modality], batch.modality_mask(modality))
+            except ValueError as error:
+                raise ValueError(f"modality {modality!r}: {error}") from None
+        batch.inputs_checked = True
+        return batch
 
 
 class MultiViewEncoder(nn.Module):
@@ -37,6 +68,8 @@ class MultiViewEncoder(nn.Module):
         self.adapters = nn.ModuleDict(dict(adapters))
         self.embed_dim = next(iter(dims.values()))
         self.caches: dict[str, FeatureCache] = {}
+        # Device index tensors that put the modalities' embeddings in view order, by (order, device).
+        self._view_orders: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
 
     # ---- construction / persistence --------------------------------------------
 
@@ -81,11 +114,20 @@ class MultiViewEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike[str]) -> "MultiViewEncoder":
+        """Load an encoder saved by :meth:`save_pretrained`; a missing or malformed
+        ``encoder.json`` is reported with its full path."""
         d = Path(directory)
         path = d / ENCODER_CONFIG
         if not path.is_file():
-            raise FileNotFoundError(f"no saved MultiViewEncoder at {d}: missing {ENCODER_CONFIG}")
-        names = json.loads(path.read_text())["modalities"]
+            raise FileNotFoundError(f"no saved MultiViewEncoder at {d}: missing {path}")
+        data = read_json_object(path, hint=" (expected an object with key 'modalities')")
+        if "modalities" not in data:
+            raise ValueError(f"{path}: missing key 'modalities' (the list of saved modality names); has {sorted(data)}")
+        names = data["modalities"]
+        # each name is a sub-folder: one path component, so that loading never leaves the folder
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and is_folder_name(n) for n in names):
+            raise ValueError(f"{path}: 'modalities' must be a non-empty list of modality names, each a single "
+                             f"sub-folder name (no '/', '\\' or '..'), got {names!r}")
         return cls({name: Adapter.from_pretrained(d / name) for name in names})
 
     # ---- feature cache ----------------------------------------------------------
@@ -135,6 +177,11 @@ class MultiViewEncoder(nn.Module):
 
     # ---- forward ----------------------------------------------------------------
 
+    def input_check(self) -> BatchInputCheck:
+        """The adapters' checks of input values, to run on batches in host memory (see
+        :class:`BatchInputCheck`)."""
+        return BatchInputCheck({name: adapter.input_check() for name, adapter in self.adapters.items()})
+
     def encode_modality(
         self, name: str, inputs: Mapping[str, Any], present: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -149,12 +196,11 @@ class MultiViewEncoder(nn.Module):
         if tuple(batch.mask.shape) != (k, m) or m == 0:
             raise ValueError(f"batch.mask has shape {tuple(batch.mask.shape)}, expected [K, M] with M={m} views")
         mask = batch.mask.bool()
-        pieces: list[tuple[list[int], torch.Tensor]] = []
-        seen: list[str] = []
-        for v in batch.views:
-            if v.modality not in seen:
-                seen.append(v.modality)
-        for modality in seen:
+        # A batch checked on the host (BatchInputCheck) is not checked again on the device.
+        check_inputs = False if batch.inputs_checked else None
+        order: list[int] = []  # view position of each column of the concatenated embeddings
+        pieces: list[torch.Tensor] = []
+        for modality in dict.fromkeys(v.modality for v in batch.views):
             if modality not in self.adapters:
                 raise KeyError(f"batch has views of modality {modality!r} but the encoder has no adapter for it "
                                f"(adapters: {sorted(self.adapters)})")
@@ -162,29 +208,44 @@ class MultiViewEncoder(nn.Module):
                 raise KeyError(f"batch.inputs has no entry for modality {modality!r}")
             positions = batch.views_of(modality)
             nv = len(positions)
-            present = mask[:, positions].reshape(-1)
-            zm = self._encode_stacked(batch, modality, positions, present)
+            try:
+                zm = self._encode_stacked(batch, modality, positions, check_inputs)
+            except ValueError as error:  # an adapter's input check: say which modality
+                raise ValueError(f"modality {modality!r}: {error}") from error
             if zm.shape[0] != k * nv:
                 raise ValueError(f"modality {modality!r}: {zm.shape[0]} embeddings for K={k} samples x {nv} views; "
                                  "inputs must be stacked sample-major")
-            pieces.append((positions, zm.reshape(k, nv, -1)))
-        first = pieces[0][1]
-        z = first.new_zeros(k, m, self.embed_dim)
-        for positions, zm in pieces:
-            z[:, positions] = zm.to(z.dtype)
+            order += positions
+            pieces.append(zm.reshape(k, nv, -1))
+        stacked = torch.cat([zm.to(pieces[0].dtype) for zm in pieces], dim=1)
+        if order == list(range(m)):
+            z = stacked
+        else:  # views of different modalities interleaved, or listed out of slot order
+            z = stacked.new_zeros(k, m, self.embed_dim)
+            z[:, self._view_order(order, z.device)] = stacked
         z = z * mask.unsqueeze(-1).to(z.dtype)
         return z, mask
 
+    def _view_order(self, order: list[int], device: torch.device) -> torch.Tensor:
+        """``order`` as a LongTensor on ``device``, made once: indexing a device tensor with a
+        host list would copy it to the device and wait for the copy at every step."""
+        key = (tuple(order), device)
+        if key not in self._view_orders:
+            self._view_orders[key] = torch.tensor(order, dtype=torch.long, device=device)
+        return self._view_orders[key]
+
     def _encode_stacked(
-        self, batch: ViewBatch, modality: str, positions: list[int], present: torch.Tensor
+        self, batch: ViewBatch, modality: str, positions: list[int], check_inputs: bool | None
     ) -> torch.Tensor:
         adapter = self.adapters[modality]
         inputs = batch.inputs[modality]
+        items = batch.present_items(modality)  # known on the host: free for a moved batch
         cache = self.caches.get(modality)
-        if not bool(present.any()):  # every view of this modality is missing in this batch
-            return next(adapter.head.parameters()).new_zeros(present.numel(), adapter.config.embed_dim)
+        if items.none:  # every view of this modality is missing in this batch
+            return next(adapter.head.parameters()).new_zeros(items.total, adapter.config.embed_dim)
         if cache is None or batch.index is None or not adapter.backbone_frozen:
-            return adapter(inputs, present)
+            return adapter.embed_present(inputs, items, check_inputs=check_inputs)
+        # The feature cache lives in host memory: its ids are read there.
         nv = len(positions)
         slots = torch.arange(nv)
         ids = batch.index.to("cpu").long().unsqueeze(1) * nv + slots  # [K, V]
@@ -192,22 +253,23 @@ class MultiViewEncoder(nn.Module):
             [batch.views[p].natural and batch.views[p].augmentation is None for p in positions], dtype=torch.bool
         )
         ids = torch.where(cacheable.unsqueeze(0), ids, torch.full_like(ids, -1)).reshape(-1)
-        ids = torch.where(present.to("cpu"), ids, torch.full_like(ids, -1))  # absent slots are never stored
+        present = torch.zeros(items.total, dtype=torch.bool)
+        present[list(items.positions)] = True
+        ids = torch.where(present, ids, torch.full_like(ids, -1))  # absent slots are never stored
         feats = cache.features(
             ids,
             inputs,
-            lambda sub, rows: adapter.features(sub, present if rows is None else present[rows.to(present.device)]),
+            lambda sub, rows: adapter.features(sub, present if rows is None else present[rows],
+                                               check_inputs=check_inputs),
             ids.numel(),
             needed=present,
         )
         param = next(adapter.head.parameters())
         # Only present rows reach the head (absent ones would shift its BatchNorm statistics).
-        return embed_present_rows(
-            present,
-            adapter.config.embed_dim,
-            param,
-            lambda rows: adapter.project(feats[rows.to(feats.device)].to(param.device, param.dtype)),
-        )
+        rows = torch.tensor(items.positions, dtype=torch.long)
+        z = adapter.project(feats[rows.to(feats.device)].to(param.device, param.dtype))
+        out = param.new_zeros(items.total, adapter.config.embed_dim)
+        return out.index_put((rows.to(out.device),), z.to(out.dtype))
 
     def param_groups(self, backbone_lr: float, head_lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
         """Every adapter's groups (see :meth:`Adapter.param_groups`), names prefixed by modality."""

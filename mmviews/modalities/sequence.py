@@ -18,12 +18,14 @@ from torch import nn
 from .base import (
     Adapter,
     AdapterConfig,
-    check_finite,
-    validated_lengths,
+    InputCheck,
+    SequenceInputCheck,
+    input_lengths,
     lengths_to_mask,
     masked_mean,
     register_adapter,
     require_tensor,
+    to_device,
 )
 
 
@@ -117,10 +119,13 @@ class FeatureSequenceAdapter(Adapter):
             raise ValueError(f"{where}: values have D={x.shape[2]} features, config input_dim={self.config.input_dim}")
         if x.shape[1] == 0:
             raise ValueError(f"{where}: zero-length sequences (values shape {tuple(x.shape)})")
-        check_finite(x, where)
-        lengths = validated_lengths(inputs, x, present, where)
+        lengths = input_lengths(inputs, x, where)
         device = next(self.backbone.parameters()).device
-        return {"values": x.to(device, torch.float32), "mask": lengths_to_mask(lengths.to(device), x.shape[1])}
+        return {"values": to_device(x, device, torch.float32),
+                "mask": lengths_to_mask(to_device(lengths, device), x.shape[1])}
+
+    def input_check(self) -> InputCheck:
+        return SequenceInputCheck("feature_sequence adapter")
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         mask = prepared["mask"]

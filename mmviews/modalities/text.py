@@ -19,11 +19,37 @@ from mmviews.data.synthetic import synthetic_vocabulary
 from .base import (
     Adapter,
     AdapterConfig,
+    InputCheck,
     check_local_or_hub,
     masked_mean,
     register_adapter,
     require_tensor,
+    to_device,
 )
+
+@dataclass(frozen=True)
+class TextInputCheck(InputCheck):
+    """No empty string among the present items of ``text``; ``input_ids`` (when there is no
+    ``text``) within the vocabulary ``[0, vocab_size)``."""
+
+    vocab_size: int = 0
+
+    def __call__(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> None:
+        texts = inputs.get("text")
+        if "text" in inputs:
+            if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
+                keep = [True] * len(texts) if present is None else present.tolist()
+                empty = [i for i, (t, k) in enumerate(zip(texts, keep)) if k and not t.strip()]
+                if empty:
+                    raise ValueError(f"{self.where}: empty string(s) at batch position(s) {empty[:10]}")
+            return
+        ids = inputs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.numel():
+            low, high = (int(v) for v in torch.aminmax(ids))
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(f"{self.where}: token ids outside [0, {self.vocab_size}) (min {low}, max {high}) "
+                                 f"in inputs['input_ids'] of shape {tuple(ids.shape)}")
+
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -155,10 +181,6 @@ class TextAdapter(Adapter):
                 raise ValueError("text adapter: inputs['text'] must be a list of strings")
             if len(texts) == 0:
                 raise ValueError("text adapter: inputs['text'] is an empty list")
-            keep = [True] * len(texts) if present is None else present.tolist()
-            empty = [i for i, (t, k) in enumerate(zip(texts, keep)) if k and not t.strip()]
-            if empty:
-                raise ValueError(f"text adapter: empty string(s) at batch position(s) {empty[:10]}")
             tok = self.tokenizer(
                 list(texts),
                 padding=True,
@@ -175,21 +197,37 @@ class TextAdapter(Adapter):
             mask = torch.ones_like(ids) if mask is None else mask
             if mask.shape != ids.shape:
                 raise ValueError(f"text adapter: attention_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
-            vocab_size = int(self.backbone.config.vocab_size)
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-                raise ValueError(f"text adapter: token ids outside [0, {vocab_size}) (min {int(ids.min())}, max {int(ids.max())})")
             ids, mask = ids[:, : self.config.max_length].long(), mask[:, : self.config.max_length].long()
         else:
             raise ValueError(f"text adapter: inputs need 'text' or 'input_ids' (keys: {sorted(inputs)})")
-        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+        # Tokenised text is made here, in host memory: its copy must not wait for the device.
+        return {"input_ids": to_device(ids, device), "attention_mask": to_device(mask, device)}
+
+    def input_check(self) -> InputCheck:
+        return TextInputCheck("text adapter", vocab_size=int(self.backbone.config.vocab_size))
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
-        out = self.backbone(input_ids=prepared["input_ids"], attention_mask=prepared["attention_mask"])
+        mask = self._backbone_attention_mask(prepared["attention_mask"])
+        out = self.backbone(input_ids=prepared["input_ids"], attention_mask=mask)
         if self.config.pooling == "cls":
             return out.last_hidden_state[:, 0]
         if self.config.pooling == "pooler":
             return out.pooler_output
         return masked_mean(out.last_hidden_state, prepared["attention_mask"].bool())
+
+    def _backbone_attention_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """The padding mask ``[B, L]`` in the 4-D form that the backbone's attention takes as it
+        is. Given the 2-D mask, transformers builds that form itself but first reads the mask back
+        (``padding_mask.all()``, to drop it when nothing is padded): a device synchronisation at
+        every call. Attention kernels other than sdpa and eager get the 2-D mask."""
+        keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L], broadcast over heads and queries
+        implementation = getattr(self.backbone.config, "_attn_implementation", None)
+        if implementation == "sdpa":  # boolean: True where a key may be attended to
+            return keep
+        if implementation == "eager":  # additive: the most negative value where it may not
+            dtype = next(self.backbone.parameters()).dtype
+            return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+        return mask
 
     def preprocessing_signature(self) -> dict[str, Any]:
         """What the cache key must cover besides the backbone weights."""

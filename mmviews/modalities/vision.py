@@ -15,7 +15,16 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, check_finite, check_model_source, per_clip, register_adapter, require_tensor
+from .base import (
+    Adapter,
+    AdapterConfig,
+    InputCheck,
+    check_model_source,
+    per_clip,
+    register_adapter,
+    require_tensor,
+    to_device,
+)
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -39,12 +48,18 @@ def split_frames(x: torch.Tensor, channels: int, where: str) -> tuple[torch.Tens
     return frames, t
 
 
-def check_unit_range(x: torch.Tensor, where: str) -> None:
-    if not x.is_floating_point():
-        raise ValueError(f"{where}: images must be float in [0, 1], got dtype {x.dtype}")
-    check_finite(x, where)
-    if x.numel() and (float(x.min()) < -1e-3 or float(x.max()) > 1 + 1e-3):
-        raise ValueError(f"{where}: images must be in [0, 1], got range [{float(x.min()):.3g}, {float(x.max()):.3g}]")
+@dataclass(frozen=True)
+class UnitRangeInputCheck(InputCheck):
+    """Finite values, and images ``values`` within [0, 1] (up to rounding)."""
+
+    def __call__(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> None:
+        super().__call__(inputs, present)
+        x = inputs.get("values")
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
+            low, high = (float(v) for v in torch.aminmax(x))
+            if low < -1e-3 or high > 1 + 1e-3:
+                raise ValueError(f"{self.where}: images must be in [0, 1], got range [{low:.3g}, {high:.3g}] "
+                                 f"in inputs['values'] of shape {tuple(x.shape)}")
 
 
 def resize_shortest_center_crop(x: torch.Tensor, size: tuple[int, int], interpolation: str = "bicubic") -> torch.Tensor:
@@ -200,10 +215,14 @@ class OpenCLIPVisionAdapter(OpenCLIPTower, Adapter):
         where = f"{self.config.type} adapter"
         x = require_tensor(inputs, "values", where)
         frames, t = split_frames(x, 3, where)
-        check_unit_range(frames, where)
-        frames = frames.to(self.mean.device, torch.float32)
+        if not frames.is_floating_point():
+            raise ValueError(f"{where}: images must be float in [0, 1], got dtype {frames.dtype}")
+        frames = to_device(frames, self.mean.device, torch.float32)
         frames = resize_shortest_center_crop(frames, self.image_size, self.interpolation).clamp(0, 1)
         return {"pixels": (frames - self.mean) / self.std, "frames": t}
+
+    def input_check(self) -> InputCheck:
+        return UnitRangeInputCheck(f"{self.config.type} adapter")
 
 
 @dataclass
@@ -277,8 +296,7 @@ class SmallCNNVisionAdapter(Adapter):
         frames, t = split_frames(x, self.config.in_channels, where)
         if not frames.is_floating_point():
             raise ValueError(f"{where}: images must be float, got dtype {frames.dtype}")
-        check_finite(frames, where)
-        frames = frames.to(self.mean.device, torch.float32)
+        frames = to_device(frames, self.mean.device, torch.float32)
         return {"pixels": (frames - self.mean) / self.std, "frames": t}
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:

@@ -88,18 +88,25 @@ def tracker_installed(name: str) -> bool:
     return any(importlib.util.find_spec(module) is not None for module in _TRACKER_MODULES[name])
 
 
-def resolve_trackers(config: TrainConfig, source: str = "recipe") -> list[str]:
-    """The Accelerate trackers of a run (``log_with=``): ``output.trackers`` in order, without
-    repeats; a tracker whose package is missing is a :class:`ConfigError` naming the key. The
-    deprecated ``output.tensorboard: true`` adds TensorBoard when it is installed and is skipped
-    with a warning otherwise (its old meaning), either way with a warning to move to
-    ``trackers``."""
-    names = list(dict.fromkeys(config.output.trackers))
-    for name in names:
+def check_trackers_installed(config: TrainConfig, source: str = "recipe") -> None:
+    """A :class:`ConfigError` naming the key ``output.trackers`` and what to ``pip install``
+    for the first tracker there whose package is missing (``mmviews train --check`` and the
+    command itself call this before building anything, :func:`resolve_trackers` again)."""
+    for name in dict.fromkeys(config.output.trackers):
         if not tracker_installed(name):
             extra = "pip install 'mmviews[tensorboard]'" if name == "tensorboard" else f"pip install {name}"
             raise ConfigError(f"{source}: key 'output.trackers': tracker {name!r} is not installed ({extra}); "
                               "metrics.csv is always written, remove the tracker to train without it")
+
+
+def resolve_trackers(config: TrainConfig, source: str = "recipe") -> list[str]:
+    """The Accelerate trackers of a run (``log_with=``): ``output.trackers`` in order, without
+    repeats; a tracker whose package is missing is a :class:`ConfigError` naming the key
+    (:func:`check_trackers_installed`). The deprecated ``output.tensorboard: true`` adds
+    TensorBoard when it is installed and is skipped with a warning otherwise (its old meaning),
+    either way with a warning to move to ``trackers``."""
+    check_trackers_installed(config, source)
+    names = list(dict.fromkeys(config.output.trackers))
     if config.output.tensorboard:
         if tensorboard_available():
             names = list(dict.fromkeys([*names, "tensorboard"]))

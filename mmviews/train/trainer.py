@@ -38,9 +38,12 @@ Accelerate example loop, a contrastive trainer needs:
 5. **No host synchronisation between log steps.** Nothing in the step reads a device value
    back: the objective's own input checks are off (``check_inputs = False``), a non-finite
    loss is recorded in a device-side flag and checked at the next log step or checkpoint
-   (the error names the range of steps), "are all views present" comes from the batch's
-   host-side mask, and batches are copied with ``non_blocking=True`` from pinned memory (on
-   CUDA) by persistent loader workers. ``mmviews bench train`` measures the step.
+   (the error names the range of steps), "are all views present" (of the batch, and of each
+   modality) comes from the batch's host-side mask, the adapters' checks of input values
+   (finite, lengths, token ids...) run on each batch where it is collated, on host tensors
+   (:class:`HostCheckedCollate`; a bad input stops the run there, naming the modality), and
+   batches are copied with ``non_blocking=True`` from pinned memory (on CUDA) by persistent
+   loader workers. ``mmviews bench train`` measures the step.
 
 The run folder's layout is described in :mod:`mmviews.run`. ``callback``
 (:class:`~mmviews.train.callbacks.TrainCallback`) is called after every optimiser step and
@@ -54,7 +57,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -101,6 +104,20 @@ class Prepared:
     checked_step: int = 0  # optimiser step at the last _check_losses
 
 
+class HostCheckedCollate:
+    """The training loader's collate function followed by the encoder's checks of input values
+    (:meth:`~mmviews.modalities.MultiViewEncoder.input_check`): each batch is checked while its
+    tensors are in host memory (in the loader's worker processes when there are any), where
+    reading values costs no device synchronisation, and marked so that the adapters do not check
+    it again in the step. The checks hold no weights: workers receive them by pickling."""
+
+    def __init__(self, collate: Callable[[Any], ViewBatch], check: Callable[[ViewBatch], ViewBatch]) -> None:
+        self.collate, self.check = collate, check
+
+    def __call__(self, samples: Any) -> ViewBatch:
+        return self.check(self.collate(samples))
+
+
 def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, ProjectConfiguration
@@ -136,6 +153,10 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     # device synchronisation per step) is replaced by the loop's non-finite-loss check at
     # log steps (_check_losses).
     objective.check_inputs = False
+    # Likewise the adapters' checks of input values: they run where batches are collated.
+    loader = parts.train_loader
+    if not isinstance(loader.collate_fn, HostCheckedCollate):
+        loader.collate_fn = HostCheckedCollate(loader.collate_fn, parts.encoder.input_check())
     teacher = EMATeacher(encoder, config.objective.teacher_momentum) if uses_teacher(config, objective) else None
     model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, parts.train_loader, scheduler)
     # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:

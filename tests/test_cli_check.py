@@ -1,0 +1,98 @@
+"""``mmviews train RECIPE --check`` reports recipe errors by their key before anything is built:
+a split name the dataset does not have (``data.train_split`` / ``val_split`` / ``test_split``,
+with the dataset's splits) and a tracker in ``output.trackers`` whose package is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from crafted_files import cli, one_line_error
+
+from mmviews.config import DataConfig
+from mmviews.data.loaders import build_dataset_split
+from mmviews.train.logging import tracker_installed
+
+SYNTHETIC_SPLITS = "choose from ['test', 'train', 'valid']"
+
+
+@pytest.mark.parametrize("key", ["data.train_split", "data.val_split", "data.test_split"])
+def test_unknown_split_names_its_key_and_the_splits(capsys: pytest.CaptureFixture[str], key: str) -> None:
+    rc, _, err = cli(capsys, "train", "quickstart", "--check", "--set", f"{key}=nope")
+    line = one_line_error(err)
+    assert rc == 2
+    assert f"key '{key}' = 'nope': synthetic: unknown split 'nope'; {SYNTHETIC_SPLITS}" in line
+
+
+def test_a_split_named_by_two_keys_names_both(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = cli(capsys, "train", "quickstart", "--check", "--set", "data.val_split=nope",
+                     "--set", "data.test_split=nope")
+    assert rc == 2 and "keys 'data.val_split'/'data.test_split' = 'nope': synthetic: unknown split 'nope'" in one_line_error(err)
+
+
+def test_a_datasets_key_error_keeps_its_type_and_gains_the_key(tmp_path: Path) -> None:
+    """hf datasets report a missing split as a KeyError; callers that catch it still can."""
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "disk"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"x": [[0.0, 1.0]] * 4})}).save_to_disk(str(root))
+    data = DataConfig(name="hf", root=str(root), options={"columns": {"x": "x"}}, val_split="dev")
+    with pytest.raises(KeyError) as raised:
+        build_dataset_split(data, "dev")
+    assert raised.type is KeyError
+    assert raised.value.args[0].startswith(f"key 'data.val_split' = 'dev': {root}: no split 'dev'; available:")
+    assert len(build_dataset_split(data, "train")) == 4  # the split the recipe has still loads
+
+
+def test_check_reports_a_tracker_that_is_not_installed(capsys: pytest.CaptureFixture[str]) -> None:
+    missing = next((n for n in ("wandb", "aim", "clearml", "swanlab", "dvclive") if not tracker_installed(n)), None)
+    if missing is None:
+        pytest.skip("every candidate tracker is installed here")
+    rc, out, err = cli(capsys, "train", "quickstart", "--check", "--set", f"output.trackers=[{missing}]")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert f"key 'output.trackers': tracker '{missing}' is not installed (pip install {missing})" in line
+    assert "quickstart.yaml" in line
+
+
+def test_check_names_the_tensorboard_extra(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard comes with the ``mmviews[tensorboard]`` extra: the error says so. Its absence
+    is simulated (it is installed in CI) by hiding its modules from ``find_spec``."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec_without_tensorboard(name: str, *args: object, **kwargs: object) -> object:
+        return None if name in ("tensorboard", "tensorboardX") else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec_without_tensorboard)
+    rc, _, err = cli(capsys, "train", "quickstart", "--check", "--set", "output.trackers=[tensorboard]")
+    assert rc == 2
+    assert "key 'output.trackers': tracker 'tensorboard' is not installed (pip install 'mmviews[tensorboard]')" in \
+        one_line_error(err)
+
+
+def test_check_passes_with_an_installed_tracker(capsys: pytest.CaptureFixture[str]) -> None:
+    if not tracker_installed("tensorboard"):
+        pytest.skip("tensorboard (the mmviews[tensorboard] extra) is not installed")
+    rc, out, _ = cli(capsys, "train", "quickstart", "--check", "--set", "output.trackers=[tensorboard]")
+    assert rc == 0 and "OK" in out
+
+
+def test_a_missing_tracker_is_a_config_error_before_the_run_folder(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --check, the command stops on the tracker before it builds or writes anything."""
+    missing = next((n for n in ("wandb", "aim", "clearml", "swanlab", "dvclive") if not tracker_installed(n)), None)
+    if missing is None:
+        pytest.skip("every candidate tracker is installed here")
+    import mmviews.cli.train as train_command
+
+    def must_not_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("build_run/train reached although a tracker is missing")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_command, "train", must_not_build)
+        patch.setattr(train_command, "build_run", must_not_build)
+        rc, _, err = cli(capsys, "train", "quickstart", "--set", f"output.trackers=[{missing}]",
+                         "--output", str(tmp_path / "run"))
+    assert rc == 2 and "key 'output.trackers'" in one_line_error(err)
+    assert not (tmp_path / "run").exists()
