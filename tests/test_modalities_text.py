@@ -140,3 +140,77 @@ def test_real_minilm_weights_rank_related_sentences_higher(tmp_path) -> None:
     adapter.save_pretrained(tmp_path / "minilm")
     loaded = TextAdapter.from_pretrained(tmp_path / "minilm").eval()
     assert torch.allclose(loaded({"text": sentences}), adapter({"text": sentences}), atol=1e-5)
+
+
+# ---- tokenising where batches are collated (TextAdapter.host_preprocessor) ----------------------
+# Texts of 1 to 11 words, 3 to 13 tokens with [CLS] and [SEP] (the third is cut to
+# max_length=12). The longest belongs to an absent view in PARTIAL, so that the token ids made
+# for all four items are wider than those made for the present ones alone: forward must drop
+# the extra padding to give the same numbers.
+TEXTS = ["the cat sat", "a red car on the road", "the man reads a book under the tree with a child", "dog"]
+PARTIAL = torch.tensor([True, True, False, True])
+
+
+@pytest.mark.parametrize("present", [None, PARTIAL, torch.tensor([False, False, True, False])],
+                         ids=["all", "longest absent", "one present"])
+def test_text_tokenised_in_collation_encodes_bit_for_bit_like_raw_text(present: torch.Tensor | None) -> None:
+    torch.manual_seed(0)
+    adapter = build_adapter(tiny_config("text", max_length=12)).train()  # dropout and BatchNorm on
+    tokenised = adapter.host_preprocessor()({"text": TEXTS})
+    assert set(tokenised) == {"input_ids", "attention_mask", "lengths"}
+    assert tokenised["lengths"] == [5, 8, 12, 3] and tokenised["input_ids"].shape == (4, 12)
+    torch.manual_seed(1)  # the same dropout masks in both passes
+    from_text = adapter({"text": TEXTS}, present)
+    torch.manual_seed(1)
+    from_ids = adapter(tokenised, present)
+    assert torch.equal(from_text, from_ids)
+    from_text.sum().backward()
+    text_grads = [p.grad.clone() for p in adapter.parameters() if p.grad is not None]
+    adapter.zero_grad(set_to_none=True)
+    from_ids.sum().backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(text_grads, [p for p in adapter.parameters()
+                                                                  if p.grad is not None]))
+
+
+def test_token_ids_of_a_larger_batch_are_cut_to_the_present_items() -> None:
+    """What forward builds for the present items from collated token ids: the same tensors, of
+    the same width, as tokenising those items alone (not the width of the longest absent one)."""
+    from mmviews.modalities.base import subset_inputs
+
+    adapter = build_adapter(tiny_config("text", max_length=12))
+    tokenised = adapter.host_preprocessor()({"text": TEXTS})
+    rows = torch.nonzero(PARTIAL).flatten()
+    alone = adapter.preprocess({"text": [TEXTS[i] for i in rows.tolist()]})
+    cut = adapter.preprocess(subset_inputs(tokenised, rows, len(TEXTS), rows.tolist()))
+    assert alone["input_ids"].shape == (3, 8)
+    assert all(torch.equal(cut[key], alone[key]) for key in ("input_ids", "attention_mask"))
+    # Without the lengths the padding of the longest (absent) text stays: wider tensors.
+    uncut = adapter.preprocess(subset_inputs({k: tokenised[k] for k in ("input_ids", "attention_mask")}, rows, 4))
+    assert uncut["input_ids"].shape == (3, 12)
+
+
+def test_text_tokenizer_pickles_without_weights_and_tokenises_the_same() -> None:
+    import pickle
+
+    adapter = build_adapter(tiny_config("text"))
+    payload = pickle.dumps(adapter.host_preprocessor())
+    assert len(payload) < 10_000, f"{len(payload)} bytes: the tokenizer alone (45 words) must be small"
+    copy = pickle.loads(payload)({"text": TEXTS})
+    own = adapter.host_preprocessor()({"text": TEXTS})
+    assert copy["lengths"] == own["lengths"]
+    assert all(torch.equal(copy[k], own[k]) for k in ("input_ids", "attention_mask"))
+
+
+def test_bad_collated_text_inputs() -> None:
+    adapter = build_adapter(tiny_config("text", max_length=12))
+    tokenised = adapter.host_preprocessor()({"text": TEXTS})
+    with pytest.raises(ValueError, match=r"inputs\['lengths'\] must list the real tokens of each of the 4 rows"):
+        adapter({**tokenised, "lengths": tokenised["lengths"][:3]})
+    with pytest.raises(ValueError, match=r"inputs\['lengths'\] must be ints in \[0, 12\]"):
+        adapter({**tokenised, "lengths": [5, 8, 13, 3]})
+    with pytest.raises(ValueError, match=r"inputs\['lengths'\] \[5, 8, 11, 2\] are not the real tokens of each row "
+                                         r"of inputs\['attention_mask'\] \(\[5, 8, 12, 3\]\)"):
+        adapter({**tokenised, "lengths": [5, 8, 11, 2]})
+    with pytest.raises(ValueError, match="list of strings"):
+        adapter.host_preprocessor()({"text": "the cat"})
+    assert adapter.host_preprocessor()({"input_ids": tokenised["input_ids"]}).keys() == {"input_ids"}

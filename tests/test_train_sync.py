@@ -272,13 +272,13 @@ def test_checked_batches_encode_without_host_reads() -> None:
 
 
 def test_input_checks_travel_to_workers_without_weights() -> None:
-    """What HostCheckedCollate sends to loader workers started by spawn/forkserver: the checks'
+    """What HostPreparedCollate sends to loader workers started by spawn/forkserver: the checks'
     parameters, not the models, and they still catch what the adapters would."""
     encoder = MultiViewEncoder({"text": build_adapter(tiny_config("text")),
                                 "audio": build_adapter(tiny_config("hf_audio"))})
-    payload = pickle.dumps(trainer.HostCheckedCollate(_collate_stub, encoder.input_check()))
+    payload = pickle.dumps(trainer.HostPreparedCollate(_collate_stub, encoder.input_check()))
     assert len(payload) < 2000, f"{len(payload)} bytes: the checks must not carry weights"
-    check = pickle.loads(payload).check
+    check = pickle.loads(payload).prepare
     views = [ViewInfo("text_0", "text", 0), ViewInfo("audio_0", "audio", 0)]
     mask = torch.tensor([[True, True], [True, False], [True, True]])
     inputs = {"text": {"text": ["the cat", "a dog", "the sky"]},
@@ -481,3 +481,115 @@ def test_persistent_workers_train_like_the_main_process(tmp_path: Path) -> None:
         with (tmp_path / f"run{workers}" / "metrics.csv").open() as f:
             losses.append([row["loss"] for row in csv.DictReader(f)])
     assert len(losses[0]) == 9 and losses[0] == losses[1]
+
+
+# ---- text tokenised where batches are collated ----------------------------------------------
+def _text_and_audio_batch() -> tuple[MultiViewEncoder, ViewBatch]:
+    """An encoder (text, audio) and a batch with interleaved modalities and missing views; the
+    longest text belongs to an absent view, so that the token ids made for every item are wider
+    than those of the present ones."""
+    torch.manual_seed(0)
+    encoder = MultiViewEncoder({"text": build_adapter(tiny_config("text")),
+                                "audio": build_adapter(tiny_config("audio_cnn"))}).train()
+    views = [ViewInfo("text_0", "text", 0), ViewInfo("audio_0", "audio", 0), ViewInfo("text_1", "text", 1)]
+    mask = torch.tensor([[True, True, True], [True, False, False], [False, True, True], [True, True, True]])
+    texts = ["the cat sat", "a dog ran", "the bird flew", "the man reads a book under the tree on the mat",
+             "", "a red car", "the child plays", "music"]
+    inputs = {"text": {"text": texts},
+              "audio": {"values": torch.randn(4, 3200), "lengths": torch.tensor([3200, 0, 1600, 2400]),
+                        "sample_rate": 16000}}
+    return encoder, ViewBatch(inputs=inputs, views=views, mask=mask, index=torch.arange(4))
+
+
+def _with_own_inputs(batch: ViewBatch) -> ViewBatch:
+    """``batch`` with its own input dicts, which the host preparation may replace."""
+    return dataclasses.replace(batch, inputs={modality: dict(inputs) for modality, inputs in batch.inputs.items()})
+
+
+def test_text_tokenised_in_collation_encodes_like_raw_text_without_host_reads() -> None:
+    encoder, raw = _text_and_audio_batch()
+    prepared = encoder.host_preparation()(_with_own_inputs(raw))
+    assert prepared.inputs_checked and "text" not in prepared.inputs["text"]
+    assert prepared.inputs["text"]["lengths"] == [5, 5, 5, 13, 2, 5, 5, 3]
+    prepared = prepared.to("cpu", non_blocking=True)
+    torch.manual_seed(1)  # the same dropout masks in both passes
+    with HostReadRecorder() as recorder:
+        z, _ = encoder(prepared)
+    assert recorder.reads == [], [f"{r.op} at {r.where}" for r in recorder.reads]
+    torch.manual_seed(1)
+    expected, _ = encoder(raw)  # tokenised in forward
+    assert torch.equal(z, expected)
+
+
+def test_text_tokenised_in_collation_encodes_like_raw_text_through_the_feature_cache(tmp_path: Path) -> None:
+    """A frozen text backbone with a feature cache computes the missing rows on a subset of the
+    collated token ids: the same features as from the raw texts of that subset."""
+    encoder, raw = _text_and_audio_batch()
+    encoder.adapters["text"].backbone.requires_grad_(False)
+    prepared = encoder.host_preparation()(_with_own_inputs(raw))
+    outputs = []
+    for name, batch in (("raw", raw), ("prepared", prepared)):
+        encoder.enable_cache(tmp_path / name, modalities=["text"])  # an empty cache for each
+        torch.manual_seed(1)
+        outputs.append(encoder(batch)[0])
+        assert encoder.caches["text"].misses == 6
+    assert torch.equal(outputs[0], outputs[1])
+
+
+def test_text_preparation_travels_to_workers_without_weights() -> None:
+    """The trainer's collation step with the text adapter's tokenizer (the synthetic data's 134
+    words) pickles small, and tokenises in a worker as in the main process."""
+    encoder = MultiViewEncoder({"text": build_adapter({**tiny_config("text"), "vocab": "synthetic"}),
+                                "audio": build_adapter(tiny_config("audio_cnn"))})
+    payload = pickle.dumps(trainer.HostPreparedCollate(_collate_stub, encoder.host_preparation()))
+    assert len(payload) < 10_000, f"{len(payload)} bytes: the tokenizer and checks must not carry weights"
+    _, batch = _text_and_audio_batch()
+    copy = pickle.loads(payload).prepare(_with_own_inputs(batch))
+    own = encoder.host_preparation()(batch)
+    assert copy.inputs["text"]["lengths"] == own.inputs["text"]["lengths"]
+    assert torch.equal(copy.inputs["text"]["input_ids"], own.inputs["text"]["input_ids"])
+    inputs = {"text": {"text": ["the cat", "  "]}, "audio": {"values": torch.randn(2, 3200)}}
+    views = [ViewInfo("text_0", "text", 0), ViewInfo("audio_0", "audio", 0)]
+    with pytest.raises(ValueError, match=r"modality 'text': text adapter: empty string\(s\) at batch "
+                                         r"position\(s\) \[1\]"):
+        pickle.loads(payload).prepare(ViewBatch(inputs=inputs, views=views, mask=torch.ones(2, 2, dtype=torch.bool)))
+
+
+def _train_text_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, *, workers: int = 0
+                    ) -> tuple[list[str], dict[str, torch.Tensor], list[ViewBatch]]:
+    """A short run (4 steps) on synthetic text and images, some samples without text: its losses
+    at every step, its final encoder weights and its batches."""
+    seen: list[ViewBatch] = []
+    original = trainer._epoch_batches
+
+    def batches(p: Any, parts: Any, epoch: int) -> Any:
+        for batch in original(p, parts, epoch):
+            seen.append(batch)
+            yield batch
+
+    monkeypatch.setattr(trainer, "_epoch_batches", batches)
+    adapters = {"text": {**tiny_config("text"), "vocab": "synthetic", "max_length": 24},
+                "image": tiny_config("small_cnn")}
+    config = synthetic_config(adapters, [{"modality": "text"}, {"modality": "image"}])
+    config["output"]["log_every"] = 1
+    config["data"]["num_workers"] = workers
+    train(config_from_dict(config), run_dir)
+    with (run_dir / "metrics.csv").open() as f:
+        losses = [row["loss"] for row in csv.DictReader(f)]
+    weights = MultiViewEncoder.from_pretrained(run_dir / "encoder").state_dict()
+    return losses, weights, seen
+
+
+def test_training_on_text_tokenised_in_collation_matches_tokenising_in_forward(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    losses, weights, batches = _train_text_run(tmp_path / "collated", monkeypatch)
+    assert all(set(b.inputs["text"]) == {"input_ids", "attention_mask", "lengths"} for b in batches)
+    assert any(not b.present_items("text").all for b in batches), "expected samples without text"
+    in_worker = _train_text_run(tmp_path / "worker", monkeypatch, workers=1)
+    # The reference: the trainer's collation checks the raw text only; forward tokenises it.
+    monkeypatch.setattr(MultiViewEncoder, "host_preparation", MultiViewEncoder.input_check)
+    ref_losses, ref_weights, ref_batches = _train_text_run(tmp_path / "forward", monkeypatch)
+    assert all(set(b.inputs["text"]) == {"text"} for b in ref_batches)
+    assert len(losses) == 4 and losses == ref_losses == in_worker[0]
+    assert weights.keys() == ref_weights.keys() == in_worker[1].keys()
+    assert all(torch.equal(weights[k], ref_weights[k]) and torch.equal(weights[k], in_worker[1][k]) for k in weights)

@@ -11,7 +11,9 @@ and placed at the positions of its views in the global view order, which yields
 Per-modality input dictionaries (keys an adapter reads):
 
 - raw text:         ``{"text": list[str]}`` (tokenised by the text adapter)
-- token ids:        ``{"input_ids": LongTensor[B, L], "attention_mask": LongTensor[B, L]}``
+- token ids:        ``{"input_ids": LongTensor[B, L], "attention_mask": LongTensor[B, L]}``,
+                    optionally ``"lengths": list[int]`` (real tokens per row; the trainer's
+                    batches carry raw text tokenised so, where they are collated)
 - audio waveform:   ``{"values": FloatTensor[B, T], "lengths": LongTensor[B], "sample_rate": int}``
 - image:            ``{"values": FloatTensor[B, 3, H, W]}`` in [0, 1] (the adapter normalises)
 - video clip:       ``{"values": FloatTensor[B, T, 3, H, W]}`` in [0, 1]
@@ -89,9 +91,9 @@ class ViewBatch:
     # the mask in host memory like ``all_present``. None: not known yet.
     presence: dict[str, PresentItems] | None = None
     # True when the inputs' values (finite, lengths, token ids...) were checked on the host where
-    # the batch was built (``MultiViewEncoder.input_check``, installed by the trainer in the
-    # training loader): the adapters then skip their own value checks, each of which would read
-    # the device back. Carried by :meth:`to` and :meth:`pin_memory`.
+    # the batch was built (``MultiViewEncoder.host_preparation``, installed by the trainer in
+    # the training loader, or ``input_check``): the adapters then skip their own value checks,
+    # each of which would read the device back. Carried by :meth:`to` and :meth:`pin_memory`.
     inputs_checked: bool = False
 
     @property

@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -324,6 +324,12 @@ class SequenceInputCheck(InputCheck):
             check_lengths(lengths, x.shape[1], present, self.where, self.what)
 
 
+# An adapter's preprocessing that needs no weights (e.g. tokenising text), as a picklable
+# callable ``inputs -> inputs`` whose output the adapter takes with the same result: see
+# :meth:`Adapter.host_preprocessor`.
+HostPreprocessor = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
 def subset_inputs(
     inputs: Mapping[str, Any], rows: torch.Tensor, batch_size: int, host_rows: Sequence[int] | None = None
 ) -> dict[str, Any]:
@@ -454,6 +460,14 @@ class Adapter(nn.Module):
         """The checks of this adapter's input values (see :class:`InputCheck`): finite floating
         inputs here; adapters with lengths, token ids or value ranges return their own."""
         return InputCheck(f"{self.config.type} adapter")
+
+    def host_preprocessor(self) -> HostPreprocessor | None:
+        """The part of :meth:`preprocess` that needs no weights and is worth doing before the
+        step (tokenising text), as a picklable callable ``inputs -> inputs``: forward takes its
+        output and gives bit for bit what it gives for the raw inputs. The trainer runs it where
+        batches are collated (in the loader's workers when there are any), after the
+        :meth:`input_check` of the raw inputs. None (the default): nothing to move."""
+        return None
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         """Backbone + pooling: ``[B, F]`` or ``[B, T, F]``."""

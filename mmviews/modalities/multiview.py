@@ -9,15 +9,16 @@ scattered to the positions of that modality's views (by slot). Absent views
 Nothing here reads the device for a batch moved by ``ViewBatch.to`` (as the trainer's are):
 which views are present comes from what the batch recorded in host memory
 (``ViewBatch.present_items``), and the adapters' checks of input values are skipped for a
-batch that :meth:`MultiViewEncoder.input_check` already checked on the host
-(``ViewBatch.inputs_checked``).
+batch that :meth:`MultiViewEncoder.host_preparation` (or ``input_check``) already checked on
+the host (``ViewBatch.inputs_checked``). The trainer's batches also come with their text
+tokenised there (token ids, which the text adapter takes as it takes raw text).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -27,30 +28,35 @@ from torch import nn
 from mmviews.data.batch import ViewBatch
 from mmviews.fileio import atomic_write_text, is_folder_name, read_json_object
 
-from .base import Adapter, InputCheck, build_adapter
+from .base import Adapter, HostPreprocessor, InputCheck, build_adapter
 from .cache import FeatureCache
 
 ENCODER_CONFIG = "encoder.json"
 
 
 @dataclass(frozen=True)
-class BatchInputCheck:
-    """Every adapter's check of input values (:meth:`Adapter.input_check`, by modality) over a
-    :class:`ViewBatch`, meant for batches still in host memory, where reading values costs no
-    device synchronisation: the trainer runs it where batches are collated. It raises
-    ``ValueError`` naming the modality, or returns the batch marked ``inputs_checked`` (the
-    encoder then skips the adapters' own checks). Holds no weights: it can be sent to
-    DataLoader workers."""
+class HostBatchPreparation:
+    """What the trainer runs on each :class:`ViewBatch` where it is collated, in host memory:
+    per modality, the adapter's check of input values (:meth:`Adapter.input_check`; reading
+    values there costs no device synchronisation), then its host preprocessor, if any
+    (:meth:`Adapter.host_preprocessor`: tokenising text, so that the step does not). It raises
+    ``ValueError`` naming the modality, or returns the batch with the preprocessed inputs, marked
+    ``inputs_checked`` (the encoder then skips the adapters' own checks). Holds no weights: it
+    can be sent to DataLoader workers."""
 
     checks: dict[str, InputCheck]
+    preprocessors: dict[str, HostPreprocessor] = field(default_factory=dict)
 
     def __call__(self, batch: ViewBatch) -> ViewBatch:
         for modality in dict.fromkeys(v.modality for v in batch.views):
-            check = self.checks.get(modality)
-            if check is None or modality not in batch.inputs:
+            if modality not in batch.inputs:
                 continue  # the encoder's forward names what is missing
+            check, preprocess = self.checks.get(modality), self.preprocessors.get(modality)
             try:
-                check(batch.inputs[modality], batch.modality_mask(modality))
+                if check is not None:
+                    check(batch.inputs[modality], batch.modality_mask(modality))
+                if preprocess is not None:
+                    batch.inputs[modality] = preprocess(batch.inputs[modality])
             except ValueError as error:
                 raise ValueError(f"modality {modality!r}: {error}") from None
         batch.inputs_checked = True
@@ -177,10 +183,17 @@ class MultiViewEncoder(nn.Module):
 
     # ---- forward ----------------------------------------------------------------
 
-    def input_check(self) -> BatchInputCheck:
-        """The adapters' checks of input values, to run on batches in host memory (see
-        :class:`BatchInputCheck`)."""
-        return BatchInputCheck({name: adapter.input_check() for name, adapter in self.adapters.items()})
+    def input_check(self) -> HostBatchPreparation:
+        """The adapters' checks of input values alone, to run on batches in host memory (see
+        :class:`HostBatchPreparation`); raw text stays raw."""
+        return HostBatchPreparation({name: adapter.input_check() for name, adapter in self.adapters.items()})
+
+    def host_preparation(self) -> HostBatchPreparation:
+        """The adapters' checks of input values and their host preprocessing (tokenising text),
+        to run where batches are collated (see :class:`HostBatchPreparation`); the trainer's."""
+        preprocessors = {name: p for name, adapter in self.adapters.items()
+                         if (p := adapter.host_preprocessor()) is not None}
+        return HostBatchPreparation(self.input_check().checks, preprocessors)
 
     def encode_modality(
         self, name: str, inputs: Mapping[str, Any], present: torch.Tensor | None = None
@@ -196,7 +209,7 @@ class MultiViewEncoder(nn.Module):
         if tuple(batch.mask.shape) != (k, m) or m == 0:
             raise ValueError(f"batch.mask has shape {tuple(batch.mask.shape)}, expected [K, M] with M={m} views")
         mask = batch.mask.bool()
-        # A batch checked on the host (BatchInputCheck) is not checked again on the device.
+        # A batch checked on the host (HostBatchPreparation) is not checked again on the device.
         check_inputs = False if batch.inputs_checked else None
         order: list[int] = []  # view position of each column of the concatenated embeddings
         pieces: list[torch.Tensor] = []

@@ -1,7 +1,10 @@
 """Text: BERT-family encoders through ``transformers`` (AutoModel / AutoTokenizer).
 
 Inputs: ``{"text": list[str]}`` (tokenised here, truncated to ``max_length``) or
-``{"input_ids": LongTensor[B, L], "attention_mask": LongTensor[B, L]}``.
+``{"input_ids": LongTensor[B, L], "attention_mask": LongTensor[B, L]}``, optionally with
+``"lengths": list[int]`` (the real tokens of each row). Raw text is tokenised by
+:class:`TextTokenizer`, which the trainer runs where batches are collated (see
+:meth:`TextAdapter.host_preprocessor`) so that the step gets token ids.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from mmviews.data.synthetic import synthetic_vocabulary
 from .base import (
     Adapter,
     AdapterConfig,
+    HostPreprocessor,
     InputCheck,
     check_local_or_hub,
     masked_mean,
@@ -30,7 +34,8 @@ from .base import (
 @dataclass(frozen=True)
 class TextInputCheck(InputCheck):
     """No empty string among the present items of ``text``; ``input_ids`` (when there is no
-    ``text``) within the vocabulary ``[0, vocab_size)``."""
+    ``text``) within the vocabulary ``[0, vocab_size)``, and ``lengths`` (when given) the real
+    tokens of each row of ``attention_mask``."""
 
     vocab_size: int = 0
 
@@ -49,6 +54,51 @@ class TextInputCheck(InputCheck):
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(f"{self.where}: token ids outside [0, {self.vocab_size}) (min {low}, max {high}) "
                                  f"in inputs['input_ids'] of shape {tuple(ids.shape)}")
+        mask, lengths = inputs.get("attention_mask"), inputs.get("lengths")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and lengths is not None:
+            # forward keeps only the columns the longest row needs: a wrong length drops tokens
+            given = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
+            real = mask.sum(1).tolist()
+            if given != real:
+                raise ValueError(f"{self.where}: inputs['lengths'] {given[:10]} are not the real tokens of each row "
+                                 f"of inputs['attention_mask'] ({real[:10]})")
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    """Raw text -> the token-id inputs of the text adapter, exactly as its forward tokenises:
+    ``{"text": list[str]}`` becomes ``input_ids`` and ``attention_mask`` ``[B, L]`` (padded to
+    the longest text, truncated to ``max_length``) and ``lengths``, each row's real tokens. Other
+    inputs come back as they are.
+
+    ``lengths`` is a list, not a tensor: it stays in host memory when the batch is moved to the
+    device, so the adapter can drop, without reading the device, the padding columns that the
+    items it encodes do not need (collation tokenises every item; forward encodes the present
+    ones, and tokenising those alone pads to their own longest).
+
+    Holds the tokenizer, no weights: it pickles for the loader's workers (with its vocabulary,
+    about 6 kB for the synthetic word list and 0.85 MB for a 30k-word BERT vocabulary)."""
+
+    tokenizer: Any  # a transformers tokenizer
+    max_length: int
+
+    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        if "text" not in inputs:
+            return dict(inputs)
+        ids, mask = self.tokens(inputs["text"])
+        rest = {key: value for key, value in inputs.items() if key != "text"}
+        return {**rest, "input_ids": ids, "attention_mask": mask, "lengths": mask.sum(1).tolist()}
+
+    def tokens(self, texts: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` and ``attention_mask`` ``[B, L]`` of ``texts`` (a list of strings): the
+        one tokenisation of the text adapter, in collation and in forward alike."""
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("text adapter: inputs['text'] must be a list of strings")
+        if len(texts) == 0:
+            raise ValueError("text adapter: inputs['text'] is an empty list")
+        tokens = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                                return_tensors="pt")
+        return tokens["input_ids"], tokens["attention_mask"]
 
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -175,20 +225,8 @@ class TextAdapter(Adapter):
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
         device = next(self.backbone.parameters()).device
-        if "text" in inputs:
-            texts = inputs["text"]
-            if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-                raise ValueError("text adapter: inputs['text'] must be a list of strings")
-            if len(texts) == 0:
-                raise ValueError("text adapter: inputs['text'] is an empty list")
-            tok = self.tokenizer(
-                list(texts),
-                padding=True,
-                truncation=True,
-                max_length=self.config.max_length,
-                return_tensors="pt",
-            )
-            ids, mask = tok["input_ids"], tok["attention_mask"]
+        if "text" in inputs:  # the tokenisation of collation (host_preprocessor)
+            ids, mask = self.host_preprocessor().tokens(inputs["text"])
         elif "input_ids" in inputs:
             ids = require_tensor(inputs, "input_ids", "text adapter")
             if ids.dim() != 2:
@@ -197,11 +235,38 @@ class TextAdapter(Adapter):
             mask = torch.ones_like(ids) if mask is None else mask
             if mask.shape != ids.shape:
                 raise ValueError(f"text adapter: attention_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
+            if inputs.get("lengths") is not None:
+                columns = self._needed_columns(inputs["lengths"], ids.shape)
+                ids, mask = ids[:, columns], mask[:, columns]
             ids, mask = ids[:, : self.config.max_length].long(), mask[:, : self.config.max_length].long()
         else:
             raise ValueError(f"text adapter: inputs need 'text' or 'input_ids' (keys: {sorted(inputs)})")
-        # Tokenised text is made here, in host memory: its copy must not wait for the device.
+        # Tokenised text is made in host memory: its copy must not wait for the device.
         return {"input_ids": to_device(ids, device), "attention_mask": to_device(mask, device)}
+
+    def _needed_columns(self, lengths: Any, shape: torch.Size) -> slice:
+        """The columns of ``input_ids`` ``shape`` that rows with ``lengths`` real tokens need:
+        those of the longest row, on the tokenizer's padding side. Token ids made for a larger
+        batch (all the items collated, when forward encodes the present ones) then give the
+        tensors that tokenising these rows alone gives. ``lengths`` is read on the host: a list
+        (a tensor on an accelerator would be a device read)."""
+        if isinstance(lengths, torch.Tensor):
+            lengths = lengths.tolist()
+        if not isinstance(lengths, (list, tuple)) or len(lengths) != shape[0]:
+            raise ValueError(f"text adapter: inputs['lengths'] must list the real tokens of each of the {shape[0]} "
+                             f"rows of input_ids {tuple(shape)}, got {lengths!r:.200}")
+        longest = max(lengths, default=0)
+        if not isinstance(longest, int) or not 0 <= min(lengths, default=0) <= longest <= shape[1]:
+            raise ValueError(f"text adapter: inputs['lengths'] must be ints in [0, {shape[1]}] (the width of "
+                             f"input_ids), got {list(lengths)[:10]}")
+        if self.tokenizer.padding_side == "left":
+            return slice(shape[1] - longest, None)
+        return slice(0, longest)
+
+    def host_preprocessor(self) -> HostPreprocessor:
+        """Tokenising raw text (:class:`TextTokenizer`, with this adapter's tokenizer and
+        ``max_length``): forward takes its output with the same result as the text."""
+        return TextTokenizer(self.tokenizer, self.config.max_length)
 
     def input_check(self) -> InputCheck:
         return TextInputCheck("text adapter", vocab_size=int(self.backbone.config.vocab_size))

@@ -40,10 +40,11 @@ Accelerate example loop, a contrastive trainer needs:
    loss is recorded in a device-side flag and checked at the next log step or checkpoint
    (the error names the range of steps), "are all views present" (of the batch, and of each
    modality) comes from the batch's host-side mask, the adapters' checks of input values
-   (finite, lengths, token ids...) run on each batch where it is collated, on host tensors
-   (:class:`HostCheckedCollate`; a bad input stops the run there, naming the modality), and
-   batches are copied with ``non_blocking=True`` from pinned memory (on CUDA) by persistent
-   loader workers. ``mmviews bench train`` measures the step.
+   (finite, lengths, token ids...) and their host preprocessing (tokenising text) run on each
+   batch where it is collated, on host tensors (:class:`HostPreparedCollate`; a bad input stops
+   the run there, naming the modality), and batches are copied with ``non_blocking=True`` from
+   pinned memory (on CUDA) by persistent loader workers. ``mmviews bench train`` measures the
+   step.
 
 The run folder's layout is described in :mod:`mmviews.run`. ``callback``
 (:class:`~mmviews.train.callbacks.TrainCallback`) is called after every optimiser step and
@@ -104,18 +105,19 @@ class Prepared:
     checked_step: int = 0  # optimiser step at the last _check_losses
 
 
-class HostCheckedCollate:
-    """The training loader's collate function followed by the encoder's checks of input values
-    (:meth:`~mmviews.modalities.MultiViewEncoder.input_check`): each batch is checked while its
-    tensors are in host memory (in the loader's worker processes when there are any), where
-    reading values costs no device synchronisation, and marked so that the adapters do not check
-    it again in the step. The checks hold no weights: workers receive them by pickling."""
+class HostPreparedCollate:
+    """The training loader's collate function followed by the encoder's host preparation
+    (:meth:`~mmviews.modalities.MultiViewEncoder.host_preparation`): each batch is checked and
+    its text tokenised while it is in host memory, in the loader's worker processes when there
+    are any (reading values there costs no device synchronisation, and tokenising there keeps
+    the main process feeding the device), and marked so that the adapters do not check it again
+    in the step. The preparation holds no weights: workers receive it by pickling."""
 
-    def __init__(self, collate: Callable[[Any], ViewBatch], check: Callable[[ViewBatch], ViewBatch]) -> None:
-        self.collate, self.check = collate, check
+    def __init__(self, collate: Callable[[Any], ViewBatch], prepare: Callable[[ViewBatch], ViewBatch]) -> None:
+        self.collate, self.prepare = collate, prepare
 
     def __call__(self, samples: Any) -> ViewBatch:
-        return self.check(self.collate(samples))
+        return self.prepare(self.collate(samples))
 
 
 def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any:
@@ -153,10 +155,11 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     # device synchronisation per step) is replaced by the loop's non-finite-loss check at
     # log steps (_check_losses).
     objective.check_inputs = False
-    # Likewise the adapters' checks of input values: they run where batches are collated.
+    # Likewise the adapters' checks of input values: they run where batches are collated, and
+    # so does their preprocessing that needs no weights (tokenising text).
     loader = parts.train_loader
-    if not isinstance(loader.collate_fn, HostCheckedCollate):
-        loader.collate_fn = HostCheckedCollate(loader.collate_fn, parts.encoder.input_check())
+    if not isinstance(loader.collate_fn, HostPreparedCollate):
+        loader.collate_fn = HostPreparedCollate(loader.collate_fn, parts.encoder.host_preparation())
     teacher = EMATeacher(encoder, config.objective.teacher_momentum) if uses_teacher(config, objective) else None
     model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, parts.train_loader, scheduler)
     # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:

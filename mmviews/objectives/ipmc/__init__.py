@@ -20,6 +20,16 @@ and the hardest pairs gain at most ``(1 + delta)^tau / phi`` over the easiest. `
 (default 1): the authors' code multiplies the loss by 16 after the division by gamma; it only
 matters for the balance with ``beta * L_DA`` and for gradient clipping.
 
+Choosing gamma. With cosine similarities, ``gamma * alpha`` is an inverse temperature: the
+default gamma 64 (the paper's best, on CIFAR with AlexNet encoders) is a temperature of about
+1/64 per unit weight, so each pool's log-sum-exp rests on its few hardest negatives. Where many
+negatives share the anchor's class (cross-modal views that share only a few classes), those are
+same-class samples and the loss pushes them apart. On mmviews' synthetic four-modality data
+(``recipes/reproduce/ipmc_ablation.py``) gamma 4 with the attenuated weights and
+``pools="direction"`` trained best; gamma 16-64 ended below the untrained encoder. Start there
+(or near the temperature of an InfoNCE objective that works on your data: gamma ~ 1 / temperature)
+rather than at 64.
+
 Set tier, pools (``pools="sample"``, the default): P_i = the cross-view pairs of sample i,
 ``(u[i,a], u[i,b])`` for ordered ``a != b`` (each similarity twice, as in the authors' code);
 N_i = the cross-view pairs with the candidates ``(u[i,a], v[j,b])``, ordered ``a != b``,
