@@ -101,3 +101,30 @@ def test_wav2vec2_with_attention_mask_ignores_padding() -> None:
     # do_stable_layer_norm puts a LayerNorm after the last layer: it trains with last_n.
     tail = build_adapter({**cfg, "finetune": {"mode": "last_n", "last_n": 1}})
     assert all(p.requires_grad for p in tail.backbone.encoder.layer_norm.parameters())
+
+
+def _hubert_without_dropout(**extra: object) -> dict:
+    cfg = tiny_config("hf_audio")
+    no_dropout = {"hidden_dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "feat_proj_dropout": 0.0,
+                  "layerdrop": 0.0, "mask_time_prob": 0.5, "mask_time_length": 4}
+    return {**cfg, "backbone_config": {**cfg["backbone_config"], **no_dropout}, **extra}
+
+
+def test_hubert_spec_augment_is_off_unless_asked() -> None:
+    """The model's own SpecAugment would mask natural views in training mode (and read a boolean
+    mask back from the device every step): off by default, kept with ``spec_augment: true``."""
+    from mmviews.bench.train import HostReadRecorder
+
+    inputs = {"values": torch.randn(2, 4000), "sample_rate": 16000}
+    torch.manual_seed(0)
+    plain = build_adapter(_hubert_without_dropout()).train()
+    assert plain.backbone.config.apply_spec_augment is False
+    with HostReadRecorder() as recorder:
+        first = plain(inputs, check_inputs=False)
+    assert not [r for r in recorder.reads if "mask" in r.op], [f"{r.op} at {r.where}" for r in recorder.reads]
+    assert torch.equal(first, plain(inputs)), "without SpecAugment (and dropout) training forwards are deterministic"
+
+    torch.manual_seed(0)
+    masked = build_adapter(_hubert_without_dropout(spec_augment=True)).train()
+    assert masked.backbone.config.apply_spec_augment is True
+    assert not torch.equal(masked(inputs), masked(inputs)), "SpecAugment masks random frames at each forward"

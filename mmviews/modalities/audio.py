@@ -154,7 +154,10 @@ class HFAudioConfig(AdapterConfig):
     random-weight config. ``sample_rate``/``do_normalize``/``use_attention_mask`` default
     to the checkpoint's feature extractor. ``layer``: hidden-state index to pool
     (None: last). ``freeze_feature_encoder``: keep the conv front end fixed (usual when
-    fine-tuning these models)."""
+    fine-tuning these models). ``spec_augment``: keep the model's own SpecAugment time/feature
+    masking in training mode (off by default: in mmviews augmentation belongs to the views, so
+    that a natural view stays un-augmented, and the masking reads a boolean mask back from the
+    device at every training step)."""
 
     type = "hf_audio"
     model: str | None = None
@@ -165,6 +168,7 @@ class HFAudioConfig(AdapterConfig):
     use_attention_mask: bool | None = None
     layer: int | None = None
     freeze_feature_encoder: bool = True
+    spec_augment: bool = False
 
 
 @register_adapter
@@ -205,6 +209,8 @@ class HFAudioAdapter(Adapter):
             self.backbone = AutoModel.from_config(AutoConfig.for_model(model_type, **bcfg))
         else:
             raise ValueError("hf_audio adapter needs 'model' (hub name or local dir) or 'backbone_config'")
+        if hasattr(self.backbone.config, "apply_spec_augment"):  # read by the model at each training forward
+            self.backbone.config.apply_spec_augment = bool(config.spec_augment)
         if fe is None:
             fe = Wav2Vec2FeatureExtractor(sampling_rate=16000, do_normalize=True, return_attention_mask=False)
         self.feature_extractor = fe
