@@ -1,6 +1,5 @@
 """The embedded synthetic dataset: determinism, shapes, missing modalities, flow, DataLoader."""
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import math
 import statistics
 import sys

@@ -31,6 +31,7 @@ from .base import (
     to_device,
 )
 
+
 @dataclass(frozen=True)
 class TextInputCheck(InputCheck):
     """No empty string among the present items of ``text``; ``input_ids`` (when there is no
