@@ -70,6 +70,19 @@ def test_er_batch_size_smoke(tmp_path: Path) -> None:
     assert {s["objective"] for s in summary} == {"simclr", "er", "er_ema"}
 
 
+def test_er_batch_size_equal_teacher_horizon(tmp_path: Path) -> None:
+    """--equal-horizon: K / (1 - m_K) samples, the teacher's horizon, is the same at every K."""
+    out = tmp_path / "er"
+    argv = ["--smoke", "--objectives", "er_ema", "--equal-horizon", "--batch-sizes", "8", "32", "--jobs", "1",
+            "--out", str(out)]
+    assert _load("er_batch_size").main(argv) == 0
+    rows = _check_common(out, "er_batch_size.png", 2)
+    momentum = {int(r["batch_size"]): r["_config"]["objective"]["teacher_momentum"] for r in rows}
+    assert momentum[8] == pytest.approx(0.99)  # the smallest K keeps --momentum
+    assert momentum[32] == pytest.approx(0.96)
+    assert 8 / (1 - momentum[8]) == pytest.approx(32 / (1 - momentum[32]))
+
+
 def test_fmicl_similarity_smoke(tmp_path: Path) -> None:
     module = _load("fmicl_similarity")
     # the cosine temperature of VLC must be above the admissible bound 1 of its conjugate

@@ -15,7 +15,9 @@ smaller optimiser steps over the same samples, as in the paper). Linear-probe ac
 and effective rank of the mean-of-views embedding on the test split, 5 seeds. ``er_ema`` is ER
 with an EMA teacher (``objective.ema_teacher: true``, the paper's momentum 0.99, ``--momentum``):
 the reconstruction targets are the teacher's embeddings of the same views, stop-gradient (the
-paper's distillation setting, sec. 4.2); ``--objectives`` picks a subset.
+paper's distillation setting, sec. 4.2); ``--objectives`` picks a subset. ``--equal-horizon``
+scales er_ema's momentum with K so that every teacher averages over the same number of samples
+(``m_K = 1 - (1 - momentum) K / K_min``: 0.99 / 0.96 / 0.84 for K = 16 / 64 / 256).
 
 Usage::
 
@@ -59,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0 1 2 3 4; --smoke: 0)")
     parser.add_argument("--temperature", type=float, default=0.2, help="temperature of both objectives")
     parser.add_argument("--momentum", type=float, default=PAPER_MOMENTUM, help="EMA coefficient of er_ema's teacher")
+    parser.add_argument("--equal-horizon", action="store_true",
+                        help="er_ema: scale the momentum with K, m_K = 1 - (1 - momentum) * K / K_min, so that every "
+                             "K's teacher averages over the same number of samples as the smallest K's with --momentum "
+                             "(without it every K uses --momentum, and a large K's short run ends with a teacher still "
+                             "close to its initial weights)")
     parser.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES),
                         help="objectives to run (default: all)")
     parser.add_argument("--out", type=Path, default=C.RESULTS_DIR / "er_batch_size")
@@ -72,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         recipe["data"]["split_options"]["train"]["num_samples"] = 2048
     recipe_path = C.write_recipe(recipe, out / "recipes" / "base.yaml")
 
+    def momentum_for(K: int) -> float:
+        """er_ema's momentum at batch size K: the teacher's horizon, 1 / (1 - m) steps of K samples,
+        is K_min / (1 - momentum) samples at every K with --equal-horizon."""
+        if not args.equal_horizon:
+            return args.momentum
+        return 1.0 - (1.0 - args.momentum) * K / min(batch_sizes)
+
     specs = []
     objectives = [name for name in OBJECTIVES if name in args.objectives]
     for seed in seeds:
@@ -79,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in objectives:
                 specs.append({
                     "run": f"{name}_K{K}_s{seed}", "objective": name, "batch_size": K, "seed": seed,
-                    "overrides": [*objective_overrides(name, args.temperature, args.momentum),
+                    "overrides": [*objective_overrides(name, args.temperature, momentum_for(K)),
                                   f"data.batch_size={K}", f"seed={seed}"],
                 })
     rows = C.run_sweep(specs, recipe_path, out, args)
