@@ -1,5 +1,7 @@
 """``MultiViewEncoder.from_pretrained`` names ``encoder.json`` by its full path when that file is
-missing, not JSON, or not the shape ``save_pretrained`` writes."""
+missing, not JSON, or not the shape ``save_pretrained`` writes; the other JSON files read from a
+user's folder (a sentiment store's ``meta.json``, ``metrics.json`` for ``mmviews compare``, a
+video store's ``clip.json``) name themselves the same way (``mmviews.fileio.read_json_object``)."""
 
 from __future__ import annotations
 
@@ -61,3 +63,45 @@ def test_a_modality_name_never_reaches_outside_the_folder(tmp_path: Path) -> Non
     (saved / ENCODER_CONFIG).write_text(json.dumps({"modalities": ["../outside"]}))
     with pytest.raises(ValueError, match="single sub-folder name"):
         MultiViewEncoder.from_pretrained(saved)
+
+
+# ---- other JSON files read from a user's folder name themselves when they are corrupt ---------
+def test_corrupt_sentiment_store_meta_is_named(tmp_path: Path) -> None:
+    from mmviews.data.sentiment import read_store_meta
+
+    meta = tmp_path / "store" / "meta.json"
+    meta.parent.mkdir()
+    meta.write_text('{"format": ')
+    with pytest.raises(ValueError, match="not valid JSON") as raised:
+        read_store_meta(meta.parent)
+    assert str(meta) in str(raised.value)
+    meta.write_text('["not", "an", "object"]')  # used to be an AttributeError deep in the reader
+    with pytest.raises(ValueError, match="expected a JSON object") as raised:
+        read_store_meta(meta.parent)
+    assert str(meta) in str(raised.value)
+
+
+def test_corrupt_metrics_json_in_compare_is_named(tmp_path: Path) -> None:
+    from mmviews.eval.compare import load_run_metrics
+
+    metrics = tmp_path / "run" / "eval" / "metrics.json"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_bytes(b"\xff\xfe{")  # not UTF-8: used to escape as a UnicodeDecodeError
+    with pytest.raises(ValueError, match="not valid JSON") as raised:
+        load_run_metrics(tmp_path / "run")
+    assert str(metrics) in str(raised.value)
+
+
+def test_corrupt_clip_entry_of_a_video_store_is_named_and_nothing_deleted(tmp_path: Path) -> None:
+    from mmviews.data.video_store import CLIP_ENTRY, CLIPS_DIR, MANIFEST, STORE_KIND, clear_video_store
+
+    store = tmp_path / "store"
+    clip = store / CLIPS_DIR / "class_a" / "clip_0"
+    clip.mkdir(parents=True)
+    (clip / "frame_0.jpg").write_bytes(b"jpeg")
+    (clip / CLIP_ENTRY).write_text('{"frames": 1,')
+    (store / MANIFEST).write_text(json.dumps({"kind": STORE_KIND, "clips": {}}))
+    with pytest.raises(ValueError, match="not valid JSON") as raised:
+        clear_video_store(store)
+    assert str(clip / CLIP_ENTRY) in str(raised.value)
+    assert (clip / "frame_0.jpg").is_file() and (store / MANIFEST).is_file()

@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 
 from mmviews.data.registry import register_dataset
 from mmviews.data.safe_pickle import safe_load_pickle
+from mmviews.fileio import read_json_object
 
 SPLITS = ("train", "valid", "test")
 # Marks a store folder being written (``<store>.partial``): only such a folder is removed
@@ -350,7 +351,7 @@ def read_store_meta(store: str | os.PathLike[str]) -> dict[str, Any]:
     if not p.is_file():
         raise FileNotFoundError(f"{store} is not a sentiment store (no meta.json); create it with "
                                 "`mmviews prepare mosi PATH.pkl` or convert_sentiment_pickle()")
-    meta = json.loads(p.read_text())
+    meta = read_json_object(p)
     if meta.get("format") != STORE_FORMAT:
         raise ValueError(f"{p}: not a {STORE_FORMAT} (format = {meta.get('format')!r})")
     return meta

@@ -59,7 +59,7 @@ from mmviews.data.video_io import (
     list_video_clips,
     to_gray,
 )
-from mmviews.fileio import atomic_write_text
+from mmviews.fileio import atomic_write_text, read_json_object
 
 STORE_KIND = "mmviews-video-store"
 STORE_VERSION = 1
@@ -288,7 +288,7 @@ def clear_video_store(store: str | os.PathLike[str]) -> int:
                 if d.is_dir() and d.name.startswith(TMP_PREFIX):
                     folders[d] = None
                 elif d.is_dir() and (d / CLIP_ENTRY).is_file() and d not in folders:
-                    folders[d] = json.loads((d / CLIP_ENTRY).read_text())
+                    folders[d] = read_json_object(d / CLIP_ENTRY)
     folders = {d: entry for d, entry in folders.items() if d.is_dir()}
     for d, entry in folders.items():  # all checked before anything is deleted
         _check_ours(d, entry)
@@ -402,7 +402,7 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
             folder = out / clip_dir_name(rel)
             entry_path = folder / CLIP_ENTRY
             if entry_path.is_file():
-                entry = json.loads(entry_path.read_text())
+                entry = read_json_object(entry_path)
                 if _is_current(entry, root / rel, options):
                     done[rel] = entry
                     continue

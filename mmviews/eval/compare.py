@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mmviews.eval.report import _format, _pyplot, _save_figure, acc2_note, atomic_write_json, atomic_write_text
+from mmviews.fileio import read_json_object
 
 # Suffixes of the metrics plotted by default (the ones papers print).
 HEADLINE_SUFFIXES = ("/acc", "/top1", "Has0_acc_2", "Non0_acc_2", "/Acc_2", "/R@1", "/MAE", "erank/fused")
@@ -61,11 +61,8 @@ def load_run_metrics(path: str | Path) -> RunMetrics:
         metrics_file = next((c for c in candidates if c.is_file()), None)
         if metrics_file is None:
             raise FileNotFoundError(f"no metrics.json in {path} or {path / 'eval'} (run 'mmviews eval {path}' first)")
-    try:
-        raw = json.loads(metrics_file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{metrics_file} is not valid JSON: {err}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict):
+    raw = read_json_object(metrics_file)
+    if not isinstance(raw.get("metrics"), dict):
         raise ValueError(f"{metrics_file}: expected an evaluation report {{\"metrics\": {{...}}, \"meta\": {{...}}}}")
     metrics_raw = raw["metrics"]
     meta = raw.get("meta", {}) if isinstance(raw.get("meta"), dict) else {}
