@@ -31,6 +31,7 @@ from .base import (
     require_tensor,
     to_device,
 )
+from .checkpointing import checkpointed, enable_transformers_checkpointing
 
 
 def waveform_tensor(inputs: Mapping[str, Any], where: str) -> tuple[torch.Tensor, int]:
@@ -235,6 +236,9 @@ class HFAudioAdapter(Adapter):
         self.backbone.config.save_pretrained(directory / "backbone")
         self.feature_extractor.save_pretrained(directory / "feature_extractor")
 
+    def enable_gradient_checkpointing(self) -> None:
+        enable_transformers_checkpointing(self.backbone, "hf_audio adapter")
+
     def backbone_blocks(self) -> list[nn.Module]:
         return list(self.backbone.encoder.layers)
 
@@ -318,6 +322,7 @@ class AudioCNN(nn.Module):
             c = width
         self.stages = nn.ModuleList(stages)
         self.hop = cfg.hop_length
+        self.checkpoint_stages = False  # gradient_checkpointing: recompute each stage in backward
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         mel = torch.log(self.melspec(x) + 1e-6)  # [B, n_mels, F]
@@ -328,7 +333,7 @@ class AudioCNN(nn.Module):
         std = ((((mel - mean) * mask) ** 2).sum(-1, keepdim=True) / n + 1e-5).sqrt()
         h = (mel - mean) / std * mask
         for stage, stride in zip(self.stages, self.strides):
-            h = stage(h)
+            h = checkpointed(stage, h) if self.checkpoint_stages else stage(h)
             frames = torch.div(frames + 2 * self.pad - self.kernel, stride, rounding_mode="floor") + 1
         return masked_mean(h.transpose(1, 2), lengths_to_mask(frames.clamp(0, h.shape[-1]), h.shape[-1]))
 
@@ -350,6 +355,9 @@ class AudioCNNAdapter(Adapter):
 
     def backbone_blocks(self) -> list[nn.Module]:
         return list(self.backbone.stages)
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.backbone.checkpoint_stages = True
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
         x, lengths = prepare_waveform(inputs, self.config.sample_rate, "audio_cnn adapter")

@@ -120,6 +120,9 @@ class AdapterConfig:
     embed_dim: int = 128
     head: HeadConfig = field(default_factory=HeadConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    # Recompute the backbone's activations in backward instead of keeping them (less memory,
+    # one more backbone forward per step; same gradients): see Adapter.enable_gradient_checkpointing.
+    gradient_checkpointing: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = {"type": self.type}
@@ -390,6 +393,27 @@ class Adapter(nn.Module):
     def _finish_init(self) -> None:
         self.head = ProjectionHead(self.feature_dim, self.config.embed_dim, self.config.head)
         self._apply_finetune()
+        checkpointing = self.config.gradient_checkpointing
+        if not isinstance(checkpointing, bool):
+            raise ValueError(f"{self.config.type!r} adapter: gradient_checkpointing must be true or false, "
+                             f"got {checkpointing!r}")
+        if checkpointing:
+            self.enable_gradient_checkpointing()
+
+    @classmethod
+    def supports_gradient_checkpointing(cls) -> bool:
+        """Whether this adapter type implements :meth:`enable_gradient_checkpointing`."""
+        return cls.enable_gradient_checkpointing is not Adapter.enable_gradient_checkpointing
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Make the backbone recompute its activations in backward instead of keeping them
+        (``gradient_checkpointing: true`` in the adapter's config calls it): the same gradients,
+        about one block's input per block kept instead of every intermediate, and one more
+        backbone forward per step. Adapters that support it override this; here it raises a
+        ``ValueError`` naming the types that do."""
+        supported = sorted(name for name in _ADAPTERS.names() if adapter_class(name).supports_gradient_checkpointing())
+        raise ValueError(f"{self.config.type!r} adapter does not support gradient_checkpointing (adapter types "
+                         f"that do: {', '.join(supported)}); remove the key or set it to false")
 
     def backbone_blocks(self) -> list[nn.Module]:
         """The backbone's repeated blocks, input to output (for ``last_n``)."""
@@ -542,7 +566,7 @@ class Adapter(nn.Module):
         """JSON-able description of everything besides the backbone weights that decides
         ``features()`` (config fields other than the head's); part of the cache key."""
         cfg = self.config.to_dict()
-        for k in ("head", "embed_dim", "finetune"):
+        for k in ("head", "embed_dim", "finetune", "gradient_checkpointing"):
             cfg.pop(k, None)
         return cfg
 

@@ -191,6 +191,9 @@ class FlowCNNAdapter(Adapter):
     def backbone_blocks(self) -> list[nn.Module]:
         return list(self.backbone.stages)
 
+    def enable_gradient_checkpointing(self) -> None:
+        self.backbone.checkpoint_stages = True
+
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
         where = "flow_cnn adapter"
         frames, t = check_flow(require_tensor(inputs, "values", where), where)

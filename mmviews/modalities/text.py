@@ -30,6 +30,7 @@ from .base import (
     require_tensor,
     to_device,
 )
+from .checkpointing import enable_transformers_checkpointing
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,9 @@ class TextAdapter(Adapter):
     def _save_extra(self, directory: Path) -> None:
         self.backbone.config.save_pretrained(directory / "backbone")
         self.tokenizer.save_pretrained(directory / "tokenizer")
+
+    def enable_gradient_checkpointing(self) -> None:
+        enable_transformers_checkpointing(self.backbone, "text adapter")
 
     def backbone_blocks(self) -> list[nn.Module]:
         encoder = getattr(self.backbone, "encoder", None)

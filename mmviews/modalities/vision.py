@@ -25,6 +25,7 @@ from .base import (
     require_tensor,
     to_device,
 )
+from .checkpointing import checkpointed
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -190,6 +191,16 @@ class OpenCLIPTower:
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
         return per_clip(self.backbone(prepared["pixels"]), prepared["frames"])
 
+    def enable_gradient_checkpointing(self) -> None:
+        """open_clip's own switch (``set_grad_checkpointing``: each transformer block is
+        recomputed in backward, non-reentrant). open_clip's ResNet towers ignore the switch: they
+        are refused here rather than silently left as they are."""
+        self.backbone.set_grad_checkpointing(True)
+        transformer = getattr(self.backbone, "transformer", None)
+        if not getattr(transformer, "grad_checkpointing", False):
+            raise ValueError(f"{self.config.type} adapter: the image tower of open_clip model {self.config.model!r} "
+                             f"({type(self.backbone).__name__}) does not support gradient checkpointing (ViT towers do)")
+
 
 @register_adapter
 class OpenCLIPVisionAdapter(OpenCLIPTower, Adapter):
@@ -260,8 +271,13 @@ class SmallCNN(nn.Module):
             stages.append(conv_stage(c, width, 1 if i == 0 else 2))
             c = width
         self.stages = nn.Sequential(*stages)
+        self.checkpoint_stages = False  # gradient_checkpointing: recompute each stage in backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_stages:
+            for stage in self.stages:
+                x = checkpointed(stage, x)
+            return x.mean(dim=(2, 3))
         return self.stages(x).mean(dim=(2, 3))
 
 
@@ -289,6 +305,9 @@ class SmallCNNVisionAdapter(Adapter):
 
     def backbone_blocks(self) -> list[nn.Module]:
         return list(self.backbone.stages)
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.backbone.checkpoint_stages = True
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
         where = "small_cnn adapter"
