@@ -22,6 +22,7 @@ A resumed checkpoint is checked file by file and never unpickled beyond tensors 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from mmviews.modalities.base import allow_remote_models
 from mmviews.run import CONFIG_FILE, check_run_dir, find_checkpoint, run_dir_of
 from mmviews.train import TrainCallback, build_run, train
 from mmviews.train.logging import check_trackers_installed
+from mmviews.train.memory import estimate_memory, processes_from_environment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,13 +45,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace the mmviews run in the output folder (removes only what that run wrote; a folder "
                         "holding anything else is never written to)")
     parser.add_argument("--check", action="store_true",
-                        help="validate the recipe (config, trackers, dataset, views, objective) and exit without training")
+                        help="validate the recipe (config, trackers, dataset, views, objective), print the estimated "
+                        "peak memory per device, and exit without training")
+    parser.add_argument("--memory-budget-gb", type=_budget_gb, default=None, metavar="G",
+                        help="with --check: say whether the step fits G GB per device, and which "
+                        "optimisation.encode_chunk_size would")
     parser.add_argument("--resume-ignore-rng", action="store_true",
                         help="with --resume: continue even if the checkpoint's random-number-generator states cannot be "
                         "read (the resumed run then no longer reproduces an uninterrupted one exactly)")
     parser.add_argument("--allow-remote-models", action="store_true",
                         help="allow adapters to build open_clip models named 'hf-hub:...' or 'local-dir:...' (their "
                         "configuration and weights come from outside the recipe)")
+
+
+def _budget_gb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of GB per device, got {text!r}")
+    return value
 
 
 def _close_process_group() -> None:
@@ -82,6 +98,8 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
+    if args.memory_budget_gb is not None and not args.check:
+        raise ValueError("--memory-budget-gb applies with --check (mmviews train RECIPE --check --memory-budget-gb G)")
     if args.resume_ignore_rng and args.resume is None:
         raise ValueError("--resume-ignore-rng only applies with --resume DIR")
     if args.resume is not None:
@@ -108,6 +126,10 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         parts = build_run(config, source=str(recipe))
         print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "
               f"objective {config.objective.name}; {len(parts.datasets['train'])} training samples)")
+        # encode_chunk_size: the cached-embedding step's recipe key (optimisation.encode_chunk_size)
+        estimate = estimate_memory(parts, processes_from_environment(),
+                                   getattr(config.optimisation, "encode_chunk_size", None))
+        print("\n".join(estimate.lines(args.memory_budget_gb)))
         return 0
     summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
                     overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng)
