@@ -93,7 +93,9 @@ class OptimisationConfig:
     ``grad_accum_steps`` > 1 sums gradients of several micro-batches before a step: it
     enlarges the effective batch for the optimiser but NOT the set of negatives, which
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
-    decompose over micro-batches).
+    decompose over micro-batches). ``encode_chunk_size`` does enlarge it beyond what the encoder's
+    activations allow: cached-embedding steps encode the K samples in chunks of that many
+    (:mod:`mmviews.train.cached_step`).
     """
 
     optimizer: Literal["adamw", "sgd", "lars"] = "adamw"
@@ -111,6 +113,9 @@ class OptimisationConfig:
     schedule: Literal["cosine", "constant"] = "cosine"
     grad_accum_steps: int = 1
     max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
+    # Samples per encoder chunk of a cached-embedding step (mmviews.train.cached_step); None:
+    # the plain step, which keeps the activations of all K samples for backward.
+    encode_chunk_size: int | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
 
 
@@ -328,6 +333,8 @@ def _check_values(config: TrainConfig, source: str) -> None:
     need(o.warmup_epochs >= 0, "optimisation.warmup_epochs", f"must be >= 0, got {o.warmup_epochs}")
     need(o.grad_accum_steps >= 1, "optimisation.grad_accum_steps", f"must be >= 1, got {o.grad_accum_steps}")
     need(o.max_grad_norm is None or o.max_grad_norm > 0, "optimisation.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
+    need(o.encode_chunk_size is None or o.encode_chunk_size >= 1, "optimisation.encode_chunk_size",
+         f"must be a number of samples >= 1 (or null: no chunking), got {o.encode_chunk_size}")
     need(0 <= config.objective.teacher_momentum < 1, "objective.teacher_momentum", f"must be in [0, 1), got {config.objective.teacher_momentum}")
     need(e.every_epochs >= 0, "evaluation.every_epochs", f"must be >= 0, got {e.every_epochs}")
     need(out.log_every >= 1, "output.log_every", f"must be >= 1, got {out.log_every}")

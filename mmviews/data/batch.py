@@ -75,6 +75,22 @@ class PresentItems:
         return cls(positions, total, torch.tensor(positions, dtype=torch.long) if partial else None)
 
 
+def _present_range(items: PresentItems, first: int, stop: int) -> PresentItems:
+    """The items ``first:stop`` of ``items``' stacked order, renumbered from 0. Positions are
+    sorted, so the chunk's are a contiguous run of them, found on the host; its device index
+    is a slice of the parent's (no host-to-device copy, which would wait for the device)."""
+    import bisect
+
+    lo, hi = bisect.bisect_left(items.positions, first), bisect.bisect_left(items.positions, stop)
+    positions = tuple(q - first for q in items.positions[lo:hi])
+    total = stop - first
+    index = None
+    if 0 < len(positions) < total:
+        assert items.index is not None  # the parent is partial too
+        index = items.index[lo:hi] - first
+    return PresentItems(positions, total, index)
+
+
 @dataclass
 class ViewBatch:
     inputs: dict[str, dict[str, Any]]
@@ -132,6 +148,42 @@ class ViewBatch:
         """``[K * V_m]`` bool, in the stacked order of ``modality``'s inputs: True where the
         item's view is present (on the mask's device)."""
         return self.mask[:, self.views_of(modality)].reshape(-1)
+
+    def sample_range(self, start: int, stop: int) -> "ViewBatch":
+        """Samples ``start:stop`` of the batch, all their views (the cached-embedding step's
+        chunks, :mod:`mmviews.train.cached_step`). Each modality's stacked inputs are sliced at
+        items ``start * V_m : stop * V_m`` (tensors and lists of ``K * V_m`` items; other
+        entries, e.g. ``sample_rate``, are kept): views of the parent's tensors, no copies.
+        Which items are present is taken from the parent's host-side record when it has one
+        (a batch moved by :meth:`to`), so that the chunk, too, is encoded without reading the
+        device; the chunk may have none of a modality."""
+        k = self.num_samples
+        if not 0 <= start < stop <= k:
+            raise ValueError(f"sample_range({start}, {stop}): need 0 <= start < stop <= K = {k}")
+
+        def cut(x: Any, total: int, per_sample: int) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x[start * per_sample:stop * per_sample] if x.dim() > 0 and x.shape[0] == total else x
+            if isinstance(x, dict):
+                return {key: cut(v, total, per_sample) for key, v in x.items()}
+            if isinstance(x, (list, tuple)) and len(x) == total:
+                return type(x)(x[start * per_sample:stop * per_sample])
+            return x
+
+        inputs = {}
+        for modality, values in self.inputs.items():
+            per_sample = len(self.views_of(modality))
+            inputs[modality] = cut(values, k * per_sample, per_sample) if per_sample else values
+        presence = None
+        if self.presence is not None:
+            presence = {m: _present_range(p, start * (p.total // k), stop * (p.total // k))
+                        for m, p in self.presence.items()}
+        all_present = True if self.all_present else None
+        if all_present is None and presence is not None and set(presence) >= {v.modality for v in self.views}:
+            all_present = all(p.all for p in presence.values())
+        return ViewBatch(inputs=inputs, views=list(self.views), mask=self.mask[start:stop],
+                         labels=cut(self.labels, k, 1), index=None if self.index is None else self.index[start:stop],
+                         all_present=all_present, presence=presence, inputs_checked=self.inputs_checked)
 
     def _host_all_present(self) -> bool | None:
         if self.all_present is not None:

@@ -14,7 +14,9 @@ Accelerate example loop, a contrastive trainer needs:
    exactly).
 2. **Gradient accumulation** (``optimisation.grad_accum_steps``) sums gradients over
    micro-batches. It does NOT add negatives: each micro-batch's loss only contrasts the K
-   samples of that micro-batch.
+   samples of that micro-batch. What does is ``optimisation.encode_chunk_size``: cached-embedding
+   steps (:mod:`mmviews.train.cached_step`) encode K samples in chunks, so that K is not
+   limited by the encoder's activations.
 3. **The objective's contract** (class attributes and no-op hooks of
    :class:`~mmviews.objectives.MultiViewObjective`); the loop has no per-objective code:
 
@@ -68,6 +70,7 @@ from mmviews.data.batch import ViewBatch
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
+from mmviews.train.cached_step import cached_train_step, warn_batch_norm
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.evaluation import run_evaluation
@@ -103,6 +106,7 @@ class Prepared:
     # the loss at every step would wait for the device (see _check_losses).
     nonfinite: torch.Tensor | None = None
     checked_step: int = 0  # optimiser step at the last _check_losses
+    encode_chunk_size: int | None = None  # optimisation.encode_chunk_size: cached-embedding steps
 
 
 class HostPreparedCollate:
@@ -168,8 +172,9 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     state = TrainState()
     if teacher is not None:
         teacher.to(accelerator.device)
+    warn_batch_norm(encoder, o.encode_chunk_size)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
-                    total_steps, batches_per_epoch)
+                    total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size)
 
 
 def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
@@ -187,7 +192,10 @@ def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present
 
 def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
-    Returns the objective's output and the critic's metrics."""
+    Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
+    set, the cached-embedding step of :mod:`mmviews.train.cached_step` instead (same contract)."""
+    if p.encode_chunk_size is not None:
+        return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size)
     objective = p.objective
     with p.accelerator.accumulate(p.model):
         z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]

@@ -1,0 +1,42 @@
+"""Worker of tests/test_train_cached.py's two-process test: ``python cached_worker.py RECIPE RUN``
+under ``accelerate launch`` is ``mmviews train RECIPE --output RUN`` with a DDP communication hook
+that counts the gradient reductions (bucket all-reduces); rank 0 writes the count and the
+optimiser steps to ``RUN/reductions.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import mmviews.train.trainer as trainer
+from mmviews.config import load_config
+
+
+def main(recipe: str, run: str) -> int:
+    reductions = [0]
+    prepare = trainer._prepare
+
+    def counting_prepare(accelerator: Any, parts: Any) -> Any:
+        p = prepare(accelerator, parts)
+
+        def hook(state: Any, bucket: dist.GradBucket) -> Any:
+            reductions[0] += 1
+            return default_hooks.allreduce_hook(state, bucket)
+
+        p.model.register_comm_hook(None, hook)
+        return p
+
+    trainer._prepare = counting_prepare
+    summary = trainer.train(load_config(recipe), run)
+    if dist.get_rank() == 0:
+        (Path(run) / "reductions.json").write_text(json.dumps({"reductions": reductions[0], "steps": summary["steps"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,419 @@
+"""Cached-embedding steps (``optimisation.encode_chunk_size``, :mod:`mmviews.train.cached_step`):
+the same training as the plain step, with the encoder's activations of one chunk at a time.
+
+Equality with the plain step is checked on whole runs (several optimiser steps: weights and the
+logged per-step losses) for a stateless, a poly-view and two stateful objectives, with missing
+modalities, gradient accumulation and clipping, two gloo processes, and kill + ``--resume``;
+chunk sizes that do not divide the batch, so that the last chunk is shorter."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_train_utils import REPO, env, load_weights, run_train, write_recipe
+from torch import nn
+
+import mmviews.train.trainer as trainer
+from mmviews.bench.train import HostReadRecorder
+from mmviews.config import ConfigError, config_from_dict
+from mmviews.data.batch import PresentItems, ViewBatch, ViewInfo
+from mmviews.modalities.presets import TINY_BERT, tiny_config
+from mmviews.train import train
+from mmviews.train.cached_step import chunk_bounds, encode_without_graph
+
+TESTS = Path(__file__).resolve().parent
+
+
+def gaussian_config(objective: dict[str, Any], *, chunk: int | None, ema_teacher: bool = False, epochs: int = 1,
+                    head: dict[str, Any] | None = None, hidden_dim: int = 16, batch_size: int = 16,
+                    num_samples: int = 96, **optimisation: Any) -> dict[str, Any]:
+    """A recipe of a few seconds: 4 noisy copies of a 1-D latent, an MLP per view."""
+    return {
+        "name": "cached", "seed": 0,
+        "data": {"name": "gaussian_latents", "split_options": {"train": {"num_samples": num_samples}},
+                 "batch_size": batch_size, "val_split": None, "test_split": None},
+        "views": [{"modality": "x", "copies": 4, "augment": "seq_noise", "params": {"std": 0.03}}],
+        "encoder": {"embed_dim": 8},
+        "adapters": {"x": {"type": "mlp", "input_dim": 1, "hidden_dim": hidden_dim,
+                           "head": head or {"kind": "linear"}}},
+        "objective": {**objective, "ema_teacher": ema_teacher},
+        "optimisation": {"optimizer": "adamw", "lr": 1e-2, "epochs": epochs, "max_grad_norm": 5.0,
+                         "encode_chunk_size": chunk, **optimisation},
+        "evaluation": {"tasks": [], "random_baseline": False},
+        "output": {"log_every": 1, "checkpoint_every": 0, "keep_last": 1, "progress_bar": False},
+        "cpu": True,
+    }
+
+
+def with_chunk(config: dict[str, Any], chunk: int | None) -> dict[str, Any]:
+    return {**config, "optimisation": {**config["optimisation"], "encode_chunk_size": chunk}}
+
+
+def losses(run: Path) -> list[float]:
+    return [float(row["loss"]) for row in csv.DictReader((run / "metrics.csv").open())]
+
+
+def train_in_process(config: dict[str, Any], run: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
+    train(config_from_dict(config), run)
+    return load_weights(run / "encoder"), losses(run)
+
+
+def assert_same_training(a: tuple[dict[str, torch.Tensor], list[float]],
+                         b: tuple[dict[str, torch.Tensor], list[float]], atol: float = 1e-5) -> None:
+    (wa, la), (wb, lb) = a, b
+    assert len(la) == len(lb) >= 4
+    torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), rtol=0, atol=atol)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+# ---- ViewBatch.sample_range ------------------------------------------------------------------
+def _batch() -> ViewBatch:
+    """K = 5 samples: modality "a" with two views (stacked sample-major, a list input and a
+    scalar), "b" with one view absent from samples 1-3."""
+    views = [ViewInfo("a_0", "a", 0), ViewInfo("b_0", "b", 0), ViewInfo("a_1", "a", 1)]
+    mask = torch.ones(5, 3, dtype=torch.bool)
+    mask[1:4, 1] = False
+    mask[0, 2] = False
+    inputs = {"a": {"values": torch.arange(10.0).reshape(10, 1), "lengths": list(range(10)), "sample_rate": 16000},
+              "b": {"values": torch.arange(5.0).reshape(5, 1) + 100}}
+    return ViewBatch(inputs, views, mask, labels={"class": torch.arange(5) * 10}, index=torch.arange(5) + 50)
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_sample_range_slices_every_input_and_the_host_presence(moved: bool) -> None:
+    batch = _batch()
+    if moved:  # presence recorded on the host, as for the trainer's batches
+        batch = batch.to("cpu")
+        assert batch.presence is not None
+    part = batch.sample_range(1, 4)
+    assert part.num_samples == 3 and [v.name for v in part.views] == ["a_0", "b_0", "a_1"]
+    assert part.inputs["a"]["values"].flatten().tolist() == [2, 3, 4, 5, 6, 7]  # items k * 2 + v
+    assert part.inputs["a"]["lengths"] == [2, 3, 4, 5, 6, 7] and part.inputs["a"]["sample_rate"] == 16000
+    assert part.inputs["b"]["values"].flatten().tolist() == [101, 102, 103]
+    assert torch.equal(part.mask, batch.mask[1:4]) and part.labels["class"].tolist() == [10, 20, 30]
+    assert part.index.tolist() == [51, 52, 53]
+    assert part.inputs["a"]["values"].data_ptr() == batch.inputs["a"]["values"][2:].data_ptr()  # a view
+    # What the chunk knows on the host equals what its own mask says.
+    for modality in ("a", "b"):
+        expected = PresentItems.from_mask(part.modality_mask(modality))
+        got = part.present_items(modality)
+        assert (got.positions, got.total) == (expected.positions, expected.total)
+        assert (got.index is None) == (expected.index is None)
+        if got.index is not None:
+            assert torch.equal(got.index, expected.index)
+    assert part.present_items("b").none  # a chunk with none of a modality
+    assert part.all_views_present() is False
+    if moved:
+        assert part.presence is not None and part.all_present is False  # known without reading the mask
+    first = batch.sample_range(0, 1)
+    assert first.present_items("a").positions == (0,) and first.present_items("a").index.tolist() == [0]
+    assert batch.sample_range(4, 5).all_views_present()
+    with pytest.raises(ValueError, match="sample_range"):
+        batch.sample_range(3, 3)
+
+
+def test_chunk_bounds_cover_the_batch() -> None:
+    assert chunk_bounds(16, 5) == [(0, 5), (5, 10), (10, 15), (15, 16)]
+    assert chunk_bounds(4, 8) == [(0, 4)]
+
+
+def test_encode_chunk_size_is_validated() -> None:
+    config = gaussian_config({"name": "mv_infonce"}, chunk=0)
+    with pytest.raises(ConfigError, match="optimisation.encode_chunk_size.*>= 1.*got 0"):
+        config_from_dict(config)
+    with pytest.raises(ConfigError, match="optimisation.encode_chunk_size"):
+        config_from_dict(with_chunk(config, "all"))
+    assert config_from_dict(with_chunk(config, None)).optimisation.encode_chunk_size is None
+
+
+# ---- equal to the plain step -----------------------------------------------------------------
+@pytest.mark.parametrize("objective,ema_teacher", [
+    ({"name": "mv_infonce", "params": {"temperature": 0.2}}, False),  # stateless
+    ({"name": "geometric_pvc", "params": {"temperature": 0.2}}, False),  # poly-view
+    # IPMC: memory bank, view filter after a warm-up epoch, critic with its own optimiser
+    ({"name": "ipmc", "params": {"beta": 0.1, "view_filter_k": 1, "warmup_epochs": 1, "memory_bank_size": 96,
+                                 "bank_negatives": 32, "critic_steps": 2}}, False),
+    ({"name": "er", "params": {"temperature": 0.2}, "teacher_momentum": 0.9}, True),  # EMA teacher
+])
+def test_cached_step_trains_like_the_plain_step(tmp_path: Path, objective: dict, ema_teacher: bool) -> None:
+    config = gaussian_config(objective, chunk=None, ema_teacher=ema_teacher, epochs=2)
+    plain = train_in_process(config, tmp_path / "plain")
+    cached = train_in_process(with_chunk(config, 5), tmp_path / "cached")  # 16 = 5 + 5 + 5 + 1
+    assert_same_training(plain, cached)
+    if objective["name"] == "ipmc":  # the critic and the filter were active
+        rows = list(csv.DictReader((tmp_path / "cached" / "metrics.csv").open()))
+        assert float(rows[-1]["critic_distance"]) != 0 and float(rows[-1]["moved_to_positive"]) > 0
+
+
+def test_cached_step_with_grad_accumulation_and_clipping(tmp_path: Path) -> None:
+    # 12 micro-batches, 2 per optimiser step; a norm bound small enough to clip every step.
+    config = gaussian_config({"name": "geometric_pvc", "params": {"temperature": 0.2}}, chunk=None, epochs=2,
+                             grad_accum_steps=2, max_grad_norm=0.05)
+    plain = train_in_process(config, tmp_path / "plain")
+    assert_same_training(plain, train_in_process(with_chunk(config, 3), tmp_path / "cached"))
+    unclipped = train_in_process({**config, "optimisation": {**config["optimisation"], "max_grad_norm": None}},
+                                 tmp_path / "unclipped")
+    assert not torch.allclose(unclipped[0]["x/head.net.weight"], plain[0]["x/head.net.weight"])  # it clipped
+
+
+def _missing_modalities_config(chunk: int | None, adapters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Text and image views, each modality absent from 40% of the samples. Default adapters:
+    tiny BERT and tiny ViT (LayerNorm backbones), heads without BatchNorm, no dropout."""
+    head = {"kind": "mlp", "hidden_dim": 16, "batch_norm": False}
+    bert = {**TINY_BERT, "num_hidden_layers": 1, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    adapters = adapters or {"text": {**tiny_config("text", bert_config=bert), "vocab": "synthetic", "head": head},
+                            "image": {**tiny_config("open_clip"), "head": head}}
+    return {
+        "name": "cached-missing", "seed": 0,
+        "data": {"name": "synthetic", "options": {"modalities": sorted(adapters), "missing_rate": 0.4},
+                 "split_options": {"train": {"num_samples": 36}}, "batch_size": 12, "val_split": None,
+                 "test_split": None},
+        "views": [{"modality": m, "copies": 2} for m in sorted(adapters)],
+        "encoder": {"embed_dim": 16},
+        "adapters": adapters,
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
+        # SGD: Adam would blow rounding noise up to lr-sized steps in weights whose gradient is
+        # zero in exact arithmetic (attention key biases), making "equal" untestable.
+        "optimisation": {"optimizer": "sgd", "lr": 0.1, "epochs": 1, "encode_chunk_size": chunk},
+        "evaluation": {"tasks": [], "random_baseline": False},
+        "output": {"log_every": 1, "checkpoint_every": 0, "keep_last": 1, "progress_bar": False},
+        "cpu": True,
+    }
+
+
+def _record_batches(monkeypatch: pytest.MonkeyPatch, recorder: HostReadRecorder | None = None) -> list[ViewBatch]:
+    """Collect the batches the loop trains on (and label ``recorder``'s reads with their step;
+    the loader's ``next`` is not recorded)."""
+    original, seen = trainer._epoch_batches, []
+
+    def batches(p: Any, parts: Any, epoch: int) -> Any:
+        iterator = iter(original(p, parts, epoch))
+        while True:
+            if recorder is not None:
+                with recorder.paused():
+                    batch = next(iterator, None)
+            else:
+                batch = next(iterator, None)
+            if batch is None:
+                return
+            if recorder is not None:
+                recorder.step = p.state.step + 1
+            seen.append(batch)
+            yield batch
+
+    monkeypatch.setattr(trainer, "_epoch_batches", batches)
+    return seen
+
+
+def _assert_chunks_miss_modalities(batches: list[ViewBatch], chunk: int, modalities: tuple[str, ...]) -> None:
+    """Some chunk has none of a modality, some has part of one."""
+    chunks = [b.sample_range(s, e) for b in batches for s, e in chunk_bounds(b.num_samples, chunk)]
+    assert any(c.present_items(m).none for c in chunks for m in modalities)
+    assert any(not c.present_items(m).none and not c.present_items(m).all for c in chunks for m in modalities)
+
+
+def test_cached_step_with_missing_modalities_trains_like_the_plain_step(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _record_batches(monkeypatch)
+    plain = train_in_process(_missing_modalities_config(None), tmp_path / "plain")
+    _assert_chunks_miss_modalities(seen, 2, ("text", "image"))
+    cached = train_in_process(_missing_modalities_config(2), tmp_path / "cached")
+    (wa, la), (wb, lb) = plain, cached
+    assert len(la) == len(lb) == 3
+    torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), rtol=0, atol=1e-5)
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_cached_step_reads_nothing_back_with_missing_modalities(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks find which of their items are present on the host (a device would not wait)."""
+    recorder = HostReadRecorder()
+    recorder.step = "setup"
+    seen = _record_batches(monkeypatch, recorder)
+    config = _missing_modalities_config(2, {"audio": tiny_config("audio_cnn"), "image": tiny_config("small_cnn")})
+    config["output"]["log_every"] = 1000
+    with pytest.warns(UserWarning, match="BatchNorm"), recorder:
+        train(config_from_dict(config), tmp_path / "cached")
+    _assert_chunks_miss_modalities(seen, 2, ("audio", "image"))
+    # The only log step is the last, step 3: nothing read back before it.
+    assert any(r.step == 3 for r in recorder.reads), "the recorder saw nothing at the log step"
+    assert [f"step {r.step}: {r.op} at {r.where}" for r in recorder.reads if r.step not in ("setup", 3)] == []
+
+
+# ---- RNG replay, memory, BatchNorm ----------------------------------------------------------
+def _encoder_outputs(monkeypatch: pytest.MonkeyPatch) -> dict[bool, list[torch.Tensor]]:
+    """The encoder's outputs during training, by whether gradients were on (pass 2, and the
+    plain step) or off (pass 1)."""
+    from mmviews.modalities import MultiViewEncoder
+
+    outputs: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    original = MultiViewEncoder.forward
+
+    def forward(self: Any, batch: ViewBatch) -> Any:
+        z, mask = original(self, batch)
+        outputs[torch.is_grad_enabled()].append(z.detach().clone())
+        return z, mask
+
+    monkeypatch.setattr(MultiViewEncoder, "forward", forward)
+    return outputs
+
+
+def test_pass_2_replays_the_random_draws_of_pass_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ordinary dropout on, the embeddings backpropagated in pass 2 are those the loss saw
+    in pass 1, chunk by chunk, bit for bit: each chunk's RNG states are restored."""
+    head = {"kind": "mlp", "hidden_dim": 32, "batch_norm": False, "dropout": 0.5}
+    config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=5, head=head,
+                             num_samples=48)
+    outputs = _encoder_outputs(monkeypatch)
+    train(config_from_dict(config), tmp_path / "run")
+    pass_1, pass_2 = outputs[False], outputs[True]
+    assert len(pass_1) == len(pass_2) == 3 * 4  # 3 steps of 4 chunks
+    for a, b in zip(pass_1, pass_2):
+        assert torch.equal(a, b)
+    # Dropout was drawing: the chunks' own draws differ from one another for the same sample...
+    assert not torch.equal(pass_1[0][:, 0], pass_1[0][:, 1])
+    # ...and the random stream goes on after the step as in the plain step: the next step's
+    # draws are new (a replayed stream that was not put back would repeat them).
+    assert not torch.equal(pass_1[0], pass_1[4])
+
+
+def _live_saved_bytes(run: Any) -> int:
+    """The peak of the bytes held for backward (saved tensors, parameters excepted) while
+    ``run()`` trains."""
+    live, peak = [0], [0]
+
+    class Held:
+        def __init__(self, tensor: torch.Tensor) -> None:
+            self.tensor = tensor
+
+    def release(n: int) -> None:
+        live[0] -= n
+
+    def pack(tensor: torch.Tensor) -> Any:
+        held = Held(tensor)
+        if not isinstance(tensor, nn.Parameter):
+            n = tensor.numel() * tensor.element_size()
+            live[0] += n
+            peak[0] = max(peak[0], live[0])
+            weakref.finalize(held, release, n)
+        return held
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor):
+        run()
+    return peak[0]
+
+
+def test_pass_1_keeps_no_activations(tmp_path: Path) -> None:
+    """Peak bytes saved for backward over a step: a wide MLP encoder whose activations dominate;
+    K = 64 in chunks of 8. Pass 1 saves nothing at all."""
+    config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=None, hidden_dim=512,
+                             batch_size=64, num_samples=64)
+    peak = {chunk: _live_saved_bytes(lambda chunk=chunk: train(config_from_dict(with_chunk(config, chunk)),
+                                                               tmp_path / f"run{chunk}"))
+            for chunk in (None, 8)}
+    assert peak[8] < 0.3 * peak[None], peak
+
+    # Pass 1 on its own, on a prepared run: nothing saved.
+    from accelerate import PartialState
+
+    parts = trainer.build_run(config_from_dict(with_chunk(config, 8)), PartialState(cpu=True).num_processes, "test")
+    p = trainer._prepare(trainer._accelerator(parts.config, tmp_path / "p", []), parts)
+    batch = next(iter(p.train_loader))
+    saved = _live_saved_bytes(lambda: encode_without_graph(p, [batch.sample_range(s, e) for s, e in
+                                                               chunk_bounds(batch.num_samples, 8)]))
+    assert saved == 0
+
+
+def test_batch_norm_running_statistics_update_once_per_chunk(tmp_path: Path) -> None:
+    head = {"kind": "mlp", "hidden_dim": 16, "batch_norm": True}
+    config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=5, head=head,
+                             num_samples=32, max_steps=1)
+    with pytest.warns(UserWarning, match="encode_chunk_size = 5 with BatchNorm"):
+        train(config_from_dict(config), tmp_path / "run")
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "run" / "encoder" / "x" / "model.safetensors"))
+    counts = [v.item() for k, v in weights.items() if k.endswith("num_batches_tracked")]
+    # One optimiser step, K = 16 in 4 chunks (5, 5, 5 and 1 samples of 4 views): the running
+    # statistics are updated once per chunk (in pass 2), not twice.
+    assert counts == [4]
+
+
+# ---- processes and resume --------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_cached_match_one_process_plain_with_one_reduction_per_step(tmp_path: Path) -> None:
+    """Two gloo processes with cached steps (8 samples each, chunks of 3) reach the weights of one
+    process with the plain step; DDP reduces gradients once per optimiser step, not per chunk
+    (counted with a communication hook, ``tests/cached_worker.py``)."""
+    config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=None, num_samples=128,
+                             grad_accum_steps=2)
+    plain = train_in_process(config, tmp_path / "one")
+    recipe = write_recipe(tmp_path / "cached.yaml", with_chunk(config, 3))
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(_free_port()),
+                str(TESTS / "cached_worker.py"), str(recipe), str(tmp_path / "two")]
+    two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
+    assert two.returncode == 0, two.stderr[-4000:]
+    assert json.loads((tmp_path / "two" / "results.json").read_text())["num_processes"] == 2
+    assert_same_training(plain, (load_weights(tmp_path / "two" / "encoder"), losses(tmp_path / "two")))
+    # 8 micro-batches of 16, 2 per optimiser step: 4 steps, one bucket reduced in each.
+    assert json.loads((tmp_path / "two" / "reductions.json").read_text()) == {"reductions": 4, "steps": 4}
+
+
+def _last_step(log: Path) -> int:
+    try:
+        rows = list(csv.DictReader(log.open()))
+    except FileNotFoundError:
+        return 0
+    return int(rows[-1]["step"]) if rows else 0
+
+
+def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path) -> None:
+    # Dropout on: the resumed run must continue the random stream as the uninterrupted one does.
+    head = {"kind": "mlp", "hidden_dim": 16, "batch_norm": False, "dropout": 0.2}
+    config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=5, head=head, epochs=2)
+    config["output"].update(checkpoint_every=2, keep_last=2)
+    recipe = write_recipe(tmp_path / "cached.yaml", config)
+    r = run_train(str(recipe), "--output", str(tmp_path / "full"))
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    run = tmp_path / "run"
+    command = [sys.executable, str(TESTS / "slow_train.py"), "--step-sleep", "0.3", "--", str(recipe),
+               "--output", str(run)]
+    proc = subprocess.Popen(command, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _last_step(run / "metrics.csv") < 7:  # mid-epoch 2 (6 steps per epoch), after a checkpoint
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, "timed out waiting for step 7"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run / "encoder").exists()
+    r = run_train("--resume", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    full, resumed = load_weights(tmp_path / "full" / "encoder"), load_weights(run / "encoder")
+    assert full.keys() == resumed.keys()
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), f"{k} differs after resume"
+    assert losses(run) == losses(tmp_path / "full")
