@@ -38,6 +38,13 @@ CPU: the high-water mark of the process's resident set (``resource.getrusage``, 
 only, since the process started: it includes building the models). Each case of a run with
 several runs in its own process, so that its figures are its own.
 
+Large global batches (``--encode-chunk-size N``, ``--gradient-checkpointing``): each case runs
+twice, each in its own process: the step under test (the cached-embedding step of
+:mod:`mmviews.train.cached_step` with encoder chunks of N samples, and/or every adapter that
+supports it with ``gradient_checkpointing: true``) and the plain step (no chunks, no
+checkpointing) at ``--plain-K`` samples (default: the same K). The report gives both rows and
+their ratios: peak memory (step under test / plain) and time per sample (the same).
+
 Synchronisation checks (the training loop reads nothing back from the device between log
 steps): ``--sync-debug warn|error`` (CUDA) runs the throughput loop under
 ``torch.cuda.set_sync_debug_mode``: ``warn`` counts the synchronising calls by the source line
@@ -75,6 +82,7 @@ from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
 from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepare, train_step
@@ -341,7 +349,10 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
                sync: Callable[[], None]) -> dict[str, float]:
     """One step of :func:`mmviews.train.train_step` (same calls in the same order, plus the
     loop's teacher update), preceded by fetching the batch, with ``sync()`` and a clock read
-    between phases. Returns seconds per phase (see :data:`PHASES`)."""
+    between phases. Returns seconds per phase (see :data:`PHASES`). A cached-embedding run
+    (``optimisation.encode_chunk_size``) times :func:`timed_cached_step` instead."""
+    if getattr(p, "encode_chunk_size", None) is not None:
+        return timed_cached_step(p, batch_iter, max_grad_norm, sync)
     objective, accelerator = p.objective, p.accelerator
     t0 = time.perf_counter()
     batch = next(batch_iter)
@@ -360,6 +371,51 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
         sync()
         t3 = time.perf_counter()
         accelerator.backward(out.loss)
+        sync()
+        t4 = time.perf_counter()
+        if accelerator.sync_gradients and max_grad_norm is not None:
+            accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
+        p.optimizer.step()
+        p.scheduler.step()
+        p.optimizer.zero_grad(set_to_none=True)
+    objective.on_step_end(z.detach(), batch.index)
+    if p.teacher is not None and accelerator.sync_gradients:
+        p.teacher.update(accelerator.unwrap_model(p.model))
+    sync()
+    t5 = time.perf_counter()
+    return dict(zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)))
+
+
+def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
+                      sync: Callable[[], None]) -> dict[str, float]:
+    """One step of :func:`mmviews.train.cached_step.cached_train_step` (same calls in the same
+    order, plus the loop's teacher update), timed like :func:`timed_step`: **forward** is pass 1
+    (the chunks encoded without gradients, and the teacher's chunks), **backward** the
+    objective's backward and pass 2 (each chunk encoded again and backpropagated)."""
+    from mmviews.train.cached_step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
+
+    objective, accelerator, chunk_size = p.objective, p.accelerator, p.encode_chunk_size
+    t0 = time.perf_counter()
+    batch = next(batch_iter)
+    sync()
+    t1 = time.perf_counter()
+    chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
+    with accelerator.accumulate(p.model):
+        z, mask, states = encode_without_graph(p, chunks)
+        mask = _present_mask(objective, mask, batch.all_views_present())
+        teacher = teacher_in_chunks(p, chunks)
+        sync()
+        t2 = time.perf_counter()
+        objective.critic_step(z.detach())
+        z_leaf = z.detach().requires_grad_()
+        out = objective.compute(z_leaf, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
+        bad = ~torch.isfinite(out.loss.detach())
+        p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+        sync()
+        t3 = time.perf_counter()
+        accelerator.backward(out.loss)
+        assert z_leaf.grad is not None
+        replay_backward(p, chunks, states, z_leaf.grad)
         sync()
         t4 = time.perf_counter()
         if accelerator.sync_gradients and max_grad_norm is not None:
@@ -477,10 +533,13 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
             raise FloatingPointError(f"bench train ({case}): a non-finite loss during the benchmark")
 
     K, M = parts.sampler.batch_size, len(parts.view_spec)
+    chunk = getattr(config.optimisation, "encode_chunk_size", None)
+    checkpointed = sorted(m for m, a in config.adapters.items() if a.get("gradient_checkpointing"))
     total = sum(sum(v) for v in phases.values())
     samples_per_s = K * steps / throughput_s
     return {
         "case": case, "recipe": config.name, "K": K, "M": M, "objective": config.objective.name,
+        "step": step_label(chunk, checkpointed), "encode_chunk_size": chunk, "gradient_checkpointing": checkpointed,
         "adapters": {m: a.get("type") for m, a in config.adapters.items()},
         "num_workers": config.data.num_workers, "pin_memory": bool(parts.train_loader.pin_memory),
         "mixed_precision": config.optimisation.mixed_precision, "device": str(dev), "steps": steps, "warmup": warmup,
@@ -501,10 +560,14 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         overrides.append(f"data.num_workers={args.workers}")
     if args.mixed_precision is not None:
         overrides.append(f"optimisation.mixed_precision={args.mixed_precision}")
+    if args.encode_chunk_size is not None:
+        overrides.append(f"optimisation.encode_chunk_size={args.encode_chunk_size}")
     config = load_config(resolve_recipe(args.recipe), overrides)
     steps, warmup = _steps_of(case, args)
     cache = "off"
     if case == "quickstart":
+        if args.gradient_checkpointing:
+            config = with_gradient_checkpointing(config)
         parts = build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
         if config.data.cache:
             cache = "cold" if args.cold_cache else "warm"
@@ -514,12 +577,38 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                     dataset[i]
     else:
         config = realistic_config_of(config, args.realistic_K)
+        if args.gradient_checkpointing:
+            config = with_gradient_checkpointing(config)
         num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
         parts = realistic_parts(config, num_samples)
     row = measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
                   sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
     row["data_cache"] = cache
     return row
+
+
+def with_gradient_checkpointing(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``gradient_checkpointing: true`` for every adapter whose type has it."""
+    raw = config.to_dict()
+    for adapter in raw["adapters"].values():
+        if adapter_class(adapter["type"]).supports_gradient_checkpointing():
+            adapter["gradient_checkpointing"] = True
+    return config_from_dict(raw, f"{config.name} (gradient checkpointing)")
+
+
+def step_label(chunk: int | None, checkpointed: Sequence[str]) -> str:
+    """``plain``, ``cached/N`` (encoder chunks of N samples), with ``+ckpt`` when adapters checkpoint."""
+    label = "plain" if chunk is None else f"cached/{chunk}"
+    return label + ("+ckpt" if checkpointed else "")
+
+
+def compare(variant: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
+    """The step under test against the plain step: peak memory and time per sample, as ratios."""
+    return {
+        "case": variant["case"], "step": variant["step"], "K": variant["K"], "plain_K": plain["K"],
+        "peak_memory_ratio": variant["peak_memory_mb"] / plain["peak_memory_mb"],
+        "time_per_sample_ratio": plain["samples_per_s"] / variant["samples_per_s"],
+    }
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -529,14 +618,17 @@ def format_table(result: dict[str, Any]) -> str:
     gpu = f" ({env['cuda_device']})" if any(d.startswith("cuda") for d in devices) and "cuda_device" in env else ""
     lines = [f"bench train on {', '.join(devices)}{gpu}, {env['threads']} CPU threads; step ms: median of the timed "
              "steps; phase shares of their total",
-             f"{'case':<11}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
+             f"{'case':<11}{'step':<13}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
              + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'params M':>10}"]
     for row in result["cases"]:
-        lines.append(f"{row['case']:<11}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
+        lines.append(f"{row['case']:<11}{row.get('step', 'plain'):<13}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
                      f"{row.get('data_cache', '-'):>6}"
                      f"{row['samples_per_s']:>11.1f}{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
                      + "".join(f"{100 * row['phase_share'][name]:>7.1f}" for name in PHASES)
                      + f"{row['peak_memory_mb']:>9.0f}{row['params_M']:>10.1f}")
+    for c in result.get("comparisons", []):
+        lines.append(f"{c['case']}: {c['step']} at K = {c['K']} vs plain at K = {c['plain_K']}: peak memory "
+                     f"{c['peak_memory_ratio']:.2f}x, time per sample {c['time_per_sample_ratio']:.2f}x")
     for row in result["cases"]:
         if row["sync_debug"]:
             s = row["sync_debug"]
@@ -577,7 +669,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "report the synchronisations (error: the first; exit status 1 if any)")
     parser.add_argument("--count-host-reads", type=int, default=0, metavar="N",
                         help="run N more steps recording the host's reads of tensor values (any device)")
+    parser.add_argument("--encode-chunk-size", type=int, default=None, metavar="N",
+                        help="measure the cached-embedding step with encoder chunks of N samples "
+                        "(optimisation.encode_chunk_size) against the plain step, in the same run")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="measure with gradient_checkpointing: true on every adapter that has it, against the "
+                        "plain step, in the same run")
+    parser.add_argument("--plain-K", type=int, default=None, metavar="K",
+                        help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
+                        "against (default: the same K)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    # internal: the process of one row of a comparison measures that row only
+    parser.add_argument("--no-compare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path("bench-train.json"), help="JSON output path")
 
 
@@ -596,15 +699,47 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("bench train: need --steps >= 1, --warmup >= 0, --realistic-K >= 2, --count-host-reads >= 0")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench train: --device cuda but torch sees no CUDA device")
+    if args.encode_chunk_size is not None and args.encode_chunk_size < 1:
+        raise SystemExit(f"bench train: --encode-chunk-size must be >= 1, got {args.encode_chunk_size}")
+    if args.plain_K is not None and (args.plain_K < 2 or not _compared(args)):
+        raise SystemExit("bench train: --plain-K needs --encode-chunk-size or --gradient-checkpointing, and K >= 2")
+    if args.encode_chunk_size is not None:
+        try:  # the cached-embedding step (a separate module; say clearly if this installation lacks it)
+            from mmviews.train.cached_step import cached_train_step  # noqa: F401
+        except ImportError as error:
+            raise SystemExit(f"bench train: --encode-chunk-size needs the cached-embedding step "
+                             f"(mmviews.train.cached_step.cached_train_step), not available here: {error}") from None
     if args.sync_debug and args.device != "cuda":
         raise SystemExit("bench train: --sync-debug needs --device cuda (on CPU use --count-host-reads N)")
+
+
+def _compared(args: argparse.Namespace) -> bool:
+    """Whether the run compares a step under test with the plain step."""
+    return args.encode_chunk_size is not None or args.gradient_checkpointing
+
+
+def _plain_argv(argv: list[str], case: str, args: argparse.Namespace) -> list[str]:
+    """``argv`` for the plain step: without the options under test, at ``--plain-K``."""
+    out = list(argv)
+    for flag in ("--encode-chunk-size", "--plain-K"):
+        if flag in out:
+            i = out.index(flag)
+            del out[i:i + 2]
+    if "--gradient-checkpointing" in out:
+        out.remove("--gradient-checkpointing")
+    if args.plain_K is not None:
+        if case == "realistic":
+            out[out.index("--realistic-K") + 1] = str(args.plain_K)
+        else:
+            out += ["--set", f"data.batch_size={args.plain_K}"]  # the last --set wins
+    return out
 
 
 def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
     """Run one case in a fresh interpreter (its own peak memory and Accelerate state)."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-train-") as tmp:
         out = Path(tmp) / "case.json"
-        command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--out", str(out)]
+        command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--out", str(out), "--no-compare"]
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True)
         if done.returncode not in (0, 1) or not out.is_file():
             raise RuntimeError(f"bench train: case {case!r} failed (exit status {done.returncode}): "
@@ -620,7 +755,10 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         argv += ["--set", item]
     if args.cold_cache:
         argv.append("--cold-cache")
+    if args.gradient_checkpointing:
+        argv.append("--gradient-checkpointing")
     for flag, value in (("--steps", args.steps), ("--warmup", args.warmup),
+                        ("--encode-chunk-size", args.encode_chunk_size), ("--plain-K", args.plain_K),
                         ("--workers", args.workers), ("--mixed-precision", args.mixed_precision),
                         ("--sync-debug", args.sync_debug), ("--threads", args.threads)):
         if value is not None:
@@ -633,13 +771,21 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     cases = list(dict.fromkeys(args.case))
-    if len(cases) == 1:
+    comparisons = []
+    if _compared(args) and not args.no_compare:  # each step in its own process: its peak memory is its own
+        rows = []
+        for case in cases:
+            plain = _case_in_subprocess(case, _plain_argv(_argv_of(args), case, args))
+            variant = _case_in_subprocess(case, _argv_of(args))
+            rows += [plain, variant]
+            comparisons.append(compare(variant, plain))
+    elif len(cases) == 1:
         rows = [run_case(cases[0], args)]
     else:
         rows = [_case_in_subprocess(case, _argv_of(args)) for case in cases]
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--case", *cases, *_argv_of(args)]),
-              "cases": rows}
+              "cases": rows, "comparisons": comparisons}
     write_report(result, format_table(result), args.out)
     found = [r for r in rows
              if r["sync_debug"] and (r["sync_debug"]["first_error"] or r["sync_debug"]["synchronisations"])]
