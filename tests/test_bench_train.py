@@ -112,3 +112,56 @@ def test_host_read_recorder_sees_reads_and_value_sized_ops() -> None:
     assert any("boolean mask" in op or op == "nonzero" for op, _ in ops)
     assert all(r.where.startswith("tests/") or "test_bench_train.py" in r.where for r in recorder.reads)
     assert len(ops) == 4 and y.shape == (3,)
+
+
+def test_timed_cached_step_is_the_cached_step(tmp_path: Path) -> None:
+    """With optimisation.encode_chunk_size, the phase-timed step does what the trainer's cached
+    step does: same weights after the same batches."""
+    config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true", "optimisation.encode_chunk_size=4"])
+    weights = []
+    for use_bench in (False, True):
+        parts = build_run(config, 1, with_eval=False)
+        p = _prepare(_accelerator(config, tmp_path / str(use_bench), []), parts)
+        assert p.encode_chunk_size == 4
+        p.model.train()
+        batches = bench._batches(p, parts)
+        for _ in range(2):
+            if use_bench:
+                bench.timed_step(p, batches, config.optimisation.max_grad_norm, lambda: None)
+            else:
+                train_step(p, next(batches), config.optimisation.max_grad_norm)
+        weights.append({k: v.detach().clone() for k, v in p.model.state_dict().items()})
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+
+
+def test_gradient_checkpointing_option(tmp_path: Path) -> None:
+    """--gradient-checkpointing measures the recipe with every adapter that has it checkpointing
+    (here one row, as each row of a comparison is measured in its own process)."""
+    assert bench.run(_args(tmp_path, "--gradient-checkpointing", "--no-compare")) == 0
+    (row,) = json.loads((tmp_path / "bench.json").read_text())["cases"]
+    assert row["step"] == "plain+ckpt" and row["gradient_checkpointing"] == ["audio", "flow", "image", "text"]
+    assert row["encode_chunk_size"] is None and row["samples_per_s"] > 0
+    config = bench.with_gradient_checkpointing(load_config(resolve_recipe("quickstart")))
+    assert all(a["gradient_checkpointing"] for a in config.adapters.values())
+
+
+def test_comparison_plumbing(tmp_path: Path) -> None:
+    """The plain row's options: the ones under test removed, K set by --plain-K; ratios."""
+    args = _args(tmp_path, "--encode-chunk-size", "8", "--gradient-checkpointing", "--plain-K", "4")
+    argv = bench._argv_of(args)
+    assert "--encode-chunk-size" in argv and "--gradient-checkpointing" in argv
+    plain = bench._plain_argv(argv, "quickstart", args)
+    assert "--encode-chunk-size" not in plain and "--gradient-checkpointing" not in plain and "--plain-K" not in plain
+    assert plain[-2:] == ["--set", "data.batch_size=4"]
+    realistic = bench._plain_argv(argv, "realistic", args)
+    assert realistic[realistic.index("--realistic-K") + 1] == "4"
+    ratios = bench.compare({"case": "quickstart", "step": "cached/8", "K": 16, "peak_memory_mb": 300.0,
+                            "samples_per_s": 10.0},
+                           {"case": "quickstart", "step": "plain", "K": 4, "peak_memory_mb": 1000.0,
+                            "samples_per_s": 12.0})
+    assert ratios["peak_memory_ratio"] == pytest.approx(0.3) and ratios["time_per_sample_ratio"] == pytest.approx(1.2)
+    with pytest.raises(SystemExit, match="--encode-chunk-size must be >= 1"):
+        bench.run(_args(tmp_path, "--encode-chunk-size", "0"))
+    with pytest.raises(SystemExit, match="--plain-K needs --encode-chunk-size or --gradient-checkpointing"):
+        bench.run(_args(tmp_path, "--plain-K", "8"))
