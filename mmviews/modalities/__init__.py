@@ -50,7 +50,9 @@ and ``@register_adapter`` on an :class:`Adapter` subclass to add one (its config
 ``type`` is the name; registering a type twice is an error).
 
 Common config keys: ``embed_dim``, ``head`` (:class:`HeadConfig`), ``finetune``
-(:class:`FinetuneConfig`: ``mode`` full | frozen | last_n, ``last_n``, ``lora``).
+(:class:`FinetuneConfig`: ``mode`` full | frozen | last_n, ``last_n``, ``lora``),
+``gradient_checkpointing`` (recompute the backbone's activations in backward: text, hf_audio,
+open_clip, flow_clip and the CNNs; :mod:`mmviews.modalities.checkpointing`).
 Flow helpers: :func:`compute_flow`, :func:`encode_flow_uint8`, :func:`decode_flow_uint8`.
 """
 

@@ -5,6 +5,8 @@
 - :func:`build_run`: build and check everything a recipe describes (:mod:`mmviews.train.build`).
 - :mod:`mmviews.train.checkpoint`, :mod:`mmviews.train.logging`, :mod:`mmviews.train.optim`,
   :mod:`mmviews.train.teacher`: the loop's parts.
+- :func:`estimate_memory`: the estimated peak memory per device of a built run, and the
+  ``encode_chunk_size`` that fits a budget (:mod:`mmviews.train.memory`, ``mmviews train --check``).
 
 Recipes are :mod:`mmviews.config` (:class:`TrainConfig`, :func:`load_config`); the run folder
 and :func:`load_run` are :mod:`mmviews.run`; the command is ``mmviews train``
@@ -16,12 +18,14 @@ from mmviews.run import find_checkpoint, list_checkpoints, load_run
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState
+from mmviews.train.memory import MemoryEstimate, estimate_memory
 from mmviews.train.optim import LARS, build_optimizer, build_scheduler
 from mmviews.train.trainer import train, train_step
 
 __all__ = [
     "ConfigError",
     "LARS",
+    "MemoryEstimate",
     "RunParts",
     "TrainCallback",
     "TrainConfig",
@@ -31,6 +35,7 @@ __all__ = [
     "build_optimizer",
     "build_run",
     "build_scheduler",
+    "estimate_memory",
     "find_checkpoint",
     "list_checkpoints",
     "load_config",

@@ -29,6 +29,7 @@ against a real step's saved tensors).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ class MemoryEstimate:
 
     def with_chunk(self, chunk_size: int | None) -> "MemoryEstimate":
         """The same recipe with ``encode_chunk_size`` = ``chunk_size``."""
-        return _replace(self, chunk_size=chunk_size)
+        return dataclasses.replace(self, chunk_size=chunk_size)
 
     def largest_chunk_within(self, budget: float) -> int | None:
         """The largest power of two C <= K/N whose estimate fits ``budget`` bytes; None if not even C = 1."""
@@ -139,12 +140,6 @@ class MemoryEstimate:
                 f"{_gb(plain.total)}): set optimisation.encode_chunk_size: {chunk} (estimated {_gb(chosen.total)}; "
                 "the same K negatives, encoders run twice per step; adapters' gradient_checkpointing: true lowers the "
                 "activations per sample further)")
-
-
-def _replace(estimate: MemoryEstimate, **changes: Any) -> MemoryEstimate:
-    import dataclasses
-
-    return dataclasses.replace(estimate, **changes)
 
 
 def _gb(n: float) -> str:
