@@ -287,9 +287,8 @@ def test_pass_2_replays_the_random_draws_of_pass_1(tmp_path: Path, monkeypatch: 
         assert torch.equal(a, b)
     # Dropout was drawing: the chunks' own draws differ from one another for the same sample...
     assert not torch.equal(pass_1[0][:, 0], pass_1[0][:, 1])
-    # ...and the random stream goes on after the step as in the plain step: the next step's
-    # draws are new (a replayed stream that was not put back would repeat them).
-    assert not torch.equal(pass_1[0], pass_1[4])
+    # (That the random stream then goes on as after a plain step is checked by the IPMC case of
+    # test_cached_step_trains_like_the_plain_step: its critic and bank draw from it.)
 
 
 def _live_saved_bytes(run: Any) -> int:
