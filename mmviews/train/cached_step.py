@@ -40,11 +40,13 @@ with some modality) needs ``find_unused_parameters: true``.
 
 **When it is exact.** The weights after any number of steps equal the plain step's up to float
 rounding (summation order) when each sample's embedding does not depend on the other samples
-of its chunk and random draws are keyed so that they do not depend on how the batch is cut:
-LayerNorm backbones (the transformers ones) and heads without BatchNorm, dropout off, or
-dropout drawn per sample. Ordinary dropout draws masks per call, so chunked draws differ from
-the plain step's (the step is still correct: pass 2 repeats pass 1's draws exactly, which is
-what the gradient needs). **BatchNorm** uses per-chunk batch statistics in both passes (as it
+of its chunk and random draws do not depend on how the batch is cut: LayerNorm backbones (the
+transformers ones) and heads without BatchNorm, with dropout off or sample-keyed
+(``optimisation.sample_keyed_dropout: true``, :mod:`mmviews.modalities.dropout`: masks hashed
+from the micro-batch, the sample and the view, which this step keeps the same in both passes).
+Ordinary dropout draws its masks call by call from the global RNG, so chunked draws differ from
+the plain step's; the step is still a correct gradient step, since pass 2 repeats pass 1's
+draws exactly. **BatchNorm** uses per-chunk batch statistics in both passes (as it
 uses per-process statistics on CPU with several processes); its running statistics are updated
 once per chunk, by pass 2 only (pass 1 runs BatchNorm with ``track_running_stats`` off, which
 uses the batch statistics and leaves the running ones alone). :func:`warn_batch_norm` says so at
@@ -168,11 +170,12 @@ def cached_train_step(p: "Prepared", batch: ViewBatch, max_grad_norm: float | No
     of ``chunk_size`` samples (see the module docstring): same arguments, same calls to the
     objective, optimiser and schedule, same result (the objective's output and the critic's
     metrics); no host read of a device value."""
-    from mmviews.train.trainer import _present_mask
+    from mmviews.train.trainer import _present_mask, micro_batch_dropout
 
     objective = p.objective
     chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
-    with p.accelerator.accumulate(p.model):
+    # Sample-keyed dropout (when on) keys its masks by the micro-batch: the same in both passes.
+    with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask, states = encode_without_graph(p, chunks)  # z [K/N, M, d], no graph
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = teacher_in_chunks(p, chunks)
