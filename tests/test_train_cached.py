@@ -291,6 +291,25 @@ def test_pass_2_replays_the_random_draws_of_pass_1(tmp_path: Path, monkeypatch: 
     # test_cached_step_trains_like_the_plain_step: its critic and bank draw from it.)
 
 
+@pytest.mark.parametrize("objective,ema_teacher", [
+    ({"name": "geometric_pvc", "params": {"temperature": 0.2}}, False),
+    ({"name": "er", "params": {"temperature": 0.2}, "teacher_momentum": 0.9}, True),  # the teacher drops too
+])
+def test_cached_step_with_sample_keyed_dropout_trains_like_the_plain_step(tmp_path: Path, objective: dict,
+                                                                          ema_teacher: bool) -> None:
+    """Dropout on, keyed by sample (optimisation.sample_keyed_dropout): the chunks draw the masks
+    the whole batch draws, so the cached step equals the plain one with dropout on too."""
+    head = {"kind": "mlp", "hidden_dim": 32, "batch_norm": False, "dropout": 0.3}
+    config = gaussian_config(objective, chunk=None, ema_teacher=ema_teacher, head=head, num_samples=64,
+                             sample_keyed_dropout=True)
+    plain = train_in_process(config, tmp_path / "plain")
+    assert_same_training(plain, train_in_process(with_chunk(config, 5), tmp_path / "cached"))
+    # The dropout was on: without it the run differs.
+    off = {**config, "adapters": {"x": {**config["adapters"]["x"], "head": {**head, "dropout": 0.0}}}}
+    assert not torch.allclose(train_in_process(off, tmp_path / "off")[0]["x/head.net.0.weight"],
+                              plain[0]["x/head.net.0.weight"])
+
+
 def _live_saved_bytes(run: Any) -> int:
     """The peak of the bytes held for backward (saved tensors, parameters excepted) while
     ``run()`` trains."""
