@@ -5,6 +5,8 @@
 - :func:`build_run`: build and check everything a recipe describes (:mod:`mmviews.train.build`).
 - :mod:`mmviews.train.checkpoint`, :mod:`mmviews.train.logging`, :mod:`mmviews.train.optim`,
   :mod:`mmviews.train.teacher`: the loop's parts.
+- :func:`cached_train_step`: :func:`train_step` as a cached-embedding step (GradCache), used by
+  the loop when ``optimisation.encode_chunk_size`` is set (:mod:`mmviews.train.cached_step`).
 
 Recipes are :mod:`mmviews.config` (:class:`TrainConfig`, :func:`load_config`); the run folder
 and :func:`load_run` are :mod:`mmviews.run`; the command is ``mmviews train``
@@ -14,6 +16,7 @@ and :func:`load_run` are :mod:`mmviews.run`; the command is ``mmviews train``
 from mmviews.config import ConfigError, TrainConfig, load_config, resolve_recipe, save_config
 from mmviews.run import find_checkpoint, list_checkpoints, load_run
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
+from mmviews.train.cached_step import cached_train_step
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState
 from mmviews.train.optim import LARS, build_optimizer, build_scheduler
@@ -31,6 +34,7 @@ __all__ = [
     "build_optimizer",
     "build_run",
     "build_scheduler",
+    "cached_train_step",
     "find_checkpoint",
     "list_checkpoints",
     "load_config",

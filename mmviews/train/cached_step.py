@@ -98,13 +98,17 @@ def _batch_norms(module: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 def warn_batch_norm(encoder: nn.Module, chunk_size: int | None) -> None:
     """A warning (once, at startup) when cached steps meet BatchNorm: its batch statistics are
     per chunk of ``chunk_size`` samples, not per batch, so the step is not the plain step's."""
-    if chunk_size is None or not _batch_norms(encoder):
+    if chunk_size is None:
         return
+    names = [name for name, m in encoder.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not names:
+        return
+    where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     warnings.warn(
-        f"optimisation.encode_chunk_size = {chunk_size} with BatchNorm in the encoder: batch statistics are "
-        f"computed per chunk of {chunk_size} samples (running statistics are updated once per chunk), so the "
-        "step differs from the plain step's; use heads without BatchNorm (head.batch_norm: false) for exact "
-        "equality", stacklevel=2)
+        f"optimisation.encode_chunk_size = {chunk_size} with BatchNorm in the encoder ({where}): batch statistics "
+        f"are computed per chunk of {chunk_size} samples (running statistics are updated once per chunk), so the "
+        "step differs from the plain step's; for the plain step's result use encoders without BatchNorm (e.g. "
+        "head.batch_norm: false, LayerNorm backbones)", stacklevel=2)
 
 
 @contextlib.contextmanager
