@@ -25,8 +25,8 @@ apart:
 Then clipping (``max_grad_norm``), the optimiser and schedule steps, ``zero_grad`` and the
 device-side non-finite flag are those of :func:`mmviews.train.trainer.train_step`, whose contract
 this step has. Peak memory is about the weights and optimiser state, one chunk's activations,
-and ``z`` with its gradient; time is about one more forward pass (about 1.3-1.5x the plain
-step's).
+and ``z`` with its gradient; the price is one more forward pass of the encoder (pass 1, without
+gradients). ``mmviews bench train --set optimisation.encode_chunk_size=N`` measures both.
 
 **Several processes (DDP).** Gradients are reduced once per optimiser step, as in the plain
 step: every chunk but the last runs under ``no_sync`` and the last one synchronises when
