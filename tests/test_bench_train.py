@@ -52,17 +52,13 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "quickstart" in table and "samples/s" in table and "data%" in table and "fwd%" in table
 
 
-@pytest.mark.parametrize("chunk", [None, 5])
-def test_timed_step_is_the_trainers_step(tmp_path: Path, chunk: int | None) -> None:
-    """The phase-timed step does what train_step does: same weights after the same batches
-    (also as a cached-embedding step, optimisation.encode_chunk_size)."""
-    config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true",
-                                                        f"optimisation.encode_chunk_size={chunk or 'null'}"])
+def test_timed_step_is_the_trainers_step(tmp_path: Path) -> None:
+    """The phase-timed step does what train_step does: same weights after the same batches."""
+    config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true"])
     weights = []
     for use_bench in (False, True):
         parts = build_run(config, 1, with_eval=False)
         p = _prepare(_accelerator(config, tmp_path / str(use_bench), []), parts)
-        assert p.encode_chunk_size == chunk
         p.model.train()
         batches = bench._batches(p, parts)
         for _ in range(2):

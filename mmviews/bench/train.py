@@ -6,9 +6,7 @@ the batch: **data** (the loader's ``next``: collation in the main process with
 **forward** (the encoders' adapters, and the EMA teacher's when the objective takes one),
 **objective** (``critic_step`` and ``compute``: the loss and its metrics), **backward**, and
 **optimiser** (gradient clipping, the optimiser and schedule steps, ``on_step_end``, the
-teacher's EMA update). With ``--set optimisation.encode_chunk_size=N`` the step is the cached-
-embedding step (:mod:`mmviews.train.cached_step`): its pass 1 (and the teacher's chunks) is the
-forward, its pass 2 (re-encoding each chunk and backpropagating it) is part of the backward.
+teacher's EMA update).
 
 Cases:
 
@@ -79,7 +77,6 @@ from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_optio
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.cached_step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
 from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepare, train_step
 
 CASES = ("quickstart", "realistic")
@@ -350,18 +347,10 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
     batch = next(batch_iter)
     sync()
     t1 = time.perf_counter()
-    chunk_size = p.encode_chunk_size
     with accelerator.accumulate(p.model):
-        if chunk_size is None:
-            z, mask = p.model(batch)
-            mask = _present_mask(objective, mask, batch.all_views_present())
-            teacher = p.teacher(batch)[0] if p.teacher is not None else None
-        else:  # cached_train_step: its pass 1 is the forward, its pass 2 part of the backward
-            chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
-            z, mask, states = encode_without_graph(p, chunks)
-            mask = _present_mask(objective, mask, batch.all_views_present())
-            teacher = teacher_in_chunks(p, chunks)
-            z.requires_grad_()  # the leaf the objective's backward stops at
+        z, mask = p.model(batch)
+        mask = _present_mask(objective, mask, batch.all_views_present())
+        teacher = p.teacher(batch)[0] if p.teacher is not None else None
         sync()
         t2 = time.perf_counter()
         objective.critic_step(z.detach())
@@ -371,8 +360,6 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
         sync()
         t3 = time.perf_counter()
         accelerator.backward(out.loss)
-        if chunk_size is not None:
-            replay_backward(p, chunks, states, z.grad)
         sync()
         t4 = time.perf_counter()
         if accelerator.sync_gradients and max_grad_norm is not None:
@@ -496,8 +483,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         "case": case, "recipe": config.name, "K": K, "M": M, "objective": config.objective.name,
         "adapters": {m: a.get("type") for m, a in config.adapters.items()},
         "num_workers": config.data.num_workers, "pin_memory": bool(parts.train_loader.pin_memory),
-        "mixed_precision": config.optimisation.mixed_precision, "encode_chunk_size": p.encode_chunk_size,
-        "device": str(dev), "steps": steps, "warmup": warmup,
+        "mixed_precision": config.optimisation.mixed_precision, "device": str(dev), "steps": steps, "warmup": warmup,
         "samples_per_s": samples_per_s, "views_per_s": samples_per_s * M, "throughput_method": throughput_method,
         "step_ms": 1000 * sorted(step_times)[len(step_times) // 2],
         "phase_ms": {name: 1000 * sum(v) / steps for name, v in phases.items()},
