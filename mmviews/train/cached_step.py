@@ -26,7 +26,7 @@ Then clipping (``max_grad_norm``), the optimiser and schedule steps, ``zero_grad
 device-side non-finite flag are those of :func:`mmviews.train.trainer.train_step`, whose contract
 this step has. Peak memory is about the weights and optimiser state, one chunk's activations,
 and ``z`` with its gradient; the price is one more forward pass of the encoder (pass 1, without
-gradients). ``mmviews bench train --set optimisation.encode_chunk_size=N`` measures both.
+gradients). ``mmviews bench train --encode-chunk-size N`` measures both.
 
 **Several processes (DDP).** Gradients are reduced once per optimiser step, as in the plain
 step: every chunk but the last runs under ``no_sync`` and the last one synchronises when
