@@ -95,7 +95,8 @@ class OptimisationConfig:
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
     decompose over micro-batches). ``encode_chunk_size`` does enlarge it beyond what the encoder's
     activations allow: cached-embedding steps encode the K samples in chunks of that many
-    (:mod:`mmviews.train.cached_step`).
+    (:mod:`mmviews.train.cached_step`). ``sample_keyed_dropout``: see
+    :mod:`mmviews.modalities.dropout`.
     """
 
     optimizer: Literal["adamw", "sgd", "lars"] = "adamw"
@@ -112,6 +113,10 @@ class OptimisationConfig:
     warmup_epochs: float = 0.0
     schedule: Literal["cosine", "constant"] = "cosine"
     grad_accum_steps: int = 1
+    # Dropout masks keyed by (seed, micro-batch, sample, view, layer) instead of drawn from the
+    # global RNG: the same masks however a batch is chunked or split between processes
+    # (mmviews.modalities.dropout); a random layer that cannot be keyed stops the run at setup.
+    sample_keyed_dropout: bool = False
     max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
     # Samples per encoder chunk of a cached-embedding step (mmviews.train.cached_step); None:
     # the plain step, which keeps the activations of all K samples for backward.

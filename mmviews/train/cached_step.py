@@ -25,8 +25,8 @@ apart:
 Then clipping (``max_grad_norm``), the optimiser and schedule steps, ``zero_grad`` and the
 device-side non-finite flag are those of :func:`mmviews.train.trainer.train_step`, whose contract
 this step has. Peak memory is about the weights and optimiser state, one chunk's activations,
-and ``z`` with its gradient; time is about one more forward pass (about 1.3-1.5x the plain
-step's).
+and ``z`` with its gradient; the price is one more forward pass of the encoder (pass 1, without
+gradients). ``mmviews bench train --encode-chunk-size N`` measures both.
 
 **Several processes (DDP).** Gradients are reduced once per optimiser step, as in the plain
 step: every chunk but the last runs under ``no_sync`` and the last one synchronises when
@@ -40,11 +40,13 @@ with some modality) needs ``find_unused_parameters: true``.
 
 **When it is exact.** The weights after any number of steps equal the plain step's up to float
 rounding (summation order) when each sample's embedding does not depend on the other samples
-of its chunk and random draws are keyed so that they do not depend on how the batch is cut:
-LayerNorm backbones (the transformers ones) and heads without BatchNorm, dropout off, or
-dropout drawn per sample. Ordinary dropout draws masks per call, so chunked draws differ from
-the plain step's (the step is still correct: pass 2 repeats pass 1's draws exactly, which is
-what the gradient needs). **BatchNorm** uses per-chunk batch statistics in both passes (as it
+of its chunk and random draws do not depend on how the batch is cut: LayerNorm backbones (the
+transformers ones) and heads without BatchNorm, with dropout off or sample-keyed
+(``optimisation.sample_keyed_dropout: true``, :mod:`mmviews.modalities.dropout`: masks hashed
+from the micro-batch, the sample and the view, which this step keeps the same in both passes).
+Ordinary dropout draws its masks call by call from the global RNG, so chunked draws differ from
+the plain step's; the step is still a correct gradient step, since pass 2 repeats pass 1's
+draws exactly. **BatchNorm** uses per-chunk batch statistics in both passes (as it
 uses per-process statistics on CPU with several processes); its running statistics are updated
 once per chunk, by pass 2 only (pass 1 runs BatchNorm with ``track_running_stats`` off, which
 uses the batch statistics and leaves the running ones alone). :func:`warn_batch_norm` says so at
@@ -96,13 +98,17 @@ def _batch_norms(module: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 def warn_batch_norm(encoder: nn.Module, chunk_size: int | None) -> None:
     """A warning (once, at startup) when cached steps meet BatchNorm: its batch statistics are
     per chunk of ``chunk_size`` samples, not per batch, so the step is not the plain step's."""
-    if chunk_size is None or not _batch_norms(encoder):
+    if chunk_size is None:
         return
+    names = [name for name, m in encoder.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not names:
+        return
+    where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     warnings.warn(
-        f"optimisation.encode_chunk_size = {chunk_size} with BatchNorm in the encoder: batch statistics are "
-        f"computed per chunk of {chunk_size} samples (running statistics are updated once per chunk), so the "
-        "step differs from the plain step's; use heads without BatchNorm (head.batch_norm: false) for exact "
-        "equality", stacklevel=2)
+        f"optimisation.encode_chunk_size = {chunk_size} with BatchNorm in the encoder ({where}): batch statistics "
+        f"are computed per chunk of {chunk_size} samples (running statistics are updated once per chunk), so the "
+        "step differs from the plain step's; for the plain step's result use encoders without BatchNorm (e.g. "
+        "head.batch_norm: false, LayerNorm backbones)", stacklevel=2)
 
 
 @contextlib.contextmanager
@@ -168,11 +174,12 @@ def cached_train_step(p: "Prepared", batch: ViewBatch, max_grad_norm: float | No
     of ``chunk_size`` samples (see the module docstring): same arguments, same calls to the
     objective, optimiser and schedule, same result (the objective's output and the critic's
     metrics); no host read of a device value."""
-    from mmviews.train.trainer import _present_mask
+    from mmviews.train.trainer import _present_mask, micro_batch_dropout
 
     objective = p.objective
     chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
-    with p.accelerator.accumulate(p.model):
+    # Sample-keyed dropout (when on) keys its masks by the micro-batch: the same in both passes.
+    with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask, states = encode_without_graph(p, chunks)  # z [K/N, M, d], no graph
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = teacher_in_chunks(p, chunks)

@@ -55,6 +55,7 @@ before each checkpoint's rename.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -67,6 +68,7 @@ from torch import nn
 
 from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
+from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
@@ -107,6 +109,8 @@ class Prepared:
     nonfinite: torch.Tensor | None = None
     checked_step: int = 0  # optimiser step at the last _check_losses
     encode_chunk_size: int | None = None  # optimisation.encode_chunk_size: cached-embedding steps
+    # The run's seed when its dropout is sample-keyed (optimisation.sample_keyed_dropout), else None.
+    dropout_seed: int | None = None
 
 
 class HostPreparedCollate:
@@ -174,7 +178,8 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
         teacher.to(accelerator.device)
     warn_batch_norm(encoder, o.encode_chunk_size)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
-                    total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size)
+                    total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size,
+                    dropout_seed=config.seed if o.sample_keyed_dropout else None)
 
 
 def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
@@ -190,6 +195,15 @@ def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present
     return mask
 
 
+def micro_batch_dropout(p: Prepared) -> contextlib.AbstractContextManager[None]:
+    """The context of one micro-batch's encoder calls for sample-keyed dropout
+    (:func:`mmviews.modalities.dropout.dropout_step`; nothing when it is off): keyed by the run's
+    seed and the micro-batch's number in the run, ``epoch * batches_per_epoch + batch_in_epoch``
+    of the TrainState, which is the same however the micro-batch is chunked or split between
+    processes, and which a resumed run continues."""
+    return dropout_step(p.dropout_seed, p.state.epoch * p.batches_per_epoch + p.state.batch_in_epoch)
+
+
 def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
     Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
@@ -197,7 +211,7 @@ def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tu
     if p.encode_chunk_size is not None:
         return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size)
     objective = p.objective
-    with p.accelerator.accumulate(p.model):
+    with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = p.teacher(batch)[0] if p.teacher is not None else None
