@@ -583,7 +583,7 @@ class MultiViewObjective(nn.Module):
         present = torch.ones(K, M, dtype=torch.bool, device=z.device) if mask is None else mask
         world = distributed.world_size()
         if world > 1:
-            distributed.check_equal_local_sizes(K, z.device)
+            distributed.check_equal_local_sizes(K, z.device, host_check=self.check_inputs)
             U = distributed.gather_with_grad(u)
             present_all = distributed.gather_no_grad(present)
             offset = distributed.rank() * K

@@ -1,4 +1,5 @@
-"""Worker of the two-process SyncBatchNorm test (tests/test_train_syncbn.py).
+"""Worker of the two-process multi-GPU readiness tests (tests/test_train_multigpu.py): SyncBatchNorm
+with missing views, and the objectives' check of the ranks' batch sizes without host reads.
 
 On GPUs with N > 1 processes the trainer converts BatchNorm to SyncBatchNorm, whose training
 forward and backward are collectives: every process must run each of them as often as the
@@ -145,10 +146,37 @@ def run_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
         dist.barrier()
     except Exception:
         result["error"] = traceback.format_exc()
+    if "error" not in result:
+        result.update(batch_size_checks(rank))
     path = Path(out_dir) / f"rank{rank}.pt"
     torch.save(result, str(path) + ".tmp")
     os.replace(str(path) + ".tmp", path)
     dist.destroy_process_group()
+
+
+def batch_size_checks(rank: int) -> dict[str, Any]:
+    """The objectives' check that every rank holds the same K, as in training (``check_inputs``
+    off): host reads per call (only the first call per K reads), and the errors when the ranks'
+    K differ, one of them new to this process (K = 4 was seen, K = 5 was not)."""
+    from mmviews.bench.train import HostReadRecorder
+    from mmviews.objectives import get_objective
+
+    out: dict[str, Any] = {}
+    objective = get_objective("mv_dhel", temperature=0.5)
+    objective.check_inputs = False
+    reads = []
+    for call in range(3):
+        z = torch.randn(6, 3, 8, generator=torch.Generator().manual_seed(call))  # K = 6: new to this process
+        with HostReadRecorder() as recorder:
+            objective(z)
+        reads.append([f"{r.op} at {r.where}" for r in recorder.reads])
+    out["reads_per_call"] = reads
+    try:
+        objective(torch.randn(K_LOCAL + rank, 3, 8))
+        out["unequal_K"] = None
+    except (ValueError, RuntimeError) as error:
+        out["unequal_K"] = f"{type(error).__name__}: {error}"
+    return out
 
 
 def launch(out_dir: str, timeout: float = 120.0) -> None:

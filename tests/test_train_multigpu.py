@@ -1,0 +1,46 @@
+"""Multi-GPU SyncBatchNorm with missing views, under two gloo processes (see
+tests/dist_multigpu_worker.py): every rank takes part in every collective, even a rank whose
+micro-batch has no present view of a modality, or a single one (and the EMA teacher's copy too).
+A rank that skipped one would leave the other waiting: the process group's short timeout turns
+that hang into a failure within seconds."""
+
+from __future__ import annotations
+
+import dist_multigpu_worker as W  # tests/ is on sys.path (tests/conftest.py)
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def multigpu_results(tmp_path_factory):
+    """The two ranks' results; the processes are started once for the tests of this file."""
+    out_dir = tmp_path_factory.mktemp("multigpu")
+    W.launch(str(out_dir), timeout=150.0)
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(W.WORLD)]
+
+
+def test_every_rank_joins_every_batchnorm_collective(multigpu_results):
+    results = multigpu_results
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+    counts = [[(s["forward"], s["backward"]) for s in r["steps"]] for r in results]
+    assert counts[0] == counts[1], f"collectives per step differ between ranks: {counts}"
+    # Every BatchNorm layer (backbone and head) synchronised forward, the student's also backward.
+    forward, backward = counts[0][0]
+    assert forward > backward > 0, counts
+    assert all(c == counts[0][0] for c in counts[0]), f"a step skipped collectives: {counts}"
+    # The statistics are shared: both ranks hold the same running mean.
+    torch.testing.assert_close(results[0]["running_mean"], results[1]["running_mean"])
+    for result in results:
+        assert all(torch.isfinite(torch.tensor(s["loss"])) for s in result["steps"])
+
+
+def test_batch_size_check_reads_the_host_once_per_size_and_still_refuses_unequal_K(multigpu_results):
+    for rank, result in enumerate(multigpu_results):
+        first, *later = result["reads_per_call"]
+        assert any("_distributed.py" in r for r in first), f"rank {rank}: no read of the sizes at the first call"
+        assert later == [[], []], f"rank {rank}: host reads after the first call with this K: {later}"
+        # Rank 0 had seen K = 4 (device-side assertion), rank 1 had not seen K = 5 (host read).
+        message = result["unequal_K"]
+        assert message is not None and "same number of samples" in message, f"rank {rank}: {message}"
+    assert multigpu_results[1]["unequal_K"].startswith("ValueError") and "[4, 5]" in multigpu_results[1]["unequal_K"]
