@@ -44,3 +44,39 @@ def test_batch_size_check_reads_the_host_once_per_size_and_still_refuses_unequal
         message = result["unequal_K"]
         assert message is not None and "same number of samples" in message, f"rank {rank}: {message}"
     assert multigpu_results[1]["unequal_K"].startswith("ValueError") and "[4, 5]" in multigpu_results[1]["unequal_K"]
+
+
+# ---- optimiser step counters after --resume -------------------------------------------------
+def test_resumed_objective_state_keeps_optimiser_step_counters_on_the_host():
+    """IPMC's critic optimiser state, restored from a checkpoint for a run on an accelerator (the
+    meta device stands in for it here): its moments go to the device, its step counters stay
+    on the CPU, where torch.optim reads them without a synchronisation."""
+    from mmviews.train.checkpoint import _to_device
+
+    critic = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(critic.parameters())
+    critic(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    state = {"bank.filled": torch.ones(3, dtype=torch.bool), "_extra_state": {"critic_optimizer": optimizer.state_dict()}}
+    moved = _to_device(state, torch.device("meta"))
+    assert moved["bank.filled"].device.type == "meta"
+    for per_parameter in moved["_extra_state"]["critic_optimizer"]["state"].values():
+        assert per_parameter["step"].device.type == "cpu" and per_parameter["step"].dim() == 0
+        assert per_parameter["exp_avg"].device.type == "meta"
+
+
+def test_host_read_recorder_counts_optimiser_step_reads_of_device_tensors():
+    """torch.optim's reads of its step counters are left out only for counters in host memory."""
+    from torch.optim.optimizer import _get_value
+
+    from mmviews.bench.train import HostReadRecorder
+
+    with HostReadRecorder() as recorder:
+        _get_value(torch.tensor(3.0))
+    assert recorder.reads == []
+    with HostReadRecorder() as recorder:
+        try:
+            _get_value(torch.tensor(3.0, device="meta"))  # a counter off the host (meta cannot be read)
+        except (NotImplementedError, RuntimeError):
+            pass
+    assert [r.op for r in recorder.reads] == ["item"], recorder.reads

@@ -116,14 +116,16 @@ class HostRead:
 
 #: Reads of tensors that live in host memory whatever the training device, recognised by the
 #: function making them (``path suffix``, ``function``): torch.optim keeps its step counters
-#: on the CPU (unless ``capturable``/``fused``) and reads them with ``.item()``.
+#: on the CPU (unless ``capturable``/``fused``) and reads them with ``.item()``. Such a read is
+#: left out only when the tensor read is in host memory: a step counter on the accelerator
+#: (e.g. restored there from a checkpoint) is a synchronisation per parameter, and recorded.
 HOST_RESIDENT_READS = ((f"torch{os.sep}optim{os.sep}optimizer.py", "_get_value"),)
 
 
-def _origin() -> str | None:
+def _origin(host_tensor: bool = True) -> str | None:
     """``path:line (function)`` of the innermost frame in the mmviews package other than this
     module; else of the innermost frame outside torch. None for a read of host-resident state
-    (:data:`HOST_RESIDENT_READS`)."""
+    (:data:`HOST_RESIDENT_READS`) of a tensor in host memory (``host_tensor``)."""
     frame = sys._getframe(2)
     fallback = None
     here = os.path.abspath(__file__)
@@ -132,7 +134,7 @@ def _origin() -> str | None:
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if path != here:
-            if first and any(path.endswith(suffix) and frame.f_code.co_name == name
+            if first and host_tensor and any(path.endswith(suffix) and frame.f_code.co_name == name
                              for suffix, name in HOST_RESIDENT_READS):
                 return None
             first = False
@@ -154,7 +156,7 @@ class _FunctionReads(TorchFunctionMode):
         read = name in HOST_READ_METHODS or (name in ("cpu", "to") and _leaves_device(args, kwargs))
         if not read:
             return func(*args, **(kwargs or {}))
-        self.recorder._record(name)
+        self.recorder._record(name, not (args and isinstance(args[0], torch.Tensor)) or args[0].device.type == "cpu")
         self.recorder._inside_read += 1
         try:
             return func(*args, **(kwargs or {}))
@@ -179,7 +181,7 @@ class _DispatchReads(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if name == "_local_scalar_dense":
             if not self.recorder._inside_read:  # a scalar read not seen by the function mode
-                self.recorder._record("_local_scalar_dense")
+                self.recorder._record("_local_scalar_dense", args[0].device.type == "cpu")
         elif name in VALUE_SIZED_OPS and not (name == "repeat_interleave" and (kwargs or {}).get("output_size")):
             self.recorder._record(name)
         elif name in ("index", "index_put", "index_put_") and _has_bool_index(args):
@@ -210,9 +212,9 @@ class HostReadRecorder:
         self._inside_read = 0
         self._modes: tuple[_FunctionReads, _DispatchReads] | None = None
 
-    def _record(self, op: str) -> None:
+    def _record(self, op: str, host_tensor: bool = True) -> None:
         if not self._paused:
-            where = _origin()
+            where = _origin(host_tensor)
             if where is not None:
                 self.reads.append(HostRead(op, where, self.step))
 

@@ -244,12 +244,16 @@ def load_checkpoint(checkpoint: Path, accelerator: Any, state: TrainState, objec
     state.load_state_dict(info)
 
 
-def _to_device(value: Any, device: torch.device) -> Any:
-    """Tensors of a nested state (loaded on CPU, memory-mapped) copied to ``device``."""
+def _to_device(value: Any, device: torch.device, key: Any = None) -> Any:
+    """Tensors of a nested state (loaded on CPU, memory-mapped) copied to ``device``, except the
+    step counters of optimiser states (0-dim ``"step"`` entries, e.g. IPMC's critic optimiser),
+    copied on the CPU: torch.optim keeps them there (unless ``capturable``/``fused``, which
+    its ``load_state_dict`` moves itself) and reads them with ``.item()`` at every step, a
+    device synchronisation per parameter if they lived on the accelerator."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, copy=True)
+        return value.to("cpu" if key == "step" and value.dim() == 0 else device, copy=True)
     if isinstance(value, dict):
-        return type(value)((k, _to_device(v, device)) for k, v in value.items())
+        return type(value)((k, _to_device(v, device, k)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, device) for v in value)
     return value
