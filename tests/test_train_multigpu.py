@@ -80,3 +80,62 @@ def test_host_read_recorder_counts_optimiser_step_reads_of_device_tensors():
         except (NotImplementedError, RuntimeError):
             pass
     assert [r.op for r in recorder.reads] == ["item"], recorder.reads
+
+
+# ---- the EMA teacher: the student's autocast, foreach updates --------------------------------
+def _teacher_encoder():
+    from mmviews.modalities import MultiViewEncoder
+    from mmviews.modalities.presets import tiny_config
+
+    torch.manual_seed(0)
+    return MultiViewEncoder.from_config({"embed_dim": 8, "modalities": {"seq": tiny_config("feature_sequence")}})
+
+
+def test_ema_teacher_runs_under_the_student_autocast_and_returns_float32():
+    from mmviews.train.teacher import EMATeacher
+
+    batch = W.batch(0, 0)
+    batch.views, batch.mask = batch.views[:1], batch.mask[:, :1]
+    del batch.inputs["image"]
+    teacher = EMATeacher(_teacher_encoder(), 0.9, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    dtypes = []
+    teacher.module.adapters["seq"].head.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    z, _ = teacher(batch)
+    assert dtypes == [torch.bfloat16] and z.dtype == torch.float32
+    dtypes.clear()
+    plain = EMATeacher(_teacher_encoder(), 0.9)
+    plain.module.adapters["seq"].head.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    plain(batch)
+    assert dtypes == [torch.float32]
+
+
+def test_trainer_gives_the_teacher_the_accelerator_autocast(tmp_path):
+    from test_train_sync import gaussian_config
+
+    from mmviews.config import config_from_dict
+    from mmviews.train.build import build_run
+    from mmviews.train.trainer import _accelerator, _prepare
+
+    config = config_from_dict(gaussian_config({"name": "er", "params": {}}, ema_teacher=True))
+    accelerator = _accelerator(config, tmp_path, [])
+    p = _prepare(accelerator, build_run(config, 1, "test"))
+    assert p.teacher is not None and p.teacher.autocast == accelerator.autocast
+
+
+def test_ema_update_is_the_moving_average_of_every_parameter_and_copies_buffers():
+    from mmviews.train.teacher import EMATeacher
+
+    student = _teacher_encoder()
+    teacher = EMATeacher(student, 0.75)
+    before = [t.clone() for t in teacher.module.parameters()]
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(torch.randn_like(p))
+        for b in student.buffers():
+            if b.is_floating_point():
+                b.add_(1.0)
+    teacher.update(student)
+    for t, s, old in zip(teacher.module.parameters(), student.parameters(), before):
+        torch.testing.assert_close(t, 0.75 * old + 0.25 * s)
+    for t, s in zip(teacher.module.buffers(), student.buffers()):
+        assert torch.equal(t, s)

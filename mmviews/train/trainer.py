@@ -160,7 +160,8 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     loader = parts.train_loader
     if not isinstance(loader.collate_fn, HostPreparedCollate):
         loader.collate_fn = HostPreparedCollate(loader.collate_fn, parts.encoder.host_preparation())
-    teacher = EMATeacher(encoder, config.objective.teacher_momentum) if uses_teacher(config, objective) else None
+    teacher = (EMATeacher(encoder, config.objective.teacher_momentum, autocast=accelerator.autocast)
+               if uses_teacher(config, objective) else None)
     model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, parts.train_loader, scheduler)
     # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:
     # Accelerate reads such objects back with full unpickling (code from the checkpoint could
