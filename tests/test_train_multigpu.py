@@ -139,3 +139,44 @@ def test_ema_update_is_the_moving_average_of_every_parameter_and_copies_buffers(
         torch.testing.assert_close(t, 0.75 * old + 0.25 * s)
     for t, s in zip(teacher.module.buffers(), student.buffers()):
         assert torch.equal(t, s)
+
+
+# ---- resuming with another number of visible GPUs --------------------------------------------
+def _write_rng_file(path, cuda_states):
+    import random
+
+    import numpy as np
+
+    torch.save({"random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+                "torch_manual_seed": torch.get_rng_state(), "torch_cuda_manual_seed": cuda_states, "step": 0}, path)
+
+
+def test_cuda_rng_states_saved_with_8_visible_devices_resume_with_1(tmp_path):
+    from mmviews.train.checkpoint import _read_rng_states, cuda_rng_state_for_device
+
+    saved = [torch.full((16,), i, dtype=torch.uint8) for i in range(8)]  # one per device, told apart
+    path = tmp_path / "random_states_3.pkl"
+    _write_rng_file(path, saved)
+    states = _read_rng_states(path, None, on_cuda=True)
+    cuda = states["torch_cuda_manual_seed"]
+    # Process 3 of a run where each process saw 8 devices and used device 3; now it sees only its own.
+    assert torch.equal(cuda_rng_state_for_device(cuda, 1, 0, 3), saved[3])
+    assert torch.equal(cuda_rng_state_for_device(cuda, 8, 5, 5), saved[5])  # the same 8 devices visible
+    assert cuda_rng_state_for_device(cuda, 0, 0, 3) is None  # no CUDA here: nothing to restore
+    assert cuda_rng_state_for_device(cuda, 1, 0, 9) is None  # no state saved for this process
+    one = [torch.full((16,), 7, dtype=torch.uint8)]  # saved with one device per process, now 8 visible
+    assert torch.equal(cuda_rng_state_for_device(one, 8, 2, 2), one[0])
+
+
+@pytest.mark.parametrize("bad", [
+    "not a list", [], [torch.zeros(16, dtype=torch.uint8), torch.zeros(16)],
+    [torch.zeros(16, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8)],
+])
+def test_malformed_cuda_rng_states_name_the_file(tmp_path, bad):
+    from mmviews.data.safe_pickle import CorruptFileError
+    from mmviews.train.checkpoint import _read_rng_states
+
+    path = tmp_path / "random_states_0.pkl"
+    _write_rng_file(path, bad)
+    with pytest.raises(CorruptFileError, match=r"random_states_0\.pkl: not Accelerate's RNG states.*torch_cuda_manual_seed"):
+        _read_rng_states(path, None, on_cuda=False)

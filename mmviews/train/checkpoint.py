@@ -169,9 +169,41 @@ def _read_rng_states(path: Path, records: dict[str, Any] | None, on_cuda: bool) 
             raise ValueError(f"torch_manual_seed is not a torch RNG state ({type(torch_state).__name__})")
         if on_cuda and "torch_cuda_manual_seed" not in states:
             raise KeyError("torch_cuda_manual_seed (the checkpoint was not written on a GPU)")
+        if "torch_cuda_manual_seed" in states:
+            _check_cuda_rng_states(states["torch_cuda_manual_seed"])
     except (KeyError, TypeError, ValueError) as error:
         raise CorruptFileError(f"{path}: not Accelerate's RNG states ({type(error).__name__}: {error})") from None
     return states
+
+
+def _check_cuda_rng_states(cuda_states: Any) -> None:
+    """``torch_cuda_manual_seed``: a non-empty list of CUDA RNG states (1-D uint8 tensors of one
+    size), one per device visible to the process that saved it; ``ValueError`` otherwise."""
+    if not isinstance(cuda_states, (list, tuple)) or not cuda_states:
+        raise ValueError(f"torch_cuda_manual_seed is not a list of CUDA RNG states ({type(cuda_states).__name__})")
+    for i, state in enumerate(cuda_states):
+        if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1
+                and state.shape == cuda_states[0].shape and state.numel() > 0):
+            what = f"{state.dtype} {tuple(state.shape)}" if isinstance(state, torch.Tensor) else type(state).__name__
+            raise ValueError(f"torch_cuda_manual_seed[{i}] is not a CUDA RNG state like the others ({what})")
+
+
+def cuda_rng_state_for_device(cuda_states: list[torch.Tensor], visible_devices: int, current_device: int,
+                              local_process_index: int) -> torch.Tensor | None:
+    """The saved CUDA RNG state that this process's device (``current_device``) continues with:
+    a process draws only on its own device, so only that generator is restored. Accelerate saves
+    one state per device visible to the saving process: with as many visible now, the state of
+    the same device index; with a single state, that one; else (e.g. saved with 8 devices
+    visible to each process, resumed with one each) the state of the device the process with
+    this local index used, index ``local_process_index``. None: no CUDA device here, or no saved
+    state for this process."""
+    if visible_devices == 0:
+        return None
+    if len(cuda_states) == visible_devices:
+        return cuda_states[current_device]
+    if len(cuda_states) == 1:
+        return cuda_states[0]
+    return cuda_states[local_process_index] if local_process_index < len(cuda_states) else None
 
 
 def _restore_rng(states: dict[str, Any], accelerator: Any) -> None:
@@ -179,7 +211,15 @@ def _restore_rng(states: dict[str, Any], accelerator: Any) -> None:
     np.random.set_state(states["numpy_random_seed"])
     torch.set_rng_state(states["torch_manual_seed"])
     if torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
-        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+        saved = states["torch_cuda_manual_seed"]
+        state = cuda_rng_state_for_device(saved, torch.cuda.device_count(), torch.cuda.current_device(),
+                                          accelerator.local_process_index)
+        if state is None:
+            warnings.warn(f"the checkpoint holds {len(saved)} CUDA RNG state(s), none for local process "
+                          f"{accelerator.local_process_index}: its CUDA generator starts afresh; the resumed run "
+                          "will not reproduce an uninterrupted run exactly", ReproducibilityWarning, stacklevel=2)
+        else:
+            torch.cuda.set_rng_state(state)  # the current device's generator
     if isinstance(states.get("step"), int):
         accelerator.step = states["step"]  # Accelerate's own save counter, as its load_state sets it
 
