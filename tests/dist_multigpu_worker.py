@@ -200,3 +200,40 @@ def launch(out_dir: str, timeout: float = 120.0) -> None:
         for process in context.processes:
             if process.is_alive():
                 process.terminate()
+
+
+def timeout_rank(rank: int, world: int, port: int, out_dir: str, recipe: dict[str, Any]) -> None:
+    """Join the process group as ``accelerate launch`` would start this process (environment
+    variables), through mmviews' :func:`~mmviews.train.distributed.process_state` with ``recipe``
+    (its ``distributed.timeout_s`` set to 77), and record the group's timeout."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from mmviews.config import config_from_dict
+    from mmviews.train.distributed import process_state
+
+    config = config_from_dict({**recipe, "cpu": True, "distributed": {"timeout_s": 77}})
+    state = process_state(config)
+    group = dist.distributed_c10d._get_default_group()
+    timeout = group._get_backend(torch.device("cpu")).options._timeout
+    torch.save({"num_processes": state.num_processes, "timeout_s": timeout.total_seconds()},
+               Path(out_dir) / f"timeout{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch_timeout(out_dir: str, port: int, recipe: dict[str, Any], timeout: float = 120.0) -> None:
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(timeout_rank, args=(WORLD, port, out_dir, recipe), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+    import time
+
+    deadline = time.monotonic() + timeout
+    try:
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers did not finish within {timeout} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()

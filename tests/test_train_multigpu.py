@@ -6,6 +6,8 @@ that hang into a failure within seconds."""
 
 from __future__ import annotations
 
+import os
+
 import dist_multigpu_worker as W  # tests/ is on sys.path (tests/conftest.py)
 import pytest
 import torch
@@ -180,3 +182,53 @@ def test_malformed_cuda_rng_states_name_the_file(tmp_path, bad):
     _write_rng_file(path, bad)
     with pytest.raises(CorruptFileError, match=r"random_states_0\.pkl: not Accelerate's RNG states.*torch_cuda_manual_seed"):
         _read_rng_states(path, None, on_cuda=False)
+
+
+# ---- process group timeout and determinism ---------------------------------------------------
+def test_recipe_timeout_reaches_the_process_group(tmp_path):
+    from test_train_distributed import _free_port
+    from test_train_sync import gaussian_config
+
+    W.launch_timeout(str(tmp_path), _free_port(), gaussian_config({"name": "mv_dhel", "params": {}}))
+    for rank in range(W.WORLD):
+        result = torch.load(tmp_path / f"timeout{rank}.pt")
+        assert result == {"num_processes": 2, "timeout_s": 77.0}, (rank, result)
+
+
+def test_timeout_default_and_bad_values(tmp_path):
+    from test_train_sync import gaussian_config
+
+    from mmviews.config import ConfigError, config_from_dict
+    from mmviews.train.distributed import process_group_kwargs
+    from mmviews.train.trainer import _accelerator
+
+    recipe = gaussian_config({"name": "mv_dhel", "params": {}})
+    config = config_from_dict(recipe)
+    assert config.distributed.timeout_s == 3600 and process_group_kwargs(config).timeout.total_seconds() == 3600
+    handlers = _accelerator(config, tmp_path, []).init_handler
+    assert handlers is not None and handlers.timeout.total_seconds() == 3600
+    with pytest.raises(ConfigError, match=r"distributed\.timeout_s must be > 0 seconds, got 0"):
+        process_group_kwargs(config_from_dict({**recipe, "distributed": {"timeout_s": 0}}))
+    with pytest.raises(ConfigError, match="timeout_s"):
+        config_from_dict({**recipe, "distributed": {"timeout_s": "soon"}})
+
+
+def test_deterministic_recipe_key_turns_on_deterministic_algorithms(monkeypatch):
+    from test_train_sync import gaussian_config
+
+    from mmviews.config import config_from_dict
+    from mmviews.train.distributed import CUBLAS_WORKSPACE, configure_determinism
+
+    recipe = gaussian_config({"name": "mv_dhel", "params": {}})
+    assert config_from_dict(recipe).deterministic is False
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    try:
+        configure_determinism(False)
+        assert torch.are_deterministic_algorithms_enabled() is before[0] and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        configure_determinism(config_from_dict({**recipe, "deterministic": True}).deterministic)
+        assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1], before[2]

@@ -70,6 +70,7 @@ from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, record_run_outpu
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
+from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.logging import (
     TRACKERS_DIR,
@@ -133,7 +134,8 @@ def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any
         dataloader_config=DataLoaderConfiguration(split_batches=True, non_blocking=True),
         log_with=trackers or None,  # output.trackers; metrics.csv is written by StepLogger regardless
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / TRACKERS_DIR)),
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)],
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
+                         process_group_kwargs(config)],  # distributed.timeout_s
     )
 
 
@@ -255,13 +257,12 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     A fresh run needs ``run_dir`` new or empty, or ``overwrite`` to replace an mmviews run
     (only what that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
     ``resume_ignore_rng``: resume even if the checkpoint's RNG states cannot be read."""
-    from accelerate import PartialState
-
     started = time.perf_counter()
     run_dir, callback = Path(run_dir), callback or TrainCallback()
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
-    parts = build_run(config, PartialState(cpu=config.cpu).num_processes, source)
+    configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
+    parts = build_run(config, process_state(config).num_processes, source)
     trackers = resolve_trackers(config, source)  # a tracker asked for but not installed fails here too
     accelerator = _accelerator(config, run_dir, trackers)
     if accelerator.is_main_process:
