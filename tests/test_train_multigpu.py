@@ -232,3 +232,55 @@ def test_deterministic_recipe_key_turns_on_deterministic_algorithms(monkeypatch)
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1], before[2]
+
+
+# ---- smaller device and autograd fixes -------------------------------------------------------
+def test_hand_written_backward_passes_refuse_a_second_derivative():
+    """Their backward passes are not themselves differentiable: a double backward must fail
+    loudly instead of returning a wrong second derivative."""
+    from mmviews.objectives._base import scores_logsumexp
+    from mmviews.objectives._streaming import no_exclusion, streamed_logsumexp, streamed_reduce
+
+    g = torch.Generator().manual_seed(0)
+    anchors = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    candidates = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    losses = {
+        "fused": scores_logsumexp(anchors, candidates, no_exclusion, (6, 6), (1,)).sum(),
+        "streamed": streamed_logsumexp(anchors.view(1, 6, 1, 4), candidates.view(1, 6, 4), no_exclusion, (6,), (3,),
+                                       2).sum(),
+        "reduce": streamed_reduce(anchors.view(1, 6, 1, 4), candidates.view(1, 6, 4),
+                                  lambda s, a, b: torch.logsumexp(s, dim=3), (6,), 2).sum(),
+    }
+    for name, loss in losses.items():
+        (grad,) = torch.autograd.grad(loss, anchors, create_graph=True)
+        with pytest.raises(RuntimeError, match="once_differentiable"):
+            torch.autograd.grad(grad.sum(), anchors)
+
+
+def test_mlp_adapter_moves_inputs_to_its_device():
+    from mmviews.modalities import build_adapter
+
+    adapter = build_adapter({"type": "mlp", "input_dim": 3, "embed_dim": 4}).eval().to("meta")  # a non-CPU device
+    z = adapter({"values": torch.randn(5, 2, 3)})  # inputs in host memory
+    assert z.device.type == "meta" and z.shape == (5, 4)
+
+
+def test_reference_circle_loss_stays_on_the_scores_device():
+    from mmviews.objectives.reference import unified_reference
+
+    pos = [torch.tensor(0.7, dtype=torch.float64, device="meta")]
+    neg = [torch.tensor(0.1, dtype=torch.float64, device="meta"), torch.tensor(0.2, dtype=torch.float64, device="meta")]
+    assert unified_reference(pos, neg, gamma=4.0, delta=0.25).device.type == "meta"
+
+
+def test_raft_flow_runs_where_the_frames_are(tmp_path):
+    from torchvision.models.optical_flow import raft_small
+
+    from mmviews.modalities.flow import compute_flow
+
+    torch.manual_seed(0)
+    weights = tmp_path / "raft_small.pth"
+    torch.save(raft_small(weights=None, progress=False).state_dict(), weights)
+    frames = torch.zeros(2, 3, 128, 128, device="meta")  # a device other than the weights' CPU
+    flow = compute_flow(frames, method="raft", raft_weights=weights, raft_model="small", clip=None)
+    assert flow.device.type == "meta" and flow.shape == (1, 2, 128, 128)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 
 def world_size() -> int:
@@ -44,6 +45,7 @@ class _GatherWithGrad(torch.autograd.Function):
         return torch.cat(parts, dim=0)
 
     @staticmethod
+    @once_differentiable  # a second derivative through these hand-written passes would be wrong
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)

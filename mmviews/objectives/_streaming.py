@@ -50,6 +50,7 @@ import math
 from typing import Callable, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 #: Default score memory per block (MB), the ``score_budget_mb`` of the objectives.
 DEFAULT_SCORE_BUDGET_MB = 512.0
@@ -254,6 +255,7 @@ class _StreamedLogSumExp(torch.autograd.Function):
         return lse.squeeze(dims)
 
     @staticmethod
+    @once_differentiable  # a second derivative through these hand-written passes would be wrong
     def backward(ctx, grad):  # type: ignore[override]
         anchors, candidates, lse, row_has_entries = ctx.saved_tensors
         G, K, A, _ = anchors.shape
@@ -318,6 +320,7 @@ class _StreamedReduce(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a second derivative through these hand-written passes would be wrong
     def backward(ctx, grad):  # type: ignore[override]
         anchors, candidates = ctx.saved_tensors
         G, K, A, _ = anchors.shape
