@@ -284,3 +284,29 @@ def test_raft_flow_runs_where_the_frames_are(tmp_path):
     frames = torch.zeros(2, 3, 128, 128, device="meta")  # a device other than the weights' CPU
     flow = compute_flow(frames, method="raft", raft_weights=weights, raft_model="small", clip=None)
     assert flow.device.type == "meta" and flow.shape == (1, 2, 128, 128)
+
+
+@pytest.mark.parametrize("kind", ["feature_sequence", "small_cnn", "audio_cnn", "flow_cnn", "text", "hf_audio",
+                                  "open_clip"])
+def test_every_adapter_can_join_the_collectives_with_no_present_view(kind, monkeypatch):
+    """A rank with no present view of a modality runs, on zero rows, the parts that synchronise
+    (SyncBatchNorm on several processes, simulated here: every BatchNorm counts): the backbone
+    when it has BatchNorm (CNNs), else the head; the result is connected to the graph."""
+    import mmviews.modalities.base as base
+    from mmviews.modalities import build_adapter
+    from mmviews.modalities.presets import example_inputs, tiny_config
+
+    monkeypatch.setattr(base, "runs_collectives", lambda module: any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training for m in module.modules()))
+    config = {**tiny_config(kind), "vocab": "synthetic"} if kind == "text" else tiny_config(kind)
+    adapter = build_adapter(config).train()
+    seen: list[str] = []
+    adapter.backbone.register_forward_hook(lambda *_: seen.append("backbone"))
+    adapter.head.register_forward_hook(lambda *_: seen.append("head"))
+    items = base.PresentItems((), 3)
+    z = adapter.embed_present(example_inputs(kind, 3), items, check_inputs=False)
+    assert z.shape == (3, adapter.config.embed_dim) and not bool(z.any())
+    has_batchnorm = kind in ("small_cnn", "audio_cnn", "flow_cnn")
+    assert seen == (["backbone", "head"] if has_batchnorm else ["head"]), seen
+    z.sum().backward()  # the zero-row pass is in the graph: every head parameter gets a gradient
+    assert all(p.grad is not None for p in adapter.head.parameters())

@@ -543,10 +543,10 @@ class Adapter(nn.Module):
         ``ViewBatch.present_items``): ``[items.total, embed_dim]``, zero rows at absent items,
         which never reach the backbone or the head. Reads nothing from the device.
 
-        With no present item the backbone and head are skipped, except when they take part in
-        collectives (:func:`runs_collectives`: SyncBatchNorm on several processes): then they run
-        on zero rows, so that this process joins every collective the others issue, forward and
-        backward (the zero rows' output is part of the returned tensor's graph)."""
+        With no present item the backbone and head are skipped, except the parts that take part in
+        collectives (:func:`runs_collectives`: SyncBatchNorm on several processes): they run on
+        zero rows (:meth:`join_collectives`), so that this process joins every collective the
+        others issue, forward and backward (their output is part of the returned tensor's graph)."""
         like = next(self.head.parameters())
         if items.all:
             return self.project(self.features(inputs, None, check_inputs=check_inputs))
@@ -554,13 +554,26 @@ class Adapter(nn.Module):
         if items.none:
             if not runs_collectives(self):
                 return out
-            rows = torch.zeros(0, dtype=torch.long, device=like.device)
-        else:
-            assert items.index is not None  # set whenever some but not all items are present
-            rows = to_device(items.index, like.device)
+            empty = torch.zeros(0, dtype=torch.long, device=like.device)
+            return out.index_put((empty,), self.join_collectives(inputs, items.total).to(out.dtype))
+        assert items.index is not None  # set whenever some but not all items are present
+        rows = to_device(items.index, like.device)
         present_inputs = subset_inputs(inputs, rows, items.total, items.positions)
         z = self.project(self.features(present_inputs, None, check_inputs=check_inputs))
         return out.index_put((rows,), z.to(out.dtype))
+
+    def join_collectives(self, inputs: Mapping[str, Any], batch_size: int) -> torch.Tensor:
+        """A forward on zero rows, ``[0, embed_dim]``, through the parts of the adapter that take
+        part in collectives: the backbone when it does (e.g. a CNN with SyncBatchNorm, on zero
+        rows of ``inputs``), else the head alone on zero features (transformer backbones have no
+        BatchNorm, and not all of them accept an empty batch)."""
+        like = next(self.head.parameters())
+        if runs_collectives(self.backbone):
+            empty = torch.zeros(0, dtype=torch.long, device=like.device)
+            features = self.features(subset_inputs(inputs, empty, batch_size, ()), None, check_inputs=False)
+        else:
+            features = like.new_zeros(0, self.feature_dim)
+        return self.project(features)
 
     def preprocessing_signature(self) -> dict[str, Any]:
         """JSON-able description of everything besides the backbone weights that decides
