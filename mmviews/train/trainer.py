@@ -9,9 +9,12 @@ Accelerate example loop, a contrastive trainer needs:
    across all processes (``split_batches=True``): each of N processes encodes K/N samples
    and the objective gathers the embeddings, so the loss and the gradients are those of one
    process on the K samples (up to float rounding). BatchNorm layers are converted to
-   SyncBatchNorm on GPUs when N > 1; on CPU (gloo) torch has no SyncBatchNorm, so there
-   BatchNorm statistics are per process (use heads without BatchNorm to match one process
-   exactly).
+   SyncBatchNorm on GPUs when N > 1 (every process joins every collective, also with no or one
+   present view of a modality: :meth:`~mmviews.modalities.Adapter.embed_present`); on CPU (gloo)
+   torch has no SyncBatchNorm, so there BatchNorm statistics are per process (use heads without
+   BatchNorm to match one process exactly). ``distributed.timeout_s`` is the process group's
+   timeout and ``deterministic`` turns on deterministic algorithms
+   (:mod:`mmviews.train.distributed`).
 2. **Gradient accumulation** (``optimisation.grad_accum_steps``) sums gradients over
    micro-batches. It does NOT add negatives: each micro-batch's loss only contrasts the K
    samples of that micro-batch.
@@ -33,7 +36,7 @@ Accelerate example loop, a contrastive trainer needs:
 4. **Checkpoints you can kill** (:mod:`mmviews.train.checkpoint`): written to a temporary
    folder and renamed when complete. ``--resume`` restores everything and skips the batches
    of the current epoch already done (``accelerator.skip_first_batches``): the final weights
-   equal those of an uninterrupted run.
+   equal those of an uninterrupted run (on CUDA bitwise only with ``deterministic: true``).
 
 5. **No host synchronisation between log steps.** Nothing in the step reads a device value
    back: the objective's own input checks are off (``check_inputs = False``), a non-finite
@@ -44,7 +47,8 @@ Accelerate example loop, a contrastive trainer needs:
    batch where it is collated, on host tensors (:class:`HostPreparedCollate`; a bad input stops
    the run there, naming the modality), and batches are copied with ``non_blocking=True`` from
    pinned memory (on CUDA) by persistent loader workers. ``mmviews bench train`` measures the
-   step.
+   step. Two settings do read back: fp16's GradScaler (once per step; bf16 needs none) and
+   SyncBatchNorm (once per layer); ``bench train --sync-debug`` names the cause of each read.
 
 The run folder's layout is described in :mod:`mmviews.run`. ``callback``
 (:class:`~mmviews.train.callbacks.TrainCallback`) is called after every optimiser step and
