@@ -59,7 +59,8 @@ def test_resumed_objective_state_keeps_optimiser_step_counters_on_the_host():
     optimizer = torch.optim.Adam(critic.parameters())
     critic(torch.randn(4, 3)).sum().backward()
     optimizer.step()
-    state = {"bank.filled": torch.ones(3, dtype=torch.bool), "_extra_state": {"critic_optimizer": optimizer.state_dict()}}
+    state = {"bank.filled": torch.ones(3, dtype=torch.bool),
+             "_extra_state": {"critic_optimizer": optimizer.state_dict()}}
     moved = _to_device(state, torch.device("meta"))
     assert moved["bank.filled"].device.type == "meta"
     for per_parameter in moved["_extra_state"]["critic_optimizer"]["state"].values():
@@ -180,7 +181,8 @@ def test_malformed_cuda_rng_states_name_the_file(tmp_path, bad):
 
     path = tmp_path / "random_states_0.pkl"
     _write_rng_file(path, bad)
-    with pytest.raises(CorruptFileError, match=r"random_states_0\.pkl: not Accelerate's RNG states.*torch_cuda_manual_seed"):
+    with pytest.raises(CorruptFileError,
+                       match=r"random_states_0\.pkl: not Accelerate's RNG states.*torch_cuda_manual_seed"):
         _read_rng_states(path, None, on_cuda=False)
 
 
@@ -222,12 +224,14 @@ def test_deterministic_recipe_key_turns_on_deterministic_algorithms(monkeypatch)
     recipe = gaussian_config({"name": "mv_dhel", "params": {}})
     assert config_from_dict(recipe).deterministic is False
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    cudnn = torch.backends.cudnn
+    before = torch.are_deterministic_algorithms_enabled(), cudnn.benchmark, cudnn.deterministic
     try:
         configure_determinism(False)
         assert torch.are_deterministic_algorithms_enabled() is before[0] and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
         configure_determinism(config_from_dict({**recipe, "deterministic": True}).deterministic)
-        assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
     finally:
         torch.use_deterministic_algorithms(before[0])

@@ -34,9 +34,9 @@ and the matrix products on enough rows).
 
 Allocation: each pass allocates one block-sized score buffer and reuses it for every block,
 and :func:`streamed_reduce` runs its reduction on tiles of :data:`TILE_ELEMENTS` scores on CPU
-(whole blocks on CUDA: :func:`tile_samples`), so on CPU the only block-sized memory is that buffer (fresh block-sized temporaries per block would cost page
-faults each time, or fragment the CPU allocator's heap until the process's resident memory is
-several times the live tensors).
+(whole blocks on CUDA: :func:`tile_samples`), so on CPU the only block-sized memory is that
+buffer (fresh block-sized temporaries per block would cost page faults each time, or fragment
+the CPU allocator's heap until the process's resident memory is several times the live tensors).
 
 Rows are independent, so the result is exact: the same values and gradients as the whole
 block up to float rounding. Everything is device-agnostic torch code (the same loops run on

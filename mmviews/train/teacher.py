@@ -36,7 +36,8 @@ class EMATeacher(nn.Module):
     def update(self, encoder: nn.Module) -> None:
         teacher_params, params = list(self.module.parameters()), [p.detach() for p in encoder.parameters()]
         if len(teacher_params) != len(params):
-            raise ValueError(f"EMA teacher: the encoder has {len(params)} parameters, the teacher {len(teacher_params)}")
+            raise ValueError(f"EMA teacher: the encoder has {len(params)} parameters, "
+                             f"the teacher {len(teacher_params)}")
         torch._foreach_lerp_(teacher_params, params, 1.0 - self.momentum)
         teacher_buffers, buffers = list(self.module.buffers()), list(encoder.buffers())
         if teacher_buffers:
