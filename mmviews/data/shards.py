@@ -269,7 +269,10 @@ def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, s
                 return
             name = f"{split}-{len(sm['shards']):05d}.parquet"
             tmp = folder / (name + TMP_SUFFIX)
-            datasets.Dataset.from_list(buffer, features=rows.features).to_parquet(str(tmp))
+            import pyarrow.parquet as pq
+
+            # datasets encodes the rows (its schema metadata keeps the features: Image(), Array2D...).
+            pq.write_table(datasets.Dataset.from_list(buffer, features=rows.features).data.table, str(tmp))
             os.replace(tmp, folder / name)
             sm["shards"].append({"file": name, "rows": len(buffer), "first": buffer[0][INDEX_COLUMN], "last": last})
             sm["rows"] += len(buffer)

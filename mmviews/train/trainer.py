@@ -161,11 +161,15 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     if not isinstance(loader.collate_fn, HostPreparedCollate):
         loader.collate_fn = HostPreparedCollate(loader.collate_fn, parts.encoder.host_preparation())
     teacher = EMATeacher(encoder, config.objective.teacher_momentum) if uses_teacher(config, objective) else None
-    model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, parts.train_loader, scheduler)
+    state = TrainState()
+    if getattr(loader, "streamed", False):  # each process reads its own rows (mmviews.data.streaming)
+        model, optimizer, scheduler = accelerator.prepare(encoder, optimizer, scheduler)
+        train_loader = state.stream = loader.to(accelerator.device)
+    else:
+        model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, loader, scheduler)
     # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:
     # Accelerate reads such objects back with full unpickling (code from the checkpoint could
     # run). They are saved as JSON and safetensors by mmviews.train.checkpoint instead.
-    state = TrainState()
     if teacher is not None:
         teacher.to(accelerator.device)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
@@ -238,6 +242,9 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     parts.sampler.set_epoch(epoch)
     parts.collator.set_epoch(epoch)
     parts.loader_generator.manual_seed(parts.config.seed * 1_000_003 + epoch)
+    if p.state.stream is not None:  # a streamed run skips the rows already trained on by itself
+        p.train_loader.skip_batches(p.state.batch_in_epoch)
+        return p.train_loader
     if p.state.batch_in_epoch == 0:
         return p.train_loader
     loader = p.accelerator.skip_first_batches(p.train_loader, p.state.batch_in_epoch)  # resuming mid-epoch
@@ -272,6 +279,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     random_metrics: dict[str, float] | None = None
     if checkpoint is not None:
         load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng)
+        if state.stream is not None and state.stream_state is not None:
+            state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
         p.checked_step = state.step
         random_metrics = read_eval_metrics(run_dir / "eval_random")
     elif config.evaluation.random_baseline and config.evaluation.tasks:
