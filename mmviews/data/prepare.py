@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shards = parser.add_argument_group("parquet shards (--format parquet)")
     shards.add_argument("--output", default=None, help="shard folder (default: <PATH>-parquet beside PATH)")
     shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
+    shards.add_argument("--columns", default=None,
+                        help="hf: modality=column pairs to write, comma-separated (default: image, audio, text columns)")
+    shards.add_argument("--labels", default=None, help="hf: label=column pairs, comma-separated (default: class=label)")
     shards.add_argument("--splits", default=None,
                         help="comma-separated splits to write (default: train,test for video; every split otherwise)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -144,6 +147,16 @@ def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _pairs(text: str | None, option: str) -> dict[str, str] | None:
+    """``"a=b,c=d"`` -> ``{"a": "b", "c": "d"}`` (None stays None)."""
+    if text is None:
+        return None
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+        raise ValueError(f"{option} takes name=column pairs separated by commas, got {text!r}")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
     """``--format parquet``: the source's splits as Parquet shards (:mod:`mmviews.data.shards`)."""
     from mmviews.data import shards
@@ -161,7 +174,7 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
         store = VideoStore(store_path)
         rows = {s: shards.video_split_rows(path, s, args.fold, store) for s in (wanted or ["train", "test"])}
         columns = {"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"}
-        kind, labels, options = "video", ["class"], {"fold": args.fold, **store.options}
+        kind, labels, options = "video", {"class": "class"}, {"fold": args.fold, **store.options}
         extra = {"store": str(store_path), "unreadable (skipped)": list(res["failed"].values())}
     elif args.dataset in SENTIMENT:
         from mmviews.data.sentiment import SEQUENCE_MODALITIES, open_sentiment
@@ -176,7 +189,7 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
         info = rows[names[0]].features
         columns = {m: ("tokens" if m == "text_ids" else "text" if m == "raw_text" else "sequence") for m in mods}
         kind, options, extra = "sentiment", {"layout": args.layout}, {}
-        labels = [c for c in info if c not in columns and c not in (shards.INDEX_COLUMN, "id")]
+        labels = {c: c for c in info if c not in columns and c not in (shards.INDEX_COLUMN, "id")}
     else:
         from mmviews.data.hf import HFDataset
 
@@ -185,11 +198,12 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
                 wanted = sorted(json.loads((path / "dataset_dict.json").read_text())["splits"])
             else:
                 wanted = [p.name for p in sorted(path.iterdir()) if p.is_dir()] or ["train"]
-        parts = {s: HFDataset(path, split=s) for s in wanted}
+        parts = {s: HFDataset(path, split=s, columns=_pairs(args.columns, "--columns"), labels=_pairs(args.labels, "--labels"))
+                 for s in wanted}
         rows = {s: shards.hf_split_rows(d) for s, d in parts.items()}
         first = next(iter(parts.values()))
         columns = {col: first.kinds[m] for m, col in first.columns.items()}
-        labels = list(first.label_columns.values())
+        labels = dict(first.label_columns)
         kind, options, extra = "hf", {"columns": first.columns, "labels": first.label_columns}, {}
     res = shards.write_shards(out, rows, source={"dataset": args.dataset, "root": str(path.resolve()), "kind": kind,
                                                  "options": options},

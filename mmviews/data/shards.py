@@ -148,7 +148,10 @@ def sentiment_split_rows(dataset: Any) -> SplitRows:
         s = dataset[i]
         out: dict[str, Any] = {INDEX_COLUMN: i, "id": str(s["id"])}
         for m, v in s["modalities"].items():
-            if v is None:
+            if v is None and info[m]["kind"] == "sequence":
+                # datasets reads a null Array2D back as NaN: an absent sequence is stored with 0 steps.
+                out[m] = np.zeros((0, int(info[m]["shape"][1])), np.float32)
+            elif v is None:
                 out[m] = None
             elif info[m]["kind"] == "tokens":
                 out[m] = v["input_ids"].tolist()
@@ -215,13 +218,13 @@ def _clean_tmp(folder: Path) -> None:
 
 
 def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, source: dict[str, Any],
-                 columns: dict[str, str], labels: Sequence[str], shard_size_mb: float = 256.0,
+                 columns: dict[str, str], labels: dict[str, str], shard_size_mb: float = 256.0,
                  overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Write every split of ``splits`` to ``out/<split>/*.parquet`` (see the module docstring).
 
     ``source``: ``{"dataset", "root", "kind" ("video", "sentiment" or "hf"), "options"}``, kept in the
     record so that a rerun with other options is refused instead of mixing two datasets;
-    ``columns``: ``{column: kind}`` of the modality columns; ``labels``: the label columns.
+    ``columns``: ``{column: kind}`` of the modality columns; ``labels``: ``{label name: column}``.
     Returns ``{"out", "splits": {split: {"rows", "shards", "skipped"}}, "written", "seconds"}``."""
     import datasets
     from tqdm.auto import tqdm
@@ -233,7 +236,7 @@ def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, s
     meta = read_shards_meta(out) if out.exists() else None
     if out.exists() and meta is None and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a mmviews shard folder (no {SHARDS_META}); choose another --output")
-    header = {"kind": SHARDS_KIND, "version": SHARDS_VERSION, "source": source, "columns": columns, "labels": list(labels)}
+    header = {"kind": SHARDS_KIND, "version": SHARDS_VERSION, "source": source, "columns": columns, "labels": dict(labels)}
     if meta is not None and any(meta.get(k) != v for k, v in header.items()):
         if not overwrite:
             raise FileExistsError(f"{out} holds shards of another source or options ({SHARDS_META} differs); "
@@ -338,7 +341,7 @@ def dataset_card(meta: dict[str, Any]) -> str:
              "One row per sample; `mmviews_index` is the sample's index in the source split.", "",
              "| column | content |", "|---|---|"]
     lines += [f"| `{c}` | {KIND_TEXT.get(k, k)} |" for c, k in meta["columns"].items()]
-    lines += [f"| `{c}` | label |" for c in meta["labels"]]
+    lines += [f"| `{c}` | label `{name}` |" for name, c in meta["labels"].items()]
     lines += ["", "| split | rows | shards |", "|---|---|---|"]
     lines += [f"| {s} | {sm['rows']} | {len(sm['shards'])} |" for s, sm in meta["splits"].items()]
     lines += ["", "Read with mmviews (`data.name: hf`, `data.root: <this folder>`, `data.options.format: parquet`,",

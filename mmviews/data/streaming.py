@@ -207,7 +207,11 @@ class RowDecoder:
                 ids = torch.as_tensor(np.asarray(value, dtype=np.int64))
                 return {"input_ids": ids, "attention_mask": torch.ones(len(ids), dtype=torch.long)} if len(ids) else None
             arr = torch.as_tensor(np.asarray(value, dtype=np.float32))
-            return None if kind == "sequence" and arr.shape[0] == 0 else arr
+            if kind == "sequence" and (arr.ndim != 2 or arr.shape[0] == 0):
+                if arr.numel() == 0 or (arr.ndim == 0 and bool(arr.isnan())):  # 0 steps, or a null read back as NaN
+                    return None
+                raise ValueError(f"expected a [len, D] sequence, got shape {tuple(arr.shape)}")
+            return arr
         except (ValueError, TypeError) as err:
             self._fail(row, col, err)
             return None
@@ -349,7 +353,7 @@ class ShardSource:
             kinds = {m: meta_kinds.get(col, inferred[m]) for m, col in columns.items()}
         if labels is None:
             if self.meta:
-                labels = {c: c for c in self.meta["labels"]}
+                labels = dict(self.meta["labels"])
             else:
                 labels = {"class": "label"} if "label" in self.features else {}
         for name, col in labels.items():
@@ -382,13 +386,17 @@ class ShardSource:
         fails here (named), before any training work."""
         if rows <= 0:
             return
-        import pyarrow.parquet as pq
-        import fsspec
-
-        with fsspec.open(self.shards.files[0], "rb") as f:
-            table = pq.ParquetFile(f).read_row_group(0).slice(0, rows)
-        for row in table.to_pylist():  # image columns come as {bytes, path}, as datasets gives them undecoded
+        for row in self._rows(self.shards.files[:1]).take(rows):
             self.decoder(row)
+
+    def _rows(self, files: Sequence[str]) -> Any:
+        """``files`` as a ``datasets.IterableDataset`` of raw rows (images left encoded)."""
+        import datasets
+
+        ds = datasets.load_dataset("parquet", data_files={self.split: list(files)}, split=self.split, streaming=True)
+        for col in self.image_columns:
+            ds = ds.cast_column(col, datasets.Image(decode=False))
+        return ds
 
     @property
     def num_skipped_shards(self) -> int:
@@ -432,12 +440,9 @@ class ShardStream(ShardSource):
 
     def iterable(self, *, seed: int, epoch: int, shuffle_buffer: int, rank: int = 0, world: int = 1) -> Any:
         """The ``datasets.IterableDataset`` of rows for process ``rank`` of ``world`` in ``epoch``."""
-        import datasets
         from datasets.distributed import split_dataset_by_node
 
-        ds = datasets.load_dataset("parquet", data_files={self.split: self.shards.files}, split=self.split, streaming=True)
-        for col in self.image_columns:
-            ds = ds.cast_column(col, datasets.Image(decode=False))
+        ds = self._rows(self.shards.files)
         if shuffle_buffer > 0:
             ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer)
         if world > 1:
