@@ -3,10 +3,11 @@ decoded tensors as the map-style source, every modality), resumable writing, dam
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from test_data_hf import png_bytes, wav_bytes
 from test_data_pickle import mmsa_split
 from test_data_video_audio import write_av
 
+from mmviews.cli import main
 from mmviews.data import build_dataset
 from mmviews.data.shards import SHARDS_META, read_shards_meta
 from mmviews.data.streaming import ParquetShardDataset, ShardStream, StreamLoader
@@ -28,8 +30,11 @@ VIDEO_OPTIONS = dict(num_frames=4, size=24, flow="farneback", sample_rate=16000,
 
 
 def prepare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmviews.cli", "prepare", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    """``mmviews prepare ARGS`` in this process (the CLI's own entry point; no interpreter start-up)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["prepare", *args])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def as_list(batch):

@@ -63,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shards = parser.add_argument_group("parquet shards (--format parquet)")
     shards.add_argument("--output", default=None, help="shard folder (default: <PATH>-parquet beside PATH)")
     shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
+    shards.add_argument("--shard-rows", type=int, default=None,
+                        help="at most this many rows per shard (equal shards split evenly between processes)")
     shards.add_argument("--columns", default=None,
                         help="hf: modality=column pairs to write, comma-separated (default: image, audio, text columns)")
     shards.add_argument("--labels", default=None, help="hf: label=column pairs, comma-separated (default: class=label)")
@@ -207,7 +209,8 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
         kind, options, extra = "hf", {"columns": first.columns, "labels": first.label_columns}, {}
     res = shards.write_shards(out, rows, source={"dataset": args.dataset, "root": str(path.resolve()), "kind": kind,
                                                  "options": options},
-                              columns=columns, labels=labels, shard_size_mb=args.shard_size_mb, overwrite=args.overwrite)
+                              columns=columns, labels=labels, shard_size_mb=args.shard_size_mb,
+                              shard_rows=args.shard_rows, overwrite=args.overwrite)
     summary: dict[str, Any] = {"dataset": args.dataset, "source": str(path), "shards": res["out"], **extra}
     for split, sm in res["splits"].items():
         summary[split] = f"{sm['rows']} rows in {sm['shards']} shards ({sm['skipped']} samples skipped)"

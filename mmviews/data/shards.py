@@ -219,12 +219,14 @@ def _clean_tmp(folder: Path) -> None:
 
 def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, source: dict[str, Any],
                  columns: dict[str, str], labels: dict[str, str], shard_size_mb: float = 256.0,
-                 overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+                 shard_rows: int | None = None, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Write every split of ``splits`` to ``out/<split>/*.parquet`` (see the module docstring).
 
     ``source``: ``{"dataset", "root", "kind" ("video", "sentiment" or "hf"), "options"}``, kept in the
     record so that a rerun with other options is refused instead of mixing two datasets;
     ``columns``: ``{column: kind}`` of the modality columns; ``labels``: ``{label name: column}``.
+    A shard is closed when it reaches ``shard_size_mb`` or holds ``shard_rows`` rows (when given):
+    equal shards split evenly between processes (see :mod:`mmviews.data.streaming`).
     Returns ``{"out", "splits": {split: {"rows", "shards", "skipped"}}, "written", "seconds"}``."""
     import datasets
     from tqdm.auto import tqdm
@@ -291,7 +293,7 @@ def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, s
                 continue
             buffer.append(row)
             size += _row_bytes(row)
-            if size >= limit:
+            if size >= limit or (shard_rows is not None and len(buffer) >= shard_rows):
                 flush(i)
         flush(rows.count - 1)
         sm["complete"] = True
