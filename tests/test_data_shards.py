@@ -160,3 +160,27 @@ def test_hf_round_trip_and_resumable_write(tmp_path):
     # Other columns into the same folder are refused, not mixed.
     r = prepare("hf", str(root), "--format", "parquet", "--columns", "image=img")
     assert r.returncode == 1 and "--overwrite" in r.stdout
+
+
+def test_check_reads_every_modality_column_and_names_a_bad_one(tmp_path):
+    """Opening a split (what `mmviews train --check` does) decodes its first rows: a damaged image is
+    named by row and column there; with on_error: skip it is marked absent and counted."""
+    import datasets
+
+    from mmviews.config import DataConfig
+    from mmviews.data.loaders import build_dataset_split
+
+    feats = datasets.Features({"img": datasets.Image(), "sentence": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict({"img": [{"bytes": png_bytes(9), "path": None}, {"bytes": b"\x89PNG broken", "path": None}],
+                                     "sentence": ["a", "b"]}, features=feats)
+    ds.save_to_disk(str(tmp_path / "src"))
+    r = prepare("hf", str(tmp_path / "src"), "--format", "parquet", "--columns", "image=img,text=sentence")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = DataConfig(name="hf", root=str(tmp_path / "src-parquet"), streaming=True,
+                      options={"columns": {"image": "img", "text": "sentence"}})
+    with pytest.raises(ValueError, match=r"row mmviews_index=1, column 'img': .*cannot read image"):
+        build_dataset_split(data, "train")
+    data.options["on_error"] = "skip"
+    with pytest.warns(UserWarning, match="marked absent"):
+        stream = build_dataset_split(data, "train")
+    assert stream.num_skipped == 1

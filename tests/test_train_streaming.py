@@ -71,23 +71,58 @@ def test_epochs_and_shuffling_are_reproducible(shards):
     assert epoch(0) == e0 and epoch(1, workers=2) == e1  # the same order again, whatever the workers
 
 
-def test_kill_mid_epoch_and_resume_equals_uninterrupted(shards, tmp_path):
-    path = write_recipe(tmp_path / "r.yaml", recipe(shards))
-    ref = run_train(str(path), "--output", str(tmp_path / "ref"), timeout=300)
+def test_loader_state_resumes_the_same_batches(shards):
+    """The position saved mid-epoch (JSON) gives the rest of the epoch's batches, shuffle buffer included."""
+    stream = build_dataset("hf", root=str(shards), split="train", streaming=True)
+    first = StreamLoader(stream, 8, as_list, seed=2, shuffle_buffer=16)
+    first.set_epoch(1)
+    full, state = [], None
+    for k, batch in enumerate(first):
+        full.append([s["index"] for s in batch])
+        if k == 2:
+            state = json.loads(json.dumps(first.state_dict()))
+    assert state["batches"] == 3 and state["rows"] == 24 and state["epoch"] == 1 and state["datasets_state"]
+    again = StreamLoader(stream, 8, as_list, seed=2, shuffle_buffer=16)
+    again.load_state_dict(state)
+    assert [[s["index"] for s in b] for b in again] == full[3:]
+    other = StreamLoader(stream, 8, as_list, seed=3, shuffle_buffer=16)
+    with pytest.raises(ValueError, match="seed changed"):
+        other.load_state_dict(state)
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory) -> tuple[Path, Path]:
+    """An uninterrupted streamed run (2 epochs of 6 steps) that also evaluates its streamed splits."""
+    folder = tmp_path_factory.mktemp("ref")
+    raw = recipe(shards)
+    raw["evaluation"] = {"tasks": ["msa:mosi"], "random_baseline": False}
+    path = write_recipe(folder / "r.yaml", raw)
+    ref = run_train(str(path), "--output", str(folder / "run"), timeout=300)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    summary = json.loads((tmp_path / "ref" / "results.json").read_text())
-    assert summary["steps"] == 2 * ROWS // 8 and summary["epochs"] == 2
+    return path, folder / "run"
+
+
+def test_streamed_run_evaluates_its_streamed_splits(reference):
+    summary = json.loads((reference[1] / "results.json").read_text())
+    assert summary["steps"] == 2 * ROWS // 8 and summary["epochs"] == 2 and summary["samples_seen"] == 2 * ROWS
+    assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
+
+
+def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, tmp_path):
+    path, ref = reference
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(SLOW_TRAIN), "--step-sleep", "0.4", "--", str(path), "--output", str(run)],
+    proc = subprocess.Popen([sys.executable, str(SLOW_TRAIN), "--step-sleep", "0.4", "--", str(path), "--output", str(run),
+                             "--set", "evaluation.at_end=false"],
                             env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _kill_when(proc, lambda: _last_step(run / "metrics.csv") >= 4)  # checkpoint-3: mid-epoch 0 (6 batches)
-    state = json.loads((run / "checkpoints" / "checkpoint-3" / "train_state.json").read_text())
+    checkpoint = run / "checkpoints" / "checkpoint-00000003"
+    state = json.loads((checkpoint / "train_state.json").read_text())
     assert state["batch_in_epoch"] == 3 and state["stream"]["batches"] == 3 and state["stream"]["rows"] == 24
     assert state["stream"]["shards"] == [f"train-{i:05d}.parquet" for i in range(4)]
-    resumed = run_train(str(path), "--output", str(run), "--resume", str(run / "checkpoints" / "checkpoint-3"),
+    resumed = run_train(str(path), "--output", str(run), "--resume", str(checkpoint), "--set", "evaluation.at_end=false",
                         timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_identical(load_weights(tmp_path / "ref" / "encoder"), load_weights(run / "encoder"))
+    _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
 
 
 def _free_port() -> int:
@@ -155,19 +190,3 @@ def test_damaged_shard_named_or_skipped(shards, tmp_path):
     assert stream.num_skipped_shards == 1 and len(stream) == ROWS - 12
     seen = [s["index"] for b in StreamLoader(stream, 4, as_list, drop_last=False) for s in b]
     assert sorted(seen) == [i for i in range(ROWS) if not 24 <= i < 36]
-
-
-def test_streamed_evaluation_and_check(shards, tmp_path):
-    raw = recipe(shards)
-    raw["optimisation"]["epochs"] = 1
-    raw["evaluation"] = {"tasks": ["msa:mosi"], "random_baseline": False}
-    path = write_recipe(tmp_path / "r.yaml", raw)
-    r = run_train(str(path), "--output", str(tmp_path / "run"), timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert report["eval"] and all(torch.isfinite(torch.tensor(v)) for v in report["eval"].values())
-    # --check reads a few rows of every modality column and names a bad one.
-    raw["data"]["options"] = {"columns": {"text": "text", "audio": "raw_text", "vision": "vision"}}
-    bad = write_recipe(tmp_path / "bad.yaml", raw)
-    r = run_train(str(bad), "--output", str(tmp_path / "bad"), "--check", timeout=120)
-    assert r.returncode != 0 and "raw_text" in r.stderr

@@ -558,8 +558,11 @@ class StreamLoader:
         positions: deque = deque()
         raw = _RawBatches(ds, self.batch_size, len(self) if self.drop_last else None, self._skip, positions)
         self.batches_in_epoch, self.rows_in_epoch = 0, 0
+        # The loader draws its workers' base seed from its own generator: from the global RNG, a
+        # resumed run (a new iterator mid-epoch) would shift the training RNG stream (dropout).
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         loader = DataLoader(_DecodeRows(self.dataset.decoder), batch_sampler=raw, collate_fn=self.collate_fn,
-                            num_workers=self.num_workers, pin_memory=self.pin_memory)
+                            num_workers=self.num_workers, pin_memory=self.pin_memory, generator=generator)
         skipped = self._skip
         for batch in loader:
             # The loader runs ahead of the consumer: the position is that of the batch handed out.
