@@ -137,43 +137,41 @@ from accelerate import PartialState
 from mmviews.config import load_config
 from mmviews.train.build import build_run
 state = PartialState(cpu=True)
-config = load_config(sys.argv[1])
-parts = build_run(config, state.num_processes, with_eval=False)
-parts.train_loader.set_epoch(1)
-seen = [b.index.tolist() for b in parts.train_loader]
-out = [None] * state.num_processes
-dist.all_gather_object(out, {"rank": state.process_index, "batches": seen, "len": len(parts.train_loader)})
+results = []
+for recipe in sys.argv[1:]:
+    parts = build_run(load_config(recipe), state.num_processes, with_eval=False)
+    parts.train_loader.set_epoch(1)
+    seen = [b.index.tolist() for b in parts.train_loader]
+    out = [None] * state.num_processes
+    dist.all_gather_object(out, {"rank": state.process_index, "batches": seen, "len": len(parts.train_loader)})
+    results.append(out)
 if state.is_main_process:
-    print("RESULT" + json.dumps(out))
+    print("RESULT" + json.dumps(results))
 """
 
 
-@pytest.mark.parametrize("shard_rows, disjoint_cover", [(12, True), (16, False)])
-def test_two_gloo_processes_draw_disjoint_rows(shards, tmp_path, shard_rows, disjoint_cover):
+def test_two_gloo_processes_draw_disjoint_rows(shards, tmp_path):
     """4 shards of 12 rows: each process reads 2 shards, the epoch covers every row once. 3 shards of
-    16 (not a multiple of 2 processes): every process reads every shard and keeps one row in two."""
-    folder = shards
-    if shard_rows != 12:
-        folder = tmp_path / "shards3"
-        r = prepare("mosi", str(shards.parent / "mosi.pkl"), "--format", "parquet", "--shard-rows", str(shard_rows),
-                    "--output", str(folder), "--splits", "train")
-        assert r.returncode == 0, r.stdout + r.stderr
-    path = write_recipe(tmp_path / "r.yaml", recipe(folder, val_split=None, test_split=None))
+    16 (not a multiple of 2 processes): every process reads every shard and keeps one row in two,
+    floor(48 / 2) = 24 rows each: the epoch covers every row once too."""
+    three = tmp_path / "shards3"
+    r = prepare("mosi", str(shards.parent / "mosi.pkl"), "--format", "parquet", "--shard-rows", "16",
+                "--output", str(three), "--splits", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    recipes = [str(write_recipe(tmp_path / f"r{k}.yaml", recipe(folder, val_split=None, test_split=None)))
+               for k, folder in enumerate((shards, three))]
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-                str(script), str(path)]
+                str(script), *recipes]
     r = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
     assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads(r.stdout.split("RESULT", 1)[1])
-    rows = [sorted(i for b in o["batches"] for i in b) for o in out]
-    assert out[0]["len"] == out[1]["len"] == len(out[0]["batches"]) == len(out[1]["batches"])  # same step count
-    assert all(len(b) == 4 for o in out for b in o["batches"])  # K / N rows per process
-    assert not set(rows[0]) & set(rows[1])
-    if disjoint_cover:
+    for out in json.loads(r.stdout.split("RESULT", 1)[1]):
+        rows = [sorted(i for b in o["batches"] for i in b) for o in out]
+        assert out[0]["len"] == out[1]["len"] == len(out[0]["batches"]) == len(out[1]["batches"]) == 6  # same steps
+        assert all(len(b) == 4 for o in out for b in o["batches"])  # K / N rows per process
+        assert not set(rows[0]) & set(rows[1])
         assert sorted(rows[0] + rows[1]) == list(range(ROWS))
-    else:  # floor(48 / 2) = 24 rows per process: 6 batches of 4 each, every row once
-        assert len(rows[0]) == len(rows[1]) == 24 and sorted(rows[0] + rows[1]) == list(range(ROWS))
 
 
 def test_damaged_shard_named_or_skipped(shards, tmp_path):
