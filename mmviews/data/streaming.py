@@ -501,6 +501,8 @@ class StreamLoader:
     def __init__(self, stream: ShardStream, batch_size: int, collate_fn: Any, *, seed: int = 0,
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, rank: int = 0, world: int = 1, drop_last: bool = True,
                  num_workers: int = 0, pin_memory: bool = False) -> None:
+        if shuffle_buffer < 0:
+            raise ValueError(f"key 'data.shuffle_buffer': must be >= 0 rows, got {shuffle_buffer}")
         self.dataset, self.batch_size, self.collate_fn = stream, int(batch_size), collate_fn
         self.seed, self.shuffle_buffer, self.rank, self.world = int(seed), int(shuffle_buffer), int(rank), int(world)
         self.drop_last, self.num_workers, self.pin_memory = drop_last, int(num_workers), pin_memory

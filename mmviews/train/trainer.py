@@ -33,7 +33,9 @@ Accelerate example loop, a contrastive trainer needs:
 4. **Checkpoints you can kill** (:mod:`mmviews.train.checkpoint`): written to a temporary
    folder and renamed when complete. ``--resume`` restores everything and skips the batches
    of the current epoch already done (``accelerator.skip_first_batches``): the final weights
-   equal those of an uninterrupted run.
+   equal those of an uninterrupted run. A streamed run (``data.streaming``) is not prepared by
+   Accelerate: each process reads its own shards, and its loader position is checkpointed as
+   data and replayed (:mod:`mmviews.data.streaming`).
 
 5. **No host synchronisation between log steps.** Nothing in the step reads a device value
    back: the objective's own input checks are off (``check_inputs = False``), a non-finite
