@@ -434,6 +434,7 @@ class ShardStream(ShardSource):
     of rows of the readable shards (from their footers); iterate with :class:`StreamLoader`."""
 
     streamed = True
+    _all_rows: Any = None
 
     def __len__(self) -> int:
         return self.shards.total
@@ -442,7 +443,9 @@ class ShardStream(ShardSource):
         """The ``datasets.IterableDataset`` of rows for process ``rank`` of ``world`` in ``epoch``."""
         from datasets.distributed import split_dataset_by_node
 
-        ds = self._rows(self.shards.files)
+        if self._all_rows is None:  # building the IterableDataset resolves the files: once per split
+            self._all_rows = self._rows(self.shards.files)
+        ds = self._all_rows
         if shuffle_buffer > 0:
             ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer)
         if world > 1:
