@@ -82,7 +82,9 @@ def test_video_round_trip_every_modality(video):
     assert (out / "README.md").is_file() and sorted(p.name for p in (out / "train").iterdir())[0] == "train-00000.parquet"
     ref = build_dataset("ucf101", root=str(root), split="train", **VIDEO_OPTIONS)
     assert ref.store is not None  # the map-style source reads the store prepare made first
-    mapped = build_dataset("hf", root=str(out), split="train", **VIDEO_OPTIONS)
+    mapped = build_dataset("hf", root=str(out), split="train", fold=1, **VIDEO_OPTIONS)  # a video recipe's options
+    with pytest.raises(ValueError, match="fold 1, not fold 2"):
+        build_dataset("hf", root=str(out), split="train", fold=2, **VIDEO_OPTIONS)
     assert isinstance(mapped, ParquetShardDataset) and len(mapped) == 3
     assert mapped.modality_info() == ref.modality_info()
     for i in range(3):

@@ -7,7 +7,7 @@ of the source: the same decoded tensors as the map-style source (video frames, f
 window of :class:`~mmviews.data.video.VideoFolder`; sentiment sequences; hf images, audio, text).
 ``columns``/``labels`` map modality and label names to columns, as for the other ``hf`` formats;
 shards of video folders take the video options instead (``num_frames``, ``size``, ``flow``,
-``audio``, ``sample_rate``, ``max_audio_seconds``).
+``audio``, ``sample_rate``, ``max_audio_seconds``, and ``fold``, checked against the fold written).
 
 With ``streaming=True`` (recipe key ``data.streaming: true``) the split is a :class:`ShardStream`:
 nothing is loaded or cached; each epoch reads the shards through ``datasets``' ``IterableDataset``
@@ -315,7 +315,7 @@ class ShardSource:
                  labels: Mapping[str, str] | None = None, image_size: int | tuple[int, int] | None = None,
                  sample_rate: int = 16000, on_error: str = "raise", num_frames: int = 8,
                  size: int | tuple[int, int] = 112, flow: str | None = None, audio: bool = True,
-                 max_audio_seconds: float = 5.0, check_rows: int = 2) -> None:
+                 max_audio_seconds: float = 5.0, fold: int | None = None, check_rows: int = 2) -> None:
         import pyarrow.parquet as pq
 
         if on_error not in ("raise", "skip"):
@@ -365,6 +365,10 @@ class ShardSource:
         image_t = (image_size, image_size) if isinstance(image_size, int) else image_size
         video = {"num_frames": int(num_frames), "size": size_t, "flow": flow is not None, "audio": bool(audio),
                  "max_audio_seconds": float(max_audio_seconds)} if kind == "video" else None
+        written_fold = (self.meta or {}).get("source", {}).get("options", {}).get("fold")
+        if fold is not None and fold != written_fold:  # a video recipe's data.options.fold
+            raise ValueError(f"{self.root}: the shards hold the splits of fold {written_fold}, not fold {fold} "
+                             f"(write them with `mmviews prepare ... --format parquet --fold {fold}`)")
         if kind == "video" and flow not in (None, "farneback"):
             raise ValueError(f"{self.root}: shards hold the store's Farneback flow: flow must be None or 'farneback', got {flow!r}")
         self.decoder = RowDecoder(self.root, kind, columns, kinds, labels, on_error, image_t, sample_rate, video,
