@@ -10,7 +10,6 @@ import pickle
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from test_data_hf import png_bytes, wav_bytes
@@ -20,7 +19,7 @@ from test_data_video_audio import write_av
 from mmviews.cli import main
 from mmviews.data import build_dataset
 from mmviews.data.shards import SHARDS_META, read_shards_meta
-from mmviews.data.streaming import ParquetShardDataset, ShardStream, StreamLoader
+from mmviews.data.streaming import ParquetShardDataset, StreamLoader
 
 REPO = Path(__file__).resolve().parents[1]
 # The audio window of the video file (seek) and the slice of the whole track stored as 24-bit FLAC:
