@@ -177,7 +177,8 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
         rows = {s: shards.video_split_rows(path, s, args.fold, store) for s in (wanted or ["train", "test"])}
         columns = {"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"}
         kind, labels, options = "video", {"class": "class"}, {"fold": args.fold, **store.options}
-        extra = {"store": str(store_path), "unreadable (skipped)": list(res["failed"].values())}
+        extra = {"store": str(store_path), "unreadable (skipped)": list(res["failed"].values()),
+                 "problems": [f"{len(res['failed'])} unreadable clips"] if res["failed"] else []}
     elif args.dataset in SENTIMENT:
         from mmviews.data.sentiment import SEQUENCE_MODALITIES, open_sentiment
 
