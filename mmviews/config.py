@@ -66,6 +66,10 @@ class DataConfig:
     # are costly to produce, e.g. the generated synthetic data). Per process and per loader
     # worker; augmentations still run on every use.
     cache: bool = False
+    # Read the splits as streams of Parquet shards (data.name: hf; mmviews.data.streaming):
+    # split across processes, shuffled with a seeded buffer of shuffle_buffer rows.
+    streaming: bool = False
+    shuffle_buffer: int = 1000
 
 
 @dataclass

@@ -99,13 +99,22 @@ class TrainState:
     batch_in_epoch: int = 0
     step: int = 0
     samples: int = 0
+    # A streamed run's loader (mmviews.data.streaming.StreamLoader): its state_dict (JSON data) is
+    # saved as "stream"; a loaded one waits in stream_state for the trainer to hand it back.
+    stream: Any = None
+    stream_state: dict[str, Any] | None = None
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step, "samples": self.samples}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
+                                 "samples": self.samples}
+        if self.stream is not None:
+            state["stream"] = self.stream.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
         self.step, self.samples = int(state["step"]), int(state.get("samples", 0))
+        self.stream_state = state.get("stream")
 
 
 def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool, overwrite: bool = False) -> None:

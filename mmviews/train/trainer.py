@@ -36,7 +36,9 @@ Accelerate example loop, a contrastive trainer needs:
 4. **Checkpoints you can kill** (:mod:`mmviews.train.checkpoint`): written to a temporary
    folder and renamed when complete. ``--resume`` restores everything and skips the batches
    of the current epoch already done (``accelerator.skip_first_batches``): the final weights
-   equal those of an uninterrupted run (on CUDA bitwise only with ``deterministic: true``).
+   equal those of an uninterrupted run (on CUDA bitwise only with ``deterministic: true``). A streamed run (``data.streaming``) is not prepared by
+   Accelerate: each process reads its own shards, and its loader position is checkpointed as
+   data and replayed (:mod:`mmviews.data.streaming`).
 
 5. **No host synchronisation between log steps.** Nothing in the step reads a device value
    back: the objective's own input checks are off (``check_inputs = False``), a non-finite
@@ -168,11 +170,15 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
         loader.collate_fn = HostPreparedCollate(loader.collate_fn, parts.encoder.host_preparation())
     teacher = (EMATeacher(encoder, config.objective.teacher_momentum, autocast=accelerator.autocast)
                if uses_teacher(config, objective) else None)
-    model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, parts.train_loader, scheduler)
+    state = TrainState()
+    if getattr(loader, "streamed", False):  # each process reads its own rows (mmviews.data.streaming)
+        model, optimizer, scheduler = accelerator.prepare(encoder, optimizer, scheduler)
+        train_loader = state.stream = loader.to(accelerator.device)
+    else:
+        model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, loader, scheduler)
     # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:
     # Accelerate reads such objects back with full unpickling (code from the checkpoint could
     # run). They are saved as JSON and safetensors by mmviews.train.checkpoint instead.
-    state = TrainState()
     if teacher is not None:
         teacher.to(accelerator.device)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
@@ -245,6 +251,9 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     parts.sampler.set_epoch(epoch)
     parts.collator.set_epoch(epoch)
     parts.loader_generator.manual_seed(parts.config.seed * 1_000_003 + epoch)
+    if p.state.stream is not None:  # a streamed run skips the rows already trained on by itself
+        p.train_loader.skip_batches(p.state.batch_in_epoch)
+        return p.train_loader
     if p.state.batch_in_epoch == 0:
         return p.train_loader
     loader = p.accelerator.skip_first_batches(p.train_loader, p.state.batch_in_epoch)  # resuming mid-epoch
@@ -278,6 +287,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     random_metrics: dict[str, float] | None = None
     if checkpoint is not None:
         load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng)
+        if state.stream is not None and state.stream_state is not None:
+            state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
         p.checked_step = state.step
         random_metrics = read_eval_metrics(run_dir / "eval_random")
     elif config.evaluation.random_baseline and config.evaluation.tasks:
