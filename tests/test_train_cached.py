@@ -79,7 +79,9 @@ def assert_same_training(a: tuple[dict[str, torch.Tensor], list[float]],
     torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), rtol=0, atol=atol)
     assert wa.keys() == wb.keys()
     for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+        # Looser than the losses: Adam's normalised steps carry the gradients' float-rounding
+        # differences (summation order of the chunks) into the weights, step after step.
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=5 * atol, msg=lambda m, k=k: f"{k}: {m}")
 
 
 # ---- ViewBatch.sample_range ------------------------------------------------------------------
