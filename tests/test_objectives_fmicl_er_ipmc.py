@@ -238,8 +238,36 @@ def test_ipmc_memory_bank_negatives():
 def test_ipmc_bank_sampling_size():
     objective = get_objective("ipmc", memory_bank_size=50, bank_negatives=8)
     objective.on_step_end(torch.randn(30, 2, 4), torch.arange(30))
-    indices, entries = objective.bank.sample(8)
+    indices, entries, valid = objective.bank.sample(8)
     assert indices.unique().numel() == 8 and bool(objective.bank.filled[indices].all()) and entries.shape == (8, 2, 4)
+    assert valid is not None and bool(valid.all())
+    # Fewer filled rows than asked for: every filled row once, completed with empty rows marked invalid.
+    indices, entries, valid = objective.bank.sample(40)
+    assert indices.unique().numel() == 40 and entries.shape == (40, 2, 4)
+    assert sorted(indices[valid].tolist()) == list(range(30)) and not bool(objective.bank.filled[indices[~valid]].any())
+
+
+def test_ipmc_bank_draw_is_uniform_over_filled_rows():
+    from mmviews.objectives.ipmc.memory_bank import MemoryBank
+
+    bank = MemoryBank(20, 2, 3)
+    bank.update(torch.randn(10, 2, 3), torch.arange(0, 20, 2))  # the even rows
+    torch.manual_seed(0)
+    counts = torch.zeros(20)
+    for _ in range(2000):
+        rows, _, valid = bank.sample(3)
+        assert bool(valid.all())
+        counts[rows] += 1
+    assert counts[1::2].sum() == 0
+    assert torch.allclose(counts[0::2] / 2000, torch.full((10,), 0.3), atol=0.05)  # 3 of 10 rows per draw
+
+
+def test_ipmc_per_direction_pools_index_the_off_diagonal_pairs():
+    from mmviews.objectives.ipmc.loss import off_diagonal_index
+
+    for m in (2, 3, 5):
+        grid = torch.arange(m * m).reshape(m, m)
+        assert torch.equal(grid.flatten()[off_diagonal_index(m, grid.device)], grid[~torch.eye(m, dtype=torch.bool)])
 
 
 def test_view_filter_window_average():

@@ -109,12 +109,19 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
     known = list_datasets()
     if data.name not in known:
         raise ValueError(f"key 'data.name': unknown dataset {data.name!r}; known: {', '.join(known)}")
-    if data.root is not None and not Path(data.root).expanduser().exists():
+    if data.streaming and data.cache:
+        raise ValueError("keys 'data.streaming'/'data.cache': a streamed split is not kept in memory; set data.cache: false")
+    if data.root is not None and "://" not in str(data.root) and not Path(data.root).expanduser().exists():
         raise FileNotFoundError(f"dataset {data.name!r} not found at {data.root}, see data_cards/{data.name}.md "
                                 f"(set data.root, e.g. --set data.root=/path/to/{data.name})")
     kwargs = {**data.options, **data.split_options.get(split, {})}
     if data.root is not None:
-        kwargs["root"] = str(Path(data.root).expanduser())
+        kwargs["root"] = str(data.root) if "://" in str(data.root) else str(Path(data.root).expanduser())
+    if data.streaming:
+        if data.name != "hf":
+            raise ValueError(f"key 'data.streaming': streaming reads Parquet shards through data.name: hf, not "
+                             f"{data.name!r}; write them with `mmviews prepare {data.name} ROOT --format parquet`")
+        kwargs["streaming"] = True
     try:
         dataset = build_dataset(data.name, split=split, **kwargs)
     except TypeError as error:
@@ -161,6 +168,13 @@ def build_eval_loaders(data: DataSource, view_config: Sequence[Any], seed: int,
             continue
         dataset = train_dataset if key == "train" and train_dataset is not None else build_dataset_split(data, split)
         collator = ViewSetCollator.for_dataset(dataset, view_config, seed=seed)
+        if getattr(dataset, "streamed", False):
+            from mmviews.data.streaming import StreamLoader
+
+            # One pass over every row, in shard order, by every process (extraction needs no length).
+            loaders[key] = StreamLoader(dataset, data.eval_batch_size, collator, drop_last=False,
+                                        num_workers=data.num_workers)
+            continue
         loaders[key] = DataLoader(dataset, batch_size=data.eval_batch_size, shuffle=False, collate_fn=collator,
                                   num_workers=data.num_workers)
     return loaders

@@ -14,6 +14,10 @@
   it counts clips with an audio track and unreadable clips and writes ``index.json`` to
   ``--out`` (default ``PATH/mmviews_index.json``).
 - ``synthetic``: nothing to prepare (generated on the fly); prints its shapes.
+- ``--format parquet`` (any of the above, and ``hf`` folders): writes sharded Parquet files that
+  HuggingFace ``datasets`` reads and that mmviews streams (``data.streaming: true``), to
+  ``--output`` (default ``<PATH>-parquet`` beside PATH), ``--shard-size-mb`` per shard;
+  resumable after a kill (:mod:`mmviews.data.shards`).
 
 Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
 """
@@ -37,7 +41,7 @@ VIDEO_CLIPS = {"ucf101": 13320, "hmdb51": 6766}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("synthetic",)), help="dataset name (see data_cards/)")
+    parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("synthetic", "hf")), help="dataset name (see data_cards/)")
     parser.add_argument("path", nargs="?", default=None, help="the .pkl file (mosi/mosei/sims) or the video folder")
     parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
     parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
@@ -48,12 +52,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     video.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="worker processes extracting clips (default: one per CPU; 0: in this process)")
     video.add_argument("--size", type=int, default=128, help="short side of the stored frames in px (0: as decoded)")
-    video.add_argument("--format", default="jpeg", choices=["jpeg", "npy"], help="frames and flow as JPEG files or uint8 .npy arrays")
+    video.add_argument("--format", default="jpeg", choices=["jpeg", "npy", "parquet"],
+                       help="frames and flow as JPEG files or uint8 .npy arrays; parquet: sharded Parquet files "
+                            "for streaming (any dataset; the video store is made first, as JPEG)")
     video.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality (1-100)")
     video.add_argument("--flow", default="farneback", choices=["farneback", "none"], help="optical flow to store")
     video.add_argument("--on-error", default="skip", choices=["skip", "raise"],
                        help="an unreadable video: report it and go on (skip) or stop (raise)")
     video.add_argument("--check-only", action="store_true", help="only check the folder and write its index (no store)")
+    shards = parser.add_argument_group("parquet shards (--format parquet)")
+    shards.add_argument("--output", default=None, help="shard folder (default: <PATH>-parquet beside PATH)")
+    shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
+    shards.add_argument("--shard-rows", type=int, default=None,
+                        help="at most this many rows per shard (equal shards split evenly between processes)")
+    shards.add_argument("--columns", default=None,
+                        help="hf: modality=column pairs to write, comma-separated (default: image, audio, text columns)")
+    shards.add_argument("--labels", default=None, help="hf: label=column pairs, comma-separated (default: class=label)")
+    shards.add_argument("--splits", default=None,
+                        help="comma-separated splits to write (default: train,test for video; every split otherwise)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -133,6 +149,77 @@ def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _pairs(text: str | None, option: str) -> dict[str, str] | None:
+    """``"a=b,c=d"`` -> ``{"a": "b", "c": "d"}`` (None stays None)."""
+    if text is None:
+        return None
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+        raise ValueError(f"{option} takes name=column pairs separated by commas, got {text!r}")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
+    """``--format parquet``: the source's splits as Parquet shards (:mod:`mmviews.data.shards`)."""
+    from mmviews.data import shards
+
+    path = Path(args.path)
+    out = Path(args.output or args.out or shards.default_shards_path(path))
+    wanted = args.splits.split(",") if args.splits else None
+    if args.dataset in VIDEO:
+        from mmviews.data.video_store import VideoStore, default_store_path, prepare_video_store
+
+        store_path = default_store_path(path)
+        res = prepare_video_store(path, store_path, dataset=args.dataset, image_format="jpeg", size=args.size,
+                                  flow=None if args.flow == "none" else args.flow, jpeg_quality=args.jpeg_quality,
+                                  workers=args.workers, on_error=args.on_error)
+        store = VideoStore(store_path)
+        rows = {s: shards.video_split_rows(path, s, args.fold, store) for s in (wanted or ["train", "test"])}
+        columns = {"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"}
+        kind, labels, options = "video", {"class": "class"}, {"fold": args.fold, **store.options}
+        extra = {"store": str(store_path), "unreadable (skipped)": list(res["failed"].values()),
+                 "problems": [f"{len(res['failed'])} unreadable clips"] if res["failed"] else []}
+    elif args.dataset in SENTIMENT:
+        from mmviews.data.sentiment import SEQUENCE_MODALITIES, open_sentiment
+
+        names = wanted or ["train", "valid", "test"]
+        first = open_sentiment(path, names[0], dataset=args.dataset, layout=args.layout, progress=True)
+        mods = [m for m in (*SEQUENCE_MODALITIES, "text_ids", "raw_text")
+                if m in first.smeta["modalities"] or (m == "text_ids" and first.smeta["has_text_ids"])
+                or (m == "raw_text" and first.smeta["has_raw_text"])]
+        rows = {s: shards.sentiment_split_rows(open_sentiment(path, s, dataset=args.dataset, layout=args.layout,
+                                                              modalities=mods)) for s in names}
+        info = rows[names[0]].features
+        columns = {m: ("tokens" if m == "text_ids" else "text" if m == "raw_text" else "sequence") for m in mods}
+        kind, options, extra = "sentiment", {"layout": args.layout}, {}
+        labels = {c: c for c in info if c not in columns and c not in (shards.INDEX_COLUMN, "id")}
+    else:
+        from mmviews.data.hf import HFDataset
+
+        if wanted is None:
+            if (path / "dataset_dict.json").is_file():
+                wanted = sorted(json.loads((path / "dataset_dict.json").read_text())["splits"])
+            else:
+                wanted = [p.name for p in sorted(path.iterdir()) if p.is_dir()] or ["train"]
+        parts = {s: HFDataset(path, split=s, columns=_pairs(args.columns, "--columns"), labels=_pairs(args.labels, "--labels"))
+                 for s in wanted}
+        rows = {s: shards.hf_split_rows(d) for s, d in parts.items()}
+        first = next(iter(parts.values()))
+        columns = {col: first.kinds[m] for m, col in first.columns.items()}
+        labels = dict(first.label_columns)
+        kind, options, extra = "hf", {"columns": first.columns, "labels": first.label_columns}, {}
+    res = shards.write_shards(out, rows, source={"dataset": args.dataset, "root": str(path.resolve()), "kind": kind,
+                                                 "options": options},
+                              columns=columns, labels=labels, shard_size_mb=args.shard_size_mb,
+                              shard_rows=args.shard_rows, overwrite=args.overwrite)
+    summary: dict[str, Any] = {"dataset": args.dataset, "source": str(path), "shards": res["out"], **extra}
+    for split, sm in res["splits"].items():
+        summary[split] = f"{sm['rows']} rows in {sm['shards']} shards ({sm['skipped']} samples skipped)"
+    summary["written now"] = res["written"]
+    summary["seconds"] = res["seconds"]
+    return summary
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if args.dataset == "synthetic":
@@ -148,7 +235,13 @@ def run(args: argparse.Namespace) -> int:
         if not Path(args.path).exists():
             print(f"error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)")
             return 1
-        summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
+        if getattr(args, "format", None) == "parquet":
+            summary = _prepare_parquet(args)
+        elif args.dataset == "hf":
+            print("error: mmviews prepare hf needs --format parquet (hf folders are read as they are otherwise)")
+            return 1
+        else:
+            summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:
         # The message names the file, split or key at fault (a KeyError's without str()'s quotes).
         print(f"error: {err.args[0] if isinstance(err, KeyError) and err.args else err}")

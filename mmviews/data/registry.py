@@ -49,7 +49,9 @@ def build_dataset(name: str, root: str | Path | None = None, split: str = "train
       exists) (see :class:`mmviews.data.video.VideoFolder`).
     - ``hf``: root = a ``save_to_disk`` folder, or an image/audio folder with
       ``format="imagefolder"|"audiofolder"``; ``columns={modality: column}`` (see
-      :class:`mmviews.data.hf.HFDataset`).
+      :class:`mmviews.data.hf.HFDataset`); or a folder (or fsspec URL) of Parquet shards
+      (``format="parquet"``, detected by ``"auto"``), map-style or with ``streaming=True``
+      (recipe key ``data.streaming``) streamed (:mod:`mmviews.data.streaming`).
     - ``gaussian_latents``: no root. Options: ``num_samples`` (default 65536 train, 4096
       valid / test), ``sigma0``, ``seed`` (see :mod:`mmviews.data.gaussian`).
 

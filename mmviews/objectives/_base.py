@@ -48,6 +48,7 @@ from typing import Callable, ClassVar, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from mmviews.registry import Registry
 
@@ -185,6 +186,7 @@ class _ScoresLogSumExp(torch.autograd.Function):
         return (top + total.log()).squeeze(dims)
 
     @staticmethod
+    @once_differentiable  # a second derivative through these hand-written passes would be wrong
     def backward(ctx, grad):  # type: ignore[override]
         anchors, candidates, weights, row_has_entries = ctx.saved_tensors
         grad = grad.reshape(row_has_entries.shape) * row_has_entries
@@ -583,7 +585,7 @@ class MultiViewObjective(nn.Module):
         present = torch.ones(K, M, dtype=torch.bool, device=z.device) if mask is None else mask
         world = distributed.world_size()
         if world > 1:
-            distributed.check_equal_local_sizes(K, z.device)
+            distributed.check_equal_local_sizes(K, z.device, host_check=self.check_inputs)
             U = distributed.gather_with_grad(u)
             present_all = distributed.gather_no_grad(present)
             offset = distributed.rank() * K

@@ -33,6 +33,15 @@ from .memory_bank import MemoryBank, check_index
 from .view_filter import ViewFilter
 
 
+def off_diagonal_index(m: int, device: torch.device) -> torch.Tensor:
+    """The flat positions ``a * m + b`` of the ``m (m - 1)`` pairs ``a != b`` of an ``[m, m]``
+    grid, row-major (the order of boolean indexing with ``~eye(m)``), computed on ``device``:
+    indexing with a boolean mask would be a ``nonzero``, a host synchronisation on an accelerator."""
+    i = torch.arange(m * (m - 1), device=device)
+    a, b = i // (m - 1), i % (m - 1)
+    return a * m + b + (b >= a).long()
+
+
 @register_objective(
     "ipmc", "IPMC: Circle-loss instance tier, memory bank, view filter and Wasserstein critic (Li et al.)"
 )
@@ -153,7 +162,7 @@ class IPMC(MultiViewObjective):
     def _bank_has_entries(self) -> bool:
         """Whether the memory bank holds any entry; a host read only until it does."""
         if not self._bank_used:
-            self._bank_used = bool(self.bank.filled.any())
+            self._bank_used = self.bank.has_entries()
         return self._bank_used
 
     def get_extra_state(self) -> dict:
@@ -263,11 +272,15 @@ class IPMC(MultiViewObjective):
         # candidates: the bank's sampled entries (detached) or every rank's batch
         use_bank = self.bank is not None and self._bank_has_entries()
         if use_bank:
-            candidate_index, candidates = self.bank.sample(self.bank_negatives)
+            candidate_index, candidates, valid = self.bank.sample(self.bank_negatives)
             candidate_index, candidates = candidate_index.to(device), candidates.to(device=device, dtype=dtype)
+            if valid is not None:  # empty rows drawn from a bank not yet full: left out by is_self,
+                valid = valid.to(device)  # and looked up (view filter) as row 0, which the bank may exceed
+                candidate_index = torch.where(valid, candidate_index, torch.zeros_like(candidate_index))
 
             def is_self(start: int, stop: int) -> torch.Tensor:  # [k, C]: candidate is the anchor's own entry
-                return candidate_index[None, :] == index[start:stop, None]
+                own = candidate_index[None, :] == index[start:stop, None]
+                return own if valid is None else own | ~valid[None, :]  # (or an empty row: not a candidate)
         else:
             candidates = views.U
             candidate_index = distributed.gather_no_grad(index) if index is not None else None
@@ -313,7 +326,7 @@ class IPMC(MultiViewObjective):
             positive_lse = torch.logaddexp(positive_lse, pool_lse[:, 1])
         terms = F.softplus(negative_lse + positive_lse) / self.gamma
         if per_direction:  # rows a == b are not pairs; every sample has the same M (M - 1) rows
-            terms = terms[:, off_diagonal]  # [K, M (M - 1)]
+            terms = terms.flatten(1)[:, off_diagonal_index(M, device)]  # [K, M (M - 1)]
         # scale: the authors' code multiplies the unified loss by 16 (after the 1 / gamma)
         unified = self.scale * views.mean(terms)
 
