@@ -74,6 +74,7 @@ class IPMC(MultiViewObjective):
     optimiser's state)."""
 
     supports_mask = False
+    presets: ClassVar[dict[str, dict[str, object]]] = PRESETS  # read by `mmviews list objectives`
     # block-sized buffers of the pools at once (scores, logits, their weights and gradients)
     WORKING_COPIES: ClassVar[int] = 4
     takes_index = True  # needed with a memory bank or a view filter, optional otherwise
