@@ -141,8 +141,8 @@ def test_wrong_column_through_the_command_line(capsys: pytest.CaptureFixture[str
     recipe.write_text(f"""name: rows
 data: {{name: hf, root: {rows_dataset}, options: {{columns: {{rows: row}}}}, train_split: train, val_split: null,
         test_split: test, batch_size: 4}}
-views: [{{modality: rows}}, {{modality: rows, augment: feature_noise}}]
-adapters: {{rows: {{kind: mlp, input_dim: 2}}}}
+views: [{{modality: rows, copies: 2, augment: seq_noise}}]
+adapters: {{rows: {{type: mlp, input_dim: 2}}}}
 """)
     rc, _, err = cli(capsys, "train", str(recipe), "--check")
     line = one_line_error(err)
