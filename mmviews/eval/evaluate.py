@@ -220,6 +220,8 @@ def _compute(
             for a, b in _retrieval_pairs(ev, task):
                 res = cross_view_retrieval(ev.views, ev.mask, a, b, ks=task.params.get("ks", (1, 5, 10)))
                 na, nb = ev.view_names[a], ev.view_names[b]
+                # the number of pairs: chance is R@k = k / n, mean rank (n + 1) / 2
+                metrics[f"{split}/retrieval/{na}->{nb}/n"] = metrics[f"{split}/retrieval/{nb}->{na}/n"] = res["n"]
                 for k, v in res.items():
                     if k.startswith("a2b/"):
                         metrics[f"{split}/retrieval/{na}->{nb}/{k[4:]}"] = v
