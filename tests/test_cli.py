@@ -92,3 +92,13 @@ def test_list_objectives_shows_defaults_and_presets(capsys):
     assert "temperature: 0.1" in entries["mv_dhel"]
     assert "gamma: 4.0 (measured) / 64.0 (paper)" in entries["ipmc"] and "preset: measured" in entries["ipmc"]
     assert "divergence: pearson" in entries["fmicl"]
+
+
+def test_every_registered_dataset_has_a_card(capsys):
+    from mmviews.data import list_datasets
+    from mmviews.resources import data_card
+
+    assert [name for name in list_datasets() if data_card(name) is None] == []
+    assert main(["list", "datasets"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert all("card: " in row for row in rows) and any(row.startswith("hf ") for row in rows)
