@@ -34,7 +34,7 @@ reports each kind once.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 __all__ = ["LiveHealth", "evaluation_warnings", "run_warnings", "training_warnings"]
 
