@@ -350,10 +350,11 @@ class IPMC(MultiViewObjective):
         if moved is not None:
             positive_lse = torch.logaddexp(positive_lse, pool_lse[:, 1])
         terms = F.softplus(negative_lse + positive_lse) / self.gamma
-        if per_direction:  # rows a == b are not pairs; every sample has the same M (M - 1) rows
-            terms = terms[:, off_diagonal]  # [K, M (M - 1)]
+        # per direction, rows a == b are not pairs: masked out of the mean rather than dropped
+        # by boolean indexing, which would read the device back (a synchronisation) every step
+        rows = off_diagonal.expand_as(terms) if per_direction else None
         # scale: the authors' code multiplies the unified loss by 16 (after the 1 / gamma)
-        unified = self.scale * views.mean(terms)
+        unified = self.scale * views.mean(terms, rows)
 
         metrics = similarity_metrics(views)
         moved_count = torch.zeros((), dtype=dtype, device=device) if moved is None else moved.sum().to(dtype)
