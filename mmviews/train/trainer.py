@@ -12,9 +12,11 @@ Accelerate example loop, a contrastive trainer needs:
    SyncBatchNorm on GPUs when N > 1; on CPU (gloo) torch has no SyncBatchNorm, so there
    BatchNorm statistics are per process (use heads without BatchNorm to match one process
    exactly).
-2. **Gradient accumulation** (``optimisation.grad_accum_steps``) sums gradients over
-   micro-batches. It does NOT add negatives: each micro-batch's loss only contrasts the K
-   samples of that micro-batch.
+2. **Gradient accumulation** (``optimisation.grad_accum_steps`` = n): Accelerate divides each
+   micro-batch's loss by n, so an optimiser step follows the average of the n micro-batch
+   gradients (the last window of an epoch with fewer than n batches left sums its k < n
+   divided gradients, i.e. k/n of their average). It does NOT add negatives: each
+   micro-batch's loss only contrasts the K samples of that micro-batch.
 3. **The objective's contract** (class attributes and no-op hooks of
    :class:`~mmviews.objectives.MultiViewObjective`); the loop has no per-objective code:
 
@@ -273,6 +275,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     if checkpoint is not None:
         load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng)
         p.checked_step = state.step
+        if accelerator.is_main_process:  # one line, so that a user (and the tests) see where it continues
+            print(f"resumed from {checkpoint} at step {state.step} of {p.total_steps}", flush=True)
         random_metrics = read_eval_metrics(run_dir / "eval_random")
     elif config.evaluation.random_baseline and config.evaluation.tasks:
         random_metrics = run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / "eval_random", accelerator,

@@ -1,0 +1,61 @@
+"""Named ways to break mmviews on purpose, for the tests that prove a guard test can fail
+(see ``tests/README.md``). (No tests here.)
+
+Each break replaces one attribute; :func:`apply_break` takes the ``setattr`` to use, so that a
+test applies it with pytest's ``monkeypatch.setattr`` (undone after the test) and
+``tests/slow_train.py --break NAME`` applies it for good in a training subprocess (under
+``accelerate launch`` too).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def _skip_restore() -> tuple[Any, str, Any]:
+    """``--resume`` verifies nothing and restores nothing: training silently restarts at step 0."""
+    import mmviews.train.trainer as trainer
+
+    def restore_nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return trainer, "load_checkpoint", restore_nothing
+
+
+def _scale_loss() -> tuple[Any, str, Any]:
+    """The loss is multiplied by the number of processes before backward (a gradient-scale error
+    that only shows with several processes; AdamW would cancel it, plain SGD does not)."""
+    from accelerate import Accelerator
+
+    original = Accelerator.backward
+
+    def backward(self: Any, loss: Any, **kwargs: Any) -> None:
+        return original(self, loss * self.num_processes, **kwargs)
+
+    return Accelerator, "backward", backward
+
+
+def _no_accumulation_scaling() -> tuple[Any, str, Any]:
+    """Gradient accumulation sums the micro-batch gradients instead of averaging them."""
+    from accelerate import Accelerator
+
+    original = Accelerator.backward
+
+    def backward(self: Any, loss: Any, **kwargs: Any) -> None:
+        return original(self, loss * self.gradient_accumulation_steps, **kwargs)
+
+    return Accelerator, "backward", backward
+
+
+BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
+    "skip_restore": _skip_restore,
+    "scale_loss": _scale_loss,
+    "sum_accumulated_gradients": _no_accumulation_scaling,
+}
+
+
+def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = setattr) -> None:
+    """Apply the break ``name`` (a key of :data:`BREAKS`) with ``set_attribute(owner, name, value)``."""
+    if name not in BREAKS:
+        raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
+    set_attribute(*BREAKS[name]())
