@@ -47,10 +47,49 @@ def _no_accumulation_scaling() -> tuple[Any, str, Any]:
     return Accelerator, "backward", backward
 
 
+def _drop_within_view_mask() -> tuple[Any, str, Any]:
+    """MV-DHEL's within-view uniformity ignores the presence mask (absent views count as negatives)."""
+    import mmviews.objectives.mv_dhel as mv_dhel
+
+    def keep_nothing_out(keep: Any, row_axis: int, num_samples: int) -> Callable[..., None]:
+        return lambda scores, start, stop: None
+
+    return mv_dhel, "keep_exclusion", keep_nothing_out
+
+
+def _shift_streamed_blocks() -> tuple[Any, str, Any]:
+    """Every streamed block after the first scores the anchors one sample too early (an
+    off-by-one in the block offsets)."""
+    from mmviews.objectives import _streaming
+
+    original = _streaming._block_scores
+
+    def shifted(anchors: Any, candidates: Any, start: int, stop: int, *args: Any) -> Any:
+        return original(anchors, candidates, start - 1, stop - 1, *args) if start > 0 else \
+            original(anchors, candidates, start, stop, *args)
+
+    return _streaming, "_block_scores", shifted
+
+
+def _unpickle_checkpoints() -> tuple[Any, str, Any]:
+    """Checkpoint files are read with full unpickling (``torch.load(weights_only=False)``)."""
+    import torch
+
+    import mmviews.train.checkpoint as checkpoint
+
+    def load_anything(path: Any, safe_globals: Any = ()) -> Any:
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+    return checkpoint, "load_torch_file", load_anything
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "skip_restore": _skip_restore,
     "scale_loss": _scale_loss,
     "sum_accumulated_gradients": _no_accumulation_scaling,
+    "drop_within_view_mask": _drop_within_view_mask,
+    "shift_streamed_blocks": _shift_streamed_blocks,
+    "unpickle_checkpoints": _unpickle_checkpoints,
 }
 
 
