@@ -310,3 +310,43 @@ def test_teacher_copy_is_resalted() -> None:
     with dropout_step(0, 0):
         a, b = enc(batch)[0], teacher(batch)[0]
     assert not torch.allclose(a, b, atol=1e-4), "the teacher must draw its own masks"
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def _train_weights(tmp_path, name: str, *, dropout: float = 0.2, keyed: bool = True) -> dict[str, torch.Tensor]:
+    from test_train_utils import load_weights, tiny_config as tiny_recipe
+
+    from mmviews.config import config_from_dict
+    from mmviews.train import train
+
+    raw = tiny_recipe(image=False, batch_norm=False, dropout=dropout, num_samples=32, batch_size=16, epochs=2)
+    raw["cpu"] = True
+    raw["optimisation"]["sample_keyed_dropout"] = keyed
+    raw["output"]["checkpoint_every"] = 0
+    raw["evaluation"]["random_baseline"] = False
+    train(config_from_dict(raw), tmp_path / name)
+    return load_weights(tmp_path / name / "encoder")
+
+
+def test_training_keys_each_micro_batch_and_is_deterministic(tmp_path, monkeypatch) -> None:
+    import mmviews.train.trainer as trainer
+
+    keyed_steps: list[tuple[int | None, int]] = []
+    real = trainer.dropout_step
+
+    def recording(seed: int | None, micro_batch: int):
+        keyed_steps.append((seed, micro_batch))
+        return real(seed, micro_batch)
+
+    monkeypatch.setattr(trainer, "dropout_step", recording)
+    first = _train_weights(tmp_path, "a")
+    # 2 epochs of 2 micro-batches: numbered through the run from the TrainState.
+    assert keyed_steps == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    again = _train_weights(tmp_path, "b")
+    no_dropout = _train_weights(tmp_path, "c", dropout=0.0)
+    assert first.keys() == again.keys() == no_dropout.keys()
+    for k in first:
+        assert torch.equal(first[k], again[k]), k
+    assert any(not torch.allclose(first[k], no_dropout[k]) for k in first), "dropout changed nothing"
