@@ -292,7 +292,7 @@ def keyed_dropout(x: torch.Tensor, p: float, salt: int, rows: torch.Tensor | Non
     rows, row_shape = _rows_of(x, rows, where)
     bits = keyed_uniform_bits(rows.to(x.device), salt, row_shape)
     keep = (bits >= int(round(p * 2**32))).reshape(x.shape)
-    return x.masked_fill(~keep, 0) * (1.0 / (1.0 - p))
+    return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)  # saves the bool mask for backward, as nn.Dropout
 
 
 # --------------------------------------------------------------------------- modules
@@ -342,13 +342,17 @@ class SampleKeyedMultiheadAttention(nn.MultiheadAttention):
         b, lq, e = q_in.shape
         ls, h = k_in.shape[1], self.num_heads
         dh = e // h
-        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
-        b_q = b_k = b_v = None
-        if self.in_proj_bias is not None:
-            b_q, b_k, b_v = self.in_proj_bias.chunk(3)
-        q = F.linear(q_in, w_q, b_q).reshape(b, lq, h, dh).transpose(1, 2)
-        k = F.linear(k_in, w_k, b_k).reshape(b, ls, h, dh).transpose(1, 2)
-        v = F.linear(v_in, w_v, b_v).reshape(b, ls, h, dh).transpose(1, 2)
+        if query is key and key is value:  # self-attention: one packed projection
+            q, k, v = F.linear(q_in, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+            b_q = b_k = b_v = None
+            if self.in_proj_bias is not None:
+                b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+            q, k, v = F.linear(q_in, w_q, b_q), F.linear(k_in, w_k, b_k), F.linear(v_in, w_v, b_v)
+        q = q.reshape(b, lq, h, dh).transpose(1, 2)
+        k = k.reshape(b, ls, h, dh).transpose(1, 2)
+        v = v.reshape(b, ls, h, dh).transpose(1, 2)
         scores = (q @ k.transpose(-2, -1)) * (dh ** -0.5)  # [B, H, Lq, Ls]
         if attn_mask is not None:
             mask = attn_mask if attn_mask.dim() == 2 else attn_mask.reshape(b, h, lq, ls)
