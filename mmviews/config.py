@@ -95,7 +95,8 @@ class OptimisationConfig:
     rescaled, so its step is k/n of the average of its k micro-batches): it
     enlarges the effective batch for the optimiser but NOT the set of negatives, which
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
-    decompose over micro-batches).
+    decompose over micro-batches). ``sample_keyed_dropout``: see
+    :mod:`mmviews.modalities.dropout`.
     """
 
     optimizer: Literal["adamw", "sgd", "lars"] = "adamw"
@@ -112,6 +113,10 @@ class OptimisationConfig:
     warmup_epochs: float = 0.0
     schedule: Literal["cosine", "constant"] = "cosine"
     grad_accum_steps: int = 1
+    # Dropout masks keyed by (seed, micro-batch, sample, view, layer) instead of drawn from the
+    # global RNG: the same masks however a batch is chunked or split between processes
+    # (mmviews.modalities.dropout); a random layer that cannot be keyed stops the run at setup.
+    sample_keyed_dropout: bool = False
     max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
 

@@ -498,12 +498,16 @@ class Adapter(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1 and self.head.training:
             # BatchNorm has no batch statistics for one row (e.g. the only present view
-            # of a modality in a batch): use its running statistics for this call.
-            self.head.eval()
+            # of a modality in a batch): use its running statistics for this call. Dropout
+            # stays on (a chunk of one row drops as the whole batch does).
+            norms = [m for m in self.head.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+            for m in norms:
+                m.eval()
             try:
                 return self.head(x)
             finally:
-                self.head.train()
+                for m in norms:
+                    m.train()
         return self.head(x)
 
     def forward(

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmviews.modalities.dropout import salt_sample_keyed_dropout
+
 
 class EMATeacher(nn.Module):
     """Exponential moving average of the encoder's weights (no gradients)."""
@@ -22,6 +24,8 @@ class EMATeacher(nn.Module):
     def __init__(self, encoder: nn.Module, momentum: float) -> None:
         super().__init__()
         self.module = copy.deepcopy(encoder)
+        # Sample-keyed dropout, if any: masks of its own, not the student's.
+        salt_sample_keyed_dropout(self.module, namespace="ema_teacher")
         self.module.requires_grad_(False)
         self.momentum = momentum
 

@@ -55,6 +55,7 @@ before each checkpoint's rename.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -67,6 +68,7 @@ from torch import nn
 
 from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
+from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
@@ -105,6 +107,8 @@ class Prepared:
     # the loss at every step would wait for the device (see _check_losses).
     nonfinite: torch.Tensor | None = None
     checked_step: int = 0  # optimiser step at the last _check_losses
+    # The run's seed when its dropout is sample-keyed (optimisation.sample_keyed_dropout), else None.
+    dropout_seed: int | None = None
 
 
 class HostPreparedCollate:
@@ -171,7 +175,8 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     if teacher is not None:
         teacher.to(accelerator.device)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
-                    total_steps, batches_per_epoch)
+                    total_steps, batches_per_epoch,
+                    dropout_seed=config.seed if o.sample_keyed_dropout else None)
 
 
 def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
@@ -187,11 +192,20 @@ def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present
     return mask
 
 
+def micro_batch_dropout(p: Prepared) -> contextlib.AbstractContextManager[None]:
+    """The context of one micro-batch's encoder calls for sample-keyed dropout
+    (:func:`mmviews.modalities.dropout.dropout_step`; nothing when it is off): keyed by the run's
+    seed and the micro-batch's number in the run, ``epoch * batches_per_epoch + batch_in_epoch``
+    of the TrainState, which is the same however the micro-batch is chunked or split between
+    processes, and which a resumed run continues."""
+    return dropout_step(p.dropout_seed, p.state.epoch * p.batches_per_epoch + p.state.batch_in_epoch)
+
+
 def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
     Returns the objective's output and the critic's metrics."""
     objective = p.objective
-    with p.accelerator.accumulate(p.model):
+    with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = p.teacher(batch)[0] if p.teacher is not None else None
