@@ -83,7 +83,23 @@ def _unpickle_checkpoints() -> tuple[Any, str, Any]:
     return checkpoint, "load_torch_file", load_anything
 
 
+def _key_dropout_by_row() -> tuple[Any, str, Any]:
+    """Sample-keyed dropout keys each row by its position in the process's batch instead of its
+    dataset index (the masks then depend on how the batch is split between processes)."""
+    import torch
+
+    import mmviews.modalities.dropout as dropout
+
+    original = dropout.sample_row_keys
+
+    def by_row(step: int, index: Any, modality: str, num_views: int) -> Any:
+        return original(step, torch.arange(index.numel(), device=index.device), modality, num_views)
+
+    return dropout, "sample_row_keys", by_row
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
+    "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
     "scale_loss": _scale_loss,
     "sum_accumulated_gradients": _no_accumulation_scaling,

@@ -4,11 +4,16 @@ steps and reach the same weights as one process on the same global batch.
 With AdamW a constant factor on the gradient (e.g. the loss multiplied by the number of
 processes) cancels out of the update, so the comparison also runs with plain SGD (no momentum,
 a large learning rate), where such a factor changes the weights;
-:func:`test_two_process_check_fails_when_the_loss_is_scaled` shows the check reports it.
+:func:`test_two_process_check_fails_when_the_loss_is_scaled` shows the check reports it. The SGD
+run has dropout 0.2 on with ``optimisation.sample_keyed_dropout`` (masks keyed by dataset index,
+not drawn per process), which makes dropout independent of the split;
+:func:`test_two_process_check_fails_when_dropout_is_keyed_by_row` shows the check sees masks that
+depend on it.
 
-BatchNorm heads and dropout are off here: on CPU, gloo has no SyncBatchNorm, so BatchNorm
-statistics are per process and the runs differ; dropout masks are drawn per process (see the
-README, "Several GPUs or nodes")."""
+BatchNorm heads are off: on CPU, gloo has no SyncBatchNorm, so BatchNorm statistics are per
+process and the runs differ (see the README, "Several GPUs or nodes"). Torch's own dropout
+(``sample_keyed_dropout: false``, the default) draws masks per process: equal in distribution
+only."""
 
 from __future__ import annotations
 
@@ -25,10 +30,11 @@ from mmviews.config import load_config
 from mmviews.train import build_run
 
 SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
-OPTIMISERS = {
-    "adamw": {"optimizer": "adamw", "lr": 3e-3},
-    # Plain SGD: the update is lr * gradient, so a gradient-scale error shows in the weights.
-    "sgd": {"optimizer": "sgd", "lr": 0.1, "momentum": 0.0},
+VARIANTS = {
+    "adamw": ({"optimizer": "adamw", "lr": 3e-3}, 0.0),
+    # Plain SGD: the update is lr * gradient, so a gradient-scale error shows in the weights;
+    # dropout 0.2 keyed by sample.
+    "sgd-keyed-dropout": ({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "sample_keyed_dropout": True}, 0.2),
 }
 
 
@@ -38,30 +44,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _recipe(folder: Path, optimiser: str) -> Path:
-    # Text views only, no BatchNorm (torch has no SyncBatchNorm on CPU) and no dropout, so
-    # that the two runs compute the same function; K = 16 samples per step in both runs
-    # (8 per process with two processes; the objective gathers the embeddings).
-    raw = tiny_config(image=False, batch_norm=False, dropout=0.0, num_samples=48, batch_size=16, epochs=2)
+def _recipe(folder: Path, variant: str) -> Path:
+    # Text views only, no BatchNorm (torch has no SyncBatchNorm on CPU), so that the two runs
+    # compute the same function; K = 16 samples per step in both runs (8 per process with two
+    # processes; the objective gathers the embeddings).
+    optimisation, dropout = VARIANTS[variant]
+    raw = tiny_config(image=False, batch_norm=False, dropout=dropout, num_samples=48, batch_size=16, epochs=2)
     raw["cpu"] = True
-    raw["optimisation"].update(OPTIMISERS[optimiser])
+    raw["optimisation"].update(optimisation)
     raw["output"]["checkpoint_every"] = 0
-    return write_recipe(folder / f"dist-{optimiser}.yaml", raw)
+    return write_recipe(folder / f"dist-{variant}.yaml", raw)
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """``one_process(optimiser)`` -> (recipe, run folder of one process), trained once per module."""
+    """``one_process(variant)`` -> (recipe, run folder of one process), trained once per module."""
     runs: dict[str, tuple[Path, Path]] = {}
 
-    def get(optimiser: str) -> tuple[Path, Path]:
-        if optimiser not in runs:
-            folder = tmp_path_factory.mktemp(f"one-{optimiser}")
-            recipe = _recipe(folder, optimiser)
+    def get(variant: str) -> tuple[Path, Path]:
+        if variant not in runs:
+            folder = tmp_path_factory.mktemp(f"one-{variant}")
+            recipe = _recipe(folder, variant)
             one = run_train(str(recipe), "--output", str(folder / "one"))
             assert one.returncode == 0, one.stderr[-3000:]
-            runs[optimiser] = recipe, folder / "one"
-        return runs[optimiser]
+            runs[variant] = recipe, folder / "one"
+        return runs[variant]
 
     return get
 
@@ -93,9 +100,9 @@ def check_same_training(one: Path, two: Path) -> None:
         assert abs(l1 - l2) < 1e-4 * max(1.0, abs(l1)), (r1, r2)
 
 
-@pytest.mark.parametrize("optimiser", sorted(OPTIMISERS))
-def test_two_processes_match_one_process(one_process, optimiser, tmp_path):
-    recipe, one = one_process(optimiser)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_two_processes_match_one_process(one_process, variant, tmp_path):
+    recipe, one = one_process(variant)
     train_two_processes(recipe, tmp_path / "two")
     check_same_training(one, tmp_path / "two")
     # The run trained: equal weights are not those of two encoders that did not move.
@@ -111,7 +118,21 @@ def test_two_process_check_fails_when_the_loss_is_scaled(one_process, tmp_path):
     """Mutation test (tests/README.md): the loss multiplied by the number of processes. Under
     plain SGD :func:`check_same_training` must report it (under AdamW the factor cancels, which
     is why the SGD comparison exists)."""
-    recipe, one = one_process("sgd")
+    recipe, one = one_process("sgd-keyed-dropout")
     train_two_processes(recipe, tmp_path / "two", "--break", "scale_loss")
     with pytest.raises(AssertionError):
         check_same_training(one, tmp_path / "two")
+
+
+def test_two_process_check_fails_when_dropout_is_keyed_by_row(one_process, tmp_path):
+    """Mutation test (tests/README.md): dropout masks keyed by the row's position in the
+    process's batch rather than by its dataset index (so they depend on the split). Both runs
+    carry the break: only the split differs between them."""
+    recipe, _ = one_process("sgd-keyed-dropout")
+    one = subprocess.run([sys.executable, str(SLOW_TRAIN), "--break", "key_dropout_by_row", "--", str(recipe),
+                          "--output", str(tmp_path / "one")], capture_output=True, text=True, timeout=240, env=env(),
+                         cwd=REPO)
+    assert one.returncode == 0, one.stderr[-3000:]
+    train_two_processes(recipe, tmp_path / "two", "--break", "key_dropout_by_row")
+    with pytest.raises(AssertionError):
+        check_same_training(tmp_path / "one", tmp_path / "two")
