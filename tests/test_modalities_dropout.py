@@ -350,3 +350,53 @@ def test_training_keys_each_micro_batch_and_is_deterministic(tmp_path, monkeypat
     for k in first:
         assert torch.equal(first[k], again[k]), k
     assert any(not torch.allclose(first[k], no_dropout[k]) for k in first), "dropout changed nothing"
+
+
+def test_recipe_key_is_validated_and_unkeyable_layers_stop_the_setup() -> None:
+    from mmviews.config import ConfigError, config_from_dict
+    from mmviews.train.build import build_run
+
+    raw = {"name": "k", "data": {"name": "synthetic", "options": {"num_samples": 8, "modalities": ["audio"]},
+                                 "batch_size": 4, "val_split": None, "test_split": None},
+           "views": [{"modality": "audio", "copies": 2}],
+           "adapters": {"audio": {**tiny_config("hf_audio"), "spec_augment": True,
+                                  "backbone_config": {**TINY_HUBERT, "mask_time_prob": 0.2}}},
+           "optimisation": {"sample_keyed_dropout": "yes"}, "cpu": True}
+    with pytest.raises(ConfigError, match="optimisation.sample_keyed_dropout"):
+        config_from_dict(raw)
+    raw["optimisation"]["sample_keyed_dropout"] = True
+    with pytest.raises(ConfigError, match=r"(?s)optimisation.sample_keyed_dropout.*SpecAugment"):
+        build_run(config_from_dict(raw), with_eval=False)
+    raw["adapters"]["audio"]["spec_augment"] = False
+    parts = build_run(config_from_dict(raw), with_eval=False)
+    assert any(isinstance(m, SampleKeyedDropout) for m in parts.encoder.modules())
+
+
+def test_keyed_attention_paths_compute_attention_as_torch_and_transformers() -> None:
+    """With a vanishing rate (nothing dropped), the explicit attention of the keyed paths equals
+    transformers' sdpa kernel (padding mask; causal) and nn.MultiheadAttention (padding mask)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from mmviews.modalities.dropout import _keyed_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=g) for _ in range(3))
+    module = nn.Module().train()
+    module._mmviews_dropout_salt = 1
+    pad = torch.ones(3, 1, 5, 5, dtype=torch.bool)
+    pad[1, ..., 3:] = False
+    for mask, causal in ((pad, False), (None, True)):
+        module.is_causal = causal
+        with dropout_rows(torch.arange(3)):
+            out, _ = _keyed_attention_forward(module, q, k, v, mask, dropout=1e-12)
+        ref, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, is_causal=causal)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    mha = nn.MultiheadAttention(8, 2, dropout=1e-12, batch_first=True)
+    keyed = copy.deepcopy(mha)
+    enable_sample_keyed_dropout(nn.Sequential(keyed))
+    x = torch.randn(3, 5, 8, generator=g)
+    padding = torch.zeros(3, 5, dtype=torch.bool)
+    padding[0, 2:] = True
+    with dropout_rows(torch.arange(3)):
+        out = keyed.train()(x, x, x, key_padding_mask=padding)[0]
+    torch.testing.assert_close(out, mha.eval()(x, x, x, key_padding_mask=padding)[0], rtol=1e-5, atol=1e-6)

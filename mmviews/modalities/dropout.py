@@ -402,6 +402,10 @@ def _keyed_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + mask
+    elif kwargs.get("is_causal", getattr(module, "is_causal", False)) and query.shape[2] > 1:
+        # sdpa's mask function leaves a causal mask out (the kernel's is_causal flag does it)
+        causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=scores.device)
+        scores = scores.masked_fill(causal.triu(key.shape[2] - query.shape[2] + 1), torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1)
     dropped = keyed_dropout(probs, float(dropout), int(salt),
                             where=f"{KEYED_ATTENTION} attention {getattr(module, _SALT_ATTR + '_name', '')!r}")
