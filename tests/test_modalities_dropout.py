@@ -24,7 +24,7 @@ from mmviews.modalities.dropout import (
     salt_sample_keyed_dropout,
     step_key,
 )
-from mmviews.modalities.presets import TINY_HUBERT, tiny_config
+from mmviews.modalities.presets import TINY_HUBERT, example_inputs, tiny_config
 
 NO_BN = {"kind": "mlp", "hidden_dim": 24, "batch_norm": False, "dropout": 0.2}
 
@@ -215,10 +215,33 @@ def test_sequence_transformer_attention_keyed() -> None:
     torch.testing.assert_close(attn(q, q, q)[0], plain(q, q, q)[0])
 
 
+@pytest.mark.parametrize("kind", ["open_clip", "flow_clip", "small_cnn", "audio_cnn", "flow_cnn"])
+def test_other_adapters_draw_nothing_from_the_global_rng_once_keyed(kind: str) -> None:
+    """Head dropout (frames of clips included: ``[B * T, F]`` rows) and whatever the backbone has."""
+    torch.manual_seed(0)
+    adapter = build_adapter({**tiny_config(kind), "head": NO_BN}).train()
+    enable_sample_keyed_dropout(adapter)
+    assert not [n for n, m in adapter.named_modules() if type(m) is nn.Dropout]
+    for m in adapter.modules():  # the CNNs' BatchNorm: running statistics, so that chunks compare
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.eval()
+    inputs = example_inputs(kind, 4)
+    with dropout_rows(torch.arange(4) + 50):
+        whole = _rng_untouched(lambda: adapter(inputs))
+    with dropout_rows(torch.arange(2, 4) + 50):
+        part = adapter({k: (v[2:] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()})
+    torch.testing.assert_close(part, whole[2:], rtol=1e-5, atol=1e-6)
+
+
 def test_unkeyable_randomness_is_an_error() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout2d(0.1))
     with pytest.raises(ValueError, match=r"1: Dropout2d"):
         enable_sample_keyed_dropout(model)
+    clip = tiny_config("open_clip")
+    clip["model_overrides"] = {**clip["model_overrides"],
+                               "vision_cfg": {**clip["model_overrides"]["vision_cfg"], "patch_dropout": 0.2}}
+    with pytest.raises(ValueError, match="PatchDropout"):
+        enable_sample_keyed_dropout(build_adapter(clip))
     audio = build_adapter({**tiny_config("hf_audio"), "spec_augment": True,
                            "backbone_config": {**TINY_HUBERT, "mask_time_prob": 0.2}})
     with pytest.raises(ValueError, match="SpecAugment"):
