@@ -22,7 +22,8 @@ Which positions? The first dimension of the dropped tensor is the row dimension:
 with one key per row, or ``[B * r, ...]`` sample-major (the frames of B clips, ``b * r + t``),
 read as ``[B, r, ...]``. The other coordinates are hashed one dimension at a time, so an
 element's mask does not depend on the tensor's size either: text padded to the longest row
-of a chunk gets, at each real token, the mask it gets padded to the longest row of the batch.
+of a chunk gets, at each real token, the mask it gets padded to the longest row of the batch
+(padding on the right, as BERT's tokenizers do; left padding shifts the positions).
 
 How the keys get there (what a training loop does):
 
@@ -87,6 +88,7 @@ __all__ = [
     "dropout_rows",
     "dropout_step",
     "enable_sample_keyed_dropout",
+    "has_sample_keyed_dropout",
     "keyed_dropout",
     "keyed_uniform_bits",
     "row_keys_for",
@@ -147,12 +149,7 @@ def layer_salt(name: str, namespace: str = "") -> int:
 # --------------------------------------------------------------------------- context
 
 
-@dataclass(frozen=True)
-class _StepKeys:
-    key: int  # step_key(seed, micro_batch)
-
-
-_STEP: ContextVar[_StepKeys | None] = ContextVar("mmviews_dropout_step", default=None)
+_STEP: ContextVar[int | None] = ContextVar("mmviews_dropout_step", default=None)  # step_key(seed, micro_batch)
 _ROWS: ContextVar[torch.Tensor | None] = ContextVar("mmviews_dropout_rows", default=None)
 
 
@@ -164,7 +161,7 @@ def dropout_step(seed: int | None, micro_batch: int) -> Iterator[None]:
     if seed is None:
         yield
         return
-    token = _STEP.set(_StepKeys(step_key(seed, micro_batch)))
+    token = _STEP.set(step_key(seed, micro_batch))
     try:
         yield
     finally:
@@ -173,8 +170,7 @@ def dropout_step(seed: int | None, micro_batch: int) -> Iterator[None]:
 
 def active_step_key() -> int | None:
     """The key of the :func:`dropout_step` in effect, or None."""
-    step = _STEP.get()
-    return None if step is None else step.key
+    return _STEP.get()
 
 
 @contextlib.contextmanager
@@ -638,5 +634,6 @@ def salt_sample_keyed_dropout(model: nn.Module, namespace: str = "") -> None:
 
 
 def has_sample_keyed_dropout(model: nn.Module) -> bool:
+    """Whether :func:`enable_sample_keyed_dropout` converted something in ``model``."""
     return any(isinstance(m, (SampleKeyedDropout, SampleKeyedMultiheadAttention, _KeyedLayerDropLayer))
                for m in model.modules())
