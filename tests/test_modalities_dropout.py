@@ -423,3 +423,35 @@ def test_keyed_attention_paths_compute_attention_as_torch_and_transformers() -> 
     with dropout_rows(torch.arange(3)):
         out = keyed.train()(x, x, x, key_padding_mask=padding)[0]
     torch.testing.assert_close(out, mha.eval()(x, x, x, key_padding_mask=padding)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_activation_checkpointing_replays_the_keys() -> None:
+    """transformers' activation checkpointing recomputes the layers in backward: with
+    checkpoint_context the recomputation drops what the forward dropped (same gradients);
+    without it the keyed layers have no keys there and say so."""
+    from mmviews.modalities.dropout import checkpoint_context
+
+    torch.manual_seed(0)
+    cfg = tiny_config("text", head=NO_BN)
+    cfg["bert_config"] = {**cfg["bert_config"], "hidden_dropout_prob": 0.3, "attention_probs_dropout_prob": 0.3}
+    adapter = build_adapter(cfg)
+    enable_sample_keyed_dropout(adapter)
+    adapter.train()
+    texts = {"text": ["the cat sat on the mat", "a dog", "red car under the tree"]}
+
+    def grads() -> dict[str, torch.Tensor]:
+        adapter.zero_grad()
+        with dropout_rows(torch.tensor([4, 5, 6])):
+            z = adapter(texts)
+        z.square().sum().backward()  # outside the keys' context, as the trainer's backward is
+        return {n: p.grad.clone() for n, p in adapter.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    adapter.backbone.activation_checkpointing_enable({"use_reentrant": False, "context_fn": checkpoint_context})
+    checkpointed = grads()
+    assert plain.keys() == checkpointed.keys()
+    for n in plain:
+        torch.testing.assert_close(checkpointed[n], plain[n], rtol=1e-5, atol=1e-7, msg=lambda m, n=n: f"{n}: {m}")
+    adapter.backbone.activation_checkpointing_enable({"use_reentrant": False})
+    with pytest.raises(RuntimeError, match="without row keys"):
+        grads()

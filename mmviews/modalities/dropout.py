@@ -62,6 +62,9 @@ forgot the keys would otherwise lose the guarantee silently.
   other module whose class name says it drops (``DropPath``, ``StochasticDepth``) with a
   positive rate. Modules of frozen backbones (always in eval mode) are passed over.
 
+Activation checkpointing recomputes forwards in backward, outside these contexts: pass
+:func:`checkpoint_context` as ``torch.utils.checkpoint``'s ``context_fn`` (non-reentrant).
+
 An EMA teacher copy is re-salted (:func:`salt_sample_keyed_dropout` with another namespace)
 so that its masks are independent of the student's, as two global-RNG draws would be.
 """
@@ -83,6 +86,7 @@ __all__ = [
     "KEYED_ATTENTION",
     "SampleKeyedDropout",
     "SampleKeyedMultiheadAttention",
+    "checkpoint_context",
     "KeyedDropoutReport",
     "current_row_keys",
     "dropout_rows",
@@ -189,6 +193,26 @@ def dropout_rows(keys: torch.Tensor | None) -> Iterator[None]:
 
 def current_row_keys() -> torch.Tensor | None:
     return _ROWS.get()
+
+
+def checkpoint_context() -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
+    """``context_fn`` for ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: activation
+    checkpointing recomputes a block's forward during backward, after the encoder call's keys
+    are gone; this runs the recomputation under the keys of the original forward, so that it
+    drops what the forward dropped. transformers:
+    ``model.activation_checkpointing_enable({"use_reentrant": False, "context_fn": checkpoint_context})``."""
+    step, rows = _STEP.get(), _ROWS.get()
+
+    @contextlib.contextmanager
+    def replay() -> Iterator[None]:
+        step_token, rows_token = _STEP.set(step), _ROWS.set(rows)
+        try:
+            yield
+        finally:
+            _ROWS.reset(rows_token)
+            _STEP.reset(step_token)
+
+    return contextlib.nullcontext(), replay()
 
 
 def _modality_salt(modality: str) -> int:
