@@ -1,7 +1,7 @@
 """``mmviews bench dropout``: the cost of sample-keyed dropout against torch's own.
 
 A training step (forward + backward, training mode) of adapters with dropout, measured in the
-same run in four variants:
+same run in four variants (timed round-robin):
 
 - ``native``: ``nn.Dropout`` and the backbone's attention dropout as shipped (global RNG;
   transformers' sdpa kernel draws the attention mask itself) -- the baseline;
@@ -69,21 +69,8 @@ def _inputs(case: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"values": torch.randn(args.batch_size, args.length, 64, generator=g), "lengths": lengths}
 
 
-def _time(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
-    """Median seconds per call after one warm-up call."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
-def _measure(case: str, variant: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def _step(case: str, variant: str, args: argparse.Namespace, device: torch.device) -> Callable[[], None]:
+    """One training step of the ``variant`` adapter of ``case`` (built here, seeded)."""
     torch.manual_seed(0)
     adapter = build_adapter(_config(case, variant, args))
     if variant == "native_eager":
@@ -101,12 +88,37 @@ def _measure(case: str, variant: str, args: argparse.Namespace, device: torch.de
         with dropout_step(0, 0), dropout_rows(keys):
             adapter(inputs, check_inputs=False).square().sum().backward()
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    row: dict[str, Any] = {"case": case, "variant": variant, "s_per_step": _time(step, args.repeats, device)}
-    if device.type == "cuda":
-        row["peak_MiB"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return row
+    return step
+
+
+def _measure(case: str, args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    """Median seconds per step of every variant, timed round-robin (one step of each variant in
+    turn, ``--repeats`` rounds after a warm-up round) so that a change of machine load between
+    variants does not bias the ratios."""
+    variants = [v for v in VARIANTS if not (case == "feature_sequence" and v == "native_eager")]
+    steps = {v: _step(case, v, args, device) for v in variants}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    peaks: dict[str, float] = {}
+    for round_ in range(args.repeats + 1):
+        for v in variants:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync()
+            t0 = time.perf_counter()
+            steps[v]()
+            sync()
+            if round_ > 0:  # round 0 warms up
+                times[v].append(time.perf_counter() - t0)
+            if device.type == "cuda":
+                peaks[v] = max(peaks.get(v, 0.0), torch.cuda.max_memory_allocated(device) / 2**20)
+    rows = []
+    for v in variants:
+        row: dict[str, Any] = {"case": case, "variant": v, "s_per_step": sorted(times[v])[len(times[v]) // 2]}
+        if v in peaks:
+            row["peak_MiB"] = round(peaks[v], 1)
+        rows.append(row)
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     rows: list[dict[str, Any]] = []
     for case in ("text", "feature_sequence"):
-        case_rows = [_measure(case, variant, args, device) for variant in VARIANTS if
-                     not (case == "feature_sequence" and variant == "native_eager")]
+        case_rows = _measure(case, args, device)
         base = next(r["s_per_step"] for r in case_rows if r["variant"] == "native")
         for r in case_rows:
             r["ratio_to_native"] = round(r["s_per_step"] / base, 3)

@@ -11,7 +11,8 @@ Accelerate example loop, a contrastive trainer needs:
    process on the K samples (up to float rounding). BatchNorm layers are converted to
    SyncBatchNorm on GPUs when N > 1; on CPU (gloo) torch has no SyncBatchNorm, so there
    BatchNorm statistics are per process (use heads without BatchNorm to match one process
-   exactly).
+   exactly). Dropout draws its masks from each process's RNG, unless
+   ``optimisation.sample_keyed_dropout`` keys them by sample (:func:`micro_batch_dropout`).
 2. **Gradient accumulation** (``optimisation.grad_accum_steps`` = n): Accelerate divides each
    micro-batch's loss by n, so an optimiser step follows the average of the n micro-batch
    gradients (the last window of an epoch with fewer than n batches left sums its k < n
