@@ -105,7 +105,7 @@ def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 def test_sigkill_mid_run_then_resume_runs_only_the_remaining_steps(recipe, reference, tmp_path):
     kill_after = 7  # mid-epoch 2, one step past the checkpoint of step 6: that step is redone
     run, marker = tmp_path / "run", tmp_path / "held"
-    proc = _start("--hold-after-step", str(kill_after), "--marker", str(marker), "--",
+    proc = _start("--hold-after-step", str(kill_after), "--hold-marker", str(marker), "--",
                   str(recipe), "--output", str(run))
     _kill_when_held(proc, marker, f"step {kill_after}")
     assert not (run / "encoder").exists(), "the run finished before the kill"
@@ -124,7 +124,7 @@ def test_kill_while_writing_checkpoint_keeps_previous_one(recipe, reference, tmp
     run, marker = tmp_path / "run", tmp_path / "held"
     # Stop once the checkpoint of step 6 (mid-epoch 2) is written to its temporary folder,
     # before the rename.
-    proc = _start("--hold-after-checkpoint", "6", "--marker", str(marker), "--", str(recipe), "--output", str(run))
+    proc = _start("--hold-after-checkpoint", "6", "--hold-marker", str(marker), "--", str(recipe), "--output", str(run))
     _kill_when_held(proc, marker, "the checkpoint of step 6")
     tmp = run / "checkpoints" / ".tmp-checkpoint-00000006"
     assert tmp.is_dir(), "the half-written checkpoint should be left in its temporary folder"
@@ -183,7 +183,7 @@ def test_resume_mid_accumulation_window_with_loader_workers(tmp_path):
     assert _logged_steps(full) == [1, 2, 3, 4, 5, 6]
 
     run, marker = tmp_path / "run", tmp_path / "held"
-    proc = _start("--hold-after-micro-batch", "8", "--marker", str(marker), "--", str(recipe), "--output", str(run))
+    proc = _start("--hold-after-micro-batch", "8", "--hold-marker", str(marker), "--", str(recipe), "--output", str(run))
     _kill_when_held(proc, marker, "micro-batch 8")
     checkpoint = list_checkpoints(run)[-1]
     assert checkpoint.name == "checkpoint-00000004" and _logged_steps(run)[-1] == 4
