@@ -50,6 +50,7 @@ def _recipe(folder: Path, variant: str) -> Path:
     # processes; the objective gathers the embeddings).
     optimisation, dropout = VARIANTS[variant]
     raw = tiny_config(image=False, batch_norm=False, dropout=dropout, num_samples=48, batch_size=16, epochs=2)
+    raw["adapters"]["text"]["head"]["dropout"] = dropout  # BERT's hidden and attention dropout, and the head's
     raw["cpu"] = True
     raw["optimisation"].update(optimisation)
     raw["output"]["checkpoint_every"] = 0
