@@ -94,7 +94,9 @@ class OptimisationConfig:
     ``lr`` is the learning rate of the projection heads (and of the whole model when
     ``backbone_lr`` is None). ``epochs`` bounds the run; ``max_steps`` (optimiser steps), when
     set, stops it earlier. Warm-up is ``warmup_steps`` plus ``warmup_epochs`` worth of steps.
-    ``grad_accum_steps`` > 1 sums gradients of several micro-batches before a step: it
+    ``grad_accum_steps`` = n > 1 averages the gradients of n micro-batches before a step
+    (each micro-batch's loss is divided by n; a shorter last window of an epoch is not
+    rescaled, so its step is k/n of the average of its k micro-batches): it
     enlarges the effective batch for the optimiser but NOT the set of negatives, which
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
     decompose over micro-batches). ``encode_chunk_size`` does enlarge it beyond what the encoder's

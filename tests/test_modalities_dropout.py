@@ -24,7 +24,7 @@ from mmviews.modalities.dropout import (
     salt_sample_keyed_dropout,
     step_key,
 )
-from mmviews.modalities.presets import TINY_HUBERT, tiny_config
+from mmviews.modalities.presets import TINY_HUBERT, example_inputs, tiny_config
 
 NO_BN = {"kind": "mlp", "hidden_dim": 24, "batch_norm": False, "dropout": 0.2}
 
@@ -215,10 +215,33 @@ def test_sequence_transformer_attention_keyed() -> None:
     torch.testing.assert_close(attn(q, q, q)[0], plain(q, q, q)[0])
 
 
+@pytest.mark.parametrize("kind", ["open_clip", "flow_clip", "small_cnn", "audio_cnn", "flow_cnn"])
+def test_other_adapters_draw_nothing_from_the_global_rng_once_keyed(kind: str) -> None:
+    """Head dropout (frames of clips included: ``[B * T, F]`` rows) and whatever the backbone has."""
+    torch.manual_seed(0)
+    adapter = build_adapter({**tiny_config(kind), "head": NO_BN}).train()
+    enable_sample_keyed_dropout(adapter)
+    assert not [n for n, m in adapter.named_modules() if type(m) is nn.Dropout]
+    for m in adapter.modules():  # the CNNs' BatchNorm: running statistics, so that chunks compare
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.eval()
+    inputs = example_inputs(kind, 4)
+    with dropout_rows(torch.arange(4) + 50):
+        whole = _rng_untouched(lambda: adapter(inputs))
+    with dropout_rows(torch.arange(2, 4) + 50):
+        part = adapter({k: (v[2:] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()})
+    torch.testing.assert_close(part, whole[2:], rtol=1e-5, atol=1e-6)
+
+
 def test_unkeyable_randomness_is_an_error() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout2d(0.1))
     with pytest.raises(ValueError, match=r"1: Dropout2d"):
         enable_sample_keyed_dropout(model)
+    clip = tiny_config("open_clip")
+    clip["model_overrides"] = {**clip["model_overrides"],
+                               "vision_cfg": {**clip["model_overrides"]["vision_cfg"], "patch_dropout": 0.2}}
+    with pytest.raises(ValueError, match="PatchDropout"):
+        enable_sample_keyed_dropout(build_adapter(clip))
     audio = build_adapter({**tiny_config("hf_audio"), "spec_augment": True,
                            "backbone_config": {**TINY_HUBERT, "mask_time_prob": 0.2}})
     with pytest.raises(ValueError, match="SpecAugment"):
@@ -310,3 +333,125 @@ def test_teacher_copy_is_resalted() -> None:
     with dropout_step(0, 0):
         a, b = enc(batch)[0], teacher(batch)[0]
     assert not torch.allclose(a, b, atol=1e-4), "the teacher must draw its own masks"
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def _train_weights(tmp_path, name: str, *, dropout: float = 0.2, keyed: bool = True) -> dict[str, torch.Tensor]:
+    from test_train_utils import load_weights, tiny_config as tiny_recipe
+
+    from mmviews.config import config_from_dict
+    from mmviews.train import train
+
+    raw = tiny_recipe(image=False, batch_norm=False, dropout=dropout, num_samples=32, batch_size=16, epochs=2)
+    raw["cpu"] = True
+    raw["optimisation"]["sample_keyed_dropout"] = keyed
+    raw["output"]["checkpoint_every"] = 0
+    raw["evaluation"]["random_baseline"] = False
+    train(config_from_dict(raw), tmp_path / name)
+    return load_weights(tmp_path / name / "encoder")
+
+
+def test_training_keys_each_micro_batch_and_is_deterministic(tmp_path, monkeypatch) -> None:
+    import mmviews.train.trainer as trainer
+
+    keyed_steps: list[tuple[int | None, int]] = []
+    real = trainer.dropout_step
+
+    def recording(seed: int | None, micro_batch: int):
+        keyed_steps.append((seed, micro_batch))
+        return real(seed, micro_batch)
+
+    monkeypatch.setattr(trainer, "dropout_step", recording)
+    first = _train_weights(tmp_path, "a")
+    # 2 epochs of 2 micro-batches: numbered through the run from the TrainState.
+    assert keyed_steps == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    again = _train_weights(tmp_path, "b")
+    no_dropout = _train_weights(tmp_path, "c", dropout=0.0)
+    assert first.keys() == again.keys() == no_dropout.keys()
+    for k in first:
+        assert torch.equal(first[k], again[k]), k
+    assert any(not torch.allclose(first[k], no_dropout[k]) for k in first), "dropout changed nothing"
+
+
+def test_recipe_key_is_validated_and_unkeyable_layers_stop_the_setup() -> None:
+    from mmviews.config import ConfigError, config_from_dict
+    from mmviews.train.build import build_run
+
+    raw = {"name": "k", "data": {"name": "synthetic", "options": {"num_samples": 8, "modalities": ["audio"]},
+                                 "batch_size": 4, "val_split": None, "test_split": None},
+           "views": [{"modality": "audio", "copies": 2}],
+           "adapters": {"audio": {**tiny_config("hf_audio"), "spec_augment": True,
+                                  "backbone_config": {**TINY_HUBERT, "mask_time_prob": 0.2}}},
+           "optimisation": {"sample_keyed_dropout": "yes"}, "cpu": True}
+    with pytest.raises(ConfigError, match="optimisation.sample_keyed_dropout"):
+        config_from_dict(raw)
+    raw["optimisation"]["sample_keyed_dropout"] = True
+    with pytest.raises(ConfigError, match=r"(?s)optimisation.sample_keyed_dropout.*SpecAugment"):
+        build_run(config_from_dict(raw), with_eval=False)
+    raw["adapters"]["audio"]["spec_augment"] = False
+    parts = build_run(config_from_dict(raw), with_eval=False)
+    assert any(isinstance(m, SampleKeyedDropout) for m in parts.encoder.modules())
+
+
+def test_keyed_attention_paths_compute_attention_as_torch_and_transformers() -> None:
+    """With a vanishing rate (nothing dropped), the explicit attention of the keyed paths equals
+    transformers' sdpa kernel (padding mask; causal) and nn.MultiheadAttention (padding mask)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from mmviews.modalities.dropout import _keyed_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=g) for _ in range(3))
+    module = nn.Module().train()
+    module._mmviews_dropout_salt = 1
+    pad = torch.ones(3, 1, 5, 5, dtype=torch.bool)
+    pad[1, ..., 3:] = False
+    for mask, causal in ((pad, False), (None, True)):
+        module.is_causal = causal
+        with dropout_rows(torch.arange(3)):
+            out, _ = _keyed_attention_forward(module, q, k, v, mask, dropout=1e-12)
+        ref, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, is_causal=causal)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    mha = nn.MultiheadAttention(8, 2, dropout=1e-12, batch_first=True)
+    keyed = copy.deepcopy(mha)
+    enable_sample_keyed_dropout(nn.Sequential(keyed))
+    x = torch.randn(3, 5, 8, generator=g)
+    padding = torch.zeros(3, 5, dtype=torch.bool)
+    padding[0, 2:] = True
+    with dropout_rows(torch.arange(3)):
+        out = keyed.train()(x, x, x, key_padding_mask=padding)[0]
+    torch.testing.assert_close(out, mha.eval()(x, x, x, key_padding_mask=padding)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_activation_checkpointing_replays_the_keys() -> None:
+    """transformers' activation checkpointing recomputes the layers in backward: with
+    checkpoint_context the recomputation drops what the forward dropped (same gradients);
+    without it the keyed layers have no keys there and say so."""
+    from mmviews.modalities.dropout import checkpoint_context
+
+    torch.manual_seed(0)
+    cfg = tiny_config("text", head=NO_BN)
+    cfg["bert_config"] = {**cfg["bert_config"], "hidden_dropout_prob": 0.3, "attention_probs_dropout_prob": 0.3}
+    adapter = build_adapter(cfg)
+    enable_sample_keyed_dropout(adapter)
+    adapter.train()
+    texts = {"text": ["the cat sat on the mat", "a dog", "red car under the tree"]}
+
+    def grads() -> dict[str, torch.Tensor]:
+        adapter.zero_grad()
+        with dropout_rows(torch.tensor([4, 5, 6])):
+            z = adapter(texts)
+        z.square().sum().backward()  # outside the keys' context, as the trainer's backward is
+        return {n: p.grad.clone() for n, p in adapter.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    adapter.backbone.activation_checkpointing_enable({"use_reentrant": False, "context_fn": checkpoint_context})
+    checkpointed = grads()
+    assert plain.keys() == checkpointed.keys()
+    for n in plain:
+        torch.testing.assert_close(checkpointed[n], plain[n], rtol=1e-5, atol=1e-7, msg=lambda m, n=n: f"{n}: {m}")
+    adapter.backbone.activation_checkpointing_enable({"use_reentrant": False})
+    with pytest.raises(RuntimeError, match="without row keys"):
+        grads()

@@ -42,7 +42,7 @@ CASES = [
     ("fmicl-js", "fmicl", {"divergence": "js"}),
     ("fmicl-vlc", "fmicl", {"divergence": "vlc"}),
     ("fmicl-cosine", "fmicl", {"divergence": "pearson", "similarity": "cosine"}),
-    ("ipmc-sample", "ipmc", {"beta": 0.0}),
+    ("ipmc-sample", "ipmc", {"beta": 0.0, "pools": "sample"}),
     ("ipmc-direction", "ipmc", {"beta": 0.0, "pools": "direction"}),
 ]
 CHUNKS = [1, 3, 7, K * M + 1]  # one sample per block, primes (uneven last block), more than K*M

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import register_dataset
+from mmviews.data.registry import dataset_error, register_dataset
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -50,7 +50,7 @@ def missing_split_error(root: Path, split: str, available: Any) -> KeyError:
         said = f"datasets names the folder {folders[0]}/ split 'validation'" if folders else \
             "this dataset calls its validation split 'validation'"
         note = f"; {said}: ask for split 'validation' (e.g. --set data.val_split=validation)"
-    return KeyError(f"{root}: no split {split!r}; available: {available}{note}")
+    return dataset_error(KeyError, f"{root}: no split {split!r}; available: {available}{note}", "split")
 
 
 def _audiofolder(root: Path, split: str) -> Any:
@@ -59,7 +59,7 @@ def _audiofolder(root: Path, split: str) -> Any:
     split_dirs = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name in SPLIT_FOLDER_NAMES)
     if split_dirs and not (root / split).is_dir():
         # A folder with split sub-folders but not this one: taking every file would mix splits.
-        raise KeyError(f"{root}: no split folder {split!r}; split folders: {split_dirs}")
+        raise dataset_error(KeyError, f"{root}: no split folder {split!r}; split folders: {split_dirs}", "split")
     base = root / split if (root / split).is_dir() else root
     files = sorted(p for p in base.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS)
     names = sorted({p.parent.name for p in files if p.parent != base})
@@ -152,7 +152,7 @@ class HFDataset(Dataset):
         if not self.root.exists():
             raise FileNotFoundError(f"no such dataset folder: {self.root}")
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+            raise dataset_error(ValueError, f"on_error must be 'raise' or 'skip', got {on_error!r}", "on_error")
         if format == "auto":
             if (self.root / "dataset_dict.json").is_file() or (self.root / "dataset_info.json").is_file():
                 format = "disk"
@@ -181,18 +181,20 @@ class HFDataset(Dataset):
         elif format == "audiofolder":
             ds = _audiofolder(self.root, split)
         else:
-            raise ValueError(f"format must be auto, disk, imagefolder or audiofolder, got {format!r}")
+            raise dataset_error(ValueError, f"format must be auto, disk, imagefolder or audiofolder, got {format!r}", "format")
         feats = ds.features
         if columns is None:
             columns = {m: m for m in ("image", "audio", "text") if m in feats}
         if labels is None:
             labels = {"class": "label"} if "label" in feats else {}
-        for name, col in {**columns, **labels}.items():
-            if col not in feats:
-                raise KeyError(f"{self.root}: column {col!r} (for {name!r}) not found; columns: {sorted(feats)}")
+        for option, mapping in (("columns", columns), ("labels", labels)):
+            for name, col in mapping.items():
+                if col not in feats:
+                    raise dataset_error(KeyError, f"{self.root}: column {col!r} (for {name!r}) not found; "
+                                        f"columns: {sorted(feats)}", option)
         if not columns:
-            raise ValueError(f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
-                             f"(columns: {sorted(feats)})")
+            raise dataset_error(ValueError, f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
+                                f"(columns: {sorted(feats)})", "columns")
         # Decode images and audio here, not in datasets: names the file on failure, and
         # datasets' Audio() decoding needs torchcodec, which mmviews does not require.
         self.kinds: dict[str, str] = {}
@@ -211,7 +213,7 @@ class HFDataset(Dataset):
             else:
                 self.kinds[m] = "array"
         if len(ds) == 0:
-            raise ValueError(f"{self.root}: split {split!r} is empty")
+            raise dataset_error(ValueError, f"{self.root}: split {split!r} is empty", "split")
         for name, col in labels.items():
             f = feats[col]
             if isinstance(f, datasets.Value) and f.dtype.startswith("float"):
@@ -287,7 +289,7 @@ def _build_hf(root: Any = None, split: str = "train", streaming: bool = False, *
     from mmviews.data.streaming import ParquetShardDataset, ShardStream, is_shard_folder
 
     if root is None:
-        raise ValueError("hf: pass root= a local dataset folder")
+        raise dataset_error(ValueError, "hf: pass root= a local dataset folder (see data_cards/hf.md)", "root")
     fmt = options.get("format", "auto")
     if fmt == "parquet" or (fmt == "auto" and ("://" in str(root) or is_shard_folder(root))):
         options.pop("format", None)

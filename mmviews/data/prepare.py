@@ -13,6 +13,13 @@
   exists. Layout and manifest: :mod:`mmviews.data.video_store`. ``--check-only`` only checks:
   it counts clips with an audio track and unreadable clips and writes ``index.json`` to
   ``--out`` (default ``PATH/mmviews_index.json``).
+- ``hf``: PATH is your own dataset (a ``save_to_disk`` folder, an imagefolder or an
+  audiofolder; ``data_cards/hf.md``). Nothing is converted: each split is opened as training
+  will open it (with the ``data.options`` of ``--recipe RECIPE`` when given, its ``columns``,
+  ``labels``, ``format``, ``image_size``), the columns, modalities (with their kind), labels and
+  sizes are printed, and the first ``--samples`` rows of every split are decoded, so an
+  unreadable image or a wrong column shows here. The whole recipe (views, adapters,
+  objective) is checked by ``mmviews train RECIPE --check``.
 - ``synthetic``: nothing to prepare (generated on the fly); prints its shapes.
 - ``--format parquet`` (any of the above, and ``hf`` folders): writes sharded Parquet files that
   HuggingFace ``datasets`` reads and that mmviews streams (``data.streaming: true``), to
@@ -41,8 +48,9 @@ VIDEO_CLIPS = {"ucf101": 13320, "hmdb51": 6766}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("synthetic", "hf")), help="dataset name (see data_cards/)")
-    parser.add_argument("path", nargs="?", default=None, help="the .pkl file (mosi/mosei/sims) or the video folder")
+    parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("hf", "synthetic")), help="dataset name (see data_cards/)")
+    parser.add_argument("path", nargs="?", default=None,
+                        help="the .pkl file (mosi/mosei/sims), the video folder, or your dataset folder (hf)")
     parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
     parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
     parser.add_argument("--overwrite", action="store_true",
@@ -70,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shards.add_argument("--labels", default=None, help="hf: label=column pairs, comma-separated (default: class=label)")
     shards.add_argument("--splits", default=None,
                         help="comma-separated splits to write (default: train,test for video; every split otherwise)")
+    hf = parser.add_argument_group("hf (your own dataset)")
+    hf.add_argument("--recipe", default=None, help="read the data options (columns, labels, format, splits) from this recipe")
+    hf.add_argument("--samples", type=int, default=8, help="rows decoded per split (default 8; 0: every row)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -77,17 +88,20 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return
-    for k, v in summary.items():
-        if isinstance(v, dict):
-            print(f"{k}:")
-            for kk, vv in v.items():
-                print(f"  {kk}: {vv}")
-        elif isinstance(v, list):
+    _print_mapping(summary, "")
+
+
+def _print_mapping(mapping: dict[str, Any], indent: str) -> None:
+    for k, v in mapping.items():
+        if isinstance(v, dict) and v:
+            print(f"{indent}{k}:")
+            _print_mapping(v, indent + "  ")
+        elif isinstance(v, list) and not indent:
             print(f"{k}: {len(v)}")
             for item in v[:10]:
                 print(f"  - {item}")
         else:
-            print(f"{k}: {v}")
+            print(f"{indent}{k}: {v}")
 
 
 def _prepare_sentiment(args: argparse.Namespace) -> dict[str, Any]:
@@ -220,6 +234,75 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _prepare_hf(args: argparse.Namespace) -> dict[str, Any]:
+    from mmviews.config import DataConfig, load_config
+    from mmviews.data.loaders import build_dataset_split
+
+    if args.recipe is not None:
+        data = load_config(args.recipe).data
+        if data.name != "hf":
+            raise ValueError(f"{args.recipe}: key 'data.name' is {data.name!r}; `mmviews prepare hf` checks 'hf' datasets")
+        data.root = str(args.path)
+        splits = [s for s in (data.train_split, data.val_split, data.test_split) if s is not None]
+    else:
+        data = DataConfig(name="hf", root=str(args.path), options={})
+        splits = []
+    summary: dict[str, Any] = {"dataset": "hf", "root": str(args.path), "recipe": args.recipe or "none (default options)",
+                               "options": data.options}
+    problems: list[str] = []
+    if not splits:  # no recipe: every split the folder has
+        splits = _hf_split_names(Path(args.path), data.options.get("format", "auto"))
+    for split in dict.fromkeys(splits):
+        try:
+            ds = build_dataset_split(data, split)
+        except (ValueError, KeyError, FileNotFoundError) as err:
+            problems.append(str(err.args[0] if isinstance(err, KeyError) and err.args else err))
+            continue
+        n = len(ds)
+        count = n if args.samples <= 0 else min(n, args.samples)
+        decoded = 0
+        for i in range(count):
+            try:
+                ds[i]
+                decoded += 1
+            except (ValueError, OSError) as err:
+                problems.append(f"split {split!r} row {i}: {err}")
+                break
+        labels = {}
+        for name, column in ds.label_columns.items():
+            feature = ds.ds.features[column]
+            names = getattr(feature, "names", None)
+            labels[name] = f"column {column!r}" + (f", {len(names)} classes" if names else f", {feature}")
+        summary[f"split {split}"] = {
+            "rows": n,
+            "columns": sorted(ds.ds.features),
+            "modalities": {m: f"column {c!r}, {ds.kinds[m]}" for m, c in ds.columns.items()},
+            "labels": labels or "none (probes need one: options.labels)",
+            "decoded": f"{decoded} of the first {count} rows",
+        }
+    summary["next"] = ("mmviews train RECIPE --check (views, adapters, objective), then mmviews train RECIPE"
+                       if args.recipe else "write a recipe (data_cards/hf.md), then: mmviews prepare hf ROOT --recipe RECIPE")
+    summary["problems"] = problems
+    return summary
+
+
+def _hf_split_names(root: Path, format: str) -> list[str]:
+    """The splits of a dataset folder: a DatasetDict's, or the split sub-folders of an
+    image/audio folder (``train`` when it has none)."""
+    dict_file = root / "dataset_dict.json"
+    if format in ("auto", "disk") and dict_file.is_file():
+        from mmviews.fileio import read_json_object
+
+        return [str(s) for s in read_json_object(dict_file).get("splits", [])] or ["train"]
+    if format in ("auto", "disk") and (root / "dataset_info.json").is_file():
+        return ["train"]
+    from mmviews.data.hf import SPLIT_FOLDER_NAMES
+
+    found = [p.name for p in sorted(root.iterdir()) if p.is_dir() and p.name in SPLIT_FOLDER_NAMES]
+    # datasets' folder builders call a valid/val/dev folder "validation"
+    return [("validation" if name in ("valid", "val", "dev") else name) for name in found] or ["train"]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if args.dataset == "synthetic":
@@ -238,8 +321,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "format", None) == "parquet":
             summary = _prepare_parquet(args)
         elif args.dataset == "hf":
-            print("error: mmviews prepare hf needs --format parquet (hf folders are read as they are otherwise)")
-            return 1
+            summary = _prepare_hf(args)
         else:
             summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:

@@ -21,6 +21,16 @@ DatasetBuilder = Callable[..., Dataset]
 _DATASETS: Registry[DatasetBuilder] = Registry("dataset")
 
 
+def dataset_error(error_type: type[Exception], message: str, option: str) -> Exception:
+    """``error_type(message)`` tagged with the builder argument at fault (``option``: an option
+    name such as ``"columns"``, or ``"split"`` / ``"root"``), so that a recipe's loader can name
+    the key the user must change (``data.options.columns``, ``data.train_split``, ``data.root``)
+    rather than guess. Raise the returned error."""
+    error = error_type(message)
+    error.option = option  # type: ignore[attr-defined]
+    return error
+
+
 def register_dataset(name: str, description: str = "") -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Decorator: register ``builder(root=None, split="train", **options) -> Dataset`` as
     ``name`` (``description`` defaults to the first line of the builder's docstring).

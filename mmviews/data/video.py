@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import register_dataset
+from mmviews.data.registry import dataset_error, register_dataset
 
 # The file-level readers live in video_io (shared with the prepared store); the names are
 # imported here too so that ``mmviews.data.video.read_video_frames`` etc. keep working.
@@ -55,7 +55,8 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
             clips += [(cls.name, f"{cls.name}/{f.name}") for f in sorted(cls.iterdir()) if f.suffix.lower() in VIDEO_EXTENSIONS]
         return clips
     if split not in ("train", "test"):
-        raise ValueError(f"video folders have splits 'train', 'test' (official lists) or 'all', got {split!r}")
+        raise dataset_error(ValueError, f"video folders have splits 'train', 'test' (official lists) or 'all', got {split!r}",
+                            "split")
     ucf = splits_dir / f"{split}list{fold:02d}.txt"
     if ucf.is_file():
         out = []
@@ -129,17 +130,17 @@ class VideoFolder(Dataset):
         if not self.root.is_dir():
             raise FileNotFoundError(f"no such video folder: {self.root}")
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+            raise dataset_error(ValueError, f"on_error must be 'raise' or 'skip', got {on_error!r}", "on_error")
         if decode not in ("seek", "full"):
-            raise ValueError(f"decode must be 'seek' or 'full', got {decode!r}")
+            raise dataset_error(ValueError, f"decode must be 'seek' or 'full', got {decode!r}", "decode")
         if flow is None and flow_root is not None:
             flow = "precomputed"
         if flow not in (None, "precomputed", "farneback"):
-            raise ValueError(f"flow must be None, 'precomputed' or 'farneback', got {flow!r}")
+            raise dataset_error(ValueError, f"flow must be None, 'precomputed' or 'farneback', got {flow!r}", "flow")
         if flow == "precomputed" and flow_root is None:
-            raise ValueError("flow='precomputed' needs flow_root")
+            raise dataset_error(ValueError, "flow='precomputed' needs flow_root", "flow_root")
         if num_frames < 2 and flow is not None:
-            raise ValueError("flow needs num_frames >= 2")
+            raise dataset_error(ValueError, "flow needs num_frames >= 2", "num_frames")
         self.dataset = dataset
         self.num_frames = int(num_frames)
         self.size = (size, size) if isinstance(size, int) else tuple(size)
@@ -159,7 +160,7 @@ class VideoFolder(Dataset):
         sdir = Path(splits_dir) if splits_dir is not None else self._find_splits_dir()
         self.clips = parse_split(self.root, sdir, split, fold)
         if not self.clips:
-            raise ValueError(f"{self.root}: split {split!r} (fold {fold}) lists no clips")
+            raise dataset_error(ValueError, f"{self.root}: split {split!r} (fold {fold}) lists no clips", "split")
         class_ind = sdir / "classInd.txt"
         if class_ind.is_file():
             pairs = [ln.split() for ln in class_ind.read_text().splitlines() if ln.strip()]
@@ -356,7 +357,8 @@ def _video_builder(dataset: str) -> Callable[..., Dataset]:
 
     def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
         if root is None:
-            raise ValueError(f"{dataset}: pass root= the folder of class folders (see data_cards/{dataset}.md)")
+            raise dataset_error(ValueError, f"{dataset}: pass root= the folder of class folders (see data_cards/{dataset}.md)",
+                                "root")
         return VideoFolder(root, split=split, dataset=dataset, **options)
 
     return build

@@ -53,6 +53,9 @@ Common config keys: ``embed_dim``, ``head`` (:class:`HeadConfig`), ``finetune``
 (:class:`FinetuneConfig`: ``mode`` full | frozen | last_n, ``last_n``, ``lora``),
 ``gradient_checkpointing`` (recompute the backbone's activations in backward: text, hf_audio,
 open_clip, flow_clip and the CNNs; :mod:`mmviews.modalities.checkpointing`).
+Sample-keyed dropout (masks that follow the samples however a batch is chunked or split):
+:func:`enable_sample_keyed_dropout`, :func:`dropout_step`, :class:`SampleKeyedDropout`
+(:mod:`mmviews.modalities.dropout`).
 Flow helpers: :func:`compute_flow`, :func:`encode_flow_uint8`, :func:`decode_flow_uint8`.
 """
 
@@ -70,6 +73,7 @@ from .base import (
     register_adapter,
 )
 from .cache import FeatureCache, backbone_fingerprint
+from .dropout import SampleKeyedDropout, dropout_step, enable_sample_keyed_dropout
 from .flow import (
     FlowCLIPAdapter,
     FlowCLIPConfig,
@@ -110,6 +114,7 @@ __all__ = [
     "OpenCLIPVisionAdapter",
     "OpenCLIPVisionConfig",
     "ProjectionHead",
+    "SampleKeyedDropout",
     "SmallCNNVisionAdapter",
     "SmallCNNVisionConfig",
     "TextAdapter",
@@ -122,6 +127,8 @@ __all__ = [
     "clip_flow",
     "compute_flow",
     "decode_flow_uint8",
+    "dropout_step",
+    "enable_sample_keyed_dropout",
     "encode_flow_uint8",
     "list_adapters",
     "register_adapter",

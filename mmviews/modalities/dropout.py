@@ -22,7 +22,8 @@ Which positions? The first dimension of the dropped tensor is the row dimension:
 with one key per row, or ``[B * r, ...]`` sample-major (the frames of B clips, ``b * r + t``),
 read as ``[B, r, ...]``. The other coordinates are hashed one dimension at a time, so an
 element's mask does not depend on the tensor's size either: text padded to the longest row
-of a chunk gets, at each real token, the mask it gets padded to the longest row of the batch.
+of a chunk gets, at each real token, the mask it gets padded to the longest row of the batch
+(padding on the right, as BERT's tokenizers do; left padding shifts the positions).
 
 How the keys get there (what a training loop does):
 
@@ -61,6 +62,9 @@ forgot the keys would otherwise lose the guarantee silently.
   other module whose class name says it drops (``DropPath``, ``StochasticDepth``) with a
   positive rate. Modules of frozen backbones (always in eval mode) are passed over.
 
+Activation checkpointing recomputes forwards in backward, outside these contexts: pass
+:func:`checkpoint_context` as ``torch.utils.checkpoint``'s ``context_fn`` (non-reentrant).
+
 An EMA teacher copy is re-salted (:func:`salt_sample_keyed_dropout` with another namespace)
 so that its masks are independent of the student's, as two global-RNG draws would be.
 """
@@ -82,11 +86,13 @@ __all__ = [
     "KEYED_ATTENTION",
     "SampleKeyedDropout",
     "SampleKeyedMultiheadAttention",
+    "checkpoint_context",
     "KeyedDropoutReport",
     "current_row_keys",
     "dropout_rows",
     "dropout_step",
     "enable_sample_keyed_dropout",
+    "has_sample_keyed_dropout",
     "keyed_dropout",
     "keyed_uniform_bits",
     "row_keys_for",
@@ -147,12 +153,7 @@ def layer_salt(name: str, namespace: str = "") -> int:
 # --------------------------------------------------------------------------- context
 
 
-@dataclass(frozen=True)
-class _StepKeys:
-    key: int  # step_key(seed, micro_batch)
-
-
-_STEP: ContextVar[_StepKeys | None] = ContextVar("mmviews_dropout_step", default=None)
+_STEP: ContextVar[int | None] = ContextVar("mmviews_dropout_step", default=None)  # step_key(seed, micro_batch)
 _ROWS: ContextVar[torch.Tensor | None] = ContextVar("mmviews_dropout_rows", default=None)
 
 
@@ -164,7 +165,7 @@ def dropout_step(seed: int | None, micro_batch: int) -> Iterator[None]:
     if seed is None:
         yield
         return
-    token = _STEP.set(_StepKeys(step_key(seed, micro_batch)))
+    token = _STEP.set(step_key(seed, micro_batch))
     try:
         yield
     finally:
@@ -173,8 +174,7 @@ def dropout_step(seed: int | None, micro_batch: int) -> Iterator[None]:
 
 def active_step_key() -> int | None:
     """The key of the :func:`dropout_step` in effect, or None."""
-    step = _STEP.get()
-    return None if step is None else step.key
+    return _STEP.get()
 
 
 @contextlib.contextmanager
@@ -193,6 +193,26 @@ def dropout_rows(keys: torch.Tensor | None) -> Iterator[None]:
 
 def current_row_keys() -> torch.Tensor | None:
     return _ROWS.get()
+
+
+def checkpoint_context() -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
+    """``context_fn`` for ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: activation
+    checkpointing recomputes a block's forward during backward, after the encoder call's keys
+    are gone; this runs the recomputation under the keys of the original forward, so that it
+    drops what the forward dropped. transformers:
+    ``model.activation_checkpointing_enable({"use_reentrant": False, "context_fn": checkpoint_context})``."""
+    step, rows = _STEP.get(), _ROWS.get()
+
+    @contextlib.contextmanager
+    def replay() -> Iterator[None]:
+        step_token, rows_token = _STEP.set(step), _ROWS.set(rows)
+        try:
+            yield
+        finally:
+            _ROWS.reset(rows_token)
+            _STEP.reset(step_token)
+
+    return contextlib.nullcontext(), replay()
 
 
 def _modality_salt(modality: str) -> int:
@@ -292,7 +312,7 @@ def keyed_dropout(x: torch.Tensor, p: float, salt: int, rows: torch.Tensor | Non
     rows, row_shape = _rows_of(x, rows, where)
     bits = keyed_uniform_bits(rows.to(x.device), salt, row_shape)
     keep = (bits >= int(round(p * 2**32))).reshape(x.shape)
-    return x.masked_fill(~keep, 0) * (1.0 / (1.0 - p))
+    return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)  # saves the bool mask for backward, as nn.Dropout
 
 
 # --------------------------------------------------------------------------- modules
@@ -342,13 +362,17 @@ class SampleKeyedMultiheadAttention(nn.MultiheadAttention):
         b, lq, e = q_in.shape
         ls, h = k_in.shape[1], self.num_heads
         dh = e // h
-        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
-        b_q = b_k = b_v = None
-        if self.in_proj_bias is not None:
-            b_q, b_k, b_v = self.in_proj_bias.chunk(3)
-        q = F.linear(q_in, w_q, b_q).reshape(b, lq, h, dh).transpose(1, 2)
-        k = F.linear(k_in, w_k, b_k).reshape(b, ls, h, dh).transpose(1, 2)
-        v = F.linear(v_in, w_v, b_v).reshape(b, ls, h, dh).transpose(1, 2)
+        if query is key and key is value:  # self-attention: one packed projection
+            q, k, v = F.linear(q_in, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+            b_q = b_k = b_v = None
+            if self.in_proj_bias is not None:
+                b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+            q, k, v = F.linear(q_in, w_q, b_q), F.linear(k_in, w_k, b_k), F.linear(v_in, w_v, b_v)
+        q = q.reshape(b, lq, h, dh).transpose(1, 2)
+        k = k.reshape(b, ls, h, dh).transpose(1, 2)
+        v = v.reshape(b, ls, h, dh).transpose(1, 2)
         scores = (q @ k.transpose(-2, -1)) * (dh ** -0.5)  # [B, H, Lq, Ls]
         if attn_mask is not None:
             mask = attn_mask if attn_mask.dim() == 2 else attn_mask.reshape(b, h, lq, ls)
@@ -398,6 +422,10 @@ def _keyed_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + mask
+    elif kwargs.get("is_causal", getattr(module, "is_causal", False)) and query.shape[2] > 1:
+        # sdpa's mask function leaves a causal mask out (the kernel's is_causal flag does it)
+        causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=scores.device)
+        scores = scores.masked_fill(causal.triu(key.shape[2] - query.shape[2] + 1), torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1)
     dropped = keyed_dropout(probs, float(dropout), int(salt),
                             where=f"{KEYED_ATTENTION} attention {getattr(module, _SALT_ATTR + '_name', '')!r}")
@@ -630,5 +658,6 @@ def salt_sample_keyed_dropout(model: nn.Module, namespace: str = "") -> None:
 
 
 def has_sample_keyed_dropout(model: nn.Module) -> bool:
+    """Whether :func:`enable_sample_keyed_dropout` converted something in ``model``."""
     return any(isinstance(m, (SampleKeyedDropout, SampleKeyedMultiheadAttention, _KeyedLayerDropLayer))
                for m in model.modules())

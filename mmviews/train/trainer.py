@@ -14,12 +14,15 @@ Accelerate example loop, a contrastive trainer needs:
    torch has no SyncBatchNorm, so there BatchNorm statistics are per process (use heads without
    BatchNorm to match one process exactly). ``distributed.timeout_s`` is the process group's
    timeout and ``deterministic`` turns on deterministic algorithms
-   (:mod:`mmviews.train.distributed`).
-2. **Gradient accumulation** (``optimisation.grad_accum_steps``) sums gradients over
-   micro-batches. It does NOT add negatives: each micro-batch's loss only contrasts the K
-   samples of that micro-batch. What does is ``optimisation.encode_chunk_size``: cached-embedding
-   steps (:mod:`mmviews.train.cached_step`) encode K samples in chunks, so that K is not
-   limited by the encoder's activations.
+   (:mod:`mmviews.train.distributed`). Dropout draws its masks from each process's RNG, unless
+   ``optimisation.sample_keyed_dropout`` keys them by sample (:func:`micro_batch_dropout`).
+2. **Gradient accumulation** (``optimisation.grad_accum_steps`` = n): Accelerate divides each
+   micro-batch's loss by n, so an optimiser step follows the average of the n micro-batch
+   gradients (the last window of an epoch with fewer than n batches left sums its k < n
+   divided gradients, i.e. k/n of their average). It does NOT add negatives: each
+   micro-batch's loss only contrasts the K samples of that micro-batch. What does is
+   ``optimisation.encode_chunk_size``: cached-embedding steps (:mod:`mmviews.train.cached_step`)
+   encode K samples in chunks, so that K is not limited by the encoder's activations.
 3. **The objective's contract** (class attributes and no-op hooks of
    :class:`~mmviews.objectives.MultiViewObjective`); the loop has no per-objective code:
 
@@ -312,6 +315,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
         if state.stream is not None and state.stream_state is not None:
             state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
         p.checked_step = state.step
+        if accelerator.is_main_process:  # one line, so that a user (and the tests) see where it continues
+            print(f"resumed from {checkpoint} at step {state.step} of {p.total_steps}", flush=True)
         random_metrics = read_eval_metrics(run_dir / "eval_random")
     elif config.evaluation.random_baseline and config.evaluation.tasks:
         random_metrics = run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / "eval_random", accelerator,
