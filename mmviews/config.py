@@ -66,6 +66,10 @@ class DataConfig:
     # are costly to produce, e.g. the generated synthetic data). Per process and per loader
     # worker; augmentations still run on every use.
     cache: bool = False
+    # Read the splits as streams of Parquet shards (data.name: hf; mmviews.data.streaming):
+    # split across processes, shuffled with a seeded buffer of shuffle_buffer rows.
+    streaming: bool = False
+    shuffle_buffer: int = 1000
 
 
 @dataclass
@@ -90,7 +94,9 @@ class OptimisationConfig:
     ``lr`` is the learning rate of the projection heads (and of the whole model when
     ``backbone_lr`` is None). ``epochs`` bounds the run; ``max_steps`` (optimiser steps), when
     set, stops it earlier. Warm-up is ``warmup_steps`` plus ``warmup_epochs`` worth of steps.
-    ``grad_accum_steps`` > 1 sums gradients of several micro-batches before a step: it
+    ``grad_accum_steps`` = n > 1 averages the gradients of n micro-batches before a step
+    (each micro-batch's loss is divided by n; a shorter last window of an epoch is not
+    rescaled, so its step is k/n of the average of its k micro-batches): it
     enlarges the effective batch for the optimiser but NOT the set of negatives, which
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
     decompose over micro-batches). ``sample_keyed_dropout``: see
@@ -169,6 +175,16 @@ class OutputConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Several processes (``accelerate launch``). ``timeout_s``: how long a process waits in a
+    collective before the run fails (the process group's timeout), e.g. the other processes
+    waiting while the main one computes the evaluation metrics; NCCL's own default is 10
+    minutes, too short for a long evaluation. See :mod:`mmviews.train.distributed`."""
+
+    timeout_s: float = 3600.0
+
+
+@dataclass
 class TrainConfig:
     """A whole recipe."""
 
@@ -187,6 +203,10 @@ class TrainConfig:
     # DDP: tolerate parameters that get no gradient in a step (e.g. a BERT pooler unused by
     # mean pooling); set False for a little speed when every parameter is used.
     find_unused_parameters: bool = True
+    # torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG (mmviews.train.distributed):
+    # bitwise repeatable runs, and resumed runs equal to uninterrupted ones, on CUDA too; slower.
+    deterministic: bool = False
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
