@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from mmviews.config import ConfigError, TrainConfig
 from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
-from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE
+from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
 from mmviews.train.checkpoint import TrainState
 
 
@@ -65,6 +65,8 @@ class CSVLogger:
             if new:
                 writer.writeheader()
             writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        if new:
+            record_run_outputs(self.path.parent)  # the run's manifest lists the log from its first row
 
 
 # Accelerate tracker name -> the modules any one of which makes it usable (Accelerate's own
