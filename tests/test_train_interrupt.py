@@ -22,7 +22,16 @@ import pytest
 import torch
 from test_train_utils import REPO, env, load_weights, run_train, tiny_config, write_recipe
 
-from mmviews.run import RUN_MANIFEST, claim_run_dir, list_checkpoints, read_manifest, read_train_state
+from mmviews.cli import main
+from mmviews.run import (
+    RUN_MANIFEST,
+    RunFolderError,
+    check_run_dir,
+    claim_run_dir,
+    list_checkpoints,
+    read_manifest,
+    read_train_state,
+)
 
 SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 
@@ -161,6 +170,8 @@ def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, r
     assert "Traceback" not in err
     line = _last_line(err)
     assert line.startswith("mmviews train: aborted at once by a second SIGINT; "), err
+    if not list_checkpoints(run):  # the usual case: the interrupt's checkpoint was the first
+        assert line.endswith(f"{run} has no checkpoint yet, start it again with: mmviews train --resume {run}")
     # The half-done checkpoint stays in its temporary folder; every checkpoint-N is complete.
     assert list(folder.glob(".tmp-*"))
     for checkpoint in list_checkpoints(run):
@@ -169,6 +180,8 @@ def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, r
     # Whether or not an earlier checkpoint exists, the printed command finishes the run exactly.
     r = _run_printed(line)
     assert r.returncode == 0, r.stderr[-3000:]
+    if "start it again" in line:
+        assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in r.stdout
     assert not list(folder.glob(".tmp-*"))
     _assert_same_weights(run, reference)
 
@@ -202,20 +215,11 @@ def test_setup_failure_then_the_same_command_starts_again(tmp_path):
     assert (run / "encoder").is_dir()
     assert read_manifest(run)["foreign"] == []
     # A run that has something to keep is still protected.
-    r = run_train(str(recipe), "--output", str(run))
-    assert r.returncode == 2 and "already holds a run" in r.stderr
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        check_run_dir(run)
 
 
-def test_resume_of_a_run_without_checkpoint_starts_it_again(tmp_path):
-    recipe, run = _gaussian_recipe(tmp_path / "gauss.yaml", input_dim=5), tmp_path / "run"
-    assert run_train(str(recipe), "--output", str(run)).returncode == 2
-    r = run_train("--resume", str(run), "--set", "adapters.x.input_dim=1")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in r.stdout
-    assert (run / "encoder").is_dir()
-
-
-def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_path):
+def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_path, capsys):
     import shutil
 
     run = tmp_path / "run"
@@ -237,8 +241,8 @@ def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_
     assert results["eval"] == json.loads(before[run / "results.json"][1])["eval"]  # same encoder, same numbers
     _assert_same_weights(run, reference)
 
-    r = run_train("--reevaluate", str(run / "config.yaml"))
-    assert r.returncode == 2 and "--reevaluate only applies with --resume DIR" in r.stderr
+    assert main(["train", "--reevaluate", str(run / "config.yaml")]) == 2
+    assert "--reevaluate only applies with --resume DIR" in capsys.readouterr().err
 
 
 def _free_port() -> int:
