@@ -248,3 +248,14 @@ def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch):
     assert saved["metrics"]["test/knn/class/top1"] > 0.9
     assert saved["meta"]["objective"] == "mv_dhel" and saved["meta"]["num_views"] == 3  # the training M
     check_png(run / "eval" / "training_curves.png")
+
+
+def test_summary_keeps_the_digits_of_small_and_large_numbers():
+    from mmviews.eval.report import markdown_summary
+
+    text = markdown_summary({"test/linear/class/weight_decay": 1e-05, "test/linear/class/acc": 0.8125,
+                             "test/x/zero": 0.0, "test/x/big": 123456.0})
+    assert "| test/linear/class/weight_decay | 1e-05 |" in text  # not 0.0000
+    assert "| test/linear/class/acc | 0.8125 |" in text
+    assert "| test/x/zero | 0.0000 |" in text
+    assert "| test/x/big | 1.235e+05 |" in text

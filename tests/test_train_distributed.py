@@ -35,6 +35,7 @@ def test_two_processes_match_one_process(tmp_path):
                 "-m", "mmviews.cli", "train", str(recipe), "--output", str(tmp_path / "two")]
     two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
     assert two.returncode == 0, two.stderr[-4000:]
+    assert two.stdout.count("run folder:") == 1, two.stdout  # the summary from the main process only
 
     results = (tmp_path / "two" / "results.json").read_text()
     assert '"num_processes": 2' in results

@@ -80,7 +80,7 @@ def _wait_for(proc: subprocess.Popen, condition, what: str, timeout: float = 180
 
 def _finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
     try:
-        _, err = proc.communicate(timeout=timeout)
+        proc.stdout_text, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"the process did not stop within {timeout} s of the signal")
@@ -124,6 +124,9 @@ def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupte
                    f"mmviews train --resume {run}", err
     assert [c.name for c in list_checkpoints(run)] == [f"checkpoint-{step:08d}"]
     assert _steps_logged(run) == list(range(1, step + 1))
+    # output.progress_bar is false: a line per logged step instead.
+    assert [line.split()[1] for line in proc.stdout_text.splitlines() if line.startswith("step ")] == \
+        [f"{s}/12" for s in range(1, step + 1)]
     # The manifest lists everything the run wrote (--overwrite would otherwise call these foreign).
     manifest = read_manifest(run)
     assert {"eval_random", "metrics.csv", "checkpoints", "config.yaml"} <= set(manifest["created"])
