@@ -103,15 +103,15 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
     """The command; ``callback`` is handed to :func:`mmviews.train.train` (tests use it to
     slow a run down, see ``tests/slow_train.py``). Errors are raised; :func:`mmviews.cli.main`
     prints them as one line."""
-    aborted = False
+    interrupted = False
     with allow_remote_models(args.allow_remote_models):
         try:
             return _run(args, callback)
-        except KeyboardInterrupt as stopped:  # TrainingInterrupted: a clean stop at a step, or not
-            aborted = not isinstance(stopped, TrainingInterrupted) or stopped.checkpoint is None
+        except KeyboardInterrupt:  # outside train() (which _run handles): other processes may be gone
+            interrupted = True
             raise
         finally:
-            _close_process_group(barrier=not aborted)
+            _close_process_group(barrier=not interrupted)
 
 
 def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
@@ -155,6 +155,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
                         overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng, reevaluate=args.reevaluate)
     except KeyboardInterrupt as stopped:  # SIGINT/SIGTERM (mmviews.train.interrupt)
+        if not (isinstance(stopped, TrainingInterrupted) and stopped.checkpoint is not None):
+            _close_process_group(barrier=False)  # not a stop agreed by all processes: some may be gone
         if _is_first_process():
             print(f"mmviews train: {_interrupted_line(stopped, run_dir, args)}", file=sys.stderr, flush=True)
         return stopped.exit_status if isinstance(stopped, TrainingInterrupted) else 128 + signal.SIGINT

@@ -33,7 +33,9 @@ Accelerate example loop, a contrastive trainer needs:
 4. **Checkpoints you can kill** (:mod:`mmviews.train.checkpoint`): written to a temporary
    folder and renamed when complete. ``--resume`` restores everything and skips the batches
    of the current epoch already done (``accelerator.skip_first_batches``): the final weights
-   equal those of an uninterrupted run.
+   equal those of an uninterrupted run. SIGINT (Ctrl-C) and SIGTERM finish the current step,
+   write a checkpoint and raise ``TrainingInterrupted`` (:mod:`mmviews.train.interrupt`; every
+   process stops at the same step, agreed without a device synchronisation).
 
 5. **No host synchronisation between log steps.** Nothing in the step reads a device value
    back: the objective's own input checks are off (``check_inputs = False``), a non-finite
