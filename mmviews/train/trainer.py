@@ -367,7 +367,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
         "samples_seen": state.samples, "final_loss": log.last_loss,
         # an evaluation run again (reevaluate) keeps the wall time of the training
-        "wall_time_s": finished["wall_time_s"] if finished is not None else time.perf_counter() - started,
+        "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
     })
