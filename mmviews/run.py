@@ -253,11 +253,11 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
 def read_finished_run(run_dir: Path, checkpoint: Path, total_steps: int, reevaluate: bool = False) -> dict[str, Any] | None:
     """The summary (``results.json``) of a finished run being resumed from ``checkpoint``, or
     None when the checkpoint is before ``total_steps`` (the recipe's length, which ``--set``
-    may have changed) or the run has no results yet. ``reevaluate`` (evaluate the finished
+    may have changed) or the run has no ``encoder/`` or results yet (stopped before its end). ``reevaluate`` (evaluate the finished
     run again): a run that is not finished is a :class:`RunFolderError`."""
     step = read_train_state(checkpoint)["step"]
     results = run_dir / RESULTS_FILE
-    if step >= total_steps and results.is_file():
+    if step >= total_steps and results.is_file() and (run_dir / ENCODER_DIR).is_dir():
         return read_json_object(results, CorruptFileError, "; delete it to evaluate the run again with --resume")
     if reevaluate:
         raise RunFolderError(f"--reevaluate evaluates a finished run again, but {run_dir} has not finished (checkpoint "
