@@ -1,16 +1,20 @@
 """Stopping a run on SIGINT (Ctrl-C) or SIGTERM (what cluster schedulers send before they
 preempt a job) without losing it.
 
-:class:`StopOnSignal` is a context manager around the training loop. While it is active the
-first SIGINT or SIGTERM only records the request (and says so on the main process): the loop
-asks :meth:`StopOnSignal.requested` after every optimiser step, leaves at the first step where
-it answers True, writes a checkpoint (atomically, see :mod:`mmviews.train.checkpoint`) and
-raises :class:`TrainingInterrupted`; ``mmviews train`` turns that into one line with the
-command that resumes the run and the exit status 128 + signal (130 for SIGINT, 143 for
-SIGTERM). A second signal aborts at once: the handler raises :class:`TrainingInterrupted`
-with ``aborted=True`` wherever the program is. A checkpoint being written then stays in its
-temporary folder, which loading ignores and the next start removes; complete checkpoints are
-never modified in place, so none is left half-written.
+:class:`StopOnSignal` is a context manager around :func:`mmviews.train.train`. During the
+training loop (from :meth:`StopOnSignal.defer` to :meth:`StopOnSignal.end_of_loop`) the first
+SIGINT or SIGTERM only records the request (and says so on the main process): the loop asks
+:meth:`StopOnSignal.requested` after every optimiser step, leaves at the first step where it
+answers True, writes a checkpoint (atomically, see :mod:`mmviews.train.checkpoint`) and raises
+:class:`TrainingInterrupted`; ``mmviews train`` turns that into one line with the command that
+resumes the run and the exit status 128 + signal (130 for SIGINT, 143 for SIGTERM). A second
+signal aborts at once: the handler raises :class:`TrainingInterrupted` with ``aborted=True``
+wherever the program is. A checkpoint being written then stays in its temporary folder, which
+loading ignores and the next start removes; complete checkpoints are never modified in place
+(one being replaced or deleted is first renamed to a temporary name), so no ``checkpoint-N``
+is ever half-written. Outside the loop (building the run, evaluating) nothing can be finished
+first: a signal raises :class:`TrainingInterrupted` at once, and the run resumes from its last
+complete checkpoint (or, without one, starts again).
 
 Several processes must stop at the same optimiser step (a process that leaves the loop early
 would wait forever in the next collective of the others), but the signal may reach them at
@@ -20,12 +24,11 @@ separate gloo group, so it never waits for the accelerator: each step reads the 
 all-reduce started at the step before (long finished by then: the step's gradient all-reduce
 already ties the processes together) and starts the next one. Every process therefore sees
 the same answer at the same step, one step after the signal; no per-step device
-synchronisation and no blocking rendezvous is added. With one process it is a Python flag.
+synchronisation and no blocking rendezvous is added. With one process it is a Python flag,
+read at the step where the signal came.
 
-Outside the context (building the run, the final evaluation) the previous handlers apply:
-Python turns SIGINT into ``KeyboardInterrupt`` (``mmviews train`` prints one line and exits
-with 130) and SIGTERM terminates the process. Handlers can only be installed from the main
-thread; elsewhere (training in a worker thread) the context does nothing.
+Handlers can only be installed from the main thread; elsewhere (training in a worker thread)
+the previous behaviour stays.
 """
 
 from __future__ import annotations
