@@ -66,6 +66,10 @@ class DataConfig:
     # are costly to produce, e.g. the generated synthetic data). Per process and per loader
     # worker; augmentations still run on every use.
     cache: bool = False
+    # Read the splits as streams of Parquet shards (data.name: hf; mmviews.data.streaming):
+    # split across processes, shuffled with a seeded buffer of shuffle_buffer rows.
+    streaming: bool = False
+    shuffle_buffer: int = 1000
 
 
 @dataclass
@@ -164,6 +168,16 @@ class OutputConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Several processes (``accelerate launch``). ``timeout_s``: how long a process waits in a
+    collective before the run fails (the process group's timeout), e.g. the other processes
+    waiting while the main one computes the evaluation metrics; NCCL's own default is 10
+    minutes, too short for a long evaluation. See :mod:`mmviews.train.distributed`."""
+
+    timeout_s: float = 3600.0
+
+
+@dataclass
 class TrainConfig:
     """A whole recipe."""
 
@@ -182,6 +196,10 @@ class TrainConfig:
     # DDP: tolerate parameters that get no gradient in a step (e.g. a BERT pooler unused by
     # mean pooling); set False for a little speed when every parameter is used.
     find_unused_parameters: bool = True
+    # torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG (mmviews.train.distributed):
+    # bitwise repeatable runs, and resumed runs equal to uninterrupted ones, on CUDA too; slower.
+    deterministic: bool = False
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -307,7 +307,10 @@ def read_train_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
             isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
             for v in files.values())):
         raise CorruptFileError(f"{path}: key 'files' must map file names to {{'bytes', 'sha256'}}")
-    return {**{k: int(data.get(k, 0)) for k in _STATE_KEYS}, "files": files}
+    stream = data.get("stream")  # a streamed run's loader position (mmviews.data.streaming), JSON data
+    if stream is not None and not isinstance(stream, dict):
+        raise CorruptFileError(f"{path}: key 'stream' must be an object, got {type(stream).__name__}")
+    return {**{k: int(data.get(k, 0)) for k in _STATE_KEYS}, "files": files, "stream": stream}
 
 
 def verify_checkpoint_file(checkpoint: Path, name: str, records: dict[str, dict[str, Any]] | None) -> Path:

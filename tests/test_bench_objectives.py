@@ -112,3 +112,37 @@ def test_bad_options_are_named():
         bench.benchmark(K=8, M=3, d=8, device="cpu", progress=False, reference_K=1)
     with pytest.raises(SystemExit):
         main(["bench", "nonsense"])
+
+
+def test_default_measures_like_the_readme_and_reports_the_noise(result):
+    """On CPU the default is one thread's CPU time (how the README's figures were measured),
+    and every ratio comes with the interquartile range of its per-round ratios."""
+    config = result["config"]
+    assert config["clock"] == "cpu" and config["threads"] == 1 and config["device"] == "cpu"
+    for name, row in result["objectives"].items():
+        low, high = row["time_vs_floor_iqr"]
+        assert low <= row["time_vs_floor"] <= high, name
+        for target in row["targets"]:
+            assert target["verdict"] in ("ok", "MISS", "noisy"), (name, target)
+
+
+def test_verdicts_follow_the_spread_of_the_rounds():
+    assert bench.target_verdict(False, 1.5, [1.6, 1.9]) == "MISS"  # every middle round above the bound
+    assert bench.target_verdict(False, 1.5, [1.2, 1.9]) == "noisy"  # the median misses, the spread straddles
+    assert bench.target_verdict(True, 1.5, [1.2, 1.6]) == "noisy"
+    assert bench.target_verdict(True, 1.5, [0.9, 1.1]) == "ok"
+    assert bench.target_verdict(None, 1.5) == "?" and bench.target_verdict(True, 50.0) == "ok"
+    assert bench._quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0) and bench._quartiles([7.0]) == (7.0, 7.0)
+
+
+def test_no_cuda_message_on_a_cpu_only_machine(tmp_path):
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the message concerns CPU-only machines")
+    out = subprocess.run([sys.executable, "-m", "mmviews.cli", "bench", "objectives", *TINY, "--objectives", "mv_dhel",
+                          "--device", "cpu", "--out", str(tmp_path / "b.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "gpuGetDeviceCount" not in out.stderr + out.stdout
+    assert json.loads((tmp_path / "b.json").read_text())["objectives"]["mv_dhel"]["peak_mb"] is not None

@@ -96,6 +96,17 @@ def test_sync_debug_needs_cuda(tmp_path: Path) -> None:
         bench.run(_args(tmp_path, "--sync-debug", "error"))
 
 
+def test_sync_debug_names_the_known_causes() -> None:
+    from mmviews.bench.train import explain_synchronisation
+
+    site = "/venv/lib/python3.11/site-packages/torch"
+    assert "GradScaler" in explain_synchronisation(f"{site}/amp/grad_scaler.py:451")
+    assert "SyncBatchNorm" in explain_synchronisation(f"{site}/nn/modules/_functions.py:88")
+    assert "log steps" in explain_synchronisation("/work/mmviews/train/trainer.py:224 (_check_losses): error")
+    assert "batch sizes" in explain_synchronisation("/work/mmviews/objectives/_distributed.py:77")
+    assert explain_synchronisation("/work/mmviews/modalities/text.py:12") is None  # a new one: worth a look
+
+
 def test_host_read_recorder_sees_reads_and_value_sized_ops() -> None:
     x = torch.tensor([1.0, -2.0, 3.0])
     with bench.HostReadRecorder() as recorder:

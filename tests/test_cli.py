@@ -55,3 +55,67 @@ def test_ctrl_c_is_one_line_with_status_130(capsys, monkeypatch):
 def test_list(capsys, what, expected):
     assert main(["list", what]) == 0
     assert expected in capsys.readouterr().out.split()
+
+
+def _listed(capsys, what):
+    assert main(["list", what]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # "name  description" lines, each followed by an indented "param: default, ..." line
+    entries, name = {}, None
+    for line in lines:
+        if line.startswith("    "):
+            entries[name] = line.strip()
+        else:
+            name = line.split("  ")[0].strip()
+            entries[name] = ""
+    return entries
+
+
+def test_list_augmentations_shows_every_parameter_with_its_default(capsys):
+    import inspect
+
+    from mmviews.data import list_augmentations
+    from mmviews.data.augment import _AUGMENTATIONS
+
+    entries = _listed(capsys, "augmentations")
+    assert set(entries) == set(list_augmentations())
+    for name in list_augmentations():  # read from the factories' signatures, nothing hand-kept
+        for parameter in inspect.signature(_AUGMENTATIONS.get(name)).parameters.values():
+            assert f"{parameter.name}: " in entries[name], (name, parameter.name)
+    assert "strength: 1.0" in entries["simclr"] and "scale: [0.08, 1.0]" in entries["simclr"]
+
+
+def test_list_adapters_and_tasks_show_their_parameters(capsys):
+    import dataclasses
+
+    from mmviews.modalities import adapter_class, list_adapters
+
+    entries = _listed(capsys, "adapters")
+    for type_name in list_adapters():
+        config = adapter_class(type_name).config_class()
+        for field in dataclasses.fields(config):
+            if field.name not in ("embed_dim", "head", "finetune"):
+                assert f"{field.name}: " in entries[type_name], (type_name, field.name)
+    assert "channels: [32, 64, 128]" in entries["small_cnn"]
+    assert "embed_dim: 128" in entries["(every adapter)"] and "head: {kind: mlp" in entries["(every adapter)"]
+    tasks = _listed(capsys, "tasks")
+    assert tasks["knn"] == "k: 200, temperature: 0.07"
+    assert tasks["diagnostics"] == "kappa: 10.0, max_samples: 4096"
+    assert "weight_decays: [1e-05" in tasks["linear"] and "max_iter: 100" in tasks["linear"]
+
+
+def test_list_objectives_shows_defaults_and_presets(capsys):
+    entries = _listed(capsys, "objectives")
+    assert "temperature: 0.1" in entries["mv_dhel"]
+    assert "gamma: 4.0 (measured) / 64.0 (paper)" in entries["ipmc"] and "preset: measured" in entries["ipmc"]
+    assert "divergence: pearson" in entries["fmicl"]
+
+
+def test_every_registered_dataset_has_a_card(capsys):
+    from mmviews.data import list_datasets
+    from mmviews.resources import data_card
+
+    assert [name for name in list_datasets() if data_card(name) is None] == []
+    assert main(["list", "datasets"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert all("card: " in row for row in rows) and any(row.startswith("hf ") for row in rows)

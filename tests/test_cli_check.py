@@ -96,3 +96,55 @@ def test_a_missing_tracker_is_a_config_error_before_the_run_folder(tmp_path: Pat
                          "--output", str(tmp_path / "run"))
     assert rc == 2 and "key 'output.trackers'" in one_line_error(err)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def rows_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path_factory.mktemp("hf_rows") / "disk"
+    train = datasets.Dataset.from_dict({"rows": [[0.0, 1.0]] * 4, "label": [0, 1, 0, 1]})
+    datasets.DatasetDict({"train": train, "test": train}).save_to_disk(str(root))
+    return root
+
+
+@pytest.mark.parametrize("options,key", [
+    ({"columns": {"x": "row"}}, "data.options.columns"),  # the issue's case: a wrong column name
+    ({"columns": {"x": "rows"}, "labels": {"class": "lable"}}, "data.options.labels"),
+    ({"columns": {"x": "rows"}, "format": "parquet-ish"}, "data.options.format"),
+    ({"columns": {"x": "rows"}, "on_error": "ignore"}, "data.options.on_error"),
+])
+def test_a_wrong_dataset_option_is_reported_under_its_own_key(rows_dataset: Path, options: dict, key: str) -> None:
+    data = DataConfig(name="hf", root=str(rows_dataset), options=options, test_split="test")
+    with pytest.raises((KeyError, ValueError)) as raised:
+        build_dataset_split(data, "train")
+    message = raised.value.args[0]
+    assert message.startswith(f"key '{key}': "), message
+    assert "train_split" not in message
+
+
+def test_option_set_per_split_and_root_errors_name_their_keys() -> None:
+    data = DataConfig(name="synthetic", split_options={"train": {"num_classes": 99}})
+    with pytest.raises(ValueError, match=r"^key 'data.split_options.train.num_classes': num_classes must be in"):
+        build_dataset_split(data, "train")
+    data = DataConfig(name="synthetic", options={"modalities": ["smell"]})
+    with pytest.raises(ValueError, match=r"^key 'data.options.modalities': unknown modalities \['smell'\]"):
+        build_dataset_split(data, "valid")
+    with pytest.raises(ValueError, match=r"^key 'data.root' = None: hf: pass root="):
+        build_dataset_split(DataConfig(name="hf"), "train")
+    with pytest.raises(ValueError, match=r"^key 'data.options.sigma0': gaussian_latents: need"):
+        build_dataset_split(DataConfig(name="gaussian_latents", options={"sigma0": -1.0}), "train")
+
+
+def test_wrong_column_through_the_command_line(capsys: pytest.CaptureFixture[str], rows_dataset: Path,
+                                               tmp_path: Path) -> None:
+    recipe = tmp_path / "rows.yaml"
+    recipe.write_text(f"""name: rows
+data: {{name: hf, root: {rows_dataset}, options: {{columns: {{rows: row}}}}, train_split: train, val_split: null,
+        test_split: test, batch_size: 4}}
+views: [{{modality: rows, copies: 2, augment: seq_noise}}]
+adapters: {{rows: {{type: mlp, input_dim: 2}}}}
+""")
+    rc, _, err = cli(capsys, "train", str(recipe), "--check")
+    line = one_line_error(err)
+    assert rc == 2 and "key 'data.options.columns': " in line and "column 'row' (for 'rows') not found" in line
+    assert "train_split" not in line

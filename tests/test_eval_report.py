@@ -259,3 +259,39 @@ def test_summary_keeps_the_digits_of_small_and_large_numbers():
     assert "| test/linear/class/acc | 0.8125 |" in text
     assert "| test/x/zero | 0.0000 |" in text
     assert "| test/x/big | 1.235e+05 |" in text
+
+
+def add_training_outputs(run: Path, final_loss: float, wall: float, random_acc: float, mi: bool) -> None:
+    """What the trainer writes beside eval/: results.json, eval_random/metrics.json, metrics.csv."""
+    (run / "results.json").write_text(json.dumps({"steps": 4, "final_loss": final_loss, "wall_time_s": wall}))
+    (run / "eval_random").mkdir()
+    (run / "eval_random" / "metrics.json").write_text(json.dumps({
+        "metrics": {"test/knn/class/top1": random_acc}, "meta": {}}))
+    header = "step,loss,neg_sim,pos_sim" + (",mi_lower_bound" if mi else "")
+    rows = [f"{s},{final_loss + 4 - s},{0.1},{0.2 * s}" + (f",{0.5 * s - 1}" if mi else "") for s in range(1, 5)]
+    (run / "metrics.csv").write_text("\n".join([header, *rows]) + "\n")
+
+
+def test_compare_adds_training_curves_random_init_final_loss_and_wall_time(tmp_path: Path, capsys):
+    from mmviews.cli import main
+
+    a, b = make_run(tmp_path, "pvc", "geometric_pvc", 4, 0.7), make_run(tmp_path, "dhel", "mv_dhel", 4, 0.8)
+    add_training_outputs(a, 17.25, 91.5, 0.55, mi=True)
+    add_training_outputs(b, 12.5, 60.25, 0.6, mi=False)
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "| final training loss | 17.2500 | 12.5000 |" in table
+    assert "| wall time (s) | 91.5000 | 60.2500 |" in table
+    assert "| steps | 4 | 4 |" in table
+    assert "| test/knn/class/top1 | +0.1500 (0.5500) | +0.2000 (0.6000) |" in table  # trained minus its own random init
+    assert "[training_curves.png](training_curves.png)" in table
+    check_png(tmp_path / "cmp" / "training_curves.png")
+    saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert saved["pvc"]["random_init"] == {"test/knn/class/top1": 0.55} and saved["dhel"]["final_loss"] == 12.5
+    from mmviews.eval.compare import load_run_metrics
+
+    curves = load_run_metrics(a).curves
+    assert curves["step"] == [1.0, 2.0, 3.0, 4.0] and curves["mi_lower_bound"] == [-0.5, 0.0, 0.5, 1.0]
+    assert "mi_lower_bound" not in load_run_metrics(b).curves
+    header = (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()[0]
+    assert header.startswith("run,path,objective,num_views,steps,final_loss,wall_time_s") and "random_init/" in header

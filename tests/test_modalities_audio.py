@@ -128,3 +128,18 @@ def test_hubert_spec_augment_is_off_unless_asked() -> None:
     masked = build_adapter(_hubert_without_dropout(spec_augment=True)).train()
     assert masked.backbone.config.apply_spec_augment is True
     assert not torch.equal(masked(inputs), masked(inputs)), "SpecAugment masks random frames at each forward"
+
+
+def test_audio_cnn_spectrogram_in_float32_under_fp16_autocast() -> None:
+    """A loud clip's mel power exceeds fp16's range (65504): under fp16 autocast the spectrogram
+    is still computed in float32, so the features stay finite and match float32's."""
+    torch.manual_seed(0)
+    adapter = build_adapter(tiny_config("audio_cnn")).eval()
+    t = torch.arange(4000) / 16000
+    loud = (4.0 * torch.sin(2 * torch.pi * 440 * t)).repeat(2, 1)  # mel power about 1.7e5
+    inputs = {"values": loud, "sample_rate": 16000}
+    reference = adapter.features(inputs, check_inputs=False)
+    with torch.autocast("cpu", dtype=torch.float16):
+        half = adapter.features(inputs, check_inputs=False)
+    assert bool(torch.isfinite(half).all())
+    torch.testing.assert_close(half.float(), reference, rtol=0.05, atol=0.05)

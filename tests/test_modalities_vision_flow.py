@@ -162,3 +162,19 @@ def test_flow_cnn_stacked_flows() -> None:
         adapter({"values": torch.randn(2, 4, 2, 32, 32)})
     with pytest.raises(ValueError, match="num_flows"):
         build_adapter(tiny_config("flow_cnn", temporal="stack"))
+
+
+@pytest.mark.parametrize("kind", ["small_cnn", "flow_cnn"])
+def test_image_and_flow_front_ends_stay_float32_under_fp16_autocast(kind: str) -> None:
+    """Normalisation (images) and scaling (flow) are elementwise: autocast leaves them in float32."""
+    from mmviews.modalities.presets import example_inputs
+
+    adapter = build_adapter(tiny_config(kind))
+    inputs = example_inputs(kind, 2)
+    inputs["values"] = inputs["values"] * (1.0 if kind == "small_cnn" else 1e4)  # flow of 10,000 pixels
+    with torch.autocast("cpu", dtype=torch.float16):
+        prepared = adapter.preprocess(inputs)
+        features = adapter.features(inputs, check_inputs=False)
+    values = prepared.get("pixels", prepared.get("values"))
+    assert values.dtype == torch.float32 and bool(torch.isfinite(values).all())
+    assert bool(torch.isfinite(features).all())

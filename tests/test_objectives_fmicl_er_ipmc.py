@@ -87,6 +87,15 @@ def test_fmicl_cosine_matches_reference(divergence):
         assert_matches(objective, lambda x: ref_fmicl(x, divergence, **params), z)
 
 
+def test_fmicl_default_is_the_measured_best_divergence():
+    # Gaussian Pearson trained best in recipes/reproduce/fmicl_similarity.py; the paper's KL is a parameter away
+    z = random_z(4, 3, 5, seed=4)
+    default = get_objective("fmicl")
+    assert (default.divergence, default.similarity, default.alpha, default.sigma, default.mu) == ("pearson", "gaussian", 40.0, 0.7071, 1.0)
+    assert_matches(default, lambda x: ref_fmicl(x, "pearson"), z)
+    assert abs(float(default(z)) - float(get_objective("fmicl", divergence="kl")(z))) > 1e-3
+
+
 def test_fmicl_tsallis_order_and_mask():
     z = random_z(4, 3, 5, seed=3)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 1, 1], [1, 0, 0]], dtype=torch.bool)
@@ -169,25 +178,43 @@ IPMC_CASES = [((3, 2, 4), 8.0, 0.35), ((4, 3, 5), 32.0, 0.25), ((5, 4, 3), 64.0,
 def test_ipmc_unified_loss_matches_reference_default_attenuated_weights(shape, gamma, delta):
     # the default is the paper's attenuated weights, phi_dec = 6, tau_dec = 1 (sec. 4.3, Fig. 8)
     z = random_z(*shape, seed=21)
-    objective = get_objective("ipmc", gamma=gamma, delta=delta, beta=0.0)
+    objective = get_objective("ipmc", preset="paper", gamma=gamma, delta=delta, beta=0.0)
     assert (objective.phi_dec, objective.tau_dec, objective.scale, objective.pools) == (6.0, 1.0, 1.0, "sample")
     assert_matches(objective, lambda x: ref_ipmc(x, gamma, delta, phi_dec=6.0, tau_dec=1.0), z)
+
+
+def test_ipmc_defaults_are_the_measured_best_and_preset_paper_gives_the_papers_values():
+    # measured best (recipes/reproduce/ipmc_ablation.py): gamma 4, per-direction pools, scale 16
+    z = random_z(5, 4, 3, seed=24)
+    default = get_objective("ipmc")
+    assert (default.gamma, default.pools, default.scale, default.delta, default.phi_dec, default.tau_dec, default.beta) \
+        == (4.0, "direction", 16.0, 0.35, 6.0, 1.0, 0.0)
+    assert_matches(default, lambda x: ref_ipmc(x, 4.0, 0.35, phi_dec=6.0, tau_dec=1.0, scale=16.0, pools="direction"), z)
+    # the paper's values (Li et al.: gamma 64, one pool per sample, no loss scale)
+    paper = get_objective("ipmc", preset="paper")
+    assert (paper.gamma, paper.pools, paper.scale, paper.delta, paper.phi_dec) == (64.0, "sample", 1.0, 0.35, 6.0)
+    assert_matches(paper, lambda x: ref_ipmc(x, 64.0, 0.35, phi_dec=6.0, tau_dec=1.0), z)
+    # an explicit value wins over the preset
+    mixed = get_objective("ipmc", preset="paper", gamma=8.0)
+    assert (mixed.gamma, mixed.pools, mixed.scale) == (8.0, "sample", 1.0)
+    with pytest.raises(ValueError, match="preset"):
+        get_objective("ipmc", preset="best")
 
 
 @pytest.mark.parametrize("shape,gamma,delta", IPMC_CASES)
 def test_ipmc_unified_loss_matches_reference_plain_weights(shape, gamma, delta):
     z = random_z(*shape, seed=21)
-    objective = get_objective("ipmc", gamma=gamma, delta=delta, beta=0.0, phi_dec=None)
+    objective = get_objective("ipmc", preset="paper", gamma=gamma, delta=delta, beta=0.0, phi_dec=None)
     assert_matches(objective, lambda x: ref_ipmc(x, gamma, delta), z)
     # the two weightings are different losses (the test above would not notice a no-op otherwise)
-    attenuated = get_objective("ipmc", gamma=gamma, delta=delta, beta=0.0)
+    attenuated = get_objective("ipmc", preset="paper", gamma=gamma, delta=delta, beta=0.0)
     assert abs(float(objective(z)) - float(attenuated(z))) > 1e-3
 
 
 @pytest.mark.parametrize("phi_dec,tau_dec", [(3.0, 2.0), (10.0, 0.5)])
 def test_ipmc_attenuation_exponent_and_scale_match_reference(phi_dec, tau_dec):
     z = random_z(4, 3, 5, seed=22)
-    objective = get_objective("ipmc", gamma=16.0, delta=0.3, phi_dec=phi_dec, tau_dec=tau_dec, scale=16.0)
+    objective = get_objective("ipmc", preset="paper", gamma=16.0, delta=0.3, phi_dec=phi_dec, tau_dec=tau_dec, scale=16.0)
     assert_matches(objective, lambda x: ref_ipmc(x, 16.0, 0.3, phi_dec=phi_dec, tau_dec=tau_dec, scale=16.0), z)
 
 
@@ -195,15 +222,15 @@ def test_ipmc_attenuation_exponent_and_scale_match_reference(phi_dec, tau_dec):
 @pytest.mark.parametrize("shape", [(3, 2, 4), (5, 4, 3)])
 def test_ipmc_direction_pools_match_reference(shape, phi_dec):
     z = random_z(*shape, seed=23)
-    objective = get_objective("ipmc", gamma=32.0, delta=0.35, phi_dec=phi_dec, pools="direction")
+    objective = get_objective("ipmc", preset="paper", gamma=32.0, delta=0.35, phi_dec=phi_dec, pools="direction")
     assert_matches(objective, lambda x: ref_ipmc(x, 32.0, 0.35, phi_dec=phi_dec, pools="direction"), z)
-    sample_pools = get_objective("ipmc", gamma=32.0, delta=0.35, phi_dec=phi_dec)
+    sample_pools = get_objective("ipmc", preset="paper", gamma=32.0, delta=0.35, phi_dec=phi_dec)
     assert abs(float(objective(z)) - float(sample_pools(z))) > 1e-3
 
 
 def test_ipmc_memory_bank_negatives():
     K, M, d, size = 4, 3, 5, 10
-    objective = get_objective("ipmc", gamma=16.0, memory_bank_size=size, bank_negatives=0)  # attenuated weights
+    objective = get_objective("ipmc", preset="paper", gamma=16.0, memory_bank_size=size, bank_negatives=0)  # attenuated weights
     past = random_z(size, M, d, seed=1)
     objective.on_step_end(past[:6], torch.arange(6))
     z, index = random_z(K, M, d, seed=2), torch.tensor([1, 7, 3, 9])
@@ -216,7 +243,7 @@ def test_ipmc_memory_bank_negatives():
         rtol=1e-6,
         atol=1e-7,
     )
-    per_direction = get_objective("ipmc", gamma=16.0, memory_bank_size=size, bank_negatives=0, pools="direction")
+    per_direction = get_objective("ipmc", preset="paper", gamma=16.0, memory_bank_size=size, bank_negatives=0, pools="direction")
     per_direction.load_state_dict(objective.state_dict())
     assert_matches(
         lambda x: per_direction(x, index=index),
@@ -236,10 +263,30 @@ def test_ipmc_memory_bank_negatives():
 
 
 def test_ipmc_bank_sampling_size():
-    objective = get_objective("ipmc", memory_bank_size=50, bank_negatives=8)
+    objective = get_objective("ipmc", preset="paper", memory_bank_size=50, bank_negatives=8)
     objective.on_step_end(torch.randn(30, 2, 4), torch.arange(30))
-    indices, entries = objective.bank.sample(8)
+    indices, entries, valid = objective.bank.sample(8)
     assert indices.unique().numel() == 8 and bool(objective.bank.filled[indices].all()) and entries.shape == (8, 2, 4)
+    assert valid is not None and bool(valid.all())
+    # Fewer filled rows than asked for: every filled row once, completed with empty rows marked invalid.
+    indices, entries, valid = objective.bank.sample(40)
+    assert indices.unique().numel() == 40 and entries.shape == (40, 2, 4)
+    assert sorted(indices[valid].tolist()) == list(range(30)) and not bool(objective.bank.filled[indices[~valid]].any())
+
+
+def test_ipmc_bank_draw_is_uniform_over_filled_rows():
+    from mmviews.objectives.ipmc.memory_bank import MemoryBank
+
+    bank = MemoryBank(20, 2, 3)
+    bank.update(torch.randn(10, 2, 3), torch.arange(0, 20, 2))  # the even rows
+    torch.manual_seed(0)
+    counts = torch.zeros(20)
+    for _ in range(2000):
+        rows, _, valid = bank.sample(3)
+        assert bool(valid.all())
+        counts[rows] += 1
+    assert counts[1::2].sum() == 0
+    assert torch.allclose(counts[0::2] / 2000, torch.full((10,), 0.3), atol=0.05)  # 3 of 10 rows per draw
 
 
 def test_view_filter_window_average():
@@ -270,7 +317,7 @@ def test_ipmc_view_filter_moves_fake_negatives():
     base[1] = base[0] + 0.01  # samples 0 and 1 are the same "class"; so are 2 and 3
     base[3] = base[2] + 0.01
     params = {"gamma": 16.0, "view_filter_k": 1, "dataset_size": K, "warmup_epochs": 2, "eta": 3}
-    objective = get_objective("ipmc", phi_dec=None, **params)  # plain weights here, attenuated below
+    objective = get_objective("ipmc", preset="paper", phi_dec=None, **params)  # plain weights here, attenuated below
     index = torch.arange(K)
     for epoch in range(2):
         z = base + 0.05 * torch.randn(K, M, d, generator=g, dtype=torch.float64)
@@ -284,7 +331,7 @@ def test_ipmc_view_filter_moves_fake_negatives():
     assert objective.compute(z, index=index).metrics["moved_to_positive"] == K
     assert_matches(lambda x: objective(x, index=index), lambda x: ref_ipmc(x, 16.0, 0.35, moved=moved), z)
     for pools in ("sample", "direction"):
-        other = get_objective("ipmc", pools=pools, **params)
+        other = get_objective("ipmc", preset="paper", pools=pools, **params)
         other.load_state_dict(objective.state_dict())
         assert other.compute(z, index=index).metrics["moved_to_positive"] == K
         assert_matches(lambda x: other(x, index=index),

@@ -42,7 +42,7 @@ CASES = [
     ("fmicl-js", "fmicl", {"divergence": "js"}),
     ("fmicl-vlc", "fmicl", {"divergence": "vlc"}),
     ("fmicl-cosine", "fmicl", {"divergence": "pearson", "similarity": "cosine"}),
-    ("ipmc-sample", "ipmc", {"beta": 0.0}),
+    ("ipmc-sample", "ipmc", {"beta": 0.0, "pools": "sample"}),
     ("ipmc-direction", "ipmc", {"beta": 0.0, "pools": "direction"}),
 ]
 CHUNKS = [1, 3, 7, K * M + 1]  # one sample per block, primes (uneven last block), more than K*M
@@ -321,3 +321,43 @@ def test_bench_scale_runs_both_paths_and_reports_targets(tmp_path):
         assert (row["streaming"] == {"score_budget_mb": math.inf}) == (row["mode"] == "unchunked")
     assert rows[("geometric_pvc", 64, "streamed")]["entries"] == 64 * 64
     assert rows[("mv_dhel", 64, "streamed")]["entries"] == 4 * 16 * 16
+
+
+def test_reduce_tiles_per_device():
+    """On CPU the streamed reduction runs on cache-sized tiles; on devices not listed in
+    TILE_ELEMENTS (CUDA) on whole blocks: one reduce call per block, with the same result."""
+    assert _streaming.tile_samples("cpu", 1000, block=4096) == 2**18 // 1000
+    assert _streaming.tile_samples("cpu", 2**20, block=64) == 1  # at least one sample
+    assert _streaming.tile_samples("cuda", 1000, block=4096) == 4096
+
+    g = torch.Generator().manual_seed(0)
+    anchors = torch.randn(1, 40, 2, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    candidates = torch.randn(1, 4000, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    calls: list[tuple[int, int]] = []
+
+    def reduce(scores, start, stop):
+        calls.append((start, stop))
+        return torch.logsumexp(scores * 1.5, dim=3)
+
+    def run():
+        calls.clear()
+        out = _streaming.streamed_reduce(anchors, candidates, reduce, (4000,), block=16)
+        (out.sin().sum()).backward()
+        grads = anchors.grad.clone(), candidates.grad.clone()
+        anchors.grad = candidates.grad = None
+        return out.detach(), grads, list(calls)
+
+    saved = dict(_streaming.TILE_ELEMENTS)
+    try:
+        _streaming.TILE_ELEMENTS["cpu"] = 8000 * 4  # 8,000 scores per sample: tiles of 4 samples
+        tiled, tiled_grads, tiled_calls = run()
+        _streaming.TILE_ELEMENTS.clear()  # as on a device not listed
+        whole, whole_grads, whole_calls = run()
+    finally:
+        _streaming.TILE_ELEMENTS.clear()
+        _streaming.TILE_ELEMENTS.update(saved)
+    assert len(tiled_calls) == 2 * (4 + 4 + 2)  # forward and backward, blocks of 16, 16 and 8 samples
+    assert whole_calls == [(0, 16), (16, 32), (32, 40)] * 2
+    torch.testing.assert_close(whole, tiled)
+    for a, b in zip(whole_grads, tiled_grads):
+        torch.testing.assert_close(a, b)

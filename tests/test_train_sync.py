@@ -125,17 +125,18 @@ def test_no_host_reads_between_log_steps_with_teacher(tmp_path: Path, monkeypatc
     assert _reads_outside(recorder, {6}) == []
 
 
-def test_ipmc_hot_path_reads_nothing_once_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Memory bank over the whole dataset and an active view filter: in the first epoch the bank
-    # fills (sampling needs nonzero until it is known full, read at the epoch's end); from the
-    # second epoch on, no step between log steps reads the device.
-    objective = {"name": "ipmc", "params": {"memory_bank_size": 96, "bank_negatives": 32, "view_filter_k": 1,
-                                            "warmup_epochs": 0, "eta": 2, "beta": 0.0}}
+@pytest.mark.parametrize("pools", ["sample", "direction"])
+def test_ipmc_hot_path_reads_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pools: str) -> None:
+    # Memory bank larger than the dataset (never full: sampling must not need nonzero) and an
+    # active view filter: no step reads the device but the first (the lazy build of bank, filter
+    # and critic), the 6th (then the epoch ends: the filter's epoch and the bank's fullness are
+    # read) and the last (a log step).
+    objective = {"name": "ipmc", "params": {"memory_bank_size": 128, "bank_negatives": 32, "view_filter_k": 1,
+                                            "warmup_epochs": 0, "eta": 2, "beta": 0.0, "pools": pools}}
     recorder, _ = _train_recording(gaussian_config(objective, epochs=2), tmp_path / "run", monkeypatch)
-    assert any(r.step in range(1, 7) and "nonzero" in r.op for r in recorder.reads), "expected the bank's nonzero"
     second_epoch = [r for r in recorder.reads if r.step != "setup" and r.step > 6]
     assert second_epoch, "the recorder saw nothing in the second epoch (the last step logs)"
-    assert _reads_outside(recorder, set(range(1, 7)) | {12}) == []
+    assert _reads_outside(recorder, {1, 6, 12}) == [], "\n".join(_reads_outside(recorder, {1, 6, 12}))
 
 
 def test_no_host_reads_with_missing_views_text_and_audio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -392,19 +393,41 @@ def test_ipmc_index_check_without_host_read() -> None:
     assert recorder.reads == []
 
 
-def test_ipmc_bank_sampling_when_full_matches_nonzero() -> None:
+def test_ipmc_bank_sampling_reads_nothing_full_or_not() -> None:
     from mmviews.objectives.ipmc.memory_bank import MemoryBank
 
     bank = MemoryBank(6, 2, 4)
-    bank.update(torch.randn(6, 2, 4), torch.arange(6))
-    torch.manual_seed(1)
-    expected = bank.sample(4)
+    bank.update(torch.randn(3, 2, 4), torch.arange(3))
+    with HostReadRecorder() as recorder:
+        rows, _, valid = bank.sample(4)
+    assert recorder.reads == [] and bank.has_entries()
+    assert int(valid.sum()) == 3 and sorted(rows[valid].tolist()) == [0, 1, 2]
+    bank.update(torch.randn(3, 2, 4), torch.arange(3, 6))
     bank.note_if_full()
     torch.manual_seed(1)
     with HostReadRecorder() as recorder:
-        got = bank.sample(4)
-    assert recorder.reads == []
-    assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+        rows, _, valid = bank.sample(4)
+    assert recorder.reads == [] and valid is None
+    torch.manual_seed(1)
+    assert torch.equal(rows, torch.randperm(6)[:4])
+
+
+def test_ipmc_bank_known_full_survives_a_checkpoint() -> None:
+    """Sampling draws differently once the bank is known full: a resumed run must know it too."""
+    from mmviews.objectives.ipmc.memory_bank import MemoryBank
+
+    bank = MemoryBank(4, 2, 3)
+    bank.update(torch.randn(4, 2, 3), torch.arange(4))
+    restored = MemoryBank(4, 2, 3)
+    restored.load_state_dict(bank.state_dict())
+    assert restored.has_entries() and restored.sample(2)[2] is not None  # full, but not yet known to be
+    bank.note_if_full()
+    restored.load_state_dict(bank.state_dict())
+    assert restored.sample(2)[2] is None
+    state = bank.state_dict()
+    del state["known_full"]  # a checkpoint from before the flag
+    restored.load_state_dict(state)
+    assert restored.sample(2)[2] is not None
 
 
 # ---- batches and loaders --------------------------------------------------------------------

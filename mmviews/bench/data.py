@@ -27,6 +27,19 @@ cost one loader worker pays:
   side 128), made in the same run (its time is reported);
 - ``full`` / ``seek`` at each length without flow: decode cost against the video's length.
 
+``streamed`` (Parquet shards against the store and on-the-fly decoding): ``--stream-clips`` clips
+of ``--stream-seconds`` (encoded as above) go through ``mmviews prepare``'s store and then its
+Parquet shards (``--format parquet``, a few clips per shard); the same clips, same views (video +
+flow, 8 frames at 112x112), same collator and batch size are then read for ``--stream-epochs``
+epochs with 0, 2 and 4 loader workers (``--stream-workers``) from:
+
+- ``on-the-fly``: ``VideoFolder`` decoding the videos (seek) and computing Farneback flow;
+- ``store``: ``VideoFolder`` reading the store (the map-style baseline of the ratio);
+- ``parquet-stream``: ``data.streaming``'s :class:`~mmviews.data.streaming.StreamLoader` over the
+  shards (rows read in the main process through ``datasets``, decoded in the workers).
+
+Each epoch starts its loader afresh, worker start-up included, in all three cases.
+
 Prints tables and the JSON (also written to ``--json PATH``).
 """
 
@@ -49,12 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", type=int, default=12, help="timed batches per case (after the first)")
     parser.add_argument("--store-samples", type=int, default=1024, help="samples in the MOSI-shaped pickle")
     parser.add_argument("--cases", nargs="*", default=None,
-                        help="subset of cases to run (synthetic-natural, synthetic-augmented, mosi-store-augmented, video)")
+                        help="subset of cases to run (synthetic-natural, synthetic-augmented, mosi-store-augmented, video, "
+                             "streamed)")
     parser.add_argument("--video-clips", type=int, default=6, help="clips per video length (video case)")
     parser.add_argument("--video-seconds", type=float, default=7.0, help="main clip length; also half and twice it")
     parser.add_argument("--video-gop", type=int, default=12, help="keyframe interval of the generated videos")
     parser.add_argument("--video-passes", type=int, default=3,
                         help="timed passes over the clips per video case (the fastest counts)")
+    parser.add_argument("--stream-clips", type=int, default=32, help="clips of the streamed case")
+    parser.add_argument("--stream-seconds", type=float, default=2.0, help="clip length of the streamed case")
+    parser.add_argument("--stream-workers", default="0,2,4", help="loader worker counts of the streamed case")
+    parser.add_argument("--stream-epochs", type=int, default=2, help="timed epochs per streamed case")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -219,6 +237,82 @@ def _print_video(video: dict[str, Any]) -> None:
           f"store {pr['store_mb']} MB; encoding the test videos took {video['encode_s']} s")
 
 
+def _stream_cases(args: argparse.Namespace) -> dict[str, Any]:
+    """The streamed case (module docstring): samples/s of the same clips from shards, store and videos."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from mmviews.data import shards
+    from mmviews.data.streaming import ShardStream, StreamLoader
+    from mmviews.data.video import VideoFolder
+    from mmviews.data.video_store import VideoStore, prepare_video_store
+    from mmviews.data.views import ViewSetCollator
+
+    views = [{"modality": "video"}, {"modality": "flow"}]
+    kw: dict[str, Any] = {"num_frames": 8, "size": 112, "flow": "farneback", "audio": False}
+    K = max(1, min(args.batch_size, args.stream_clips // 4))
+    result: dict[str, Any] = {"setup": {"clips": args.stream_clips, "seconds": args.stream_seconds, "batch_size": K,
+                                        "views": "video + flow, 8 frames 112x112", "epochs": args.stream_epochs,
+                                        "torch_threads": torch.get_num_threads()}}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "videos"
+        for k in range(args.stream_clips):
+            (root / f"class{k % 2}").mkdir(parents=True, exist_ok=True)
+            write_bench_video(root / f"class{k % 2}" / f"v_{k:02d}.avi", args.stream_seconds, gop=args.video_gop, seed=k)
+        store_path = Path(tmp) / "videos.mmstore"
+        prep = prepare_video_store(root, store_path, image_format="jpeg", size=128, workers=max(1, args.workers),
+                                   progress=False)
+        store = VideoStore(store_path)
+        t = time.perf_counter()
+        out = Path(tmp) / "videos-parquet"
+        written = shards.write_shards(out, {"all": shards.video_split_rows(root, "all", 1, store)},
+                                      source={"dataset": "bench", "root": str(root), "kind": "video", "options": store.options},
+                                      columns={"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images",
+                                               "audio": "flac_track"}, labels={"class": "class"},
+                                      shard_rows=max(1, args.stream_clips // 8), progress=False)
+        shard_mb = sum(f.stat().st_size for f in out.rglob("*.parquet")) / 2**20
+        result["prepare"] = {"store_s": prep["seconds"], "shards_s": round(time.perf_counter() - t, 2),
+                             "shards": written["splits"]["all"]["shards"], "shards_mb": round(shard_mb, 1)}
+        sources = {"on-the-fly": VideoFolder(root, split="all", decode="seek", store=False, **kw),
+                   "store": VideoFolder(root, split="all", store=store_path, **kw),
+                   "parquet-stream": ShardStream(out, "all", **kw)}
+        cases: dict[str, dict[str, Any]] = {}
+        for workers in [int(w) for w in args.stream_workers.split(",")]:
+            for name, ds in sources.items():
+                collate = ViewSetCollator.for_dataset(ds, views, seed=0)
+                samples, t = 0, time.perf_counter()
+                for epoch in range(args.stream_epochs):
+                    if name == "parquet-stream":
+                        loader: Any = StreamLoader(ds, K, collate, seed=0, num_workers=workers, drop_last=False)
+                        loader.set_epoch(epoch)
+                    else:
+                        generator = torch.Generator().manual_seed(epoch)
+                        loader = DataLoader(ds, batch_size=K, shuffle=True, collate_fn=collate, num_workers=workers,
+                                            generator=generator)
+                    samples += sum(b.num_samples for b in loader)
+                seconds = time.perf_counter() - t
+                cases[f"{name} w{workers}"] = {"workers": workers, "samples": samples, "seconds": round(seconds, 2),
+                                               "samples_per_s": round(samples / seconds, 2)}
+            base = cases[f"store w{workers}"]["samples_per_s"]
+            for name in sources:
+                cases[f"{name} w{workers}"]["x_store"] = round(cases[f"{name} w{workers}"]["samples_per_s"] / base, 2)
+    result["cases"] = cases
+    result["parquet_vs_store"] = {w: c["x_store"] for w, c in
+                                  ((c["workers"], c) for n, c in cases.items() if n.startswith("parquet"))}
+    return result
+
+
+def _print_stream(stream: dict[str, Any]) -> None:
+    header = f"{'streamed case':<20} {'workers':>7} {'samples':>7} {'s':>7} {'samples/s':>9} {'x store':>7}"
+    print(header)
+    print("-" * len(header))
+    for name, r in stream["cases"].items():
+        print(f"{name:<20} {r['workers']:>7} {r['samples']:>7} {r['seconds']:>7.2f} {r['samples_per_s']:>9.1f} "
+              f"{r['x_store']:>7.2f}")
+    p = stream["prepare"]
+    print(f"store made in {p['store_s']} s; {p['shards']} Parquet shards ({p['shards_mb']} MB) written in {p['shards_s']} s")
+
+
 def _time_loader(dataset: Any, views: list[Any], batch_size: int, batches: int, workers: int) -> dict[str, float]:
     from torch.utils.data import DataLoader
 
@@ -286,6 +380,8 @@ def run(args: argparse.Namespace) -> int:
     results["cases"] = cases
     if want is None or "video" in want:
         results["video"] = _video_cases(args)
+    if want is not None and "streamed" in want:  # slow (encodes clips): only when asked for
+        results["streamed"] = _stream_cases(args)
     header = f"{'case':<22} {'views':>5} {'K':>4} {'first batch s':>13} {'samples/s':>10} {'views/s':>9}"
     if cases:
         print(header)
@@ -300,6 +396,9 @@ def run(args: argparse.Namespace) -> int:
         if cases:
             print()
         _print_video(results["video"])
+    if "streamed" in results:
+        print()
+        _print_stream(results["streamed"])
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

@@ -41,7 +41,10 @@ several runs in its own process, so that its figures are its own.
 Synchronisation checks (the training loop reads nothing back from the device between log
 steps): ``--sync-debug warn|error`` (CUDA) runs the throughput loop under
 ``torch.cuda.set_sync_debug_mode``: ``warn`` counts the synchronising calls by the source line
-that made them, ``error`` stops at the first and reports it (exit status 1).
+that made them, ``error`` stops at the first and reports it (exit status 1); each source is
+printed with its known cause (:data:`KNOWN_SYNCHRONISATIONS`: fp16's GradScaler, SyncBatchNorm,
+optimiser step counters on the device...) or "not a known source". torch's sync debug mode
+only reports on CUDA.
 ``--count-host-reads N`` (any device) runs N further untimed steps under
 :class:`HostReadRecorder`, which records every read of a tensor's value by Python
 (``item``, ``bool``, ``int``, ``float``, ``tolist``...) and every operation whose output size
@@ -116,14 +119,16 @@ class HostRead:
 
 #: Reads of tensors that live in host memory whatever the training device, recognised by the
 #: function making them (``path suffix``, ``function``): torch.optim keeps its step counters
-#: on the CPU (unless ``capturable``/``fused``) and reads them with ``.item()``.
+#: on the CPU (unless ``capturable``/``fused``) and reads them with ``.item()``. Such a read is
+#: left out only when the tensor read is in host memory: a step counter on the accelerator
+#: (e.g. restored there from a checkpoint) is a synchronisation per parameter, and recorded.
 HOST_RESIDENT_READS = ((f"torch{os.sep}optim{os.sep}optimizer.py", "_get_value"),)
 
 
-def _origin() -> str | None:
+def _origin(host_tensor: bool = True) -> str | None:
     """``path:line (function)`` of the innermost frame in the mmviews package other than this
     module; else of the innermost frame outside torch. None for a read of host-resident state
-    (:data:`HOST_RESIDENT_READS`)."""
+    (:data:`HOST_RESIDENT_READS`) of a tensor in host memory (``host_tensor``)."""
     frame = sys._getframe(2)
     fallback = None
     here = os.path.abspath(__file__)
@@ -132,7 +137,7 @@ def _origin() -> str | None:
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if path != here:
-            if first and any(path.endswith(suffix) and frame.f_code.co_name == name
+            if first and host_tensor and any(path.endswith(suffix) and frame.f_code.co_name == name
                              for suffix, name in HOST_RESIDENT_READS):
                 return None
             first = False
@@ -154,7 +159,7 @@ class _FunctionReads(TorchFunctionMode):
         read = name in HOST_READ_METHODS or (name in ("cpu", "to") and _leaves_device(args, kwargs))
         if not read:
             return func(*args, **(kwargs or {}))
-        self.recorder._record(name)
+        self.recorder._record(name, not (args and isinstance(args[0], torch.Tensor)) or args[0].device.type == "cpu")
         self.recorder._inside_read += 1
         try:
             return func(*args, **(kwargs or {}))
@@ -179,7 +184,7 @@ class _DispatchReads(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if name == "_local_scalar_dense":
             if not self.recorder._inside_read:  # a scalar read not seen by the function mode
-                self.recorder._record("_local_scalar_dense")
+                self.recorder._record("_local_scalar_dense", args[0].device.type == "cpu")
         elif name in VALUE_SIZED_OPS and not (name == "repeat_interleave" and (kwargs or {}).get("output_size")):
             self.recorder._record(name)
         elif name in ("index", "index_put", "index_put_") and _has_bool_index(args):
@@ -210,9 +215,9 @@ class HostReadRecorder:
         self._inside_read = 0
         self._modes: tuple[_FunctionReads, _DispatchReads] | None = None
 
-    def _record(self, op: str) -> None:
+    def _record(self, op: str, host_tensor: bool = True) -> None:
         if not self._paused:
-            where = _origin()
+            where = _origin(host_tensor)
             if where is not None:
                 self.reads.append(HostRead(op, where, self.step))
 
@@ -391,6 +396,34 @@ def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return rss * scale / 2**20, "process RSS high-water mark (resource.getrusage, main process, since start)"
 
 
+#: The synchronisations known to remain in a training step, by where torch reports them (a
+#: fragment of the reporting frame's ``path``, "/" separated), with their cause: what
+#: ``--sync-debug`` prints next to each source line it finds. The step is free of all of them
+#: with ``mixed_precision`` bf16 or no, no SyncBatchNorm (one process, or heads without
+#: BatchNorm), away from log steps, and after the first step of each batch size.
+KNOWN_SYNCHRONISATIONS: tuple[tuple[str, str], ...] = (
+    ("torch/amp/grad_scaler.py", "fp16's GradScaler reads whether the gradients overflowed, once per optimiser step "
+                                 "(bf16 needs no scaler)"),
+    ("torch/nn/modules/_functions.py", "SyncBatchNorm (N > 1 GPUs) drops empty processes' statistics with a boolean "
+                                       "mask, once per BatchNorm layer and step"),
+    ("torch/nn/modules/batchnorm.py", "SyncBatchNorm (N > 1 GPUs), once per BatchNorm layer and step"),
+    ("torch/optim/optimizer.py", "optimiser step counters on the device (capturable=False): one read per parameter "
+                                 "and step"),
+    ("mmviews/train/trainer.py", "the non-finite-loss check, at log steps and checkpoints only "
+                                 "(output.log_every)"),
+    ("mmviews/objectives/_distributed.py", "the ranks' batch sizes, read the first time each size is seen"),
+    ("mmviews/objectives/ipmc/", "IPMC's lazy build (first step) and its epoch-end reads (view filter epoch, "
+                                 "bank fullness)"),
+)
+
+
+def explain_synchronisation(where: str) -> str | None:
+    """The known cause (:data:`KNOWN_SYNCHRONISATIONS`) of a synchronisation reported at
+    ``where`` (``path:line``), or None: a new one, worth a look."""
+    path = where.replace(os.sep, "/")
+    return next((cause for fragment, cause in KNOWN_SYNCHRONISATIONS if fragment in path), None)
+
+
 def _sync_debug_loop(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None, steps: int,
                      mode: str) -> dict[str, Any]:
     """``steps`` calls of :func:`loop_step` (with the loader's ``next``) under
@@ -417,7 +450,9 @@ def _sync_debug_loop(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: floa
     for w in caught:
         if "synchroniz" in str(w.message).lower():
             found[f"{w.filename}:{w.lineno}"] += 1
-    return {"mode": mode, "steps": steps, "synchronisations": dict(found.most_common()), "first_error": first}
+    causes = {where: explain_synchronisation(where) or "not a known source" for where in [*found, first or ""] if where}
+    return {"mode": mode, "steps": steps, "synchronisations": dict(found.most_common()), "first_error": first,
+            "causes": causes}
 
 
 def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int, sync_debug: str | None = None,
@@ -540,10 +575,11 @@ def format_table(result: dict[str, Any]) -> str:
     for row in result["cases"]:
         if row["sync_debug"]:
             s = row["sync_debug"]
-            first = f"; first: {s['first_error']}" if s["first_error"] else ""
+            causes = s.get("causes", {})
+            first = f"; first: {s['first_error']} ({causes.get(s['first_error'], '?')})" if s["first_error"] else ""
             lines.append(f"{row['case']}: sync debug ({s['mode']}): {sum(s['synchronisations'].values())} "
                          f"synchronisation(s) in {s['steps']} steps{first}")
-            lines += [f"  {n} x {where}" for where, n in s["synchronisations"].items()]
+            lines += [f"  {n} x {where}: {causes.get(where, '?')}" for where, n in s["synchronisations"].items()]
         if row["host_reads"]:
             h = row["host_reads"]
             lines.append(f"{row['case']}: {h['per_step']:.1f} host read(s) per step outside the loader:")
@@ -597,7 +633,9 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench train: --device cuda but torch sees no CUDA device")
     if args.sync_debug and args.device != "cuda":
-        raise SystemExit("bench train: --sync-debug needs --device cuda (on CPU use --count-host-reads N)")
+        raise SystemExit("bench train: --sync-debug needs --device cuda: torch's sync debug mode reports on CUDA only "
+                         "(on CPU use --count-host-reads N, which records every read that would synchronise an "
+                         "accelerator, with its source line)")
 
 
 def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:

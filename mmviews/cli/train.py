@@ -174,6 +174,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
+    for message in summary.get("warnings") or []:
+        print(f"warning: {message}")
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0

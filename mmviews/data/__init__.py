@@ -30,6 +30,10 @@ Modality names: synthetic ``text`` (str), ``audio`` (16 kHz waveform), ``image``
 ``text``/``audio``/``vision`` feature sequences ``[L, D]`` (+ ``text_ids`` tokens, ``raw_text``);
 video folders ``video``, ``flow``, ``audio``; HF datasets whatever ``columns`` maps.
 
+Data that does not fit one machine: ``mmviews prepare DATASET ROOT --format parquet`` writes Parquet
+shards (:mod:`mmviews.data.shards`) that ``build_dataset("hf", root=..., streaming=True)`` streams
+through ``datasets`` (:mod:`mmviews.data.streaming`; ``data.streaming: true`` in a recipe).
+
 Augmentations: ``list_augmentations()``, ``get_augmentation(name, **params)``; each is
 ``aug(value, generator)``. Pickles: ``safe_load_pickle(path)`` only.
 """

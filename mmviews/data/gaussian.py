@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import register_dataset
+from mmviews.data.registry import dataset_error, register_dataset
 
 # Seed offsets so that the splits are disjoint draws of the same distribution.
 _SPLIT_OFFSET = {"train": 0, "valid": 1, "test": 2}
@@ -28,7 +28,8 @@ class GaussianLatents(Dataset):
 
     def __init__(self, num_samples: int = 65536, sigma0: float = 1.0, seed: int = 0) -> None:
         if num_samples < 1 or not sigma0 > 0:
-            raise ValueError(f"gaussian_latents: need num_samples >= 1 and sigma0 > 0, got {num_samples}, {sigma0}")
+            raise dataset_error(ValueError, f"gaussian_latents: need num_samples >= 1 and sigma0 > 0, got {num_samples}, {sigma0}",
+                                "num_samples" if num_samples < 1 else "sigma0")
         rng = np.random.default_rng([seed, 0xC0FFEE])
         self.latents = torch.as_tensor(rng.normal(0.0, sigma0, size=num_samples), dtype=torch.float32)
 
@@ -47,6 +48,7 @@ class GaussianLatents(Dataset):
 def _build_gaussian(root: Any = None, split: str = "train", num_samples: int | None = None, sigma0: float = 1.0,
                     seed: int = 0) -> Dataset:
     if split not in _SPLIT_OFFSET:
-        raise ValueError(f"gaussian_latents: unknown split {split!r}; choose from {sorted(_SPLIT_OFFSET)}")
+        raise dataset_error(ValueError, f"gaussian_latents: unknown split {split!r}; choose from {sorted(_SPLIT_OFFSET)}",
+                            "split")
     n = num_samples if num_samples is not None else (65536 if split == "train" else 4096)
     return GaussianLatents(n, sigma0, seed * 1000 + _SPLIT_OFFSET[split])

@@ -4,6 +4,8 @@ Three forms of ``root``:
 
 - ``format="disk"``: a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``.
 - ``format="imagefolder"``: ``root/[split/]label/xxx.png`` (the ``imagefolder`` builder).
+- ``format="parquet"``: ``root/<split>/*.parquet`` shards (``mmviews prepare ... --format parquet``
+  writes them; detected under ``format="auto"``), map-style or streamed: :mod:`mmviews.data.streaming`.
 - ``format="audiofolder"``: ``root/[split/]label/xxx.wav``. The ``audiofolder`` builder
   decodes with torchcodec (plus a system FFmpeg), which mmviews does not require, so the
   folder is listed directly into a ``datasets.Dataset`` of file paths.
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import register_dataset
+from mmviews.data.registry import dataset_error, register_dataset
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -48,7 +50,7 @@ def missing_split_error(root: Path, split: str, available: Any) -> KeyError:
         said = f"datasets names the folder {folders[0]}/ split 'validation'" if folders else \
             "this dataset calls its validation split 'validation'"
         note = f"; {said}: ask for split 'validation' (e.g. --set data.val_split=validation)"
-    return KeyError(f"{root}: no split {split!r}; available: {available}{note}")
+    return dataset_error(KeyError, f"{root}: no split {split!r}; available: {available}{note}", "split")
 
 
 def _audiofolder(root: Path, split: str) -> Any:
@@ -57,7 +59,7 @@ def _audiofolder(root: Path, split: str) -> Any:
     split_dirs = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name in SPLIT_FOLDER_NAMES)
     if split_dirs and not (root / split).is_dir():
         # A folder with split sub-folders but not this one: taking every file would mix splits.
-        raise KeyError(f"{root}: no split folder {split!r}; split folders: {split_dirs}")
+        raise dataset_error(KeyError, f"{root}: no split folder {split!r}; split folders: {split_dirs}", "split")
     base = root / split if (root / split).is_dir() else root
     files = sorted(p for p in base.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS)
     names = sorted({p.parent.name for p in files if p.parent != base})
@@ -67,6 +69,60 @@ def _audiofolder(root: Path, split: str) -> Any:
         data["label"] = [names.index(p.parent.name) if p.parent != base else -1 for p in files]
         features["label"] = datasets.ClassLabel(names=names)
     return datasets.Dataset.from_dict(data, features=datasets.Features(features))
+
+
+def decode_image(value: Any, image_size: tuple[int, int] | None) -> torch.Tensor:
+    """An image value (bytes, {bytes, path}, or a PIL image) as FloatTensor ``[3, H, W]`` in [0, 1], resized to
+    ``image_size`` when given; a damaged file is a ValueError naming it."""
+    from PIL import Image
+
+    if isinstance(value, (bytes, bytearray)):
+        value = {"bytes": bytes(value), "path": None}
+    src = value.get("path") if isinstance(value, Mapping) else None
+    try:
+        if isinstance(value, Mapping) and value.get("bytes"):
+            im = Image.open(io.BytesIO(value["bytes"]))
+        elif src:
+            im = Image.open(src)
+        else:
+            im = value  # already a PIL image
+        arr = np.asarray(im.convert("RGB"))
+    except Exception as err:  # PIL raises several types for damaged files
+        raise ValueError(f"{src or '<image bytes>'}: cannot read image ({type(err).__name__}: {err})") from err
+    x = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    if image_size is not None and tuple(x.shape[-2:]) != tuple(image_size):
+        from torchvision.transforms.v2 import functional as F
+
+        x = F.resize(x, list(image_size), antialias=True).clamp_(0, 1)
+    return x
+
+
+def decode_audio(value: Any, sample_rate: int) -> torch.Tensor:
+    """An audio value (bytes, {bytes, path}, a path, or {array, sampling_rate}) as mono float32 ``[T]`` at
+    ``sample_rate`` (soundfile, then torchaudio's resampler); a damaged file is a ValueError naming it."""
+    import soundfile as sf
+
+    if isinstance(value, Mapping) and "array" in value:
+        wav, sr = np.asarray(value["array"], dtype=np.float32), int(value.get("sampling_rate", sample_rate))
+        src = value.get("path") or "<audio array>"
+    else:
+        if isinstance(value, (bytes, bytearray)):
+            value = {"bytes": bytes(value), "path": None}
+        src = (value.get("path") if isinstance(value, Mapping) else value) or "<audio bytes>"
+        try:
+            if isinstance(value, Mapping) and value.get("bytes"):
+                wav, sr = sf.read(io.BytesIO(value["bytes"]), dtype="float32", always_2d=True)
+            else:
+                wav, sr = sf.read(str(src), dtype="float32", always_2d=True)
+        except Exception as err:  # soundfile raises LibsndfileError / RuntimeError variants
+            raise ValueError(f"{src}: cannot read audio ({type(err).__name__}: {err})") from err
+        wav = wav.mean(axis=1)
+    x = torch.from_numpy(np.ascontiguousarray(wav))
+    if sr != sample_rate:
+        import torchaudio.functional as AF
+
+        x = AF.resample(x, sr, sample_rate)
+    return x
 
 
 class HFDataset(Dataset):
@@ -96,7 +152,7 @@ class HFDataset(Dataset):
         if not self.root.exists():
             raise FileNotFoundError(f"no such dataset folder: {self.root}")
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+            raise dataset_error(ValueError, f"on_error must be 'raise' or 'skip', got {on_error!r}", "on_error")
         if format == "auto":
             if (self.root / "dataset_dict.json").is_file() or (self.root / "dataset_info.json").is_file():
                 format = "disk"
@@ -125,18 +181,20 @@ class HFDataset(Dataset):
         elif format == "audiofolder":
             ds = _audiofolder(self.root, split)
         else:
-            raise ValueError(f"format must be auto, disk, imagefolder or audiofolder, got {format!r}")
+            raise dataset_error(ValueError, f"format must be auto, disk, imagefolder or audiofolder, got {format!r}", "format")
         feats = ds.features
         if columns is None:
             columns = {m: m for m in ("image", "audio", "text") if m in feats}
         if labels is None:
             labels = {"class": "label"} if "label" in feats else {}
-        for name, col in {**columns, **labels}.items():
-            if col not in feats:
-                raise KeyError(f"{self.root}: column {col!r} (for {name!r}) not found; columns: {sorted(feats)}")
+        for option, mapping in (("columns", columns), ("labels", labels)):
+            for name, col in mapping.items():
+                if col not in feats:
+                    raise dataset_error(KeyError, f"{self.root}: column {col!r} (for {name!r}) not found; "
+                                        f"columns: {sorted(feats)}", option)
         if not columns:
-            raise ValueError(f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
-                             f"(columns: {sorted(feats)})")
+            raise dataset_error(ValueError, f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
+                                f"(columns: {sorted(feats)})", "columns")
         # Decode images and audio here, not in datasets: names the file on failure, and
         # datasets' Audio() decoding needs torchcodec, which mmviews does not require.
         self.kinds: dict[str, str] = {}
@@ -155,7 +213,7 @@ class HFDataset(Dataset):
             else:
                 self.kinds[m] = "array"
         if len(ds) == 0:
-            raise ValueError(f"{self.root}: split {split!r} is empty")
+            raise dataset_error(ValueError, f"{self.root}: split {split!r} is empty", "split")
         for name, col in labels.items():
             f = feats[col]
             if isinstance(f, datasets.Value) and f.dtype.startswith("float"):
@@ -189,52 +247,10 @@ class HFDataset(Dataset):
         return info
 
     def _decode_image(self, value: Any) -> torch.Tensor:
-        from PIL import Image
-
-        if isinstance(value, (bytes, bytearray)):
-            value = {"bytes": bytes(value), "path": None}
-        src = value.get("path") if isinstance(value, Mapping) else None
-        try:
-            if isinstance(value, Mapping) and value.get("bytes"):
-                im = Image.open(io.BytesIO(value["bytes"]))
-            elif src:
-                im = Image.open(src)
-            else:
-                im = value  # already a PIL image
-            arr = np.asarray(im.convert("RGB"))
-        except Exception as err:  # PIL raises several types for damaged files
-            raise ValueError(f"{src or '<image bytes>'}: cannot read image ({type(err).__name__}: {err})") from err
-        x = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
-        if self.image_size is not None and tuple(x.shape[-2:]) != tuple(self.image_size):
-            from torchvision.transforms.v2 import functional as F
-
-            x = F.resize(x, list(self.image_size), antialias=True).clamp_(0, 1)
-        return x
+        return decode_image(value, self.image_size)
 
     def _decode_audio(self, value: Any) -> torch.Tensor:
-        import soundfile as sf
-
-        if isinstance(value, Mapping) and "array" in value:
-            wav, sr = np.asarray(value["array"], dtype=np.float32), int(value.get("sampling_rate", self.sample_rate))
-            src = value.get("path") or "<audio array>"
-        else:
-            if isinstance(value, (bytes, bytearray)):
-                value = {"bytes": bytes(value), "path": None}
-            src = (value.get("path") if isinstance(value, Mapping) else value) or "<audio bytes>"
-            try:
-                if isinstance(value, Mapping) and value.get("bytes"):
-                    wav, sr = sf.read(io.BytesIO(value["bytes"]), dtype="float32", always_2d=True)
-                else:
-                    wav, sr = sf.read(str(src), dtype="float32", always_2d=True)
-            except Exception as err:  # soundfile raises LibsndfileError / RuntimeError variants
-                raise ValueError(f"{src}: cannot read audio ({type(err).__name__}: {err})") from err
-            wav = wav.mean(axis=1)
-        x = torch.from_numpy(np.ascontiguousarray(wav))
-        if sr != self.sample_rate:
-            import torchaudio.functional as AF
-
-            x = AF.resample(x, sr, self.sample_rate)
-        return x
+        return decode_audio(value, self.sample_rate)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self.ds[int(index)]
@@ -264,8 +280,21 @@ class HFDataset(Dataset):
         return {"index": int(index), "modalities": mods, "labels": labels}
 
 
-@register_dataset("hf", "a local HuggingFace dataset (save_to_disk, imagefolder, audiofolder) with a column mapping")
-def _build_hf(root: Any = None, split: str = "train", **options: Any) -> Dataset:
+@register_dataset("hf", "a HuggingFace dataset (save_to_disk, imagefolder, audiofolder, Parquet shards, streamed) "
+                        "with a column mapping")
+def _build_hf(root: Any = None, split: str = "train", streaming: bool = False, **options: Any) -> Dataset:
+    """``format="parquet"`` (or ``"auto"`` on a folder of ``<split>/*.parquet``, or a URL) reads Parquet
+    shards (:mod:`mmviews.data.streaming`), streamed with ``streaming=True``; the other formats
+    are map-style only."""
+    from mmviews.data.streaming import ParquetShardDataset, ShardStream, is_shard_folder
+
     if root is None:
-        raise ValueError("hf: pass root= a local dataset folder")
+        raise dataset_error(ValueError, "hf: pass root= a local dataset folder (see data_cards/hf.md)", "root")
+    fmt = options.get("format", "auto")
+    if fmt == "parquet" or (fmt == "auto" and ("://" in str(root) or is_shard_folder(root))):
+        options.pop("format", None)
+        return ShardStream(root, split, **options) if streaming else ParquetShardDataset(root, split, **options)
+    if streaming:
+        raise ValueError(f"{root}: data.streaming reads Parquet shard folders; write this dataset as shards first "
+                         f"(`mmviews prepare hf {root} --format parquet`) and point data.root at them")
     return HFDataset(root, split=split, **options)

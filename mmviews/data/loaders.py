@@ -103,18 +103,28 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
     A ``data.root`` that does not exist is a ``FileNotFoundError`` naming the path and the
     dataset's card, before the dataset module tries to read it; an unknown ``data.name`` or
     option is a ``ValueError`` naming the key. A ``ValueError``/``KeyError`` of the dataset
-    itself (e.g. an unknown split, with the splits it has) is raised again, same type, with
-    the recipe key(s) that chose ``split`` (``data.train_split``, ``data.val_split``,
-    ``data.test_split``) in front of its message."""
+    itself is raised again, same type, with the recipe key the user must change in front of
+    its message: the option the dataset tagged (:func:`mmviews.data.registry.dataset_error`;
+    ``data.options.columns``, or ``data.split_options.SPLIT.OPTION`` when set there),
+    ``data.root``, or, for an unknown or empty split, the key(s) that chose it
+    (``data.train_split``, ``data.val_split``, ``data.test_split``); an untagged error (a
+    damaged file, a bad row) gets the dataset and split instead."""
     known = list_datasets()
     if data.name not in known:
         raise ValueError(f"key 'data.name': unknown dataset {data.name!r}; known: {', '.join(known)}")
-    if data.root is not None and not Path(data.root).expanduser().exists():
+    if data.streaming and data.cache:
+        raise ValueError("keys 'data.streaming'/'data.cache': a streamed split is not kept in memory; set data.cache: false")
+    if data.root is not None and "://" not in str(data.root) and not Path(data.root).expanduser().exists():
         raise FileNotFoundError(f"dataset {data.name!r} not found at {data.root}, see data_cards/{data.name}.md "
                                 f"(set data.root, e.g. --set data.root=/path/to/{data.name})")
     kwargs = {**data.options, **data.split_options.get(split, {})}
     if data.root is not None:
-        kwargs["root"] = str(Path(data.root).expanduser())
+        kwargs["root"] = str(data.root) if "://" in str(data.root) else str(Path(data.root).expanduser())
+    if data.streaming:
+        if data.name != "hf":
+            raise ValueError(f"key 'data.streaming': streaming reads Parquet shards through data.name: hf, not "
+                             f"{data.name!r}; write them with `mmviews prepare {data.name} ROOT --format parquet`")
+        kwargs["streaming"] = True
     try:
         dataset = build_dataset(data.name, split=split, **kwargs)
     except TypeError as error:
@@ -124,13 +134,24 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
         raise ValueError(f"keys 'data.options'/'data.split_options.{split}': dataset {data.name!r} has no such option "
                          f"({error})") from None
     except (ValueError, KeyError) as error:
-        keys = _split_keys(data, split)
-        if not keys or type(error) not in (ValueError, KeyError):  # subclasses may take other arguments
+        if type(error) not in (ValueError, KeyError):  # subclasses may take other arguments
             raise
-        # The dataset knows its splits and names them; only the recipe knows which key chose this one.
+        # The dataset names what is wrong and tags the argument at fault (dataset_error); only
+        # the recipe knows which key set it: an option, the root, or the split key(s).
+        option = getattr(error, "option", None)
         message = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else str(error)
-        raise type(error)(f"{'keys' if len(keys) > 1 else 'key'} {'/'.join(repr(k) for k in keys)} = {split!r}: "
-                          f"{message}") from None
+        if option == "root":
+            prefix = f"key 'data.root' = {data.root!r}: "
+        elif option is not None and option != "split":
+            where = f"data.split_options.{split}" if option in data.split_options.get(split, {}) else "data.options"
+            prefix = f"key '{where}.{option}': "
+        else:
+            keys = _split_keys(data, split)
+            if option == "split" and keys:
+                prefix = f"{'keys' if len(keys) > 1 else 'key'} {'/'.join(repr(k) for k in keys)} = {split!r}: "
+            else:  # about the data itself (a file, a row): no key to blame, but say which split was read
+                prefix = f"dataset {data.name!r}, split {split!r}: "
+        raise type(error)(prefix + message) from None
     return CachedDataset(dataset) if data.cache else dataset
 
 
@@ -161,6 +182,13 @@ def build_eval_loaders(data: DataSource, view_config: Sequence[Any], seed: int,
             continue
         dataset = train_dataset if key == "train" and train_dataset is not None else build_dataset_split(data, split)
         collator = ViewSetCollator.for_dataset(dataset, view_config, seed=seed)
+        if getattr(dataset, "streamed", False):
+            from mmviews.data.streaming import StreamLoader
+
+            # One pass over every row, in shard order, by every process (extraction needs no length).
+            loaders[key] = StreamLoader(dataset, data.eval_batch_size, collator, drop_last=False,
+                                        num_workers=data.num_workers)
+            continue
         loaders[key] = DataLoader(dataset, batch_size=data.eval_batch_size, shuffle=False, collate_fn=collator,
                                   num_workers=data.num_workers)
     return loaders

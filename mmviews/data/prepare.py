@@ -13,7 +13,18 @@
   exists. Layout and manifest: :mod:`mmviews.data.video_store`. ``--check-only`` only checks:
   it counts clips with an audio track and unreadable clips and writes ``index.json`` to
   ``--out`` (default ``PATH/mmviews_index.json``).
+- ``hf``: PATH is your own dataset (a ``save_to_disk`` folder, an imagefolder or an
+  audiofolder; ``data_cards/hf.md``). Nothing is converted: each split is opened as training
+  will open it (with the ``data.options`` of ``--recipe RECIPE`` when given, its ``columns``,
+  ``labels``, ``format``, ``image_size``), the columns, modalities (with their kind), labels and
+  sizes are printed, and the first ``--samples`` rows of every split are decoded, so an
+  unreadable image or a wrong column shows here. The whole recipe (views, adapters,
+  objective) is checked by ``mmviews train RECIPE --check``.
 - ``synthetic``: nothing to prepare (generated on the fly); prints its shapes.
+- ``--format parquet`` (any of the above, and ``hf`` folders): writes sharded Parquet files that
+  HuggingFace ``datasets`` reads and that mmviews streams (``data.streaming: true``), to
+  ``--output`` (default ``<PATH>-parquet`` beside PATH), ``--shard-size-mb`` per shard;
+  resumable after a kill (:mod:`mmviews.data.shards`).
 
 Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
 """
@@ -37,8 +48,9 @@ VIDEO_CLIPS = {"ucf101": 13320, "hmdb51": 6766}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("synthetic",)), help="dataset name (see data_cards/)")
-    parser.add_argument("path", nargs="?", default=None, help="the .pkl file (mosi/mosei/sims) or the video folder")
+    parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("hf", "synthetic")), help="dataset name (see data_cards/)")
+    parser.add_argument("path", nargs="?", default=None,
+                        help="the .pkl file (mosi/mosei/sims), the video folder, or your dataset folder (hf)")
     parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
     parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
     parser.add_argument("--overwrite", action="store_true",
@@ -48,12 +60,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     video.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="worker processes extracting clips (default: one per CPU; 0: in this process)")
     video.add_argument("--size", type=int, default=128, help="short side of the stored frames in px (0: as decoded)")
-    video.add_argument("--format", default="jpeg", choices=["jpeg", "npy"], help="frames and flow as JPEG files or uint8 .npy arrays")
+    video.add_argument("--format", default="jpeg", choices=["jpeg", "npy", "parquet"],
+                       help="frames and flow as JPEG files or uint8 .npy arrays; parquet: sharded Parquet files "
+                            "for streaming (any dataset; the video store is made first, as JPEG)")
     video.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality (1-100)")
     video.add_argument("--flow", default="farneback", choices=["farneback", "none"], help="optical flow to store")
     video.add_argument("--on-error", default="skip", choices=["skip", "raise"],
                        help="an unreadable video: report it and go on (skip) or stop (raise)")
     video.add_argument("--check-only", action="store_true", help="only check the folder and write its index (no store)")
+    shards = parser.add_argument_group("parquet shards (--format parquet)")
+    shards.add_argument("--output", default=None, help="shard folder (default: <PATH>-parquet beside PATH)")
+    shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
+    shards.add_argument("--shard-rows", type=int, default=None,
+                        help="at most this many rows per shard (equal shards split evenly between processes)")
+    shards.add_argument("--columns", default=None,
+                        help="hf: modality=column pairs to write, comma-separated (default: image, audio, text columns)")
+    shards.add_argument("--labels", default=None, help="hf: label=column pairs, comma-separated (default: class=label)")
+    shards.add_argument("--splits", default=None,
+                        help="comma-separated splits to write (default: train,test for video; every split otherwise)")
+    hf = parser.add_argument_group("hf (your own dataset)")
+    hf.add_argument("--recipe", default=None, help="read the data options (columns, labels, format, splits) from this recipe")
+    hf.add_argument("--samples", type=int, default=8, help="rows decoded per split (default 8; 0: every row)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -61,17 +88,20 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return
-    for k, v in summary.items():
-        if isinstance(v, dict):
-            print(f"{k}:")
-            for kk, vv in v.items():
-                print(f"  {kk}: {vv}")
-        elif isinstance(v, list):
+    _print_mapping(summary, "")
+
+
+def _print_mapping(mapping: dict[str, Any], indent: str) -> None:
+    for k, v in mapping.items():
+        if isinstance(v, dict) and v:
+            print(f"{indent}{k}:")
+            _print_mapping(v, indent + "  ")
+        elif isinstance(v, list) and not indent:
             print(f"{k}: {len(v)}")
             for item in v[:10]:
                 print(f"  - {item}")
         else:
-            print(f"{k}: {v}")
+            print(f"{indent}{k}: {v}")
 
 
 def _prepare_sentiment(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,6 +163,146 @@ def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _pairs(text: str | None, option: str) -> dict[str, str] | None:
+    """``"a=b,c=d"`` -> ``{"a": "b", "c": "d"}`` (None stays None)."""
+    if text is None:
+        return None
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+        raise ValueError(f"{option} takes name=column pairs separated by commas, got {text!r}")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
+    """``--format parquet``: the source's splits as Parquet shards (:mod:`mmviews.data.shards`)."""
+    from mmviews.data import shards
+
+    path = Path(args.path)
+    out = Path(args.output or args.out or shards.default_shards_path(path))
+    wanted = args.splits.split(",") if args.splits else None
+    if args.dataset in VIDEO:
+        from mmviews.data.video_store import VideoStore, default_store_path, prepare_video_store
+
+        store_path = default_store_path(path)
+        res = prepare_video_store(path, store_path, dataset=args.dataset, image_format="jpeg", size=args.size,
+                                  flow=None if args.flow == "none" else args.flow, jpeg_quality=args.jpeg_quality,
+                                  workers=args.workers, on_error=args.on_error)
+        store = VideoStore(store_path)
+        rows = {s: shards.video_split_rows(path, s, args.fold, store) for s in (wanted or ["train", "test"])}
+        columns = {"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"}
+        kind, labels, options = "video", {"class": "class"}, {"fold": args.fold, **store.options}
+        extra = {"store": str(store_path), "unreadable (skipped)": list(res["failed"].values()),
+                 "problems": [f"{len(res['failed'])} unreadable clips"] if res["failed"] else []}
+    elif args.dataset in SENTIMENT:
+        from mmviews.data.sentiment import SEQUENCE_MODALITIES, open_sentiment
+
+        names = wanted or ["train", "valid", "test"]
+        first = open_sentiment(path, names[0], dataset=args.dataset, layout=args.layout, progress=True)
+        mods = [m for m in (*SEQUENCE_MODALITIES, "text_ids", "raw_text")
+                if m in first.smeta["modalities"] or (m == "text_ids" and first.smeta["has_text_ids"])
+                or (m == "raw_text" and first.smeta["has_raw_text"])]
+        rows = {s: shards.sentiment_split_rows(open_sentiment(path, s, dataset=args.dataset, layout=args.layout,
+                                                              modalities=mods)) for s in names}
+        info = rows[names[0]].features
+        columns = {m: ("tokens" if m == "text_ids" else "text" if m == "raw_text" else "sequence") for m in mods}
+        kind, options, extra = "sentiment", {"layout": args.layout}, {}
+        labels = {c: c for c in info if c not in columns and c not in (shards.INDEX_COLUMN, "id")}
+    else:
+        from mmviews.data.hf import HFDataset
+
+        if wanted is None:
+            if (path / "dataset_dict.json").is_file():
+                wanted = sorted(json.loads((path / "dataset_dict.json").read_text())["splits"])
+            else:
+                wanted = [p.name for p in sorted(path.iterdir()) if p.is_dir()] or ["train"]
+        parts = {s: HFDataset(path, split=s, columns=_pairs(args.columns, "--columns"), labels=_pairs(args.labels, "--labels"))
+                 for s in wanted}
+        rows = {s: shards.hf_split_rows(d) for s, d in parts.items()}
+        first = next(iter(parts.values()))
+        columns = {col: first.kinds[m] for m, col in first.columns.items()}
+        labels = dict(first.label_columns)
+        kind, options, extra = "hf", {"columns": first.columns, "labels": first.label_columns}, {}
+    res = shards.write_shards(out, rows, source={"dataset": args.dataset, "root": str(path.resolve()), "kind": kind,
+                                                 "options": options},
+                              columns=columns, labels=labels, shard_size_mb=args.shard_size_mb,
+                              shard_rows=args.shard_rows, overwrite=args.overwrite)
+    summary: dict[str, Any] = {"dataset": args.dataset, "source": str(path), "shards": res["out"], **extra}
+    for split, sm in res["splits"].items():
+        summary[split] = f"{sm['rows']} rows in {sm['shards']} shards ({sm['skipped']} samples skipped)"
+    summary["written now"] = res["written"]
+    summary["seconds"] = res["seconds"]
+    return summary
+
+
+def _prepare_hf(args: argparse.Namespace) -> dict[str, Any]:
+    from mmviews.config import DataConfig, load_config
+    from mmviews.data.loaders import build_dataset_split
+
+    if args.recipe is not None:
+        data = load_config(args.recipe).data
+        if data.name != "hf":
+            raise ValueError(f"{args.recipe}: key 'data.name' is {data.name!r}; `mmviews prepare hf` checks 'hf' datasets")
+        data.root = str(args.path)
+        splits = [s for s in (data.train_split, data.val_split, data.test_split) if s is not None]
+    else:
+        data = DataConfig(name="hf", root=str(args.path), options={})
+        splits = []
+    summary: dict[str, Any] = {"dataset": "hf", "root": str(args.path), "recipe": args.recipe or "none (default options)",
+                               "options": data.options}
+    problems: list[str] = []
+    if not splits:  # no recipe: every split the folder has
+        splits = _hf_split_names(Path(args.path), data.options.get("format", "auto"))
+    for split in dict.fromkeys(splits):
+        try:
+            ds = build_dataset_split(data, split)
+        except (ValueError, KeyError, FileNotFoundError) as err:
+            problems.append(str(err.args[0] if isinstance(err, KeyError) and err.args else err))
+            continue
+        n = len(ds)
+        count = n if args.samples <= 0 else min(n, args.samples)
+        decoded = 0
+        for i in range(count):
+            try:
+                ds[i]
+                decoded += 1
+            except (ValueError, OSError) as err:
+                problems.append(f"split {split!r} row {i}: {err}")
+                break
+        labels = {}
+        for name, column in ds.label_columns.items():
+            feature = ds.ds.features[column]
+            names = getattr(feature, "names", None)
+            labels[name] = f"column {column!r}" + (f", {len(names)} classes" if names else f", {feature}")
+        summary[f"split {split}"] = {
+            "rows": n,
+            "columns": sorted(ds.ds.features),
+            "modalities": {m: f"column {c!r}, {ds.kinds[m]}" for m, c in ds.columns.items()},
+            "labels": labels or "none (probes need one: options.labels)",
+            "decoded": f"{decoded} of the first {count} rows",
+        }
+    summary["next"] = ("mmviews train RECIPE --check (views, adapters, objective), then mmviews train RECIPE"
+                       if args.recipe else "write a recipe (data_cards/hf.md), then: mmviews prepare hf ROOT --recipe RECIPE")
+    summary["problems"] = problems
+    return summary
+
+
+def _hf_split_names(root: Path, format: str) -> list[str]:
+    """The splits of a dataset folder: a DatasetDict's, or the split sub-folders of an
+    image/audio folder (``train`` when it has none)."""
+    dict_file = root / "dataset_dict.json"
+    if format in ("auto", "disk") and dict_file.is_file():
+        from mmviews.fileio import read_json_object
+
+        return [str(s) for s in read_json_object(dict_file).get("splits", [])] or ["train"]
+    if format in ("auto", "disk") and (root / "dataset_info.json").is_file():
+        return ["train"]
+    from mmviews.data.hf import SPLIT_FOLDER_NAMES
+
+    found = [p.name for p in sorted(root.iterdir()) if p.is_dir() and p.name in SPLIT_FOLDER_NAMES]
+    # datasets' folder builders call a valid/val/dev folder "validation"
+    return [("validation" if name in ("valid", "val", "dev") else name) for name in found] or ["train"]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         if args.dataset == "synthetic":
@@ -148,7 +318,12 @@ def run(args: argparse.Namespace) -> int:
         if not Path(args.path).exists():
             print(f"error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)")
             return 1
-        summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
+        if getattr(args, "format", None) == "parquet":
+            summary = _prepare_parquet(args)
+        elif args.dataset == "hf":
+            summary = _prepare_hf(args)
+        else:
+            summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:
         # The message names the file, split or key at fault (a KeyError's without str()'s quotes).
         print(f"error: {err.args[0] if isinstance(err, KeyError) and err.args else err}")

@@ -21,6 +21,16 @@ DatasetBuilder = Callable[..., Dataset]
 _DATASETS: Registry[DatasetBuilder] = Registry("dataset")
 
 
+def dataset_error(error_type: type[Exception], message: str, option: str) -> Exception:
+    """``error_type(message)`` tagged with the builder argument at fault (``option``: an option
+    name such as ``"columns"``, or ``"split"`` / ``"root"``), so that a recipe's loader can name
+    the key the user must change (``data.options.columns``, ``data.train_split``, ``data.root``)
+    rather than guess. Raise the returned error."""
+    error = error_type(message)
+    error.option = option  # type: ignore[attr-defined]
+    return error
+
+
 def register_dataset(name: str, description: str = "") -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Decorator: register ``builder(root=None, split="train", **options) -> Dataset`` as
     ``name`` (``description`` defaults to the first line of the builder's docstring).
@@ -49,7 +59,9 @@ def build_dataset(name: str, root: str | Path | None = None, split: str = "train
       exists) (see :class:`mmviews.data.video.VideoFolder`).
     - ``hf``: root = a ``save_to_disk`` folder, or an image/audio folder with
       ``format="imagefolder"|"audiofolder"``; ``columns={modality: column}`` (see
-      :class:`mmviews.data.hf.HFDataset`).
+      :class:`mmviews.data.hf.HFDataset`); or a folder (or fsspec URL) of Parquet shards
+      (``format="parquet"``, detected by ``"auto"``), map-style or with ``streaming=True``
+      (recipe key ``data.streaming``) streamed (:mod:`mmviews.data.streaming`).
     - ``gaussian_latents``: no root. Options: ``num_samples`` (default 65536 train, 4096
       valid / test), ``sigma0``, ``seed`` (see :mod:`mmviews.data.gaussian`).
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import register_dataset
+from mmviews.data.registry import dataset_error, register_dataset
 from mmviews.data.safe_pickle import safe_load_pickle
 from mmviews.fileio import read_json_object
 
@@ -222,13 +222,13 @@ def read_sentiment_pickle(path: str | os.PathLike[str], dataset: str | None = No
     data = safe_load_pickle(path)
     layout = detect_layout(data, source) if layout == "auto" else layout
     if layout not in ("mmsa", "mult"):
-        raise ValueError(f"layout must be 'auto', 'mmsa' or 'mult', got {layout!r}")
+        raise dataset_error(ValueError, f"layout must be 'auto', 'mmsa' or 'mult', got {layout!r}", "layout")
     present = {_canon_split(str(k)): k for k in data}
     out: dict[str, dict[str, Any]] = {}
     for split in splits:
         split = _canon_split(split)
         if split not in present:
-            raise KeyError(f"{source}: missing split {split!r}; splits present: {sorted(present)}")
+            raise dataset_error(KeyError, f"{source}: missing split {split!r}; splits present: {sorted(present)}", "split")
         out[split] = _normalise_split(data[present[split]], layout, source, split)
     sizes = {s: v["num_samples"] for s, v in out.items()}
     variant = check_split_sizes(dataset, sizes, source) if set(sizes) == set(SPLITS) else None
@@ -379,14 +379,15 @@ class SentimentStoreDataset(Dataset):
         self.meta = read_store_meta(self.store)
         split = _canon_split(split)
         if split not in self.meta["splits"]:
-            raise KeyError(f"{self.store}: no split {split!r}; available: {sorted(self.meta['splits'])}")
+            raise dataset_error(KeyError, f"{self.store}: no split {split!r}; available: {sorted(self.meta['splits'])}", "split")
         self.split = split
         self.smeta = self.meta["splits"][split]
         known = set(self.smeta["modalities"]) | ({"text_ids"} if self.smeta["has_text_ids"] else set()) | \
             ({"raw_text"} if self.smeta["has_raw_text"] else set())
         missing = [m for m in modalities if m not in known]
         if missing:
-            raise KeyError(f"{self.store} [{split}]: modalities {missing} not in the store (available: {sorted(known)})")
+            raise dataset_error(KeyError, f"{self.store} [{split}]: modalities {missing} not in the store "
+                                f"(available: {sorted(known)})", "modalities")
         self.modalities = tuple(modalities)
         self.dir = self.store / split
         self.num_samples = int(self.smeta["num_samples"])
@@ -489,8 +490,8 @@ def _sentiment_builder(dataset: str) -> Callable[..., Dataset]:
 
     def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
         if root is None:
-            raise ValueError(f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by `mmviews prepare {dataset}`"
-                             f" (see data_cards/{dataset}.md)")
+            raise dataset_error(ValueError, f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by "
+                                f"`mmviews prepare {dataset}` (see data_cards/{dataset}.md)", "root")
         return open_sentiment(root, split=split, dataset=dataset, **options)
 
     return build

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import register_dataset
+from mmviews.data.registry import dataset_error, register_dataset
 
 MODALITIES = ("text", "audio", "image", "video", "flow")
 
@@ -127,19 +127,19 @@ class SyntheticMultimodal(Dataset):
                  num_classes: int = 4, modalities: Sequence[str] = MODALITIES, sample_rate: int = 16000,
                  image_size: int = 32, num_frames: int = 6) -> None:
         if num_samples < 0:
-            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+            raise dataset_error(ValueError, f"num_samples must be >= 0, got {num_samples}", "num_samples")
         if not 2 <= num_classes <= len(_TOPICS):
-            raise ValueError(f"num_classes must be in [2, {len(_TOPICS)}], got {num_classes}")
+            raise dataset_error(ValueError, f"num_classes must be in [2, {len(_TOPICS)}], got {num_classes}", "num_classes")
         unknown = set(modalities) - set(MODALITIES)
         if unknown or not modalities:
-            raise ValueError(f"unknown modalities {sorted(unknown)}; choose from {MODALITIES}")
+            raise dataset_error(ValueError, f"unknown modalities {sorted(unknown)}; choose from {MODALITIES}", "modalities")
         if num_frames < 2:
-            raise ValueError("num_frames must be >= 2 (flow needs two frames)")
+            raise dataset_error(ValueError, "num_frames must be >= 2 (flow needs two frames)", "num_frames")
         rates = {m: float(missing_rate) for m in MODALITIES} if not isinstance(missing_rate, Mapping) else \
             {m: float(missing_rate.get(m, 0.0)) for m in MODALITIES}
         for m, r in rates.items():
             if not 0.0 <= r < 1.0:
-                raise ValueError(f"missing_rate for {m!r} must be in [0, 1), got {r}")
+                raise dataset_error(ValueError, f"missing_rate for {m!r} must be in [0, 1), got {r}", "missing_rate")
         self.num_samples = int(num_samples)
         self.seed = int(seed)
         self.num_classes = int(num_classes)
@@ -336,6 +336,6 @@ def _build_synthetic(root: Any = None, split: str = "train", num_samples: int | 
                      **options: Any) -> Dataset:
     # split s of seed k draws from seed 1000 k + offset(s): disjoint splits, one per seed.
     if split not in _SPLIT_OFFSET:
-        raise ValueError(f"synthetic: unknown split {split!r}; choose from {sorted(_SPLIT_OFFSET)}")
+        raise dataset_error(ValueError, f"synthetic: unknown split {split!r}; choose from {sorted(_SPLIT_OFFSET)}", "split")
     n = SYNTHETIC_DEFAULT_SIZES[split] if num_samples is None else int(num_samples)
     return SyntheticMultimodal(n, seed=seed * 1000 + _SPLIT_OFFSET[split], **options)

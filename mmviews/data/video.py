@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import register_dataset
+from mmviews.data.registry import dataset_error, register_dataset
 
 # The file-level readers live in video_io (shared with the prepared store); the names are
 # imported here too so that ``mmviews.data.video.read_video_frames`` etc. keep working.
@@ -55,7 +55,8 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
             clips += [(cls.name, f"{cls.name}/{f.name}") for f in sorted(cls.iterdir()) if f.suffix.lower() in VIDEO_EXTENSIONS]
         return clips
     if split not in ("train", "test"):
-        raise ValueError(f"video folders have splits 'train', 'test' (official lists) or 'all', got {split!r}")
+        raise dataset_error(ValueError, f"video folders have splits 'train', 'test' (official lists) or 'all', got {split!r}",
+                            "split")
     ucf = splits_dir / f"{split}list{fold:02d}.txt"
     if ucf.is_file():
         out = []
@@ -79,6 +80,22 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
         return out
     raise FileNotFoundError(f"no split list for split {split!r} fold {fold} in {splits_dir}: expected "
                             f"{ucf.name} (UCF-101) or *_test_split{fold}.txt (HMDB-51); use split='all' to take every clip")
+
+
+def clip_window(n: int, num_frames: int) -> np.ndarray:
+    """Indices of the ``num_frames`` consecutive frames taken from the middle of a clip of ``n``
+    frames; a shorter clip repeats its last frame."""
+    T = min(num_frames, n)
+    start = (n - T) // 2
+    return np.clip(np.arange(start, start + num_frames), 0, n - 1)
+
+
+def audio_window_start(start_time: float, num_frames: int, fps: float, seconds: float, sample_rate: int) -> tuple[int, int]:
+    """``(first sample, length)`` of the audio window: ``seconds`` centred on the frame window
+    that starts at ``start_time`` (before shifting to fit inside the track)."""
+    n = int(seconds * sample_rate)
+    centre = int((start_time + num_frames / (2 * fps)) * sample_rate)
+    return centre - n // 2, n
 
 
 class VideoFolder(Dataset):
@@ -113,17 +130,17 @@ class VideoFolder(Dataset):
         if not self.root.is_dir():
             raise FileNotFoundError(f"no such video folder: {self.root}")
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+            raise dataset_error(ValueError, f"on_error must be 'raise' or 'skip', got {on_error!r}", "on_error")
         if decode not in ("seek", "full"):
-            raise ValueError(f"decode must be 'seek' or 'full', got {decode!r}")
+            raise dataset_error(ValueError, f"decode must be 'seek' or 'full', got {decode!r}", "decode")
         if flow is None and flow_root is not None:
             flow = "precomputed"
         if flow not in (None, "precomputed", "farneback"):
-            raise ValueError(f"flow must be None, 'precomputed' or 'farneback', got {flow!r}")
+            raise dataset_error(ValueError, f"flow must be None, 'precomputed' or 'farneback', got {flow!r}", "flow")
         if flow == "precomputed" and flow_root is None:
-            raise ValueError("flow='precomputed' needs flow_root")
+            raise dataset_error(ValueError, "flow='precomputed' needs flow_root", "flow_root")
         if num_frames < 2 and flow is not None:
-            raise ValueError("flow needs num_frames >= 2")
+            raise dataset_error(ValueError, "flow needs num_frames >= 2", "num_frames")
         self.dataset = dataset
         self.num_frames = int(num_frames)
         self.size = (size, size) if isinstance(size, int) else tuple(size)
@@ -143,7 +160,7 @@ class VideoFolder(Dataset):
         sdir = Path(splits_dir) if splits_dir is not None else self._find_splits_dir()
         self.clips = parse_split(self.root, sdir, split, fold)
         if not self.clips:
-            raise ValueError(f"{self.root}: split {split!r} (fold {fold}) lists no clips")
+            raise dataset_error(ValueError, f"{self.root}: split {split!r} (fold {fold}) lists no clips", "split")
         class_ind = sdir / "classInd.txt"
         if class_ind.is_file():
             pairs = [ln.split() for ln in class_ind.read_text().splitlines() if ln.strip()]
@@ -187,17 +204,10 @@ class VideoFolder(Dataset):
         warnings.warn(f"skipped unreadable {path} ({type(err).__name__}: {err}); modality marked absent", stacklevel=3)
 
     def _window(self, n: int) -> np.ndarray:
-        T = min(self.num_frames, n)
-        start = (n - T) // 2
-        idx = np.arange(start, start + self.num_frames)
-        return np.clip(idx, 0, n - 1)  # short clips repeat their last frame
+        return clip_window(n, self.num_frames)
 
     def _resize(self, x: torch.Tensor) -> torch.Tensor:
-        from torchvision.transforms.v2 import functional as F
-
-        if tuple(x.shape[-2:]) == self.size:
-            return x
-        return F.resize(x, list(self.size), antialias=True)
+        return resize_frames(x, self.size)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         cls, rel = self.clips[index]
@@ -255,9 +265,8 @@ class VideoFolder(Dataset):
                     raise FileNotFoundError(f"{path}: missing (needed for its audio track)")
                 # Up to max_audio_seconds centred on the frame window, shifted to fit inside the
                 # track; only that part is decoded (all of it with decode="full").
-                n = int(self.max_audio_seconds * self.sample_rate)
-                centre = int((start_time + self.num_frames / (2 * fps)) * self.sample_rate)
-                wav = read_audio_window(path, centre - n // 2, n, self.sample_rate, seek=self.decode == "seek")
+                first, n = audio_window_start(start_time, self.num_frames, fps, self.max_audio_seconds, self.sample_rate)
+                wav = read_audio_window(path, first, n, self.sample_rate, seek=self.decode == "seek")
                 if wav is not None and wav.size > 0:
                     mods["audio"] = torch.from_numpy(wav)
             except Exception as err:
@@ -302,14 +311,27 @@ class VideoFolder(Dataset):
         return self._resize_flow(flow)
 
     def _resize_flow(self, flow: torch.Tensor) -> torch.Tensor:
-        """``[T, 2, h, w]`` pixels -> ``[T, 2, H, W]`` at ``self.size``, displacements scaled by ``W / w``, ``H / h``."""
-        H, W = flow.shape[-2:]
-        if (H, W) != self.size:
-            import torch.nn.functional as TF
+        return resize_flow(flow, self.size)
 
-            flow = TF.interpolate(flow, size=self.size, mode="bilinear", align_corners=False)
-            flow = flow * torch.tensor([self.size[1] / W, self.size[0] / H]).view(1, 2, 1, 1)
-        return flow
+
+def resize_frames(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Frames ``[T, 3, h, w]`` resized to ``size`` (antialiased), unchanged when already that size."""
+    from torchvision.transforms.v2 import functional as F
+
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.resize(x, list(size), antialias=True)
+
+
+def resize_flow(flow: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``[T, 2, h, w]`` pixels -> ``[T, 2, H, W]`` at ``size``, displacements scaled by ``W / w``, ``H / h``."""
+    H, W = flow.shape[-2:]
+    if (H, W) != tuple(size):
+        import torch.nn.functional as TF
+
+        flow = TF.interpolate(flow, size=tuple(size), mode="bilinear", align_corners=False)
+        flow = flow * torch.tensor([size[1] / W, size[0] / H]).view(1, 2, 1, 1)
+    return flow
 
 
 def scan_video_folder(root: str | os.PathLike[str], extensions: Sequence[str] = VIDEO_EXTENSIONS) -> dict[str, Any]:
@@ -335,7 +357,8 @@ def _video_builder(dataset: str) -> Callable[..., Dataset]:
 
     def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
         if root is None:
-            raise ValueError(f"{dataset}: pass root= the folder of class folders (see data_cards/{dataset}.md)")
+            raise dataset_error(ValueError, f"{dataset}: pass root= the folder of class folders (see data_cards/{dataset}.md)",
+                                "root")
         return VideoFolder(root, split=split, dataset=dataset, **options)
 
     return build

@@ -544,15 +544,25 @@ class VideoStore:
         if not entry.get("flows") and len(idx) > 1 and np.any(idx[1:] == idx[:-1] + 1):
             raise ValueError(f"{self.folder(entry)}: the store holds no flow (prepared with flow=None)")
         d = self.folder(entry)
-        start = np.asarray(idx[:-1])
-        moving = idx[1:] == idx[:-1] + 1
-        out = np.zeros((len(start), 2, entry["height"], entry["width"]), np.float32)
-        wanted = start[moving]
-        if len(wanted):
+
+        def read(wanted: np.ndarray) -> np.ndarray:
             if entry["format"] == "npy":
-                stored = np.asarray(np.load(d / "flow.npy", mmap_mode="r")[wanted])
-            else:
-                stored = np.stack([np.stack([_read_jpeg(d / f"flow_x_{i + 1:05d}.jpg", gray=True),
-                                             _read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
-            out[moving] = decode_flow_image(stored)
-        return out
+                return np.asarray(np.load(d / "flow.npy", mmap_mode="r")[wanted])
+            return np.stack([np.stack([_read_jpeg(d / f"flow_x_{i + 1:05d}.jpg", gray=True),
+                                       _read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
+
+        return window_flow(idx, int(entry["height"]), int(entry["width"]), read)
+
+
+def window_flow(idx: np.ndarray, height: int, width: int, read: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Flow between frames ``idx[t]`` and ``idx[t + 1]`` as float32 ``[T - 1, 2, H, W]`` pixels, from
+    ``read(starts)`` -> stored uint8 flow images ``[n, 2, H, W]`` of the frame pairs ``(s, s + 1)``.
+    Consecutive frames read the stored flow; a repeated frame (a clip shorter than the window)
+    gives zero flow. Shared by the store and the Parquet shards (:mod:`mmviews.data.streaming`)."""
+    start = np.asarray(idx[:-1])
+    moving = idx[1:] == idx[:-1] + 1
+    out = np.zeros((len(start), 2, height, width), np.float32)
+    wanted = start[moving]
+    if len(wanted):
+        out[moving] = decode_flow_image(read(wanted))
+    return out

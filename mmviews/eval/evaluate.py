@@ -55,6 +55,29 @@ TASK_PARAMS: dict[str, frozenset[str]] = {
     "diagnostics": frozenset({"kappa", "max_samples"}),
 }
 _DEFAULT_LABEL = {"linear": "class", "knn": "class", "regression": "sentiment", "msa": "sentiment"}
+# The function that runs each task kind: its signature holds the defaults of TASK_PARAMS
+# (``mmviews list tasks`` reads them from there).
+TASK_FUNCTIONS: dict[str, Any] = {
+    "linear": linear_probe_classification,
+    "knn": knn_accuracy,
+    "regression": linear_probe_regression,
+    "msa": linear_probe_regression,
+    "retrieval": cross_view_retrieval,
+    "diagnostics": representation_diagnostics,
+}
+_TASK_DESCRIPTIONS = {
+    "linear": "logistic-regression probe on a class label (linear:KEY, default label class)",
+    "knn": "weighted kNN accuracy on a class label (knn:KEY, default label class)",
+    "regression": "ridge probe on a score (regression:KEY, default label sentiment): MAE, MSE, R^2",
+    "msa": "ridge probe on sentiment with the MSA metrics (msa:mosi|mosei|sims)",
+    "retrieval": "cross-view retrieval R@k both ways (pairs default: the first view of each modality, all pairs)",
+    "diagnostics": "alignment, uniformity, effective rank, vMF entropy, similarity histograms",
+}
+
+
+def task_description(kind: str) -> str:
+    """One line on task ``kind`` (one of :data:`TASK_KINDS`)."""
+    return _TASK_DESCRIPTIONS[kind]
 
 
 @dataclass
@@ -197,6 +220,8 @@ def _compute(
             for a, b in _retrieval_pairs(ev, task):
                 res = cross_view_retrieval(ev.views, ev.mask, a, b, ks=task.params.get("ks", (1, 5, 10)))
                 na, nb = ev.view_names[a], ev.view_names[b]
+                # the number of pairs: chance is R@k = k / n, mean rank (n + 1) / 2
+                metrics[f"{split}/retrieval/{na}->{nb}/n"] = metrics[f"{split}/retrieval/{nb}->{na}/n"] = res["n"]
                 for k, v in res.items():
                     if k.startswith("a2b/"):
                         metrics[f"{split}/retrieval/{na}->{nb}/{k[4:]}"] = v

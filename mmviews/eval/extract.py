@@ -86,9 +86,12 @@ def extract_embeddings(
     """
     if fuse not in ("concat", "mean"):
         raise ValueError(f"fuse must be 'concat' or 'mean', got {fuse!r}")
+    # A streamed split (mmviews.data.streaming.StreamLoader) is read whole by every process, in one
+    # pass: nothing to shard, and nothing to gather.
+    streamed = getattr(loader, "streamed", False)
     if accelerator is not None:
         device = accelerator.device
-        if not _prepared(loader):
+        if not _prepared(loader) and not streamed:
             loader = accelerator.prepare_data_loader(loader)
     elif device is None:
         params = list(encoder.parameters()) if isinstance(encoder, torch.nn.Module) else []
@@ -124,7 +127,7 @@ def extract_embeddings(
             }
             if batch.index is not None:
                 payload["index"] = batch.index.to(device)
-            if accelerator is not None:
+            if accelerator is not None and not streamed:
                 payload = accelerator.gather_for_metrics(payload)
             chunks.append(
                 (

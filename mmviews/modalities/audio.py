@@ -320,7 +320,13 @@ class AudioCNN(nn.Module):
         self.hop = cfg.hop_length
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        mel = torch.log(self.melspec(x) + 1e-6)  # [B, n_mels, F]
+        # In float32 whatever the autocast: the mel projection is a matmul, which fp16 autocast
+        # would run in half precision, where a loud clip's power (> 65504) overflows to inf.
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            if x.shape[0] == 0:  # no clip (a rank joining SyncBatchNorm's collectives): stft refuses it
+                mel = x.new_zeros(0, self.melspec.n_mels, 1, dtype=torch.float32)
+            else:
+                mel = torch.log(self.melspec(x.float()) + 1e-6)  # [B, n_mels, F]
         frames = torch.div(lengths, self.hop, rounding_mode="floor") + 1  # center=True framing
         mask = lengths_to_mask(frames.clamp_max(mel.shape[-1]), mel.shape[-1]).unsqueeze(1).to(mel.dtype)
         n = mask.sum(-1, keepdim=True).clamp_min(1.0)

@@ -330,6 +330,20 @@ class SequenceInputCheck(InputCheck):
 HostPreprocessor = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
+def runs_collectives(module: nn.Module) -> bool:
+    """Whether a training forward of ``module`` (in its current modes) takes part in collectives:
+    it holds a :class:`torch.nn.SyncBatchNorm` in training mode and a process group of more than
+    one process is initialised. Every process must then run that forward (and its backward) as
+    often as the others, even with no rows of its own: a process that skips it leaves the
+    others waiting in the collective (a hang under NCCL)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    return any(isinstance(m, nn.SyncBatchNorm) and m.training
+               and dist.get_world_size(m.process_group or dist.group.WORLD) > 1 for m in module.modules())
+
+
 def subset_inputs(
     inputs: Mapping[str, Any], rows: torch.Tensor, batch_size: int, host_rows: Sequence[int] | None = None
 ) -> dict[str, Any]:
@@ -492,13 +506,15 @@ class Adapter(nn.Module):
         if features.dim() == 3:
             b, t, f = features.shape
             z = F.normalize(self._head(features.reshape(b * t, f)), dim=-1)
-            return F.normalize(z.reshape(b, t, -1).mean(1), dim=-1)
+            return F.normalize(z.reshape(b, t, z.shape[-1]).mean(1), dim=-1)  # b may be 0: no -1
         return F.normalize(self._head(features), dim=-1)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1 and self.head.training:
+        if x.shape[0] == 1 and self.head.training and not runs_collectives(self.head):
             # BatchNorm has no batch statistics for one row (e.g. the only present view
-            # of a modality in a batch): use its running statistics for this call.
+            # of a modality in a batch): use its running statistics for this call. A
+            # SyncBatchNorm across processes keeps training mode: its statistics are those of
+            # every process's rows, and in eval mode this process would skip its collective.
             self.head.eval()
             try:
                 return self.head(x)
@@ -525,18 +541,39 @@ class Adapter(nn.Module):
     ) -> torch.Tensor:
         """:meth:`forward` with the present items given as ``items`` (known on the host, e.g.
         ``ViewBatch.present_items``): ``[items.total, embed_dim]``, zero rows at absent items,
-        which never reach the backbone or the head. Reads nothing from the device."""
+        which never reach the backbone or the head. Reads nothing from the device.
+
+        With no present item the backbone and head are skipped, except the parts that take part in
+        collectives (:func:`runs_collectives`: SyncBatchNorm on several processes): they run on
+        zero rows (:meth:`join_collectives`), so that this process joins every collective the
+        others issue, forward and backward (their output is part of the returned tensor's graph)."""
         like = next(self.head.parameters())
         if items.all:
             return self.project(self.features(inputs, None, check_inputs=check_inputs))
         out = like.new_zeros(items.total, self.config.embed_dim)
         if items.none:
-            return out
+            if not runs_collectives(self):
+                return out
+            empty = torch.zeros(0, dtype=torch.long, device=like.device)
+            return out.index_put((empty,), self.join_collectives(inputs, items.total).to(out.dtype))
         assert items.index is not None  # set whenever some but not all items are present
         rows = to_device(items.index, like.device)
         present_inputs = subset_inputs(inputs, rows, items.total, items.positions)
         z = self.project(self.features(present_inputs, None, check_inputs=check_inputs))
         return out.index_put((rows,), z.to(out.dtype))
+
+    def join_collectives(self, inputs: Mapping[str, Any], batch_size: int) -> torch.Tensor:
+        """A forward on zero rows, ``[0, embed_dim]``, through the parts of the adapter that take
+        part in collectives: the backbone when it does (e.g. a CNN with SyncBatchNorm, on zero
+        rows of ``inputs``), else the head alone on zero features (transformer backbones have no
+        BatchNorm, and not all of them accept an empty batch)."""
+        like = next(self.head.parameters())
+        if runs_collectives(self.backbone):
+            empty = torch.zeros(0, dtype=torch.long, device=like.device)
+            features = self.features(subset_inputs(inputs, empty, batch_size, ()), None, check_inputs=False)
+        else:
+            features = like.new_zeros(0, self.feature_dim)
+        return self.project(features)
 
     def preprocessing_signature(self) -> dict[str, Any]:
         """JSON-able description of everything besides the backbone weights that decides

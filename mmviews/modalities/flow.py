@@ -129,7 +129,7 @@ def _raft_flow(frames: torch.Tensor, weights: str | os.PathLike[str] | None, mod
         raise ValueError(f"RAFT needs H and W divisible by 8, got {h}x{w}")
     net = {"large": raft_large, "small": raft_small}[model](weights=None, progress=False)
     net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    net.eval()
+    net.eval().to(frames.device)  # where the frames are (e.g. a GPU)
     f = frames.float() / 255.0 if frames.dtype == torch.uint8 else frames.float()
     f = f * 2.0 - 1.0  # RAFT's input range
     with torch.no_grad():

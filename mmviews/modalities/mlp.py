@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, InputCheck, SequenceInputCheck, register_adapter, require_tensor
+from .base import Adapter, AdapterConfig, InputCheck, SequenceInputCheck, register_adapter, require_tensor, to_device
 
 
 @dataclass
@@ -52,11 +52,12 @@ class MLPAdapter(Adapter):
         values = require_tensor(inputs, "values", "mlp adapter")
         if values.ndim != 3 or values.shape[-1] != self.config.input_dim:
             raise ValueError(f"mlp adapter: values must be [B, L, {self.config.input_dim}], got {tuple(values.shape)}")
-        return {"x": values[:, 0, :]}
+        weight = self.backbone[0].weight
+        return {"x": to_device(values[:, 0, :], weight.device, weight.dtype)}
 
     def input_check(self) -> InputCheck:
         # Finite values, and a first step to read in every present item (lengths > 0).
         return SequenceInputCheck("mlp adapter")
 
     def encode(self, prepared: dict[str, Any]) -> torch.Tensor:
-        return self.backbone(prepared["x"].to(self.backbone[0].weight.dtype))
+        return self.backbone(prepared["x"])

@@ -254,9 +254,9 @@ class MultiViewEncoder(nn.Module):
         inputs = batch.inputs[modality]
         items = batch.present_items(modality)  # known on the host: free for a moved batch
         cache = self.caches.get(modality)
-        if items.none:  # every view of this modality is missing in this batch
-            return next(adapter.head.parameters()).new_zeros(items.total, adapter.config.embed_dim)
-        if cache is None or batch.index is None or not adapter.backbone_frozen:
+        if items.none or cache is None or batch.index is None or not adapter.backbone_frozen:
+            # With no present view, zeros; or, where the adapter takes part in collectives
+            # (SyncBatchNorm on several processes), a forward on zero rows that joins them.
             return adapter.embed_present(inputs, items, check_inputs=check_inputs)
         # The feature cache lives in host memory: its ids are read there.
         nv = len(positions)

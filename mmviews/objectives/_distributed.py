@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 
 def world_size() -> int:
@@ -44,6 +45,7 @@ class _GatherWithGrad(torch.autograd.Function):
         return torch.cat(parts, dim=0)
 
     @staticmethod
+    @once_differentiable  # a second derivative through these hand-written passes would be wrong
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
@@ -51,16 +53,36 @@ class _GatherWithGrad(torch.autograd.Function):
         return grad[start : start + ctx.local_size]
 
 
-def check_equal_local_sizes(local_size: int, device: torch.device) -> None:
-    """All ranks must hold the same number of samples (Accelerate's even_batches does this)."""
-    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world_size())]
-    dist.all_gather(sizes, torch.tensor([local_size], dtype=torch.long, device=device))
-    values = [int(s.item()) for s in sizes]
+# Local sizes K this process has seen checked with a host read (see check_equal_local_sizes).
+_checked_local_sizes: set[int] = set()
+
+
+def check_equal_local_sizes(local_size: int, device: torch.device, host_check: bool = True) -> None:
+    """All ranks must hold the same number of samples (Accelerate's even_batches does this):
+    ``ValueError`` listing every rank's K otherwise.
+
+    The sizes are gathered at every call (a collective every rank issues, so that the ranks'
+    collectives stay in step whatever each has seen before). Reading them on the host is a
+    device synchronisation, so with ``host_check=False`` (the objective's ``check_inputs`` off,
+    as in training) they are read only the first time this process sees ``local_size``; later
+    calls check them with a device-side assertion (``torch._assert_async``: on CPU it raises at
+    once, on CUDA at the next synchronisation, and the rank that sees a new size raises the
+    ``ValueError``)."""
+    local = torch.full((1,), local_size, dtype=torch.long, device=device)  # a fill: no host-to-device copy
+    parts = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(parts, local)
+    sizes = torch.cat(parts)
+    if not host_check and local_size in _checked_local_sizes:
+        torch._assert_async((sizes == local_size).all(), "distributed objective: every rank must hold the same "
+                            f"number of samples K (this rank: {local_size})")
+        return
+    values = sizes.tolist()
     if len(set(values)) != 1:
         raise ValueError(
             f"distributed objective: every rank must hold the same number of samples K, got {values} "
             "(use even batches, e.g. drop_last=True or Accelerate's even_batches)"
         )
+    _checked_local_sizes.add(local_size)
 
 
 def gather_with_grad(local: torch.Tensor) -> torch.Tensor:

@@ -33,10 +33,10 @@ each block holds at most ``score_budget_mb`` of scores (on CPU: :data:`STREAM_BL
 and the matrix products on enough rows).
 
 Allocation: each pass allocates one block-sized score buffer and reuses it for every block,
-and :func:`streamed_reduce` runs its reduction on tiles of :data:`TILE_ELEMENTS` scores, so the
-only block-sized memory is that buffer (fresh block-sized temporaries per block would cost page
-faults each time, or fragment the CPU allocator's heap until the process's resident memory is
-several times the live tensors).
+and :func:`streamed_reduce` runs its reduction on tiles of :data:`TILE_ELEMENTS` scores on CPU
+(whole blocks on CUDA: :func:`tile_samples`), so on CPU the only block-sized memory is that
+buffer (fresh block-sized temporaries per block would cost page faults each time, or fragment
+the CPU allocator's heap until the process's resident memory is several times the live tensors).
 
 Rows are independent, so the result is exact: the same values and gradients as the whole
 block up to float rounding. Everything is device-agnostic torch code (the same loops run on
@@ -50,6 +50,7 @@ import math
 from typing import Callable, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 #: Default score memory per block (MB), the ``score_budget_mb`` of the objectives.
 DEFAULT_SCORE_BUDGET_MB = 512.0
@@ -65,8 +66,12 @@ STREAM_BLOCK_MB: dict[str, float] = {"cpu": 16.0}
 #: (65,536), a 16 MB block is a few dozen rows, and the matrix products lose a third of their
 #: speed below about 256 rows (each call re-reads the whole candidate matrix).
 MIN_BLOCK_ROWS = 256
-#: Scores per tile of :func:`streamed_reduce`'s reduction (1 MB of float32; at least one sample).
-TILE_ELEMENTS = 2**18
+#: Scores per tile of :func:`streamed_reduce`'s reduction by device type (on CPU 1 MB of
+#: float32, so that the reduction's temporaries stay in cache; at least one sample). Devices
+#: not listed (CUDA) reduce each block as one tile: a tile of 2**18 scores there would be
+#: thousands of tiny kernel launches and autograd calls per block, and the block already fits
+#: the reduction's working copies within ``score_budget_mb`` (:func:`plan_block`).
+TILE_ELEMENTS: dict[str, int] = {"cpu": 2**18}
 
 #: ``exclude(scores, start, stop)``: fill, in place, the entries of the scores of anchor samples
 #: ``start:stop`` that must not count with ``lowest(scores.dtype)``. Writing the exclusions as
@@ -250,6 +255,7 @@ class _StreamedLogSumExp(torch.autograd.Function):
         return lse.squeeze(dims)
 
     @staticmethod
+    @once_differentiable  # a second derivative through these hand-written passes would be wrong
     def backward(ctx, grad):  # type: ignore[override]
         anchors, candidates, lse, row_has_entries = ctx.saved_tensors
         G, K, A, _ = anchors.shape
@@ -269,6 +275,15 @@ class _StreamedLogSumExp(torch.autograd.Function):
         return grad_anchors, grad_candidates, None, None, None, None
 
 
+def tile_samples(device_type: str, scores_per_sample: int, block: int) -> int:
+    """Anchor samples per tile of :func:`streamed_reduce`'s reduction: within
+    :data:`TILE_ELEMENTS` scores (at least one sample) on the devices it lists, else the whole
+    ``block``."""
+    if device_type in TILE_ELEMENTS:
+        return max(1, TILE_ELEMENTS[device_type] // scores_per_sample)
+    return max(1, block)
+
+
 def _tiles(start: int, stop: int, tile: int) -> list[tuple[int, int]]:
     return [(t, min(stop, t + tile)) for t in range(start, stop, tile)]
 
@@ -285,7 +300,7 @@ class _StreamedReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchors, candidates, reduce, cand_shape, block):  # type: ignore[override]
         G, K, A, _ = anchors.shape
-        tile = max(1, TILE_ELEMENTS // (G * A * candidates.shape[1]))
+        tile = tile_samples(anchors.device.type, G * A * candidates.shape[1], block)
         out: torch.Tensor | None = None  # allocated once its shape is known (not one small tensor per tile)
         buffer = _score_buffer(anchors, candidates, block)
         with torch.autocast(device_type=anchors.device.type, enabled=False):
@@ -305,10 +320,11 @@ class _StreamedReduce(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a second derivative through these hand-written passes would be wrong
     def backward(ctx, grad):  # type: ignore[override]
         anchors, candidates = ctx.saved_tensors
         G, K, A, _ = anchors.shape
-        tile = max(1, TILE_ELEMENTS // (G * A * candidates.shape[1]))
+        tile = tile_samples(anchors.device.type, G * A * candidates.shape[1], ctx.block)
         grad_anchors = torch.zeros_like(anchors, memory_format=torch.contiguous_format) if ctx.needs_input_grad[0] else None
         grad_candidates = torch.zeros_like(candidates, memory_format=torch.contiguous_format) if ctx.needs_input_grad[1] else None
         buffer = _score_buffer(anchors, candidates, ctx.block)

@@ -32,6 +32,9 @@ Mask: an absent view is not a KDE centre, not an entropy term and not in a recon
 of the mean over a. A sample with a single present view still counts in its view's entropy
 (it is a sample of that view's marginal) and adds no reconstruction pair.
 
+Defaults: ``temperature`` 0.1, the paper's kernel bandwidth h = 0.1 (chosen there to match
+SimCLR's and CMC's temperature); ``estimator="joe"``, the paper's eq. 7 estimator.
+
 Distributed: the KDE runs over every rank's samples (``views.U``) for the local anchors; the
 plug-in weights use the global normaliser, from the local log-densities gathered with gradient.
 Metrics: ``entropy`` (mean_a H_a) and ``reconstruction`` (Rec).

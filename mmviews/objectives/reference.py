@@ -537,7 +537,8 @@ def unified_reference(
             return alpha
         return torch.clamp(alpha**tau_dec / phi_dec + 1, min=0)
 
-    exponents = [torch.zeros((), dtype=torch.float64)]
+    first = next(iter((*pos, *neg)), None)  # the zero goes where the scores are (stacked with them)
+    exponents = [torch.zeros((), dtype=torch.float64, device=None if first is None else first.device)]
     for sp in pos:
         alpha_p = weight(torch.clamp(1 + delta - sp, min=0))
         for sn in neg:

@@ -40,8 +40,8 @@ class RunParts:
     datasets: dict[str, Any]
     view_spec: ViewSpec
     collator: EpochCollator  # the training collator; set_epoch reaches persistent workers too
-    sampler: GlobalBatchSampler
-    train_loader: DataLoader
+    sampler: GlobalBatchSampler  # the StreamLoader itself in a streamed run (data.streaming)
+    train_loader: DataLoader  # or a mmviews.data.streaming.StreamLoader
     eval_loaders: dict[str, DataLoader | None]
     encoder: nn.Module
     objective: MultiViewObjective
@@ -77,6 +77,21 @@ def build_objective(config: TrainConfig, num_views: int, source: str = "recipe",
         raise ConfigError(f"{source}: key 'objective.ema_teacher': objective {name!r} takes no teacher "
                           "embeddings (its loss has no 'teacher' argument)")
     return objective
+
+
+def stream_loader(dataset: Any, K: int, num_processes: int, collator: Any, config: TrainConfig) -> Any:
+    """The training :class:`~mmviews.data.streaming.StreamLoader` of this process (K / N rows per batch)."""
+    from accelerate import PartialState
+
+    from mmviews.data.streaming import StreamLoader
+
+    rank = PartialState(cpu=config.cpu).process_index if num_processes > 1 else 0
+    try:
+        return StreamLoader(dataset, K // num_processes, collator, seed=config.seed, shuffle_buffer=config.data.shuffle_buffer,
+                            rank=rank, world=num_processes, num_workers=config.data.num_workers,
+                            pin_memory=pin_memory_default(config.cpu))
+    except ValueError as error:
+        raise ConfigError(f"key 'data.batch_size': {error}") from error
 
 
 def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe", *,
@@ -129,8 +144,14 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
     # EpochCollator; batches are pinned when training on CUDA so that the trainer's copy to
     # the device (non_blocking) overlaps with the previous step's kernels.
     collator = EpochCollator(collator)
-    train_loader = DataLoader(train_dataset, batch_sampler=batches, collate_fn=collator, generator=generator,
-                              **loader_options(d.num_workers, pin_memory=pin_memory_default(config.cpu)))
+    if getattr(train_dataset, "streamed", False):
+        # Parquet shards read through datasets' IterableDataset (mmviews.data.streaming): each process
+        # draws its own K / N rows per batch; the loader also takes the sampler's set_epoch.
+        train_loader = stream_loader(train_dataset, sampler.K, num_processes, collator, config)
+        batches = train_loader
+    else:
+        train_loader = DataLoader(train_dataset, batch_sampler=batches, collate_fn=collator, generator=generator,
+                                  **loader_options(d.num_workers, pin_memory=pin_memory_default(config.cpu)))
     set_seed(config.seed)  # identical initial weights on every process and every run
     encoder = build_encoder(config, source)
     return RunParts(config, {"train": train_dataset}, spec, collator, batches, train_loader, loaders,

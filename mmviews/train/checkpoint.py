@@ -100,13 +100,22 @@ class TrainState:
     batch_in_epoch: int = 0
     step: int = 0
     samples: int = 0
+    # A streamed run's loader (mmviews.data.streaming.StreamLoader): its state_dict (JSON data) is
+    # saved as "stream"; a loaded one waits in stream_state for the trainer to hand it back.
+    stream: Any = None
+    stream_state: dict[str, Any] | None = None
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step, "samples": self.samples}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
+                                 "samples": self.samples}
+        if self.stream is not None:
+            state["stream"] = self.stream.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
         self.step, self.samples = int(state["step"]), int(state.get("samples", 0))
+        self.stream_state = state.get("stream")
 
 
 def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool, overwrite: bool = False) -> None:
@@ -180,9 +189,41 @@ def _read_rng_states(path: Path, records: dict[str, Any] | None, on_cuda: bool) 
             raise ValueError(f"torch_manual_seed is not a torch RNG state ({type(torch_state).__name__})")
         if on_cuda and "torch_cuda_manual_seed" not in states:
             raise KeyError("torch_cuda_manual_seed (the checkpoint was not written on a GPU)")
+        if "torch_cuda_manual_seed" in states:
+            _check_cuda_rng_states(states["torch_cuda_manual_seed"])
     except (KeyError, TypeError, ValueError) as error:
         raise CorruptFileError(f"{path}: not Accelerate's RNG states ({type(error).__name__}: {error})") from None
     return states
+
+
+def _check_cuda_rng_states(cuda_states: Any) -> None:
+    """``torch_cuda_manual_seed``: a non-empty list of CUDA RNG states (1-D uint8 tensors of one
+    size), one per device visible to the process that saved it; ``ValueError`` otherwise."""
+    if not isinstance(cuda_states, (list, tuple)) or not cuda_states:
+        raise ValueError(f"torch_cuda_manual_seed is not a list of CUDA RNG states ({type(cuda_states).__name__})")
+    for i, state in enumerate(cuda_states):
+        if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1
+                and state.shape == cuda_states[0].shape and state.numel() > 0):
+            what = f"{state.dtype} {tuple(state.shape)}" if isinstance(state, torch.Tensor) else type(state).__name__
+            raise ValueError(f"torch_cuda_manual_seed[{i}] is not a CUDA RNG state like the others ({what})")
+
+
+def cuda_rng_state_for_device(cuda_states: list[torch.Tensor], visible_devices: int, current_device: int,
+                              local_process_index: int) -> torch.Tensor | None:
+    """The saved CUDA RNG state that this process's device (``current_device``) continues with:
+    a process draws only on its own device, so only that generator is restored. Accelerate saves
+    one state per device visible to the saving process: with as many visible now, the state of
+    the same device index; with a single state, that one; else (e.g. saved with 8 devices
+    visible to each process, resumed with one each) the state of the device the process with
+    this local index used, index ``local_process_index``. None: no CUDA device here, or no saved
+    state for this process."""
+    if visible_devices == 0:
+        return None
+    if len(cuda_states) == visible_devices:
+        return cuda_states[current_device]
+    if len(cuda_states) == 1:
+        return cuda_states[0]
+    return cuda_states[local_process_index] if local_process_index < len(cuda_states) else None
 
 
 def _restore_rng(states: dict[str, Any], accelerator: Any) -> None:
@@ -190,7 +231,15 @@ def _restore_rng(states: dict[str, Any], accelerator: Any) -> None:
     np.random.set_state(states["numpy_random_seed"])
     torch.set_rng_state(states["torch_manual_seed"])
     if torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
-        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+        saved = states["torch_cuda_manual_seed"]
+        state = cuda_rng_state_for_device(saved, torch.cuda.device_count(), torch.cuda.current_device(),
+                                          accelerator.local_process_index)
+        if state is None:
+            warnings.warn(f"the checkpoint holds {len(saved)} CUDA RNG state(s), none for local process "
+                          f"{accelerator.local_process_index}: its CUDA generator starts afresh; the resumed run "
+                          "will not reproduce an uninterrupted run exactly", ReproducibilityWarning, stacklevel=2)
+        else:
+            torch.cuda.set_rng_state(state)  # the current device's generator
     if isinstance(states.get("step"), int):
         accelerator.step = states["step"]  # Accelerate's own save counter, as its load_state sets it
 
@@ -255,12 +304,16 @@ def load_checkpoint(checkpoint: Path, accelerator: Any, state: TrainState, objec
     state.load_state_dict(info)
 
 
-def _to_device(value: Any, device: torch.device) -> Any:
-    """Tensors of a nested state (loaded on CPU, memory-mapped) copied to ``device``."""
+def _to_device(value: Any, device: torch.device, key: Any = None) -> Any:
+    """Tensors of a nested state (loaded on CPU, memory-mapped) copied to ``device``, except the
+    step counters of optimiser states (0-dim ``"step"`` entries, e.g. IPMC's critic optimiser),
+    copied on the CPU: torch.optim keeps them there (unless ``capturable``/``fused``, which
+    its ``load_state_dict`` moves itself) and reads them with ``.item()`` at every step, a
+    device synchronisation per parameter if they lived on the accelerator."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, copy=True)
+        return value.to("cpu" if key == "step" and value.dim() == 0 else device, copy=True)
     if isinstance(value, dict):
-        return type(value)((k, _to_device(v, device)) for k, v in value.items())
+        return type(value)((k, _to_device(v, device, k)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, device) for v in value)
     return value

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmviews.config import ConfigError, TrainConfig
+from mmviews.eval.health import LiveHealth, run_warnings
 from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
@@ -165,6 +166,7 @@ class StepLogger:
         self.started = started
         self.last_time = time.perf_counter()
         self.last_loss = float("nan")  # loss of the last logged step
+        self.health = LiveHealth(total_steps)  # collapse / chance-level warnings, printed once each
         if self.csv is not None and self.csv.last_loss is not None:
             self.last_loss = self.csv.last_loss  # resumed at the end: no step left to log
 
@@ -193,6 +195,8 @@ class StepLogger:
             row["time_s"] = now - self.started
             if self.csv is not None:
                 self.csv.log(row)
+                for message in self.health.check(row):
+                    tqdm.write(f"warning: {message}")
             if self.trackers:
                 self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
             self.bar.set_postfix(loss=f"{self.last_loss:.4f}")
@@ -257,9 +261,24 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def read_training_log(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.csv`` (empty when there is none or it cannot be read)."""
+    try:
+        with path.open(newline="") as f:
+            return [dict(row) for row in csv.DictReader(f)]
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return []
+
+
 def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
     """``results.json`` and ``report.md``: the run summary and, per metric, trained vs
-    randomly initialised encoder. The JSON is strict (no NaN; see :func:`finalise_summary`)."""
+    randomly initialised encoder. The JSON is strict (no NaN; see :func:`finalise_summary`).
+
+    Adds ``summary["warnings"]`` (to the dict given, so the caller can print them): the
+    collapse, chance-level and below-random-init checks of :mod:`mmviews.eval.health` on the
+    training log and the evaluation; the report lists them first."""
+    summary["warnings"] = run_warnings(read_training_log(run_dir / LOG_FILE), summary.get("eval"),
+                                       summary.get("eval_random"))
     summary = finalise_summary(summary)
     atomic_write_text(run_dir / RESULTS_FILE, json.dumps(summary, indent=2, default=str, allow_nan=False))
     lines = [f"# Run report: {summary['name']}", "",
@@ -269,11 +288,13 @@ def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
              f"- wall time: {summary['wall_time_s']:.1f} s on {summary['num_processes']} process(es), {summary['device']}",
              *([f"- status: **failed**: {summary['reason']}"] if summary["status"] == "failed" else []),
              ""]
+    if summary["warnings"]:
+        lines += ["## Warnings: did it learn?", "", *(f"- {message}" for message in summary["warnings"]), ""]
     trained, random_ = summary["eval"], summary["eval_random"] or {}
     if trained:
         lines += ["| metric | trained | random init | trained - random |", "|---|---|---|---|"]
         for key in sorted(trained):
-            if "weight_decay" in key or not key.startswith(("test/", "val/")):
+            if "weight_decay" in key or key.endswith("/n") or not key.startswith(("test/", "val/")):
                 continue
             t = trained[key]
             r = random_.get(key)

@@ -9,9 +9,12 @@ Accelerate example loop, a contrastive trainer needs:
    across all processes (``split_batches=True``): each of N processes encodes K/N samples
    and the objective gathers the embeddings, so the loss and the gradients are those of one
    process on the K samples (up to float rounding). BatchNorm layers are converted to
-   SyncBatchNorm on GPUs when N > 1; on CPU (gloo) torch has no SyncBatchNorm, so there
-   BatchNorm statistics are per process (use heads without BatchNorm to match one process
-   exactly).
+   SyncBatchNorm on GPUs when N > 1 (every process joins every collective, also with no or one
+   present view of a modality: :meth:`~mmviews.modalities.Adapter.embed_present`); on CPU (gloo)
+   torch has no SyncBatchNorm, so there BatchNorm statistics are per process (use heads without
+   BatchNorm to match one process exactly). ``distributed.timeout_s`` is the process group's
+   timeout and ``deterministic`` turns on deterministic algorithms
+   (:mod:`mmviews.train.distributed`).
 2. **Gradient accumulation** (``optimisation.grad_accum_steps``) sums gradients over
    micro-batches. It does NOT add negatives: each micro-batch's loss only contrasts the K
    samples of that micro-batch.
@@ -33,9 +36,11 @@ Accelerate example loop, a contrastive trainer needs:
 4. **Checkpoints you can kill** (:mod:`mmviews.train.checkpoint`): written to a temporary
    folder and renamed when complete. ``--resume`` restores everything and skips the batches
    of the current epoch already done (``accelerator.skip_first_batches``): the final weights
-   equal those of an uninterrupted run. SIGINT (Ctrl-C) and SIGTERM finish the current step,
-   write a checkpoint and raise ``TrainingInterrupted`` (:mod:`mmviews.train.interrupt`; every
-   process stops at the same step, agreed without a device synchronisation).
+   equal those of an uninterrupted run (on CUDA bitwise only with ``deterministic: true``). A streamed run (``data.streaming``) is not prepared by
+   Accelerate: each process reads its own shards, and its loader position is checkpointed as
+   data and replayed (:mod:`mmviews.data.streaming`). SIGINT (Ctrl-C) and SIGTERM finish the
+   current step, write a checkpoint and raise ``TrainingInterrupted`` (:mod:`mmviews.train.interrupt`;
+   every process stops at the same step, agreed without a device synchronisation).
 
 5. **No host synchronisation between log steps.** Nothing in the step reads a device value
    back: the objective's own input checks are off (``check_inputs = False``), a non-finite
@@ -46,7 +51,8 @@ Accelerate example loop, a contrastive trainer needs:
    batch where it is collated, on host tensors (:class:`HostPreparedCollate`; a bad input stops
    the run there, naming the modality), and batches are copied with ``non_blocking=True`` from
    pinned memory (on CUDA) by persistent loader workers. ``mmviews bench train`` measures the
-   step.
+   step. Two settings do read back: fp16's GradScaler (once per step; bf16 needs none) and
+   SyncBatchNorm (once per layer); ``bench train --sync-debug`` names the cause of each read.
 
 The run folder's layout is described in :mod:`mmviews.run`. ``callback``
 (:class:`~mmviews.train.callbacks.TrainCallback`) is called after every optimiser step and
@@ -73,6 +79,7 @@ from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_ru
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
+from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
@@ -137,7 +144,8 @@ def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any
         dataloader_config=DataLoaderConfiguration(split_batches=True, non_blocking=True),
         log_with=trackers or None,  # output.trackers; metrics.csv is written by StepLogger regardless
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / TRACKERS_DIR)),
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)],
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
+                         process_group_kwargs(config)],  # distributed.timeout_s
     )
 
 
@@ -171,12 +179,17 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     loader = parts.train_loader
     if not isinstance(loader.collate_fn, HostPreparedCollate):
         loader.collate_fn = HostPreparedCollate(loader.collate_fn, parts.encoder.host_preparation())
-    teacher = EMATeacher(encoder, config.objective.teacher_momentum) if uses_teacher(config, objective) else None
-    model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, parts.train_loader, scheduler)
+    teacher = (EMATeacher(encoder, config.objective.teacher_momentum, autocast=accelerator.autocast)
+               if uses_teacher(config, objective) else None)
+    state = TrainState()
+    if getattr(loader, "streamed", False):  # each process reads its own rows (mmviews.data.streaming)
+        model, optimizer, scheduler = accelerator.prepare(encoder, optimizer, scheduler)
+        train_loader = state.stream = loader.to(accelerator.device)
+    else:
+        model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, loader, scheduler)
     # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:
     # Accelerate reads such objects back with full unpickling (code from the checkpoint could
     # run). They are saved as JSON and safetensors by mmviews.train.checkpoint instead.
-    state = TrainState()
     if teacher is not None:
         teacher.to(accelerator.device)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
@@ -249,6 +262,9 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     parts.sampler.set_epoch(epoch)
     parts.collator.set_epoch(epoch)
     parts.loader_generator.manual_seed(parts.config.seed * 1_000_003 + epoch)
+    if p.state.stream is not None:  # a streamed run skips the rows already trained on by itself
+        p.train_loader.skip_batches(p.state.batch_in_epoch)
+        return p.train_loader
     if p.state.batch_in_epoch == 0:
         return p.train_loader
     loader = p.accelerator.skip_first_batches(p.train_loader, p.state.batch_in_epoch)  # resuming mid-epoch
@@ -281,12 +297,11 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
            callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
            resume_ignore_rng: bool, reevaluate: bool) -> dict[str, Any]:
-    from accelerate import PartialState
-
     started = time.perf_counter()
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
-    parts = build_run(config, PartialState(cpu=config.cpu).num_processes, source)
+    configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
+    parts = build_run(config, process_state(config).num_processes, source)
     finished = None if checkpoint is None else read_finished_run(
         run_dir, checkpoint, _total_steps(config, len(parts.train_loader))[0], reevaluate)
     if finished is not None and not reevaluate:
@@ -303,6 +318,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     random_metrics: dict[str, float] | None = None
     if checkpoint is not None:
         load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng)
+        if state.stream is not None and state.stream_state is not None:
+            state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
         p.checked_step = state.step
         random_metrics = read_eval_metrics(run_dir / "eval_random")
     elif config.evaluation.random_baseline and config.evaluation.tasks:

@@ -17,25 +17,31 @@ similarities ``s`` of unit vectors, for each sample i with positive pool P_i and
 The paper finds that the plain weights make the loss settle too fast in a poor minimum; the
 attenuated weights lie in [1, 1 + alpha^tau / phi], so every pair keeps a weight of at least 1
 and the hardest pairs gain at most ``(1 + delta)^tau / phi`` over the easiest. ``scale``
-(default 1): the authors' code multiplies the loss by 16 after the division by gamma; it only
-matters for the balance with ``beta * L_DA`` and for gradient clipping.
+(default 16, as in the authors' code, which multiplies the loss by 16 after the division by
+gamma; the paper's eq. 11 has none): it only matters for the balance with ``beta * L_DA`` and
+for gradient clipping.
+
+Defaults: the measured best, the paper's values one parameter away. ``preset="measured"`` (the
+default) sets gamma 4, ``pools="direction"`` and scale 16; ``preset="paper"`` sets the paper's
+gamma 64, ``pools="sample"`` and scale 1. A value given explicitly wins over the preset. In a
+recipe: ``objective: {name: ipmc, params: {preset: paper}}``.
 
 Choosing gamma. With cosine similarities, ``gamma * alpha`` is an inverse temperature: the
-default gamma 64 (the paper's best, on CIFAR with AlexNet encoders) is a temperature of about
+paper's gamma 64 (its best, on CIFAR with AlexNet encoders) is a temperature of about
 1/64 per unit weight, so each pool's log-sum-exp rests on its few hardest negatives. Where many
 negatives share the anchor's class (cross-modal views that share only a few classes), those are
 same-class samples and the loss pushes them apart. On mmviews' synthetic four-modality data
 (``recipes/reproduce/ipmc_ablation.py``) gamma 4 with the attenuated weights and
-``pools="direction"`` trained best; gamma 16-64 ended below the untrained encoder. Start there
-(or near the temperature of an InfoNCE objective that works on your data: gamma ~ 1 / temperature)
-rather than at 64.
+``pools="direction"`` trained best; gamma 16-64 ended below the untrained encoder. Hence the
+default; on other data, a gamma near 1 / the temperature of an InfoNCE objective that works
+there is a good start.
 
-Set tier, pools (``pools="sample"``, the default): P_i = the cross-view pairs of sample i,
+Set tier, pools (``pools="sample"``, the paper's layout): P_i = the cross-view pairs of sample i,
 ``(u[i,a], u[i,b])`` for ordered ``a != b`` (each similarity twice, as in the authors' code);
 N_i = the cross-view pairs with the candidates ``(u[i,a], v[j,b])``, ordered ``a != b``,
 ``j != i``. This is the authors' layout: their code builds, for each direction a -> b, a row
 per anchor (1 positive and the negatives) and concatenates the directions along the pool
-axis, i.e. one pool per sample over all directions. ``pools="direction"`` keeps the
+axis, i.e. one pool per sample over all directions. ``pools="direction"`` (the default) keeps the
 directions apart instead: one row per ``(i, a, b)``, P = {(u[i,a], u[i,b])}, N = {(u[i,a],
 v[j,b]) : j != i}, and the unified loss is the mean over the K M (M - 1) rows. Candidates are the batch
 (every rank's, gathered with gradient) or, with ``memory_bank_size > 0``, ``bank_negatives``

@@ -6,6 +6,8 @@ Shapes: the bank holds ``[size, M, d]`` unit vectors, one row per dataset index;
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,6 +46,7 @@ class MemoryBank(nn.Module):
         self.register_buffer("embeddings", torch.zeros(size, num_views, dim))
         self.register_buffer("filled", torch.zeros(size, dtype=torch.bool))
         self._full = False  # host-side: every row filled (set by note_if_full, outside the step)
+        self._has_entries = False  # host-side: some row filled (set by update, known from its shape)
 
     @property
     def size(self) -> int:
@@ -56,25 +59,52 @@ class MemoryBank(nn.Module):
         index = index.to(device=self.embeddings.device, dtype=torch.long)
         self.embeddings[index] = F.normalize(u.detach().to(self.embeddings), dim=-1)
         self.filled[index] = True
+        self._has_entries = self._has_entries or index.numel() > 0
+
+    def has_entries(self) -> bool:
+        """Whether some row is filled; known on the host (no read of ``filled``)."""
+        return self._has_entries
 
     def note_if_full(self) -> None:
         """Read once (e.g. at an epoch's end) whether every row is filled; from then on
-        :meth:`sample` draws from all rows without ``nonzero`` (a host synchronisation), with
-        the same result."""
+        :meth:`sample` draws from all rows without the validity mask, with the same result."""
         self._full = bool(self.filled.all())
 
-    def _load_from_state_dict(self, *args, **kwargs) -> None:  # a loaded bank may be partly empty
-        self._full = False
-        super()._load_from_state_dict(*args, **kwargs)
+    # The host flag _full is saved as "<prefix>known_full" (a 0-dim bool): sampling draws
+    # differently once it is set, so a resumed run needs it as the uninterrupted one had it.
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "known_full"] = torch.tensor(self._full)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        known_full = state_dict.get(prefix + "known_full")
+        rest = {k: v for k, v in state_dict.items() if k != prefix + "known_full"}
+        super()._load_from_state_dict(rest, prefix, *args, **kwargs)
+        # read here, when a checkpoint is loaded, rather than in a training step; a state from
+        # before "known_full" gives False (sampling then reads nothing either)
+        self._full = bool(known_full) if known_full is not None else False
+        self._has_entries = bool(self.filled.any())
 
     @torch.no_grad()
-    def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(indices [C], embeddings [C, M, d])``: ``count`` filled entries drawn without
-        replacement (all filled entries when ``count <= 0`` or fewer are filled)."""
-        if self._full:  # the same indices as nonzero() would give, without its host read
-            filled = torch.arange(self.size, device=self.filled.device)
-        else:
-            filled = self.filled.nonzero().squeeze(1)
-        if 0 < count < filled.numel():
-            filled = filled[torch.randperm(filled.numel(), device=filled.device)[:count]]
-        return filled, self.embeddings[filled]
+    def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(indices [C], embeddings [C, M, d], valid [C] bool or None)``: ``count`` rows drawn
+        without replacement (every row when ``count <= 0`` or ``count >= size``), filled rows
+        first. ``valid`` marks the filled ones; None when the bank is known to be full
+        (:meth:`note_if_full`), i.e. every row is.
+
+        The number of rows drawn never depends on how many are filled: drawing among the filled
+        rows only (``filled.nonzero()``) would make the output size depend on values, a host
+        synchronisation at every step until the bank is full, forever when the bank is larger
+        than the dataset. Unfilled rows drawn when fewer than ``count`` are filled are marked
+        invalid, and the loss leaves them out."""
+        size = self.size
+        c = size if count <= 0 else min(count, size)
+        device = self.filled.device
+        if self._full:
+            rows = torch.arange(size, device=device) if c == size else torch.randperm(size, device=device)[:c]
+            return rows, self.embeddings[rows], None
+        # random keys in [0, 1) for filled rows and [1, 2) for empty ones: the c smallest are a
+        # uniform draw among the filled rows, completed with empty ones when too few are filled
+        keys = torch.rand(size, device=device) + (~self.filled).to(torch.float32)
+        rows = keys.topk(c, largest=False, sorted=False).indices if c < size else torch.arange(size, device=device)
+        return rows, self.embeddings[rows], self.filled[rows]

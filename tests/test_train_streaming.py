@@ -1,0 +1,190 @@
+"""Streamed training from Parquet shards (data.streaming: true): epochs of a known length, a run
+killed mid-epoch and resumed ends with the uninterrupted run's weights, two gloo processes draw
+disjoint rows covering the epoch, evaluation of streamed splits, damaged shards."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_data_pickle import mmsa_split
+from test_data_shards import as_list, prepare
+from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when, _last_step
+from test_train_utils import REPO, env, load_weights, run_train, write_recipe
+
+from mmviews.data import build_dataset
+from mmviews.data.streaming import StreamLoader
+
+ROWS = 48  # train rows: 4 shards of 12
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("mosi")
+    pkl = folder / "mosi.pkl"
+    with open(pkl, "wb") as f:
+        pickle.dump({"train": mmsa_split(ROWS), "valid": mmsa_split(10), "test": mmsa_split(12)}, f, protocol=4)
+    r = prepare("mosi", str(pkl), "--format", "parquet", "--shard-rows", "12", "--output", str(folder / "shards"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return folder / "shards"
+
+
+def recipe(shards: Path, **data: object) -> dict:
+    def seq(dim: int) -> dict:
+        return {"type": "feature_sequence", "input_dim": dim, "width": 16, "num_layers": 1, "num_heads": 2,
+                "dropout": 0.1, "head": {"kind": "linear"}}
+
+    return {
+        "name": "streamed", "seed": 0, "cpu": True,
+        "data": {"name": "hf", "root": str(shards), "streaming": True, "shuffle_buffer": 16, "batch_size": 8,
+                 "eval_batch_size": 7, "val_split": "valid", "test_split": "test", **data},
+        "views": [{"modality": "text"}, {"modality": "audio"}, {"modality": "vision"}],
+        "encoder": {"embed_dim": 8},
+        "adapters": {"text": seq(768), "audio": seq(5), "vision": seq(20)},
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
+        "optimisation": {"optimizer": "adamw", "lr": 3e-3, "epochs": 2, "warmup_steps": 1, "max_grad_norm": 5.0},
+        "evaluation": {"tasks": [], "random_baseline": False},
+        "output": {"log_every": 1, "checkpoint_every": 3, "keep_last": 3, "progress_bar": False},
+    }
+
+
+def test_epochs_and_shuffling_are_reproducible(shards):
+    stream = build_dataset("hf", root=str(shards), split="train", streaming=True)
+    assert len(stream.shards.files) == 4 and len(stream) == ROWS
+
+    def epoch(e: int, workers: int = 0) -> list[int]:
+        loader = StreamLoader(stream, 8, as_list, seed=5, shuffle_buffer=16, num_workers=workers)
+        loader.set_epoch(e)
+        return [s["index"] for b in loader for s in b]
+
+    assert len(StreamLoader(stream, 8, as_list)) == ROWS // 8
+    e0, e1 = epoch(0), epoch(1)
+    assert sorted(e0) == sorted(e1) == list(range(ROWS))  # every row once per epoch
+    assert e0 != e1 and e0 != sorted(e0)  # shuffled, differently each epoch
+    assert epoch(0) == e0 and epoch(1, workers=2) == e1  # the same order again, whatever the workers
+
+
+def test_loader_state_resumes_the_same_batches(shards):
+    """The position saved mid-epoch (JSON) gives the rest of the epoch's batches, shuffle buffer included."""
+    stream = build_dataset("hf", root=str(shards), split="train", streaming=True)
+    first = StreamLoader(stream, 8, as_list, seed=2, shuffle_buffer=16)
+    first.set_epoch(1)
+    full, state = [], None
+    for k, batch in enumerate(first):
+        full.append([s["index"] for s in batch])
+        if k == 2:
+            state = json.loads(json.dumps(first.state_dict()))
+    assert state["batches"] == 3 and state["rows"] == 24 and state["epoch"] == 1 and state["datasets_state"]
+    again = StreamLoader(stream, 8, as_list, seed=2, shuffle_buffer=16)
+    again.load_state_dict(state)
+    assert [[s["index"] for s in b] for b in again] == full[3:]
+    other = StreamLoader(stream, 8, as_list, seed=3, shuffle_buffer=16)
+    with pytest.raises(ValueError, match="seed changed"):
+        other.load_state_dict(state)
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory) -> tuple[Path, Path]:
+    """An uninterrupted streamed run (2 epochs of 6 steps) that also evaluates its streamed splits."""
+    folder = tmp_path_factory.mktemp("ref")
+    raw = recipe(shards)
+    raw["evaluation"] = {"tasks": ["msa:mosi"], "random_baseline": False}
+    path = write_recipe(folder / "r.yaml", raw)
+    ref = run_train(str(path), "--output", str(folder / "run"), timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return path, folder / "run"
+
+
+def test_streamed_run_evaluates_its_streamed_splits(reference):
+    summary = json.loads((reference[1] / "results.json").read_text())
+    assert summary["steps"] == 2 * ROWS // 8 and summary["epochs"] == 2 and summary["samples_seen"] == 2 * ROWS
+    assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
+
+
+def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, tmp_path):
+    path, ref = reference
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(SLOW_TRAIN), "--step-sleep", "0.4", "--", str(path), "--output", str(run),
+                             "--set", "evaluation.at_end=false"],
+                            env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _kill_when(proc, lambda: _last_step(run / "metrics.csv") >= 4)  # checkpoint-3: mid-epoch 0 (6 batches)
+    checkpoint = run / "checkpoints" / "checkpoint-00000003"
+    state = json.loads((checkpoint / "train_state.json").read_text())
+    assert state["batch_in_epoch"] == 3 and state["stream"]["batches"] == 3 and state["stream"]["rows"] == 24
+    assert state["stream"]["shards"] == [f"train-{i:05d}.parquet" for i in range(4)]
+    resumed = run_train(str(path), "--output", str(run), "--resume", str(checkpoint), "--set", "evaluation.at_end=false",
+                        timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+WORKER = """
+import json, sys, torch.distributed as dist
+from accelerate import PartialState
+from mmviews.config import load_config
+from mmviews.train.build import build_run
+state = PartialState(cpu=True)
+results = []
+for recipe in sys.argv[1:]:
+    parts = build_run(load_config(recipe), state.num_processes, with_eval=False)
+    parts.train_loader.set_epoch(1)
+    seen = [b.index.tolist() for b in parts.train_loader]
+    out = [None] * state.num_processes
+    dist.all_gather_object(out, {"rank": state.process_index, "batches": seen, "len": len(parts.train_loader)})
+    results.append(out)
+if state.is_main_process:
+    print("RESULT" + json.dumps(results))
+"""
+
+
+def test_two_gloo_processes_draw_disjoint_rows(shards, tmp_path):
+    """4 shards of 12 rows: each process reads 2 shards, the epoch covers every row once. 3 shards of
+    16 (not a multiple of 2 processes): every process reads every shard and keeps one row in two,
+    floor(48 / 2) = 24 rows each: the epoch covers every row once too."""
+    three = tmp_path / "shards3"
+    r = prepare("mosi", str(shards.parent / "mosi.pkl"), "--format", "parquet", "--shard-rows", "16",
+                "--output", str(three), "--splits", "train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    recipes = [str(write_recipe(tmp_path / f"r{k}.yaml", recipe(folder, val_split=None, test_split=None)))
+               for k, folder in enumerate((shards, three))]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+                str(script), *recipes]
+    r = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
+    assert r.returncode == 0, r.stderr[-4000:]
+    for out in json.loads(r.stdout.split("RESULT", 1)[1]):
+        rows = [sorted(i for b in o["batches"] for i in b) for o in out]
+        assert out[0]["len"] == out[1]["len"] == len(out[0]["batches"]) == len(out[1]["batches"]) == 6  # same steps
+        assert all(len(b) == 4 for o in out for b in o["batches"])  # K / N rows per process
+        assert not set(rows[0]) & set(rows[1])
+        assert sorted(rows[0] + rows[1]) == list(range(ROWS))
+
+
+def test_damaged_shard_named_or_skipped(shards, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(shards, folder)
+    bad = folder / "train" / "train-00002.parquet"
+    bad.write_bytes(bad.read_bytes()[:100])  # truncated: no footer
+    with pytest.raises(ValueError) as info:
+        build_dataset("hf", root=str(folder), split="train", streaming=True)
+    message = str(info.value)
+    assert str(bad) in message and "\n" not in message and "on_error: skip" in message
+    with pytest.warns(UserWarning, match="train-00002.parquet"):
+        stream = build_dataset("hf", root=str(folder), split="train", streaming=True, on_error="skip")
+    assert stream.num_skipped_shards == 1 and len(stream) == ROWS - 12
+    seen = [s["index"] for b in StreamLoader(stream, 4, as_list, drop_last=False) for s in b]
+    assert sorted(seen) == [i for i in range(ROWS) if not 24 <= i < 36]
