@@ -94,10 +94,13 @@ class OptimisationConfig:
     ``lr`` is the learning rate of the projection heads (and of the whole model when
     ``backbone_lr`` is None). ``epochs`` bounds the run; ``max_steps`` (optimiser steps), when
     set, stops it earlier. Warm-up is ``warmup_steps`` plus ``warmup_epochs`` worth of steps.
-    ``grad_accum_steps`` > 1 sums gradients of several micro-batches before a step: it
+    ``grad_accum_steps`` = n > 1 averages the gradients of n micro-batches before a step
+    (each micro-batch's loss is divided by n; a shorter last window of an epoch is not
+    rescaled, so its step is k/n of the average of its k micro-batches): it
     enlarges the effective batch for the optimiser but NOT the set of negatives, which
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
-    decompose over micro-batches).
+    decompose over micro-batches). ``sample_keyed_dropout``: see
+    :mod:`mmviews.modalities.dropout`.
     """
 
     optimizer: Literal["adamw", "sgd", "lars"] = "adamw"
@@ -114,6 +117,10 @@ class OptimisationConfig:
     warmup_epochs: float = 0.0
     schedule: Literal["cosine", "constant"] = "cosine"
     grad_accum_steps: int = 1
+    # Dropout masks keyed by (seed, micro-batch, sample, view, layer) instead of drawn from the
+    # global RNG: the same masks however a batch is chunked or split between processes
+    # (mmviews.modalities.dropout); a random layer that cannot be keyed stops the run at setup.
+    sample_keyed_dropout: bool = False
     max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
 

@@ -124,6 +124,44 @@ def local_slice(rank: int) -> slice:
     return slice(rank * K_LOCAL, (rank + 1) * K_LOCAL)
 
 
+# IPMC with every stateful part on (memory bank, view filter after a 1-epoch warm-up, Wasserstein
+# critic with beta > 0), over IPMC_STEPS steps of a 2-step epoch on a dataset of IPMC_DATASET
+# samples. gp_weight = 0 and bank_negatives = 0 (the whole bank) leave out the two random draws
+# (the gradient penalty's interpolates and the bank's subsample): with them the replicas draw
+# other numbers than one process would, and the runs agree only in distribution.
+IPMC_STATEFUL = {"beta": 0.5, "memory_bank_size": 16, "bank_negatives": 0, "view_filter_k": 1, "warmup_epochs": 1,
+                 "eta": 2, "dataset_size": 16, "critic_steps": 2, "critic_hidden": 8, "gp_weight": 0.0,
+                 "critic_lr": 0.05, "gamma": 4.0}
+IPMC_STEPS = 5
+IPMC_DATASET = 16
+
+
+def ipmc_sequence(rank: int | None) -> list[dict[str, torch.Tensor]]:
+    """The trainer's calls on a stateful IPMC over IPMC_STEPS steps (critic step, loss, backward,
+    on_step_end; on_epoch_end every 2 steps): per step the loss, the gradient w.r.t. this
+    process's embeddings and the metrics. ``rank`` None: one process on the whole batches;
+    else this rank's slice of them, under the running process group."""
+    objective = build_objective("ipmc", IPMC_STATEFUL)
+    part = slice(None) if rank is None else local_slice(rank)
+    out = []
+    for step in range(IPMC_STEPS):
+        generator = torch.Generator().manual_seed(400 + step)
+        batch = torch.randn(WORLD * K_LOCAL, M, D, generator=generator, dtype=torch.float64)
+        # 2 steps per epoch: batch b of the epoch holds dataset samples 8b .. 8b + 7, in an order that changes
+        first = (step % 2) * WORLD * K_LOCAL
+        index = first + torch.randperm(WORLD * K_LOCAL, generator=generator)
+        z = batch[part].clone().requires_grad_(True)
+        critic = objective.critic_step(z.detach())
+        result = objective.compute(z, None, index=index[part])
+        result.loss.backward()
+        objective.on_step_end(z.detach(), index[part])
+        if step % 2 == 1:
+            objective.on_epoch_end(step // 2)
+        out.append({"loss": result.loss.detach(), "grad": z.grad.detach(),
+                    **{k: v.detach() for k, v in {**critic, **result.metrics}.items()}})
+    return out
+
+
 def run_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -155,6 +193,11 @@ def run_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
             }
         except Exception:  # reported per objective by the test
             results[f"{key}|error"] = traceback.format_exc()
+
+    try:
+        results["ipmc_stateful"] = ipmc_sequence(rank)
+    except Exception:
+        results["ipmc_stateful|error"] = traceback.format_exc()
 
     # Ranks with different K: a clear ValueError on every rank (no hang, no silent mis-slicing).
     try:

@@ -48,8 +48,16 @@ def test_json_has_every_objective_with_finite_numbers(result):
             )
         else:
             assert row["reference"] is None and row["speedup_vs_reference"] is None, name
+        # Each target of TARGETS is reported with the row's value and the verdict of its bound
+        # (speedups must reach it, ratios to the floor must stay under it).
+        assert [(t["metric"], t["bound"]) for t in row["targets"]] == list(bench.TARGETS.get(name, [])), name
         for target in row["targets"]:
-            assert target["ok"] in (True, False), (name, target)
+            value, bound = row[target["metric"]], target["bound"]
+            assert target["value"] == value, (name, target)
+            if value is None:
+                assert target["ok"] is None, (name, target)
+            else:
+                assert target["ok"] is (value >= bound if target["metric"] == "speedup_vs_reference" else value <= bound)
     # simclr needs two views: it runs on the first two, against a floor of that size
     assert result["objectives"]["simclr"]["M"] == 2 and "floor@M=2" in result["floors"]
 

@@ -32,7 +32,7 @@ def test_a_split_named_by_two_keys_names_both(capsys: pytest.CaptureFixture[str]
 
 def test_a_datasets_key_error_keeps_its_type_and_gains_the_key(tmp_path: Path) -> None:
     """hf datasets report a missing split as a KeyError; callers that catch it still can."""
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a declared dependency: its absence is a failure, not a skip
     root = tmp_path / "disk"
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"x": [[0.0, 1.0]] * 4})}).save_to_disk(str(root))
     data = DataConfig(name="hf", root=str(root), options={"columns": {"x": "x"}}, val_split="dev")

@@ -166,15 +166,24 @@ def test_store_jpeg_and_resize(tmp_path, monkeypatch):
 
 
 _KILL_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
+    from pathlib import Path
     from mmviews.data.video_store import prepare_video_store
 
-    def slow_commit(rel):  # runs in the worker before each finished clip is renamed into place
-        time.sleep(0.7)
+    def hold_commit(rel):  # runs in the worker before each finished clip is renamed into place
+        # The first clip to get here (an atomic claim across the worker processes) is committed;
+        # every later one announces itself with a marker and waits to be killed, uncommitted.
+        markers = Path(sys.argv[3])
+        try:
+            os.close(os.open(markers / "first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return
+        except FileExistsError:
+            (markers / ("holding-" + rel.replace("/", "_"))).write_text(rel)
+            time.sleep(600)
 
     if __name__ == "__main__":
         prepare_video_store(sys.argv[1], sys.argv[2], image_format="npy", size=0, workers=2, progress=False,
-                            before_commit=slow_commit)
+                            before_commit=hold_commit)
 """)
 
 
@@ -187,20 +196,23 @@ def test_prepare_resumes_after_sigkill(tmp_path):
     store = tmp_path / "store"
     script = tmp_path / "prepare_slowly.py"
     script.write_text(_KILL_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(store)], start_new_session=True,
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(root), str(store), str(markers)], start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
-        # wait for a finished clip and a clip being written (its worker sleeps in before_commit)
-        while not (_done_clips(store) and list(store.glob(f"clips/*/{TMP_PREFIX}*"))):
+        # wait until one clip is committed and another is written but held before its commit
+        # (markers from the worker, so the state does not depend on timing)
+        while not (_done_clips(store) and list(markers.glob("holding-*"))):
             assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "no clip finished in 120 s"
+            assert time.monotonic() < deadline, "no clip held before its commit in 120 s"
             time.sleep(0.02)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the prepare and its worker processes, mid-run
         proc.wait()
     done = _done_clips(store)
-    assert 1 <= len(done) < 6
+    assert len(done) == 1  # the held clips were never committed
     assert list(store.glob(f"clips/*/{TMP_PREFIX}*"))  # killed while writing the next clip(s)
     before = {d: ((d / CLIP_ENTRY).stat().st_mtime_ns, (d / "frames.npy").stat().st_ino) for d in done}
 

@@ -146,7 +146,11 @@ def test_vmf_kde_entropy_known_cases():
         for i in range(50)
     ])
     assert vmf_kde_entropy(x, kappa=kappa)["per_view"][1] == pytest.approx(ref, rel=1e-9)
-    assert vmf_kde_entropy(x, kappa=kappa)["mean"] < h["mean"] + 100  # finite, comparable
+    spread = vmf_kde_entropy(x, kappa=kappa)
+    assert spread["mean"] == pytest.approx(float(np.mean(spread["per_view"])), rel=1e-12)  # mean over views
+    # Each point's own kernel bounds its density from below (p(x_i) >= e^kappa C / n), so the
+    # estimate can exceed the collapsed one by at most log n.
+    assert all(h["mean"] < e <= h["mean"] + math.log(50) for e in spread["per_view"]), spread["per_view"]
     assert vmf_kde_entropy(x, kappa=kappa)["per_view"][1] > h["mean"]  # spread > collapsed
 
 

@@ -12,11 +12,12 @@ import shlex
 
 import torch
 import yaml
-from test_train_utils import load_weights, tiny_config, write_recipe
+from test_train_utils import tiny_config, write_recipe
 
 from mmviews.cli.train import add_arguments
 from mmviews.config import load_config, resolve_recipe
 from mmviews.modalities import MultiViewEncoder
+from mmviews.run import list_checkpoints
 from mmviews.train import train
 from mmviews.train.model_card import render_model_card, reproduce_command
 
@@ -69,12 +70,16 @@ def test_trained_encoder_folder_has_a_model_card(tmp_path):
     assert "--set objective.params.temperature=0.3" in command and "--set optimisation.lr=0.004" in command
     assert _command_config(command).to_dict() == load_config(run / "config.yaml").to_dict()
 
-    # Loading ignores the card: the saved weights come back as they are.
+    # Loading ignores the card: the weights training ended with come back as they are (those
+    # of the last checkpoint, written separately by Accelerate, read straight from its file).
+    from safetensors.torch import load_file
+
     loaded = MultiViewEncoder.from_pretrained(run / "encoder")
     assert set(loaded.adapters) == {"text"}
-    state = {f"{k.split('.', 2)[1]}/{k.split('.', 2)[2]}": v for k, v in loaded.state_dict().items()}
-    saved = load_weights(run / "encoder")
-    assert saved and all(torch.equal(state[k], v) for k, v in saved.items())
+    state = loaded.state_dict()
+    at_end = load_file(str(list_checkpoints(run)[-1] / "model.safetensors"))
+    assert at_end.keys() == state.keys()
+    assert all(torch.equal(state[k], v) for k, v in at_end.items())
 
 
 def test_command_names_shipped_recipes_and_falls_back_to_the_recipe():

@@ -84,6 +84,31 @@ def test_ddp_parameter_gradients_match_single_process(rank_results, key, name, p
     assert max(float(g.abs().max()) for g in expected) > 0
 
 
+def test_stateful_ipmc_matches_single_process_step_by_step(rank_results):
+    """IPMC with beta > 0 (critic), a memory bank and the view filter: over steps that fill the
+    bank, end the filter's warm-up and train the critic, every step's mean loss and input
+    gradients equal one process's on the whole batches (bank, filter history and critic stay
+    identical replicas)."""
+    _errors(rank_results, "ipmc_stateful")
+    # The critic holds float32 weights (its term is computed in float32): float32 rounding.
+    tolerance = dict(rtol=1e-5, atol=1e-7)
+    single = W.ipmc_sequence(None)
+    per_rank = [res["ipmc_stateful"] for res in rank_results]
+    for step, expected in enumerate(single):
+        got = [r[step] for r in per_rank]
+        torch.testing.assert_close(torch.stack([g["loss"] for g in got]).mean(), expected["loss"], **tolerance,
+                                   msg=lambda m, s=step: f"step {s}: loss: {m}")
+        torch.testing.assert_close(torch.cat([g["grad"] for g in got]), W.WORLD * expected["grad"], **tolerance,
+                                   msg=lambda m, s=step: f"step {s}: input gradient: {m}")
+        # The critic trained on the ranks' slices (gradients averaged) is the one trained on the
+        # batch: its estimate on each slice averages to the estimate on the batch.
+        torch.testing.assert_close(torch.stack([g["critic_distance"] for g in got]).mean(), expected["critic_distance"],
+                                   **tolerance, msg=lambda m, s=step: f"step {s}: critic: {m}")
+    # Every tier was exercised: the critic's term, the bank (from step 1) and the filter's moves.
+    assert all(float(s["distribution"]) != 0 for s in single)
+    assert float(single[-1]["moved_to_positive"]) > 0, [float(s["moved_to_positive"]) for s in single]
+
+
 def test_ranks_with_different_batch_sizes_raise(rank_results):
     for rank, res in enumerate(rank_results):
         message = res["unequal_K"]

@@ -26,9 +26,15 @@ from mmviews.objectives.reference import (
     log_vmf_normaliser_reference as ref_log_c,
 )
 
-torch.manual_seed(0)
 DIVERGENCES = ["kl", "js", "pearson", "sh", "tsallis", "vlc"]
 SHAPES = [(3, 2, 4), (4, 3, 5), (5, 4, 3)]  # (K, M, d)
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same global RNG state: its unseeded draws do not depend on
+    which tests ran before it (a module-level seed would)."""
+    torch.manual_seed(0)
 
 
 def random_z(K: int, M: int, d: int, seed: int = 0) -> torch.Tensor:
@@ -66,7 +72,7 @@ def test_fmicl_table_composition_is_the_conjugate_of_the_derivative():
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fmicl_gaussian_matches_reference(divergence, shape):
-    z = random_z(*shape, seed=hash((divergence, shape)) % 1000)
+    z = random_z(*shape, seed=100 * DIVERGENCES.index(divergence) + SHAPES.index(shape))  # fixed per case
     for params in ({}, {"sigma": 0.5, "mu": 0.8, "alpha": 3.0}):
         objective = get_objective("fmicl", divergence=divergence, **params)
         assert_matches(objective, lambda x: ref_fmicl(x, divergence, **params), z)

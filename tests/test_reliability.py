@@ -242,9 +242,11 @@ def test_resume_after_the_last_checkpoint_reports_the_logged_loss(tiny_run, tmp_
     run = copy_run(tiny_run, tmp_path / "run")
     shutil.rmtree(run / "encoder")
     (run / "results.json").unlink()
-    rc, _, err = cli(capsys, "train", "--resume", str(run))
+    rc, out, err = cli(capsys, "train", "--resume", str(run))
     assert rc == 0, err
+    assert f"resumed from {list_checkpoints(run)[-1]} at step 4 of 4" in out  # restored, no step left to run
     data = _strict_json(run / "results.json")
+    assert data["steps"] == 4
     last = list(csv.DictReader((run / "metrics.csv").open()))[-1]
     assert data["status"] == "ok" and math.isclose(data["final_loss"], float(last["loss"]), rel_tol=1e-5)
 

@@ -107,6 +107,9 @@ def test_smoke_run_writes_tables_and_plot(recipe, tmp_path):
         assert true_mi == pytest.approx(recipe.one_vs_rest_mi(M, 1.0, 0.03), rel=1e-4)
         cap = math.log(2 * K - 1) if row["objective"] == "multi_crop" else math.log((K - 1) * M + 1)
         assert bound == pytest.approx(cap - loss, abs=1e-4)
+        # What the bound promises: it stays below the true mutual information (the poly-view
+        # bound is a lower bound; it is evaluated on held-out samples) and below its cap.
+        assert bound < true_mi and bound <= cap, row
         assert float(row["gap"]) == pytest.approx(true_mi - bound, abs=1e-4)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(summary["summary"]) == expected // 2  # two seeds per setting

@@ -75,9 +75,10 @@ def test_planted_custom_checkpoint_is_never_loaded(tiny_run, tmp_path, capsys):
     assert not list(checkpoint.glob("custom_checkpoint_*.pkl")), "mmviews should no longer write custom checkpoints"
     hostile_torch_file(checkpoint / "custom_checkpoint_0.pkl", marker)
     shutil.rmtree(run / "encoder")
-    rc, _, err = cli(capsys, "train", "--resume", str(run))
+    rc, out, err = cli(capsys, "train", "--resume", str(run))
     assert rc == 0, err
     assert not marker.exists(), "code from custom_checkpoint_0.pkl ran"
+    assert f"resumed from {checkpoint} at step 4 of 4" in out  # the checkpoint was really restored
     assert (run / "encoder" / "encoder.json").is_file()
 
 

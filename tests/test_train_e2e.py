@@ -8,7 +8,7 @@ import csv
 import json
 
 import torch
-from test_train_utils import load_weights, run_train, tiny_config, write_recipe
+from test_train_utils import run_train, tiny_config, write_recipe
 
 from mmviews.run import list_checkpoints, load_run
 
@@ -54,13 +54,24 @@ def test_short_run_trains_checkpoints_evaluates_and_reports(tmp_path):
     # load_run gives the final encoder, the config and unshuffled loaders; a checkpoint too.
     encoder, config, loaders = load_run(run)
     assert config.name == "tiny" and set(loaders) == {"train", "val", "test"}
-    final = load_weights(run / "encoder")
-    state = {f"{k.split('.', 2)[1]}/{k.split('.', 2)[2]}": v for k, v in encoder.state_dict().items()}
-    for k, v in final.items():
-        assert torch.equal(state[k], v), k
-    from_ckpt, _, _ = load_run(ckpts[-1])
+    # The encoder folder holds the weights training ended with: those of the last checkpoint
+    # (written separately, by Accelerate's save_state), read here straight from its file...
+    from safetensors.torch import load_file
+
+    at_end = load_file(str(ckpts[-1] / "model.safetensors"))
+    loaded = encoder.state_dict()
+    assert loaded.keys() == at_end.keys()
+    for k, v in at_end.items():
+        assert torch.equal(loaded[k], v), k
+    # ...not those it started from (same seed, same initialisation).
+    from mmviews.train import build_run
+
+    initial = build_run(config, with_eval=False).encoder.state_dict()
+    moved = [k for k, v in initial.items() if v.is_floating_point() and not torch.equal(v, loaded[k])]
+    assert len(moved) > len(initial) // 2, moved
+    from_ckpt, _, _ = load_run(ckpts[-1])  # a checkpoint folder loads as a run too
     for (k, a), b in zip(from_ckpt.state_dict().items(), encoder.state_dict().values()):
-        assert torch.equal(a, b), k  # the last checkpoint holds the final weights
+        assert torch.equal(a, b), k
     batch = next(iter(loaders["test"]))
     z, mask = encoder(batch)
     assert z.shape == (batch.num_samples, 2, 16) and [v.name for v in batch.views] == ["text_0", "image_0"]

@@ -15,6 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "scale": ("mmviews.bench.scale", "time and peak memory of the objectives at K*M up to 65,536, streamed vs unchunked"),
     "adapters": ("mmviews.bench.adapters", "throughput and memory of the modality adapters"),
     "data": ("mmviews.bench.data", "throughput of the data pipeline"),
+    "dropout": ("mmviews.bench.dropout", "a training step with sample-keyed dropout vs torch's dropout (and eager attention, and none)"),
     "train": ("mmviews.bench.train", "samples/s of a whole training step and where its time goes (data, encoders, loss, backward, optimiser)"),
 }
 

@@ -80,7 +80,7 @@ from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_optio
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepare, train_step
+from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepare, micro_batch_dropout, train_step
 
 CASES = ("quickstart", "realistic")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
@@ -352,7 +352,7 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
     batch = next(batch_iter)
     sync()
     t1 = time.perf_counter()
-    with accelerator.accumulate(p.model):
+    with accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask = p.model(batch)
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = p.teacher(batch)[0] if p.teacher is not None else None

@@ -51,6 +51,9 @@ and ``@register_adapter`` on an :class:`Adapter` subclass to add one (its config
 
 Common config keys: ``embed_dim``, ``head`` (:class:`HeadConfig`), ``finetune``
 (:class:`FinetuneConfig`: ``mode`` full | frozen | last_n, ``last_n``, ``lora``).
+Sample-keyed dropout (masks that follow the samples however a batch is chunked or split):
+:func:`enable_sample_keyed_dropout`, :func:`dropout_step`, :class:`SampleKeyedDropout`
+(:mod:`mmviews.modalities.dropout`).
 Flow helpers: :func:`compute_flow`, :func:`encode_flow_uint8`, :func:`decode_flow_uint8`.
 """
 
@@ -68,6 +71,7 @@ from .base import (
     register_adapter,
 )
 from .cache import FeatureCache, backbone_fingerprint
+from .dropout import SampleKeyedDropout, dropout_step, enable_sample_keyed_dropout
 from .flow import (
     FlowCLIPAdapter,
     FlowCLIPConfig,
@@ -108,6 +112,7 @@ __all__ = [
     "OpenCLIPVisionAdapter",
     "OpenCLIPVisionConfig",
     "ProjectionHead",
+    "SampleKeyedDropout",
     "SmallCNNVisionAdapter",
     "SmallCNNVisionConfig",
     "TextAdapter",
@@ -120,6 +125,8 @@ __all__ = [
     "clip_flow",
     "compute_flow",
     "decode_flow_uint8",
+    "dropout_step",
+    "enable_sample_keyed_dropout",
     "encode_flow_uint8",
     "list_adapters",
     "register_adapter",

@@ -512,14 +512,18 @@ class Adapter(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1 and self.head.training and not runs_collectives(self.head):
             # BatchNorm has no batch statistics for one row (e.g. the only present view
-            # of a modality in a batch): use its running statistics for this call. A
-            # SyncBatchNorm across processes keeps training mode: its statistics are those of
-            # every process's rows, and in eval mode this process would skip its collective.
-            self.head.eval()
+            # of a modality in a batch): use its running statistics for this call. Dropout
+            # stays on (a chunk of one row drops as the whole batch does). A SyncBatchNorm
+            # across processes keeps training mode (runs_collectives above): its statistics are
+            # those of every process's rows, and in eval mode this process would skip its collective.
+            norms = [m for m in self.head.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+            for m in norms:
+                m.eval()
             try:
                 return self.head(x)
             finally:
-                self.head.train()
+                for m in norms:
+                    m.train()
         return self.head(x)
 
     def forward(

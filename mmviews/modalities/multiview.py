@@ -30,6 +30,7 @@ from mmviews.fileio import atomic_write_text, is_folder_name, read_json_object
 
 from .base import Adapter, HostPreprocessor, InputCheck, build_adapter
 from .cache import FeatureCache
+from .dropout import dropout_rows, row_keys_for
 
 ENCODER_CONFIG = "encoder.json"
 
@@ -222,7 +223,9 @@ class MultiViewEncoder(nn.Module):
             positions = batch.views_of(modality)
             nv = len(positions)
             try:
-                zm = self._encode_stacked(batch, modality, positions, check_inputs)
+                # Sample-keyed dropout (when a dropout_step is in effect): the keys of the rows encoded.
+                with dropout_rows(row_keys_for(batch, modality)):
+                    zm = self._encode_stacked(batch, modality, positions, check_inputs)
             except ValueError as error:  # an adapter's input check: say which modality
                 raise ValueError(f"modality {modality!r}: {error}") from error
             if zm.shape[0] != k * nv:

@@ -30,6 +30,7 @@ from .base import (
     require_tensor,
     to_device,
 )
+from .dropout import KEYED_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ class TextAdapter(Adapter):
         every call. Attention kernels other than sdpa and eager get the 2-D mask."""
         keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L], broadcast over heads and queries
         implementation = getattr(self.backbone.config, "_attn_implementation", None)
-        if implementation == "sdpa":  # boolean: True where a key may be attended to
+        if implementation in ("sdpa", KEYED_ATTENTION):  # boolean: True where a key may be attended to
             return keep
         if implementation == "eager":  # additive: the most negative value where it may not
             dtype = next(self.backbone.parameters()).dtype

@@ -26,6 +26,7 @@ from mmviews.data.loaders import (
 )
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.eval.evaluate import parse_tasks
+from mmviews.modalities.dropout import enable_sample_keyed_dropout
 from mmviews.objectives import MultiViewObjective, get_objective, list_objectives, objective_class
 from mmviews.run import build_encoder, eval_loaders
 
@@ -154,5 +155,10 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
                                   **loader_options(d.num_workers, pin_memory=pin_memory_default(config.cpu)))
     set_seed(config.seed)  # identical initial weights on every process and every run
     encoder = build_encoder(config, source)
+    if config.optimisation.sample_keyed_dropout:
+        try:
+            enable_sample_keyed_dropout(encoder)
+        except ValueError as error:
+            raise ConfigError(f"{source}: key 'optimisation.sample_keyed_dropout': {error}") from error
     return RunParts(config, {"train": train_dataset}, spec, collator, batches, train_loader, loaders,
                     encoder, objective, generator)

@@ -20,6 +20,8 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
+from mmviews.modalities.dropout import salt_sample_keyed_dropout
+
 
 class EMATeacher(nn.Module):
     """Exponential moving average of the encoder's weights (no gradients)."""
@@ -28,6 +30,8 @@ class EMATeacher(nn.Module):
                  autocast: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
         super().__init__()
         self.module = copy.deepcopy(encoder)
+        # Sample-keyed dropout, if any: masks of its own, not the student's.
+        salt_sample_keyed_dropout(self.module, namespace="ema_teacher")
         self.module.requires_grad_(False)
         self.momentum = momentum
         self.autocast = autocast

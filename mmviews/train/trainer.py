@@ -14,10 +14,13 @@ Accelerate example loop, a contrastive trainer needs:
    torch has no SyncBatchNorm, so there BatchNorm statistics are per process (use heads without
    BatchNorm to match one process exactly). ``distributed.timeout_s`` is the process group's
    timeout and ``deterministic`` turns on deterministic algorithms
-   (:mod:`mmviews.train.distributed`).
-2. **Gradient accumulation** (``optimisation.grad_accum_steps``) sums gradients over
-   micro-batches. It does NOT add negatives: each micro-batch's loss only contrasts the K
-   samples of that micro-batch.
+   (:mod:`mmviews.train.distributed`). Dropout draws its masks from each process's RNG, unless
+   ``optimisation.sample_keyed_dropout`` keys them by sample (:func:`micro_batch_dropout`).
+2. **Gradient accumulation** (``optimisation.grad_accum_steps`` = n): Accelerate divides each
+   micro-batch's loss by n, so an optimiser step follows the average of the n micro-batch
+   gradients (the last window of an epoch with fewer than n batches left sums its k < n
+   divided gradients, i.e. k/n of their average). It does NOT add negatives: each
+   micro-batch's loss only contrasts the K samples of that micro-batch.
 3. **The objective's contract** (class attributes and no-op hooks of
    :class:`~mmviews.objectives.MultiViewObjective`); the loop has no per-objective code:
 
@@ -61,6 +64,7 @@ before each checkpoint's rename.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -74,6 +78,7 @@ from torch import nn
 
 from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
+from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
@@ -114,6 +119,8 @@ class Prepared:
     # the loss at every step would wait for the device (see _check_losses).
     nonfinite: torch.Tensor | None = None
     checked_step: int = 0  # optimiser step at the last _check_losses
+    # The run's seed when its dropout is sample-keyed (optimisation.sample_keyed_dropout), else None.
+    dropout_seed: int | None = None
 
 
 class HostPreparedCollate:
@@ -193,7 +200,8 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     if teacher is not None:
         teacher.to(accelerator.device)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
-                    total_steps, batches_per_epoch)
+                    total_steps, batches_per_epoch,
+                    dropout_seed=config.seed if o.sample_keyed_dropout else None)
 
 
 def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
@@ -209,11 +217,20 @@ def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present
     return mask
 
 
+def micro_batch_dropout(p: Prepared) -> contextlib.AbstractContextManager[None]:
+    """The context of one micro-batch's encoder calls for sample-keyed dropout
+    (:func:`mmviews.modalities.dropout.dropout_step`; nothing when it is off): keyed by the run's
+    seed and the micro-batch's number in the run, ``epoch * batches_per_epoch + batch_in_epoch``
+    of the TrainState, which is the same however the micro-batch is chunked or split between
+    processes, and which a resumed run continues."""
+    return dropout_step(p.dropout_seed, p.state.epoch * p.batches_per_epoch + p.state.batch_in_epoch)
+
+
 def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
     Returns the objective's output and the critic's metrics."""
     objective = p.objective
-    with p.accelerator.accumulate(p.model):
+    with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = p.teacher(batch)[0] if p.teacher is not None else None
@@ -321,6 +338,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         if state.stream is not None and state.stream_state is not None:
             state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
         p.checked_step = state.step
+        if accelerator.is_main_process:  # one line, so that a user (and the tests) see where it continues
+            print(f"resumed from {checkpoint} at step {state.step} of {p.total_steps}", flush=True)
         random_metrics = read_eval_metrics(run_dir / "eval_random")
     elif config.evaluation.random_baseline and config.evaluation.tasks:
         random_metrics = run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / "eval_random", accelerator,
