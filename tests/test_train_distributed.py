@@ -84,6 +84,7 @@ def train_two_processes(recipe: Path, run: Path, *slow_train_options: str) -> No
     two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
     assert two.returncode == 0, two.stderr[-4000:]
     assert '"num_processes": 2' in (run / "results.json").read_text()
+    assert two.stdout.count("run folder:") == 1, two.stdout  # the summary from the main process only
 
 
 def check_same_training(one: Path, two: Path) -> None:
