@@ -12,12 +12,13 @@ import argparse
 import torch
 from torch import nn
 
-from mmviews.objectives import get_objective, list_objectives, mi_lower_bound
+from mmviews.objectives import get_objective, list_objectives, mi_lower_bound, objective_class
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", default="geometric_pvc", choices=list_objectives())
-    parser.add_argument("--views", type=int, default=4, help="views per sample (M)")
+    parser.add_argument("--views", type=int, default=None,
+                        help="views per sample M (default: 4, or the number an objective is defined for, e.g. 2 for simclr)")
     parser.add_argument("--batch", type=int, default=128, help="samples per batch (K)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--temperature", type=float, default=0.2)
@@ -32,6 +33,8 @@ def synthetic_views(num_samples: int, mixings: torch.Tensor, generator: torch.Ge
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.views is None:
+        args.views = objective_class(args.objective).exact_views or 4
     generator = torch.Generator().manual_seed(args.seed)
     torch.manual_seed(args.seed)
     input_dim, factor_dim = 32, 8

@@ -17,11 +17,12 @@ A run folder written by ``mmviews train`` holds::
 
 **Never delete what mmviews did not write.** A run starts only in a folder that does not
 exist, is empty, or is an mmviews run (:func:`check_run_dir`); an existing run is replaced
-only when asked (``--overwrite``), and then only the entries its manifest lists are removed
-(:func:`claim_run_dir`): files the user put next to them stay. The manifest records the
+only when asked (``--overwrite``), or when it holds nothing to keep (no checkpoint, no results:
+it stopped before its first checkpoint), and then only the entries its manifest lists are
+removed (:func:`claim_run_dir`): files the user put next to them stay. The manifest records the
 top-level entries that appeared in the folder while mmviews ran (:func:`record_run_outputs`,
-called at the start, at every checkpoint and at the end), apart from those present when the
-run took the folder.
+called at the start, when the log and each evaluation folder appear, at every checkpoint and
+when the run ends, however it ends), apart from those present when the run took the folder.
 
 **Checkpoints are data, not code.** ``train_state.json`` records, besides the loop position,
 the size and SHA-256 of every file of its checkpoint (:func:`checkpoint_file_records`);
@@ -134,13 +135,23 @@ def _writable_ancestor(path: Path) -> Path:
     return path
 
 
+def has_checkpoint_or_results(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether a run folder holds anything a run produced that is worth keeping: a complete
+    checkpoint, the trained ``encoder/`` or ``results.json``. A run without any (it stopped
+    before its first checkpoint, or failed while setting up) can be started again in place."""
+    run_dir = Path(run_dir)
+    return bool(list_checkpoints(run_dir)) or (run_dir / ENCODER_DIR).is_dir() or (run_dir / RESULTS_FILE).is_file()
+
+
 def check_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, resume: bool = False) -> None:
     """Raise :class:`RunFolderError` (naming the folder) unless a run may write to ``run_dir``.
 
-    A fresh run needs a folder that does not exist or is empty; an existing mmviews run
-    only with ``overwrite``; a folder holding anything else, never (whatever ``overwrite``
-    says). ``resume`` needs an mmviews run. In every case the folder (or the ancestor it
-    would be created in) must be writable. Writes nothing.
+    A fresh run needs a folder that does not exist or is empty, or an mmviews run without a
+    checkpoint or results (:func:`has_checkpoint_or_results`: it stopped before its first
+    checkpoint, nothing is lost by starting it again); another mmviews run only with
+    ``overwrite``; a folder holding anything else, never (whatever ``overwrite`` says).
+    ``resume`` needs an mmviews run. In every case the folder (or the ancestor it would be
+    created in) must be writable. Writes nothing.
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -155,7 +166,7 @@ def check_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, r
             shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
             raise RunFolderError(f"{run_dir} is not empty and not an mmviews run folder (it holds {shown}); mmviews "
                                  "writes only into a new or empty folder or one of its own runs: choose another --output")
-        if not overwrite:
+        if not overwrite and has_checkpoint_or_results(run_dir):
             raise RunFolderError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
                                  "or choose another --output (or --overwrite to replace what that run wrote)")
     where = _writable_ancestor(run_dir)
@@ -237,6 +248,23 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         raise FileNotFoundError(f"no complete checkpoint in {path} "
                                 f"(expected {path}/{CHECKPOINTS_DIR}/{CHECKPOINT_PREFIX}N)")
     return found[-1]
+
+
+def read_finished_run(run_dir: Path, checkpoint: Path, total_steps: int, reevaluate: bool = False) -> dict[str, Any] | None:
+    """The summary (``results.json``) of a finished run being resumed from ``checkpoint``, or
+    None when the checkpoint is before ``total_steps`` (the recipe's length, which ``--set``
+    may have changed) or the run has no ``encoder/`` or results yet (stopped before its end). ``reevaluate`` (evaluate the finished
+    run again): a run that is not finished is a :class:`RunFolderError`."""
+    step = read_train_state(checkpoint)["step"]
+    results = run_dir / RESULTS_FILE
+    if step >= total_steps and results.is_file() and (run_dir / ENCODER_DIR).is_dir():
+        return read_json_object(results, CorruptFileError, "; delete it to evaluate the run again with --resume")
+    if reevaluate:
+        raise RunFolderError(f"--reevaluate evaluates a finished run again, but {run_dir} has not finished (checkpoint "
+                             f"at step {step} of {total_steps}"
+                             + ("" if step < total_steps else f", no {RESULTS_FILE}") + f"): --resume {run_dir} "
+                             "without --reevaluate continues it and evaluates at the end")
+    return None
 
 
 def run_dir_of(checkpoint: Path) -> Path:

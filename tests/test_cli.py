@@ -34,6 +34,23 @@ def test_demo_loss_falls(capsys):
     assert losses[-1] < losses[0] - 0.5
 
 
+def test_demo_picks_the_views_a_two_view_objective_needs(capsys):
+    # simclr is defined for M = 2 only; the demo's default of 4 views would fail.
+    assert main(["demo", "--objective", "simclr", "--steps", "2", "--batch", "16"]) == 0
+    assert "M = 2" in capsys.readouterr().out
+
+
+def test_ctrl_c_is_one_line_with_status_130(capsys, monkeypatch):
+    import mmviews.demo
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mmviews.demo, "run", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err == "mmviews demo: interrupted\n"
+
+
 @pytest.mark.parametrize("what, expected", [("objectives", "mv_dhel"), ("recipes", "quickstart"), ("datasets", "synthetic")])
 def test_list(capsys, what, expected):
     assert main(["list", what]) == 0

@@ -250,6 +250,17 @@ def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch):
     check_png(run / "eval" / "training_curves.png")
 
 
+def test_summary_keeps_the_digits_of_small_and_large_numbers():
+    from mmviews.eval.report import markdown_summary
+
+    text = markdown_summary({"test/linear/class/weight_decay": 1e-05, "test/linear/class/acc": 0.8125,
+                             "test/x/zero": 0.0, "test/x/big": 123456.0})
+    assert "| test/linear/class/weight_decay | 1e-05 |" in text  # not 0.0000
+    assert "| test/linear/class/acc | 0.8125 |" in text
+    assert "| test/x/zero | 0.0000 |" in text
+    assert "| test/x/big | 1.235e+05 |" in text
+
+
 def add_training_outputs(run: Path, final_loss: float, wall: float, random_acc: float, mi: bool) -> None:
     """What the trainer writes beside eval/: results.json, eval_random/metrics.json, metrics.csv."""
     (run / "results.json").write_text(json.dumps({"steps": 4, "final_loss": final_loss, "wall_time_s": wall}))

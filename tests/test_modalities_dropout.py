@@ -455,3 +455,25 @@ def test_activation_checkpointing_replays_the_keys() -> None:
     adapter.backbone.activation_checkpointing_enable({"use_reentrant": False})
     with pytest.raises(RuntimeError, match="without row keys"):
         grads()
+
+
+def test_bench_dropout_runs_every_variant(tmp_path) -> None:
+    import argparse
+    import json
+
+    from mmviews.bench.cli import VERBS
+    from mmviews.bench.dropout import add_arguments, run
+
+    assert VERBS["dropout"][0] == "mmviews.bench.dropout"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "bench.json"
+    args = parser.parse_args(["--batch-size", "4", "--length", "6", "--width", "16", "--repeats", "1",
+                              "--output", str(out)])
+    assert run(args) == 0
+    rows = json.loads(out.read_text())["rows"]
+    seen = {(r["case"], r["variant"]) for r in rows}
+    assert seen == {("text", v) for v in ("native", "native_eager", "keyed", "no_dropout")} | {
+        ("feature_sequence", v) for v in ("native", "keyed", "no_dropout")}
+    assert all(r["s_per_step"] > 0 for r in rows)
+    assert all(r["ratio_to_native"] == 1.0 for r in rows if r["variant"] == "native")

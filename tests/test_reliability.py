@@ -206,6 +206,7 @@ def test_rng_file_with_wrong_content_is_named(tiny_run, tmp_path, capsys):
     import torch
 
     run = copy_run(tiny_run, tmp_path / "run")
+    (run / "results.json").unlink()  # stopped before its end: --resume reads the checkpoint (a finished run: nothing)
     checkpoint = list_checkpoints(run)[-1]
     torch.save({"step": 0, "random_state": (1, 2)}, checkpoint / "random_states_0.pkl")
     rerecord(checkpoint)
@@ -320,6 +321,7 @@ def test_corrupt_checkpoint_files_are_named(tiny_run, tmp_path, capsys, name, re
     """Each damaged file is named, whether the checksums catch it (records kept), or the
     loaders do (records rewritten to match, or a checkpoint from before records)."""
     run = copy_run(tiny_run, tmp_path / "run")
+    (run / "results.json").unlink()  # stopped before its end: --resume reads the checkpoint (a finished run: nothing)
     checkpoint = list_checkpoints(run)[-1]
     _DAMAGED[name](checkpoint / name)
     if records == "rewritten":

@@ -33,8 +33,10 @@ SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 VARIANTS = {
     "adamw": ({"optimizer": "adamw", "lr": 3e-3}, 0.0),
     # Plain SGD: the update is lr * gradient, so a gradient-scale error shows in the weights;
-    # dropout 0.2 keyed by sample.
-    "sgd-keyed-dropout": ({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "sample_keyed_dropout": True}, 0.2),
+    # no clipping (a clipped gradient has the clip's norm whatever its scale); dropout 0.2 keyed
+    # by sample.
+    "sgd-keyed-dropout": ({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "max_grad_norm": None,
+                           "sample_keyed_dropout": True}, 0.2),
 }
 
 
@@ -84,6 +86,7 @@ def train_two_processes(recipe: Path, run: Path, *slow_train_options: str) -> No
     two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
     assert two.returncode == 0, two.stderr[-4000:]
     assert '"num_processes": 2' in (run / "results.json").read_text()
+    assert two.stdout.count("run folder:") == 1, two.stdout  # the summary from the main process only
 
 
 def check_same_training(one: Path, two: Path) -> None:

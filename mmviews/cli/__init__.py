@@ -17,7 +17,8 @@ bad recipe, file, folder, dataset, split or option: ``ValueError`` and its subcl
 ``mmviews COMMAND: error: MESSAGE`` (the message names the file, key or value at fault),
 with exit status 2; a diverging run (``FloatingPointError``) likewise with status 1. Any
 other exception is a bug and keeps its traceback. ``--debug`` (any command) shows the
-traceback of every error.
+traceback of every error. Ctrl-C is one line, ``mmviews COMMAND: interrupted``, with status
+130 (``mmviews train`` handles it itself: it saves a checkpoint and says how to resume).
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"mmviews {name}: interrupted", file=sys.stderr)
+        return 130  # the shell's status for a process stopped by SIGINT
     except USER_ERRORS + RUN_FAILURES as error:
         if args.debug:
             raise
@@ -95,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def error_message(error: BaseException) -> str:
-    """The error as one line: its message (a KeyError's without the quotes ``str`` adds),
-    whitespace runs and line breaks folded into single spaces."""
+    """The error as one line: its message (a KeyError's without the quotes ``str`` adds) and
+    its notes (``add_note``), whitespace runs and line breaks folded into single spaces."""
     text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else str(error)
+    text = "; ".join(t for t in [str(text), *getattr(error, "__notes__", [])] if t)
     text = " ".join(str(text).split())
     return text or type(error).__name__

@@ -14,6 +14,15 @@ same negatives and the same results on any number of processes.
 The run folder (``--output``, else ``output.dir``, else ``runs/<name>``) must be new or empty;
 an existing mmviews run is replaced only with ``--overwrite``, which removes only what that
 run wrote (its manifest, see :mod:`mmviews.run`); a folder holding anything else is refused.
+A run that stopped before its first checkpoint (interrupted early, or a setup error such as a
+wrong ``input_dim``) holds nothing to keep: the same command starts it again in place, and so
+does ``--resume DIR`` (with the run's ``config.yaml``).
+
+Ctrl-C (SIGINT) or SIGTERM finishes the current optimiser step, writes a checkpoint, prints one
+line with the command that resumes the run and exits with 130 (SIGINT) or 143 (SIGTERM); a
+second signal aborts at once, leaving the last complete checkpoint as it was
+(:mod:`mmviews.train.interrupt`). ``--resume`` of a finished run says so and does nothing;
+``--resume DIR --reevaluate`` runs its final evaluation again.
 A resumed checkpoint is checked file by file and never unpickled beyond tensors and numbers;
 ``--resume-ignore-rng`` continues past unreadable RNG states (losing exact reproducibility).
 ``--allow-remote-models`` allows open_clip ``hf-hub:``/``local-dir:`` model names.
@@ -24,12 +33,27 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
+import signal
+import sys
 from pathlib import Path
 
 from mmviews.config import load_config, resolve_recipe
 from mmviews.modalities.base import allow_remote_models
-from mmviews.run import CONFIG_FILE, check_run_dir, find_checkpoint, run_dir_of
+from mmviews.run import (
+    CONFIG_FILE,
+    RESULTS_FILE,
+    check_run_dir,
+    find_checkpoint,
+    has_checkpoint_or_results,
+    is_checkpoint,
+    is_run_dir,
+    list_checkpoints,
+    read_train_state,
+    run_dir_of,
+)
 from mmviews.train import TrainCallback, build_run, train
+from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.logging import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
 
@@ -50,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-budget-gb", type=_budget_gb, default=None, metavar="G",
                         help="with --check: say whether the step fits G GB per device, and which "
                         "optimisation.encode_chunk_size would")
+    parser.add_argument("--reevaluate", action="store_true",
+                        help="with --resume of a finished run: run its final evaluation again (without it, resuming a "
+                        "finished run does nothing)")
     parser.add_argument("--resume-ignore-rng", action="store_true",
                         help="with --resume: continue even if the checkpoint's random-number-generator states cannot be "
                         "read (the resumed run then no longer reproduces an uninterrupted one exactly)")
@@ -68,13 +95,15 @@ def _budget_gb(text: str) -> float:
     return value
 
 
-def _close_process_group() -> None:
+def _close_process_group(barrier: bool = True) -> None:
     """Under ``accelerate launch``, tear the process group down before exit: left to
-    interpreter shutdown, gloo can abort ("terminate called without an active exception")."""
+    interpreter shutdown, gloo can abort ("terminate called without an active exception").
+    No barrier after an abort: the other processes may be gone."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -90,19 +119,32 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
     """The command; ``callback`` is handed to :func:`mmviews.train.train` (tests use it to
     slow a run down, see ``tests/slow_train.py``). Errors are raised; :func:`mmviews.cli.main`
     prints them as one line."""
+    interrupted = False
     with allow_remote_models(args.allow_remote_models):
         try:
             return _run(args, callback)
+        except KeyboardInterrupt:  # outside train() (which _run handles): other processes may be gone
+            interrupted = True
+            raise
         finally:
-            _close_process_group()
+            _close_process_group(barrier=not interrupted)
 
 
 def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     if args.memory_budget_gb is not None and not args.check:
         raise ValueError("--memory-budget-gb applies with --check (mmviews train RECIPE --check --memory-budget-gb G)")
-    if args.resume_ignore_rng and args.resume is None:
-        raise ValueError("--resume-ignore-rng only applies with --resume DIR")
-    if args.resume is not None:
+    for flag in ("resume_ignore_rng", "reevaluate"):
+        if getattr(args, flag) and args.resume is None:
+            raise ValueError(f"--{flag.replace('_', '-')} only applies with --resume DIR")
+    if args.resume is not None and _stopped_before_first_checkpoint(Path(args.resume)):
+        # Nothing to resume: start it again in place (check_run_dir allows it) with its recipe.
+        run_dir, args.resume = Path(args.resume), None
+        recipe = resolve_recipe(args.recipe) if args.recipe is not None else run_dir / CONFIG_FILE
+        config = load_config(recipe, args.overrides)
+        if _is_first_process():
+            print(f"mmviews train: {run_dir} has no checkpoint (the run stopped before its first one): "
+                  "starting it again from step 0", flush=True)
+    elif args.resume is not None:
         checkpoint = find_checkpoint(args.resume)
         run_dir = run_dir_of(checkpoint) if Path(args.resume).resolve() == checkpoint.resolve() else Path(args.resume)
         recipe = resolve_recipe(args.recipe) if args.recipe is not None else run_dir / CONFIG_FILE
@@ -131,8 +173,26 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
                                    getattr(config.optimisation, "encode_chunk_size", None))
         print("\n".join(estimate.lines(args.memory_budget_gb)))
         return 0
-    summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
-                    overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng)
+    try:
+        summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
+                        overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng, reevaluate=args.reevaluate)
+    except KeyboardInterrupt as stopped:  # SIGINT/SIGTERM (mmviews.train.interrupt)
+        if not (isinstance(stopped, TrainingInterrupted) and stopped.checkpoint is not None):
+            _close_process_group(barrier=False)  # not a stop agreed by all processes: some may be gone
+        if _is_first_process():
+            print(f"mmviews train: {_interrupted_line(stopped, run_dir, args)}", file=sys.stderr, flush=True)
+        return stopped.exit_status if isinstance(stopped, TrainingInterrupted) else 128 + signal.SIGINT
+    except Exception as error:
+        if _stopped_before_first_checkpoint(run_dir):
+            error.add_note(f"{run_dir} holds no checkpoint: once fixed, the same command starts it again there")
+        raise
+    if not _is_first_process():
+        return 1 if summary.get("status") == "failed" else 0
+    if summary.get("already_finished"):
+        print(f"mmviews train: {run_dir} has already finished (step {summary['steps']}, {RESULTS_FILE} written): "
+              "nothing to do. --reevaluate runs its evaluation again; --set optimisation.epochs=N (more than "
+              f"{config.optimisation.epochs}) trains it longer")
+        return 0
     loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
@@ -141,3 +201,32 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
+
+
+def _stopped_before_first_checkpoint(path: Path) -> bool:
+    """An mmviews run folder with no checkpoint and no results: nothing to resume or lose."""
+    return is_run_dir(path) and not is_checkpoint(path) and not has_checkpoint_or_results(path)
+
+
+def _interrupted_line(stopped: KeyboardInterrupt, run_dir: Path, args: argparse.Namespace) -> str:
+    """What happened, and the exact command that continues the run (or starts it again)."""
+    name = signal.Signals(stopped.signum if isinstance(stopped, TrainingInterrupted) else signal.SIGINT).name
+    if isinstance(stopped, TrainingInterrupted) and stopped.checkpoint is not None:
+        what = f"stopped by {name} after step {stopped.step}, checkpoint saved"
+    elif isinstance(stopped, TrainingInterrupted) and stopped.aborted:
+        what = f"aborted at once by a second {name}"
+    else:
+        what = f"interrupted by {name}"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        command = "accelerate launch <the same launch options> -m mmviews.cli train"
+    else:
+        command = "mmviews train"
+    resume = f"{command} --resume {shlex.quote(str(run_dir))}" + (" --allow-remote-models" if args.allow_remote_models else "")
+    if not (run_dir / CONFIG_FILE).is_file():  # stopped before the run folder was written
+        return f"{what} before the run folder was written; run the same command again"
+    found = list_checkpoints(run_dir)
+    if isinstance(stopped, TrainingInterrupted) and stopped.checkpoint is not None:
+        return f"{what}; resume with: {resume}"
+    if not found:
+        return f"{what}; {run_dir} has no checkpoint yet, start it again with: {resume}"
+    return f"{what}; resume from its last complete checkpoint (step {read_train_state(found[-1])['step']}) with: {resume}"

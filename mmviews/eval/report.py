@@ -171,7 +171,8 @@ def _format(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return "n/a"
-        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+        # 4 decimals, but small values (a probe's weight decay 1e-05) and large ones keep their digits
+        return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e4 else f"{value:.4g}"
     return str(value)
 
 

@@ -1,7 +1,8 @@
 """Training with HuggingFace Accelerate: run assembly, the loop, checkpoints, logging.
 
 - :func:`train`: train or resume a run folder (the loop, :mod:`mmviews.train.trainer`), with
-  an optional :class:`TrainCallback`.
+  an optional :class:`TrainCallback`; SIGINT/SIGTERM stop it after the current step with a
+  checkpoint and raise :class:`TrainingInterrupted` (:mod:`mmviews.train.interrupt`).
 - :func:`build_run`: build and check everything a recipe describes (:mod:`mmviews.train.build`).
 - :mod:`mmviews.train.checkpoint`, :mod:`mmviews.train.logging`, :mod:`mmviews.train.optim`,
   :mod:`mmviews.train.teacher`: the loop's parts.
@@ -21,6 +22,7 @@ from mmviews.train.build import RunParts, build_encoder, build_objective, build_
 from mmviews.train.cached_step import cached_train_step
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState
+from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.memory import MemoryEstimate, estimate_memory
 from mmviews.train.optim import LARS, build_optimizer, build_scheduler
 from mmviews.train.trainer import train, train_step
@@ -33,6 +35,7 @@ __all__ = [
     "TrainCallback",
     "TrainConfig",
     "TrainState",
+    "TrainingInterrupted",
     "build_encoder",
     "build_objective",
     "build_optimizer",

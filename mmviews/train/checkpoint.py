@@ -12,7 +12,8 @@ A checkpoint folder holds:
 
 Everything is written into ``checkpoints/.tmp-checkpoint-N`` and the folder is renamed to
 ``checkpoint-N`` only when complete, so a kill mid-write leaves the previous checkpoint
-intact; the last ``keep_last`` are kept.
+intact; the last ``keep_last`` are kept (an older one is renamed to a temporary name before it
+is deleted, so that no folder named ``checkpoint-N`` is ever incomplete).
 
 Loading (:func:`load_checkpoint`) runs no code from the folder. Nothing is registered with
 ``accelerator.register_for_checkpointing`` (Accelerate reads such objects back with full
@@ -155,13 +156,23 @@ def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_las
         atomic_write_text(tmp / TRAIN_STATE_FILE, json.dumps(record, indent=1))
         callback.on_checkpoint_written(state, tmp)
         if final.exists():  # same step saved twice (e.g. resumed and re-saved): replace it
-            shutil.rmtree(final)
+            _remove_checkpoint(final)
         os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_checkpoint(old)
         record_run_outputs(run_dir)
     accelerator.wait_for_everyone()
     return final
+
+
+def _remove_checkpoint(checkpoint: Path) -> None:
+    """Delete a complete checkpoint without ever leaving half of one under its name: it is
+    first renamed to a temporary name (atomic), which loading ignores and the next start
+    removes if the deletion is cut short (a second Ctrl-C, a kill)."""
+    doomed = checkpoint.with_name(f"{TMP_PREFIX}removed-{checkpoint.name}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(checkpoint, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _read_rng_states(path: Path, records: dict[str, Any] | None, on_cuda: bool) -> dict[str, Any]:

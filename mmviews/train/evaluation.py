@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from mmviews.eval.evaluate import evaluate_encoder
+from mmviews.run import record_run_outputs
 from mmviews.train.build import RunParts
 
 
@@ -29,7 +30,11 @@ def rng_preserved() -> Iterator[None]:
 
 def run_evaluation(encoder: nn.Module, parts: RunParts, out_dir: Path, accelerator: Any | None,
                    log_csv: Path | None = None, meta: dict[str, Any] | None = None) -> dict[str, float]:
-    """The recipe's probes (``evaluation.tasks``) on ``encoder``; report written to ``out_dir``."""
+    """The recipe's probes (``evaluation.tasks``) on ``encoder``; report written to ``out_dir``
+    (a folder of the run folder, listed in the run's manifest before anything is written to it)."""
+    if accelerator is None or accelerator.is_main_process:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        record_run_outputs(out_dir.parent)
     loaders = parts.eval_loaders
     with rng_preserved():
         return evaluate_encoder(encoder, loaders.get("train"), loaders.get("val"), loaders.get("test"),

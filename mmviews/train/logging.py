@@ -28,7 +28,7 @@ from mmviews.config import ConfigError, TrainConfig
 from mmviews.eval.health import LiveHealth, run_warnings
 from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
-from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE
+from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
 from mmviews.train.checkpoint import TrainState
 
 
@@ -66,6 +66,8 @@ class CSVLogger:
             if new:
                 writer.writeheader()
             writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        if new:
+            record_run_outputs(self.path.parent)  # the run's manifest lists the log from its first row
 
 
 # Accelerate tracker name -> the modules any one of which makes it usable (Accelerate's own
@@ -138,7 +140,8 @@ def flat_hparams(config: TrainConfig) -> dict[str, Any]:
 class StepLogger:
     """Per optimiser step: the ``metrics.csv`` row (every ``output.log_every`` steps and at the
     last one), the same row to the Accelerate ``trackers`` (:func:`resolve_trackers`; the
-    accelerator was made with ``log_with=trackers``) and the progress bar.
+    accelerator was made with ``log_with=trackers``) and the progress bar, or with
+    ``output.progress_bar: false`` a line per logged step on standard output.
 
     Every process calls :meth:`log` (the metrics are averaged over processes); only the main
     process writes (Accelerate's trackers act on the main process only)."""
@@ -158,6 +161,8 @@ class StepLogger:
             accelerator.init_trackers(config.name, config=flat_hparams(config))
         self.bar = tqdm(total=total_steps, initial=state.step, desc="train",
                         disable=not (main and config.output.progress_bar), dynamic_ncols=True)
+        # Without a progress bar (output.progress_bar: false, e.g. logs to a file), one line per log step.
+        self.print_lines = main and not config.output.progress_bar
         self.started = started
         self.last_time = time.perf_counter()
         self.last_loss = float("nan")  # loss of the last logged step
@@ -195,6 +200,9 @@ class StepLogger:
             if self.trackers:
                 self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
             self.bar.set_postfix(loss=f"{self.last_loss:.4f}")
+            if self.print_lines:
+                print(f"step {state.step}/{self.total_steps}  epoch {row['epoch']:.2f}  loss {self.last_loss:.4f}  "
+                      f"{row['samples_per_s']:.0f} samples/s  {row['time_s']:.0f} s", flush=True)
         self.bar.update(1)
         self.last_time = now
 

@@ -43,7 +43,9 @@ Accelerate example loop, a contrastive trainer needs:
    of the current epoch already done (``accelerator.skip_first_batches``): the final weights
    equal those of an uninterrupted run (on CUDA bitwise only with ``deterministic: true``). A streamed run (``data.streaming``) is not prepared by
    Accelerate: each process reads its own shards, and its loader position is checkpointed as
-   data and replayed (:mod:`mmviews.data.streaming`).
+   data and replayed (:mod:`mmviews.data.streaming`). SIGINT (Ctrl-C) and SIGTERM finish the
+   current step, write a checkpoint and raise ``TrainingInterrupted`` (:mod:`mmviews.train.interrupt`;
+   every process stops at the same step, agreed without a device synchronisation).
 
 5. **No host synchronisation between log steps.** Nothing in the step reads a device value
    back: the objective's own input checks are off (``check_inputs = False``), a non-finite
@@ -68,6 +70,7 @@ import contextlib
 import math
 import os
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -79,13 +82,14 @@ from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
 from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
-from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, record_run_outputs
+from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.cached_step import cached_train_step, warn_batch_norm
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
+from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
     TRACKERS_DIR,
     StepLogger,
@@ -156,6 +160,14 @@ def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any
     )
 
 
+def _total_steps(config: TrainConfig, batches_per_epoch: int) -> tuple[int, int]:
+    """(optimiser steps of the whole run, optimiser steps per epoch)."""
+    o = config.optimisation
+    steps_per_epoch = math.ceil(batches_per_epoch / o.grad_accum_steps)
+    total_steps = o.epochs * steps_per_epoch if o.max_steps is None else min(o.max_steps, o.epochs * steps_per_epoch)
+    return total_steps, steps_per_epoch
+
+
 def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     """Optimiser, schedule and EMA teacher; ``accelerator.prepare``; checkpointed state."""
     config, o = parts.config, parts.config.optimisation
@@ -165,8 +177,7 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     backbone_lr = o.lr if o.backbone_lr is None else o.backbone_lr
     optimizer = build_optimizer(encoder.param_groups(backbone_lr, o.lr, o.weight_decay), o)
     batches_per_epoch = len(parts.train_loader)
-    steps_per_epoch = math.ceil(batches_per_epoch / o.grad_accum_steps)
-    total_steps = o.epochs * steps_per_epoch if o.max_steps is None else min(o.max_steps, o.epochs * steps_per_epoch)
+    total_steps, steps_per_epoch = _total_steps(config, batches_per_epoch)
     scheduler = build_scheduler(optimizer, o, total_steps, steps_per_epoch)
 
     objective.to(accelerator.device)
@@ -289,22 +300,42 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
 
 def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os.PathLike[str] | None = None,
           source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
-          resume_ignore_rng: bool = False) -> dict[str, Any]:
+          resume_ignore_rng: bool = False, reevaluate: bool = False) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the summary also written to
     ``results.json``. ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
-    A fresh run needs ``run_dir`` new or empty, or ``overwrite`` to replace an mmviews run
-    (only what that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
-    ``resume_ignore_rng``: resume even if the checkpoint's RNG states cannot be read."""
+    A fresh run needs ``run_dir`` new, empty, or a run that stopped before its first checkpoint
+    (:func:`mmviews.run.check_run_dir`), or ``overwrite`` to replace an mmviews run (only what
+    that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
+    ``resume_ignore_rng``: resume even if the checkpoint's RNG states cannot be read.
+
+    Resuming a finished run (its checkpoint at the last step, ``results.json`` written) changes
+    nothing and returns that summary with ``"already_finished": True``; with ``reevaluate`` the
+    final evaluation runs again (the summary keeps the training's wall time).
+
+    SIGINT and SIGTERM finish the current optimiser step, write a checkpoint and raise
+    :class:`~mmviews.train.interrupt.TrainingInterrupted` (:mod:`mmviews.train.interrupt`)."""
+    with StopOnSignal() as stop, ExitStack() as on_exit:  # the previous signal handlers come back at the end
+        return _train(config, Path(run_dir), resume, source, callback or TrainCallback(), stop, on_exit,
+                      overwrite=overwrite, resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate)
+
+
+def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
+           callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
+           resume_ignore_rng: bool, reevaluate: bool) -> dict[str, Any]:
     started = time.perf_counter()
-    run_dir, callback = Path(run_dir), callback or TrainCallback()
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
     configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
     parts = build_run(config, process_state(config).num_processes, source)
+    finished = None if checkpoint is None else read_finished_run(
+        run_dir, checkpoint, _total_steps(config, len(parts.train_loader))[0], reevaluate)
+    if finished is not None and not reevaluate:
+        return {**finished, "already_finished": True}
     trackers = resolve_trackers(config, source)  # a tracker asked for but not installed fails here too
     accelerator = _accelerator(config, run_dir, trackers)
     if accelerator.is_main_process:
         prepare_run_dir(run_dir, config, fresh=checkpoint is None, overwrite=overwrite)
+        on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
     accelerator.wait_for_everyone()
     p = _prepare(accelerator, parts)
     state, objective, num_views = p.state, parts.objective, len(parts.view_spec)
@@ -325,8 +356,10 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
                      batches_per_epoch=p.batches_per_epoch, poly_view_bound=objective.poly_view_bound, state=state,
                      resumed=checkpoint is not None, started=started)
     o, out_cfg, eval_cfg = config.optimisation, config.output, config.evaluation
+    saved = checkpoint
+    stop.defer(accelerator.num_processes, accelerator.is_main_process)  # a signal now stops after the step
     for epoch in range(state.epoch, o.epochs):
-        if state.step >= p.total_steps:
+        if state.step >= p.total_steps or stop.agreed:
             break
         p.model.train()
         for batch in _epoch_batches(p, parts, epoch):
@@ -342,6 +375,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
                 _check_losses(p, state, out_cfg.log_every)
             log.log(state, out, critic_metrics, p.optimizer, batch.num_samples, batch.num_views)
             callback.on_step_end(state)
+            if stop.requested():  # at the same step on every process
+                break
             done, end_of_epoch = state.step >= p.total_steps, state.batch_in_epoch >= p.batches_per_epoch
             if out_cfg.checkpoint_every and state.step % out_cfg.checkpoint_every == 0 and not done and not end_of_epoch:
                 _check_losses(p, state, out_cfg.log_every)
@@ -352,11 +387,16 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
             objective.on_epoch_end(epoch)
             state.epoch, state.batch_in_epoch = epoch + 1, 0
         _check_losses(p, state, out_cfg.log_every)
-        save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
-        if eval_cfg.every_epochs and eval_cfg.tasks and state.step < p.total_steps and (epoch + 1) % eval_cfg.every_epochs == 0:
+        saved = save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
+        if (eval_cfg.every_epochs and eval_cfg.tasks and state.step < p.total_steps and not stop.agreed
+                and (epoch + 1) % eval_cfg.every_epochs == 0):
             run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / f"eval_epoch_{epoch + 1}", accelerator,
                            log_csv=run_dir / LOG_FILE, meta={"epoch": epoch + 1, "step": state.step, "num_views": num_views})
     log.close()
+    if stop.end_of_loop():  # a signal reached some process: every process stops here, checkpoint written
+        if trackers:
+            accelerator.end_training()
+        raise TrainingInterrupted(stop.agreed, state.step, saved)
 
     encoder = accelerator.unwrap_model(p.model)
     if accelerator.is_main_process:
@@ -369,7 +409,9 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
                                        "num_views": num_views})
     summary = finalise_summary({
         "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
-        "samples_seen": state.samples, "final_loss": log.last_loss, "wall_time_s": time.perf_counter() - started,
+        "samples_seen": state.samples, "final_loss": log.last_loss,
+        # an evaluation run again (reevaluate) keeps the wall time of the training
+        "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
     })
