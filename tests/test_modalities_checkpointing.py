@@ -132,3 +132,36 @@ def test_evaluation_is_unchanged() -> None:
     inputs = example_inputs("small_cnn", 4)
     with torch.no_grad():
         torch.testing.assert_close(checkpointed.eval()(inputs), plain.eval()(inputs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["text", "small_cnn"])
+def test_checkpointing_replays_sample_keyed_dropout(kind: str) -> None:
+    """With ``optimisation.sample_keyed_dropout`` the recomputation in backward runs after the
+    encoder call's row keys are gone: the adapter's checkpointing must replay them (else the
+    keyed layers refuse to drop without keys, or drop other elements)."""
+    from mmviews.modalities.dropout import dropout_rows, dropout_step, enable_sample_keyed_dropout
+
+    dropout = {"bert_config": {**DEEPER["text"]["bert_config"], "hidden_dropout_prob": 0.2,
+                               "attention_probs_dropout_prob": 0.2}} if kind == "text" else DEEPER[kind]
+    adapters = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        config = tiny_config(kind, **dropout, gradient_checkpointing=checkpointing)
+        config["head"] = {**config.get("head", {}), "dropout": 0.3}
+        adapters.append(build_adapter(config))
+        enable_sample_keyed_dropout(adapters[-1])
+    plain, checkpointed = adapters
+    checkpointed.load_state_dict(plain.state_dict())
+    inputs = example_inputs(kind, 6)
+    keys = torch.arange(6) * 7919 + 11
+    grads = []
+    for adapter in adapters:  # as in MultiViewEncoder.forward: the row keys hold for the forward only
+        adapter.train()
+        with dropout_step(3, 5):
+            with dropout_rows(keys):
+                z = adapter(inputs)
+            (z * torch.randn(z.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in adapter.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6, msg=name)

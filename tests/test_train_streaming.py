@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_data_pickle import mmsa_split
 from test_data_shards import as_list, prepare
-from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when, _last_step
+from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when_held
 from test_train_utils import REPO, env, load_weights, run_train, write_recipe
 
 from mmviews.data import build_dataset
@@ -111,10 +111,11 @@ def test_streamed_run_evaluates_its_streamed_splits(reference):
 def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, tmp_path):
     path, ref = reference
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(SLOW_TRAIN), "--step-sleep", "0.4", "--", str(path), "--output", str(run),
-                             "--set", "evaluation.at_end=false"],
+    held = tmp_path / "held"
+    proc = subprocess.Popen([sys.executable, str(SLOW_TRAIN), "--hold-after-step", "4", "--hold-marker", str(held), "--",
+                             str(path), "--output", str(run), "--set", "evaluation.at_end=false"],
                             env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _kill_when(proc, lambda: _last_step(run / "metrics.csv") >= 4)  # checkpoint-3: mid-epoch 0 (6 batches)
+    _kill_when_held(proc, held, "step 4")  # checkpoint-3: mid-epoch 0 (6 batches)
     checkpoint = run / "checkpoints" / "checkpoint-00000003"
     state = json.loads((checkpoint / "train_state.json").read_text())
     assert state["batch_in_epoch"] == 3 and state["stream"]["batches"] == 3 and state["stream"]["rows"] == 24

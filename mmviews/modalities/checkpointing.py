@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .dropout import checkpoint_context
+
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
 
 
@@ -67,7 +69,8 @@ def checkpointed(block: nn.Module, *args: Any) -> Any:
     state). Without gradients (``no_grad``, evaluation) it is a plain call."""
     if not torch.is_grad_enabled():
         return block(*args)
-    return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False)
+    # checkpoint_context: the recomputation drops what the forward dropped under sample-keyed dropout
+    return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False, context_fn=checkpoint_context)
 
 
 def enable_transformers_checkpointing(model: nn.Module, where: str) -> None:
@@ -76,7 +79,9 @@ def enable_transformers_checkpointing(model: nn.Module, where: str) -> None:
     class has none."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{where}: {type(model).__name__} does not support gradient checkpointing")
-    options = {"use_reentrant": False}
+    # checkpoint_context: the recomputation in backward runs under the forward's sample keys
+    # (optimisation.sample_keyed_dropout), so that it drops what the forward dropped
+    options = {"use_reentrant": False, "context_fn": checkpoint_context}
     if getattr(model.config, "use_cache", None):  # encoders keep no cache; transformers would say so at every run
         model.config.use_cache = False
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the older name warns there
