@@ -72,8 +72,12 @@ def train_tiny_run(folder: Path, **changes: Any) -> Path:
     return run
 
 
-def copy_run(run: Path, dest: Path) -> Path:
+def copy_run(run: Path, dest: Path, *, unfinished: bool = False) -> Path:
+    """A copy of ``run``; ``unfinished``: without ``results.json``, as a run stopped before its
+    end (``--resume`` of a finished run changes nothing and reads no checkpoint file)."""
     shutil.copytree(run, dest)
+    if unfinished:
+        (dest / "results.json").unlink()
     return dest
 
 

@@ -89,12 +89,16 @@ def test_list_adapters_and_tasks_show_their_parameters(capsys):
     import dataclasses
 
     from mmviews.modalities import adapter_class, list_adapters
+    from mmviews.modalities.base import AdapterConfig
 
     entries = _listed(capsys, "adapters")
+    common = {field.name for field in dataclasses.fields(AdapterConfig)}
+    for name in common:  # embed_dim, head, finetune, gradient_checkpointing...: listed once
+        assert f"{name}: " in entries["(every adapter)"], name
     for type_name in list_adapters():
         config = adapter_class(type_name).config_class()
         for field in dataclasses.fields(config):
-            if field.name not in ("embed_dim", "head", "finetune"):
+            if field.name not in common:
                 assert f"{field.name}: " in entries[type_name], (type_name, field.name)
     assert "channels: [32, 64, 128]" in entries["small_cnn"]
     assert "embed_dim: 128" in entries["(every adapter)"] and "head: {kind: mlp" in entries["(every adapter)"]

@@ -41,7 +41,7 @@ def test_resume_refuses_a_hostile_pickle_in_the_checkpoint(tiny_run, tmp_path, c
     """Each pickled checkpoint file replaced by one whose payload would create a file: the
     resume stops with one line naming that file, and the payload never runs, even when the
     attacker also rewrote the checksums of train_state.json."""
-    run = copy_run(tiny_run, tmp_path / "run")
+    run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
     marker = tmp_path / "PWNED"
     checkpoint = list_checkpoints(run)[-1]
     hostile_torch_file(checkpoint / name, marker)
@@ -53,9 +53,22 @@ def test_resume_refuses_a_hostile_pickle_in_the_checkpoint(tiny_run, tmp_path, c
     assert not marker.exists(), "code from the checkpoint ran"
 
 
+def test_resume_of_a_finished_run_with_a_hostile_checkpoint_runs_nothing(tiny_run, tmp_path, capsys):
+    """A finished run (``results.json`` written) is not trained again by ``--resume``: it says so
+    and reads no checkpoint file, so a hostile one there stays unread."""
+    run = copy_run(tiny_run, tmp_path / "run")
+    marker = tmp_path / "PWNED"
+    checkpoint = list_checkpoints(run)[-1]
+    hostile_torch_file(checkpoint / "optimizer.bin", marker)
+    rerecord(checkpoint)
+    rc, out, _ = cli(capsys, "train", "--resume", str(run))
+    assert rc == 0 and "has already finished" in out
+    assert not marker.exists(), "code from the checkpoint ran"
+
+
 def test_resume_without_checksums_still_loads_pickles_weights_only(tiny_run, tmp_path, capsys):
     """A checkpoint without file records (as written before them) gets the same protection."""
-    run = copy_run(tiny_run, tmp_path / "run")
+    run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
     marker = tmp_path / "PWNED"
     checkpoint = list_checkpoints(run)[-1]
     hostile_torch_file(checkpoint / "optimizer.bin", marker)
@@ -94,7 +107,7 @@ def test_teacher_is_checkpointed_as_safetensors_and_legacy_pickle_is_weights_onl
     assert (checkpoint / "teacher.safetensors").is_file()
     # A checkpoint in the old layout (teacher in Accelerate's custom_checkpoint_1.pkl, no
     # records) whose teacher pickle is hostile: refused by name, payload not run.
-    run = copy_run(teacher_run, tmp_path / "run")
+    run = copy_run(teacher_run, tmp_path / "run", unfinished=True)
     checkpoint = list_checkpoints(run)[-1]
     (checkpoint / "teacher.safetensors").unlink()
     marker = tmp_path / "PWNED"

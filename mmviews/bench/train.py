@@ -88,7 +88,16 @@ from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.trainer import Prepared, _accelerator, _present_mask, _prepare, micro_batch_dropout, train_step
+from mmviews.train.trainer import (
+    Prepared,
+    _accelerator,
+    _present_mask,
+    _prepare,
+    micro_batch_dropout,
+    optimizer_step,
+    record_nonfinite,
+    train_step,
+)
 
 CASES = ("quickstart", "realistic")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
@@ -371,18 +380,13 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
         t2 = time.perf_counter()
         objective.critic_step(z.detach())
         out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        bad = ~torch.isfinite(out.loss.detach())
-        p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+        record_nonfinite(p, out.loss)
         sync()
         t3 = time.perf_counter()
         accelerator.backward(out.loss)
         sync()
         t4 = time.perf_counter()
-        if accelerator.sync_gradients and max_grad_norm is not None:
-            accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
-        p.optimizer.step()
-        p.scheduler.step()
-        p.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(p, max_grad_norm)
     objective.on_step_end(z.detach(), batch.index)
     if p.teacher is not None and accelerator.sync_gradients:
         p.teacher.update(accelerator.unwrap_model(p.model))
@@ -405,7 +409,7 @@ def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: flo
     sync()
     t1 = time.perf_counter()
     chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
-    with accelerator.accumulate(p.model):
+    with accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask, states = encode_without_graph(p, chunks)
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = teacher_in_chunks(p, chunks)
@@ -414,8 +418,7 @@ def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: flo
         objective.critic_step(z.detach())
         z_leaf = z.detach().requires_grad_()
         out = objective.compute(z_leaf, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        bad = ~torch.isfinite(out.loss.detach())
-        p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+        record_nonfinite(p, out.loss)
         sync()
         t3 = time.perf_counter()
         accelerator.backward(out.loss)
@@ -423,11 +426,7 @@ def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: flo
         replay_backward(p, chunks, states, z_leaf.grad)
         sync()
         t4 = time.perf_counter()
-        if accelerator.sync_gradients and max_grad_norm is not None:
-            accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
-        p.optimizer.step()
-        p.scheduler.step()
-        p.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(p, max_grad_norm)
     objective.on_step_end(z.detach(), batch.index)
     if p.teacher is not None and accelerator.sync_gradients:
         p.teacher.update(accelerator.unwrap_model(p.model))

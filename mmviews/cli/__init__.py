@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("mmviews.cli.eval", "evaluate a run or checkpoint and write its report"),
     "compare": ("mmviews.eval.compare", "put several runs side by side in one table and one set of plots"),
     "bench": ("mmviews.bench.cli", "benchmark objectives, adapters or data loading"),
-    "prepare": ("mmviews.data.prepare", "validate a dataset copy against its card and convert it to the fast store"),
+    "prepare": ("mmviews.cli.prepare", "validate a dataset copy against its card and convert it to the fast store"),
     "list": ("mmviews.cli.list", "list objectives, recipes or datasets"),
     "demo": ("mmviews.demo", "train a toy encoder with a poly-view loss on synthetic views"),
 }

@@ -37,7 +37,7 @@ import os
 import pickle
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mmviews.fileio import atomic_write_text
 
@@ -234,76 +234,9 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def _prepare_hf(args: argparse.Namespace) -> dict[str, Any]:
-    from mmviews.config import DataConfig, load_config
-    from mmviews.data.loaders import build_dataset_split
-
-    if args.recipe is not None:
-        data = load_config(args.recipe).data
-        if data.name != "hf":
-            raise ValueError(f"{args.recipe}: key 'data.name' is {data.name!r}; `mmviews prepare hf` checks 'hf' datasets")
-        data.root = str(args.path)
-        splits = [s for s in (data.train_split, data.val_split, data.test_split) if s is not None]
-    else:
-        data = DataConfig(name="hf", root=str(args.path), options={})
-        splits = []
-    summary: dict[str, Any] = {"dataset": "hf", "root": str(args.path), "recipe": args.recipe or "none (default options)",
-                               "options": data.options}
-    problems: list[str] = []
-    if not splits:  # no recipe: every split the folder has
-        splits = _hf_split_names(Path(args.path), data.options.get("format", "auto"))
-    for split in dict.fromkeys(splits):
-        try:
-            ds = build_dataset_split(data, split)
-        except (ValueError, KeyError, FileNotFoundError) as err:
-            problems.append(str(err.args[0] if isinstance(err, KeyError) and err.args else err))
-            continue
-        n = len(ds)
-        count = n if args.samples <= 0 else min(n, args.samples)
-        decoded = 0
-        for i in range(count):
-            try:
-                ds[i]
-                decoded += 1
-            except (ValueError, OSError) as err:
-                problems.append(f"split {split!r} row {i}: {err}")
-                break
-        labels = {}
-        for name, column in ds.label_columns.items():
-            feature = ds.ds.features[column]
-            names = getattr(feature, "names", None)
-            labels[name] = f"column {column!r}" + (f", {len(names)} classes" if names else f", {feature}")
-        summary[f"split {split}"] = {
-            "rows": n,
-            "columns": sorted(ds.ds.features),
-            "modalities": {m: f"column {c!r}, {ds.kinds[m]}" for m, c in ds.columns.items()},
-            "labels": labels or "none (probes need one: options.labels)",
-            "decoded": f"{decoded} of the first {count} rows",
-        }
-    summary["next"] = ("mmviews train RECIPE --check (views, adapters, objective), then mmviews train RECIPE"
-                       if args.recipe else "write a recipe (data_cards/hf.md), then: mmviews prepare hf ROOT --recipe RECIPE")
-    summary["problems"] = problems
-    return summary
-
-
-def _hf_split_names(root: Path, format: str) -> list[str]:
-    """The splits of a dataset folder: a DatasetDict's, or the split sub-folders of an
-    image/audio folder (``train`` when it has none)."""
-    dict_file = root / "dataset_dict.json"
-    if format in ("auto", "disk") and dict_file.is_file():
-        from mmviews.fileio import read_json_object
-
-        return [str(s) for s in read_json_object(dict_file).get("splits", [])] or ["train"]
-    if format in ("auto", "disk") and (root / "dataset_info.json").is_file():
-        return ["train"]
-    from mmviews.data.hf import SPLIT_FOLDER_NAMES
-
-    found = [p.name for p in sorted(root.iterdir()) if p.is_dir() and p.name in SPLIT_FOLDER_NAMES]
-    # datasets' folder builders call a valid/val/dev folder "validation"
-    return [("validation" if name in ("valid", "val", "dev") else name) for name in found] or ["train"]
-
-
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[str, Any]] | None = None) -> int:
+    """``mmviews prepare``. ``check_hf``: the check of an ``hf`` dataset against its recipe
+    (:func:`mmviews.cli.prepare.check_hf_dataset`: reading a recipe is a layer above the data)."""
     try:
         if args.dataset == "synthetic":
             from mmviews.data.synthetic import SyntheticMultimodal
@@ -321,7 +254,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "format", None) == "parquet":
             summary = _prepare_parquet(args)
         elif args.dataset == "hf":
-            summary = _prepare_hf(args)
+            if check_hf is None:
+                raise ValueError("mmviews prepare hf checks a dataset through the command line (mmviews.cli.prepare)")
+            summary = check_hf(args)
         else:
             summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:

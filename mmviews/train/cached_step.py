@@ -174,7 +174,7 @@ def cached_train_step(p: "Prepared", batch: ViewBatch, max_grad_norm: float | No
     of ``chunk_size`` samples (see the module docstring): same arguments, same calls to the
     objective, optimiser and schedule, same result (the objective's output and the critic's
     metrics); no host read of a device value."""
-    from mmviews.train.trainer import _present_mask, micro_batch_dropout
+    from mmviews.train.trainer import _present_mask, micro_batch_dropout, optimizer_step, record_nonfinite
 
     objective = p.objective
     chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
@@ -186,16 +186,10 @@ def cached_train_step(p: "Prepared", batch: ViewBatch, max_grad_norm: float | No
         critic_metrics = objective.critic_step(z.detach())
         z_leaf = z.detach().requires_grad_()  # the objective's backward stops here
         out = objective.compute(z_leaf, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        # Recorded on the device, read at the next log step (trainer._check_losses).
-        bad = ~torch.isfinite(out.loss.detach())
-        p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+        record_nonfinite(p, out.loss)
         p.accelerator.backward(out.loss)
         assert z_leaf.grad is not None
         replay_backward(p, chunks, states, z_leaf.grad)
-        if p.accelerator.sync_gradients and max_grad_norm is not None:
-            p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
-        p.optimizer.step()
-        p.scheduler.step()
-        p.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(p, max_grad_norm)
     objective.on_step_end(z.detach(), batch.index)
     return out, critic_metrics

@@ -231,6 +231,24 @@ def micro_batch_dropout(p: Prepared) -> contextlib.AbstractContextManager[None]:
     return dropout_step(p.dropout_seed, p.state.epoch * p.batches_per_epoch + p.state.batch_in_epoch)
 
 
+def record_nonfinite(p: Prepared, loss: torch.Tensor) -> None:
+    """Fold "this loss is NaN or inf" into the device-side flag that :func:`_check_losses` reads at
+    the next log step: no host synchronisation in the step."""
+    bad = ~torch.isfinite(loss.detach())
+    p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+
+
+def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
+    """The end of every micro-batch's step: clip (when the accumulation window ends and
+    ``max_grad_norm`` is set), then the optimiser and the schedule (Accelerate makes both no-ops
+    inside an accumulation window) and clear the gradients."""
+    if p.accelerator.sync_gradients and max_grad_norm is not None:
+        p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
+    p.optimizer.step()
+    p.scheduler.step()
+    p.optimizer.zero_grad(set_to_none=True)
+
+
 def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
     Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
@@ -244,15 +262,9 @@ def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tu
         teacher = p.teacher(batch)[0] if p.teacher is not None else None
         critic_metrics = objective.critic_step(z.detach())
         out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        # Recorded on the device, read at the next log step (_check_losses): no host sync here.
-        bad = ~torch.isfinite(out.loss.detach())
-        p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+        record_nonfinite(p, out.loss)
         p.accelerator.backward(out.loss)
-        if p.accelerator.sync_gradients and max_grad_norm is not None:
-            p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
-        p.optimizer.step()
-        p.scheduler.step()
-        p.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(p, max_grad_norm)
     objective.on_step_end(z.detach(), batch.index)
     return out, critic_metrics
 
