@@ -189,3 +189,21 @@ def test_damaged_shard_named_or_skipped(shards, tmp_path):
     assert stream.num_skipped_shards == 1 and len(stream) == ROWS - 12
     seen = [s["index"] for b in StreamLoader(stream, 4, as_list, drop_last=False) for s in b]
     assert sorted(seen) == [i for i in range(ROWS) if not 24 <= i < 36]
+
+
+def test_streamed_accumulation_needs_whole_windows_per_epoch(shards, tmp_path):
+    """A streamed loader is not prepared by Accelerate, which closes an accumulation window at the
+    end of the loaders it prepares: an epoch of 6 batches with grad_accum_steps 4 is refused by
+    key, 3 is accepted."""
+    from mmviews.config import ConfigError, load_config
+    from mmviews.train import build_run
+
+    raw = recipe(shards)
+    for accumulate, ok in ((4, False), (3, True)):
+        raw["optimisation"]["grad_accum_steps"] = accumulate
+        config = load_config(write_recipe(tmp_path / f"r{accumulate}.yaml", raw))
+        if ok:
+            assert len(build_run(config, with_eval=False).train_loader) == 6
+        else:
+            with pytest.raises(ConfigError, match=r"optimisation.grad_accum_steps.*6 batches"):
+                build_run(config, with_eval=False)

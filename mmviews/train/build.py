@@ -150,6 +150,13 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
         # draws its own K / N rows per batch; the loader also takes the sampler's set_epoch.
         train_loader = stream_loader(train_dataset, sampler.K, num_processes, collator, config)
         batches = train_loader
+        accumulate = config.optimisation.grad_accum_steps
+        if accumulate > 1 and len(train_loader) % accumulate:
+            # Accelerate closes an accumulation window at the end of the loaders it prepares;
+            # a streamed loader is not prepared, so an epoch must hold whole windows.
+            raise ConfigError(f"{source}: key 'optimisation.grad_accum_steps': a streamed epoch has "
+                              f"{len(train_loader)} batches, not a multiple of grad_accum_steps = {accumulate}; "
+                              "choose a divisor, or data.batch_size so that it divides the epoch")
     else:
         train_loader = DataLoader(train_dataset, batch_sampler=batches, collate_fn=collator, generator=generator,
                                   **loader_options(d.num_workers, pin_memory=pin_memory_default(config.cpu)))
