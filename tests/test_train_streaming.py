@@ -147,7 +147,11 @@ for recipe in sys.argv[1:]:
     dist.all_gather_object(out, {"rank": state.process_index, "batches": seen, "len": len(parts.train_loader)})
     results.append(out)
 if state.is_main_process:
-    print("RESULT" + json.dumps(results))
+    print("RESULT" + json.dumps(results), flush=True)
+# leave together, with the process group closed: a rank exiting while its peer still holds the
+# gloo connection can abort ("terminate called without an active exception")
+dist.barrier()
+dist.destroy_process_group()
 """
 
 
