@@ -359,6 +359,18 @@ def _batches(p: Prepared, parts: RunParts) -> Iterator[Any]:
         epoch += 1
 
 
+def _end_of_timed_step(p: Prepared, batch: Any, z: torch.Tensor, sync: Callable[[], None],
+                       clocks: tuple[float, ...]) -> dict[str, float]:
+    """The part of a timed step after the optimiser (the objective's ``on_step_end`` and the
+    loop's teacher update), timed as the optimiser phase; seconds per phase (:data:`PHASES`)."""
+    p.objective.on_step_end(z.detach(), batch.index)
+    if p.teacher is not None and p.accelerator.sync_gradients:
+        p.teacher.update(p.accelerator.unwrap_model(p.model))
+    sync()
+    clocks = (*clocks, time.perf_counter())
+    return dict(zip(PHASES, (b - a for a, b in zip(clocks, clocks[1:]))))
+
+
 def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
                sync: Callable[[], None]) -> dict[str, float]:
     """One step of :func:`mmviews.train.train_step` (same calls in the same order, plus the
@@ -387,12 +399,7 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
         sync()
         t4 = time.perf_counter()
         optimizer_step(p, max_grad_norm)
-    objective.on_step_end(z.detach(), batch.index)
-    if p.teacher is not None and accelerator.sync_gradients:
-        p.teacher.update(accelerator.unwrap_model(p.model))
-    sync()
-    t5 = time.perf_counter()
-    return dict(zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)))
+    return _end_of_timed_step(p, batch, z, sync, (t0, t1, t2, t3, t4))
 
 
 def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
@@ -427,12 +434,7 @@ def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: flo
         sync()
         t4 = time.perf_counter()
         optimizer_step(p, max_grad_norm)
-    objective.on_step_end(z.detach(), batch.index)
-    if p.teacher is not None and accelerator.sync_gradients:
-        p.teacher.update(accelerator.unwrap_model(p.model))
-    sync()
-    t5 = time.perf_counter()
-    return dict(zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)))
+    return _end_of_timed_step(p, batch, z, sync, (t0, t1, t2, t3, t4))
 
 
 def loop_step(p: Prepared, batch: Any, max_grad_norm: float | None) -> None:
