@@ -55,11 +55,12 @@ def recipe(tmp_path_factory) -> Path:
     return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", CONFIG)
 
 
-def train_recorded(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
-    """An uninterrupted ``mmviews train ARGS`` through ``slow_train --record``: its per-step counters."""
+def train_recorded(tmp_path: Path, *args: str, timeout: float = 300) -> list[dict[str, Any]]:
+    """An uninterrupted ``mmviews train ARGS`` through ``slow_train --record``: its per-step
+    counters (also left in ``tmp_path/steps-<k>.jsonl``)."""
     record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
     r = subprocess.run([sys.executable, str(SLOW_TRAIN), "--record", str(record), "--", *args],
-                       capture_output=True, text=True, timeout=180, env=env(), cwd=REPO)
+                       capture_output=True, text=True, timeout=timeout, env=env(), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     return read_record(record)
 
