@@ -24,7 +24,7 @@ from test_train_resume import (
     check_resumed_exactly,
     train_recorded,
 )
-from test_train_utils import REPO, env, load_weights, read_record, started, write_recipe
+from test_train_utils import load_weights, read_record, run_in_group, started, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -192,7 +192,7 @@ def test_two_gloo_processes_draw_disjoint_rows(shards, tmp_path):
     script.write_text(WORKER)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
                 str(script), *recipes]
-    r = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
+    r = run_in_group(launcher, timeout=240)  # a failed launch leaves no rank behind
     assert r.returncode == 0, r.stderr[-4000:]
     for out in json.loads(r.stdout.split("RESULT", 1)[1]):
         rows = [sorted(i for b in o["batches"] for i in b) for o in out]

@@ -136,3 +136,17 @@ def kill_group(proc: subprocess.Popen) -> None:
 def read_record(path: Path) -> list[dict[str, Any]]:
     """The per-step rows written by ``tests/slow_train.py --record`` (none if the file is absent)."""
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_in_group(command: list[str], timeout: float = 240, **popen_options: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True)`` for a multi-process launch: in a
+    session of its own, whose whole process group (the launcher's ranks) is killed when it ends or
+    times out, so that a failed or hung launch leaves no process behind."""
+    with started(command, **popen_options) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            import pytest
+
+            pytest.fail(f"{' '.join(command[:6])} ... did not finish within {timeout} s")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
