@@ -177,28 +177,6 @@ def _kill_before_rename(recipe: Path, run: Path, marker: Path, step: int, *optio
         _kill_when_held(proc, marker, f"the checkpoint of step {step}")
 
 
-def test_kill_while_writing_checkpoint_keeps_previous_one(recipe, reference_run, reference, tmp_path):
-    """With ``keep_last: 1``, a kill after the checkpoint of step 6 is written (to its temporary
-    folder) and before its rename leaves the checkpoint of step 4 complete: the rotation never
-    deletes the old checkpoint before the new one is in place."""
-    run, marker = tmp_path / "run", tmp_path / "held"
-    _kill_before_rename(recipe, run, marker, 6)
-    tmp = run / "checkpoints" / ".tmp-checkpoint-00000006"
-    assert tmp.is_dir(), "the half-written checkpoint should be left in its temporary folder"
-    assert check_checkpoints_complete(run).name == "checkpoint-00000004"
-    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-00000004"]
-
-    # The previous checkpoint still loads...
-    encoder, config, _ = load_run(run)
-    assert config.name == "tiny"
-    assert any(p.abs().sum() > 0 for p in encoder.parameters())
-    # ...and resuming from it runs steps 5-12 and finishes with the uninterrupted run's weights.
-    stdout, rows = _resume(run, tmp_path)
-    check_resumed_exactly(stdout, rows, run / "checkpoints" / "checkpoint-00000004", TOTAL, reference_run[1])
-    assert not tmp.exists()  # stale temporary folders are cleaned on start
-    _assert_identical(load_weights(run / "encoder"), reference)
-
-
 def _kill_mid_removal(recipe: Path, run: Path, marker: Path, *options: str) -> None:
     """Start the recipe with ``keep_last: 1`` and SIGKILL it in the middle of the first deletion
     under ``checkpoints/``: that of checkpoint-2, once checkpoint-4 is renamed into place."""
@@ -207,17 +185,36 @@ def _kill_mid_removal(recipe: Path, run: Path, marker: Path, *options: str) -> N
         _kill_when_held(proc, marker, "the deletion of an old checkpoint")
 
 
-def test_kill_while_deleting_an_old_checkpoint_leaves_only_complete_ones(recipe, reference_run, reference, tmp_path):
-    """Rotation: an old checkpoint being deleted is renamed away first, so a deletion cut short
-    (a kill, a second Ctrl-C) never leaves a half-deleted ``checkpoint-N``; the run resumes
-    from the new one."""
-    run, marker = tmp_path / "run", tmp_path / "held"
-    _kill_mid_removal(recipe, run, marker)
+def test_kills_during_checkpoint_rotation_leave_complete_checkpoints_and_resume(recipe, reference_run, reference,
+                                                                                 tmp_path):
+    """Rotation with ``keep_last: 1``, killed at its two moments. First in the middle of the
+    deletion of checkpoint-2 (checkpoint-4 renamed into place): an old checkpoint is renamed away
+    before it is deleted, so no half-deleted ``checkpoint-N`` is left. Then the resumed process,
+    once the checkpoint of step 6 is complete in its temporary folder but not renamed: the old
+    checkpoint is only deleted once the new one is in place, so checkpoint-4 is still there,
+    complete. The last resume runs steps 5-12 to the uninterrupted run's counters and weights."""
+    run, folder = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    _kill_mid_removal(recipe, run, tmp_path / "held-removal")
     assert check_checkpoints_complete(run).name == "checkpoint-00000004"
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".tmp")], "the deletion was not cut short"
+
+    with started(_slow_train("--hold-after-checkpoint", "6", "--hold-marker", str(tmp_path / "held-write"), "--",
+                             "--resume", str(run))) as proc:
+        _kill_when_held(proc, tmp_path / "held-write", "the checkpoint of step 6")
+    tmp = folder / ".tmp-checkpoint-00000006"
+    assert tmp.is_dir(), "the half-written checkpoint should be left in its temporary folder"
+    assert sorted(p.name for p in folder.iterdir()) == [".tmp-checkpoint-00000006", "checkpoint-00000004"]
+    assert check_checkpoints_complete(run).name == "checkpoint-00000004"
+
+    # The previous checkpoint still loads...
+    encoder, config, _ = load_run(run)
+    assert config.name == "tiny" and config.output.keep_last == 1
+    assert any(p.abs().sum() > 0 for p in encoder.parameters())
+    # ...and resuming from it runs steps 5-12 and finishes with the uninterrupted run's weights.
     stdout, rows = _resume(run, tmp_path)
-    check_resumed_exactly(stdout, rows, run / "checkpoints" / "checkpoint-00000004", TOTAL, reference_run[1])
+    check_resumed_exactly(stdout, rows, folder / "checkpoint-00000004", TOTAL, reference_run[1])
+    assert [p.name for p in folder.iterdir()] == ["checkpoint-00000012"]  # stale temporary folders are cleaned
     _assert_identical(load_weights(run / "encoder"), reference)
-    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
 
 
 @pytest.mark.parametrize("break_name,kill", [("delete_old_checkpoints_first", _kill_before_rename),
