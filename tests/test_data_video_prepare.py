@@ -272,3 +272,37 @@ def test_sigkill_check_fails_when_workers_ignore_their_parent(tmp_path):
     survivors, _ = kill_prepare_mid_run(root, tmp_path / "store", tmp_path / "markers", tmp_path / "slow.py",
                                         break_name="orphan_prepare_workers")
     assert len(survivors) >= 2  # the two workers (held in their commit, or waiting for work)
+
+
+# --------------------------------------------------------------------------- train start
+
+
+def test_train_prints_the_split_lists_it_read(tmp_path, capsys):
+    from test_train_utils import write_recipe
+
+    from mmviews.cli import main
+
+    data = tmp_path / "data"
+    hmdb = make_folder(data / "hmdb51", {"clap": [4, 4], "wave": [4, 4]})
+    write_ucf_lists(data / "ucfTrainTestlist", ["clap/v_clap_0.avi"], ["wave/v_wave_0.avi"], ["clap", "wave"])
+    lists = data / "testTrainMulti_7030_splits"
+    lists.mkdir()
+    for cls in ("clap", "wave"):
+        (lists / f"{cls}_test_split1.txt").write_text(f"v_{cls}_0.avi 1\nv_{cls}_1.avi 2\n")
+    head = {"kind": "linear"}
+    recipe = write_recipe(tmp_path / "tiny_hmdb.yaml", {
+        "name": "tiny_hmdb", "seed": 0,
+        "data": {"name": "hmdb51", "root": str(hmdb), "batch_size": 2, "eval_batch_size": 2, "val_split": None,
+                 "test_split": "test",
+                 "options": {"num_frames": 2, "size": 16, "audio": False, "store": False}},
+        "views": [{"modality": "video"}, {"modality": "video"}],
+        "encoder": {"embed_dim": 8},
+        "adapters": {"video": {"type": "small_cnn", "channels": [4], "head": head}},
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
+        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": 1},
+        "evaluation": {"tasks": [], "random_baseline": False},
+        "output": {"log_every": 1, "checkpoint_every": 100, "progress_bar": False},
+    })
+    assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"data: hmdb51 {hmdb}: 2 clips, split lists from {lists}" in out

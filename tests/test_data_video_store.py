@@ -182,6 +182,9 @@ _KILL_SCRIPT = textwrap.dedent("""
             time.sleep(600)
 
     if __name__ == "__main__":
+        import mmviews.data.video_store as video_store
+
+        video_store._MANIFEST_SAVE_S = 1e9  # no periodic save: only the journal can list a finished clip
         if len(sys.argv) > 4:  # a break of tests/mutations.py (the tests folder is on PYTHONPATH)
             from mutations import apply_break
 
@@ -224,12 +227,17 @@ def kill_prepare_mid_run(root: Path, store: Path, markers: Path, script: Path,
     workers: list = []
     try:
         deadline = time.monotonic() + 120
-        # wait until one clip is committed and listed by the manifest (the prepare's own record of it)
-        # and another is written but held before its commit (markers from the worker): no timing
-        while not (_done_clips(store) and list(markers.glob("holding-*"))
-                   and (read_manifest(store) or {}).get("clips")):
+        # wait until one clip is committed and another is written but held before its commit
+        # (markers from the worker, so the state does not depend on timing) ...
+        while not (_done_clips(store) and list(markers.glob("holding-*"))):
             assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "no clip recorded and another held before its commit in 120 s"
+            assert time.monotonic() < deadline, "no clip held before its commit in 120 s"
+            time.sleep(0.02)
+        # ... and the prepare has recorded the committed clip (its journal line, the marker of that
+        # moment; it comes within milliseconds: without it, the caller's check of the manifest fails)
+        listed_by = time.monotonic() + 30
+        while not (read_manifest(store) or {}).get("clips") and time.monotonic() < listed_by:
+            assert proc.poll() is None, proc.stdout.read().decode()
             time.sleep(0.02)
         workers = psutil.Process(proc.pid).children(recursive=True)
         assert len(workers) >= 2
