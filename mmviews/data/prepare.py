@@ -180,8 +180,8 @@ def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
                                   jpeg_quality=args.jpeg_quality, workers=args.workers, on_error=args.on_error,
                                   overwrite=args.overwrite, min_frames=args.num_frames)
         report_path = store / REPORT_FILE
-        report = {"dataset": args.dataset, "root": str(root.resolve()), "splits_dir": str(splits_dir), "fold": args.fold,
-                  "store": res["store"], "missing": {s: v["missing"] for s, v in splits.items()},
+        report = {"dataset": args.dataset, "root": str(root.resolve()), "splits_dir": str(splits_dir),
+                  "fold": args.fold, "store": res["store"], "missing": {s: v["missing"] for s, v in splits.items()},
                   "failed": res["failed"], "truncated": res["truncated"], "short": res["short"],
                   "num_frames": args.num_frames}
         atomic_write_text(report_path, json.dumps(report, indent=1))
