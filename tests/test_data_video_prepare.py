@@ -17,7 +17,13 @@ from test_data_video_store import kill_prepare_mid_run, make_folder, write_video
 
 from mmviews.data import prepare
 from mmviews.data.video import VideoFolder
-from mmviews.data.video_store import MANIFEST, default_store_path, prepare_video_store, read_manifest
+from mmviews.data.video_store import (
+    MANIFEST,
+    REPORT_FILE,
+    default_store_path,
+    prepare_video_store,
+    read_manifest,
+)
 
 
 def write_h264(path: Path, n_frames: int, size: tuple[int, int] = (96, 128)) -> None:
@@ -132,8 +138,8 @@ def test_truncated_and_short_clips_are_reported_and_listed(tmp_path, capsys):
     # the decode error is recorded for the clip whose decoding stopped on one
     assert ["error" in t for t in manifest["truncated"].values()] == [False, True]
     assert manifest["short"] == short and manifest["failed"] == {}
-    assert f"report: {store / prepare.REPORT_FILE}" in out
-    report = json.loads((store / prepare.REPORT_FILE).read_text())
+    assert f"report: {store / REPORT_FILE}" in out
+    report = json.loads((store / REPORT_FILE).read_text())
     assert report["truncated"] == manifest["truncated"] and report["short"] == manifest["short"]
     # what decodes is stored (all of it), and nothing was written into the dataset folder
     frames = np.load(store / manifest["clips"]["Run/v_Run_0.avi"]["dir"] / "frames.npy")
@@ -198,7 +204,7 @@ def test_missing_clips_are_named_and_listed_outside_the_dataset(tmp_path, capsys
     before = snapshot(root)
     rc, out, _ = run_prepare(capsys, "ucf101", str(root), "--workers", "0")
     store = default_store_path(root)
-    report = store / prepare.REPORT_FILE
+    report = store / REPORT_FILE
     assert rc == 1 and "train: 7 listed clips missing" in out and "test: 1 listed clips missing" in out
     assert "missing (listed, not on disk): 8" in out
     assert all(f"train: {rel}" in out for rel in gone[:5])  # the first few by name

@@ -13,9 +13,10 @@
   name and skipped (``--on-error skip``) or stop the run (``raise``); truncated videos (fewer
   frames decode than the container states) are stored as decoded and reported; clips with
   fewer frames than ``--num-frames`` are listed as short. Each problem is one ``warning:`` line.
-  Everything left out is written to ``STORE/prepare-report.json`` (:data:`REPORT_FILE`, path
-  printed): ``{"dataset", "root", "splits_dir", "fold", "store", "missing": {split: [rel]},
-  "failed": {rel: message}, "truncated": {rel: {"declared", "decoded"}}, "short": {rel:
+  Everything left out is written to ``STORE/prepare-report.json``
+  (:data:`mmviews.data.video_store.REPORT_FILE`, path printed): ``{"dataset", "root",
+  "splits_dir", "fold", "store", "num_frames", "missing": {split: [rel]}, "failed": {rel:
+  message}, "truncated": {rel: {"declared", "decoded"[, "error"]}}, "short": {rel:
   {"decoded", "needed"}}}``; the same ``failed`` / ``truncated`` / ``short`` keys are in the
   store's manifest (:mod:`mmviews.data.video_store`). The datasets read the store when it
   exists. ``--check-only`` only checks: it counts clips with an audio track and unreadable
@@ -50,7 +51,6 @@ from typing import Any, Callable
 from mmviews.fileio import atomic_write_text
 
 SENTIMENT = ("mosi", "mosei", "sims")
-REPORT_FILE = "prepare-report.json"  # in the video store: every clip a video prepare left out, and why
 _NAMED_IN_OUTPUT = 5  # clips named per problem in the printed summary (all of them in the report file)
 VIDEO = ("ucf101", "hmdb51")
 # Clip counts from the data cards.
@@ -156,7 +156,7 @@ def _named(items: list[str], total: int, where: str) -> list[str]:
 
 def _prepare_video(args: argparse.Namespace) -> dict[str, Any]:
     from mmviews.data.video import VideoFolder, scan_video_folder
-    from mmviews.data.video_store import default_store_path, prepare_video_store
+    from mmviews.data.video_store import REPORT_FILE, default_store_path, prepare_video_store
 
     root = Path(args.path)
     summary: dict[str, Any] = {"dataset": args.dataset, "root": str(root)}

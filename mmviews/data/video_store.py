@@ -94,6 +94,7 @@ STORE_KIND = "mmviews-video-store"
 STORE_VERSION = 1
 MANIFEST = "manifest.json"
 JOURNAL = "manifest.journal"
+REPORT_FILE = "prepare-report.json"  # written by `mmviews prepare`: every clip it left out, and why
 CLIP_ENTRY = "clip.json"
 CLIPS_DIR = "clips"
 TMP_PREFIX = ".mmviews-tmp-"
@@ -435,8 +436,8 @@ def clear_video_store(store: str | os.PathLike[str]) -> int:
     """Remove the outputs a video store's manifest lists; returns the number of clip folders removed.
 
     The manifest is ``manifest.json`` plus the per-clip ``clip.json`` entries. Only those clip
-    folders (the files their entries name), temporary folders of an interrupted prepare and
-    ``manifest.json`` itself are deleted; class folders are removed when that leaves them empty.
+    folders (the files their entries name), temporary folders of an interrupted prepare,
+    ``manifest.json``, its journal and the prepare report are deleted; class folders are removed when that leaves them empty.
     A folder that is not a mmviews video store raises ValueError naming it; nothing is deleted.
     """
     store = Path(store)
@@ -472,6 +473,7 @@ def clear_video_store(store: str | os.PathLike[str]) -> int:
             clips_root.rmdir()
     (store / MANIFEST).unlink(missing_ok=True)
     (store / JOURNAL).unlink(missing_ok=True)
+    (store / REPORT_FILE).unlink(missing_ok=True)
     return removed
 
 
