@@ -293,12 +293,12 @@ def test_train_prints_the_split_lists_it_read(tmp_path, capsys):
     from mmviews.cli import main
 
     data = tmp_path / "data"
-    hmdb = make_folder(data / "hmdb51", {"clap": [4, 4], "wave": [4, 4]})
+    hmdb = make_folder(data / "hmdb51", {"clap": [4, 4, 4], "wave": [4, 4, 4]})
     write_ucf_lists(data / "ucfTrainTestlist", ["clap/v_clap_0.avi"], ["wave/v_wave_0.avi"], ["clap", "wave"])
     lists = data / "testTrainMulti_7030_splits"
     lists.mkdir()
     for cls in ("clap", "wave"):
-        (lists / f"{cls}_test_split1.txt").write_text(f"v_{cls}_0.avi 1\nv_{cls}_1.avi 2\n")
+        (lists / f"{cls}_test_split1.txt").write_text(f"v_{cls}_0.avi 1\nv_{cls}_1.avi 1\nv_{cls}_2.avi 2\n")
     head = {"kind": "linear"}
     recipe = write_recipe(tmp_path / "tiny_hmdb.yaml", {
         "name": "tiny_hmdb", "seed": 0,
@@ -313,6 +313,8 @@ def test_train_prints_the_split_lists_it_read(tmp_path, capsys):
         "evaluation": {"tasks": [], "random_baseline": False},
         "output": {"log_every": 1, "checkpoint_every": 100, "progress_bar": False},
     })
+    line = f"data: hmdb51 {hmdb}: 4 clips, split lists from {lists}"  # HMDB-51's lists, not UCF-101's beside them
+    assert main(["train", str(recipe), "--check"]) == 0
+    assert line in capsys.readouterr().out
     assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 0
-    out = capsys.readouterr().out
-    assert f"data: hmdb51 {hmdb}: 2 clips, split lists from {lists}" in out
+    assert line in capsys.readouterr().out
