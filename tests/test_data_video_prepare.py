@@ -318,3 +318,32 @@ def test_train_prints_the_split_lists_it_read(tmp_path, capsys):
     assert line in capsys.readouterr().out
     assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 0
     assert line in capsys.readouterr().out
+
+
+def test_parquet_prepare_reads_the_datasets_own_split_lists(tmp_path, capsys):
+    """`prepare hmdb51 --format parquet` next to UCF-101 writes HMDB-51's split, not UCF-101's."""
+    import datasets
+
+    data = tmp_path / "data"
+    make_folder(data / "UCF-101", {"Jump": [3]})
+    write_ucf_lists(data / "ucfTrainTestlist", ["Jump/v_Jump_0.avi"], ["Jump/v_Jump_0.avi"], ["Jump"])
+    hmdb = make_folder(data / "hmdb51", {"clap": [3, 3], "wave": [3]})
+    lists = data / "testTrainMulti_7030_splits"
+    lists.mkdir()
+    (lists / "clap_test_split1.txt").write_text("v_clap_0.avi 1\nv_clap_1.avi 2\n")
+    (lists / "wave_test_split1.txt").write_text("v_wave_0.avi 1\n")
+    out = tmp_path / "hmdb-parquet"
+    rc, text, err = run_prepare(capsys, "hmdb51", str(hmdb), "--format", "parquet", "--workers", "0", "--size", "32",
+                                "--output", str(out), "--flow", "none")
+    assert rc == 0, text + err
+    ids = datasets.load_dataset("parquet", data_files=str(out / "train" / "*.parquet"), split="train")["id"]
+    assert sorted(ids) == ["clap/v_clap_0.avi", "wave/v_wave_0.avi"]
+    # the same with the lists moved elsewhere and named by --splits-dir
+    moved = tmp_path / "my_lists"
+    shutil.move(str(lists), moved)
+    rc, text, err = run_prepare(capsys, "hmdb51", str(hmdb), "--format", "parquet", "--workers", "0", "--size", "32",
+                                "--output", str(tmp_path / "again"), "--flow", "none", "--splits-dir", str(moved))
+    assert rc == 0, text + err
+    ids = datasets.load_dataset("parquet", data_files=str(tmp_path / "again" / "test" / "*.parquet"),
+                                split="train")["id"]
+    assert ids == ["clap/v_clap_1.avi"]

@@ -240,7 +240,8 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
                                   flow=None if args.flow == "none" else args.flow, jpeg_quality=args.jpeg_quality,
                                   workers=args.workers, on_error=args.on_error)
         store = VideoStore(store_path)
-        rows = {s: shards.video_split_rows(path, s, args.fold, store) for s in (wanted or ["train", "test"])}
+        rows = {s: shards.video_split_rows(path, s, args.fold, store, dataset=args.dataset,
+                                                splits_dir=args.splits_dir) for s in (wanted or ["train", "test"])}
         columns = {"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"}
         kind, labels, options = "video", {"class": "class"}, {"fold": args.fold, **store.options}
         extra = {"store": str(store_path), "unreadable (skipped)": list(res["failed"].values()),
