@@ -143,13 +143,13 @@ def test_stop_check_fails_when_the_run_stops_one_step_late(recipe, tmp_path):
     """Mutation test (tests/README.md): a loop that runs one more step after the signal (break
     ``stop_one_step_late``) fails :func:`check_stopped_at`."""
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
-    with started(_slow_train(recipe, run, marker, *_held_until_signal(2, held), "--break", "stop_one_step_late",
-                             )) as proc:
+    options = (*_held_until_signal(2, held), "--break", "stop_one_step_late")
+    with started(_slow_train(recipe, run, marker, *options)) as proc:
         wait_for_file(proc, held, "the hold after step 2")
         proc.send_signal(signal.SIGINT)
         rc, err = _finish(proc)
     assert rc == 130, err[-3000:]
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="signalled at step 2, the last step run is 3"):
         check_stopped_at(run, marker, 2)
     assert _marked_step(marker) == 3  # the break did what it says
 

@@ -226,9 +226,11 @@ def test_rotation_check_fails_when_checkpoints_are_deleted_unsafely(recipe, tmp_
     run, marker = tmp_path / "run", tmp_path / "held"
     if kill is _kill_before_rename:
         kill(recipe, run, marker, 4, "--break", break_name)  # checkpoint-2 is gone before checkpoint-4 is in place
+        failure = "no checkpoint left"
     else:
         kill(recipe, run, marker, "--break", break_name)  # checkpoint-2 half deleted, under its name
-    with pytest.raises(AssertionError):
+        failure = "checkpoint-00000002: files"
+    with pytest.raises(AssertionError, match=failure):
         check_checkpoints_complete(run)
 
 
@@ -257,7 +259,8 @@ def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference,
     part = tmp_path / "part"
     checkpoint = _truncated_copy(reference_run[0], part, at)
     stdout, rows = _resume(part, tmp_path, "--break", break_name)
-    with pytest.raises(AssertionError):
+    failure = "resumed from" if break_name == "skip_restore" else f"step {at + 1}: resumed"
+    with pytest.raises(AssertionError, match=failure):
         check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_run[1])
     if break_name == "skip_restore":
         assert [r["step"] for r in rows] == list(range(1, TOTAL + 1))  # the break did what it says: all 12 steps again
