@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from crafted_files import cli
 from test_train_utils import load_weights, run_train, started, tiny_config, wait_for_file, write_recipe
 
 from mmviews.cli import main
@@ -217,15 +218,16 @@ def _gaussian_recipe(path: Path, input_dim: int) -> Path:
     return write_recipe(path, raw)
 
 
-def test_setup_failure_then_the_same_command_starts_again(tmp_path):
+def test_setup_failure_then_the_same_command_starts_again(tmp_path, capsys):
+    # The command in this process (crafted_files.cli): no signal is involved, and it saves two interpreter starts.
     recipe, run = _gaussian_recipe(tmp_path / "gauss.yaml", input_dim=5), tmp_path / "run"  # the data has 1
-    r = run_train(str(recipe), "--output", str(run))
-    assert r.returncode == 2, r.stderr[-3000:]
-    assert f"{run} holds no checkpoint: once fixed, the same command starts it again there" in r.stderr
+    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(run))
+    assert rc == 2, err[-3000:]
+    assert f"{run} holds no checkpoint: once fixed, the same command starts it again there" in err
     assert (run / "config.yaml").is_file()  # the folder was claimed before the failure
     _gaussian_recipe(recipe, input_dim=1)  # fixed
-    r = run_train(str(recipe), "--output", str(run))  # the same command, no --overwrite
-    assert r.returncode == 0, r.stderr[-3000:]
+    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(run))  # the same command, no --overwrite
+    assert rc == 0, err[-3000:]
     assert (run / "encoder").is_dir()
     assert read_manifest(run)["foreign"] == []
     # A run that has something to keep is still protected.
@@ -239,14 +241,15 @@ def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
-    r = run_train("--resume", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"{run} has already finished (step 12, results.json written): nothing to do" in r.stdout
+    rc, out, err = cli(capsys, "train", "--resume", str(run))  # in this process: no signal is involved
+    assert rc == 0, err[-3000:]
+    assert f"{run} has already finished (step 12, results.json written): nothing to do" in out
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
     assert after == before  # not a file touched
 
     wall = json.loads((run / "results.json").read_text())["wall_time_s"]
     metrics = run / "eval" / "metrics.json"
+    # A subprocess (one thread, as the run was evaluated): the numbers must be the same.
     r = run_train("--resume", str(run), "--reevaluate")
     assert r.returncode == 0, r.stderr[-3000:]
     assert metrics.stat().st_mtime_ns != before[metrics][0]  # evaluated again...
