@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mutations import apply_break
 
@@ -43,6 +43,7 @@ from mmviews.cli import train as train_command
 from mmviews.run import CHECKPOINTS_DIR
 from mmviews.train import TrainCallback, TrainState
 
+Setter = Callable[[Any, str, Any], None]
 HOLD_SECONDS = 600  # longer than any test waits: a held process ends because the test kills or signals it
 
 
@@ -81,7 +82,7 @@ def _hold_until_signal(marker: str | None) -> None:
             signal.signal(s, handler)
 
 
-def _prepared_holder() -> list[Any]:
+def _prepared_holder(set_attribute: Setter) -> list[Any]:
     """Wrap the trainer's ``_prepare`` to keep the prepared objects (the scheduler) for --record."""
     holder: list[Any] = []
     prepare = trainer._prepare
@@ -90,7 +91,7 @@ def _prepared_holder() -> list[Any]:
         holder.append(prepare(*args, **kwargs))
         return holder[-1]
 
-    trainer._prepare = keeping
+    set_attribute(trainer, "_prepare", keeping)
     return holder
 
 
@@ -132,7 +133,7 @@ class ControlCallback(TrainCallback):
             _hold(self.opts.checkpoint_hold_marker or self.opts.hold_marker)
 
 
-def _hold_after_micro_batch(n: int, marker: str | None) -> None:
+def _hold_after_micro_batch(n: int, marker: str | None, set_attribute: Setter) -> None:
     step, done = trainer.train_step, [0]
 
     def counting_step(*args, **kwargs):
@@ -142,10 +143,10 @@ def _hold_after_micro_batch(n: int, marker: str | None) -> None:
             _hold(marker)
         return out
 
-    trainer.train_step = counting_step
+    set_attribute(trainer, "train_step", counting_step)
 
 
-def _hold_in_removal(marker: str | None) -> None:
+def _hold_in_removal(marker: str | None, set_attribute: Setter) -> None:
     """Hold in the middle of the first deletion of a folder under ``checkpoints/``: one of its
     files deleted, the others still there (``shutil.rmtree`` is looked up at each call, so
     mmviews' deletions, and a break's, come through here)."""
@@ -160,10 +161,11 @@ def _hold_in_removal(marker: str | None) -> None:
                 _hold(marker)
         rmtree(path, *args, **kwargs)
 
-    shutil.rmtree = rmtree_cut_short
+    set_attribute(shutil, "rmtree", rmtree_cut_short)
 
 
-def main(argv: list[str]) -> int:
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(slow_train's options, ``mmviews train``'s arguments)."""
     ours = argparse.ArgumentParser(prog="slow_train")
     ours.add_argument("--record", default=None, metavar="FILE")
     ours.add_argument("--marker", default=None, metavar="FILE")
@@ -178,19 +180,29 @@ def main(argv: list[str]) -> int:
     ours.add_argument("--break", dest="break_name", default=None)
     if "--" in argv:
         split = argv.index("--")
-        opts, rest = ours.parse_args(argv[:split]), argv[split + 1:]
-    else:  # under accelerate launch, whose argument parser may drop a "--"
-        opts, rest = ours.parse_known_args(argv)
+        return ours.parse_args(argv[:split]), argv[split + 1:]
+    return ours.parse_known_args(argv)  # under accelerate launch, whose argument parser may drop a "--"
+
+
+def install(opts: argparse.Namespace, set_attribute: Setter = setattr) -> None:
+    """Apply the options to this process: the break, the holds and the callback given to
+    ``mmviews train``. ``set_attribute``: ``setattr`` in the subprocess, pytest's
+    ``monkeypatch.setattr`` for a run in the test's own process (undone after the test)."""
     if opts.break_name:
-        apply_break(opts.break_name)
+        apply_break(opts.break_name, set_attribute)
     if opts.hold_after_micro_batch is not None:
-        _hold_after_micro_batch(opts.hold_after_micro_batch, opts.hold_marker)
+        _hold_after_micro_batch(opts.hold_after_micro_batch, opts.hold_marker, set_attribute)
     if opts.hold_in_removal:
-        _hold_in_removal(opts.hold_marker)
-    callback = ControlCallback(opts, _prepared_holder())
+        _hold_in_removal(opts.hold_marker, set_attribute)
+    callback = ControlCallback(opts, _prepared_holder(set_attribute))
     # Exactly `mmviews train TRAIN_ARGS` (its error and interrupt handling, exit status), with the callback.
     command = train_command.run
-    train_command.run = lambda args: command(args, callback=callback)
+    set_attribute(train_command, "run", lambda args: command(args, callback=callback))
+
+
+def main(argv: list[str]) -> int:
+    opts, rest = parse(argv)
+    install(opts)
     return main_command(["train", *rest])
 
 

@@ -34,7 +34,8 @@ def _pip(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def wheel(tmp_path_factory) -> Path:
     import setuptools  # the dev extra's (declared: imported, not skipped); the build backend, offline
 
-    assert int(setuptools.__version__.split(".")[0]) >= 77, f"the dev extra needs setuptools>=77, got {setuptools.__version__}"
+    version = setuptools.__version__
+    assert int(version.split(".")[0]) >= 77, f"the dev extra needs setuptools>=77, got {version}"
     root = tmp_path_factory.mktemp("build")
     src = root / "src"
     src.mkdir()

@@ -20,7 +20,14 @@ from typing import Any
 
 import pytest
 import torch
-from test_train_resume import SLOW_TRAIN, _kill_when_held, _resume, check_resumed_exactly, train_recorded
+from test_train_resume import (
+    SLOW_TRAIN,
+    _kill_when_held,
+    _resume,
+    check_resumed_exactly,
+    resume_in_process,
+    train_recorded,
+)
 from test_train_utils import REPO, env, load_weights, run_train, started, write_recipe
 from torch import nn
 
@@ -415,7 +422,8 @@ def test_two_processes_cached_match_one_process_plain_with_one_reduction_per_ste
     assert json.loads((tmp_path / "two" / "reductions.json").read_text()) == {"reductions": 4, "steps": 4}
 
 
-def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path) -> None:
+def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """SIGKILLed after step 7 (mid-epoch 2, one step past the checkpoint of step 6), the cached
     run resumes: it says so, runs steps 7-12 with the uninterrupted run's counters (samples,
     epoch, scheduler), and ends with its weights and losses. A resume that restores nothing
@@ -444,6 +452,7 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
         assert torch.equal(full[k], resumed[k]), f"{k} differs after resume"
     assert losses(run) == losses(tmp_path / "full")
 
-    stdout, rows = _resume(copy, tmp_path, "--break", "skip_restore")  # the mutation test of the check above
+    # The mutation test of the check above, in this process (the check reads no weights).
+    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore")
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 12, reference_rows)

@@ -107,6 +107,23 @@ def _resume(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[dict[st
     return r.stdout, read_record(record)
 
 
+def resume_in_process(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                      *options: str) -> tuple[str, list[dict[str, Any]]]:
+    """:func:`_resume` in the test's own process (``slow_train``'s options applied with
+    ``monkeypatch``, undone after the test), one interpreter start fewer: for the mutation tests,
+    whose check reads the resume line, the steps and the counters, none of which depends on the
+    process (weights compared bitwise need the subprocess: one thread, as the reference)."""
+    import slow_train
+    from crafted_files import cli
+
+    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
+    opts, rest = slow_train.parse(["--record", str(record), *options, "--", "--resume", str(run)])
+    slow_train.install(opts, monkeypatch.setattr)
+    rc, out, err = cli(capsys, "train", *rest)
+    assert rc == 0, err[-3000:]
+    return out, read_record(record)
+
+
 def check_resumed_exactly(stdout: str, rows: list[dict[str, Any]], checkpoint: Path, total: int,
                           reference_rows: list[dict[str, Any]]) -> None:
     """The guard of "resume == uninterrupted" beyond the weights: the process said where it
@@ -250,15 +267,19 @@ def _truncated_copy(full: Path, dest: Path, last_step: int) -> Path:
 
 @pytest.mark.parametrize("break_name,at", [("skip_restore", 6), ("forget_samples_seen", 10),
                                            ("skip_scheduler_restore", 10)])
-def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference, tmp_path, break_name, at):
+def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference, tmp_path, break_name, at, monkeypatch,
+                                                      capsys):
     """Mutation tests (tests/README.md): with ``load_checkpoint`` restoring nothing, the run
     restarts at step 0 and, with the same seed, still reaches the uninterrupted weights; with
     the samples-seen counter or the scheduler not restored, the steps run are the right ones.
     The guard of this file (:func:`check_resumed_exactly`) must report each (the last two from
-    the checkpoint of step 10: two steps to run are enough to show it)."""
+    the checkpoint of step 10, in this process: two steps to run are enough to show it)."""
     part = tmp_path / "part"
     checkpoint = _truncated_copy(reference_run[0], part, at)
-    stdout, rows = _resume(part, tmp_path, "--break", break_name)
+    if break_name == "skip_restore":  # a subprocess: the weights are compared bitwise below
+        stdout, rows = _resume(part, tmp_path, "--break", break_name)
+    else:
+        stdout, rows = resume_in_process(part, tmp_path, monkeypatch, capsys, "--break", break_name)
     failure = "resumed from" if break_name == "skip_restore" else f"step {at + 1}: resumed"
     with pytest.raises(AssertionError, match=failure):
         check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_run[1])

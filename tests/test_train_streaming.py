@@ -22,6 +22,7 @@ from test_train_resume import (
     _kill_when_held,
     _resume,
     check_resumed_exactly,
+    resume_in_process,
     train_recorded,
 )
 from test_train_utils import load_weights, read_record, run_in_group, started, write_recipe
@@ -121,7 +122,7 @@ def test_streamed_run_evaluates_its_streamed_splits(reference):
     assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
 
 
-def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path):
+def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path, monkeypatch, capsys):
     """Killed after step 4, resumed from the checkpoint of step 3 (mid-epoch 0, the loader's
     position saved as data): the process says so, runs steps 4-12 with the uninterrupted run's
     counters (samples, epoch, scheduler) and ends with its weights. A resume that restores
@@ -144,7 +145,8 @@ def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_row
     check_resumed_exactly(stdout, rows, checkpoint, 2 * ROWS // 8, reference_rows)
     _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
 
-    stdout, rows = _resume(copy, tmp_path, "--break", "skip_restore")  # the mutation test of the check above
+    # The mutation test of the check above, in this process (the check reads no weights).
+    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore")
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 2 * ROWS // 8, reference_rows)
 
