@@ -119,7 +119,12 @@ def resume_in_process(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
     opts, rest = slow_train.parse(["--record", str(record), *options, "--", "--resume", str(run)])
     slow_train.install(opts, monkeypatch.setattr)
-    rc, out, err = cli(capsys, "train", *rest)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocesses (OMP_NUM_THREADS=1): no thread contention on a busy machine
+    try:
+        rc, out, err = cli(capsys, "train", *rest)
+    finally:
+        torch.set_num_threads(threads)
     assert rc == 0, err[-3000:]
     return out, read_record(record)
 
