@@ -114,3 +114,17 @@ def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = seta
     if name not in BREAKS:
         raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
     set_attribute(*BREAKS[name]())
+
+
+def _eval_in_float32() -> tuple[Any, str, Any]:
+    """``mmviews eval`` runs the encoder's forward in float32 whatever precision the run trained
+    and evaluated with (the behaviour before issue 29)."""
+    from mmviews.eval.extract import AutocastEncoder
+
+    def forward(self: Any, batch: Any) -> Any:
+        return self.encoder(batch)
+
+    return AutocastEncoder, "forward", forward
+
+
+BREAKS["eval_in_float32"] = _eval_in_float32

@@ -244,10 +244,10 @@ def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch):
     write_log(run / "metrics.csv")
     assert main(["eval", str(run)]) == 0
     assert seen["path"] == run
-    saved = json.loads((run / "eval" / "metrics.json").read_text())
+    saved = json.loads((run / "eval-1" / "metrics.json").read_text())  # a new folder: never the run's eval/
     assert saved["metrics"]["test/knn/class/top1"] > 0.9
     assert saved["meta"]["objective"] == "mv_dhel" and saved["meta"]["num_views"] == 3  # the training M
-    check_png(run / "eval" / "training_curves.png")
+    check_png(run / "eval-1" / "training_curves.png")
 
 
 def test_summary_keeps_the_digits_of_small_and_large_numbers():
