@@ -128,3 +128,13 @@ def _eval_in_float32() -> tuple[Any, str, Any]:
 
 
 BREAKS["eval_in_float32"] = _eval_in_float32
+
+
+def _move_alignment_threshold() -> tuple[Any, str, Any]:
+    """The no-alignment threshold of the health checks moved from a gap of 0.02 to 0.03."""
+    import mmviews.eval.health as health
+
+    return health, "ALIGNMENT_GAP", 0.03
+
+
+BREAKS["move_alignment_threshold"] = _move_alignment_threshold

@@ -19,10 +19,13 @@ TASKS = ["linear:class", "knn:class", "retrieval", "diagnostics"]
 _ROW = re.compile(r"^\| (\S+) \| ([^|]*) \|")
 
 
+TRAIN_OUTPUT: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny finished run trained and evaluated under bf16 autocast on CPU, with seed 3 (a
-    seed other than the eval command's old default 0)."""
+    seed other than the eval command's old default 0). Its terminal output: TRAIN_OUTPUT."""
     tmp = tmp_path_factory.mktemp("bf16")
     raw = tiny_config(num_samples=64, epochs=2, tasks=TASKS)
     raw["seed"] = 3
@@ -33,6 +36,7 @@ def bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp / "run"
     r = run_train(str(recipe), "--output", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
+    TRAIN_OUTPUT["stdout"] = r.stdout
     return run
 
 
@@ -96,3 +100,58 @@ def test_eval_reproduction_check_fails_when_eval_runs_in_float32(bf16_run: Path,
     apply_break("eval_in_float32", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         check_eval_reproduces_report(bf16_run, capsys)
+
+
+def test_train_ends_with_the_headline_metrics_on_the_terminal(bf16_run: Path):
+    """`mmviews train` prints the probes and R@1, trained against random init (and chance),
+    the numbers of results.json."""
+    out = TRAIN_OUTPUT["stdout"]
+    results = json.loads((bf16_run / "results.json").read_text())
+    assert "test metrics, trained vs random init:" in out, out
+    headline = {h["metric"]: h for h in results["headline"]}
+    assert {"test/linear/class/acc", "test/knn/class/top1", "test/retrieval/text_0->image_0/R@1"} <= set(headline)
+    for key in ("test/linear/class/acc", "test/retrieval/text_0->image_0/R@1"):
+        t, r = results["eval"][key], results["eval_random"][key]
+        line = next(line for line in out.splitlines() if line.strip().startswith(key + " "))
+        assert f"trained {t:.4f}" in line and f"random init {r:.4f}" in line and f"({t - r:+.4f})" in line, line
+    n = results["eval"]["test/retrieval/text_0->image_0/n"]
+    assert headline["test/retrieval/text_0->image_0/R@1"]["chance"] == 1 / n
+    assert f"chance {1 / n:.4f}" in next(line for line in out.splitlines() if "text_0->image_0/R@1" in line)
+
+
+def test_embed_writes_every_view_of_every_sample_to_parquet(bf16_run: Path, tmp_path: Path, capsys):
+    import datasets
+    import torch
+
+    from mmviews.data.loaders import build_eval_loaders, eval_view_config
+    from mmviews.modalities.multiview import MultiViewEncoder
+    from mmviews.config import load_config
+
+    out = tmp_path / "emb.parquet"
+    assert main(["embed", str(bf16_run), str(bf16_run / "config.yaml"), "--output", str(out)]) == 0
+    assert f"to {out}" in capsys.readouterr().out
+    table = datasets.Dataset.from_parquet(str(out))
+    config = load_config(bf16_run / "config.yaml")
+    loaders = build_eval_loaders(config.data, eval_view_config(config.views), config.seed)
+    sizes = {split: len(loader.dataset) for split, loader in loaders.items() if loader is not None}
+    assert table.num_rows == sum(sizes.values()) and set(table["split"]) == set(sizes)
+    assert set(table.column_names) == {"split", "sample_id", "class", "sentiment", "text_0", "image_0"}
+    # the reference: the saved encoder run by hand under the run's bf16 autocast, batch by batch
+    encoder = MultiViewEncoder.from_pretrained(bf16_run / "encoder").eval()
+    test_rows = table.filter(lambda row: row["split"] == "test")
+    got = {name: torch.tensor(test_rows[name]) for name in ("text_0", "image_0")}
+    start = 0
+    with torch.no_grad():
+        for batch in loaders["test"]:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                z, mask = encoder(batch)
+            k = batch.num_samples
+            assert test_rows["sample_id"][start:start + k] == batch.index.tolist()
+            assert test_rows["class"][start:start + k] == batch.labels["class"].tolist()
+            for m, name in enumerate(("text_0", "image_0")):
+                torch.testing.assert_close(got[name][start:start + k], z[:, m].float(), rtol=0, atol=1e-6)
+            start += k
+    assert start == len(test_rows)
+    # refuses to replace the file without --overwrite
+    assert main(["embed", str(bf16_run), str(bf16_run / "config.yaml"), "--output", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err

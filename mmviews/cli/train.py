@@ -31,6 +31,7 @@ A resumed checkpoint is checked file by file and never unpickled beyond tensors 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import shlex
@@ -54,7 +55,7 @@ from mmviews.run import (
 )
 from mmviews.train import TrainCallback, build_run, train
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import check_trackers_installed
+from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
 
 
@@ -173,6 +174,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
                                    getattr(config.optimisation, "encode_chunk_size", None))
         print("\n".join(estimate.lines(args.memory_budget_gb)))
         return 0
+    quiet_results_logger()  # this command prints the headline metrics and warnings itself
     try:
         summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
                         overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng, reevaluate=args.reevaluate)
@@ -196,11 +198,24 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
+    lines = headline_lines(summary.get("headline") or [])
+    if lines:
+        print(f"{'test' if summary['headline'][0]['metric'].startswith('test/') else 'val'} metrics, "
+              "trained vs random init:", *lines, sep="\n")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
+
+
+def quiet_results_logger() -> None:
+    """Silence the logger on which :func:`mmviews.train.train` repeats the end of the run for
+    Python callers (the command prints it to stdout)."""
+    logger = logging.getLogger(RESULTS_LOGGER)
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
 
 
 def _stopped_before_first_checkpoint(path: Path) -> bool:

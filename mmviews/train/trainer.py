@@ -67,6 +67,7 @@ before each checkpoint's rename.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -80,6 +81,7 @@ from torch import nn
 
 from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
+from mmviews.eval.health import HealthSettings
 from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
@@ -91,9 +93,12 @@ from mmviews.train.distributed import configure_determinism, process_group_kwarg
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
+    RESULTS_LOGGER,
     TRACKERS_DIR,
     StepLogger,
     finalise_summary,
+    headline_lines,
+    headline_metrics,
     read_eval_metrics,
     resolve_trackers,
     write_results,
@@ -310,6 +315,18 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     return loader
 
 
+def log_run_end(run_dir: Path, summary: dict[str, Any]) -> None:
+    """The end of a run on the :data:`~mmviews.train.logging.RESULTS_LOGGER` logger, for Python
+    callers of :func:`train` (``mmviews train`` prints the same itself): the headline metrics
+    (info) and each warning of the health checks (warning, shown even without logging set up)."""
+    logger = logging.getLogger(RESULTS_LOGGER)
+    lines = headline_lines(summary.get("headline") or [])
+    if lines:
+        logger.info("%s: trained vs random init\n%s", run_dir, "\n".join(lines))
+    for message in summary.get("warnings") or []:
+        logger.warning("warning: %s", message)
+
+
 def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os.PathLike[str] | None = None,
           source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
           resume_ignore_rng: bool = False, reevaluate: bool = False) -> dict[str, Any]:
@@ -426,9 +443,11 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
+        "headline": headline_metrics(metrics, random_metrics),
     })
     if accelerator.is_main_process:
-        write_results(run_dir, summary)
+        write_results(run_dir, summary, HealthSettings.from_config(config))
+        log_run_end(run_dir, summary)
         write_model_card(run_dir / ENCODER_DIR, config, summary, source)  # after evaluation: it has the numbers
         record_run_outputs(run_dir)
     if trackers:
