@@ -100,9 +100,9 @@ def test_thresholds_of_the_log_checks_just_inside_and_outside(inside: bool) -> N
     assert flags("collapse", rows_with(pos_sim=COLLAPSE_NEG_SIM + d + 0.05, neg_sim=COLLAPSE_NEG_SIM + d)) is inside
     assert flags("collapse", rows_with(pos_sim=0.9 + COLLAPSE_GAP - d, neg_sim=0.9)) is inside
     assert flags("MI lower bound <= 0", rows_with(pos_sim=0.9, neg_sim=0.1, mi_lower_bound=-d)) is inside
-    # the mean of the last quarter (rows 7-8) against that of the first (rows 1-2)
+    # the mean of the last quarter (rows 16-20) against that of the first tenth (rows 1-2)
     rows = [{"step": s, "loss": 10.0 if s <= 2 else 10.0 * (1 + DIVERGENCE_RISE + d), "pos_sim": 0.5, "neg_sim": 0.1}
-            for s in range(1, 9)]
+            for s in range(1, 21)]
     assert flags("divergence", rows) is inside
 
 
@@ -153,6 +153,9 @@ def test_one_consistent_hint_that_fits_the_runs_settings() -> None:
     assert kinds(found) == ["divergence", "no alignment", "MI lower bound <= 0"]
     text = " ".join(found)
     assert "lower optimisation.lr (now 1), e.g. 0.1" in found[0] and "higher" not in text and "raise" not in text
+    assert "clip the gradients (optimisation.max_grad_norm)" in found[0]  # not set: set it
+    clipped = training_warnings(rows, HealthSettings(lr=1.0, max_grad_norm=5.0))
+    assert "clip the gradients harder (optimisation.max_grad_norm (now 5))" in clipped[0]  # set: lower it
     assert text.count("hint:") == 1 and all("consequence of the divergence" in w for w in found[1:])
     # the collapse hint never recommends the objective the run already uses
     collapsed = rows_with(8, pos_sim=0.96, neg_sim=0.95)
@@ -202,3 +205,26 @@ def test_boundary_check_fails_when_a_threshold_moves(monkeypatch) -> None:
     apply_break("move_alignment_threshold", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_thresholds_of_the_log_checks_just_inside_and_outside(False)
+
+
+def test_python_train_returns_the_headline_and_logs_the_warnings(tmp_path: Path, caplog) -> None:
+    """``train()`` (no command line) returns the headline metrics, trained against random init,
+    and logs the end-of-run warnings on ``mmviews.train.results``."""
+    import logging
+
+    import yaml
+
+    from mmviews.config import config_from_dict
+    from mmviews.train import train
+
+    raw = yaml.safe_load(COLLAPSE)
+    raw["data"]["split_options"] = {"train": {"num_samples": 64}, "valid": {"num_samples": 16}, "test": {"num_samples": 32}}
+    raw["evaluation"]["tasks"] = ["linear:class"]
+    with caplog.at_level(logging.INFO, logger="mmviews.train.results"):
+        summary = train(config_from_dict(raw), tmp_path / "run")
+    assert [h["metric"] for h in summary["headline"]] == ["test/linear/class/acc"]
+    assert summary["headline"][0]["trained"] == summary["eval"]["test/linear/class/acc"]
+    assert summary["headline"][0]["random_init"] == summary["eval_random"]["test/linear/class/acc"]
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert summary["warnings"] and logged == [f"warning: {w}" for w in summary["warnings"]]
+    assert any("trained vs random init" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)

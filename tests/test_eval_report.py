@@ -295,3 +295,20 @@ def test_compare_adds_training_curves_random_init_final_loss_and_wall_time(tmp_p
     assert "mi_lower_bound" not in load_run_metrics(b).curves
     header = (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()[0]
     assert header.startswith("run,path,objective,num_views,steps,final_loss,wall_time_s") and "random_init/" in header
+
+
+def test_spectrum_legend_names_the_views(monkeypatch, tmp_path: Path):
+    """The singular-value plot's lines are labelled with the views' names, not view0/view1."""
+    import mmviews.eval.report as report
+    from mmviews.eval import evaluate_encoder
+
+    seen: list[list[str]] = []
+    original = report.plot_spectrum
+
+    def spy(spectra, out_png):
+        seen.append(list(spectra))
+        return original(spectra, out_png)
+
+    monkeypatch.setattr(report, "plot_spectrum", spy)
+    evaluate_encoder(encoder, None, None, loader(45, 1), ["diagnostics"], out_dir=tmp_path / "e")
+    assert seen == [["text_0", "audio_0", "audio_1", "fused"]]
