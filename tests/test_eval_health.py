@@ -36,11 +36,27 @@ output: {log_every: 1, progress_bar: false}
 """
 
 
-def test_a_collapsing_run_is_flagged_in_the_log_and_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_collapsing_run_is_flagged_in_the_log_and_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
     recipe = tmp_path / "collapse.yaml"
     recipe.write_text(COLLAPSE)
-    assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 0
+    # what train() logs for Python callers (the command silences this logger and prints instead)
+    results_logger = logging.getLogger("mmviews.train.results")
+    caplog.set_level(logging.INFO, logger="mmviews.train.results")
+    results_logger.addHandler(caplog.handler)
+    try:
+        assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 0
+    finally:
+        results_logger.removeHandler(caplog.handler)
     out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "results.json").read_text())  # train()'s return value, as written
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert summary["warnings"] and logged == [f"warning: {w}" for w in summary["warnings"]]
+    assert [h["metric"] for h in summary["headline"]] == ["test/linear/class/acc"]
+    assert any("trained vs random init" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+    assert "test metrics, trained vs random init:" in out and "  test/linear/class/acc  trained " in out
     live = [line for line in out.splitlines() if line.startswith("warning: collapse at step")]
     assert len(live) == 1, out  # during training, once
     assert "pos_sim 0." in live[0] and "hint: lower optimisation.lr" in live[0]
@@ -206,25 +222,3 @@ def test_boundary_check_fails_when_a_threshold_moves(monkeypatch) -> None:
     with pytest.raises(AssertionError):
         test_thresholds_of_the_log_checks_just_inside_and_outside(False)
 
-
-def test_python_train_returns_the_headline_and_logs_the_warnings(tmp_path: Path, caplog) -> None:
-    """``train()`` (no command line) returns the headline metrics, trained against random init,
-    and logs the end-of-run warnings on ``mmviews.train.results``."""
-    import logging
-
-    import yaml
-
-    from mmviews.config import config_from_dict
-    from mmviews.train import train
-
-    raw = yaml.safe_load(COLLAPSE)
-    raw["data"]["split_options"] = {"train": {"num_samples": 64}, "valid": {"num_samples": 16}, "test": {"num_samples": 32}}
-    raw["evaluation"]["tasks"] = ["linear:class"]
-    with caplog.at_level(logging.INFO, logger="mmviews.train.results"):
-        summary = train(config_from_dict(raw), tmp_path / "run")
-    assert [h["metric"] for h in summary["headline"]] == ["test/linear/class/acc"]
-    assert summary["headline"][0]["trained"] == summary["eval"]["test/linear/class/acc"]
-    assert summary["headline"][0]["random_init"] == summary["eval_random"]["test/linear/class/acc"]
-    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert summary["warnings"] and logged == [f"warning: {w}" for w in summary["warnings"]]
-    assert any("trained vs random init" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)

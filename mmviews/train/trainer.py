@@ -331,7 +331,11 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
           source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
           resume_ignore_rng: bool = False, reevaluate: bool = False) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the summary also written to
-    ``results.json``. ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
+    ``results.json``: among others ``"eval"`` and ``"eval_random"`` (the final evaluation of
+    the trained and of the randomly initialised encoder), ``"headline"`` (the probes' and
+    retrieval's main metrics, trained against random init, with chance levels) and
+    ``"warnings"`` (the health checks of :mod:`mmviews.eval.health`), both also logged on the
+    ``mmviews.train.results`` logger (:func:`log_run_end`). ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
     A fresh run needs ``run_dir`` new, empty, or a run that stopped before its first checkpoint
     (:func:`mmviews.run.check_run_dir`), or ``overwrite`` to replace an mmviews run (only what
     that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
