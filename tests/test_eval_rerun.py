@@ -17,8 +17,6 @@ from mmviews.cli import main
 
 TASKS = ["linear:class", "knn:class", "retrieval", "diagnostics"]
 _ROW = re.compile(r"^\| (\S+) \| ([^|]*) \|")
-
-
 TRAIN_OUTPUT: dict[str, str] = {}
 
 
@@ -34,7 +32,7 @@ def bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     raw["output"]["checkpoint_every"] = 0
     recipe = write_recipe(tmp / "bf16.yaml", raw)
     run = tmp / "run"
-    r = run_train(str(recipe), "--output", str(run))
+    r = run_train(str(recipe), "--output", str(run), timeout=600)  # seconds when idle; minutes on a loaded machine
     assert r.returncode == 0, r.stderr[-3000:]
     TRAIN_OUTPUT["stdout"] = r.stdout
     return run

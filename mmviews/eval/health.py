@@ -43,8 +43,10 @@ starts at half of the steps and reads the tail mean, not one row: the old check,
 training samples, 24 steps): at lr 1.0 the loss jumps from 25.9 to 37.7 at step 3 and ends at
 35.7 (+38 %: divergence, flagged live at step 12; its views end anti-aligned, gap -0.26, and its
 linear probe falls to 0.29 against 0.51 at random init, both reported as consequences of the
-divergence); collapse: SGD at lr 0.5 with momentum on a tiny CNN (neg_sim 0.95-0.97,
-``tests/test_eval_health.py``). The other recipes need data that is not in this repository.
+divergence); at lr 1e-7 the encoder does not move (gap -0.10 from step 12 to the end: no
+alignment, with the hint to raise the learning rate, flagged live at step 12; its probes end
+below the random init's, 0.41 against 0.51, as consequences); collapse: SGD at lr 0.5 with
+momentum on a tiny CNN (neg_sim 0.95-0.97, ``tests/test_eval_health.py``). The other recipes need data that is not in this repository.
 
 The live check (:class:`LiveHealth`) applies the log checks to the rows logged so far once
 half of the steps are done (a randomly initialised encoder often looks collapsed, and a
