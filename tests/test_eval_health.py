@@ -171,12 +171,12 @@ def test_one_consistent_hint_that_fits_the_runs_settings() -> None:
     assert "lower optimisation.lr (now 1), e.g. 0.1" in found[0] and "higher" not in text and "raise" not in text
     assert "clip the gradients (optimisation.max_grad_norm)" in found[0]  # not set: set it
     clipped = training_warnings(rows, HealthSettings(lr=1.0, max_grad_norm=5.0))
-    assert "clip the gradients harder (optimisation.max_grad_norm (now 5))" in clipped[0]  # set: lower it
+    assert "clip the gradients harder (optimisation.max_grad_norm, now 5)" in clipped[0]  # set: lower it
     assert text.count("hint:") == 1 and all("consequence of the divergence" in w for w in found[1:])
     # the collapse hint never recommends the objective the run already uses
     collapsed = rows_with(8, pos_sim=0.96, neg_sim=0.95)
     dhel = training_warnings(collapsed, HealthSettings(lr=0.5, objective="mv_dhel", temperature=0.2))
-    assert "(mv_dhel)" not in dhel[0] and "(now 0.5)" in dhel[0] and "temperature (now 0.2)" in dhel[0]
+    assert "(mv_dhel)" not in dhel[0] and "(now 0.5)" in dhel[0] and "temperature, now 0.2)" in dhel[0]
     pvc = training_warnings(collapsed, HealthSettings(lr=0.5, objective="geometric_pvc"))
     assert "(mv_dhel) resists collapse" in pvc[0]
     # no alignment on its own: the hint to train longer or raise the learning rate

@@ -101,16 +101,21 @@ def _now(value: float | None) -> str:
     return "" if value is None else f" (now {value:g})"
 
 
+def _now_inside(value: float | None) -> str:
+    """:func:`_now` for a key already in parentheses."""
+    return "" if value is None else f", now {value:g}"
+
+
 def hint(diagnosis: str, settings: HealthSettings) -> str:
     """The one hint of a diagnosis, for the run's settings."""
     if diagnosis == DIVERGENCE:
         lower = "" if settings.lr is None else f", e.g. {settings.lr / 10:g}"
         clip = ("clip the gradients (optimisation.max_grad_norm)" if settings.max_grad_norm is None else
-                f"clip the gradients harder (optimisation.max_grad_norm{_now(settings.max_grad_norm)})")
+                f"clip the gradients harder (optimisation.max_grad_norm{_now_inside(settings.max_grad_norm)})")
         return f"hint: lower optimisation.lr{_now(settings.lr)}{lower}, or {clip}"
     if diagnosis == COLLAPSE:
         text = (f"hint: lower optimisation.lr{_now(settings.lr)}, or the objective's temperature "
-                f"(objective.params.temperature{_now(settings.temperature)})")
+                f"(objective.params.temperature{_now_inside(settings.temperature)})")
         if settings.objective != "mv_dhel":
             text += "; an objective with a uniformity term (mv_dhel) resists collapse"
         return text
