@@ -138,6 +138,9 @@ def test_thresholds_of_the_evaluation_checks_just_inside_and_outside(inside: boo
     assert flags({"test/regression/sentiment/r2": 0.5 - PROBE_MARGIN - d}, {"test/regression/sentiment/r2": 0.5}) is inside
     assert flags({"test/regression/sentiment/mae": 0.5 * (1 + PROBE_MARGIN) + d},
                  {"test/regression/sentiment/mae": 0.5}) is inside
+    # where the task has an R^2, the MAE is not judged on its own (polyview_gaussian's latent)
+    assert not flags({"test/regression/latent/mae": 0.0347, "test/regression/latent/r2": 0.9984},
+                     {"test/regression/latent/mae": 0.0033, "test/regression/latent/r2": 1.0})
 
 
 @pytest.mark.parametrize("inside", [True, False])
