@@ -9,7 +9,8 @@ with the run's evaluation views (``evaluation.views``, else one natural view per
 augmented, in dataset order, with the run's precision (``optimisation.mixed_precision``, under
 ``torch.autocast`` as in training and ``mmviews eval``).
 
-One row per sample: ``split``, ``sample_id`` (the sample's index in its split), one column per
+One row per sample: ``split`` (``train``, ``val`` or ``test``), ``sample_id`` (the sample's
+index in its split), one column per
 label the batches carry (``class``, ``sentiment``, ...) and one column per view (``text_0``,
 ``audio_0``, ...) holding its unit-norm embedding as a list of ``d`` floats, null where the
 sample lacks that modality. Read it back with ``datasets.Dataset.from_parquet(FILE)`` or
@@ -23,8 +24,6 @@ import argparse
 import os
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from mmviews.cli.eval import run_device
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
@@ -71,6 +70,10 @@ def embedding_table(encoder: Any, loaders: dict[str, Any]) -> tuple[dict[str, li
         if view_names is None:
             view_names = list(emb.view_names)
             label_names = sorted(emb.labels)
+            clash = set(columns) & set(label_names + view_names) or set(label_names) & set(view_names)
+            if clash:
+                raise ValueError(f"label or view names {sorted(clash)} clash with the columns split, sample_id "
+                                 "or each other: rename them in the recipe")
             columns.update({name: [] for name in label_names + view_names})
         elif list(emb.view_names) != view_names or sorted(emb.labels) != label_names:
             raise ValueError(f"split {split!r} has views {emb.view_names} and labels {sorted(emb.labels)}; "
