@@ -98,6 +98,46 @@ def _key_dropout_by_row() -> tuple[Any, str, Any]:
     return dropout, "sample_row_keys", by_row
 
 
+def _cached_skip_accumulation_division() -> tuple[Any, str, Any]:
+    """The cached step's backward into the encoder skips the gradient-accumulation division
+    (``dL/dz`` multiplied back by n: the micro-batch gradients are summed, not averaged)."""
+    import mmviews.train.cached_step as cached_step
+
+    original = cached_step.replay_backward
+
+    def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
+        return original(p, chunks, states, z_grad * p.accelerator.gradient_accumulation_steps)
+
+    return cached_step, "replay_backward", replay
+
+
+def _cached_bypass_scaler() -> tuple[Any, str, Any]:
+    """The cached step's backward into the encoder bypasses the fp16 loss scaler: the encoder's
+    gradients arrive unscaled, and the optimiser step divides them by the scale all the same."""
+    import mmviews.train.cached_step as cached_step
+
+    original = cached_step.replay_backward
+
+    def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
+        scaler = p.accelerator.scaler
+        return original(p, chunks, states, z_grad if scaler is None else z_grad / scaler.get_scale())
+
+    return cached_step, "replay_backward", replay
+
+
+def _cached_scale_by_processes() -> tuple[Any, str, Any]:
+    """The cached step's backward into the encoder multiplies ``dL/dz`` by the number of
+    processes (a gradient-scale error that only shows with several processes)."""
+    import mmviews.train.cached_step as cached_step
+
+    original = cached_step.replay_backward
+
+    def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
+        return original(p, chunks, states, z_grad * p.accelerator.num_processes)
+
+    return cached_step, "replay_backward", replay
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -106,6 +146,9 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_within_view_mask": _drop_within_view_mask,
     "shift_streamed_blocks": _shift_streamed_blocks,
     "unpickle_checkpoints": _unpickle_checkpoints,
+    "cached_skip_accumulation_division": _cached_skip_accumulation_division,
+    "cached_bypass_scaler": _cached_bypass_scaler,
+    "cached_scale_by_processes": _cached_scale_by_processes,
 }
 
 

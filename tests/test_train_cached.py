@@ -395,24 +395,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_cached_match_one_process_plain_with_one_reduction_per_step(tmp_path: Path) -> None:
-    """Two gloo processes with cached steps (8 samples each, chunks of 3) reach the weights of one
-    process with the plain step; DDP reduces gradients once per optimiser step, not per chunk
-    (counted with a communication hook, ``tests/cached_worker.py``)."""
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One process with the plain step ("one"), and two gloo processes with cached steps (8
+    samples each, chunks of 3): intact ("two"), then, in the same processes, with the break
+    ``cached_scale_by_processes`` of tests/mutations.py ("broken"; its mutation test below).
+    Plain SGD without clipping (AdamW would cancel a constant factor on the gradient, a clip
+    would replace its norm), 2 micro-batches per optimiser step."""
+    folder = tmp_path_factory.mktemp("cached-two")
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=None, num_samples=128,
-                             grad_accum_steps=2)
-    plain = train_in_process(config, tmp_path / "one")
-    recipe = write_recipe(tmp_path / "cached.yaml", with_chunk(config, 3))
+                             grad_accum_steps=2, optimizer="sgd", lr=0.5, momentum=0.0, max_grad_norm=None)
+    train_in_process(config, folder / "one")
+    recipe = write_recipe(folder / "cached.yaml", with_chunk(config, 3))
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port()),
-                str(TESTS / "cached_worker.py"), str(recipe), str(tmp_path / "two")]
+                str(TESTS / "cached_worker.py"), str(recipe), str(folder / "two"),
+                "--then-break", "cached_scale_by_processes", str(folder / "broken")]
     two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
     assert two.returncode == 0, two.stderr[-4000:]
-    assert json.loads((tmp_path / "two" / "results.json").read_text())["num_processes"] == 2
-    assert_same_training(plain, (load_weights(tmp_path / "two" / "encoder"), losses(tmp_path / "two")))
+    return {name: folder / name for name in ("one", "two", "broken")}
+
+
+def _trained(run: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
+    return load_weights(run / "encoder"), losses(run)
+
+
+def test_two_processes_cached_match_one_process_plain_with_one_reduction_per_step(
+        two_process_runs: dict[str, Path]) -> None:
+    """Two gloo processes with cached steps reach the weights of one process with the plain step
+    (under SGD: the gradients' scale too); DDP reduces gradients once per optimiser step, not per
+    chunk (counted with a communication hook, ``tests/cached_worker.py``)."""
+    two = two_process_runs["two"]
+    assert json.loads((two / "results.json").read_text())["num_processes"] == 2
+    assert_same_training(_trained(two_process_runs["one"]), _trained(two))
     # 8 micro-batches of 16, 2 per optimiser step: 4 steps, one bucket reduced in each.
-    assert json.loads((tmp_path / "two" / "reductions.json").read_text()) == {"reductions": 4, "steps": 4}
+    assert json.loads((two / "reductions.json").read_text()) == {"reductions": 4, "steps": 4}
+
+
+def test_two_process_cached_check_fails_when_dz_is_scaled_by_the_processes(two_process_runs: dict[str, Path]) -> None:
+    """Mutation test (tests/README.md): the cached backward multiplies dL/dz by the number of
+    processes; the two-process comparison reports it."""
+    broken = two_process_runs["broken"]
+    assert json.loads((broken / "results.json").read_text())["num_processes"] == 2
+    with pytest.raises(AssertionError, match="not close"):
+        assert_same_training(_trained(two_process_runs["one"]), _trained(broken))
 
 
 def _last_step(log: Path) -> int:
