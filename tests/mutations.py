@@ -138,6 +138,80 @@ def _cached_scale_by_processes() -> tuple[Any, str, Any]:
     return cached_step, "replay_backward", replay
 
 
+def _keyed_dropout_ignores_sample() -> tuple[Any, str, Any]:
+    """Sample-keyed dropout leaves the sample out of the key: every sample of a micro-batch gets
+    the masks of dataset index 0 (views and layers still differ)."""
+    import torch
+
+    import mmviews.modalities.dropout as dropout
+
+    original = dropout.sample_row_keys
+
+    def without_sample(step: int, index: Any, modality: str, num_views: int) -> Any:
+        return original(step, torch.zeros_like(index), modality, num_views)
+
+    return dropout, "sample_row_keys", without_sample
+
+
+def _keyed_dropout_ignores_view_slot() -> tuple[Any, str, Any]:
+    """Sample-keyed dropout leaves the view slot out of the key: every view of a modality of a
+    sample gets the same masks."""
+    import mmviews.modalities.dropout as dropout
+
+    original = dropout.sample_row_keys
+
+    def without_slot(step: int, index: Any, modality: str, num_views: int) -> Any:
+        return original(step, index, modality, 1).repeat_interleave(num_views)
+
+    return dropout, "sample_row_keys", without_slot
+
+
+def _keyed_dropout_one_salt() -> tuple[Any, str, Any]:
+    """One salt for all the layers of a model (the layer's name left out; the namespace, which
+    tells an EMA teacher from its student, kept): layers of the same shape share their masks."""
+    import mmviews.modalities.dropout as dropout
+
+    original = dropout.layer_salt
+
+    def one_salt(name: str, namespace: str = "") -> int:
+        return original("", namespace)
+
+    return dropout, "layer_salt", one_salt
+
+
+def _keyed_dropout_ignores_micro_batch() -> tuple[Any, str, Any]:
+    """The micro-batch number is left out of the dropout key: every step draws the same masks."""
+    import mmviews.modalities.dropout as dropout
+
+    original = dropout.step_key
+
+    def without_micro_batch(seed: int, micro_batch: int) -> int:
+        return original(seed, 0)
+
+    return dropout, "step_key", without_micro_batch
+
+
+def _teacher_shares_student_dropout() -> tuple[Any, str, Any]:
+    """The EMA teacher's copy is not re-salted: it draws the student's dropout masks."""
+    import mmviews.train.teacher as teacher
+
+    def keep_salts(model: Any, namespace: str = "") -> None:
+        return None
+
+    return teacher, "salt_sample_keyed_dropout", keep_salts
+
+
+def _keyed_dropout_salt_from_hash() -> tuple[Any, str, Any]:
+    """Layer salts from Python's ``hash`` of the name, which differs between processes (string
+    hashing is randomised per process, ``PYTHONHASHSEED``): other masks in another process."""
+    import mmviews.modalities.dropout as dropout
+
+    def salted_by_hash(name: str, namespace: str = "") -> int:
+        return hash(f"{namespace}/{name}") & 0xFFFFFFFF
+
+    return dropout, "layer_salt", salted_by_hash
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -149,6 +223,12 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "cached_skip_accumulation_division": _cached_skip_accumulation_division,
     "cached_bypass_scaler": _cached_bypass_scaler,
     "cached_scale_by_processes": _cached_scale_by_processes,
+    "keyed_dropout_ignores_sample": _keyed_dropout_ignores_sample,
+    "keyed_dropout_ignores_view_slot": _keyed_dropout_ignores_view_slot,
+    "keyed_dropout_one_salt": _keyed_dropout_one_salt,
+    "keyed_dropout_ignores_micro_batch": _keyed_dropout_ignores_micro_batch,
+    "teacher_shares_student_dropout": _teacher_shares_student_dropout,
+    "keyed_dropout_salt_from_hash": _keyed_dropout_salt_from_hash,
 }
 
 
