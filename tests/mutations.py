@@ -212,6 +212,27 @@ def _keyed_dropout_salt_from_hash() -> tuple[Any, str, Any]:
     return dropout, "layer_salt", salted_by_hash
 
 
+def _cached_no_rng_replay() -> tuple[Any, str, Any]:
+    """The cached step's pass 2 does not restore the RNG states of pass 1 (nor, after it, those
+    the objective left): ordinary dropout draws other masks than the loss saw."""
+    import mmviews.train.cached_step as cached_step
+
+    def keep_state(state: Any, device: Any) -> None:
+        return None
+
+    return cached_step, "_set_rng_state", keep_state
+
+
+def _dropout_draws_nothing() -> tuple[Any, str, Any]:
+    """``nn.Dropout`` keeps every element (a dropout that is silently off)."""
+    from torch import nn
+
+    def identity(self: Any, x: Any) -> Any:
+        return x
+
+    return nn.Dropout, "forward", identity
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -229,6 +250,8 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "keyed_dropout_ignores_micro_batch": _keyed_dropout_ignores_micro_batch,
     "teacher_shares_student_dropout": _teacher_shares_student_dropout,
     "keyed_dropout_salt_from_hash": _keyed_dropout_salt_from_hash,
+    "cached_no_rng_replay": _cached_no_rng_replay,
+    "dropout_draws_nothing": _dropout_draws_nothing,
 }
 
 
