@@ -220,9 +220,11 @@ def check_masks_equal_chunked_reordered_padded() -> None:
     # One sample per call: each text padded to its own length, not the batch's longest.
     assert_same_masks(whole, chunked_masks(encoder, [[i] for i in IDS]), "one sample per call")
     # Sequences cut to the longest of each chunk.
-    assert_same_masks(whole, chunked_masks(encoder, [IDS[4:], IDS[:4]], trim_padding=True), "shorter padding")
-    lengths = {whole[key].shape[0] for key in whole if key[0] == "adapters.seq.backbone.encoder.layers.0.dropout1"}
-    assert lengths == {7}  # the whole batch's sequences are padded to 7 steps, the chunks' to fewer
+    trimmed = chunked_masks(encoder, [IDS[4:], IDS[:4]], trim_padding=True)
+    assert_same_masks(whole, trimmed, "shorter padding")
+    layer = "adapters.seq.backbone.encoder.layers.0.dropout1"
+    assert {m.shape[0] for key, m in whole.items() if key[0] == layer} == {7}  # the batch pads to 7 steps
+    assert {m.shape[0] for key, m in trimmed.items() if key[0] == layer} == {5, 6}  # the chunks to fewer
 
 
 OTHER_PROCESS = ("text", "seq")  # the modalities the other process encodes
