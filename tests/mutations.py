@@ -98,6 +98,67 @@ def _key_dropout_by_row() -> tuple[Any, str, Any]:
     return dropout, "sample_row_keys", by_row
 
 
+BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
+    "key_dropout_by_row": _key_dropout_by_row,
+    "skip_restore": _skip_restore,
+    "scale_loss": _scale_loss,
+    "sum_accumulated_gradients": _no_accumulation_scaling,
+    "drop_within_view_mask": _drop_within_view_mask,
+    "shift_streamed_blocks": _shift_streamed_blocks,
+    "unpickle_checkpoints": _unpickle_checkpoints,
+    "orphan_prepare_workers": lambda: _orphan_prepare_workers(),
+    "mtime_only_staleness": lambda: _mtime_only_staleness(),
+    "cached_skip_accumulation_division": lambda: _cached_skip_accumulation_division(),
+    "cached_bypass_scaler": lambda: _cached_bypass_scaler(),
+    "cached_scale_by_processes": lambda: _cached_scale_by_processes(),
+    "keyed_dropout_ignores_sample": lambda: _keyed_dropout_ignores_sample(),
+    "keyed_dropout_ignores_view_slot": lambda: _keyed_dropout_ignores_view_slot(),
+    "keyed_dropout_one_salt": lambda: _keyed_dropout_one_salt(),
+    "keyed_dropout_ignores_micro_batch": lambda: _keyed_dropout_ignores_micro_batch(),
+    "teacher_shares_student_dropout": lambda: _teacher_shares_student_dropout(),
+    "keyed_dropout_salt_from_hash": lambda: _keyed_dropout_salt_from_hash(),
+    "cached_no_rng_replay": lambda: _cached_no_rng_replay(),
+    "dropout_draws_nothing": lambda: _dropout_draws_nothing(),
+}
+
+
+def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = setattr) -> None:
+    """Apply the break ``name`` (a key of :data:`BREAKS`) with ``set_attribute(owner, name, value)``."""
+    if name not in BREAKS:
+        raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
+    set_attribute(*BREAKS[name]())
+
+
+def init_worker_ignoring_parent(parent_pid: int | None = None) -> None:
+    """A video-prepare worker initializer that does not tie the worker to its parent (module
+    level, so that spawned workers can import it by name)."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _orphan_prepare_workers() -> tuple[Any, str, Any]:
+    """Video-prepare workers do not die with the prepare: a SIGKILLed prepare leaves them running."""
+    import mmviews.data.video_store as video_store
+
+    return video_store, "_init_worker", init_worker_ignoring_parent
+
+
+def _mtime_only_staleness() -> tuple[Any, str, Any]:
+    """The video store decides staleness by size and modification time alone (no content
+    fingerprint): a dataset and store copied with ``cp -r`` are stale as a whole."""
+    import mmviews.data.video_store as video_store
+
+    def by_mtime(entry: Any, source: Any) -> bool:
+        try:
+            st = source.stat()
+        except OSError:
+            return False
+        return entry.get("source_size") == st.st_size and entry.get("source_mtime_ns") == st.st_mtime_ns
+
+    return video_store, "source_matches", by_mtime
+
+
 def _cached_skip_accumulation_division() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder skips the gradient-accumulation division
     (``dL/dz`` multiplied back by n: the micro-batch gradients are summed, not averaged)."""
@@ -231,32 +292,3 @@ def _dropout_draws_nothing() -> tuple[Any, str, Any]:
         return x
 
     return nn.Dropout, "forward", identity
-
-
-BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
-    "key_dropout_by_row": _key_dropout_by_row,
-    "skip_restore": _skip_restore,
-    "scale_loss": _scale_loss,
-    "sum_accumulated_gradients": _no_accumulation_scaling,
-    "drop_within_view_mask": _drop_within_view_mask,
-    "shift_streamed_blocks": _shift_streamed_blocks,
-    "unpickle_checkpoints": _unpickle_checkpoints,
-    "cached_skip_accumulation_division": _cached_skip_accumulation_division,
-    "cached_bypass_scaler": _cached_bypass_scaler,
-    "cached_scale_by_processes": _cached_scale_by_processes,
-    "keyed_dropout_ignores_sample": _keyed_dropout_ignores_sample,
-    "keyed_dropout_ignores_view_slot": _keyed_dropout_ignores_view_slot,
-    "keyed_dropout_one_salt": _keyed_dropout_one_salt,
-    "keyed_dropout_ignores_micro_batch": _keyed_dropout_ignores_micro_batch,
-    "teacher_shares_student_dropout": _teacher_shares_student_dropout,
-    "keyed_dropout_salt_from_hash": _keyed_dropout_salt_from_hash,
-    "cached_no_rng_replay": _cached_no_rng_replay,
-    "dropout_draws_nothing": _dropout_draws_nothing,
-}
-
-
-def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = setattr) -> None:
-    """Apply the break ``name`` (a key of :data:`BREAKS`) with ``set_attribute(owner, name, value)``."""
-    if name not in BREAKS:
-        raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
-    set_attribute(*BREAKS[name]())
