@@ -165,20 +165,21 @@ def check_scaler(rec: Recorded) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Recorded]:
-    """The plain step, the cached step, and the cached step with the fp16 scaler, trained once."""
+    """The plain and the cached step, without and with the fp16 scaler, trained once."""
     folder = tmp_path_factory.mktemp("cached-scaling")
     out = {}
-    for name, chunk, scaler in (("plain", None, False), ("cached", CHUNK, False), ("cached-fp16", CHUNK, True)):
+    for name, chunk, scaler in (("plain", None, False), ("cached", CHUNK, False), ("plain-fp16", None, True),
+                                ("cached-fp16", CHUNK, True)):
         config = sgd_config(chunk)
         with pytest.MonkeyPatch.context() as mp:
             out[name] = train_recording(config, folder / name, mp.setattr, scaler=scaler)
     return out
 
 
-@pytest.mark.parametrize("name", ["plain", "cached", "cached-fp16"])
+@pytest.mark.parametrize("name", ["plain", "cached", "plain-fp16", "cached-fp16"])
 def test_sgd_step_is_minus_lr_times_the_mean_micro_batch_gradient(runs: dict[str, Recorded], name: str) -> None:
     rec = runs[name]
-    assert rec.prepared.encode_chunk_size == (None if name == "plain" else CHUNK)
+    assert rec.prepared.encode_chunk_size == (None if name.startswith("plain") else CHUNK)
     check_sgd_steps(rec)
 
 
@@ -189,11 +190,13 @@ def test_cached_step_updates_equal_the_plain_steps(runs: dict[str, Recorded]) ->
         assert_update(cached.after[n] - cached.before[0][n], plain.after[n] - plain.before[0][n], n)
 
 
-def test_fp16_scaler_is_applied_and_removed_once_in_the_cached_step(runs: dict[str, Recorded]) -> None:
-    check_scaler(runs["cached-fp16"])
-    # The scaled run's weights are the unscaled run's (a power-of-two scale is exact).
-    for n, w in runs["cached"].after.items():
-        assert_update(runs["cached-fp16"].after[n] - runs["cached"].before[0][n], w - runs["cached"].before[0][n], n)
+@pytest.mark.parametrize("step", ["plain", "cached"])
+def test_fp16_scaler_is_applied_and_removed_once(runs: dict[str, Recorded], step: str) -> None:
+    check_scaler(runs[f"{step}-fp16"])
+    # The scaled run's updates are the unscaled run's (a power-of-two scale is exact).
+    unscaled, scaled = runs[step], runs[f"{step}-fp16"]
+    for n, w in unscaled.after.items():
+        assert_update(scaled.after[n] - scaled.before[0][n], w - unscaled.before[0][n], n)
 
 
 # ---- the guards fail on the breaks (tests/README.md) ------------------------------------------
