@@ -11,8 +11,8 @@ batches, no chunks, no trainer, no Accelerate) from the micro-batches the loop t
 The fp16 path on CPU: Accelerate makes no ``GradScaler`` on CPU (it has no fp16 autocast there,
 and an Accelerator's precision is fixed once per process), so the test gives the run's
 Accelerator the scaler it would make with ``mixed_precision: fp16`` on a GPU, a
-``torch.amp.GradScaler`` (on CPU), before ``accelerator.prepare``: ``accelerator.backward`` scales the loss and the
-prepared optimiser unscales and steps through it, as on a GPU. The scale is a power of two (the
+``torch.amp.GradScaler`` (on CPU), before ``accelerator.prepare``: ``accelerator.backward``
+scales the loss and the prepared optimiser unscales and steps through it, as on a GPU. The scale is a power of two (the
 scaling is exact in float32) and does not grow during the run. Checked: the gradients the scaler
 unscales are ``scale * mean gradient`` (the scale applied once, the division by the number of
 micro-batches applied once) and the update is ``-lr * mean gradient`` (the scale removed once)."""
