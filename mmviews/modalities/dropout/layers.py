@@ -56,7 +56,7 @@ __all__ = [
 
 class SampleKeyedDropout(nn.Module):
     """``nn.Dropout(p)`` whose mask is a function of the rows' sample keys and of ``salt`` (this
-    layer), see the module docstring. Identity in eval mode or with ``p == 0``."""
+    layer), see :mod:`.keys`. Identity in eval mode or with ``p == 0``."""
 
     def __init__(self, p: float = 0.5, salt: int = 0, name: str = "") -> None:
         super().__init__()
