@@ -55,7 +55,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta
+from mmviews.data.registry import dataset_error
+from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta, shape_fits, shape_text
 
 DEFAULT_SHUFFLE_BUFFER = 1000
 
@@ -128,12 +129,14 @@ class RowDecoder:
     def __init__(self, root: str, kind: str, columns: Mapping[str, str], kinds: Mapping[str, str],
                  labels: Mapping[str, str], on_error: str = "raise", image_size: tuple[int, int] | None = None,
                  sample_rate: int = 16000, video: Mapping[str, Any] | None = None,
-                 shapes: Mapping[str, tuple[Any, ...]] | None = None) -> None:
+                 shapes: Mapping[str, tuple[Any, ...]] | None = None,
+                 array_shapes: Mapping[str, Sequence[int | None]] | None = None) -> None:
         self.root, self.kind = root, kind
         self.columns, self.kinds, self.labels = dict(columns), dict(kinds), dict(labels)
         self.on_error, self.image_size, self.sample_rate = on_error, image_size, int(sample_rate)
         self.video = dict(video or {})
         self.shapes = dict(shapes or {})  # per-sample shapes of sequence columns (zero-filling absent ones)
+        self.array_shapes = dict(array_shapes or {})  # recorded shapes of hf array columns (None: varies)
         self.num_skipped = 0
 
     def modality_info(self) -> dict[str, dict[str, Any]]:
@@ -211,6 +214,10 @@ class RowDecoder:
                 if arr.numel() == 0 or (arr.ndim == 0 and bool(arr.isnan())):  # 0 steps, or a null read back as NaN
                     return None
                 raise ValueError(f"expected a [len, D] sequence, got shape {tuple(arr.shape)}")
+            expected = self.array_shapes.get(m)
+            if expected is not None and not shape_fits(arr.shape, expected):
+                raise ValueError(f"shape {list(arr.shape)} differs from the column's {shape_text(expected)} "
+                                 f"recorded in {SHARDS_META}")
             return arr
         except (ValueError, TypeError) as err:
             self._fail(row, col, err)
@@ -347,8 +354,9 @@ class ShardSource:
                 if col not in self.features:
                     raise KeyError(f"{self.root}: column {col!r} (for {name!r}) not found; columns: {sorted(self.features)}")
             if not columns:
-                raise ValueError(f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
-                                 f"(columns: {sorted(self.features)})")
+                raise dataset_error(ValueError, f"{self.root}: no modality columns (no column is named image, audio or "
+                                    f"text): name the columns to read, modality -> column (columns: {sorted(self.features)})",
+                                    "columns")
             inferred = _infer_kinds(self.features, columns)
             kinds = {m: meta_kinds.get(col, inferred[m]) for m, col in columns.items()}
         if labels is None:
@@ -372,8 +380,32 @@ class ShardSource:
         if kind == "video" and flow not in (None, "farneback"):
             raise ValueError(f"{self.root}: shards hold the store's Farneback flow: flow must be None or 'farneback', got {flow!r}")
         self.decoder = RowDecoder(self.root, kind, columns, kinds, labels, on_error, image_t, sample_rate, video,
-                                  self._sequence_shapes())
+                                  self._sequence_shapes(), array_shapes=self._array_shapes(kind))
         self._check(check_rows)
+
+    def _array_shapes(self, kind: str) -> dict[str, list[int | None]]:
+        """The shapes ``mmviews_shards.json`` records for the hf array columns read. Shards written
+        before shapes were recorded stored every array flat (``[1, D]`` and ``[L, D]`` came back as
+        ``[D]`` and ``[L * D]``, which failed late, in an adapter): refused here, naming the
+        column and the command that writes them again."""
+        if not self.meta or kind != "hf":
+            return {}
+        recorded = self.meta.get("shapes", {})
+        out = {}
+        for m, col in self.columns.items():
+            if self.kinds[m] != "array":
+                continue
+            if col not in recorded:
+                src = self.meta["source"]
+                options = src.get("options", {})
+                flags = "".join(f" --{key} " + ",".join(f"{k}={v}" for k, v in options[key].items())
+                                for key in ("columns", "labels") if options.get(key))
+                raise ValueError(f"{self.root}: column {col!r} was written flat, without its shape, by an older mmviews "
+                                 "([1, D] and [L, D] arrays would come back as [D] and [L*D]); write the shards again: "
+                                 f"mmviews prepare hf {src.get('root')}{flags} --format parquet --output {self.root} "
+                                 "--overwrite")
+            out[m] = recorded[col]
+        return out
 
     def _sequence_shapes(self) -> dict[str, tuple[Any, ...]]:
         import datasets
@@ -456,6 +488,23 @@ class ShardStream(ShardSource):
             ds = split_dataset_by_node(ds, rank=rank, world_size=world)
         ds.set_epoch(epoch)
         return ds
+
+
+def _keep_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A collate function that keeps the sample dicts."""
+    return samples
+
+
+def first_samples(dataset: Any, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` samples of a split, decoded (fewer when the split is shorter).
+
+    ``dataset[i]`` for a map-style split; a streamed split (:class:`ShardStream`) cannot be
+    indexed: its first rows in shard order are read through the stream as training reads them,
+    one unshuffled batch of a :class:`StreamLoader`. The checks use it (``mmviews train
+    --check``'s measured batch, ``mmviews prepare hf --recipe``)."""
+    if getattr(dataset, "streamed", False):
+        return next(iter(StreamLoader(dataset, count, _keep_samples, drop_last=False)), [])
+    return [dataset[i] for i in range(min(count, len(dataset)))]
 
 
 class _DecodeRows(Dataset):
