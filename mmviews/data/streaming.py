@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from mmviews.data import row_groups
 from mmviews.data.registry import dataset_error
 from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta, shape_fits, shape_text
 
@@ -332,6 +333,8 @@ class ShardSource:
             raise FileNotFoundError(f"no such shard folder: {self.root}")
         self.meta = read_shards_meta(self.root) if not _is_url(self.root) else None
         self.shards = ShardFiles(self.root, split, on_error)
+        self.on_error = on_error
+        self._skip_token = row_groups.new_record()  # the damaged row groups this reader leaves out
         import datasets
         import fsspec
 
@@ -426,10 +429,13 @@ class ShardSource:
             self.decoder(row)
 
     def _rows(self, files: Sequence[str]) -> Any:
-        """``files`` as a ``datasets.IterableDataset`` of raw rows (images left encoded)."""
+        """``files`` as a ``datasets.IterableDataset`` of raw rows (images left encoded), read row
+        group by row group: a damaged one is named or left out (:mod:`mmviews.data.row_groups`)."""
         import datasets
 
-        ds = datasets.load_dataset("parquet", data_files={self.split: list(files)}, split=self.split, streaming=True)
+        ds = datasets.IterableDataset.from_generator(
+            row_groups.stream_rows, features=self.features, split=self.split,
+            gen_kwargs={"files": list(files), "on_error": self.on_error, "token": self._skip_token})
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
         return ds
@@ -437,6 +443,18 @@ class ShardSource:
     @property
     def num_skipped_shards(self) -> int:
         return len(self.shards.skipped)
+
+    @property
+    def skipped_row_groups(self) -> row_groups.SkippedRowGroups:
+        """The damaged row groups left out so far in this process (``on_error: skip``)."""
+        return row_groups.record(self._skip_token)
+
+    def skipped_data(self) -> dict[str, Any]:
+        """What this process has left out of the split so far: damaged shards and row groups (by
+        name) and their rows, and values that could not be decoded (marked absent)."""
+        groups = self.skipped_row_groups.row_groups
+        return {"shards": list(self.shards.skipped), "row_groups": {f"{shard}#{index}": rows for (shard, index), rows in groups.items()},
+                "rows_in_skipped_row_groups": sum(groups.values()), "values_marked_absent": self.num_skipped}
 
     @property
     def num_skipped(self) -> int:
@@ -453,7 +471,7 @@ class ParquetShardDataset(ShardSource, Dataset):
         import datasets
 
         ShardSource.__init__(self, root, split, **options)
-        ds = datasets.load_dataset("parquet", data_files={split: self.shards.files}, split=split)
+        ds = row_groups.load_map_style(self.shards.files, split, self.features, self.on_error, self._skip_token)
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
         self.ds = ds
@@ -523,18 +541,30 @@ class _DecodeRows(Dataset):
 class _RawBatches:
     """Batches of raw rows drawn from a row iterator, recording the position after each batch."""
 
-    def __init__(self, stream: Any, batch_size: int, limit: int | None, skip: int, positions: deque) -> None:
+    def __init__(self, stream: Any, batch_size: int, limit: int | None, skip: int, positions: deque,
+                 refill: Any = None) -> None:
         self.stream, self.rows = stream, iter(stream)
         self.batch_size, self.limit, self.skip, self.positions = batch_size, limit, skip, positions
+        self.refill = refill  # () -> bool: may the epoch's rows be read again to fill its last batches
+
+    def _take(self, count: int) -> list[Any]:
+        batch: list[Any] = []
+        for row in self.rows:
+            batch.append(row)
+            if len(batch) == count:
+                break
+        return batch
 
     def __iter__(self) -> Iterator[list[Any]]:
         drawn = 0
         while self.limit is None or drawn < self.limit:
-            batch = []
-            for row in self.rows:
-                batch.append(row)
-                if len(batch) == self.batch_size:
-                    break
+            batch = self._take(self.batch_size)
+            if self.limit is not None and len(batch) < self.batch_size and self.refill is not None and self.refill():
+                # Damaged row groups were left out (on_error: skip; counted): the epoch's first rows,
+                # read again, fill its last batches, so that every process still runs the steps
+                # the footers promised (the same on a resumed run: the damage is found again).
+                self.rows, self.refill = iter(self.stream), None
+                batch += self._take(self.batch_size - len(batch))
             if not batch or (self.limit is not None and len(batch) < self.batch_size):
                 return
             drawn += 1
@@ -614,7 +644,8 @@ class StreamLoader:
         world = self.world if self.drop_last else 1
         ds = self.dataset.iterable(seed=self.seed, epoch=self.epoch, shuffle_buffer=shuffle, rank=self.rank, world=world)
         positions: deque = deque()
-        raw = _RawBatches(ds, self.batch_size, len(self) if self.drop_last else None, self._skip, positions)
+        raw = _RawBatches(ds, self.batch_size, len(self) if self.drop_last else None, self._skip, positions,
+                          refill=lambda: bool(self.dataset.skipped_row_groups.row_groups))
         self.batches_in_epoch, self.rows_in_epoch = 0, 0
         # The loader draws its workers' base seed from its own generator: from the global RNG, a
         # resumed run (a new iterator mid-epoch) would shift the training RNG stream (dropout).
