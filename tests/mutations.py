@@ -106,6 +106,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_within_view_mask": _drop_within_view_mask,
     "shift_streamed_blocks": _shift_streamed_blocks,
     "unpickle_checkpoints": _unpickle_checkpoints,
+    "let_row_group_errors_through": lambda: _let_row_group_errors_through(),
 }
 
 
@@ -114,3 +115,11 @@ def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = seta
     if name not in BREAKS:
         raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
     set_attribute(*BREAKS[name]())
+
+
+def _let_row_group_errors_through() -> tuple[Any, str, Any]:
+    """The Parquet readers catch none of pyarrow's read errors: a damaged row group fails with
+    pyarrow's message (naming neither the shard nor the row group) and cannot be skipped."""
+    import mmviews.data.row_groups as row_groups
+
+    return row_groups, "_read_errors", lambda: ()

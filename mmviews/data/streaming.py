@@ -453,7 +453,8 @@ class ShardSource:
         """What this process has left out of the split so far: damaged shards and row groups (by
         name) and their rows, and values that could not be decoded (marked absent)."""
         groups = self.skipped_row_groups.row_groups
-        return {"shards": list(self.shards.skipped), "row_groups": {f"{shard}#{index}": rows for (shard, index), rows in groups.items()},
+        return {"shards": list(self.shards.skipped),
+                "row_groups": {f"{shard}#{index}": rows for (shard, index), rows in groups.items()},
                 "rows_in_skipped_row_groups": sum(groups.values()), "values_marked_absent": self.num_skipped}
 
     @property
@@ -546,6 +547,7 @@ class _RawBatches:
         self.stream, self.rows = stream, iter(stream)
         self.batch_size, self.limit, self.skip, self.positions = batch_size, limit, skip, positions
         self.refill = refill  # () -> bool: may the epoch's rows be read again to fill its last batches
+        self.error: Exception | None = None
 
     def _take(self, count: int) -> list[Any]:
         batch: list[Any] = []
@@ -556,6 +558,12 @@ class _RawBatches:
         return batch
 
     def __iter__(self) -> Iterator[list[Any]]:
+        try:
+            yield from self._batches()
+        except Exception as error:  # reading failed (a damaged row group, named): kept for the
+            self.error = error  # consumer, so that the loader first ends its workers as at the end of an epoch
+
+    def _batches(self) -> Iterator[list[Any]]:
         drawn = 0
         while self.limit is None or drawn < self.limit:
             batch = self._take(self.batch_size)
@@ -653,16 +661,26 @@ class StreamLoader:
         loader = DataLoader(_DecodeRows(self.dataset.decoder), batch_sampler=raw, collate_fn=self.collate_fn,
                             num_workers=self.num_workers, pin_memory=self.pin_memory, generator=generator)
         skipped = self._skip
-        for batch in loader:
-            # The loader runs ahead of the consumer: the position is that of the batch handed out.
-            while skipped:
-                self.rows_in_epoch += positions.popleft()[0]
+        batches = iter(loader)
+        try:
+            for batch in batches:
+                # The loader runs ahead of the consumer: the position is that of the batch handed out.
+                while skipped:
+                    self.rows_in_epoch += positions.popleft()[0]
+                    self.batches_in_epoch += 1
+                    skipped -= 1
+                rows, self._hf_state = positions.popleft()
+                self.rows_in_epoch += rows
                 self.batches_in_epoch += 1
-                skipped -= 1
-            rows, self._hf_state = positions.popleft()
-            self.rows_in_epoch += rows
-            self.batches_in_epoch += 1
-            if self.device is not None:
-                batch = batch.to(self.device, non_blocking=self.pin_memory)
-            yield batch
+                if self.device is not None:
+                    batch = batch.to(self.device, non_blocking=self.pin_memory)
+                yield batch
+        finally:
+            # A consumer that stops early (an error, max_steps) leaves the loader's workers running
+            # until the iterator is freed: stop them now.
+            stop_workers = getattr(batches, "_shutdown_workers", None)
+            if stop_workers is not None:
+                stop_workers()
+        if raw.error is not None:
+            raise raw.error
         self._skip = 0
