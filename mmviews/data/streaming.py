@@ -37,8 +37,13 @@ epoch is formed (:class:`StreamLoader`):
   without decoding them: the resumed run sees exactly the batches of the uninterrupted one.
 - **Damaged shards**: every shard's footer is read when the split is opened (row counts); a
   shard that cannot be read is named in a one-line error, or with ``on_error="skip"`` left
-  out, counted in ``num_skipped_shards`` and warned about. A row whose value cannot be decoded
-  is named by its ``mmviews_index``/id and column (or marked absent with ``on_error="skip"``).
+  out, counted in ``num_skipped_shards`` and warned about. Shards are read row group by row
+  group (:mod:`mmviews.data.row_groups`): a row group damaged inside a shard is named (shard,
+  row group, rows), or left out and counted (:meth:`ShardSource.skipped_data`); a streamed
+  training epoch then reads its first rows again to keep its promised length. A row whose value
+  cannot be decoded is named by its ``mmviews_index``/id and column (or marked absent with
+  ``on_error="skip"``). Array columns of hf shards come back in the shape recorded in
+  ``mmviews_shards.json``; shards written flat by an older mmviews are refused, by column.
 """
 
 from __future__ import annotations
