@@ -126,6 +126,21 @@ def test_skipped_row_group_is_counted_in_the_run_record(damaged, tmp_path, capsy
     assert damaged["shard"].read_bytes() == damaged["bytes"]
 
 
+def test_what_processes_left_out_is_merged_by_name():
+    """Two processes reading every shard both meet the damaged row group: it counts once; values
+    marked absent (each process decodes its own rows) add up."""
+    from mmviews.data.loaders import merge_data_left_out
+
+    first = {"train": {"shards": ["s2"], "row_groups": {"s0#1": 4}, "rows_in_skipped_row_groups": 4,
+                       "values_marked_absent": 1}}
+    second = {"train": {"shards": [], "row_groups": {"s0#1": 4, "s1#0": 6}, "rows_in_skipped_row_groups": 10,
+                        "values_marked_absent": 2}, "test": {"values_marked_absent": 3}}
+    assert merge_data_left_out([first, second]) == {
+        "train": {"shards": ["s2"], "row_groups": {"s0#1": 4, "s1#0": 6}, "rows_in_skipped_row_groups": 10,
+                  "values_marked_absent": 3},
+        "test": {"values_marked_absent": 3}}
+
+
 def test_row_group_check_fails_when_read_errors_are_not_caught(damaged, monkeypatch):
     """Mutation: with pyarrow's read errors let through, the damaged row group is no longer named
     (the guard above fails)."""

@@ -248,7 +248,7 @@ def _prepare_parquet(args: argparse.Namespace, recipe_data: Callable[[str], dict
             given = _pairs(getattr(args, key), f"--{key}")
             if given is not None:
                 hf_options[key] = given
-        from_recipe = {k for k in recipe["options"] if getattr(args, k, None) is None}
+        from_recipe = {k for k in recipe["options"] if k == "format" or getattr(args, k) is None}
         try:
             parts = {s: HFDataset(path, split=s, **hf_options) for s in wanted}
         except (ValueError, KeyError) as err:
