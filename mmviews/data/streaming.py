@@ -51,6 +51,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import shlex
 import warnings
 from collections import deque
 from pathlib import Path
@@ -406,12 +407,12 @@ class ShardSource:
             if col not in recorded:
                 src = self.meta["source"]
                 options = src.get("options", {})
-                flags = "".join(f" --{key} " + ",".join(f"{k}={v}" for k, v in options[key].items())
+                flags = "".join(f" --{key} " + shlex.quote(",".join(f"{k}={v}" for k, v in options[key].items()))
                                 for key in ("columns", "labels") if options.get(key))
                 raise ValueError(f"{self.root}: column {col!r} was written flat, without its shape, by an older mmviews "
                                  "([1, D] and [L, D] arrays would come back as [D] and [L*D]); write the shards again: "
-                                 f"mmviews prepare hf {src.get('root')}{flags} --format parquet --output {self.root} "
-                                 "--overwrite")
+                                 f"mmviews prepare hf {shlex.quote(str(src.get('root')))}{flags} --format parquet "
+                                 f"--output {shlex.quote(self.root)} --overwrite")
             out[m] = recorded[col]
         return out
 
