@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 # The records of the readers of this process, by token (a generator handed to ``datasets`` cannot
@@ -153,6 +154,8 @@ def _stamps(files: Sequence[str]) -> tuple[Any, ...]:
 def load_map_style(files: list[str], split: str, features: Any, on_error: str, token: str) -> Any:
     """The split as a ``datasets.Dataset`` (see the module docstring)."""
     import datasets
+    import fsspec
+    import pyarrow.parquet as pq
 
     try:
         return datasets.load_dataset("parquet", data_files={split: files}, split=split)
@@ -170,13 +173,11 @@ def load_map_style(files: list[str], split: str, features: Any, on_error: str, t
     bad = {(shard, index) for shard, _, index, _ in damaged}
     units = []
     for shard in files:
-        import fsspec
-        import pyarrow.parquet as pq
-
         with fsspec.open(shard, "rb") as f:
             groups = pq.ParquetFile(f).metadata.num_row_groups
         units += [(shard, index) for index in range(groups) if (shard, index) not in bad]
     if not units:
-        raise ValueError(f"{files[0]}...: split {split!r} has no readable row group")
+        raise ValueError(f"{Path(files[0]).parent}: split {split!r} has no readable row group (on_error: skip left "
+                         f"out all {len(damaged)})")
     return datasets.Dataset.from_generator(_readable_rows, features=features,
                                            gen_kwargs={"units": units, "stamps": _stamps(files)}, split=split)

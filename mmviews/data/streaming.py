@@ -579,6 +579,9 @@ class _RawBatches:
                 # the footers promised (the same on a resumed run: the damage is found again).
                 self.rows, self.refill = iter(self.stream), None
                 batch += self._take(self.batch_size - len(batch))
+                if not batch:
+                    raise ValueError("the streamed split has no readable row left: every row group read in this epoch "
+                                     "was damaged and left out (on_error: skip)")
             if not batch or (self.limit is not None and len(batch) < self.batch_size):
                 return
             drawn += 1
