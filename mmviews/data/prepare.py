@@ -33,7 +33,9 @@
 - ``--format parquet`` (any of the above, and ``hf`` folders): writes sharded Parquet files that
   HuggingFace ``datasets`` reads and that mmviews streams (``data.streaming: true``), to
   ``--output`` (default ``<PATH>-parquet`` beside PATH), ``--shard-size-mb`` per shard;
-  resumable after a kill (:mod:`mmviews.data.shards`).
+  resumable after a kill (:mod:`mmviews.data.shards`). ``hf``: ``--columns``/``--labels``, or
+  ``--recipe RECIPE`` (its ``data.options`` columns and labels, its splits); array columns keep
+  their shape. Errors name the flag (or the recipe key) to change.
 
 Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
 """
