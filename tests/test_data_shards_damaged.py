@@ -1,4 +1,5 @@
-"""A Parquet shard damaged in the middle of its data, footer intact (issue 28): with
+"""A Parquet shard damaged in the middle of its data, footer intact (issue 28; the writer closes
+row groups of ``ROW_GROUP_BYTES``, here a few rows, so that damage loses one row group): with
 ``on_error: raise`` one line naming the shard and the row group, exit status 2 (a streamed run
 with a loader worker too); with ``on_error: skip`` the row group is left out, the streamed epoch
 still has the steps its footers promised, and the run counts what it left out in its last lines,
@@ -18,7 +19,7 @@ from crafted_files import cli, one_line_error
 from mutations import apply_break
 from test_data_shards import as_list, prepare
 
-from mmviews.data import build_dataset
+from mmviews.data import build_dataset, shards
 from mmviews.data.streaming import StreamLoader
 
 ROWS, D, GROUP = 32, 4, 4  # two shards of 16 rows; the first rewritten as 4 row groups of 4
@@ -36,12 +37,14 @@ def damaged(tmp_path_factory) -> dict:
     split = datasets.Dataset.from_dict({"row": [rng.standard_normal((1, D)).astype(np.float32) for _ in range(ROWS)],
                                         "label": [i % 2 for i in range(ROWS)]}, features=feats)
     datasets.DatasetDict({"train": split}).save_to_disk(str(folder / "src"))
-    r = prepare("hf", str(folder / "src"), "--format", "parquet", "--shard-rows", "16", "--columns", "row=row")
+    row_bytes = shards._row_bytes({shards.INDEX_COLUMN: 0, "row": [[0.0] * D], "label": 0})
+    with pytest.MonkeyPatch.context() as patch:  # the writer closes a row group every GROUP rows
+        patch.setattr(shards, "ROW_GROUP_BYTES", GROUP * row_bytes)
+        r = prepare("hf", str(folder / "src"), "--format", "parquet", "--shard-rows", "16", "--columns", "row=row")
     assert r.returncode == 0, r.stdout + r.stderr
     shard = folder / "src-parquet" / "train" / "train-00000.parquet"
-    pq.write_table(pq.read_table(shard), shard, row_group_size=GROUP)
     metadata = pq.ParquetFile(shard).metadata
-    assert metadata.num_row_groups == 4
+    assert metadata.num_row_groups == 4 and metadata.row_group(BAD).num_rows == GROUP
     data = bytearray(shard.read_bytes())
     group = metadata.row_group(BAD)
     (column,) = [group.column(k) for k in range(group.num_columns) if group.column(k).path_in_schema.startswith("row.")]

@@ -51,6 +51,9 @@ SHARDS_META = "mmviews_shards.json"
 INDEX_COLUMN = "mmviews_index"
 TMP_SUFFIX = ".mmviews-tmp"
 AUDIO_RATE = 16000
+# Rows of a shard are written in row groups of about this many encoded bytes: the unit a reader
+# loads at once, and what on_error: skip leaves out when a block of the file is damaged.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
 
 
 def default_shards_path(root: str | os.PathLike[str]) -> Path:
@@ -336,7 +339,9 @@ def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, s
             import pyarrow.parquet as pq
 
             # datasets encodes the rows (its schema metadata keeps the features: Image(), Array2D...).
-            pq.write_table(datasets.Dataset.from_list(buffer, features=rows.features).data.table, str(tmp))
+            group_rows = max(1, int(len(buffer) * ROW_GROUP_BYTES // max(size, 1)))
+            pq.write_table(datasets.Dataset.from_list(buffer, features=rows.features).data.table, str(tmp),
+                           row_group_size=group_rows)
             os.replace(tmp, folder / name)
             sm["shards"].append({"file": name, "rows": len(buffer), "first": buffer[0][INDEX_COLUMN], "last": last})
             sm["rows"] += len(buffer)
