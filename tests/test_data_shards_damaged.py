@@ -86,19 +86,22 @@ def test_raise_names_the_shard_and_row_group(damaged):
 
 
 def test_skip_leaves_the_row_group_out_and_counts_it(damaged):
-    mapped = build_dataset("hf", root=str(damaged["shards"]), split="train", on_error="skip")
+    with pytest.warns(UserWarning, match=f"row group {BAD} of 4 .*its {GROUP} rows are left out"):
+        mapped = build_dataset("hf", root=str(damaged["shards"]), split="train", on_error="skip")
     assert len(mapped) == ROWS - GROUP
     assert [mapped[i]["index"] for i in range(len(mapped))] == [i for i in range(ROWS) if not 4 <= i < 8]
     expected = {f"{damaged['shard']}#{BAD}": GROUP}
     assert mapped.skipped_data()["row_groups"] == expected
     stream = build_dataset("hf", root=str(damaged["shards"]), split="train", streaming=True, on_error="skip")
-    every = [s["index"] for b in StreamLoader(stream, 8, as_list, drop_last=False) for s in b]
+    with pytest.warns(UserWarning, match=f"row group {BAD} of 4"):
+        every = [s["index"] for b in StreamLoader(stream, 8, as_list, drop_last=False) for s in b]
     assert sorted(every) == [i for i in range(ROWS) if not 4 <= i < 8]
     assert stream.skipped_data()["row_groups"] == expected and stream.skipped_data()["rows_in_skipped_row_groups"] == GROUP
     # A training epoch keeps the length the footers promised (4 batches of 8): the epoch's first
     # rows, read again, fill the last batch.
     loader = StreamLoader(stream, 8, as_list, seed=1, shuffle_buffer=8)
-    batches = [[s["index"] for s in b] for b in loader]
+    with pytest.warns(UserWarning, match=f"row group {BAD} of 4"):
+        batches = [[s["index"] for s in b] for b in loader]
     assert len(loader) == 4 and [len(b) for b in batches] == [8, 8, 8, 8]
     drawn = [i for b in batches for i in b]
     assert not set(drawn) & set(range(4, 8)) and set(drawn) == set(every) and len(drawn) - len(set(drawn)) == GROUP
