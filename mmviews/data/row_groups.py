@@ -69,7 +69,7 @@ def damaged_message(shard: str, metadata: Any, index: int, error: BaseException)
     first, end = _row_range(metadata, index)
     reason = " ".join(f"{type(error).__name__}: {error}".split())
     return (f"{shard}: row group {index} of {metadata.num_row_groups} (rows {first}-{end - 1} of the shard) cannot be "
-            f"read ({reason}); the shard's data is damaged")
+            f"read ({reason}); its data is damaged, or the storage failed while reading it")
 
 
 def _raise_or_skip(shard: str, metadata: Any, index: int, error: BaseException, on_error: str, token: str | None) -> None:
