@@ -119,6 +119,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "keyed_dropout_salt_from_hash": lambda: _keyed_dropout_salt_from_hash(),
     "cached_no_rng_replay": lambda: _cached_no_rng_replay(),
     "dropout_draws_nothing": lambda: _dropout_draws_nothing(),
+    "let_row_group_errors_through": lambda: _let_row_group_errors_through(),
 }
 
 
@@ -292,3 +293,11 @@ def _dropout_draws_nothing() -> tuple[Any, str, Any]:
         return x
 
     return nn.Dropout, "forward", identity
+
+
+def _let_row_group_errors_through() -> tuple[Any, str, Any]:
+    """The Parquet readers catch none of pyarrow's read errors: a damaged row group fails with
+    pyarrow's message (naming neither the shard nor the row group) and cannot be skipped."""
+    import mmviews.data.row_groups as row_groups
+
+    return row_groups, "_read_errors", lambda: ()

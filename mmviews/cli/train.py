@@ -54,7 +54,7 @@ from mmviews.run import (
 )
 from mmviews.train import TrainCallback, build_run, train
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import check_trackers_installed
+from mmviews.train.logging import check_trackers_installed, data_left_out_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
 
 
@@ -201,6 +201,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
+    for line in data_left_out_lines(summary.get("data_skipped") or {}):
+        print(f"data left out (on_error: skip): {line}")
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0

@@ -270,6 +270,25 @@ def read_training_log(path: Path) -> list[dict[str, Any]]:
         return []
 
 
+def data_left_out_lines(data_skipped: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per split of ``results.json``'s ``data_skipped`` (what ``on_error: skip`` left
+    out: :func:`mmviews.data.loaders.data_left_out`)."""
+    lines = []
+    for split, info in data_skipped.items():
+        parts = []
+        if info.get("shards"):
+            parts.append(f"{len(info['shards'])} unreadable shard(s) ({', '.join(info['shards'])})")
+        if info.get("row_groups"):
+            parts.append(f"{len(info['row_groups'])} damaged row group(s), {info.get('rows_in_skipped_row_groups', 0)} rows "
+                         f"({', '.join(info['row_groups'])})")
+        if info.get("values_marked_absent"):
+            parts.append(f"{info['values_marked_absent']} value(s) that could not be decoded, marked absent")
+        extra = [f"{k}: {v}" for k, v in info.items()
+                 if k not in ("shards", "row_groups", "rows_in_skipped_row_groups", "values_marked_absent") and v]
+        lines.append(f"split {split!r}: " + "; ".join(parts + extra))
+    return lines
+
+
 def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
     """``results.json`` and ``report.md``: the run summary and, per metric, trained vs
     randomly initialised encoder. The JSON is strict (no NaN; see :func:`finalise_summary`).
@@ -290,6 +309,9 @@ def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
              ""]
     if summary["warnings"]:
         lines += ["## Warnings: did it learn?", "", *(f"- {message}" for message in summary["warnings"]), ""]
+    if summary.get("data_skipped"):
+        lines += ["## Data left out (data.options.on_error: skip)", "",
+                  *(f"- {line}" for line in data_left_out_lines(summary["data_skipped"])), ""]
     trained, random_ = summary["eval"], summary["eval_random"] or {}
     if trained:
         lines += ["| metric | trained | random init | trained - random |", "|---|---|---|---|"]

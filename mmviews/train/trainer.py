@@ -331,6 +331,23 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
                       overwrite=overwrite, resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate)
 
 
+def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
+    """What ``on_error: skip`` left out of the training and evaluation splits, over every
+    process (collective: every process calls it)."""
+    from mmviews.data.loaders import data_left_out, merge_data_left_out
+
+    splits = dict(parts.datasets)
+    for name, loader in (parts.eval_loaders or {}).items():
+        if loader is not None and name not in splits:
+            splits[name] = getattr(loader, "dataset", None)
+    local = data_left_out(splits)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        return merge_data_left_out(gather_object([local]))
+    return merge_data_left_out([local])
+
+
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
            callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
            resume_ignore_rng: bool, reevaluate: bool) -> dict[str, Any]:
@@ -429,6 +446,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
+        "data_skipped": _data_left_out(accelerator, parts),
     })
     if accelerator.is_main_process:
         write_results(run_dir, summary)
