@@ -98,6 +98,30 @@ def _key_dropout_by_row() -> tuple[Any, str, Any]:
     return dropout, "sample_row_keys", by_row
 
 
+def _keep_unreadable_samples() -> tuple[Any, str, Any]:
+    """The collator keeps a sample whose files could not be read (on_error: skip): it enters the
+    batch with every view absent, a phantom counted in the loss and the evaluation."""
+    import mmviews.data.views as views
+
+    return views, "readable_samples", lambda samples: (list(samples), ())
+
+
+def _forget_known_bad_clips() -> tuple[Any, str, Any]:
+    """The video datasets ignore the clips the store's manifest records as unreadable (they are
+    decoded again during training)."""
+    import mmviews.data.video as video
+
+    return video, "known_bad_clips", lambda store, root: {}
+
+
+def _keep_worker_tracebacks() -> tuple[Any, str, Any]:
+    """The command line takes torch's re-raise of a DataLoader worker's error as it is (the
+    worker's whole traceback in one message, or a RuntimeError when torch cannot rebuild the type)."""
+    import mmviews.cli as cli
+
+    return cli, "worker_error", lambda error: error
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -106,6 +130,9 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_within_view_mask": _drop_within_view_mask,
     "shift_streamed_blocks": _shift_streamed_blocks,
     "unpickle_checkpoints": _unpickle_checkpoints,
+    "keep_unreadable_samples": _keep_unreadable_samples,
+    "forget_known_bad_clips": _forget_known_bad_clips,
+    "keep_worker_tracebacks": _keep_worker_tracebacks,
 }
 
 

@@ -474,6 +474,36 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
 
 # --------------------------------------------------------------------------- reading
 
+# Manifest keys that list clips a prepare found bad, {rel: message}; training leaves them out
+# (:func:`known_bad_clips`). A later key (truncated, too short...) is added here.
+KNOWN_BAD_KEYS: tuple[str, ...] = ("failed",)
+
+
+def known_bad_clips(store: str | os.PathLike[str], root: str | os.PathLike[str]) -> dict[str, str]:
+    """``{rel: "key: message"}``: the clips of video folder ``root`` that the store's manifest
+    records as bad (keys :data:`KNOWN_BAD_KEYS`). A clip whose file changed after the manifest
+    was written (newer modification time) is not listed: it may have been repaired, so it is
+    read again (and then handled by the dataset's ``on_error``)."""
+    manifest_path = Path(store) / MANIFEST
+    manifest = read_manifest(store)
+    if manifest is None:
+        return {}
+    written_ns = manifest_path.stat().st_mtime_ns
+    bad: dict[str, str] = {}
+    for key in KNOWN_BAD_KEYS:
+        listed = manifest.get(key) or {}
+        if not isinstance(listed, dict):
+            continue
+        for rel, message in listed.items():
+            try:
+                changed_since = (Path(root) / rel).stat().st_mtime_ns > written_ns
+            except OSError:  # gone: still bad
+                changed_since = False
+            if not changed_since:
+                bad.setdefault(str(rel), f"{key}: {message}")
+    return bad
+
+
 
 def _read_jpeg(path: Path, gray: bool) -> np.ndarray:
     """A store JPEG as uint8 ``[H, W]`` (gray) or ``[H, W, 3]`` RGB. OpenCV, not PIL: 2-4x faster

@@ -278,6 +278,7 @@ class ViewSetCollator:
     def _collate(self, samples: Sequence[Mapping[str, Any]]) -> ViewBatch:
         if len(samples) == 0:
             raise ValueError("cannot collate an empty list of samples")
+        samples, dropped = readable_samples(samples)
         spec = self.view_spec
         K = len(samples)
         M = len(spec.views)
@@ -322,7 +323,7 @@ class ViewSetCollator:
                 raise ValueError(f"label {key!r} is not numeric (first values {vals[:3]}); map it to numbers "
                                  "in the dataset") from err
         return ViewBatch(inputs=inputs, views=list(spec.views), mask=mask, labels=labels,
-                         index=torch.as_tensor(indices, dtype=torch.long))
+                         index=torch.as_tensor(indices, dtype=torch.long), dropped=dropped)
 
     def _shape_hint(self, modality: str) -> tuple[int, ...]:
         shape = self.modality_info.get(modality, {}).get("shape")
@@ -375,6 +376,21 @@ class ViewSetCollator:
             zero = torch.zeros(shape, dtype=torch.float32)
             return {"values": torch.stack([zero if x is None else x.float() for x in items])}
         raise ValueError(f"unknown modality kind {kind!r} for {modality!r}; expected one of {KINDS}")
+
+
+def readable_samples(samples: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], tuple[str, ...]]:
+    """``(samples that could be read, messages of those that could not)``. A sample whose files
+    could not be read (a dataset's ``on_error="skip"`` marks it with the key ``"unreadable"``,
+    the message) is left out of its batch, not collated as a sample with every view absent: it
+    would enter the loss and the evaluation as a phantom. A batch with none left is a
+    ValueError naming the first file."""
+    dropped = tuple(str(s["unreadable"]) for s in samples if s.get("unreadable"))
+    if not dropped:
+        return list(samples), ()
+    kept = [s for s in samples if not s.get("unreadable")]
+    if not kept:
+        raise ValueError(f"every sample of a batch of {len(dropped)} is unreadable (on_error: skip), first: {dropped[0]}")
+    return kept, dropped
 
 
 def batch_size_for(num_views: int, batch_size: int, mode: str = "growing", reference_views: int = 2) -> int:

@@ -19,7 +19,7 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -270,6 +270,21 @@ def read_training_log(path: Path) -> list[dict[str, Any]]:
         return []
 
 
+def data_report_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The report's "Data left out" section: per split, the samples lost (``data_losses``,
+    :mod:`mmviews.data.losses`), and the modalities no sample has; nothing when none."""
+    from mmviews.data.losses import ABSENT_MODALITIES_KEY, DATA_LOSSES_KEY, loss_lines
+
+    losses = summary.get(DATA_LOSSES_KEY) or {}
+    absent = summary.get(ABSENT_MODALITIES_KEY) or {}
+    lines = loss_lines(losses) + list(absent.values())
+    if not lines:
+        return []
+    examples = [e for r in losses.values() for e in r.get("examples") or []]
+    return (["## Data left out", "", *(f"- {line}" for line in lines), ""]
+            + (["Examples:", "", *(f"- `{e}`" for e in examples), ""] if examples else []))
+
+
 def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
     """``results.json`` and ``report.md``: the run summary and, per metric, trained vs
     randomly initialised encoder. The JSON is strict (no NaN; see :func:`finalise_summary`).
@@ -290,6 +305,7 @@ def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
              ""]
     if summary["warnings"]:
         lines += ["## Warnings: did it learn?", "", *(f"- {message}" for message in summary["warnings"]), ""]
+    lines += data_report_lines(summary)
     trained, random_ = summary["eval"], summary["eval_random"] or {}
     if trained:
         lines += ["| metric | trained | random init | trained - random |", "|---|---|---|---|"]
