@@ -225,8 +225,12 @@ class _Unreadable(Dataset):
 
 
 def test_worker_error_is_the_workers_own_one_line():
-    with pytest.raises(Exception) as caught:
-        next(iter(DataLoader(_Unreadable(), batch_size=2, num_workers=1)))
+    batches = iter(DataLoader(_Unreadable(), batch_size=2, num_workers=1))
+    try:
+        with pytest.raises(Exception) as caught:
+            next(batches)
+    finally:
+        batches._shutdown_workers()  # now, not when the traceback that holds the iterator is freed
     assert "DataLoader worker process 0" in str(caught.value)  # torch's re-raise, traceback and all
     error = cli.worker_error(caught.value)
     assert isinstance(error, ValueError)  # a user error: one line, exit status 2

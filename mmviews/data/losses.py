@@ -32,26 +32,30 @@ ABSENT_MODALITIES_KEY = "absent_modalities"
 MAX_EXAMPLES = 5
 
 
-def run_datasets(parts: Any) -> dict[str, Any]:
-    """``{role: dataset}`` of the splits a run reads (train, and the evaluation's val/test)."""
-    datasets = {"train": parts.datasets["train"]}
+def run_datasets(parts: Any) -> dict[str, tuple[str, Any]]:
+    """``{role: (split name, dataset)}`` of the splits a run reads (train, and the evaluation's
+    val/test), from its :class:`~mmviews.train.build.RunParts`."""
+    data = parts.config.data
+    names = {"train": data.train_split, "val": data.val_split, "test": data.test_split}
+    datasets = {"train": (names["train"], parts.datasets["train"])}
     for role, loader in (parts.eval_loaders or {}).items():
         dataset = getattr(loader, "dataset", None)
         if role != "train" and dataset is not None:
-            datasets[role] = dataset
+            datasets[role] = (names.get(role) or role, dataset)
     return datasets
 
 
 class DataLosses:
     """The per-split record (module docstring), filled as the run goes."""
 
-    def __init__(self, datasets: Mapping[str, Any]) -> None:
+    def __init__(self, datasets: Mapping[str, tuple[str, Any]]) -> None:
+        """``datasets``: ``{role: (split name, dataset)}`` (:func:`run_datasets`)."""
         self.splits: dict[str, dict[str, Any]] = {}
         self._skipped: dict[str, set[str]] = {}
-        for role, dataset in datasets.items():
+        for role, (split, dataset) in datasets.items():
             excluded = dict(getattr(dataset, "excluded", None) or {})
             self.splits[role] = {
-                "split": getattr(dataset, "split", role), "excluded": len(excluded),
+                "split": split, "excluded": len(excluded),
                 "excluded_list": getattr(dataset, "excluded_list", None) if excluded else None,
                 "skipped_in_training": 0, "skipped_in_evaluation": None,
                 "examples": [f"{rel}: {reason}" for rel, reason in list(excluded.items())[:MAX_EXAMPLES]],

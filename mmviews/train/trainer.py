@@ -319,15 +319,16 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     return loader
 
 
-def record_evaluated_sizes(losses: DataLosses, eval_dir: Path, datasets: dict[str, Any]) -> None:
+def record_evaluated_sizes(losses: DataLosses, eval_dir: Path, datasets: dict[str, tuple[str, Any]]) -> None:
     """Count, per split, the samples the evaluation in ``eval_dir`` did not embed (``n_<split>``
-    of its ``metrics.json`` against the dataset's size): those left out when unreadable."""
+    of its ``metrics.json`` against the dataset's size): those left out when unreadable. A
+    streamed split has no size: not counted here."""
     try:
         meta = json.loads((eval_dir / "metrics.json").read_text()).get("meta") or {}
     except (OSError, ValueError):
         return
-    for role, dataset in datasets.items():
-        if f"n_{role}" in meta:
+    for role, (_, dataset) in datasets.items():
+        if f"n_{role}" in meta and not getattr(dataset, "streamed", False) and hasattr(dataset, "__len__"):
             losses.record_evaluated(role, len(dataset), int(meta[f"n_{role}"]))
 
 
