@@ -174,6 +174,14 @@ def test_check_says_what_the_data_lacks(folder, tmp_path, capsys):
     assert "warning: modality 'audio' is absent from every sample of split 'train'" in out
 
 
+def test_skip_on_several_processes_is_refused_before_any_work(folder):
+    from mmviews.config import ConfigError, config_from_dict
+    from mmviews.train import build_run
+
+    with pytest.raises(ConfigError, match="key 'data.options.on_error'.*2 processes"):
+        build_run(config_from_dict(video_recipe(folder, "skip")), num_processes=2)
+
+
 # --------------------------------------------------------------------------- the guards, in one process
 
 

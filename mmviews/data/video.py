@@ -218,6 +218,11 @@ class VideoFolder(Dataset):
             info["audio"] = {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate}
         return info
 
+    @property
+    def drops_unreadable_samples(self) -> bool:
+        """True with ``on_error="skip"``: a sample that cannot be read is dropped from its batch."""
+        return self.on_error == "skip"
+
     def modality_present_anywhere(self, modality: str) -> bool | None:
         """Whether some clip of the split has ``modality``; only answered for ``audio`` (None
         otherwise): the store's record of each clip's audio track when it has the clip, else the
