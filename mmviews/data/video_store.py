@@ -504,7 +504,6 @@ def known_bad_clips(store: str | os.PathLike[str], root: str | os.PathLike[str])
     return bad
 
 
-
 def _read_jpeg(path: Path, gray: bool) -> np.ndarray:
     """A store JPEG as uint8 ``[H, W]`` (gray) or ``[H, W, 3]`` RGB. OpenCV, not PIL: 2-4x faster
     on these small images (both use libjpeg-turbo)."""
