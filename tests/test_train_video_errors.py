@@ -1,9 +1,9 @@
 """Training on video folders with bad clips (issue 28): never a late crash, never silently less.
 
-One UCF-101-style folder of small clips written with PyAV, none with an audio track, holds
-clips `mmviews prepare` finds unreadable (zero-byte, text renamed .avi, truncated mp4: recorded
-in the store's manifest as ``failed``), a clip added after the prepare that is not a video, and
-a prepared clip truncated afterwards. Two training runs share it, started together:
+One UCF-101-style folder of small clips written with PyAV (MPEG-4 and H.264), none with an
+audio track, holds clips `mmviews prepare` finds unreadable (zero-byte, text renamed .avi,
+truncated H.264 mp4: recorded in the store's manifest as ``failed``), a clip added after the
+prepare that is not a video, and a prepared clip truncated afterwards. Two training runs share it, started together:
 ``on_error: skip`` (finishes; the known-bad clips are left out with one line per split, the
 others dropped from their batches; every count in results.json, report.md and the model card;
 the audio view absent everywhere said in one line) and ``on_error: raise`` (one line naming the
@@ -37,6 +37,21 @@ NOT_PREPARED = "Jump/v_Jump_late.mp4"  # added after the prepare: not a video
 DAMAGED_LATER = "Run/v_Run_g04_c01.mp4"  # prepared, then truncated
 
 
+def write_h264(path: Path, n_frames: int, shade: int) -> None:
+    """A small H.264 clip in an mp4 container (libx264), as most downloaded copies are."""
+    import numpy as np
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv420p"
+        for i in range(n_frames):
+            img = np.full((16, 16, 3), (shade + 20 * i) % 255, dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
 def _truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -50,11 +65,14 @@ def folder(tmp_path_factory) -> Path:
         (root / cls).mkdir(parents=True)
         for k in range(5):
             rel = f"{cls}/v_{cls}_g0{k}_c01.mp4"
-            write_clip(root / rel, n_frames=4, audio=False, size=(16, 16), shade=40 * k + 120 * c)
+            if k < 3:  # training clips MPEG-4 Part 2, test clips H.264
+                write_clip(root / rel, n_frames=4, audio=False, size=(16, 16), shade=40 * k + 120 * c)
+            else:
+                write_h264(root / rel, 4, shade=40 * k + 120 * c)
             splits["train" if k < 3 else "test"].append(rel)
     (root / KNOWN_BAD["train"][0]).write_bytes(b"")
     (root / KNOWN_BAD["train"][1]).write_text("a text file renamed .avi\n")
-    write_clip(root / KNOWN_BAD["test"][0], n_frames=4, audio=False, size=(16, 16))
+    write_h264(root / KNOWN_BAD["test"][0], 4, shade=0)
     _truncate(root / KNOWN_BAD["test"][0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # prepare warns about each unreadable clip
