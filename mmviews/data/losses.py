@@ -8,7 +8,8 @@ to::
      "excluded": 2,                     # samples left out before training: known bad
      "excluded_list": "/x.mmstore/manifest.json",   # where they are listed (None: none)
      "skipped_in_training": 1,          # distinct samples dropped from training batches when
-                                        # they could not be read (data.options.on_error: skip)
+                                        # they could not be read (data.options.on_error: skip),
+                                        # since the run started or was last resumed
      "skipped_in_evaluation": 1,        # samples missing from the final evaluation's embeddings
                                         # (None: no evaluation of this split at the end)
      "examples": ["/x/Run/v_a.avi: InvalidDataError: ...", ...]}   # up to 5 messages
