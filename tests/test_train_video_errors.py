@@ -264,6 +264,18 @@ def test_worker_error_is_the_workers_own_one_line():
                                     "'/data/Run/v_bad.avi'")
     plain = ValueError("not from a worker")
     assert cli.worker_error(plain) is plain
+    # torch's text for a chained error whose message runs over indented lines (as torch builds it)
+    import traceback
+
+    try:
+        try:
+            raise OSError("first")
+        except OSError as first:
+            raise ValueError("/data/Run/v_bad.avi: cannot read\n    (truncated)") from first
+    except ValueError as chained:
+        text = "".join(traceback.format_exception(chained))
+    rebuilt = cli.worker_error(ValueError(f"Caught ValueError in DataLoader worker process 3.\nOriginal {text}"))
+    assert error_message(rebuilt) == "/data/Run/v_bad.avi: cannot read (truncated)"
 
 
 # --------------------------------------------------------------------------- the guards fail when broken

@@ -121,10 +121,13 @@ def worker_error(error: BaseException) -> BaseException:
     if match is None:
         return error
     type_name, traceback_text = match.groups()
-    # The exception's own lines come after the last indented (frame) line of the traceback.
+    # The exception's own lines follow the last frame of the traceback: its '  File ...' line
+    # and that frame's source lines (indented further).
     lines = traceback_text.rstrip("\n").split("\n")
-    last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=-1)
-    qualified, _, message = "\n".join(lines[last_frame + 1:]).strip().partition(": ")
+    start = max((i for i, line in enumerate(lines) if line.startswith('  File "')), default=-1) + 1
+    while 0 < start < len(lines) and lines[start].startswith("    "):
+        start += 1
+    qualified, _, message = "\n".join(lines[start:]).strip().partition(": ")
     cls: type = type(error)
     if cls.__name__ != type_name:
         module_name, _, attr = qualified.rpartition(".")
