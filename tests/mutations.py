@@ -111,7 +111,7 @@ def _forget_known_bad_clips() -> tuple[Any, str, Any]:
     decoded again during training)."""
     import mmviews.data.video as video
 
-    return video, "known_bad_clips", lambda store, root: {}
+    return video, "known_bad_clips", lambda store: {}
 
 
 def _keep_worker_tracebacks() -> tuple[Any, str, Any]:
@@ -130,6 +130,8 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_within_view_mask": _drop_within_view_mask,
     "shift_streamed_blocks": _shift_streamed_blocks,
     "unpickle_checkpoints": _unpickle_checkpoints,
+    "orphan_prepare_workers": lambda: _orphan_prepare_workers(),
+    "mtime_only_staleness": lambda: _mtime_only_staleness(),
     "keep_unreadable_samples": _keep_unreadable_samples,
     "forget_known_bad_clips": _forget_known_bad_clips,
     "keep_worker_tracebacks": _keep_worker_tracebacks,
@@ -141,3 +143,33 @@ def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = seta
     if name not in BREAKS:
         raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
     set_attribute(*BREAKS[name]())
+
+
+def init_worker_ignoring_parent(parent_pid: int | None = None) -> None:
+    """A video-prepare worker initializer that does not tie the worker to its parent (module
+    level, so that spawned workers can import it by name)."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _orphan_prepare_workers() -> tuple[Any, str, Any]:
+    """Video-prepare workers do not die with the prepare: a SIGKILLed prepare leaves them running."""
+    import mmviews.data.video_store as video_store
+
+    return video_store, "_init_worker", init_worker_ignoring_parent
+
+
+def _mtime_only_staleness() -> tuple[Any, str, Any]:
+    """The video store decides staleness by size and modification time alone (no content
+    fingerprint): a dataset and store copied with ``cp -r`` are stale as a whole."""
+    import mmviews.data.video_store as video_store
+
+    def by_mtime(entry: Any, source: Any) -> bool:
+        try:
+            st = source.stat()
+        except OSError:
+            return False
+        return entry.get("source_size") == st.st_size and entry.get("source_mtime_ns") == st.st_mtime_ns
+
+    return video_store, "source_matches", by_mtime

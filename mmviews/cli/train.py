@@ -168,6 +168,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     check_trackers_installed(config, str(recipe))
     if args.check:
         parts = build_run(config, source=str(recipe))
+        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
+        if isinstance(note, str):
+            print(f"data: {note}")
         print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "
               f"objective {config.objective.name}; {len(parts.datasets['train'])} training samples)")
         # encode_chunk_size: the cached-embedding step's recipe key (optimisation.encode_chunk_size)

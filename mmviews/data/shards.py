@@ -91,14 +91,17 @@ class SplitRows:
 # --------------------------------------------------------------------------- sources
 
 
-def video_split_rows(root: Path, split: str, fold: int, store: Any) -> SplitRows:
-    """Rows of a video folder's split from its prepared store (JPEG frames and flow, copied)."""
+def video_split_rows(root: Path, split: str, fold: int, store: Any, *, dataset: str | None = None,
+                     splits_dir: str | Path | None = None) -> SplitRows:
+    """Rows of a video folder's split from its prepared store (JPEG frames and flow, copied).
+    ``dataset`` (``ucf101``/``hmdb51``) makes it read only that dataset's split lists, from
+    ``splits_dir`` when given (as ``prepare --splits-dir``)."""
     import datasets
 
     from mmviews.data.video import VideoFolder
     from mmviews.data.video_io import read_audio_track
 
-    folder = VideoFolder(root, split=split, fold=fold, audio=False, store=False)
+    folder = VideoFolder(root, split=split, dataset=dataset, fold=fold, splits_dir=splits_dir, audio=False, store=False)
     features = datasets.Features({
         INDEX_COLUMN: datasets.Value("int64"), "id": datasets.Value("string"), "class": datasets.Value("int64"),
         "fps": datasets.Value("float32"), "frames": datasets.Sequence(datasets.Value("binary")),

@@ -52,8 +52,28 @@ from mmviews.data.video_store import MANIFEST, VideoStore, known_bad_clips
 UNREADABLE = "unreadable"
 
 
-def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tuple[str, str]]:
-    """``[(class name, relative clip path)]`` of one official split (UCF-101 or HMDB-51 lists)."""
+# Each dataset's own split files and the folder names its archive unpacks them to: a dataset
+# looks only for its own, so UCF-101 and HMDB-51 side by side in one parent folder (the common
+# /data layout) do not read each other's lists.
+SPLIT_FILES = {"ucf101": ("trainlist0*.txt", "testlist0*.txt"), "hmdb51": ("*_test_split*.txt",)}
+SPLIT_FOLDERS = {"ucf101": ("ucfTrainTestlist",), "hmdb51": ("testTrainMulti_7030_splits",)}
+
+
+def find_splits_dir(root: Path, dataset: str | None = None) -> Path:
+    """The folder holding ``dataset``'s split lists (either dataset's when None): the first of
+    ``root``, ``root/<archive folder>``, ``root/splits``, ``root/../<archive folder>`` that has
+    them, else ``root`` (:func:`parse_split` then names the files it expected)."""
+    names = SPLIT_FOLDERS.get(dataset or "", SPLIT_FOLDERS["ucf101"] + SPLIT_FOLDERS["hmdb51"])
+    patterns = SPLIT_FILES.get(dataset or "", SPLIT_FILES["ucf101"] + SPLIT_FILES["hmdb51"])
+    for cand in (root, *(root / n for n in names), root / "splits", *(root.parent / n for n in names)):
+        if cand.is_dir() and any(any(cand.glob(pattern)) for pattern in patterns):
+            return cand
+    return root
+
+
+def parse_split(root: Path, splits_dir: Path, split: str, fold: int, dataset: str | None = None) -> list[tuple[str, str]]:
+    """``[(class name, relative clip path)]`` of one official split: UCF-101's lists
+    (``dataset="ucf101"``), HMDB-51's (``"hmdb51"``), or whichever ``splits_dir`` has (None)."""
     if split == "all":
         clips = []
         for cls in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -63,7 +83,7 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
         raise dataset_error(ValueError, f"video folders have splits 'train', 'test' (official lists) or 'all', got {split!r}",
                             "split")
     ucf = splits_dir / f"{split}list{fold:02d}.txt"
-    if ucf.is_file():
+    if dataset != "hmdb51" and ucf.is_file():
         out = []
         for line in ucf.read_text().splitlines():
             line = line.strip()
@@ -72,7 +92,7 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
             rel = line.split()[0].replace("\\", "/")
             out.append((rel.split("/")[0], rel))
         return out
-    hmdb = sorted(splits_dir.glob(f"*_test_split{fold}.txt"))
+    hmdb = sorted(splits_dir.glob(f"*_test_split{fold}.txt")) if dataset != "ucf101" else []
     if hmdb:
         want = "1" if split == "train" else "2"
         out = []
@@ -83,8 +103,10 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
                 if len(parts) >= 2 and parts[1] == want:
                     out.append((cls, f"{cls}/{parts[0]}"))
         return out
-    raise FileNotFoundError(f"no split list for split {split!r} fold {fold} in {splits_dir}: expected "
-                            f"{ucf.name} (UCF-101) or *_test_split{fold}.txt (HMDB-51); use split='all' to take every clip")
+    expected = {"ucf101": f"{ucf.name} (UCF-101)", "hmdb51": f"*_test_split{fold}.txt (HMDB-51)"}
+    wanted = " or ".join(v for k, v in expected.items() if dataset in (None, k))
+    raise FileNotFoundError(f"no split list for split {split!r} fold {fold} in {splits_dir}: expected {wanted} "
+                            "(splits_dir= / --splits-dir names the folder); use split='all' to take every clip")
 
 
 def clip_window(n: int, num_frames: int) -> np.ndarray:
@@ -167,16 +189,19 @@ class VideoFolder(Dataset):
         if frames_root is None and store is not None and store is not False:
             self.store = VideoStore.find(self.root) if store is True else VideoStore(store)
         self.num_stale = 0  # clips decoded because their video changed after the store was made (per process)
-        sdir = Path(splits_dir) if splits_dir is not None else self._find_splits_dir()
+        if splits_dir is not None and not Path(splits_dir).is_dir():
+            raise dataset_error(ValueError, f"splits_dir {splits_dir}: no such folder", "splits_dir")
+        sdir = Path(splits_dir) if splits_dir is not None else find_splits_dir(self.root, dataset)
+        self.splits_dir = None if split == "all" else sdir  # the split lists read (None: every clip of the folder)
         self.split = split
-        self.clips = parse_split(self.root, sdir, split, fold)
+        self.clips = parse_split(self.root, sdir, split, fold, dataset)
         if not self.clips:
             raise dataset_error(ValueError, f"{self.root}: split {split!r} (fold {fold}) lists no clips", "split")
         # Clips `mmviews prepare` found unreadable: left out before training, not decoded again.
         self.excluded: dict[str, str] = {}
         self.excluded_list: str | None = None
         if self.store is not None:
-            bad = known_bad_clips(self.store.path, self.root)
+            bad = known_bad_clips(self.store.path)
             self.excluded = {rel: bad[rel] for _, rel in self.clips if rel in bad}
             if self.excluded:
                 self.clips = [(cls, rel) for cls, rel in self.clips if rel not in self.excluded]
@@ -185,7 +210,7 @@ class VideoFolder(Dataset):
                     raise dataset_error(ValueError, f"{self.root}: every clip of split {split!r} (fold {fold}) is "
                                         f"listed as unreadable in {self.excluded_list}", "split")
         class_ind = sdir / "classInd.txt"
-        if class_ind.is_file():
+        if dataset != "hmdb51" and class_ind.is_file():  # UCF-101's class order; HMDB-51 has none
             pairs = [ln.split() for ln in class_ind.read_text().splitlines() if ln.strip()]
             self.classes = [name for _, name in sorted(pairs, key=lambda p: int(p[0]))]
         else:
@@ -199,12 +224,11 @@ class VideoFolder(Dataset):
                           f"smaller than size={self.size}: they are upscaled (prepare again with --size "
                           f"{min(self.size)} or more for sharp frames)", stacklevel=2)
 
-    def _find_splits_dir(self) -> Path:
-        for cand in (self.root, self.root / "ucfTrainTestlist", self.root / "splits", self.root / "testTrainMulti_7030_splits",
-                     self.root.parent / "ucfTrainTestlist", self.root.parent / "testTrainMulti_7030_splits"):
-            if cand.is_dir() and (any(cand.glob("*list0*.txt")) or any(cand.glob("*_test_split*.txt"))):
-                return cand
-        return self.root
+    @property
+    def source_note(self) -> str:
+        """One line saying what was read: the folder and the split lists (printed at train start)."""
+        lists = f"split lists from {self.splits_dir}" if self.splits_dir is not None else "every clip (split 'all')"
+        return f"{self.dataset or 'video folder'} {self.root}: {len(self.clips)} clips, {lists}"
 
     def __len__(self) -> int:
         return len(self.clips)

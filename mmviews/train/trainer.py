@@ -370,6 +370,9 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     if accelerator.is_main_process:
         prepare_run_dir(run_dir, config, fresh=checkpoint is None, overwrite=overwrite)
         on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
+        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
+        if isinstance(note, str):
+            print(f"data: {note}", flush=True)
     accelerator.wait_for_everyone()
     # What the data lacks, said once before any work: known-bad samples left out of their split,
     # a modality that no training sample has. Counted on in data_losses (results.json).
