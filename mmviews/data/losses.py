@@ -64,17 +64,9 @@ class DataLosses:
             self._skipped[role] = set()
 
     def record_dropped(self, role: str, messages: Iterable[str]) -> None:
-        """Samples of split ``role`` dropped from a training batch (``ViewBatch.dropped``)."""
+        """Samples of split ``role`` dropped from a training batch (``ViewBatch.dropped``). One
+        process only: a dataset that drops samples is refused on several (``build_run``)."""
         self._skipped[role].update(messages)
-
-    def merge_processes(self, accelerator: Any) -> None:
-        """Union of every process's dropped samples (each saw its own share of the batches);
-        a collective: every process calls it."""
-        if accelerator is not None and accelerator.num_processes > 1:
-            from accelerate.utils import gather_object
-
-            for role in sorted(self._skipped):
-                self._skipped[role] = set(gather_object(sorted(self._skipped[role])))
 
     def record_evaluated(self, role: str, dataset_size: int, evaluated: int | None) -> None:
         """The final evaluation embedded ``evaluated`` of the split's ``dataset_size`` samples."""

@@ -377,7 +377,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     # What the data lacks, said once before any work: known-bad samples left out of their split,
     # a modality that no training sample has. Counted on in data_losses (results.json).
     losses = DataLosses(run_datasets(parts))
-    absent = absent_modalities(parts.datasets["train"], parts.view_spec, config.data.train_split)
+    absent = (absent_modalities(parts.datasets["train"], parts.view_spec, config.data.train_split)
+              if accelerator.is_main_process else {})  # it may open every clip: once is enough
     if accelerator.is_main_process:
         for line in excluded_lines(losses.splits) + list(absent.values()):
             print(f"mmviews train: {line}", flush=True)
@@ -443,7 +444,6 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         if trackers:
             accelerator.end_training()
         raise TrainingInterrupted(stop.agreed, state.step, saved)
-    losses.merge_processes(accelerator)
 
     encoder = accelerator.unwrap_model(p.model)
     if accelerator.is_main_process:
