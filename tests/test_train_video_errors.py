@@ -124,9 +124,15 @@ def runs(folder, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProces
         started[mode] = (subprocess.Popen(train_command(str(recipe), "--output", str(base / mode)), stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, env=env()), base / mode)
     out = {}
-    for mode, (proc, run) in started.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        out[mode] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), run)
+    try:
+        for mode, (proc, run) in started.items():
+            stdout, stderr = proc.communicate(timeout=300)
+            out[mode] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), run)
+    finally:  # a run that hangs is not left behind
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert _snapshot(folder) == before, "training changed or deleted a file of the dataset or its store"
     return out
 
