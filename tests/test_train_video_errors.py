@@ -233,8 +233,14 @@ def test_unreadable_sample_never_reaches_a_batch(folder):
     sizes = (len(test), batch.num_samples, tuple(batch.labels["class"].shape), bad in batch.index.tolist())
     assert sizes == (4, 3, (3,), False) and bool(batch.mask.all())
     assert len(batch.dropped) == 1 and DAMAGED_LATER in batch.dropped[0]
-    with pytest.raises(ValueError, match="every sample of a batch of 1 is unreadable"), pytest.warns(UserWarning):
-        collate([test[bad]])
+    with pytest.warns(UserWarning, match=DAMAGED_LATER):
+        empty = collate([test[bad]])  # the last evaluation batch can hold only unreadable clips
+    assert (empty.num_samples, len(empty.dropped)) == (0, 1)
+    from mmviews.eval.extract import extract_embeddings
+
+    encoder = lambda b: (torch.zeros(b.num_samples, 1, 2), b.mask)  # noqa: E731
+    embeddings = extract_embeddings(encoder, [batch, empty], progress=False)
+    assert embeddings.num_samples == 3 and embeddings.labels["class"].tolist() == batch.labels["class"].tolist()
 
 
 class _Unreadable(Dataset):

@@ -282,6 +282,9 @@ class ViewSetCollator:
         spec = self.view_spec
         K = len(samples)
         M = len(spec.views)
+        if K == 0:  # every sample unreadable: an empty batch that still says which were dropped
+            return ViewBatch(inputs={}, views=list(spec.views), mask=torch.zeros(0, M, dtype=torch.bool),
+                             index=torch.zeros(0, dtype=torch.long), dropped=dropped)
         indices = [int(s.get("index", i)) for i, s in enumerate(samples)]
         mask = torch.zeros(K, M, dtype=torch.bool)
         for m_pos, view in enumerate(spec.views):
@@ -382,15 +385,13 @@ def readable_samples(samples: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping
     """``(samples that could be read, messages of those that could not)``. A sample whose files
     could not be read (a dataset's ``on_error="skip"`` marks it with the key ``"unreadable"``,
     the message) is left out of its batch, not collated as a sample with every view absent: it
-    would enter the loss and the evaluation as a phantom. A batch with none left is a
-    ValueError naming the first file."""
+    would enter the loss and the evaluation as a phantom. With none left, the collator returns
+    an empty batch (K = 0, ``dropped`` filled): evaluation passes over it, training stops on it
+    with one line."""
     dropped = tuple(str(s["unreadable"]) for s in samples if s.get("unreadable"))
     if not dropped:
         return list(samples), ()
-    kept = [s for s in samples if not s.get("unreadable")]
-    if not kept:
-        raise ValueError(f"every sample of a batch of {len(dropped)} is unreadable (on_error: skip), first: {dropped[0]}")
-    return kept, dropped
+    return [s for s in samples if not s.get("unreadable")], dropped
 
 
 def batch_size_for(num_views: int, batch_size: int, mode: str = "growing", reference_views: int = 2) -> int:

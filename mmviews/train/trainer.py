@@ -148,7 +148,8 @@ class HostPreparedCollate:
         self.collate, self.prepare = collate, prepare
 
     def __call__(self, samples: Any) -> ViewBatch:
-        return self.prepare(self.collate(samples))
+        batch = self.collate(samples)
+        return batch if batch.num_samples == 0 else self.prepare(batch)  # empty: every sample unreadable
 
 
 def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any:
@@ -410,6 +411,10 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         for batch in _epoch_batches(p, parts, epoch):
             if batch.dropped:  # unreadable samples left out of this batch (on_error: skip)
                 losses.record_dropped("train", batch.dropped)
+                if batch.num_samples < 2:  # nothing to contrast: the data is too damaged to go on
+                    raise ValueError(f"{len(batch.dropped)} of the {len(batch.dropped) + batch.num_samples} samples "
+                                     f"of a training batch are unreadable (data.options.on_error: skip), e.g. "
+                                     f"{batch.dropped[0]}; repair them or rerun `mmviews prepare` to list them")
             out, critic_metrics = train_step(p, batch, o.max_grad_norm)
             state.batch_in_epoch += 1
             state.samples += batch.num_samples * accelerator.num_processes
