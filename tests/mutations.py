@@ -119,6 +119,10 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "keyed_dropout_salt_from_hash": lambda: _keyed_dropout_salt_from_hash(),
     "cached_no_rng_replay": lambda: _cached_no_rng_replay(),
     "dropout_draws_nothing": lambda: _dropout_draws_nothing(),
+    "let_row_group_errors_through": lambda: _let_row_group_errors_through(),
+    "keep_unreadable_samples": lambda: _keep_unreadable_samples(),
+    "forget_known_bad_clips": lambda: _forget_known_bad_clips(),
+    "keep_worker_tracebacks": lambda: _keep_worker_tracebacks(),
 }
 
 
@@ -292,3 +296,35 @@ def _dropout_draws_nothing() -> tuple[Any, str, Any]:
         return x
 
     return nn.Dropout, "forward", identity
+
+
+def _let_row_group_errors_through() -> tuple[Any, str, Any]:
+    """The Parquet readers catch none of pyarrow's read errors: a damaged row group fails with
+    pyarrow's message (naming neither the shard nor the row group) and cannot be skipped."""
+    import mmviews.data.row_groups as row_groups
+
+    return row_groups, "_read_errors", lambda: ()
+
+
+def _keep_unreadable_samples() -> tuple[Any, str, Any]:
+    """The collator keeps a sample whose files could not be read (on_error: skip): it enters the
+    batch with every view absent, a phantom counted in the loss and the evaluation."""
+    import mmviews.data.views as views
+
+    return views, "readable_samples", lambda samples: (list(samples), ())
+
+
+def _forget_known_bad_clips() -> tuple[Any, str, Any]:
+    """The video datasets ignore the clips the store's manifest records as unreadable (they are
+    decoded again during training)."""
+    import mmviews.data.video as video
+
+    return video, "known_bad_clips", lambda store: {}
+
+
+def _keep_worker_tracebacks() -> tuple[Any, str, Any]:
+    """The command line takes torch's re-raise of a DataLoader worker's error as it is (the
+    worker's whole traceback in one message, or a RuntimeError when torch cannot rebuild the type)."""
+    import mmviews.cli as cli
+
+    return cli, "worker_error", lambda error: error

@@ -193,8 +193,8 @@ class HFDataset(Dataset):
                     raise dataset_error(KeyError, f"{self.root}: column {col!r} (for {name!r}) not found; "
                                         f"columns: {sorted(feats)}", option)
         if not columns:
-            raise dataset_error(ValueError, f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
-                                f"(columns: {sorted(feats)})", "columns")
+            raise dataset_error(ValueError, f"{self.root}: no modality columns (no column is named image, audio or text): "
+                                f"name the columns to read, modality -> column (columns: {sorted(feats)})", "columns")
         # Decode images and audio here, not in datasets: names the file on failure, and
         # datasets' Audio() decoding needs torchcodec, which mmviews does not require.
         self.kinds: dict[str, str] = {}
