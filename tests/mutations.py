@@ -88,14 +88,14 @@ def _key_dropout_by_row() -> tuple[Any, str, Any]:
     dataset index (the masks then depend on how the batch is split between processes)."""
     import torch
 
-    import mmviews.modalities.dropout as dropout
+    import mmviews.modalities.dropout.keys as keys
 
-    original = dropout.sample_row_keys
+    original = keys.sample_row_keys
 
     def by_row(step: int, index: Any, modality: str, num_views: int) -> Any:
         return original(step, torch.arange(index.numel(), device=index.device), modality, num_views)
 
-    return dropout, "sample_row_keys", by_row
+    return keys, "sample_row_keys", by_row
 
 
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
@@ -208,52 +208,52 @@ def _keyed_dropout_ignores_sample() -> tuple[Any, str, Any]:
     the masks of dataset index 0 (views and layers still differ)."""
     import torch
 
-    import mmviews.modalities.dropout as dropout
+    import mmviews.modalities.dropout.keys as keys
 
-    original = dropout.sample_row_keys
+    original = keys.sample_row_keys
 
     def without_sample(step: int, index: Any, modality: str, num_views: int) -> Any:
         return original(step, torch.zeros_like(index), modality, num_views)
 
-    return dropout, "sample_row_keys", without_sample
+    return keys, "sample_row_keys", without_sample
 
 
 def _keyed_dropout_ignores_view_slot() -> tuple[Any, str, Any]:
     """Sample-keyed dropout leaves the view slot out of the key: every view of a modality of a
     sample gets the same masks."""
-    import mmviews.modalities.dropout as dropout
+    import mmviews.modalities.dropout.keys as keys
 
-    original = dropout.sample_row_keys
+    original = keys.sample_row_keys
 
     def without_slot(step: int, index: Any, modality: str, num_views: int) -> Any:
         return original(step, index, modality, 1).repeat_interleave(num_views)
 
-    return dropout, "sample_row_keys", without_slot
+    return keys, "sample_row_keys", without_slot
 
 
 def _keyed_dropout_one_salt() -> tuple[Any, str, Any]:
     """One salt for all the layers of a model (the layer's name left out; the namespace, which
     tells an EMA teacher from its student, kept): layers of the same shape share their masks."""
-    import mmviews.modalities.dropout as dropout
+    import mmviews.modalities.dropout.layers as layers
 
-    original = dropout.layer_salt
+    original = layers.layer_salt
 
     def one_salt(name: str, namespace: str = "") -> int:
         return original("", namespace)
 
-    return dropout, "layer_salt", one_salt
+    return layers, "layer_salt", one_salt
 
 
 def _keyed_dropout_ignores_micro_batch() -> tuple[Any, str, Any]:
     """The micro-batch number is left out of the dropout key: every step draws the same masks."""
-    import mmviews.modalities.dropout as dropout
+    import mmviews.modalities.dropout.keys as keys
 
-    original = dropout.step_key
+    original = keys.step_key
 
     def without_micro_batch(seed: int, micro_batch: int) -> int:
         return original(seed, 0)
 
-    return dropout, "step_key", without_micro_batch
+    return keys, "step_key", without_micro_batch
 
 
 def _teacher_shares_student_dropout() -> tuple[Any, str, Any]:
@@ -269,12 +269,12 @@ def _teacher_shares_student_dropout() -> tuple[Any, str, Any]:
 def _keyed_dropout_salt_from_hash() -> tuple[Any, str, Any]:
     """Layer salts from Python's ``hash`` of the name, which differs between processes (string
     hashing is randomised per process, ``PYTHONHASHSEED``): other masks in another process."""
-    import mmviews.modalities.dropout as dropout
+    import mmviews.modalities.dropout.layers as layers
 
     def salted_by_hash(name: str, namespace: str = "") -> int:
         return hash(f"{namespace}/{name}") & 0xFFFFFFFF
 
-    return dropout, "layer_salt", salted_by_hash
+    return layers, "layer_salt", salted_by_hash
 
 
 def _cached_no_rng_replay() -> tuple[Any, str, Any]:

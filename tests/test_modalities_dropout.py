@@ -13,17 +13,16 @@ from mmviews.data.batch import ViewBatch, ViewInfo
 from mmviews.modalities import MultiViewEncoder, build_adapter
 from mmviews.modalities.dropout import (
     KEYED_ATTENTION,
-    MASK32,
     SampleKeyedDropout,
     SampleKeyedMultiheadAttention,
     dropout_rows,
     dropout_step,
     enable_sample_keyed_dropout,
     keyed_uniform_bits,
-    mix32,
     salt_sample_keyed_dropout,
     step_key,
 )
+from mmviews.modalities.dropout.keys import MASK32, mix32
 from mmviews.modalities.presets import TINY_HUBERT, example_inputs, tiny_config
 
 NO_BN = {"kind": "mlp", "hidden_dim": 24, "batch_norm": False, "dropout": 0.2}
@@ -418,7 +417,7 @@ def test_keyed_attention_paths_compute_attention_as_torch_and_transformers() -> 
     transformers' sdpa kernel (padding mask; causal) and nn.MultiheadAttention (padding mask)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from mmviews.modalities.dropout import _keyed_attention_forward
+    from mmviews.modalities.dropout.hf_attention import _keyed_attention_forward
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, 5, 4, generator=g) for _ in range(3))
