@@ -22,7 +22,8 @@ What each column kind decodes to (``kind`` as in ``HFDataset.kinds`` / ``mmviews
   in [0, 1].
 - Flow: uint8 flow images (frame folders, store, shards) in the convention of the common
   TV-L1 flow releases, clip to +-``FLOW_BOUND`` (20) px then ``value = (f + 20) * 255 / 40``
-  (:func:`encode_flow_image`) -> float32 pixels in [-20, 20] (:func:`decode_flow_image`).
+  (:func:`encode_flow_image`) -> float32 pixels in [-20, 20] (:func:`decode_flow_image`); the flow
+  of a clip's frame window, ``[T - 1, 2, H, W]``, zero between repeated frames (:func:`window_flow`).
 
 Video containers (PyAV: frames, windows, audio tracks by seeking) are read by
 :mod:`mmviews.data.video_io`. A value that cannot be decoded is a ValueError naming the file
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -153,3 +154,17 @@ def decode_flow_image(values: np.ndarray) -> np.ndarray:
 def encode_flow_image(flow: np.ndarray) -> np.ndarray:
     """pixels -> uint8 flow image values: clip to +-20, then ``(f + 20) * 255 / 40``."""
     return np.rint((np.clip(flow, -FLOW_BOUND, FLOW_BOUND) + FLOW_BOUND) * 255.0 / (2 * FLOW_BOUND)).astype(np.uint8)
+
+
+def window_flow(idx: np.ndarray, height: int, width: int, read: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Flow between frames ``idx[t]`` and ``idx[t + 1]`` as float32 ``[T - 1, 2, H, W]`` pixels, from
+    ``read(starts)`` -> stored uint8 flow images ``[n, 2, H, W]`` of the frame pairs ``(s, s + 1)``.
+    Consecutive frames read the stored flow; a repeated frame (a clip shorter than the window)
+    gives zero flow. Shared by the store and the Parquet shards (:mod:`mmviews.data.streaming`)."""
+    start = np.asarray(idx[:-1])
+    moving = idx[1:] == idx[:-1] + 1
+    out = np.zeros((len(start), 2, height, width), np.float32)
+    wanted = start[moving]
+    if len(wanted):
+        out[moving] = decode_flow_image(read(wanted))
+    return out

@@ -61,7 +61,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mmviews.data import row_groups
-from mmviews.data.decode import decode_audio, decode_flac, decode_image, decode_jpeg
+from mmviews.data.decode import decode_audio, decode_flac, decode_image, decode_jpeg, window_flow
 from mmviews.data.registry import dataset_error
 from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta, shape_fits, shape_text
 
@@ -233,7 +233,6 @@ class RowDecoder:
         import cv2
 
         from mmviews.data.video import audio_window_start, clip_window, resize_flow, resize_frames
-        from mmviews.data.video_store import window_flow
 
         v = self.video
         mods: dict[str, Any] = {"video": None}

@@ -80,7 +80,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from mmviews.data.decode import decode_flow_image, encode_flow_image, read_jpeg
+from mmviews.data.decode import encode_flow_image, read_jpeg, window_flow
 from mmviews.data.video_io import (
     DEFAULT_FPS,
     farneback_pair,
@@ -758,17 +758,3 @@ class VideoStore:
                                        read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
 
         return window_flow(idx, int(entry["height"]), int(entry["width"]), read)
-
-
-def window_flow(idx: np.ndarray, height: int, width: int, read: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Flow between frames ``idx[t]`` and ``idx[t + 1]`` as float32 ``[T - 1, 2, H, W]`` pixels, from
-    ``read(starts)`` -> stored uint8 flow images ``[n, 2, H, W]`` of the frame pairs ``(s, s + 1)``.
-    Consecutive frames read the stored flow; a repeated frame (a clip shorter than the window)
-    gives zero flow. Shared by the store and the Parquet shards (:mod:`mmviews.data.streaming`)."""
-    start = np.asarray(idx[:-1])
-    moving = idx[1:] == idx[:-1] + 1
-    out = np.zeros((len(start), 2, height, width), np.float32)
-    wanted = start[moving]
-    if len(wanted):
-        out[moving] = decode_flow_image(read(wanted))
-    return out
