@@ -48,7 +48,6 @@ epoch is formed (:class:`StreamLoader`):
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import shlex
@@ -62,6 +61,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mmviews.data import row_groups
+from mmviews.data.decode import decode_audio, decode_flac, decode_image, decode_jpeg, window_flow
 from mmviews.data.registry import dataset_error
 from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta, shape_fits, shape_text
 
@@ -200,8 +200,6 @@ class RowDecoder:
         return out
 
     def _value(self, row: Mapping[str, Any], m: str, col: str) -> Any:
-        from mmviews.data.hf import decode_audio, decode_image
-
         value = row[col]
         if value is None:
             return None
@@ -235,7 +233,6 @@ class RowDecoder:
         import cv2
 
         from mmviews.data.video import audio_window_start, clip_window, resize_flow, resize_frames
-        from mmviews.data.video_store import window_flow
 
         v = self.video
         mods: dict[str, Any] = {"video": None}
@@ -243,12 +240,6 @@ class RowDecoder:
             mods["flow"] = None
         if v["audio"]:
             mods["audio"] = None
-
-        def jpeg(data: bytes, gray: bool) -> np.ndarray:
-            img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR)
-            if img is None:
-                raise ValueError("cannot decode JPEG image")
-            return img if gray else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
         frames = row["frames"] or []
         fps = float(row["fps"])
@@ -258,7 +249,7 @@ class RowDecoder:
             if not frames:
                 raise ValueError("no frames")
             uniq, inverse = np.unique(idx, return_inverse=True)
-            frames_np = np.stack([jpeg(frames[i], gray=False) for i in uniq])[inverse]
+            frames_np = np.stack([decode_jpeg(frames[i], gray=False) for i in uniq])[inverse]
             start_time = float(idx[0]) / fps
             video = torch.from_numpy(frames_np).permute(0, 3, 1, 2).float().div_(255.0)
             mods["video"] = resize_frames(video, v["size"]).clamp_(0, 1)
@@ -268,17 +259,18 @@ class RowDecoder:
             try:
                 if not row["flow_x"]:
                     raise ValueError("the shards hold no flow (prepared with --flow none)")
-                h, w = jpeg(row["flow_x"][0], gray=True).shape
+                h, w = decode_jpeg(row["flow_x"][0], gray=True).shape
 
                 def read(wanted: np.ndarray) -> np.ndarray:
-                    return np.stack([np.stack([jpeg(row["flow_x"][i], True), jpeg(row["flow_y"][i], True)]) for i in wanted])
+                    return np.stack([np.stack([decode_jpeg(row["flow_x"][i], True), decode_jpeg(row["flow_y"][i], True)])
+                                     for i in wanted])
 
                 mods["flow"] = resize_flow(torch.from_numpy(window_flow(idx, h, w, read)), v["size"])
             except (ValueError, IndexError, cv2.error) as err:
                 self._fail(row, "flow_x", err)
         if v["audio"] and row.get("audio"):
             try:
-                track = _read_flac(row["audio"], self.sample_rate)
+                track = decode_flac(row["audio"], self.sample_rate)
                 first, n = audio_window_start(start_time, v["num_frames"], fps, v["max_audio_seconds"], self.sample_rate)
                 s = max(0, min(len(track) - n, first))  # as read_audio_window: shifted to fit inside the track
                 wav = track[s: s + n]
@@ -287,21 +279,6 @@ class RowDecoder:
             except ValueError as err:
                 self._fail(row, "audio", err)
         return mods
-
-
-def _read_flac(data: bytes, sample_rate: int) -> np.ndarray:
-    import soundfile as sf
-
-    try:
-        wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as err:  # soundfile raises LibsndfileError / RuntimeError variants
-        raise ValueError(f"cannot decode audio ({type(err).__name__}: {err})") from err
-    wav = wav.mean(axis=1)
-    if sr != sample_rate:
-        import torchaudio.functional as AF
-
-        wav = AF.resample(torch.from_numpy(wav), sr, sample_rate).numpy()
-    return wav
 
 
 def _infer_kinds(features: Any, columns: Mapping[str, str]) -> dict[str, str]:
