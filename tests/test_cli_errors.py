@@ -25,6 +25,7 @@ def test_every_writing_command_takes_output(command: str, capsys) -> None:
     (["compare", "{missing}", "--output", "{tmp}/cmp"], "missing"),
     (["embed", "{missing}", "quickstart", "--output", "{tmp}/e.parquet"], "does not exist"),
     (["embed", "{missing}", "quickstart", "--output", "{tmp}/e.csv"], ".parquet"),
+    (["eval", "{tmp}", "--device", "no-such-device"], "no-such-device"),
 ])
 def test_a_bad_argument_exits_2_with_one_line(argv: list[str], message: str, tmp_path: Path, capsys) -> None:
     argv = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in argv]

@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--output {output} exists: choose another file, or --overwrite to replace it")
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
+    if args.device is not None:
+        run_device(False, args.device)  # before the (slow) loading
     if not Path(args.run).exists():
         raise FileNotFoundError(f"{args.run} does not exist: give a run folder or a checkpoint folder")
     with allow_remote_models(args.allow_remote_models):
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     views = eval_view_config(config.views, config.evaluation.views)
     loaders = build_eval_loaders(data, views, config.seed)
     precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
-    encoder.to(args.device or run_device(config.cpu))
+    encoder.to(run_device(config.cpu, args.device))
     columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders)
     table = datasets.Dataset.from_dict(columns)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")

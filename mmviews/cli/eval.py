@@ -82,9 +82,18 @@ def check_output(out: Path, run_dir: Path) -> None:
                          "it): choose another folder, or leave --output out for a new eval-N folder")
 
 
-def run_device(cpu: bool) -> str:
-    """The device the run evaluated on: CUDA when present, unless the recipe set ``cpu: true``."""
-    return "cuda" if not cpu and torch.cuda.is_available() else "cpu"
+def run_device(cpu: bool, requested: str | None = None) -> str:
+    """The device the run evaluated on: CUDA when present, unless the recipe set ``cpu: true``;
+    or ``requested`` (``--device``), which must exist here (a ``ValueError`` naming it)."""
+    if requested is None:
+        return "cuda" if not cpu and torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise ValueError(f"--device {requested!r} is not a device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {requested}: no CUDA device here")
+    return str(device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir = run_dir_of(path) if is_checkpoint(path) else path if path.is_dir() else path.parent
     if args.output is not None:
         check_output(Path(args.output), run_dir)  # before the (slow) loading
+    if args.device is not None:
+        run_device(False, args.device)  # likewise
     with allow_remote_models(args.allow_remote_models):
         encoder, config, loaders = load_run(path)
     tasks = args.tasks or config.evaluation.tasks or DEFAULT_TASKS
@@ -110,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         accelerator = Accelerator(cpu=config.cpu)
         device = str(accelerator.device)
     else:
-        device = args.device or run_device(config.cpu)
+        device = run_device(config.cpu, args.device)
     seed = config.seed if args.seed is None else args.seed
     fuse = args.fuse or config.evaluation.fuse
     meta = {"run": str(path), "objective": config.objective.name, "name": config.name,

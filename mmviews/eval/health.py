@@ -50,7 +50,8 @@ below the random init's, 0.41 against 0.51, as consequences); collapse: SGD at l
 momentum on a tiny CNN (neg_sim 0.95-0.97, ``tests/test_eval_health.py``). Healthy too: the
 polyview_gaussian recipe shortened to 384 steps, with a random-init baseline (which the recipe
 does not ask for) and diagnostics: nothing flagged (its ridge probe of the latent has R^2
-0.998 against 1.000 at random init, within the margin). The other recipes need data that is not in this repository.
+0.998 against 1.000 at random init, within the margin). The other recipes need data that is
+not in this repository and were not run.
 
 The live check (:class:`LiveHealth`) applies the log checks to the rows logged so far once
 half of the steps are done (a randomly initialised encoder often looks collapsed, and a
@@ -85,8 +86,8 @@ DIAGNOSES = (DIVERGENCE, COLLAPSE, NO_ALIGNMENT, BELOW_RANDOM)
 @dataclass(frozen=True)
 class HealthSettings:
     """What the hints need to know of the run: ``optimisation.lr``, the objective's name and
-    its ``temperature``, ``optimisation.max_grad_norm`` (None when unknown or unset: the hint then
-names the key without a value)."""
+    its ``temperature``, ``optimisation.max_grad_norm`` (None when unknown or unset: the hint
+    then names the key without a value)."""
 
     lr: float | None = None
     objective: str | None = None
