@@ -151,6 +151,12 @@ def test_embed_writes_every_view_of_every_sample_to_parquet(bf16_run: Path, tmp_
                 torch.testing.assert_close(got[name][start:start + k], z[:, m].float(), rtol=0, atol=1e-6)
             start += k
     assert start == len(test_rows)
+    # a dataset folder instead of a recipe: read with the run's own data section (the synthetic
+    # data ignores data.root, so the same samples)
+    (tmp_path / "data").mkdir()
+    again = tmp_path / "again.parquet"
+    assert main(["embed", str(bf16_run), str(tmp_path / "data"), "--output", str(again)]) == 0
+    assert datasets.Dataset.from_parquet(str(again))["image_0"] == table["image_0"]
     # refuses to replace the file without --overwrite
     assert main(["embed", str(bf16_run), str(bf16_run / "config.yaml"), "--output", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
