@@ -1,6 +1,6 @@
 """One spelling of the output flag across the commands (``--output``, old spellings kept as
 aliases), and a bad argument exits with status 2 and one line (issue 29). (``mmviews prepare``
-still reports a missing or unreadable dataset with status 1 on stdout, its own convention.)"""
+exits 1 when it finished but found problems in the data, which it lists on stdout.)"""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def test_every_writing_command_takes_output(command: str, capsys) -> None:
     (["embed", "{missing}", "quickstart", "--output", "{tmp}/e.parquet"], "does not exist"),
     (["embed", "{missing}", "quickstart", "--output", "{tmp}/e.csv"], ".parquet"),
     (["eval", "{tmp}", "--device", "no-such-device"], "no-such-device"),
+    (["prepare", "mosi", "{missing}"], "does not exist"),
+    (["prepare", "mosi"], "needs PATH"),
+    (["prepare", "mosi", "{tmp}", "--recipe", "quickstart"], "--recipe"),
 ])
 def test_a_bad_argument_exits_2_with_one_line(argv: list[str], message: str, tmp_path: Path, capsys) -> None:
     argv = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in argv]

@@ -37,7 +37,8 @@
   ``--recipe RECIPE`` (its ``data.options`` columns and labels, its splits); array columns keep
   their shape. Errors name the flag (or the recipe key) to change.
 
-Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
+Exit status 0 when the copy is usable, 1 when it is not (the problems are printed), 2 on an
+error that stops the command (one line on stderr naming the file, flag or key at fault).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import argparse
 import json
 import os
 import pickle
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -350,11 +352,12 @@ def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[
                             "modalities": {k: v.get("shape", v["kind"]) for k, v in info.items()}}, args.json)
             return 0
         if args.path is None:
-            print(f"error: mmviews prepare {args.dataset} needs PATH (see data_cards/{args.dataset}.md)")
-            return 1
+            print(f"mmviews prepare: error: {args.dataset} needs PATH (see data_cards/{args.dataset}.md)", file=sys.stderr)
+            return 2
         if not Path(args.path).exists():
-            print(f"error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)")
-            return 1
+            print(f"mmviews prepare: error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)",
+                  file=sys.stderr)
+            return 2
         if getattr(args, "format", None) == "parquet":
             summary = _prepare_parquet(args, recipe_data)
         elif args.dataset == "hf":
@@ -365,7 +368,8 @@ def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[
             summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:
         # The message names the file, split or key at fault (a KeyError's without str()'s quotes).
-        print(f"error: {err.args[0] if isinstance(err, KeyError) and err.args else err}")
-        return 1
+        print(f"mmviews prepare: error: {err.args[0] if isinstance(err, KeyError) and err.args else err}",
+              file=sys.stderr)
+        return 2
     _print_summary(summary, args.json)
     return 1 if summary.get("problems") else 0
