@@ -312,12 +312,14 @@ def test_corrupt_video_skipped_or_refused(tmp_path, capsys):
     assert rc == 1 and "v_Run_9.avi" in text and "prepared now: 2" in text
     rc = prepare.run(parser.parse_args(["ucf101", str(root), "--out", str(tmp_path / "s3"), "--workers", "0",
                                         "--on-error", "raise"]))
-    assert rc == 1 and "v_Run_9.avi" in capsys.readouterr().out
-    # the dataset reads the store and decodes the clip it lacks (the bad one: raises, naming it)
+    assert rc == 2 and "v_Run_9.avi" in capsys.readouterr().err
+    # the dataset reads the store and leaves out the clip its manifest lists as failed; without
+    # the store, that clip is decoded (raises, naming it)
     ds = VideoFolder(root, split="train", num_frames=4, size=16, audio=False, store=out)
+    assert len(ds) == 1 and list(ds.excluded) == ["Run/v_Run_9.avi"]
     assert ds[0]["modalities"]["video"].shape == (4, 3, 16, 16)
     with pytest.raises(ValueError, match="v_Run_9.avi"):
-        ds[1]
+        VideoFolder(root, split="train", num_frames=4, size=16, audio=False, store=False)[1]
 
 
 def test_store_write_failure_stops_the_prepare(tmp_path, monkeypatch):

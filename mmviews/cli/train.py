@@ -31,6 +31,7 @@ A resumed checkpoint is checked file by file and never unpickled beyond tensors 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import shlex
@@ -38,7 +39,9 @@ import signal
 import sys
 from pathlib import Path
 
+from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import load_config, resolve_recipe
+from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.base import allow_remote_models
 from mmviews.run import (
     CONFIG_FILE,
@@ -52,9 +55,9 @@ from mmviews.run import (
     read_train_state,
     run_dir_of,
 )
-from mmviews.train import TrainCallback, build_run, train
+from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import check_trackers_installed
+from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
 
 
@@ -175,7 +178,10 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         estimate = estimate_memory(parts, processes_from_environment(),
                                    getattr(config.optimisation, "encode_chunk_size", None))
         print("\n".join(estimate.lines(args.memory_budget_gb)))
+        for line in data_check_lines(parts):
+            print(f"warning: {line}")
         return 0
+    quiet_results_logger()  # this command prints the headline metrics and warnings itself
     try:
         summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
                         overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng, reevaluate=args.reevaluate)
@@ -188,6 +194,10 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     except Exception as error:
         if _stopped_before_first_checkpoint(run_dir):
             error.add_note(f"{run_dir} holds no checkpoint: once fixed, the same command starts it again there")
+        elif _is_first_process() and isinstance(worker_error(error), USER_ERRORS) and list_checkpoints(run_dir):
+            # e.g. a file that cannot be read: nothing was deleted, the run continues from its last checkpoint
+            error.add_note(f"the latest checkpoint is kept ({list_checkpoints(run_dir)[-1]}); once fixed, continue with "
+                           f"mmviews train --resume {shlex.quote(str(run_dir))}")
         raise
     if not _is_first_process():
         return 1 if summary.get("status") == "failed" else 0
@@ -199,11 +209,36 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
+    lines = headline_lines(summary.get("headline") or [])
+    if lines:
+        print(f"{'test' if summary['headline'][0]['metric'].startswith('test/') else 'val'} metrics, "
+              "trained vs random init:", *lines, sep="\n")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
+    for line in data_left_out_lines(summary.get("data_skipped") or {}):
+        print(f"data left out (on_error: skip): {line}")
+    for line in loss_lines(summary.get(DATA_LOSSES_KEY) or {}):
+        print(f"data left out: {line}")
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
+
+
+def quiet_results_logger() -> None:
+    """Silence the logger on which :func:`mmviews.train.train` repeats the end of the run for
+    Python callers (the command prints it to stdout)."""
+    logger = logging.getLogger(RESULTS_LOGGER)
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+
+
+def data_check_lines(parts: RunParts) -> list[str]:
+    """``--check``'s lines about the data: known-bad samples each split leaves out, and the
+    modalities of the views that no training sample has (:mod:`mmviews.data.losses`)."""
+    losses = DataLosses(run_datasets(parts))
+    absent = absent_modalities(parts.datasets["train"], parts.view_spec, parts.config.data.train_split)
+    return excluded_lines(losses.splits) + list(absent.values())
 
 
 def _stopped_before_first_checkpoint(path: Path) -> bool:

@@ -33,9 +33,12 @@
 - ``--format parquet`` (any of the above, and ``hf`` folders): writes sharded Parquet files that
   HuggingFace ``datasets`` reads and that mmviews streams (``data.streaming: true``), to
   ``--output`` (default ``<PATH>-parquet`` beside PATH), ``--shard-size-mb`` per shard;
-  resumable after a kill (:mod:`mmviews.data.shards`).
+  resumable after a kill (:mod:`mmviews.data.shards`). ``hf``: ``--columns``/``--labels``, or
+  ``--recipe RECIPE`` (its ``data.options`` columns and labels, its splits); array columns keep
+  their shape. Errors name the flag (or the recipe key) to change.
 
-Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
+Exit status 0 when the copy is usable, 1 when it is not (the problems are printed), 2 on an
+error that stops the command (one line on stderr naming the file, flag or key at fault).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import argparse
 import json
 import os
 import pickle
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -61,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("hf", "synthetic")), help="dataset name (see data_cards/)")
     parser.add_argument("path", nargs="?", default=None,
                         help="the .pkl file (mosi/mosei/sims), the video folder, or your dataset folder (hf)")
-    parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
+    parser.add_argument("--output", "--out", "-o", dest="out", default=None,
+                        help="where to write the store, index or Parquet shard folder (default: next to PATH)")
     parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing store (video: removes only the outputs its manifest lists)")
@@ -85,7 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="frames one view needs (the recipe's data.options.num_frames): clips with fewer are "
                             "listed as short")
     shards = parser.add_argument_group("parquet shards (--format parquet)")
-    shards.add_argument("--output", default=None, help="shard folder (default: <PATH>-parquet beside PATH)")
     shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
     shards.add_argument("--shard-rows", type=int, default=None,
                         help="at most this many rows per shard (equal shards split evenly between processes)")
@@ -95,7 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shards.add_argument("--splits", default=None,
                         help="comma-separated splits to write (default: train,test for video; every split otherwise)")
     hf = parser.add_argument_group("hf (your own dataset)")
-    hf.add_argument("--recipe", default=None, help="read the data options (columns, labels, format, splits) from this recipe")
+    hf.add_argument("--recipe", default=None,
+                    help="read the data options (columns, labels, format, splits) from this recipe (with --format parquet: "
+                         "the columns, labels and splits written; --columns/--labels/--splits win over it)")
     hf.add_argument("--samples", type=int, default=8, help="rows decoded per split (default 8; 0: every row)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -225,13 +231,33 @@ def _pairs(text: str | None, option: str) -> dict[str, str] | None:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
-    """``--format parquet``: the source's splits as Parquet shards (:mod:`mmviews.data.shards`)."""
+def _in_flags(error: Exception, args: argparse.Namespace, from_recipe: set[str]) -> Exception:
+    """An error of the hf reader, tagged with the option at fault (``dataset_error``), said in
+    the command's terms: the flag that sets that option, or the recipe key it came from."""
+    option = getattr(error, "option", None)
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    flags = {"columns": "--columns MODALITY=COLUMN,...", "labels": "--labels NAME=COLUMN,...", "split": "--splits"}
+    if option in from_recipe or (option == "split" and not args.splits and args.recipe):
+        key = {"split": "data.train_split/val_split/test_split"}.get(option, f"data.options.{option}")
+        where = f"key {key!r} of {args.recipe}" + (f" (or {flags[option]})" if option in flags else "")
+    elif option in flags:
+        where = flags[option]
+    else:
+        return error
+    out = type(error)(f"{where}: {message}")
+    out.option = option  # type: ignore[attr-defined]
+    return out
+
+
+def _prepare_parquet(args: argparse.Namespace, recipe_data: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``--format parquet``: the source's splits as Parquet shards (:mod:`mmviews.data.shards`).
+    ``recipe_data``: reads ``--recipe`` (hf: its columns, labels, source format and splits)."""
     from mmviews.data import shards
 
     path = Path(args.path)
-    out = Path(args.output or args.out or shards.default_shards_path(path))
+    out = Path(args.out or shards.default_shards_path(path))  # --output (default: <PATH>-parquet beside PATH)
     wanted = args.splits.split(",") if args.splits else None
+    shapes: dict[str, list[int | None]] = {}  # the shapes of an hf source's array columns
     if args.dataset in VIDEO:
         from mmviews.data.video_store import VideoStore, default_store_path, prepare_video_store
 
@@ -263,22 +289,43 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
     else:
         from mmviews.data.hf import HFDataset
 
+        recipe: dict[str, Any] = {"options": {}, "splits": []}
+        if args.recipe is not None:
+            if recipe_data is None:
+                raise ValueError("--recipe is read by the command line (mmviews.cli.prepare)")
+            recipe = recipe_data(args.recipe)
+        wanted = wanted or recipe["splits"] or None
         if wanted is None:
             if (path / "dataset_dict.json").is_file():
                 wanted = sorted(json.loads((path / "dataset_dict.json").read_text())["splits"])
             else:
                 wanted = [p.name for p in sorted(path.iterdir()) if p.is_dir()] or ["train"]
-        parts = {s: HFDataset(path, split=s, columns=_pairs(args.columns, "--columns"), labels=_pairs(args.labels, "--labels"))
-                 for s in wanted}
+        hf_options = dict(recipe["options"])
+        for key in ("columns", "labels"):  # the flags win over the recipe
+            given = _pairs(getattr(args, key), f"--{key}")
+            if given is not None:
+                hf_options[key] = given
+        from_recipe = {k for k in recipe["options"] if k == "format" or getattr(args, k) is None}
+        try:
+            parts = {s: HFDataset(path, split=s, **hf_options) for s in wanted}
+        except (ValueError, KeyError) as err:
+            if type(err) not in (ValueError, KeyError):
+                raise
+            raise _in_flags(err, args, from_recipe) from None
         rows = {s: shards.hf_split_rows(d) for s, d in parts.items()}
         first = next(iter(parts.values()))
         columns = {col: first.kinds[m] for m, col in first.columns.items()}
         labels = dict(first.label_columns)
         kind, options, extra = "hf", {"columns": first.columns, "labels": first.label_columns}, {}
+        shapes = rows[wanted[0]].shapes
+        for split, split_rows in rows.items():
+            if split_rows.shapes != shapes:
+                raise ValueError(f"{path}: split {split!r} stores its array columns with the shapes {split_rows.shapes}, "
+                                 f"split {wanted[0]!r} with {shapes}: write the splits to separate --output folders")
     res = shards.write_shards(out, rows, source={"dataset": args.dataset, "root": str(path.resolve()), "kind": kind,
                                                  "options": options},
                               columns=columns, labels=labels, shard_size_mb=args.shard_size_mb,
-                              shard_rows=args.shard_rows, overwrite=args.overwrite)
+                              shard_rows=args.shard_rows, overwrite=args.overwrite, shapes=shapes)
     summary: dict[str, Any] = {"dataset": args.dataset, "source": str(path), "shards": res["out"], **extra}
     for split, sm in res["splits"].items():
         summary[split] = f"{sm['rows']} rows in {sm['shards']} shards ({sm['skipped']} samples skipped)"
@@ -287,10 +334,16 @@ def _prepare_parquet(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[str, Any]] | None = None) -> int:
+def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[str, Any]] | None = None,
+        recipe_data: Callable[[str], dict[str, Any]] | None = None) -> int:
     """``mmviews prepare``. ``check_hf``: the check of an ``hf`` dataset against its recipe
-    (:func:`mmviews.cli.prepare.check_hf_dataset`: reading a recipe is a layer above the data)."""
+    (:func:`mmviews.cli.prepare.check_hf_dataset`: reading a recipe is a layer above the data);
+    ``recipe_data``: the data options of ``--recipe`` that ``--format parquet`` writes with
+    (:func:`mmviews.cli.prepare.recipe_data_options`)."""
     try:
+        if getattr(args, "recipe", None) is not None and args.dataset != "hf":
+            raise ValueError(f"--recipe reads the data options of an hf recipe (mmviews prepare hf ROOT --recipe R); "
+                             f"{args.dataset} takes its options as flags (mmviews prepare --help)")
         if args.dataset == "synthetic":
             from mmviews.data.synthetic import SyntheticMultimodal
 
@@ -299,13 +352,14 @@ def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[
                             "modalities": {k: v.get("shape", v["kind"]) for k, v in info.items()}}, args.json)
             return 0
         if args.path is None:
-            print(f"error: mmviews prepare {args.dataset} needs PATH (see data_cards/{args.dataset}.md)")
-            return 1
+            print(f"mmviews prepare: error: {args.dataset} needs PATH (see data_cards/{args.dataset}.md)", file=sys.stderr)
+            return 2
         if not Path(args.path).exists():
-            print(f"error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)")
-            return 1
+            print(f"mmviews prepare: error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)",
+                  file=sys.stderr)
+            return 2
         if getattr(args, "format", None) == "parquet":
-            summary = _prepare_parquet(args)
+            summary = _prepare_parquet(args, recipe_data)
         elif args.dataset == "hf":
             if check_hf is None:
                 raise ValueError("mmviews prepare hf checks a dataset through the command line (mmviews.cli.prepare)")
@@ -314,7 +368,8 @@ def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[
             summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:
         # The message names the file, split or key at fault (a KeyError's without str()'s quotes).
-        print(f"error: {err.args[0] if isinstance(err, KeyError) and err.args else err}")
-        return 1
+        print(f"mmviews prepare: error: {err.args[0] if isinstance(err, KeyError) and err.args else err}",
+              file=sys.stderr)
+        return 2
     _print_summary(summary, args.json)
     return 1 if summary.get("problems") else 0
