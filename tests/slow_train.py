@@ -19,8 +19,10 @@ deletion cut short. ``--hold-marker FILE`` is created when a hold starts (``--ch
 FILE`` for the checkpoint hold, default the same), so the test waits for a file, not for a
 time. ``--until-signal`` makes the step hold end at the first SIGINT/SIGTERM (after mmviews'
 handler ran), so that the signal arrives at a known step; ``--hold-rank R`` holds on that rank
-only (the others run on until they wait for it in a collective). ``--break NAME`` applies a
-break of ``tests/mutations.py`` first (the tests that show a guard test fails).
+only (the others run on until they wait for it in a collective). ``--stop-after-step N`` raises
+:class:`StopAfterStep` after optimiser step N (for a run in the test's own process, see
+:func:`install`, that needs no more steps). ``--break NAME`` applies a break of
+``tests/mutations.py`` first (the tests that show a guard test fails).
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ from mmviews.train import TrainCallback, TrainState
 
 Setter = Callable[[Any, str, Any], None]
 HOLD_SECONDS = 600  # longer than any test waits: a held process ends because the test kills or signals it
+
+
+class StopAfterStep(BaseException):
+    """``--stop-after-step``: the run stops here (a BaseException: ``mmviews train``'s error
+    handling lets it through to the caller)."""
 
 
 def _write_marker(marker: str | None) -> None:
@@ -122,6 +129,8 @@ class ControlCallback(TrainCallback):
             tmp = self.marker.with_name(self.marker.name + ".tmp")
             tmp.write_text(f"{state.step} {os.getpid()}")
             os.replace(tmp, self.marker)
+        if state.step == self.opts.stop_after_step:
+            raise StopAfterStep(state.step)
         if state.step == self.opts.hold_after_step and self.holds:
             if self.opts.until_signal:
                 _hold_until_signal(self.opts.hold_marker)
@@ -177,6 +186,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ours.add_argument("--hold-in-removal", action="store_true")
     ours.add_argument("--hold-marker", default=None, metavar="FILE")
     ours.add_argument("--checkpoint-hold-marker", default=None, metavar="FILE")
+    ours.add_argument("--stop-after-step", type=int, default=None)
     ours.add_argument("--break", dest="break_name", default=None)
     if "--" in argv:
         split = argv.index("--")

@@ -510,7 +510,10 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
         assert torch.equal(full[k], resumed[k]), f"{k} differs after resume"
     assert losses(run) == losses(tmp_path / "full")
 
-    # The mutation test of the check above, in this process (the check reads no weights).
-    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore")
+    # The mutation test of the check above, in this process (the check reads no weights); the
+    # first step is enough to show it (the run restarts at step 0).
+    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore",
+                                     "--stop-after-step", "1")
+    assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 12, reference_rows)
