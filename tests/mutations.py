@@ -106,6 +106,10 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_within_view_mask": _drop_within_view_mask,
     "shift_streamed_blocks": _shift_streamed_blocks,
     "unpickle_checkpoints": _unpickle_checkpoints,
+    # memory estimate (defined at the end of the file; looked up when applied)
+    "drop_optimizer_state": lambda: _drop_optimizer_state(),
+    "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
+    "double_activations": lambda: _double_activations(),
 }
 
 
@@ -114,3 +118,26 @@ def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = seta
     if name not in BREAKS:
         raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
     set_attribute(*BREAKS[name]())
+
+
+def _drop_optimizer_state() -> tuple[Any, str, Any]:
+    """The memory estimate counts no optimiser state."""
+    import mmviews.train.memory as memory
+
+    return memory, "optimizer_state_bytes", lambda optimizer, trainable_bytes, momentum: 0
+
+
+def _halve_cached_embeddings() -> tuple[Any, str, Any]:
+    """The memory estimate counts the cached step's embeddings without their gradient."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.cached_embeddings.fget
+    return MemoryEstimate, "cached_embeddings", property(lambda self: original(self) // 2)
+
+
+def _double_activations() -> tuple[Any, str, Any]:
+    """The memory estimate counts twice the activations it measured."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.saved_activations.fget
+    return MemoryEstimate, "saved_activations", property(lambda self: 2 * original(self))

@@ -9,9 +9,10 @@ every part as a measured or counted figure:
   interpreter, torch and the other libraries, the datasets' objects, the encoder's weights;
 - **parameters**: every tensor of the encoder (and of the objective, e.g. IPMC's critic), in
   their own dtype (on CPU part of the baseline; shown apart);
-- **gradients**: one per trainable parameter;
-- **optimiser state**: AdamW two moments per trainable parameter, SGD and LARS one momentum
-  buffer (none for SGD without momentum), float32 like the parameters they follow;
+- **gradients**: one per trainable parameter that one backward reaches (counted after a
+  backward on 2 samples: a parameter the forward leaves unused gets none);
+- **optimiser state**: AdamW two moments per parameter with a gradient, SGD and LARS one
+  momentum buffer (none for SGD without momentum), in the parameters' dtype;
 - **EMA teacher**: a copy of the encoder's tensors when the objective keeps one;
 - **sample cache** (``data.cache``; host memory): the tensors of a few samples of each split
   (measured) times the split's size; in-memory sample caches fill during the run;
@@ -369,6 +370,30 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
     return measured
 
 
+def gradient_bytes(parts: RunParts, samples: int = 2) -> int:
+    """Bytes of the parameter gradients one backward of the encoder produces (on ``samples``
+    samples of the training split): trainable parameters that the forward does not use (a BERT
+    pooler under mean pooling) get none, and the optimiser keeps no state for them. Weights and
+    BatchNorm statistics are left as they were."""
+    encoder, dataset = parts.encoder, parts.datasets["train"]
+    prepare = encoder.host_preparation()
+    buffers = {name: b.clone() for name, b in encoder.named_buffers()}
+    was_training = encoder.training
+    encoder.train()
+    try:
+        encoder.zero_grad(set_to_none=True)
+        batch = prepare(parts.collator([dataset[i] for i in range(min(samples, len(dataset)))]))
+        z, _ = encoder(batch)
+        z.float().square().sum().backward()
+        return tensor_bytes([p.grad for p in encoder.parameters() if p.grad is not None])
+    finally:
+        encoder.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in encoder.named_buffers():
+                b.copy_(buffers[name])
+        encoder.train(was_training)
+
+
 def _linear(points: list[tuple[int, float]]) -> tuple[float, float]:
     """``(fixed, per_sample)`` of the line through the first and last of ``(samples, bytes)``."""
     (n1, b1), (n2, b2) = points[0], points[-1]
@@ -484,22 +509,23 @@ def _prefetched_batches(config: Any) -> int:
 
 
 def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | None = None,
-                    activations: tuple[float, float] | None = None, on_host: bool | None = None) -> MemoryEstimate:
+                    activations: tuple[float, float] | None = None, on_host: bool | None = None,
+                    measure_slack: bool = True) -> MemoryEstimate:
     """The :class:`MemoryEstimate` of ``parts`` (a built run) on ``num_processes`` devices.
     ``chunk_size``: the recipe's ``optimisation.encode_chunk_size`` (None: the plain step).
     ``activations``: ``(fixed, per_sample)`` saved bytes already measured (the working memory is
     then not measured). ``on_host``: whether the device is the host (default: ``cpu: true`` or
-    no CUDA device). Call it before the run's sample cache fills: the baseline is measured now."""
+    no CUDA device). ``measure_slack``: run the reference step that measures the allocator's
+    slack (on the host). Call it before the run's sample cache fills: the baseline is measured now."""
     config, encoder, objective = parts.config, parts.encoder, parts.objective
     o = config.optimisation
     if on_host is None:
         on_host = config.cpu or not torch.cuda.is_available()
     K, M = parts.sampler.batch_size, len(parts.view_spec)
     d = int(getattr(encoder, "embed_dim", 0)) or int(config.encoder.get("embed_dim", 128))
-    trainable = [p for p in encoder.parameters() if p.requires_grad]
     objective_params = list(objective.parameters())
     parameters = tensor_bytes([*encoder.parameters(), *encoder.buffers(), *objective_params])
-    trainable_bytes = tensor_bytes(trainable)
+    trainable_bytes = gradient_bytes(parts)  # the parameters that get a gradient (and optimiser state)
     teacher = tensor_bytes([*encoder.parameters(), *encoder.buffers()]) if uses_teacher(config, objective) else 0
     trim_host_memory()
     baseline = max(resident_bytes() - parameters, 0)
@@ -515,7 +541,7 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
         cost = per_sample + working_per_sample
         reference = min(encoded, SLACK_REFERENCE_SAMPLES, len(parts.datasets["train"]),
                         int(SLACK_REFERENCE_BYTES // cost) if cost > 0 else SLACK_REFERENCE_SAMPLES)
-        if on_host and reference > steps[-1].samples:
+        if on_host and measure_slack and reference > steps[-1].samples:
             (ref,) = measure_encoder_step(parts, (reference,))
             if ref.resident_growth is not None:
                 slack = max(ref.resident_growth - ref.peak, 0)
