@@ -28,9 +28,9 @@ every part as a measured or counted figure:
   The difference between 2 and 4 samples is the cost per sample, the rest a fixed cost. The
   plain step holds those of K/N samples; with ``encode_chunk_size`` C (the cached-embedding
   step) one chunk's, min(C, K/N), plus the ``[K/N, M, d]`` embeddings and their gradient;
-- **objective**: the gathered ``[K, M, d]`` embeddings and their gradient, and its score blocks:
-  ``(K M)^2`` float32 scores, or one block within the objective's ``score_budget_mb`` when
-  larger (see :mod:`mmviews.objectives._streaming`), counted twice (forward and backward);
+- **objective**, measured: the peak of live tensors while the objective's loss and backward run
+  on random ``[K, M, d]`` embeddings (the gathered embeddings, their gradient, the score blocks;
+  at K itself up to 512 samples, beyond that extrapolated from two smaller K);
 - **evaluation** (with ``evaluation.tasks``): the embeddings extracted from each split
   (``[n, M, d]`` float32), held with the weights and optimiser state; the peak is the larger of
   the step's and the evaluation's.
@@ -45,6 +45,7 @@ host (CPU kernels); an accelerator's kernels may keep slightly different tensors
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import math
@@ -135,9 +136,15 @@ class MemoryEstimate:
 
     @property
     def step(self) -> int:
-        """The training step's peak."""
-        return (self.host + self.static + self.batches + self.activations + self.working + self.objective
-                + self.allocator_slack)
+        """The training step's peak. The plain step computes the objective while the encoder's
+        activations are held; the cached step between its two encoder passes (its peak is the
+        larger of the two phases, each with the cached embeddings)."""
+        encoder = self.saved_activations + self.working + self.allocator_slack
+        if self.chunk_size is None:
+            phases = encoder + self.objective
+        else:
+            phases = self.cached_embeddings + max(encoder, self.objective)
+        return self.host + self.static + self.batches + phases
 
     @property
     def evaluating(self) -> int:
@@ -417,6 +424,55 @@ def objective_bytes(objective: nn.Module, K: int, M: int, d: int) -> int:
     return 2 * 4 * K * M * d + 2 * scores
 
 
+#: Largest K at which the objective is measured; beyond it, extrapolated from two smaller sizes
+#: (see :func:`measure_objective_bytes`).
+OBJECTIVE_MEASURED_K = 512
+
+
+def _objective_peak(objective: nn.Module, K: int, M: int, d: int) -> int:
+    """Peak of live tensors of the objective's loss and backward on random unit embeddings
+    ``[K, M, d]`` (float32, all views present), the embeddings and their gradient included. The
+    objective's own state (memory banks, critic) is saved and put back."""
+    state = copy.deepcopy(objective.state_dict())
+    generator = torch.Generator().manual_seed(0)
+    live = LiveTensorBytes()
+    try:
+        with live:
+            z = torch.nn.functional.normalize(torch.randn(K, M, d, generator=generator), dim=-1).requires_grad_()
+            index = torch.arange(K) if getattr(objective, "takes_index", False) else None
+            teacher = z.detach().clone() if getattr(objective, "takes_teacher", False) else None
+            out = objective.compute(z, None, index=index, teacher=teacher)
+            out.loss.backward()
+            del out, z, teacher
+    finally:
+        objective.load_state_dict(state)
+        objective.zero_grad(set_to_none=True)
+    return live.peak
+
+
+def measure_objective_bytes(objective: nn.Module, K: int, M: int, d: int) -> int:
+    """The objective's peak bytes at K samples (gathered from every process) of M views of
+    dimension d, measured (:func:`_objective_peak`): at K itself up to
+    :data:`OBJECTIVE_MEASURED_K`, beyond it extrapolated from K/2^j and K/2^(j-1) below it as
+    ``b K + c K^2`` (embeddings grow with K, score blocks with K^2 until the objective's
+    ``score_budget_mb`` caps them, so the extrapolation errs high). Falls back to
+    :func:`objective_bytes` (counted from shapes) when the objective cannot run on random inputs."""
+    try:
+        if K <= OBJECTIVE_MEASURED_K:
+            return _objective_peak(objective, K, M, d)
+        k2 = K
+        while k2 > OBJECTIVE_MEASURED_K:
+            k2 //= 2
+        k1 = k2 // 2
+        p1, p2 = _objective_peak(objective, k1, M, d), _objective_peak(objective, k2, M, d)
+    except Exception:  # an objective that needs real inputs (or a lazily built state): count instead
+        return objective_bytes(objective, K, M, d)
+    # p = b k + c k^2 through both points
+    c = max((p2 / k2 - p1 / k1) / (k2 - k1), 0.0)
+    b = max(p1 / k1 - c * k1, 0.0)
+    return int(b * K + c * K * K)
+
+
 def trim_host_memory() -> None:
     """Give the C allocator's free memory back to the system (glibc ``malloc_trim``), so that the
     resident set is what the process holds; nothing elsewhere."""
@@ -555,11 +611,13 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     if config.evaluation.tasks:
         evaluation = sum(4 * len(loader.dataset) * eval_views * d for loader in parts.eval_loaders.values()
                          if loader is not None and hasattr(loader, "dataset"))
+    objective_peak = measure_objective_bytes(objective, K, M, d)
+    trim_host_memory()  # what the measurements freed goes back: the process is as it was for the run
     return MemoryEstimate(
         samples_per_device=K // num_processes, num_views=M, embed_dim=d, num_processes=num_processes,
         chunk_size=chunk_size, parameters=parameters, gradients=trainable_bytes,
         optimizer_state=optimizer_state_bytes(o.optimizer, trainable_bytes, o.momentum), teacher=teacher,
-        activation_fixed=fixed, activation_per_sample=per_sample, objective=objective_bytes(objective, K, M, d),
+        activation_fixed=fixed, activation_per_sample=per_sample, objective=objective_peak,
         optimizer=o.optimizer, working_fixed=working_fixed, working_per_sample=working_per_sample,
         batch_per_sample=batch_per_sample, prefetched_batches=_prefetched_batches(config), baseline=baseline,
         sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack)
