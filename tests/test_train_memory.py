@@ -157,9 +157,10 @@ def test_optimizer_state_is_what_the_optimizer_holds(stepped) -> None:
     check_optimizer_state(*stepped[:2])
 
 
-def check_cached_embeddings(parts, p, chunk: int = 8) -> None:
+def check_cached_embeddings(parts, p, chunk: int = 32) -> None:
     """The cached step's ``z`` (the objective's input, a leaf) and its gradient, taken from a real
-    cached-embedding step."""
+    cached-embedding step (one chunk of all K = 32 samples: the shapes the plain step already ran,
+    so no new kernels to set up; the embeddings do not depend on the chunk)."""
     from mmviews.train.cached_step import cached_train_step
 
     held = []

@@ -198,7 +198,7 @@ class MemoryEstimate:
         out += [f"  activations       {_gb(self.activations)} ({per_sample})",
                 f"  backward working  {_gb(self.working)} ({self.working_per_sample / 2**20:.2f} MB per sample "
                 f"(measured) x {self.encoded_at_once})",
-                f"  objective         {_gb(self.objective)} (gathered embeddings and score blocks)"]
+                f"  objective         {_gb(self.objective)} (measured: loss and backward on [K, M, d] embeddings)"]
         if self.allocator_slack:
             out.append(f"  allocator slack   {_gb(self.allocator_slack)} (measured: a reference step's resident-set "
                        "growth beyond its tensors)")
