@@ -35,15 +35,21 @@ CHECK_BATCH_SAMPLES = 2
 
 def _splits(parts: RunParts) -> Iterator[tuple[str, str, Any, Callable[[list[Any]], Any]]]:
     """``(split name, recipe key naming it, dataset, collate)`` of the training split and of each
-    evaluation split (the loaders' own collators)."""
+    evaluation split (the loaders' own collators). Streamed splits (``data.streaming``: rows, not
+    indexable samples) are left to checks of their own."""
     data = parts.config.data
-    yield data.train_split, "data.train_split", parts.datasets["train"], parts.collator
+    if _indexable(parts.datasets["train"]):
+        yield data.train_split, "data.train_split", parts.datasets["train"], parts.collator
     keys = {"train": ("data.train_split", data.train_split), "val": ("data.val_split", data.val_split),
             "test": ("data.test_split", data.test_split)}
     for role, loader in parts.eval_loaders.items():
-        if loader is not None and role in keys:
+        if loader is not None and role in keys and _indexable(loader.dataset):
             key, name = keys[role]
             yield f"{name} (evaluation)", key, loader.dataset, loader.collate_fn
+
+
+def _indexable(dataset: Any) -> bool:
+    return hasattr(dataset, "__getitem__") and not getattr(dataset, "streamed", False)
 
 
 def _first_samples(dataset: Any, n: int = CHECK_BATCH_SAMPLES) -> list[Any]:
