@@ -140,6 +140,14 @@ def _write_shards_in_place() -> tuple[Any, str, Any]:
     return shards, "TMP_SUFFIX", ""
 
 
+def _interleave_streamed_shards() -> tuple[Any, str, Any]:
+    """The streamed shuffle buffer takes the ``datasets`` default (up to 10 shards read at once by
+    threads, and a 5 s sleep at the end of every pass over Parquet shards)."""
+    import mmviews.data.streaming as streaming
+
+    return streaming, "_one_shard_at_a_time", dict
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -152,6 +160,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "average_rows_per_process": _average_rows_per_process,
     "round_map_epoch_up": _round_map_epoch_up,
     "write_shards_in_place": _write_shards_in_place,
+    "interleave_streamed_shards": _interleave_streamed_shards,
 }
 
 
