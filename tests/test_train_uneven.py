@@ -16,16 +16,15 @@ as shards of 12, 12, 12 and 2 rows (the short last shard), at K = 8 on 2 gloo pr
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from mutations import apply_break
 from test_data_pickle import mmsa_split
@@ -57,11 +56,13 @@ def shards(tmp_path_factory) -> Path:
     return folder / "shards"
 
 
-def uneven_recipe(shards: Path, folder: Path, *, streaming: bool) -> Path:
+def uneven_recipe(shards: Path, folder: Path, *, streaming: bool, timeout_s: float = 60) -> Path:
+    """``timeout_s``: how long a process left waiting in a collective waits (a failing guard then
+    fails in a minute, not an hour)."""
     raw = recipe(shards, streaming=streaming, batch_size=K, val_split=None, test_split=None)
     raw["optimisation"]["epochs"] = EPOCHS
     raw["output"].update(progress_bar=True, checkpoint_every=0)
-    raw["distributed"] = {"timeout_s": 60}  # a rank left waiting in a collective gives up after a minute
+    raw["distributed"] = {"timeout_s": timeout_s}
     return write_recipe(folder / ("streamed.yaml" if streaming else "mapped.yaml"), raw)
 
 
@@ -73,19 +74,22 @@ def _free_port() -> int:
 
 def launch_two(recipe_path: Path, folder: Path, *slow_train_options: str, timeout: float = 240) -> dict[str, Any]:
     """``mmviews train RECIPE`` on 2 gloo processes through ``tests/slow_train.py`` (``--record``:
-    rank 0's optimiser steps; ``--marker``: each rank's last step). On a timeout the whole process
-    group is killed (no worker is left behind)."""
+    rank 0's optimiser steps; ``--marker``: each rank's last step). On a timeout the launcher and its
+    workers are killed (no process is left behind)."""
     record, marker, run = folder / "steps.txt", folder / "step-marker", folder / "run"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(PROCESSES),
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port()), str(SLOW_TRAIN), "--record", str(record),
                 "--marker", str(marker), *slow_train_options, str(recipe_path), "--output", str(run)]
-    proc = subprocess.Popen(launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO,
-                            start_new_session=True)
+    proc = subprocess.Popen(launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun starts each worker in a session of its own: they are killed by pid (they would
+        # outlive the launcher, holding its output pipes open), then the launcher.
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
         proc.communicate()
         raise
     ranks = {r: folder / f"step-marker.rank{r}" for r in range(PROCESSES)}
@@ -231,9 +235,11 @@ def test_map_style_epoch_check_fails_when_the_epoch_length_is_rounded_up(shards,
 
 def test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up(shards, tmp_path):
     """Mutation test (tests/README.md): with the streamed epoch length rounded up the 2-process
-    run's guard fails, and the run stops with the process that ran short named (exit status 2,
-    not a hang until the process group's timeout)."""
-    result = launch_two(uneven_recipe(shards, tmp_path, streaming=True), tmp_path, "--break", "round_stream_epoch_up")
+    run's guard fails, and the run stops with the process that ran short named, at once: the
+    process group keeps its default timeout of an hour here, so a process left waiting for its
+    peer (a barrier after the error) would make the launch time out (180 s) instead."""
+    recipe_path = uneven_recipe(shards, tmp_path, streaming=True, timeout_s=3600)
+    result = launch_two(recipe_path, tmp_path, "--break", "round_stream_epoch_up", timeout=180)
     with pytest.raises(AssertionError):
         check_uneven_run(result, STREAMED_STEPS_PER_EPOCH)
     assert result["rc"] != 0 and "the stream ended after 3 full batches of 4 rows" in result["stderr"]
@@ -245,7 +251,7 @@ def test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up(shards, 
 
 def check_no_stall(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard of the streamed speed: two epochs of a training loader (1 and 2 processes) and
-    the evaluation pass call no ``time.sleep``. (``datasets`` >= 4 buffers up to 10 shards at once
+    the evaluation pass call no ``time.sleep``. (Recent ``datasets`` buffer up to 10 shards at once
     through threads and, for Parquet, then sleeps 5 s at the end of every pass: that made a small
     streamed run 3.5x slower than map-style.) Sleeps are recorded here, not slept."""
     import time

@@ -467,7 +467,7 @@ class ShardStream(ShardSource):
 def _one_shard_at_a_time() -> dict[str, int]:
     """``IterableDataset.shuffle`` options that fill the buffer from one shard at a time.
 
-    Since ``datasets`` 4 the buffer reads up to 10 shards at once through a thread pool; with a
+    Recent ``datasets`` (5.x) fill the buffer from up to 10 shards at once by threads; with a
     Parquet source every pass then ends with a 5 s sleep (``datasets.config.
     SLEEP_TIME_ON_THREADS_SHUTDOWN``, a pyarrow thread-shutdown workaround): 5 s per epoch on every
     process, which made a small streamed run 3.5x slower than map-style. One shard at a time is
