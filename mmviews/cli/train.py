@@ -38,7 +38,9 @@ import signal
 import sys
 from pathlib import Path
 
+from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import load_config, resolve_recipe
+from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.base import allow_remote_models
 from mmviews.run import (
     CONFIG_FILE,
@@ -52,9 +54,9 @@ from mmviews.run import (
     read_train_state,
     run_dir_of,
 )
-from mmviews.train import TrainCallback, build_run, train
+from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import check_trackers_installed
+from mmviews.train.logging import check_trackers_installed, data_left_out_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
 
 
@@ -169,12 +171,17 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     check_trackers_installed(config, str(recipe))
     if args.check:
         parts = build_run(config, source=str(recipe))
+        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
+        if isinstance(note, str):
+            print(f"data: {note}")
         print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "
               f"objective {config.objective.name}; {len(parts.datasets['train'])} training samples)")
         # encode_chunk_size: the cached-embedding step's recipe key (optimisation.encode_chunk_size)
         estimate = estimate_memory(parts, processes_from_environment(),
                                    getattr(config.optimisation, "encode_chunk_size", None))
         print("\n".join(estimate.lines(args.memory_budget_gb)))
+        for line in data_check_lines(parts):
+            print(f"warning: {line}")
         return 0
     try:
         summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
@@ -188,6 +195,10 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     except Exception as error:
         if _stopped_before_first_checkpoint(run_dir):
             error.add_note(f"{run_dir} holds no checkpoint: once fixed, the same command starts it again there")
+        elif _is_first_process() and isinstance(worker_error(error), USER_ERRORS) and list_checkpoints(run_dir):
+            # e.g. a file that cannot be read: nothing was deleted, the run continues from its last checkpoint
+            error.add_note(f"the latest checkpoint is kept ({list_checkpoints(run_dir)[-1]}); once fixed, continue with "
+                           f"mmviews train --resume {shlex.quote(str(run_dir))}")
         raise
     if not _is_first_process():
         return 1 if summary.get("status") == "failed" else 0
@@ -201,9 +212,21 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
+    for line in data_left_out_lines(summary.get("data_skipped") or {}):
+        print(f"data left out (on_error: skip): {line}")
+    for line in loss_lines(summary.get(DATA_LOSSES_KEY) or {}):
+        print(f"data left out: {line}")
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
+
+
+def data_check_lines(parts: RunParts) -> list[str]:
+    """``--check``'s lines about the data: known-bad samples each split leaves out, and the
+    modalities of the views that no training sample has (:mod:`mmviews.data.losses`)."""
+    losses = DataLosses(run_datasets(parts))
+    absent = absent_modalities(parts.datasets["train"], parts.view_spec, parts.config.data.train_split)
+    return excluded_lines(losses.splits) + list(absent.values())
 
 
 def _stopped_before_first_checkpoint(path: Path) -> bool:

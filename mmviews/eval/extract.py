@@ -108,6 +108,8 @@ def extract_embeddings(
         for batch in tqdm(loader, desc=desc, disable=not show, leave=False):
             if not isinstance(batch, ViewBatch):
                 raise TypeError(f"the loader must yield ViewBatch objects, got {type(batch).__name__}")
+            if batch.num_samples == 0:  # every sample of it unreadable (a dataset's on_error: skip)
+                continue
             view_names = [v.name for v in batch.views]
             view_modalities = [v.modality for v in batch.views]
             batch = batch.to(device)

@@ -19,7 +19,7 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -270,6 +270,41 @@ def read_training_log(path: Path) -> list[dict[str, Any]]:
         return []
 
 
+def data_left_out_lines(data_skipped: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per split of ``results.json``'s ``data_skipped`` (what ``on_error: skip`` left
+    out: :func:`mmviews.data.loaders.data_left_out`)."""
+    lines = []
+    for split, info in data_skipped.items():
+        parts = []
+        if info.get("shards"):
+            parts.append(f"{len(info['shards'])} unreadable shard(s) ({', '.join(info['shards'])})")
+        if info.get("row_groups"):
+            parts.append(f"{len(info['row_groups'])} damaged row group(s), {info.get('rows_in_skipped_row_groups', 0)} rows "
+                         f"({', '.join(info['row_groups'])})")
+        if info.get("values_marked_absent"):
+            parts.append(f"{info['values_marked_absent']} value(s) that could not be decoded, marked absent")
+        extra = [f"{k}: {v}" for k, v in info.items()
+                 if k not in ("shards", "row_groups", "rows_in_skipped_row_groups", "values_marked_absent") and v]
+        lines.append(f"split {split!r}: " + "; ".join(parts + extra))
+    return lines
+
+
+def data_report_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The report's "Data left out" section: per split, the samples lost (``data_losses``,
+    :mod:`mmviews.data.losses`), and the modalities no sample has; nothing when none."""
+    from mmviews.data.losses import ABSENT_MODALITIES_KEY, DATA_LOSSES_KEY, loss_lines
+
+    losses = summary.get(DATA_LOSSES_KEY) or {}
+    absent = summary.get(ABSENT_MODALITIES_KEY) or {}
+    lines = (loss_lines(losses) + data_left_out_lines(summary.get("data_skipped") or {})
+             + list(absent.values()))
+    if not lines:
+        return []
+    examples = [e for r in losses.values() for e in r.get("examples") or []]
+    return (["## Data left out", "", *(f"- {line}" for line in lines), ""]
+            + (["Examples:", "", *(f"- `{e}`" for e in examples), ""] if examples else []))
+
+
 def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
     """``results.json`` and ``report.md``: the run summary and, per metric, trained vs
     randomly initialised encoder. The JSON is strict (no NaN; see :func:`finalise_summary`).
@@ -290,6 +325,7 @@ def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
              ""]
     if summary["warnings"]:
         lines += ["## Warnings: did it learn?", "", *(f"- {message}" for message in summary["warnings"]), ""]
+    lines += data_report_lines(summary)
     trained, random_ = summary["eval"], summary["eval_random"] or {}
     if trained:
         lines += ["| metric | trained | random init | trained - random |", "|---|---|---|---|"]

@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from mmviews.data.streaming import first_samples
 from mmviews.train.build import RunParts, uses_teacher
 
 GB = 1024**3
@@ -197,7 +198,7 @@ def measure_activations(parts: RunParts, sizes: tuple[int, int] = (2, 4)) -> tup
         for n in sizes:
             if len(dataset) < n:
                 raise ValueError(f"the training split has {len(dataset)} samples; measuring activations needs {n}")
-            batch = prepare(parts.collator([dataset[i] for i in range(n)]))
+            batch = prepare(parts.collator(first_samples(dataset, n)))  # read through the stream when streamed
 
             def step() -> None:
                 with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):

@@ -67,6 +67,7 @@ before each checkpoint's rename.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -80,6 +81,14 @@ from torch import nn
 
 from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
+from mmviews.data.losses import (
+    ABSENT_MODALITIES_KEY,
+    DATA_LOSSES_KEY,
+    DataLosses,
+    absent_modalities,
+    excluded_lines,
+    run_datasets,
+)
 from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
@@ -139,7 +148,8 @@ class HostPreparedCollate:
         self.collate, self.prepare = collate, prepare
 
     def __call__(self, samples: Any) -> ViewBatch:
-        return self.prepare(self.collate(samples))
+        batch = self.collate(samples)
+        return batch if batch.num_samples == 0 else self.prepare(batch)  # empty: every sample unreadable
 
 
 def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any:
@@ -320,6 +330,19 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     return loader
 
 
+def record_evaluated_sizes(losses: DataLosses, eval_dir: Path, datasets: dict[str, tuple[str, Any]]) -> None:
+    """Count, per split, the samples the evaluation in ``eval_dir`` did not embed (``n_<split>``
+    of its ``metrics.json`` against the dataset's size): those left out when unreadable. A
+    streamed split has no size: not counted here."""
+    try:
+        meta = json.loads((eval_dir / "metrics.json").read_text()).get("meta") or {}
+    except (OSError, ValueError):
+        return
+    for role, (_, dataset) in datasets.items():
+        if f"n_{role}" in meta and not getattr(dataset, "streamed", False) and hasattr(dataset, "__len__"):
+            losses.record_evaluated(role, len(dataset), int(meta[f"n_{role}"]))
+
+
 def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os.PathLike[str] | None = None,
           source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
           resume_ignore_rng: bool = False, reevaluate: bool = False) -> dict[str, Any]:
@@ -341,6 +364,23 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
                       overwrite=overwrite, resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate)
 
 
+def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
+    """What ``on_error: skip`` left out of the training and evaluation splits, over every
+    process (collective: every process calls it)."""
+    from mmviews.data.loaders import data_left_out, merge_data_left_out
+
+    splits = dict(parts.datasets)
+    for name, loader in (parts.eval_loaders or {}).items():
+        if loader is not None and name not in splits:
+            splits[name] = getattr(loader, "dataset", None)
+    local = data_left_out(splits)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        return merge_data_left_out(gather_object([local]))
+    return merge_data_left_out([local])
+
+
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
            callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
            resume_ignore_rng: bool, reevaluate: bool) -> dict[str, Any]:
@@ -358,7 +398,18 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     if accelerator.is_main_process:
         prepare_run_dir(run_dir, config, fresh=checkpoint is None, overwrite=overwrite)
         on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
+        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
+        if isinstance(note, str):
+            print(f"data: {note}", flush=True)
     accelerator.wait_for_everyone()
+    # What the data lacks, said once before any work: known-bad samples left out of their split,
+    # a modality that no training sample has. Counted on in data_losses (results.json).
+    losses = DataLosses(run_datasets(parts))
+    absent = (absent_modalities(parts.datasets["train"], parts.view_spec, config.data.train_split)
+              if accelerator.is_main_process else {})  # it may open every clip: once is enough
+    if accelerator.is_main_process:
+        for line in excluded_lines(losses.splits) + list(absent.values()):
+            print(f"mmviews train: {line}", flush=True)
     p = _prepare(accelerator, parts)
     state, objective, num_views = p.state, parts.objective, len(parts.view_spec)
 
@@ -385,6 +436,12 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             break
         p.model.train()
         for batch in _epoch_batches(p, parts, epoch):
+            if batch.dropped:  # unreadable samples left out of this batch (on_error: skip)
+                losses.record_dropped("train", batch.dropped)
+                if batch.num_samples < 2:  # nothing to contrast: the data is too damaged to go on
+                    raise ValueError(f"{len(batch.dropped)} of the {len(batch.dropped) + batch.num_samples} samples "
+                                     f"of a training batch are unreadable (data.options.on_error: skip), e.g. "
+                                     f"{batch.dropped[0]}; repair them or rerun `mmviews prepare` to list them")
             out, critic_metrics = train_step(p, batch, o.max_grad_norm)
             state.batch_in_epoch += 1
             state.samples += batch.num_samples * accelerator.num_processes
@@ -431,6 +488,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         metrics = run_evaluation(encoder, parts, run_dir / "eval", accelerator, log_csv=run_dir / LOG_FILE,
                                  meta={"objective": config.objective.name, "step": state.step, "recipe": config.name,
                                        "num_views": num_views})
+        if accelerator.is_main_process:  # the only one that wrote eval/metrics.json
+            record_evaluated_sizes(losses, run_dir / "eval", run_datasets(parts))
     summary = finalise_summary({
         "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
         "samples_seen": state.samples, "final_loss": log.last_loss,
@@ -438,6 +497,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
+        "data_skipped": _data_left_out(accelerator, parts),
+        DATA_LOSSES_KEY: losses.to_dict(), ABSENT_MODALITIES_KEY: absent,
     })
     if accelerator.is_main_process:
         write_results(run_dir, summary)
