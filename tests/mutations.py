@@ -140,12 +140,21 @@ def _write_shards_in_place() -> tuple[Any, str, Any]:
     return shards, "TMP_SUFFIX", ""
 
 
-def _interleave_streamed_shards() -> tuple[Any, str, Any]:
-    """The streamed shuffle buffer takes the ``datasets`` default (up to 10 shards read at once by
-    threads, and a 5 s sleep at the end of every pass over Parquet shards)."""
-    import mmviews.data.streaming as streaming
+def _read_rows_with_parquet_builder() -> tuple[Any, str, Any]:
+    """Streamed rows read through ``datasets``' Parquet builder (``load_dataset("parquet",
+    streaming=True)``) instead of :mod:`mmviews.data.row_groups`: with the default shuffle buffer
+    (10 shards read at once by threads) every pass over the shards then ends with a 5 s sleep."""
+    from mmviews.data.streaming import ShardSource
 
-    return streaming, "_one_shard_at_a_time", dict
+    def rows(self: Any, files: Any) -> Any:
+        import datasets
+
+        ds = datasets.load_dataset("parquet", data_files={self.split: list(files)}, split=self.split, streaming=True)
+        for col in self.image_columns:
+            ds = ds.cast_column(col, datasets.Image(decode=False))
+        return ds
+
+    return ShardSource, "_rows", rows
 
 
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
@@ -177,7 +186,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "average_rows_per_process": _average_rows_per_process,
     "round_map_epoch_up": _round_map_epoch_up,
     "write_shards_in_place": _write_shards_in_place,
-    "interleave_streamed_shards": _interleave_streamed_shards,
+    "read_rows_with_parquet_builder": _read_rows_with_parquet_builder,
 }
 
 

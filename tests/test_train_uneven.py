@@ -140,8 +140,10 @@ def test_map_style_rows_that_do_not_divide_the_batch(mapped_run):
 
 
 def rows_given(shards: Path, epoch: int, rank: int) -> list[int]:
-    """The rows ``datasets`` gives process ``rank`` of 2 in ``epoch`` (read directly with
-    ``datasets``, as the streamed loader sets it up: shuffle buffer, split by node, epoch)."""
+    """The rows ``datasets`` gives process ``rank`` of 2 in ``epoch``, read with ``datasets``
+    directly (its Parquet builder; seeded shuffle, split by node, epoch, as the streamed loader
+    sets them up). Which rows, not their order: the buffer reads one shard at a time here, which
+    leaves the shards each process gets unchanged and avoids the builder's 5 s stall per pass."""
     import datasets
     from datasets.distributed import split_dataset_by_node
 
@@ -251,9 +253,9 @@ def test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up(shards, 
 
 def check_no_stall(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard of the streamed speed: two epochs of a training loader (1 and 2 processes) and
-    the evaluation pass call no ``time.sleep``. (Recent ``datasets`` buffer up to 10 shards at once
-    through threads and, for Parquet, then sleeps 5 s at the end of every pass: that made a small
-    streamed run 3.5x slower than map-style.) Sleeps are recorded here, not slept."""
+    the evaluation pass call no ``time.sleep``. (Read through ``datasets``' Parquet builder, the
+    default shuffle buffer of 10 shards at once slept 5 s at the end of every pass: that made a
+    small streamed run 3.5x slower than map-style.) Sleeps are recorded here, not slept."""
     import time
 
     slept: list[float] = []
@@ -272,10 +274,10 @@ def test_streamed_epochs_have_no_fixed_stall(shards, monkeypatch):
     check_no_stall(shards, monkeypatch)
 
 
-def test_stall_check_fails_when_the_buffer_interleaves_shards(shards, monkeypatch):
-    """Mutation test (tests/README.md): the shuffle buffer filled from 10 shards at once (the
-    ``datasets`` default), which ends every pass with a sleep."""
-    apply_break("interleave_streamed_shards", monkeypatch.setattr)
+def test_stall_check_fails_when_rows_are_read_by_the_parquet_builder(shards, monkeypatch):
+    """Mutation test (tests/README.md): the rows read through ``datasets``' Parquet builder, whose
+    interleaved passes end with a sleep."""
+    apply_break("read_rows_with_parquet_builder", monkeypatch.setattr)
     with pytest.raises(AssertionError, match="sleeps of"):
         check_no_stall(shards, monkeypatch)
 

@@ -491,29 +491,11 @@ class ShardStream(ShardSource):
             self._all_rows = self._rows(self.shards.files)
         ds = self._all_rows
         if shuffle_buffer > 0:
-            ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer, **_one_shard_at_a_time())
+            ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer)
         if world > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world)
         ds.set_epoch(epoch)
         return ds
-
-
-def _one_shard_at_a_time() -> dict[str, int]:
-    """``IterableDataset.shuffle`` options that fill the buffer from one shard at a time.
-
-    Recent ``datasets`` (5.x) fill the buffer from up to 10 shards at once by threads; with a
-    Parquet source every pass then ends with a 5 s sleep (``datasets.config.
-    SLEEP_TIME_ON_THREADS_SHUTDOWN``, a pyarrow thread-shutdown workaround): 5 s per epoch on every
-    process, which made a small streamed run 3.5x slower than map-style. One shard at a time is
-    the documented order (shards shuffled, then a buffer of ``shuffle_buffer`` rows) with no
-    threads; older ``datasets`` have no such option and already read this way."""
-    import inspect
-
-    import datasets
-
-    if "max_buffer_input_shards" in inspect.signature(datasets.IterableDataset.shuffle).parameters:
-        return {"max_buffer_input_shards": 1}
-    return {}
 
 
 def _keep_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
