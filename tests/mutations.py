@@ -182,6 +182,8 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "keep_unreadable_samples": lambda: _keep_unreadable_samples(),
     "forget_known_bad_clips": lambda: _forget_known_bad_clips(),
     "keep_worker_tracebacks": lambda: _keep_worker_tracebacks(),
+    "eval_in_float32": lambda: _eval_in_float32(),
+    "move_alignment_threshold": lambda: _move_alignment_threshold(),
     "round_stream_epoch_up": _round_stream_epoch_up,
     "average_rows_per_process": _average_rows_per_process,
     "round_map_epoch_up": _round_map_epoch_up,
@@ -392,3 +394,22 @@ def _keep_worker_tracebacks() -> tuple[Any, str, Any]:
     import mmviews.cli as cli
 
     return cli, "worker_error", lambda error: error
+
+
+def _eval_in_float32() -> tuple[Any, str, Any]:
+    """``mmviews eval`` runs the encoder's forward in float32 whatever precision the run trained
+    and evaluated with (the behaviour before issue 29)."""
+    from mmviews.eval.extract import AutocastEncoder
+
+    def forward(self: Any, batch: Any) -> Any:
+        return self.encoder(batch)
+
+    return AutocastEncoder, "forward", forward
+
+
+def _move_alignment_threshold() -> tuple[Any, str, Any]:
+    """The no-alignment threshold of the health checks moved from a gap of 0.02 to 0.03."""
+    import mmviews.eval.health as health
+
+    return health, "ALIGNMENT_GAP", 0.03
+

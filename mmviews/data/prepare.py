@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("hf", "synthetic")), help="dataset name (see data_cards/)")
     parser.add_argument("path", nargs="?", default=None,
                         help="the .pkl file (mosi/mosei/sims), the video folder, or your dataset folder (hf)")
-    parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
+    parser.add_argument("--output", "--out", "-o", dest="out", default=None,
+                        help="where to write the store, index or Parquet shard folder (default: next to PATH)")
     parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing store (video: removes only the outputs its manifest lists)")
@@ -87,7 +88,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="frames one view needs (the recipe's data.options.num_frames): clips with fewer are "
                             "listed as short")
     shards = parser.add_argument_group("parquet shards (--format parquet)")
-    shards.add_argument("--output", default=None, help="shard folder (default: <PATH>-parquet beside PATH)")
     shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
     shards.add_argument("--shard-rows", type=int, default=None,
                         help="at most this many rows per shard (equal shards split evenly between processes)")
@@ -253,7 +253,7 @@ def _prepare_parquet(args: argparse.Namespace, recipe_data: Callable[[str], dict
     from mmviews.data import shards
 
     path = Path(args.path)
-    out = Path(args.output or args.out or shards.default_shards_path(path))
+    out = Path(args.out or shards.default_shards_path(path))  # --output (default: <PATH>-parquet beside PATH)
     wanted = args.splits.split(",") if args.splits else None
     shapes: dict[str, list[int | None]] = {}  # the shapes of an hf source's array columns
     if args.dataset in VIDEO:
