@@ -122,15 +122,18 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
     """The command; ``callback`` is handed to :func:`mmviews.train.train` (tests use it to
     slow a run down, see ``tests/slow_train.py``). Errors are raised; :func:`mmviews.cli.main`
     prints them as one line."""
-    interrupted = False
+    ended = False
     with allow_remote_models(args.allow_remote_models):
         try:
-            return _run(args, callback)
-        except KeyboardInterrupt:  # outside train() (which _run handles): other processes may be gone
-            interrupted = True
-            raise
+            status = _run(args, callback)
+            ended = True
+            return status
         finally:
-            _close_process_group(barrier=not interrupted)
+            # Leave together only after a normal end. After an error or an interrupt outside train()
+            # the other processes may be gone or waiting in another collective (e.g. one process's
+            # loader failed mid-epoch): a barrier would hang until distributed.timeout_s, while
+            # closing the group makes their collective fail at once.
+            _close_process_group(barrier=ended)
 
 
 def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
