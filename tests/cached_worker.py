@@ -1,7 +1,11 @@
 """Worker of tests/test_train_cached.py's two-process test: ``python cached_worker.py RECIPE RUN``
 under ``accelerate launch`` is ``mmviews train RECIPE --output RUN`` with a DDP communication hook
 that counts the gradient reductions (bucket all-reduces); rank 0 writes the count and the
-optimiser steps to ``RUN/reductions.json``."""
+optimiser steps to ``RUN/reductions.json``.
+
+``python cached_worker.py RECIPE RUN --then-break NAME RUN2`` then applies the break NAME of
+``tests/mutations.py`` (for good) and trains the recipe again into RUN2, in the same processes:
+the mutation test's broken run without a second launch."""
 
 from __future__ import annotations
 
@@ -13,11 +17,13 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from mutations import apply_break
+
 import mmviews.train.trainer as trainer
 from mmviews.config import load_config
 
 
-def main(recipe: str, run: str) -> int:
+def main(recipe: str, run: str, *then_break: str) -> int:
     reductions = [0]
     prepare = trainer._prepare
 
@@ -35,6 +41,11 @@ def main(recipe: str, run: str) -> int:
     summary = trainer.train(load_config(recipe), run)
     if dist.get_rank() == 0:
         (Path(run) / "reductions.json").write_text(json.dumps({"reductions": reductions[0], "steps": summary["steps"]}))
+    if then_break:
+        flag, name, broken_run = then_break
+        assert flag == "--then-break", then_break
+        apply_break(name)
+        trainer.train(load_config(recipe), broken_run)
     return 0
 
 

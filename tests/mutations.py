@@ -88,14 +88,73 @@ def _key_dropout_by_row() -> tuple[Any, str, Any]:
     dataset index (the masks then depend on how the batch is split between processes)."""
     import torch
 
-    import mmviews.modalities.dropout as dropout
+    import mmviews.modalities.dropout.keys as keys
 
-    original = dropout.sample_row_keys
+    original = keys.sample_row_keys
 
     def by_row(step: int, index: Any, modality: str, num_views: int) -> Any:
         return original(step, torch.arange(index.numel(), device=index.device), modality, num_views)
 
-    return dropout, "sample_row_keys", by_row
+    return keys, "sample_row_keys", by_row
+
+
+def _round_stream_epoch_up() -> tuple[Any, str, Any]:
+    """A streamed epoch's batch count rounded up: the process given the fewest rows cannot fill it."""
+    import math
+
+    import mmviews.data.streaming as streaming
+
+    def rounded_up(shards: Any, num_processes: int, batch_size: int) -> int:
+        return math.ceil(shards.min_rows_per_process(num_processes) / batch_size)
+
+    return streaming, "streamed_epoch_batches", rounded_up
+
+
+def _average_rows_per_process() -> tuple[Any, str, Any]:
+    """The streamed epoch length taken from the mean rows per process (total / N) instead of the
+    fewest any process is given (unequal shards split between processes)."""
+    from mmviews.data.streaming import ShardFiles
+
+    def mean_rows(self: Any, num_processes: int) -> int:
+        return self.total // max(num_processes, 1)
+
+    return ShardFiles, "min_rows_per_process", mean_rows
+
+
+def _round_map_epoch_up() -> tuple[Any, str, Any]:
+    """The map-style batch count rounded up (the batches themselves still drop the last partial one)."""
+    import math
+
+    from mmviews.data.views import ViewSetBatchSampler
+
+    def rounded_up(self: Any) -> int:
+        return math.ceil(self.num_samples / self.K)
+
+    return ViewSetBatchSampler, "__len__", rounded_up
+
+
+def _write_shards_in_place() -> tuple[Any, str, Any]:
+    """Parquet shards written under their final name (no temporary name, so no rename)."""
+    import mmviews.data.shards as shards
+
+    return shards, "TMP_SUFFIX", ""
+
+
+def _read_rows_with_parquet_builder() -> tuple[Any, str, Any]:
+    """Streamed rows read through ``datasets``' Parquet builder (``load_dataset("parquet",
+    streaming=True)``) instead of :mod:`mmviews.data.row_groups`: with the default shuffle buffer
+    (10 shards read at once by threads) every pass over the shards then ends with a 5 s sleep."""
+    from mmviews.data.streaming import ShardSource
+
+    def rows(self: Any, files: Any) -> Any:
+        import datasets
+
+        ds = datasets.load_dataset("parquet", data_files={self.split: list(files)}, split=self.split, streaming=True)
+        for col in self.image_columns:
+            ds = ds.cast_column(col, datasets.Image(decode=False))
+        return ds
+
+    return ShardSource, "_rows", rows
 
 
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
@@ -106,6 +165,30 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_within_view_mask": _drop_within_view_mask,
     "shift_streamed_blocks": _shift_streamed_blocks,
     "unpickle_checkpoints": _unpickle_checkpoints,
+    "orphan_prepare_workers": lambda: _orphan_prepare_workers(),
+    "mtime_only_staleness": lambda: _mtime_only_staleness(),
+    "cached_skip_accumulation_division": lambda: _cached_skip_accumulation_division(),
+    "cached_bypass_scaler": lambda: _cached_bypass_scaler(),
+    "cached_scale_by_processes": lambda: _cached_scale_by_processes(),
+    "keyed_dropout_ignores_sample": lambda: _keyed_dropout_ignores_sample(),
+    "keyed_dropout_ignores_view_slot": lambda: _keyed_dropout_ignores_view_slot(),
+    "keyed_dropout_one_salt": lambda: _keyed_dropout_one_salt(),
+    "keyed_dropout_ignores_micro_batch": lambda: _keyed_dropout_ignores_micro_batch(),
+    "teacher_shares_student_dropout": lambda: _teacher_shares_student_dropout(),
+    "keyed_dropout_salt_from_hash": lambda: _keyed_dropout_salt_from_hash(),
+    "cached_no_rng_replay": lambda: _cached_no_rng_replay(),
+    "dropout_draws_nothing": lambda: _dropout_draws_nothing(),
+    "let_row_group_errors_through": lambda: _let_row_group_errors_through(),
+    "keep_unreadable_samples": lambda: _keep_unreadable_samples(),
+    "forget_known_bad_clips": lambda: _forget_known_bad_clips(),
+    "keep_worker_tracebacks": lambda: _keep_worker_tracebacks(),
+    "eval_in_float32": lambda: _eval_in_float32(),
+    "move_alignment_threshold": lambda: _move_alignment_threshold(),
+    "round_stream_epoch_up": _round_stream_epoch_up,
+    "average_rows_per_process": _average_rows_per_process,
+    "round_map_epoch_up": _round_map_epoch_up,
+    "write_shards_in_place": _write_shards_in_place,
+    "read_rows_with_parquet_builder": _read_rows_with_parquet_builder,
     # memory estimate (defined at the end of the file; looked up when applied)
     "drop_optimizer_state": lambda: _drop_optimizer_state(),
     "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
@@ -118,6 +201,221 @@ def apply_break(name: str, set_attribute: Callable[[Any, str, Any], None] = seta
     if name not in BREAKS:
         raise ValueError(f"unknown break {name!r}; known: {', '.join(BREAKS)}")
     set_attribute(*BREAKS[name]())
+
+
+def init_worker_ignoring_parent(parent_pid: int | None = None) -> None:
+    """A video-prepare worker initializer that does not tie the worker to its parent (module
+    level, so that spawned workers can import it by name)."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _orphan_prepare_workers() -> tuple[Any, str, Any]:
+    """Video-prepare workers do not die with the prepare: a SIGKILLed prepare leaves them running."""
+    import mmviews.data.video_store as video_store
+
+    return video_store, "_init_worker", init_worker_ignoring_parent
+
+
+def _mtime_only_staleness() -> tuple[Any, str, Any]:
+    """The video store decides staleness by size and modification time alone (no content
+    fingerprint): a dataset and store copied with ``cp -r`` are stale as a whole."""
+    import mmviews.data.video_store as video_store
+
+    def by_mtime(entry: Any, source: Any) -> bool:
+        try:
+            st = source.stat()
+        except OSError:
+            return False
+        return entry.get("source_size") == st.st_size and entry.get("source_mtime_ns") == st.st_mtime_ns
+
+    return video_store, "source_matches", by_mtime
+
+
+def _cached_skip_accumulation_division() -> tuple[Any, str, Any]:
+    """The cached step's backward into the encoder skips the gradient-accumulation division
+    (``dL/dz`` multiplied back by n: the micro-batch gradients are summed, not averaged)."""
+    import mmviews.train.cached_step as cached_step
+
+    original = cached_step.replay_backward
+
+    def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
+        return original(p, chunks, states, z_grad * p.accelerator.gradient_accumulation_steps)
+
+    return cached_step, "replay_backward", replay
+
+
+def _cached_bypass_scaler() -> tuple[Any, str, Any]:
+    """The cached step's backward into the encoder bypasses the fp16 loss scaler: the encoder's
+    gradients arrive unscaled, and the optimiser step divides them by the scale all the same."""
+    import mmviews.train.cached_step as cached_step
+
+    original = cached_step.replay_backward
+
+    def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
+        scaler = p.accelerator.scaler
+        return original(p, chunks, states, z_grad if scaler is None else z_grad / scaler.get_scale())
+
+    return cached_step, "replay_backward", replay
+
+
+def _cached_scale_by_processes() -> tuple[Any, str, Any]:
+    """The cached step's backward into the encoder multiplies ``dL/dz`` by the number of
+    processes (a gradient-scale error that only shows with several processes)."""
+    import mmviews.train.cached_step as cached_step
+
+    original = cached_step.replay_backward
+
+    def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
+        return original(p, chunks, states, z_grad * p.accelerator.num_processes)
+
+    return cached_step, "replay_backward", replay
+
+
+def _keyed_dropout_ignores_sample() -> tuple[Any, str, Any]:
+    """Sample-keyed dropout leaves the sample out of the key: every sample of a micro-batch gets
+    the masks of dataset index 0 (views and layers still differ)."""
+    import torch
+
+    import mmviews.modalities.dropout.keys as keys
+
+    original = keys.sample_row_keys
+
+    def without_sample(step: int, index: Any, modality: str, num_views: int) -> Any:
+        return original(step, torch.zeros_like(index), modality, num_views)
+
+    return keys, "sample_row_keys", without_sample
+
+
+def _keyed_dropout_ignores_view_slot() -> tuple[Any, str, Any]:
+    """Sample-keyed dropout leaves the view slot out of the key: every view of a modality of a
+    sample gets the same masks."""
+    import mmviews.modalities.dropout.keys as keys
+
+    original = keys.sample_row_keys
+
+    def without_slot(step: int, index: Any, modality: str, num_views: int) -> Any:
+        return original(step, index, modality, 1).repeat_interleave(num_views)
+
+    return keys, "sample_row_keys", without_slot
+
+
+def _keyed_dropout_one_salt() -> tuple[Any, str, Any]:
+    """One salt for all the layers of a model (the layer's name left out; the namespace, which
+    tells an EMA teacher from its student, kept): layers of the same shape share their masks."""
+    import mmviews.modalities.dropout.layers as layers
+
+    original = layers.layer_salt
+
+    def one_salt(name: str, namespace: str = "") -> int:
+        return original("", namespace)
+
+    return layers, "layer_salt", one_salt
+
+
+def _keyed_dropout_ignores_micro_batch() -> tuple[Any, str, Any]:
+    """The micro-batch number is left out of the dropout key: every step draws the same masks."""
+    import mmviews.modalities.dropout.keys as keys
+
+    original = keys.step_key
+
+    def without_micro_batch(seed: int, micro_batch: int) -> int:
+        return original(seed, 0)
+
+    return keys, "step_key", without_micro_batch
+
+
+def _teacher_shares_student_dropout() -> tuple[Any, str, Any]:
+    """The EMA teacher's copy is not re-salted: it draws the student's dropout masks."""
+    import mmviews.train.teacher as teacher
+
+    def keep_salts(model: Any, namespace: str = "") -> None:
+        return None
+
+    return teacher, "salt_sample_keyed_dropout", keep_salts
+
+
+def _keyed_dropout_salt_from_hash() -> tuple[Any, str, Any]:
+    """Layer salts from Python's ``hash`` of the name, which differs between processes (string
+    hashing is randomised per process, ``PYTHONHASHSEED``): other masks in another process."""
+    import mmviews.modalities.dropout.layers as layers
+
+    def salted_by_hash(name: str, namespace: str = "") -> int:
+        return hash(f"{namespace}/{name}") & 0xFFFFFFFF
+
+    return layers, "layer_salt", salted_by_hash
+
+
+def _cached_no_rng_replay() -> tuple[Any, str, Any]:
+    """The cached step's pass 2 does not restore the RNG states of pass 1 (nor, after it, those
+    the objective left): ordinary dropout draws other masks than the loss saw."""
+    import mmviews.train.cached_step as cached_step
+
+    def keep_state(state: Any, device: Any) -> None:
+        return None
+
+    return cached_step, "_set_rng_state", keep_state
+
+
+def _dropout_draws_nothing() -> tuple[Any, str, Any]:
+    """``nn.Dropout`` keeps every element (a dropout that is silently off)."""
+    from torch import nn
+
+    def identity(self: Any, x: Any) -> Any:
+        return x
+
+    return nn.Dropout, "forward", identity
+
+
+def _let_row_group_errors_through() -> tuple[Any, str, Any]:
+    """The Parquet readers catch none of pyarrow's read errors: a damaged row group fails with
+    pyarrow's message (naming neither the shard nor the row group) and cannot be skipped."""
+    import mmviews.data.row_groups as row_groups
+
+    return row_groups, "_read_errors", lambda: ()
+
+
+def _keep_unreadable_samples() -> tuple[Any, str, Any]:
+    """The collator keeps a sample whose files could not be read (on_error: skip): it enters the
+    batch with every view absent, a phantom counted in the loss and the evaluation."""
+    import mmviews.data.views as views
+
+    return views, "readable_samples", lambda samples: (list(samples), ())
+
+
+def _forget_known_bad_clips() -> tuple[Any, str, Any]:
+    """The video datasets ignore the clips the store's manifest records as unreadable (they are
+    decoded again during training)."""
+    import mmviews.data.video as video
+
+    return video, "known_bad_clips", lambda store: {}
+
+
+def _keep_worker_tracebacks() -> tuple[Any, str, Any]:
+    """The command line takes torch's re-raise of a DataLoader worker's error as it is (the
+    worker's whole traceback in one message, or a RuntimeError when torch cannot rebuild the type)."""
+    import mmviews.cli as cli
+
+    return cli, "worker_error", lambda error: error
+
+
+def _eval_in_float32() -> tuple[Any, str, Any]:
+    """``mmviews eval`` runs the encoder's forward in float32 whatever precision the run trained
+    and evaluated with (the behaviour before issue 29)."""
+    from mmviews.eval.extract import AutocastEncoder
+
+    def forward(self: Any, batch: Any) -> Any:
+        return self.encoder(batch)
+
+    return AutocastEncoder, "forward", forward
+
+
+def _move_alignment_threshold() -> tuple[Any, str, Any]:
+    """The no-alignment threshold of the health checks moved from a gap of 0.02 to 0.03."""
+    import mmviews.eval.health as health
+
+    return health, "ALIGNMENT_GAP", 0.03
 
 
 def _drop_optimizer_state() -> tuple[Any, str, Any]:

@@ -83,6 +83,7 @@ def test_unreadable_clip_raises_or_skips(ucf):
     with pytest.warns(UserWarning, match="v_Run_g02_c01.mp4"):
         x = ds[0]
     assert x["modalities"]["video"] is None and ds.num_skipped >= 1
+    assert "v_Run_g02_c01.mp4" in x["unreadable"]  # the collator drops it from its batch, naming it
 
 
 def test_missing_split_list(ucf):

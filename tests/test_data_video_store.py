@@ -182,9 +182,77 @@ _KILL_SCRIPT = textwrap.dedent("""
             time.sleep(600)
 
     if __name__ == "__main__":
+        import mmviews.data.video_store as video_store
+
+        video_store._MANIFEST_SAVE_S = 1e9  # no periodic save: only the journal can list a finished clip
+        if len(sys.argv) > 4:  # a break of tests/mutations.py (the tests folder is on PYTHONPATH)
+            from mutations import apply_break
+
+            apply_break(sys.argv[4])
         prepare_video_store(sys.argv[1], sys.argv[2], image_format="npy", size=0, workers=2, progress=False,
                             before_commit=hold_commit)
 """)
+
+
+def _running(procs: list) -> list:
+    """The processes of ``procs`` still running (a zombie no one reaped has ended)."""
+    import psutil
+
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def kill_prepare_mid_run(root: Path, store: Path, markers: Path, script: Path,
+                         break_name: str | None = None) -> tuple[list, dict]:
+    """Run a prepare (2 workers) until one clip is committed and recorded in the manifest and
+    another is held before its commit, SIGKILL the prepare process alone (not its workers) and
+    return ``(its workers still running 5 s later, the manifest as read then)``. Whatever
+    happens, no process of it is left behind."""
+    import psutil
+
+    from mmviews.data.video_store import read_manifest
+
+    script.write_text(_KILL_SCRIPT)
+    markers.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(script), str(root), str(store), str(markers),
+                             *([break_name] if break_name else [])], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    workers: list = []
+    try:
+        deadline = time.monotonic() + 120
+        # wait until one clip is committed and another is written but held before its commit
+        # (markers from the worker, so the state does not depend on timing) ...
+        while not (_done_clips(store) and list(markers.glob("holding-*"))):
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "no clip held before its commit in 120 s"
+            time.sleep(0.02)
+        # ... and the prepare has recorded the committed clip (its journal line, the marker of that
+        # moment; it comes within milliseconds: without it, the caller's check of the manifest fails)
+        listed_by = time.monotonic() + 30
+        while not (read_manifest(store) or {}).get("clips") and time.monotonic() < listed_by:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.02)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(workers) >= 2
+        os.kill(proc.pid, signal.SIGKILL)  # the prepare alone, mid-run: its workers must not outlive it
+        proc.wait()
+        until = time.monotonic() + 5.0  # dying with the parent takes milliseconds (PR_SET_PDEATHSIG)
+        while _running(workers) and time.monotonic() < until:
+            time.sleep(0.02)
+        return _running(workers), read_manifest(store)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for worker in _running(workers):  # a failed (or broken) run leaves no process behind
+            worker.kill()
 
 
 def _done_clips(store: Path) -> list[Path]:
@@ -194,25 +262,12 @@ def _done_clips(store: Path) -> list[Path]:
 def test_prepare_resumes_after_sigkill(tmp_path):
     root = make_folder(tmp_path / "ucf", {"A": [12, 13, 14], "B": [12, 15, 16]})
     store = tmp_path / "store"
-    script = tmp_path / "prepare_slowly.py"
-    script.write_text(_KILL_SCRIPT)
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(store), str(markers)], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        # wait until one clip is committed and another is written but held before its commit
-        # (markers from the worker, so the state does not depend on timing)
-        while not (_done_clips(store) and list(markers.glob("holding-*"))):
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "no clip held before its commit in 120 s"
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the prepare and its worker processes, mid-run
-        proc.wait()
+    survivors, manifest = kill_prepare_mid_run(root, store, tmp_path / "markers", tmp_path / "prepare_slowly.py")
+    assert survivors == []  # the workers died with the prepare (none orphaned, blocked on a pipe)
     done = _done_clips(store)
     assert len(done) == 1  # the held clips were never committed
+    # the manifest lists the finished clip (its journal line), not only what a periodic save had
+    assert [store / e["dir"] for e in manifest["clips"].values()] == done
     assert list(store.glob(f"clips/*/{TMP_PREFIX}*"))  # killed while writing the next clip(s)
     before = {d: ((d / CLIP_ENTRY).stat().st_mtime_ns, (d / "frames.npy").stat().st_ino) for d in done}
 
@@ -233,9 +288,10 @@ def test_prepare_resumes_after_sigkill(tmp_path):
 
 def test_corrupt_video_skipped_or_refused(tmp_path, capsys):
     root = make_folder(tmp_path / "ucf", {"Jump": [10], "Run": [11]}, bad="Run/v_Run_9.avi")
-    with pytest.warns(UserWarning, match="v_Run_9.avi"):
-        summary = prepare_video_store(root, tmp_path / "s1", workers=0, progress=False, on_error="skip")
+    summary = prepare_video_store(root, tmp_path / "s1", workers=0, progress=False, on_error="skip")
     assert list(summary["failed"]) == ["Run/v_Run_9.avi"] and summary["prepared"] == 2
+    err = capsys.readouterr().err  # one clean line per problem (not a UserWarning)
+    assert [ln for ln in err.splitlines() if "v_Run_9.avi" in ln][0].startswith("warning: skipped unreadable video ")
     assert "v_Run_9.avi" in json.loads((tmp_path / "s1" / MANIFEST).read_text())["failed"]["Run/v_Run_9.avi"]
     with pytest.raises(ValueError, match="v_Run_9.avi"):
         prepare_video_store(root, tmp_path / "s2", workers=0, progress=False, on_error="raise")
@@ -251,18 +307,19 @@ def test_corrupt_video_skipped_or_refused(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     prepare.add_arguments(parser)
     out = tmp_path / "cli.mmstore"
-    with pytest.warns(UserWarning, match="v_Run_9.avi"):
-        rc = prepare.run(parser.parse_args(["ucf101", str(root), "--out", str(out), "--workers", "0", "--format", "npy"]))
+    rc = prepare.run(parser.parse_args(["ucf101", str(root), "--out", str(out), "--workers", "0", "--format", "npy"]))
     text = capsys.readouterr().out
     assert rc == 1 and "v_Run_9.avi" in text and "prepared now: 2" in text
     rc = prepare.run(parser.parse_args(["ucf101", str(root), "--out", str(tmp_path / "s3"), "--workers", "0",
                                         "--on-error", "raise"]))
-    assert rc == 1 and "v_Run_9.avi" in capsys.readouterr().out
-    # the dataset reads the store and decodes the clip it lacks (the bad one: raises, naming it)
+    assert rc == 2 and "v_Run_9.avi" in capsys.readouterr().err
+    # the dataset reads the store and leaves out the clip its manifest lists as failed; without
+    # the store, that clip is decoded (raises, naming it)
     ds = VideoFolder(root, split="train", num_frames=4, size=16, audio=False, store=out)
+    assert len(ds) == 1 and list(ds.excluded) == ["Run/v_Run_9.avi"]
     assert ds[0]["modalities"]["video"].shape == (4, 3, 16, 16)
     with pytest.raises(ValueError, match="v_Run_9.avi"):
-        ds[1]
+        VideoFolder(root, split="train", num_frames=4, size=16, audio=False, store=False)[1]
 
 
 def test_store_write_failure_stops_the_prepare(tmp_path, monkeypatch):

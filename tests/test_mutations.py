@@ -4,7 +4,9 @@ Each test applies one break of ``tests/mutations.py`` (with ``monkeypatch``, und
 test), runs the guard test's own check on one of its cases and asserts that the check reports
 the failure. The claims, their guards and the breaks are listed in ``tests/README.md``; the
 slower mutation tests live beside their guards (resume: test_train_resume.py, two processes:
-test_train_distributed.py, accumulation: test_train_accumulation.py)."""
+test_train_distributed.py, accumulation: test_train_accumulation.py, the cached step's scale and
+RNG replay: test_train_cached_scaling.py and test_train_cached.py, sample-keyed dropout masks:
+test_modalities_dropout_masks.py)."""
 
 from __future__ import annotations
 

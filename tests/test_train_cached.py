@@ -276,39 +276,70 @@ def test_cached_step_reads_nothing_back_with_missing_modalities(tmp_path: Path,
 
 
 # ---- RNG replay, memory, BatchNorm ----------------------------------------------------------
-def _encoder_outputs(monkeypatch: pytest.MonkeyPatch) -> dict[bool, list[torch.Tensor]]:
-    """The encoder's outputs during training, by whether gradients were on (pass 2, and the
-    plain step) or off (pass 1)."""
+def _encoder_outputs(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[torch.Tensor]]:
+    """The encoder's outputs during training, by whether gradients were on ("grad": pass 2, and
+    the plain step) or off ("no_grad": pass 1); and for each pass-1 call, the output of the same
+    call in eval mode ("eval": no dropout, same weights; it draws nothing from the RNG)."""
     from mmviews.modalities import MultiViewEncoder
 
-    outputs: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    outputs: dict[str, list[torch.Tensor]] = {"grad": [], "no_grad": [], "eval": []}
     original = MultiViewEncoder.forward
 
     def forward(self: Any, batch: ViewBatch) -> Any:
         z, mask = original(self, batch)
-        outputs[torch.is_grad_enabled()].append(z.detach().clone())
+        outputs["grad" if torch.is_grad_enabled() else "no_grad"].append(z.detach().clone())
+        if not torch.is_grad_enabled() and self.training:
+            self.eval()
+            try:
+                outputs["eval"].append(original(self, batch)[0].detach().clone())
+            finally:
+                self.train()
         return z, mask
 
     monkeypatch.setattr(MultiViewEncoder, "forward", forward)
     return outputs
 
 
-def test_pass_2_replays_the_random_draws_of_pass_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ordinary dropout on, the embeddings backpropagated in pass 2 are those the loss saw
-    in pass 1, chunk by chunk, bit for bit: each chunk's RNG states are restored."""
+def _train_recording_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[torch.Tensor]]:
     head = {"kind": "mlp", "hidden_dim": 32, "batch_norm": False, "dropout": 0.5}
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=5, head=head,
                              num_samples=48)
     outputs = _encoder_outputs(monkeypatch)
     train(config_from_dict(config), tmp_path / "run")
-    pass_1, pass_2 = outputs[False], outputs[True]
-    assert len(pass_1) == len(pass_2) == 3 * 4  # 3 steps of 4 chunks
-    for a, b in zip(pass_1, pass_2):
-        assert torch.equal(a, b)
-    # Dropout was drawing: the chunks' own draws differ from one another for the same sample...
-    assert not torch.equal(pass_1[0][:, 0], pass_1[0][:, 1])
-    # (That the random stream then goes on as after a plain step is checked by the IPMC case of
-    # test_cached_step_trains_like_the_plain_step: its critic and bank draw from it.)
+    return outputs
+
+
+def check_pass_2_replays_pass_1(outputs: dict[str, list[torch.Tensor]]) -> None:
+    pass_1, pass_2, undropped = outputs["no_grad"], outputs["grad"], outputs["eval"]
+    assert len(pass_1) == len(pass_2) == len(undropped) == 3 * 4  # 3 steps of 4 chunks
+    for i, (a, b) in enumerate(zip(pass_1, pass_2)):
+        assert torch.equal(a, b), f"chunk {i}: pass 2 drew other dropout masks than pass 1"
+    # Dropout was drawing (else the equality above says nothing): every chunk's pass-1 embeddings
+    # differ from those of the same chunk and weights without dropout.
+    for i, (a, e) in enumerate(zip(pass_1, undropped)):
+        assert not torch.allclose(a, e, atol=1e-3), f"chunk {i}: dropout dropped nothing"
+
+
+def test_pass_2_replays_the_random_draws_of_pass_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ordinary dropout on, the embeddings backpropagated in pass 2 are those the loss saw
+    in pass 1, chunk by chunk, bit for bit: each chunk's RNG states are restored.
+    (That the random stream then goes on as after a plain step is checked by the IPMC case of
+    test_cached_step_trains_like_the_plain_step: its critic and bank draw from it.)"""
+    check_pass_2_replays_pass_1(_train_recording_outputs(tmp_path, monkeypatch))
+
+
+@pytest.mark.parametrize("broken,message", [("cached_no_rng_replay", "pass 2 drew other dropout masks"),
+                                            ("dropout_draws_nothing", "dropout dropped nothing")])
+def test_rng_replay_check_fails_on_the_break(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str,
+                                            message: str) -> None:
+    """Mutation tests (tests/README.md): pass 2 without pass 1's RNG states; dropout that draws
+    nothing (the replay check would then hold trivially)."""
+    from mutations import apply_break
+
+    apply_break(broken, monkeypatch.setattr)
+    outputs = _train_recording_outputs(tmp_path, monkeypatch)
+    with pytest.raises(AssertionError, match=message):
+        check_pass_2_replays_pass_1(outputs)
 
 
 def test_cached_step_with_sample_keyed_dropout_trains_like_the_plain_step(tmp_path: Path) -> None:
@@ -395,24 +426,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_cached_match_one_process_plain_with_one_reduction_per_step(tmp_path: Path) -> None:
-    """Two gloo processes with cached steps (8 samples each, chunks of 3) reach the weights of one
-    process with the plain step; DDP reduces gradients once per optimiser step, not per chunk
-    (counted with a communication hook, ``tests/cached_worker.py``)."""
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One process with the plain step ("one"), and two gloo processes with cached steps (8
+    samples each, chunks of 3): intact ("two"), then, in the same processes, with the break
+    ``cached_scale_by_processes`` of tests/mutations.py ("broken"; its mutation test below).
+    Plain SGD without clipping (AdamW would cancel a constant factor on the gradient, a clip
+    would replace its norm), 2 micro-batches per optimiser step."""
+    folder = tmp_path_factory.mktemp("cached-two")
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=None, num_samples=128,
-                             grad_accum_steps=2)
-    plain = train_in_process(config, tmp_path / "one")
-    recipe = write_recipe(tmp_path / "cached.yaml", with_chunk(config, 3))
+                             grad_accum_steps=2, optimizer="sgd", lr=0.5, momentum=0.0, max_grad_norm=None)
+    train_in_process(config, folder / "one")
+    recipe = write_recipe(folder / "cached.yaml", with_chunk(config, 3))
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port()),
-                str(TESTS / "cached_worker.py"), str(recipe), str(tmp_path / "two")]
+                str(TESTS / "cached_worker.py"), str(recipe), str(folder / "two"),
+                "--then-break", "cached_scale_by_processes", str(folder / "broken")]
     two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
     assert two.returncode == 0, two.stderr[-4000:]
-    assert json.loads((tmp_path / "two" / "results.json").read_text())["num_processes"] == 2
-    assert_same_training(plain, (load_weights(tmp_path / "two" / "encoder"), losses(tmp_path / "two")))
+    return {name: folder / name for name in ("one", "two", "broken")}
+
+
+def _trained(run: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
+    return load_weights(run / "encoder"), losses(run)
+
+
+def test_two_processes_cached_match_one_process_plain_with_one_reduction_per_step(
+        two_process_runs: dict[str, Path]) -> None:
+    """Two gloo processes with cached steps reach the weights of one process with the plain step
+    (under SGD: the gradients' scale too); DDP reduces gradients once per optimiser step, not per
+    chunk (counted with a communication hook, ``tests/cached_worker.py``)."""
+    two = two_process_runs["two"]
+    assert json.loads((two / "results.json").read_text())["num_processes"] == 2
+    assert_same_training(_trained(two_process_runs["one"]), _trained(two))
     # 8 micro-batches of 16, 2 per optimiser step: 4 steps, one bucket reduced in each.
-    assert json.loads((tmp_path / "two" / "reductions.json").read_text()) == {"reductions": 4, "steps": 4}
+    assert json.loads((two / "reductions.json").read_text()) == {"reductions": 4, "steps": 4}
+
+
+def test_two_process_cached_check_fails_when_dz_is_scaled_by_the_processes(two_process_runs: dict[str, Path]) -> None:
+    """Mutation test (tests/README.md): the cached backward multiplies dL/dz by the number of
+    processes; the two-process comparison reports it."""
+    broken = two_process_runs["broken"]
+    assert json.loads((broken / "results.json").read_text())["num_processes"] == 2
+    with pytest.raises(AssertionError, match="not close"):
+        assert_same_training(_trained(two_process_runs["one"]), _trained(broken))
 
 
 def _last_step(log: Path) -> int:

@@ -1,9 +1,9 @@
 """The ``mmviews`` command line.
 
 Every sub-command is a module exposing two functions, ``add_arguments(parser:
-argparse.ArgumentParser) -> None`` and ``run(args) -> int``: ``train``, ``eval`` and ``list``
-live in this package (:mod:`mmviews.cli.train`, :mod:`mmviews.cli.eval`,
-:mod:`mmviews.cli.list`); ``compare``, ``bench``, ``prepare`` and ``demo`` in the module that
+argparse.ArgumentParser) -> None`` and ``run(args) -> int``: ``train``, ``eval``, ``embed`` and
+``list`` live in this package (:mod:`mmviews.cli.train`, :mod:`mmviews.cli.eval`,
+:mod:`mmviews.cli.embed`, :mod:`mmviews.cli.list`); ``compare``, ``bench``, ``prepare`` and ``demo`` in the module that
 owns their feature. Only the module of the command being run is imported, so
 ``mmviews --help`` stays fast.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pickle
+import re
 import sys
 from typing import Sequence
 
@@ -35,7 +36,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, p
 # A run that diverged (non-finite loss, named with its step): reported, exit status 1.
 RUN_FAILURES: tuple[type[BaseException], ...] = (FloatingPointError,)
 
-__all__ = ["COMMANDS", "error_message", "main"]
+__all__ = ["COMMANDS", "error_message", "main", "worker_error"]
 
 # command -> (module, one-line help). Sub-commands with their own sub-verbs (bench) are
 # dispatched by their module.
@@ -44,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("mmviews.cli.eval", "evaluate a run or checkpoint and write its report"),
     "compare": ("mmviews.eval.compare", "put several runs side by side in one table and one set of plots"),
     "bench": ("mmviews.bench.cli", "benchmark objectives, adapters or data loading"),
+    "embed": ("mmviews.cli.embed", "write the embeddings of every view of every sample to a Parquet file"),
     "prepare": ("mmviews.cli.prepare", "validate a dataset copy against its card and convert it to the fast store"),
     "list": ("mmviews.cli.list", "list objectives, recipes or datasets"),
     "demo": ("mmviews.demo", "train a toy encoder with a poly-view loss on synthetic views"),
@@ -93,11 +95,63 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"mmviews {name}: interrupted", file=sys.stderr)
         return 130  # the shell's status for a process stopped by SIGINT
-    except USER_ERRORS + RUN_FAILURES as error:
-        if args.debug:
+    except Exception as caught:
+        # An error raised in a DataLoader worker reaches here rebuilt by torch around the
+        # worker's whole traceback (or as a RuntimeError when its type cannot be rebuilt): it is
+        # judged, and printed, as the worker's own error.
+        error = worker_error(caught)
+        if args.debug or not isinstance(error, USER_ERRORS + RUN_FAILURES):
             raise
         print(f"mmviews {name}: error: {error_message(error)}", file=sys.stderr)
         return 1 if isinstance(error, RUN_FAILURES) else 2
+
+
+# torch's message for an error re-raised from a DataLoader worker (torch.utils.data._utils.ExceptionWrapper)
+_WORKER_ERROR = re.compile(r"\ACaught (\w+) in DataLoader worker process \d+\.\nOriginal Traceback[^\n]*\n(.*)\Z", re.S)
+
+
+def worker_error(error: BaseException) -> BaseException:
+    """The error a DataLoader worker raised, rebuilt with the worker's own type and one-line
+    message, when ``error`` is torch's re-raise of it (``Caught X in DataLoader worker process
+    N`` followed by the worker's traceback); else ``error`` itself. When torch could not rebuild
+    the type (it then raises a RuntimeError), the worker's type is looked up among the modules
+    already imported (never imported); a type that cannot be built from one message (PyAV's
+    errors take a code) becomes its closest user-error base class, its name in the message.
+    The notes of ``error`` are kept."""
+    match = _WORKER_ERROR.match(str(error.args[0]) if error.args else "")
+    if match is None:
+        return error
+    type_name, traceback_text = match.groups()
+    # The exception's own lines follow the last frame of the traceback: its '  File ...' line
+    # and that frame's source lines (indented further).
+    lines = traceback_text.rstrip("\n").split("\n")
+    start = max((i for i, line in enumerate(lines) if line.startswith('  File "')), default=-1) + 1
+    while 0 < start < len(lines) and lines[start].startswith("    "):
+        start += 1
+    qualified, _, message = "\n".join(lines[start:]).strip().partition(": ")
+    cls: type = type(error)
+    if cls.__name__ != type_name:
+        module_name, _, attr = qualified.rpartition(".")
+        found = getattr(sys.modules.get(module_name or "builtins"), attr, None)
+        if not (isinstance(found, type) and issubclass(found, BaseException)):
+            return error
+        cls = found
+    unwrapped = _rebuild(cls, message)
+    if unwrapped is None:
+        return error
+    for note in getattr(error, "__notes__", []):
+        unwrapped.add_note(note)
+    return unwrapped
+
+
+def _rebuild(cls: type, message: str) -> BaseException | None:
+    try:
+        return cls(message)
+    except Exception:  # e.g. av.error.FFmpegError(code, message)
+        for base in USER_ERRORS + RUN_FAILURES:
+            if issubclass(cls, base):
+                return base(f"{cls.__name__}: {message}")
+        return None
 
 
 def error_message(error: BaseException) -> str:

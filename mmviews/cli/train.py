@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
 import os
 import shlex
@@ -40,7 +41,9 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
+from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.base import allow_remote_models
 from mmviews.run import (
     CONFIG_FILE,
@@ -54,9 +57,9 @@ from mmviews.run import (
     read_train_state,
     run_dir_of,
 )
-from mmviews.train import TrainCallback, build_run, train
+from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import check_trackers_installed
+from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
 from mmviews.train.preflight import run_checks
 
@@ -122,15 +125,18 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
     """The command; ``callback`` is handed to :func:`mmviews.train.train` (tests use it to
     slow a run down, see ``tests/slow_train.py``). Errors are raised; :func:`mmviews.cli.main`
     prints them as one line."""
-    interrupted = False
+    ended = False
     with allow_remote_models(args.allow_remote_models):
         try:
-            return _run(args, callback)
-        except KeyboardInterrupt:  # outside train() (which _run handles): other processes may be gone
-            interrupted = True
-            raise
+            status = _run(args, callback)
+            ended = True
+            return status
         finally:
-            _close_process_group(barrier=not interrupted)
+            # Leave together only after a normal end. After an error or an interrupt outside train()
+            # the other processes may be gone or waiting in another collective (e.g. one process's
+            # loader failed mid-epoch): a barrier would hang until distributed.timeout_s, while
+            # closing the group makes their collective fail at once.
+            _close_process_group(barrier=ended)
 
 
 def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
@@ -171,13 +177,19 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         with _overrides_named(str(recipe), args.overrides):
             parts = build_run(config, source=str(recipe))
             run_checks(parts, str(recipe))  # one batch of each split, the adapters' forward, the evaluation labels
+        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
+        if isinstance(note, str):
+            print(f"data: {note}")
         print(f"{recipe}: OK ({len(parts.view_spec)} views: {', '.join(v.name for v in parts.view_spec.views)}; "
               f"objective {config.objective.name}; {len(parts.datasets['train'])} training samples)")
         # encode_chunk_size: the cached-embedding step's recipe key (optimisation.encode_chunk_size)
         estimate = estimate_memory(parts, processes_from_environment(),
                                    getattr(config.optimisation, "encode_chunk_size", None))
         print("\n".join(estimate.lines(args.memory_budget_gb)))
+        for line in data_check_lines(parts):
+            print(f"warning: {line}")
         return 0
+    quiet_results_logger()  # this command prints the headline metrics and warnings itself
     try:
         with _overrides_named(str(recipe), args.overrides):
             summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
@@ -192,6 +204,10 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     except Exception as error:
         if _stopped_before_first_checkpoint(run_dir):
             error.add_note(f"{run_dir} holds no checkpoint: once fixed, the same command starts it again there")
+        elif _is_first_process() and isinstance(worker_error(error), USER_ERRORS) and list_checkpoints(run_dir):
+            # e.g. a file that cannot be read: nothing was deleted, the run continues from its last checkpoint
+            error.add_note(f"the latest checkpoint is kept ({list_checkpoints(run_dir)[-1]}); once fixed, continue with "
+                           f"mmviews train --resume {shlex.quote(str(run_dir))}")
         raise
     if not _is_first_process():
         return 1 if summary.get("status") == "failed" else 0
@@ -203,8 +219,16 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
+    lines = headline_lines(summary.get("headline") or [])
+    if lines:
+        print(f"{'test' if summary['headline'][0]['metric'].startswith('test/') else 'val'} metrics, "
+              "trained vs random init:", *lines, sep="\n")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
+    for line in data_left_out_lines(summary.get("data_skipped") or {}):
+        print(f"data left out (on_error: skip): {line}")
+    for line in loss_lines(summary.get(DATA_LOSSES_KEY) or {}):
+        print(f"data left out: {line}")
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
@@ -220,6 +244,23 @@ def _overrides_named(source: str, overrides: list[str]) -> Iterator[None]:
         if named is error:
             raise
         raise named from error
+
+
+def quiet_results_logger() -> None:
+    """Silence the logger on which :func:`mmviews.train.train` repeats the end of the run for
+    Python callers (the command prints it to stdout)."""
+    logger = logging.getLogger(RESULTS_LOGGER)
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+
+
+def data_check_lines(parts: RunParts) -> list[str]:
+    """``--check``'s lines about the data: known-bad samples each split leaves out, and the
+    modalities of the views that no training sample has (:mod:`mmviews.data.losses`)."""
+    losses = DataLosses(run_datasets(parts))
+    absent = absent_modalities(parts.datasets["train"], parts.view_spec, parts.config.data.train_split)
+    return excluded_lines(losses.splits) + list(absent.values())
 
 
 def _stopped_before_first_checkpoint(path: Path) -> bool:

@@ -111,6 +111,10 @@ class ViewBatch:
     # the training loader, or ``input_check``): the adapters then skip their own value checks,
     # each of which would read the device back. Carried by :meth:`to` and :meth:`pin_memory`.
     inputs_checked: bool = False
+    # Samples the collator left out because their files could not be read (a dataset's
+    # on_error="skip", sample key "unreadable"): one message per sample, naming its file. The
+    # trainer counts them per split (``data_losses`` of results.json).
+    dropped: tuple[str, ...] = ()
 
     @property
     def num_samples(self) -> int:
@@ -216,6 +220,7 @@ class ViewBatch:
                 m: PresentItems(p.positions, p.total, None if p.index is None else fn(p.index))
                 for m, p in presence.items()},
             inputs_checked=self.inputs_checked,
+            dropped=self.dropped,
         )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "ViewBatch":

@@ -253,3 +253,43 @@ class EpochCollator:
         if name in ("collator", "_epoch"):  # not yet set (e.g. while unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.collator, name)
+
+
+def data_left_out(splits: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """What ``on_error: skip`` left out of each split in this process (only the splits that left
+    something out): the damaged Parquet shards and row groups with their rows
+    (:meth:`mmviews.data.streaming.ShardSource.skipped_data`), and the values that could not
+    be decoded and were marked absent (``num_skipped``, counted where they were decoded: values
+    decoded in loader workers are warned about there, not counted here). Datasets wrapped by
+    :class:`CachedDataset` are read through it."""
+    out: dict[str, dict[str, Any]] = {}
+    for split, dataset in splits.items():
+        if dataset is None:
+            continue
+        if hasattr(dataset, "skipped_data"):
+            info = dict(dataset.skipped_data())
+        else:
+            info = {"values_marked_absent": int(getattr(dataset, "num_skipped", 0) or 0)}
+        if any(info.values()):
+            out[split] = info
+    return out
+
+
+def merge_data_left_out(per_process: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """:func:`data_left_out` of every process as one record: shards and row groups by name (a
+    row group left out by several processes counts once), values marked absent summed."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in per_process:
+        for split, info in record.items():
+            merged = out.setdefault(split, {})
+            for key, value in info.items():
+                if isinstance(value, dict):
+                    merged[key] = {**merged.get(key, {}), **value}
+                elif isinstance(value, list):
+                    merged[key] = sorted({*merged.get(key, []), *value})
+                else:
+                    merged[key] = merged.get(key, 0) + value
+    for info in out.values():
+        if "row_groups" in info:  # rows of the distinct row groups, not per process
+            info["rows_in_skipped_row_groups"] = sum(info["row_groups"].values())
+    return out

@@ -22,7 +22,9 @@ seeds and memory banks key on it, so streamed and map-style runs draw the same a
 - sentiment pickles (mosi, mosei, sims): ``text``/``audio``/``vision`` float32 ``[len, D]``
   (valid steps only), ``text_ids`` (token ids), ``raw_text``; labels ``sentiment*`` and ``class``.
 - ``hf`` folders: images as the original encoded file (``Image()`` column), audio as the original
-  file bytes (or FLAC when the source held arrays), text, numeric columns as float32 lists.
+  file bytes (or FLAC when the source held arrays), text, numeric columns as float32 nested lists
+  of the source's shape (``[D]``, ``[1, D]``, ``[L, D]`` ...), that shape recorded in
+  ``mmviews_shards.json`` (``shapes``: ``{column: [dims]}``, ``null`` for a varying dimension).
 
 Writing is resumable, like the video store: each shard is written to a temporary file in its
 split folder and renamed when complete, then recorded in ``mmviews_shards.json``; a rerun with
@@ -37,7 +39,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -49,6 +51,9 @@ SHARDS_META = "mmviews_shards.json"
 INDEX_COLUMN = "mmviews_index"
 TMP_SUFFIX = ".mmviews-tmp"
 AUDIO_RATE = 16000
+# Rows of a shard are written in row groups of about this many encoded bytes: the unit a reader
+# loads at once, and what on_error: skip leaves out when a block of the file is damaged.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
 
 
 def default_shards_path(root: str | os.PathLike[str]) -> Path:
@@ -84,21 +89,28 @@ class SplitRows:
     when the sample cannot be stored, e.g. a clip the store could not decode), ``features`` the
     ``datasets.Features`` of the rows."""
 
-    def __init__(self, count: int, row: Callable[[int], dict[str, Any] | None], features: Any) -> None:
+    def __init__(self, count: int, row: Callable[[int], dict[str, Any] | None], features: Any,
+                 shapes: dict[str, list[int | None]] | None = None) -> None:
         self.count, self.row, self.features = count, row, features
+        # {column: per-sample shape, None where it varies} of numeric array columns (hf sources):
+        # recorded in mmviews_shards.json, checked by the readers.
+        self.shapes = dict(shapes or {})
 
 
 # --------------------------------------------------------------------------- sources
 
 
-def video_split_rows(root: Path, split: str, fold: int, store: Any) -> SplitRows:
-    """Rows of a video folder's split from its prepared store (JPEG frames and flow, copied)."""
+def video_split_rows(root: Path, split: str, fold: int, store: Any, *, dataset: str | None = None,
+                     splits_dir: str | Path | None = None) -> SplitRows:
+    """Rows of a video folder's split from its prepared store (JPEG frames and flow, copied).
+    ``dataset`` (``ucf101``/``hmdb51``) makes it read only that dataset's split lists, from
+    ``splits_dir`` when given (as ``prepare --splits-dir``)."""
     import datasets
 
     from mmviews.data.video import VideoFolder
     from mmviews.data.video_io import read_audio_track
 
-    folder = VideoFolder(root, split=split, fold=fold, audio=False, store=False)
+    folder = VideoFolder(root, split=split, dataset=dataset, fold=fold, splits_dir=splits_dir, audio=False, store=False)
     features = datasets.Features({
         INDEX_COLUMN: datasets.Value("int64"), "id": datasets.Value("string"), "class": datasets.Value("int64"),
         "fps": datasets.Value("float32"), "frames": datasets.Sequence(datasets.Value("binary")),
@@ -165,16 +177,45 @@ def sentiment_split_rows(dataset: Any) -> SplitRows:
     return SplitRows(len(dataset), row, datasets.Features(cols))
 
 
-def hf_split_rows(dataset: Any) -> SplitRows:
-    """Rows of a :class:`~mmviews.data.hf.HFDataset` split: images and audio as their encoded bytes."""
+def array_feature(feature: Any, column: str) -> tuple[Any, list[int | None]]:
+    """The float32 ``datasets`` feature that stores a numeric column of an hf source with its shape,
+    and that per-sample shape (``None`` for a dimension that varies between rows).
+
+    Nested lists (``List(List(Value))``, the ``Array2D``..``Array5D`` of the source as lists with
+    their fixed lengths) rather than ``Array2D``: those cannot hold a null (an absent value)."""
     import datasets
 
+    if isinstance(feature, (datasets.Array2D, datasets.Array3D, datasets.Array4D, datasets.Array5D)):
+        shape = [None if d is None else int(d) for d in feature.shape]
+        stored: Any = datasets.Value("float32")
+        for d in reversed(shape):
+            stored = datasets.List(stored, length=-1 if d is None else d)
+        return stored, shape
+    if isinstance(feature, (datasets.List, datasets.LargeList)):
+        inner, shape = array_feature(feature.feature, column)
+        length = getattr(feature, "length", -1)
+        return datasets.List(inner, length=length), [None if length in (None, -1) else int(length), *shape]
+    if isinstance(feature, datasets.Value) and feature.dtype not in ("string", "large_string", "binary", "large_binary"):
+        return datasets.Value("float32"), []
+    raise ValueError(f"column {column!r}: cannot store {feature} as a numeric array; map it to an image, audio or "
+                     "text column, or leave it out of --columns")
+
+
+def hf_split_rows(dataset: Any) -> SplitRows:
+    """Rows of a :class:`~mmviews.data.hf.HFDataset` split: images and audio as their encoded bytes,
+    numeric columns as float32 arrays of their shape (:func:`array_feature`)."""
+    import datasets
+
+    feats = dataset.ds.features
     cols: dict[str, Any] = {INDEX_COLUMN: datasets.Value("int64")}
+    shapes: dict[str, list[int | None]] = {}
     for m, col in dataset.columns.items():
         kind = dataset.kinds[m]
-        cols[col] = {"image": datasets.Image(), "waveform": datasets.Value("binary"), "text": datasets.Value("string")}.get(
-            kind, datasets.Sequence(datasets.Value("float32")))
-    feats = dataset.ds.features
+        if kind == "array":
+            cols[col], shapes[col] = array_feature(feats[col], col)
+        else:
+            cols[col] = {"image": datasets.Image(), "waveform": datasets.Value("binary"),
+                         "text": datasets.Value("string")}[kind]
     for col in dataset.label_columns.values():
         cols[col] = feats[col]
 
@@ -193,18 +234,34 @@ def hf_split_rows(dataset: Any) -> SplitRows:
             return value if isinstance(value, (bytes, bytearray)) else Path(str(value)).read_bytes()
         if kind == "text":
             return str(value)
-        return np.asarray(value, dtype=np.float32).reshape(-1).tolist()
+        return np.asarray(value, dtype=np.float32)  # its shape kept: checked against the column's in row()
 
     def row(i: int) -> dict[str, Any]:
         raw = dataset.ds[i]
         out: dict[str, Any] = {INDEX_COLUMN: i}
         for m, col in dataset.columns.items():
-            out[col] = encoded(raw[col], dataset.kinds[m])
+            value = encoded(raw[col], dataset.kinds[m])
+            if isinstance(value, np.ndarray):
+                if not shape_fits(value.shape, shapes[col]):
+                    raise ValueError(f"{dataset.root} row {i}, column {col!r}: shape {list(value.shape)} differs from "
+                                     f"the column's {shape_text(shapes[col])}")
+                value = value.tolist()
+            out[col] = value
         for col in dataset.label_columns.values():
             out[col] = raw[col]
         return out
 
-    return SplitRows(len(dataset), row, datasets.Features(cols))
+    return SplitRows(len(dataset), row, datasets.Features(cols), shapes)
+
+
+def shape_fits(shape: Sequence[int], expected: Sequence[int | None]) -> bool:
+    """``shape`` has the dimensions of ``expected`` (``None``: any length)."""
+    return len(shape) == len(expected) and all(e is None or int(s) == e for s, e in zip(shape, expected))
+
+
+def shape_text(shape: Sequence[int | None]) -> str:
+    """``[None, 16]`` as ``[L, 16]`` (a varying dimension as a letter)."""
+    return "[" + ", ".join("LMNOP"[k] if d is None else str(d) for k, d in enumerate(shape)) + "]"
 
 
 # --------------------------------------------------------------------------- writer
@@ -219,12 +276,15 @@ def _clean_tmp(folder: Path) -> None:
 
 def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, source: dict[str, Any],
                  columns: dict[str, str], labels: dict[str, str], shard_size_mb: float = 256.0,
-                 shard_rows: int | None = None, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+                 shard_rows: int | None = None, overwrite: bool = False, progress: bool = True,
+                 shapes: dict[str, list[int | None]] | None = None) -> dict[str, Any]:
     """Write every split of ``splits`` to ``out/<split>/*.parquet`` (see the module docstring).
 
     ``source``: ``{"dataset", "root", "kind" ("video", "sentiment" or "hf"), "options"}``, kept in the
     record so that a rerun with other options is refused instead of mixing two datasets;
-    ``columns``: ``{column: kind}`` of the modality columns; ``labels``: ``{label name: column}``.
+    ``columns``: ``{column: kind}`` of the modality columns; ``labels``: ``{label name: column}``;
+    ``shapes``: ``{column: per-sample shape}`` of the numeric array columns (hf sources), recorded
+    so that the readers give the source's shapes back.
     A shard is closed when it reaches ``shard_size_mb`` or holds ``shard_rows`` rows (when given):
     equal shards split evenly between processes (see :mod:`mmviews.data.streaming`).
     Returns ``{"out", "splits": {split: {"rows", "shards", "skipped"}}, "written", "seconds"}``."""
@@ -239,6 +299,8 @@ def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, s
     if out.exists() and meta is None and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a mmviews shard folder (no {SHARDS_META}); choose another --output")
     header = {"kind": SHARDS_KIND, "version": SHARDS_VERSION, "source": source, "columns": columns, "labels": dict(labels)}
+    if shapes:  # only where there are array columns: the records of other sources stay as they were
+        header["shapes"] = {col: list(shape) for col, shape in shapes.items()}
     if meta is not None and any(meta.get(k) != v for k, v in header.items()):
         if not overwrite:
             raise FileExistsError(f"{out} holds shards of another source or options ({SHARDS_META} differs); "
@@ -277,7 +339,9 @@ def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, s
             import pyarrow.parquet as pq
 
             # datasets encodes the rows (its schema metadata keeps the features: Image(), Array2D...).
-            pq.write_table(datasets.Dataset.from_list(buffer, features=rows.features).data.table, str(tmp))
+            group_rows = max(1, int(len(buffer) * ROW_GROUP_BYTES // max(size, 1)))
+            pq.write_table(datasets.Dataset.from_list(buffer, features=rows.features).data.table, str(tmp),
+                           row_group_size=group_rows)
             os.replace(tmp, folder / name)
             sm["shards"].append({"file": name, "rows": len(buffer), "first": buffer[0][INDEX_COLUMN], "last": last})
             sm["rows"] += len(buffer)

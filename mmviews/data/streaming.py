@@ -29,7 +29,13 @@ epoch is formed (:class:`StreamLoader`):
   split between processes, ``floor(total / N)`` otherwise. Rows beyond ``B`` batches are not
   used in that epoch (at most one batch per process with equal shards, like ``drop_last``);
   the counts come from the Parquet footers, so ``optimisation.epochs`` works as for map-style
-  data and the length is known before the first row is read.
+  data and the length is known before the first row is read. ``B`` is computed once
+  (:func:`streamed_epoch_batches`) and is ``len()`` of the loader, which the trainer's batches
+  per epoch, schedule, progress bar and ``results.json`` take. E.g. shards of 12, 12, 12 and 2
+  rows (the short last shard ``prepare`` writes) on 2 processes at K = 8: a process gets 24 or
+  14 rows, R = 14, B = floor(14 / 4) = 3 steps per epoch on both. Data too small for one batch
+  (``B = 0``) is refused when the run is built; a stream that ends before ``B`` batches (shards
+  changed under the run) is an error naming the process, never a shorter epoch.
 - **Resuming** (``--resume``): ``datasets`` restores a stream's position from its ``state_dict``
   but not the content of the shuffle buffer, so a resumed run would draw other batches. The
   loader records its position (epoch, batches and rows drawn, the ``datasets`` state as data,
@@ -37,15 +43,20 @@ epoch is formed (:class:`StreamLoader`):
   without decoding them: the resumed run sees exactly the batches of the uninterrupted one.
 - **Damaged shards**: every shard's footer is read when the split is opened (row counts); a
   shard that cannot be read is named in a one-line error, or with ``on_error="skip"`` left
-  out, counted in ``num_skipped_shards`` and warned about. A row whose value cannot be decoded
-  is named by its ``mmviews_index``/id and column (or marked absent with ``on_error="skip"``).
+  out, counted in ``num_skipped_shards`` and warned about. Shards are read row group by row
+  group (:mod:`mmviews.data.row_groups`): a row group damaged inside a shard is named (shard,
+  row group, rows), or left out and counted (:meth:`ShardSource.skipped_data`); a streamed
+  training epoch then reads its first rows again to keep its promised length. A row whose value
+  cannot be decoded is named by its ``mmviews_index``/id and column (or marked absent with
+  ``on_error="skip"``). Array columns of hf shards come back in the shape recorded in
+  ``mmviews_shards.json``; shards written flat by an older mmviews are refused, by column.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import os
+import shlex
 import warnings
 from collections import deque
 from pathlib import Path
@@ -55,7 +66,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta
+from mmviews.data import row_groups
+from mmviews.data.decode import decode_audio, decode_flac, decode_image, decode_jpeg, window_flow
+from mmviews.data.registry import dataset_error
+from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta, shape_fits, shape_text
 
 DEFAULT_SHUFFLE_BUFFER = 1000
 
@@ -128,12 +142,14 @@ class RowDecoder:
     def __init__(self, root: str, kind: str, columns: Mapping[str, str], kinds: Mapping[str, str],
                  labels: Mapping[str, str], on_error: str = "raise", image_size: tuple[int, int] | None = None,
                  sample_rate: int = 16000, video: Mapping[str, Any] | None = None,
-                 shapes: Mapping[str, tuple[Any, ...]] | None = None) -> None:
+                 shapes: Mapping[str, tuple[Any, ...]] | None = None,
+                 array_shapes: Mapping[str, Sequence[int | None]] | None = None) -> None:
         self.root, self.kind = root, kind
         self.columns, self.kinds, self.labels = dict(columns), dict(kinds), dict(labels)
         self.on_error, self.image_size, self.sample_rate = on_error, image_size, int(sample_rate)
         self.video = dict(video or {})
         self.shapes = dict(shapes or {})  # per-sample shapes of sequence columns (zero-filling absent ones)
+        self.array_shapes = dict(array_shapes or {})  # recorded shapes of hf array columns (None: varies)
         self.num_skipped = 0
 
     def modality_info(self) -> dict[str, dict[str, Any]]:
@@ -190,8 +206,6 @@ class RowDecoder:
         return out
 
     def _value(self, row: Mapping[str, Any], m: str, col: str) -> Any:
-        from mmviews.data.hf import decode_audio, decode_image
-
         value = row[col]
         if value is None:
             return None
@@ -211,6 +225,10 @@ class RowDecoder:
                 if arr.numel() == 0 or (arr.ndim == 0 and bool(arr.isnan())):  # 0 steps, or a null read back as NaN
                     return None
                 raise ValueError(f"expected a [len, D] sequence, got shape {tuple(arr.shape)}")
+            expected = self.array_shapes.get(m)
+            if expected is not None and not shape_fits(arr.shape, expected):
+                raise ValueError(f"shape {list(arr.shape)} differs from the column's {shape_text(expected)} "
+                                 f"recorded in {SHARDS_META}")
             return arr
         except (ValueError, TypeError) as err:
             self._fail(row, col, err)
@@ -221,7 +239,6 @@ class RowDecoder:
         import cv2
 
         from mmviews.data.video import audio_window_start, clip_window, resize_flow, resize_frames
-        from mmviews.data.video_store import window_flow
 
         v = self.video
         mods: dict[str, Any] = {"video": None}
@@ -229,12 +246,6 @@ class RowDecoder:
             mods["flow"] = None
         if v["audio"]:
             mods["audio"] = None
-
-        def jpeg(data: bytes, gray: bool) -> np.ndarray:
-            img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR)
-            if img is None:
-                raise ValueError("cannot decode JPEG image")
-            return img if gray else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
         frames = row["frames"] or []
         fps = float(row["fps"])
@@ -244,7 +255,7 @@ class RowDecoder:
             if not frames:
                 raise ValueError("no frames")
             uniq, inverse = np.unique(idx, return_inverse=True)
-            frames_np = np.stack([jpeg(frames[i], gray=False) for i in uniq])[inverse]
+            frames_np = np.stack([decode_jpeg(frames[i], gray=False) for i in uniq])[inverse]
             start_time = float(idx[0]) / fps
             video = torch.from_numpy(frames_np).permute(0, 3, 1, 2).float().div_(255.0)
             mods["video"] = resize_frames(video, v["size"]).clamp_(0, 1)
@@ -254,17 +265,18 @@ class RowDecoder:
             try:
                 if not row["flow_x"]:
                     raise ValueError("the shards hold no flow (prepared with --flow none)")
-                h, w = jpeg(row["flow_x"][0], gray=True).shape
+                h, w = decode_jpeg(row["flow_x"][0], gray=True).shape
 
                 def read(wanted: np.ndarray) -> np.ndarray:
-                    return np.stack([np.stack([jpeg(row["flow_x"][i], True), jpeg(row["flow_y"][i], True)]) for i in wanted])
+                    return np.stack([np.stack([decode_jpeg(row["flow_x"][i], True), decode_jpeg(row["flow_y"][i], True)])
+                                     for i in wanted])
 
                 mods["flow"] = resize_flow(torch.from_numpy(window_flow(idx, h, w, read)), v["size"])
             except (ValueError, IndexError, cv2.error) as err:
                 self._fail(row, "flow_x", err)
         if v["audio"] and row.get("audio"):
             try:
-                track = _read_flac(row["audio"], self.sample_rate)
+                track = decode_flac(row["audio"], self.sample_rate)
                 first, n = audio_window_start(start_time, v["num_frames"], fps, v["max_audio_seconds"], self.sample_rate)
                 s = max(0, min(len(track) - n, first))  # as read_audio_window: shifted to fit inside the track
                 wav = track[s: s + n]
@@ -273,21 +285,6 @@ class RowDecoder:
             except ValueError as err:
                 self._fail(row, "audio", err)
         return mods
-
-
-def _read_flac(data: bytes, sample_rate: int) -> np.ndarray:
-    import soundfile as sf
-
-    try:
-        wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as err:  # soundfile raises LibsndfileError / RuntimeError variants
-        raise ValueError(f"cannot decode audio ({type(err).__name__}: {err})") from err
-    wav = wav.mean(axis=1)
-    if sr != sample_rate:
-        import torchaudio.functional as AF
-
-        wav = AF.resample(torch.from_numpy(wav), sr, sample_rate).numpy()
-    return wav
 
 
 def _infer_kinds(features: Any, columns: Mapping[str, str]) -> dict[str, str]:
@@ -325,6 +322,8 @@ class ShardSource:
             raise FileNotFoundError(f"no such shard folder: {self.root}")
         self.meta = read_shards_meta(self.root) if not _is_url(self.root) else None
         self.shards = ShardFiles(self.root, split, on_error)
+        self.on_error = on_error
+        self._skip_token = row_groups.new_record()  # the damaged row groups this reader leaves out
         import datasets
         import fsspec
 
@@ -347,8 +346,9 @@ class ShardSource:
                 if col not in self.features:
                     raise KeyError(f"{self.root}: column {col!r} (for {name!r}) not found; columns: {sorted(self.features)}")
             if not columns:
-                raise ValueError(f"{self.root}: no modality columns; pass columns={{'image': ..., 'audio': ...}} "
-                                 f"(columns: {sorted(self.features)})")
+                raise dataset_error(ValueError, f"{self.root}: no modality columns (no column is named image, audio or "
+                                    f"text): name the columns to read, modality -> column (columns: {sorted(self.features)})",
+                                    "columns")
             inferred = _infer_kinds(self.features, columns)
             kinds = {m: meta_kinds.get(col, inferred[m]) for m, col in columns.items()}
         if labels is None:
@@ -372,8 +372,32 @@ class ShardSource:
         if kind == "video" and flow not in (None, "farneback"):
             raise ValueError(f"{self.root}: shards hold the store's Farneback flow: flow must be None or 'farneback', got {flow!r}")
         self.decoder = RowDecoder(self.root, kind, columns, kinds, labels, on_error, image_t, sample_rate, video,
-                                  self._sequence_shapes())
+                                  self._sequence_shapes(), array_shapes=self._array_shapes(kind))
         self._check(check_rows)
+
+    def _array_shapes(self, kind: str) -> dict[str, list[int | None]]:
+        """The shapes ``mmviews_shards.json`` records for the hf array columns read. Shards written
+        before shapes were recorded stored every array flat (``[1, D]`` and ``[L, D]`` came back as
+        ``[D]`` and ``[L * D]``, which failed late, in an adapter): refused here, naming the
+        column and the command that writes them again."""
+        if not self.meta or kind != "hf":
+            return {}
+        recorded = self.meta.get("shapes", {})
+        out = {}
+        for m, col in self.columns.items():
+            if self.kinds[m] != "array":
+                continue
+            if col not in recorded:
+                src = self.meta["source"]
+                options = src.get("options", {})
+                flags = "".join(f" --{key} " + shlex.quote(",".join(f"{k}={v}" for k, v in options[key].items()))
+                                for key in ("columns", "labels") if options.get(key))
+                raise ValueError(f"{self.root}: column {col!r} was written flat, without its shape, by an older mmviews "
+                                 "([1, D] and [L, D] arrays would come back as [D] and [L*D]); write the shards again: "
+                                 f"mmviews prepare hf {shlex.quote(str(src.get('root')))}{flags} --format parquet "
+                                 f"--output {shlex.quote(self.root)} --overwrite")
+            out[m] = recorded[col]
+        return out
 
     def _sequence_shapes(self) -> dict[str, tuple[Any, ...]]:
         import datasets
@@ -394,10 +418,13 @@ class ShardSource:
             self.decoder(row)
 
     def _rows(self, files: Sequence[str]) -> Any:
-        """``files`` as a ``datasets.IterableDataset`` of raw rows (images left encoded)."""
+        """``files`` as a ``datasets.IterableDataset`` of raw rows (images left encoded), read row
+        group by row group: a damaged one is named or left out (:mod:`mmviews.data.row_groups`)."""
         import datasets
 
-        ds = datasets.load_dataset("parquet", data_files={self.split: list(files)}, split=self.split, streaming=True)
+        ds = datasets.IterableDataset.from_generator(
+            row_groups.stream_rows, features=self.features, split=self.split,
+            gen_kwargs={"files": list(files), "on_error": self.on_error, "token": self._skip_token})
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
         return ds
@@ -405,6 +432,19 @@ class ShardSource:
     @property
     def num_skipped_shards(self) -> int:
         return len(self.shards.skipped)
+
+    @property
+    def skipped_row_groups(self) -> row_groups.SkippedRowGroups:
+        """The damaged row groups left out so far in this process (``on_error: skip``)."""
+        return row_groups.record(self._skip_token)
+
+    def skipped_data(self) -> dict[str, Any]:
+        """What this process has left out of the split so far: damaged shards and row groups (by
+        name) and their rows, and values that could not be decoded (marked absent)."""
+        groups = self.skipped_row_groups.row_groups
+        return {"shards": list(self.shards.skipped),
+                "row_groups": {f"{shard}#{index}": rows for (shard, index), rows in groups.items()},
+                "rows_in_skipped_row_groups": sum(groups.values()), "values_marked_absent": self.num_skipped}
 
     @property
     def num_skipped(self) -> int:
@@ -421,7 +461,7 @@ class ParquetShardDataset(ShardSource, Dataset):
         import datasets
 
         ShardSource.__init__(self, root, split, **options)
-        ds = datasets.load_dataset("parquet", data_files={split: self.shards.files}, split=split)
+        ds = row_groups.load_map_style(self.shards.files, split, self.features, self.on_error, self._skip_token)
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
         self.ds = ds
@@ -458,6 +498,23 @@ class ShardStream(ShardSource):
         return ds
 
 
+def _keep_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A collate function that keeps the sample dicts."""
+    return samples
+
+
+def first_samples(dataset: Any, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` samples of a split, decoded (fewer when the split is shorter).
+
+    ``dataset[i]`` for a map-style split; a streamed split (:class:`ShardStream`) cannot be
+    indexed: its first rows in shard order are read through the stream as training reads them,
+    one unshuffled batch of a :class:`StreamLoader`. The checks use it (``mmviews train
+    --check``'s measured batch, ``mmviews prepare hf --recipe``)."""
+    if getattr(dataset, "streamed", False):
+        return next(iter(StreamLoader(dataset, count, _keep_samples, drop_last=False)), [])
+    return [dataset[i] for i in range(min(count, len(dataset)))]
+
+
 class _DecodeRows(Dataset):
     """The loader's "dataset": its indices are raw rows, decoded where the loader fetches them."""
 
@@ -471,22 +528,67 @@ class _DecodeRows(Dataset):
         return [self.decoder(r) for r in rows]
 
 
-class _RawBatches:
-    """Batches of raw rows drawn from a row iterator, recording the position after each batch."""
+def streamed_epoch_batches(shards: ShardFiles, num_processes: int, batch_size: int) -> int:
+    """Batches of ``batch_size`` rows that every one of ``num_processes`` processes draws per epoch:
+    ``floor(R / batch_size)``, R the fewest rows any process can be given
+    (:meth:`ShardFiles.min_rows_per_process`; see the module docstring).
 
-    def __init__(self, stream: Any, batch_size: int, limit: int | None, skip: int, positions: deque) -> None:
+    The one epoch length of a streamed run: the loader stops there, and the trainer's batches per
+    epoch, schedule, progress bar and ``results.json`` all take it from ``len(loader)``. Rounding
+    down and taking the poorest process is what keeps every process at the same step count: one
+    batch more and the process given R rows would end its epoch first while the others wait for
+    it in a collective (a hang under DDP)."""
+    return shards.min_rows_per_process(num_processes) // int(batch_size)
+
+
+class _RawBatches:
+    """Batches of raw rows drawn from a row iterator, recording the position after each batch.
+
+    With a ``limit`` (training), a stream that ends before ``limit`` full batches (once refilled,
+    see ``refill``) is an error naming ``where``: a process that stopped early would leave the
+    others waiting for it."""
+
+    def __init__(self, stream: Any, batch_size: int, limit: int | None, skip: int, positions: deque,
+                 refill: Any = None, where: str = "") -> None:
         self.stream, self.rows = stream, iter(stream)
         self.batch_size, self.limit, self.skip, self.positions = batch_size, limit, skip, positions
+        self.refill = refill  # () -> bool: may the epoch's rows be read again to fill its last batches
+        self.error: Exception | None = None
+        self.where = where
+
+    def _take(self, count: int) -> list[Any]:
+        batch: list[Any] = []
+        for row in self.rows:
+            batch.append(row)
+            if len(batch) == count:
+                break
+        return batch
 
     def __iter__(self) -> Iterator[list[Any]]:
+        try:
+            yield from self._batches()
+        except Exception as error:  # reading failed (a damaged row group, named): kept for the
+            self.error = error  # consumer, so that the loader first ends its workers as at the end of an epoch
+
+    def _batches(self) -> Iterator[list[Any]]:
         drawn = 0
         while self.limit is None or drawn < self.limit:
-            batch = []
-            for row in self.rows:
-                batch.append(row)
-                if len(batch) == self.batch_size:
-                    break
-            if not batch or (self.limit is not None and len(batch) < self.batch_size):
+            batch = self._take(self.batch_size)
+            if self.limit is not None and len(batch) < self.batch_size and self.refill is not None and self.refill():
+                # Damaged row groups were left out (on_error: skip; counted): the epoch's first rows,
+                # read again, fill its last batches, so that every process still runs the steps
+                # the footers promised (the same on a resumed run: the damage is found again).
+                self.rows, self.refill = iter(self.stream), None
+                batch += self._take(self.batch_size - len(batch))
+                if not batch:
+                    raise ValueError("the streamed split has no readable row left: every row group read in this epoch "
+                                     "was damaged and left out (on_error: skip)")
+            if self.limit is not None and len(batch) < self.batch_size:
+                raise ValueError(f"{self.where}: the stream ended after {drawn} full batches of {self.batch_size} rows "
+                                 f"(and {len(batch)} rows), {self.limit} expected from the shards' row counts (shards changed "
+                                 "since the run started, or too many rows left out as damaged); every process must run "
+                                 "the same steps")
+            if not batch:
                 return
             drawn += 1
             self.positions.append((len(batch), self.stream.state_dict()))
@@ -519,10 +621,10 @@ class StreamLoader:
         self._hf_state: dict[str, Any] | None = None
         if drop_last:
             rows = stream.shards.min_rows_per_process(self.world)
-            self.num_batches = rows // self.batch_size
+            self.num_batches = streamed_epoch_batches(stream.shards, self.world, self.batch_size)
             if self.num_batches < 1:
-                raise ValueError(f"{stream.root} [{stream.split}]: {rows} rows per process cannot fill one batch of "
-                                 f"{self.batch_size} rows ({len(stream.shards.files)} shards, {self.world} processes)")
+                raise ValueError(f"{stream.root} [{stream.split}]: {rows} rows for the process given the fewest cannot "
+                                 f"fill one batch of {self.batch_size} rows ({len(stream.shards.files)} shards, {self.world} processes)")
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -565,7 +667,10 @@ class StreamLoader:
         world = self.world if self.drop_last else 1
         ds = self.dataset.iterable(seed=self.seed, epoch=self.epoch, shuffle_buffer=shuffle, rank=self.rank, world=world)
         positions: deque = deque()
-        raw = _RawBatches(ds, self.batch_size, len(self) if self.drop_last else None, self._skip, positions)
+        where = (f"{self.dataset.root} [{self.dataset.split}], process {self.rank} of {self.world}, "
+                 f"epoch {self.epoch}")
+        raw = _RawBatches(ds, self.batch_size, len(self) if self.drop_last else None, self._skip, positions,
+                          refill=lambda: bool(self.dataset.skipped_row_groups.row_groups), where=where)
         self.batches_in_epoch, self.rows_in_epoch = 0, 0
         # The loader draws its workers' base seed from its own generator: from the global RNG, a
         # resumed run (a new iterator mid-epoch) would shift the training RNG stream (dropout).
@@ -573,16 +678,26 @@ class StreamLoader:
         loader = DataLoader(_DecodeRows(self.dataset.decoder), batch_sampler=raw, collate_fn=self.collate_fn,
                             num_workers=self.num_workers, pin_memory=self.pin_memory, generator=generator)
         skipped = self._skip
-        for batch in loader:
-            # The loader runs ahead of the consumer: the position is that of the batch handed out.
-            while skipped:
-                self.rows_in_epoch += positions.popleft()[0]
+        batches = iter(loader)
+        try:
+            for batch in batches:
+                # The loader runs ahead of the consumer: the position is that of the batch handed out.
+                while skipped:
+                    self.rows_in_epoch += positions.popleft()[0]
+                    self.batches_in_epoch += 1
+                    skipped -= 1
+                rows, self._hf_state = positions.popleft()
+                self.rows_in_epoch += rows
                 self.batches_in_epoch += 1
-                skipped -= 1
-            rows, self._hf_state = positions.popleft()
-            self.rows_in_epoch += rows
-            self.batches_in_epoch += 1
-            if self.device is not None:
-                batch = batch.to(self.device, non_blocking=self.pin_memory)
-            yield batch
+                if self.device is not None:
+                    batch = batch.to(self.device, non_blocking=self.pin_memory)
+                yield batch
+        finally:
+            # A consumer that stops early (an error, max_steps) leaves the loader's workers running
+            # until the iterator is freed: stop them now.
+            stop_workers = getattr(batches, "_shutdown_workers", None)
+            if stop_workers is not None:
+                stop_workers()
+        if raw.error is not None:
+            raise raw.error
         self._skip = 0

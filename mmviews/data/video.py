@@ -28,27 +28,53 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import dataset_error, register_dataset
-
-# The file-level readers live in video_io (shared with the prepared store); the names are
-# imported here too so that ``mmviews.data.video.read_video_frames`` etc. keep working.
-from mmviews.data.video_io import (  # noqa: F401
+# The file-level readers live in decode and video_io (shared with the prepared store); the names
+# are imported here too so that ``mmviews.data.video.read_video_frames`` etc. keep working.
+from mmviews.data.decode import (  # noqa: F401
     FLOW_BOUND,
-    VIDEO_EXTENSIONS,
     decode_flow_image,
     encode_flow_image,
+    read_image as _read_image,
+)
+from mmviews.data.registry import dataset_error, register_dataset
+from mmviews.data.video_io import (  # noqa: F401
+    VIDEO_EXTENSIONS,
     farneback_flow,
     read_audio_track,
     read_audio_window,
-    read_image as _read_image,
     read_video_frames,
     read_video_window,
 )
-from mmviews.data.video_store import VideoStore
+from mmviews.data.video_store import MANIFEST, VideoStore, known_bad_clips
+
+# The key a sample dict carries when its clip could not be read with on_error="skip": the
+# message naming the file. The collator leaves such a sample out of its batch (counted in
+# ``ViewBatch.dropped``), so it never enters training or evaluation as an all-absent sample.
+UNREADABLE = "unreadable"
 
 
-def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tuple[str, str]]:
-    """``[(class name, relative clip path)]`` of one official split (UCF-101 or HMDB-51 lists)."""
+# Each dataset's own split files and the folder names its archive unpacks them to: a dataset
+# looks only for its own, so UCF-101 and HMDB-51 side by side in one parent folder (the common
+# /data layout) do not read each other's lists.
+SPLIT_FILES = {"ucf101": ("trainlist0*.txt", "testlist0*.txt"), "hmdb51": ("*_test_split*.txt",)}
+SPLIT_FOLDERS = {"ucf101": ("ucfTrainTestlist",), "hmdb51": ("testTrainMulti_7030_splits",)}
+
+
+def find_splits_dir(root: Path, dataset: str | None = None) -> Path:
+    """The folder holding ``dataset``'s split lists (either dataset's when None): the first of
+    ``root``, ``root/<archive folder>``, ``root/splits``, ``root/../<archive folder>`` that has
+    them, else ``root`` (:func:`parse_split` then names the files it expected)."""
+    names = SPLIT_FOLDERS.get(dataset or "", SPLIT_FOLDERS["ucf101"] + SPLIT_FOLDERS["hmdb51"])
+    patterns = SPLIT_FILES.get(dataset or "", SPLIT_FILES["ucf101"] + SPLIT_FILES["hmdb51"])
+    for cand in (root, *(root / n for n in names), root / "splits", *(root.parent / n for n in names)):
+        if cand.is_dir() and any(any(cand.glob(pattern)) for pattern in patterns):
+            return cand
+    return root
+
+
+def parse_split(root: Path, splits_dir: Path, split: str, fold: int, dataset: str | None = None) -> list[tuple[str, str]]:
+    """``[(class name, relative clip path)]`` of one official split: UCF-101's lists
+    (``dataset="ucf101"``), HMDB-51's (``"hmdb51"``), or whichever ``splits_dir`` has (None)."""
     if split == "all":
         clips = []
         for cls in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -58,7 +84,7 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
         raise dataset_error(ValueError, f"video folders have splits 'train', 'test' (official lists) or 'all', got {split!r}",
                             "split")
     ucf = splits_dir / f"{split}list{fold:02d}.txt"
-    if ucf.is_file():
+    if dataset != "hmdb51" and ucf.is_file():
         out = []
         for line in ucf.read_text().splitlines():
             line = line.strip()
@@ -67,7 +93,7 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
             rel = line.split()[0].replace("\\", "/")
             out.append((rel.split("/")[0], rel))
         return out
-    hmdb = sorted(splits_dir.glob(f"*_test_split{fold}.txt"))
+    hmdb = sorted(splits_dir.glob(f"*_test_split{fold}.txt")) if dataset != "ucf101" else []
     if hmdb:
         want = "1" if split == "train" else "2"
         out = []
@@ -78,8 +104,10 @@ def parse_split(root: Path, splits_dir: Path, split: str, fold: int) -> list[tup
                 if len(parts) >= 2 and parts[1] == want:
                     out.append((cls, f"{cls}/{parts[0]}"))
         return out
-    raise FileNotFoundError(f"no split list for split {split!r} fold {fold} in {splits_dir}: expected "
-                            f"{ucf.name} (UCF-101) or *_test_split{fold}.txt (HMDB-51); use split='all' to take every clip")
+    expected = {"ucf101": f"{ucf.name} (UCF-101)", "hmdb51": f"*_test_split{fold}.txt (HMDB-51)"}
+    wanted = " or ".join(v for k, v in expected.items() if dataset in (None, k))
+    raise FileNotFoundError(f"no split list for split {split!r} fold {fold} in {splits_dir}: expected {wanted} "
+                            "(splits_dir= / --splits-dir names the folder); use split='all' to take every clip")
 
 
 def clip_window(n: int, num_frames: int) -> np.ndarray:
@@ -109,8 +137,13 @@ class VideoFolder(Dataset):
     an audio track. Labels: ``class`` (index in ``self.classes``).
 
     ``on_error="raise"`` raises a ValueError naming the file that cannot be read;
-    ``"skip"`` marks that modality absent, warns with the file name and counts it in
-    ``self.num_skipped`` (per process).
+    ``"skip"`` warns with the file name, counts it in ``self.num_skipped`` (per process) and
+    marks the sample ``"unreadable"`` (the message): :class:`~mmviews.data.views.ViewSetCollator`
+    drops it from its batch (counted there), it is not a sample with every modality absent.
+
+    Clips the prepared store's manifest records as bad (``failed``, see
+    :func:`~mmviews.data.video_store.known_bad_clips`) are left out of the split when the store is
+    used: ``self.excluded`` ``{clip: reason}``, listed in ``self.excluded_list`` (the manifest).
 
     Where frames come from, first match wins: ``frames_root`` images; the prepared store
     (``store``: True looks for ``<root>.mmstore`` made by ``mmviews prepare``, a path names one,
@@ -157,12 +190,28 @@ class VideoFolder(Dataset):
         if frames_root is None and store is not None and store is not False:
             self.store = VideoStore.find(self.root) if store is True else VideoStore(store)
         self.num_stale = 0  # clips decoded because their video changed after the store was made (per process)
-        sdir = Path(splits_dir) if splits_dir is not None else self._find_splits_dir()
-        self.clips = parse_split(self.root, sdir, split, fold)
+        if splits_dir is not None and not Path(splits_dir).is_dir():
+            raise dataset_error(ValueError, f"splits_dir {splits_dir}: no such folder", "splits_dir")
+        sdir = Path(splits_dir) if splits_dir is not None else find_splits_dir(self.root, dataset)
+        self.splits_dir = None if split == "all" else sdir  # the split lists read (None: every clip of the folder)
+        self.split = split
+        self.clips = parse_split(self.root, sdir, split, fold, dataset)
         if not self.clips:
             raise dataset_error(ValueError, f"{self.root}: split {split!r} (fold {fold}) lists no clips", "split")
+        # Clips `mmviews prepare` found unreadable: left out before training, not decoded again.
+        self.excluded: dict[str, str] = {}
+        self.excluded_list: str | None = None
+        if self.store is not None:
+            bad = known_bad_clips(self.store.path)
+            self.excluded = {rel: bad[rel] for _, rel in self.clips if rel in bad}
+            if self.excluded:
+                self.clips = [(cls, rel) for cls, rel in self.clips if rel not in self.excluded]
+                self.excluded_list = str(self.store.path / MANIFEST)
+                if not self.clips:
+                    raise dataset_error(ValueError, f"{self.root}: every clip of split {split!r} (fold {fold}) is "
+                                        f"listed as unreadable in {self.excluded_list}", "split")
         class_ind = sdir / "classInd.txt"
-        if class_ind.is_file():
+        if dataset != "hmdb51" and class_ind.is_file():  # UCF-101's class order; HMDB-51 has none
             pairs = [ln.split() for ln in class_ind.read_text().splitlines() if ln.strip()]
             self.classes = [name for _, name in sorted(pairs, key=lambda p: int(p[0]))]
         else:
@@ -176,12 +225,11 @@ class VideoFolder(Dataset):
                           f"smaller than size={self.size}: they are upscaled (prepare again with --size "
                           f"{min(self.size)} or more for sharp frames)", stacklevel=2)
 
-    def _find_splits_dir(self) -> Path:
-        for cand in (self.root, self.root / "ucfTrainTestlist", self.root / "splits", self.root / "testTrainMulti_7030_splits",
-                     self.root.parent / "ucfTrainTestlist", self.root.parent / "testTrainMulti_7030_splits"):
-            if cand.is_dir() and (any(cand.glob("*list0*.txt")) or any(cand.glob("*_test_split*.txt"))):
-                return cand
-        return self.root
+    @property
+    def source_note(self) -> str:
+        """One line saying what was read: the folder and the split lists (printed at train start)."""
+        lists = f"split lists from {self.splits_dir}" if self.splits_dir is not None else "every clip (split 'all')"
+        return f"{self.dataset or 'video folder'} {self.root}: {len(self.clips)} clips, {lists}"
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -195,13 +243,49 @@ class VideoFolder(Dataset):
             info["audio"] = {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate}
         return info
 
-    def _fail(self, path: Path, err: Exception) -> None:
+    @property
+    def drops_unreadable_samples(self) -> bool:
+        """True with ``on_error="skip"``: a sample that cannot be read is dropped from its batch."""
+        return self.on_error == "skip"
+
+    def modality_present_anywhere(self, modality: str) -> bool | None:
+        """Whether some clip of the split has ``modality``; only answered for ``audio`` (None
+        otherwise): the store's record of each clip's audio track when it has the clip, else the
+        container's streams (opened, not decoded), stopping at the first clip that has one.
+        Unreadable clips count as not having it."""
+        if modality != "audio" or not self.audio:
+            return None
+        import av
+
+        for _, rel in self.clips:
+            path = self.root / rel
+            entry = self._store_entry(rel, path) if self.store is not None else None
+            if entry is not None:
+                if entry.get("audio"):
+                    return True
+                continue
+            try:
+                with av.open(str(path)) as container:
+                    if container.streams.audio:
+                        return True
+            except Exception:  # PyAV raises its own types; an unreadable clip has no audio to offer
+                continue
+        return False
+
+    def _fail(self, path: Path, err: Exception) -> str:
+        """Raise (``on_error="raise"``), or warn and return the message (``"skip"``)."""
+        # Our own errors name the file already; any other (PyAV's, OpenCV's) is named here, as a
+        # ValueError: its own type may not survive the trip out of a DataLoader worker.
+        ours = type(err) in (ValueError, FileNotFoundError) and str(path) in str(err)
         if self.on_error == "raise":
-            if isinstance(err, (ValueError, FileNotFoundError)) and str(path) in str(err):
+            if ours:
                 raise err
             raise ValueError(f"{path}: cannot read ({type(err).__name__}: {err})") from err
         self.num_skipped += 1
-        warnings.warn(f"skipped unreadable {path} ({type(err).__name__}: {err}); modality marked absent", stacklevel=3)
+        message = str(err) if ours else f"{path}: cannot read ({type(err).__name__}: {err})"
+        warnings.warn(f"skipped unreadable {message} (sample left out of its batch; data.options.on_error: skip)",
+                      stacklevel=3)
+        return message
 
     def _window(self, n: int) -> np.ndarray:
         return clip_window(n, self.num_frames)
@@ -223,6 +307,7 @@ class VideoFolder(Dataset):
         start_time = 0.0
         entry = self._store_entry(rel, path)
         source = path if self.frames_root is None else self.frames_root / cls / stem  # named when reading fails
+        failures: list[str] = []  # with on_error="skip": what could not be read
         try:
             if self.frames_root is not None:
                 d = self.frames_root / cls / stem
@@ -245,7 +330,7 @@ class VideoFolder(Dataset):
             video = torch.from_numpy(frames_np).permute(0, 3, 1, 2).float().div_(255.0)
             mods["video"] = self._resize(video).clamp_(0, 1)
         except Exception as err:
-            self._fail(source, err)
+            failures.append(self._fail(source, err))
             frames_np = None
         if self.flow is not None:
             try:
@@ -258,8 +343,8 @@ class VideoFolder(Dataset):
                     source = (self.flow_root / cls / stem) if self.flow_root else path
                     mods["flow"] = self._flow(cls, stem, frames_np)
             except Exception as err:
-                self._fail(source, err)
-        if self.audio:
+                failures.append(self._fail(source, err))
+        if self.audio and not failures:  # a sample already left out needs no audio
             try:
                 if not path.is_file():
                     raise FileNotFoundError(f"{path}: missing (needed for its audio track)")
@@ -270,8 +355,11 @@ class VideoFolder(Dataset):
                 if wav is not None and wav.size > 0:
                     mods["audio"] = torch.from_numpy(wav)
             except Exception as err:
-                self._fail(path, err)
-        return {"index": index, "id": rel, "modalities": mods, "labels": {"class": self.class_to_index[cls]}}
+                failures.append(self._fail(path, err))
+        sample = {"index": index, "id": rel, "modalities": mods, "labels": {"class": self.class_to_index[cls]}}
+        if failures:
+            sample[UNREADABLE] = "; ".join(failures)
+        return sample
 
     def _store_entry(self, rel: str, path: Path) -> dict[str, Any] | None:
         """The store's entry of clip ``rel`` when it is there and its video unchanged, else None."""

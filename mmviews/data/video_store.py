@@ -9,7 +9,12 @@ datasets use it automatically when it exists (``VideoFolder(store=...)``).
 Layout::
 
     STORE/manifest.json                  kind "mmviews-video-store", version, dataset, source root,
-                                         options, clips {rel: entry}, failed {rel: message}
+                                         options, min_frames, clips {rel: entry}, failed {rel: message},
+                                         truncated {rel: {...}}, short {rel: {...}}
+    STORE/manifest.journal               one JSON line per clip finished (or failed) since the last
+                                         manifest save (read_manifest merges it)
+    STORE/prepare-report.json            what `mmviews prepare` left out (missing, unreadable,
+                                         truncated and short clips; :mod:`mmviews.data.prepare`)
     STORE/clips/<class>/<clip stem>/     one folder per clip
         clip.json                        the clip's manifest entry; its presence = clip done
         img_00001.jpg ...                frames, RGB             (format "jpeg")
@@ -18,17 +23,38 @@ Layout::
         flow.npy                         uint8 [N - 1, 2, H, W]  (format "npy")
 
 Flow values use the flow-image convention: clip to +-20 px, ``value = (f + 20) * 255 / 40``
-(:func:`mmviews.data.video_io.encode_flow_image`), so JPEG and npy stores hold the same
+(:func:`mmviews.data.decode.encode_flow_image`), so JPEG and npy stores hold the same
 numbers up to JPEG loss; N frames give N - 1 flows (frame numbers start at 1 in file names).
-A clip entry: ``frames``, ``flows``, ``height``, ``width`` (stored size), ``fps``, ``audio``
-(the source has an audio track), ``source_size`` / ``source_mtime_ns`` (of the video when it
-was prepared), ``source_height`` / ``source_width``, ``format`` and ``options``.
+A clip entry: ``frames`` (decoded), ``declared_frames`` (the container's frame count, None when
+it states none), ``flows``, ``height``, ``width`` (stored size), ``fps``, ``audio`` (the source
+has an audio track), ``source_size`` / ``source_mtime_ns`` / ``source_fingerprint`` (of the
+video when it was prepared, see :func:`source_fingerprint`), ``source_height`` /
+``source_width``, ``format``, ``options`` and, when decoding stopped on damaged data after some
+frames, ``decode_error``.
+
+Bad clips, by manifest key (the keys training reads to leave clips out):
+
+- ``failed``: ``{rel: message}``, videos that cannot be read at all (no clip folder);
+- ``truncated``: ``{rel: {"declared": int, "decoded": int}}`` (plus ``"error"`` when decoding
+  stopped on an error): the container states more frames than decode, by more than
+  :data:`TRUNCATION_TOLERANCE` frames (a file cut short: the AVI header still says 50 frames,
+  13 decode). The frames that decode are stored; the clip also has its entry in ``clips``;
+- ``short``: ``{rel: {"decoded": int, "needed": int}}``: stored clips with fewer frames than
+  ``min_frames`` (what one view needs, the recipes' ``data.options.num_frames``), which a
+  dataset can only pad by repeating frames (and zero flow).
+
+``truncated`` and ``short`` are derived from the clip entries each time the manifest is written.
 
 Resuming: each clip is written into a temporary folder (``.mmviews-tmp-<stem>.<pid>``) and
 renamed to its final name once complete, ``clip.json`` included, so after a kill a clip folder
 is either complete or absent; a rerun skips the clips whose ``clip.json`` matches the current
-source file (size and modification time) and options, and removes the temporary folders left
-behind. ``manifest.json`` gathers the entries (saved every few seconds and at the end).
+source file (:func:`source_matches`: same size, and same modification time or same content
+fingerprint, so a dataset and store copied with ``cp -r`` stay current) and options, and
+removes the temporary folders left behind. ``manifest.json`` gathers the entries (rewritten
+every few seconds and at the end); in between, each finished clip is appended to
+``manifest.journal`` at once, so a killed prepare's manifest (as :func:`read_manifest` reads
+it) lists every clip but those in flight. Worker processes die with the prepare (Linux:
+``PR_SET_PDEATHSIG``; elsewhere they watch their parent), so a killed prepare leaves none.
 
 Safety: mmviews deletes only what it wrote. ``overwrite=True`` removes the clip folders the
 manifest lists (only the file names the entry accounts for) and refuses a folder without a
@@ -39,22 +65,24 @@ by name and left alone.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import multiprocessing
 import os
 import re
+import signal
+import sys
+import threading
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from mmviews.data.decode import encode_flow_image, read_jpeg, window_flow
 from mmviews.data.video_io import (
     DEFAULT_FPS,
-    decode_flow_image,
-    encode_flow_image,
     farneback_pair,
     list_video_clips,
     to_gray,
@@ -64,6 +92,8 @@ from mmviews.fileio import atomic_write_text, read_json_object
 STORE_KIND = "mmviews-video-store"
 STORE_VERSION = 1
 MANIFEST = "manifest.json"
+JOURNAL = "manifest.journal"
+REPORT_FILE = "prepare-report.json"  # written by `mmviews prepare`: every clip it left out, and why
 CLIP_ENTRY = "clip.json"
 CLIPS_DIR = "clips"
 TMP_PREFIX = ".mmviews-tmp-"
@@ -73,7 +103,14 @@ FLOW_METHODS = ("farneback",)
 # Any file name a clip folder of ours can hold (used for temporary folders, whose entry may be
 # missing; complete clip folders are cleaned by the names their entry accounts for).
 _OUR_FILE = re.compile(r"clip\.json|frames\.npy|flow\.npy|img_\d{5,}\.jpg|flow_[xy]_\d{5,}\.jpg")
-_MANIFEST_SAVE_S = 10.0  # seconds between manifest saves during a prepare
+_MANIFEST_SAVE_S = 10.0  # seconds between manifest saves during a prepare (the journal keeps up in between)
+# A container may state a frame or two more than decode (encoder delay, packed B-frames in AVI):
+# only a larger shortfall marks a clip truncated.
+TRUNCATION_TOLERANCE = 2
+# Bytes hashed at each end of a video for its content fingerprint: the container header (frame
+# count, index) and the end (the AVI index, the last frames) change with any re-encode or cut.
+FINGERPRINT_BYTES = 64 * 1024
+DEFAULT_MIN_FRAMES = 8  # frames one view needs by default: the ucf101 / hmdb51 recipes' num_frames
 
 
 def default_store_path(root: str | os.PathLike[str]) -> Path:
@@ -93,7 +130,96 @@ def read_manifest(store: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("kind") != STORE_KIND:
         return None
+    records = _read_journal(Path(store))
+    if records:
+        clips, failed = dict(manifest.get("clips", {})), dict(manifest.get("failed", {}))
+        for key, rel, value in records:
+            if key == "clips":
+                clips[rel] = value
+                failed.pop(rel, None)
+            else:
+                failed[rel] = value
+        manifest.update(clips=clips, failed=failed,
+                        **bad_clip_keys(clips, int(manifest.get("min_frames") or DEFAULT_MIN_FRAMES)))
     return manifest
+
+
+def _read_journal(store: Path) -> list[tuple[str, str, Any]]:
+    """``[(key "clips" | "failed", rel, entry | message)]`` of the store's journal, in order. A
+    torn last line (a prepare killed while appending) and foreign lines are ignored."""
+    path = store / JOURNAL
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(rec, dict) and rec.get("key") in ("clips", "failed") and isinstance(rec.get("rel"), str)
+                and "value" in rec):
+            records.append((rec["key"], rec["rel"], rec["value"]))
+    return records
+
+
+def _append_journal(store: Path, key: str, rel: str, value: Any) -> None:
+    """One line per finished clip: in the page cache as soon as it is written, so a killed
+    process (not a power cut: no fsync per clip) keeps it."""
+    with open(store / JOURNAL, "a") as f:
+        f.write(json.dumps({"key": key, "rel": rel, "value": value}) + "\n")
+
+
+def truncation(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"declared", "decoded"[, "error"]}`` when the clip of ``entry`` decoded fewer frames than
+    its container states (beyond :data:`TRUNCATION_TOLERANCE`) or stopped on a decode error; else None."""
+    declared, decoded = entry.get("declared_frames"), int(entry["frames"])
+    error = entry.get("decode_error")
+    if not error and not (declared and int(declared) - decoded > TRUNCATION_TOLERANCE):
+        return None
+    return {"declared": declared, "decoded": decoded, **({"error": error} if error else {})}
+
+
+def bad_clip_keys(clips: dict[str, dict[str, Any]], min_frames: int) -> dict[str, dict[str, Any]]:
+    """The manifest's ``truncated`` and ``short`` maps, derived from the clip entries."""
+    truncated = {rel: t for rel, e in sorted(clips.items()) if (t := truncation(e)) is not None}
+    short = {rel: {"decoded": int(e["frames"]), "needed": int(min_frames)} for rel, e in sorted(clips.items())
+             if int(e["frames"]) < min_frames}
+    return {"truncated": truncated, "short": short}
+
+
+def source_fingerprint(path: str | os.PathLike[str]) -> str:
+    """``"<size>:<sha256 of the first and last FINGERPRINT_BYTES>"`` of a video: what decides that a
+    copy (``cp -r``, new modification times) is still the video a store was made from."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        digest.update(f.read(FINGERPRINT_BYTES))
+        if size > FINGERPRINT_BYTES:
+            f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+            digest.update(f.read(FINGERPRINT_BYTES))
+    return f"{size}:{digest.hexdigest()}"
+
+
+def source_matches(entry: dict[str, Any], source: Path) -> bool:
+    """Whether ``source`` is the video ``entry`` was prepared from: same size, and the same
+    modification time or (a copy that did not keep it) the same :func:`source_fingerprint`. An
+    entry of an older store without a fingerprint falls back to the modification time."""
+    try:
+        st = source.stat()
+    except OSError:
+        return False
+    if entry.get("source_size") != st.st_size:
+        return False
+    if entry.get("source_mtime_ns") == st.st_mtime_ns:
+        return True
+    recorded = entry.get("source_fingerprint")
+    try:
+        return recorded is not None and recorded == source_fingerprint(source)
+    except OSError:
+        return False
 
 
 def clip_dir_name(rel: str) -> str:
@@ -143,10 +269,36 @@ def _output_size(height: int, width: int, size: int) -> tuple[int, int]:
     return max(1, round(height * size / short)), max(1, round(width * size / short))
 
 
-def _init_worker() -> None:
+def _init_worker(parent_pid: int | None = None) -> None:
     import cv2
 
     cv2.setNumThreads(1)  # one process per core already: OpenCV's own threads would oversubscribe
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """End this worker when the prepare that started it dies (SIGKILL included): otherwise a
+    worker blocked on its task queue, or busy with a long clip, outlives it as an orphan."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0:
+                if os.getppid() != parent_pid:  # the parent died before prctl took effect
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass  # no prctl: watch the parent instead
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mmviews-parent-watch", daemon=True).start()
 
 
 class StoreWriteError(OSError):
@@ -180,6 +332,7 @@ def _prepare_clip(root: str, rel: str, store: str, options: dict[str, Any],
     reading = True  # until the video is decoded, an exception means the video cannot be read
     try:
         st = src.stat()
+        fingerprint = source_fingerprint(src)
         try:
             tmp.mkdir(parents=True)
         except OSError as err:
@@ -188,13 +341,26 @@ def _prepare_clip(root: str, rel: str, store: str, options: dict[str, Any],
         flows: list[np.ndarray] = []
         n = src_h = src_w = out_h = out_w = 0
         prev_gray: np.ndarray | None = None
+        decode_error: str | None = None
         with av.open(str(src)) as container:
             if not container.streams.video:
                 raise ValueError("no video stream")
             stream = container.streams.video[0]
             fps = float(stream.average_rate) if stream.average_rate else DEFAULT_FPS
+            declared = int(stream.frames) if stream.frames and stream.frames > 0 else None  # AVI header, MP4 table
             has_audio = bool(container.streams.audio)
-            for frame in container.decode(stream):
+            decoded = container.decode(stream)
+            while True:
+                try:
+                    frame = next(decoded)
+                except StopIteration:
+                    break
+                except av.error.FFmpegError as err:
+                    if n == 0:
+                        raise
+                    # damaged data after frames that decoded: keep those, report the clip as truncated
+                    decode_error = f"{type(err).__name__}: {err}"
+                    break
                 rgb = frame.to_ndarray(format="rgb24")
                 if n == 0:
                     src_h, src_w = rgb.shape[:2]
@@ -224,9 +390,12 @@ def _prepare_clip(root: str, rel: str, store: str, options: dict[str, Any],
             np.save(tmp / "frames.npy", np.stack(frames))
             if flow_method is not None:
                 np.save(tmp / "flow.npy", np.stack(flows) if flows else np.zeros((0, 2, out_h, out_w), np.uint8))
-        entry = {"dir": clip_dir_name(rel), "frames": n, "flows": n_flows, "height": out_h, "width": out_w, "fps": fps,
-                 "audio": has_audio, "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns,
-                 "source_height": src_h, "source_width": src_w, "format": fmt, "options": options}
+        entry = {"dir": clip_dir_name(rel), "frames": n, "declared_frames": declared, "flows": n_flows, "height": out_h,
+                 "width": out_w, "fps": fps, "audio": has_audio, "source_size": st.st_size,
+                 "source_mtime_ns": st.st_mtime_ns, "source_fingerprint": fingerprint, "source_height": src_h,
+                 "source_width": src_w, "format": fmt, "options": options}
+        if decode_error is not None:
+            entry["decode_error"] = decode_error
         (tmp / CLIP_ENTRY).write_text(json.dumps(entry))
         if before_commit is not None:
             before_commit(rel)
@@ -266,8 +435,8 @@ def clear_video_store(store: str | os.PathLike[str]) -> int:
     """Remove the outputs a video store's manifest lists; returns the number of clip folders removed.
 
     The manifest is ``manifest.json`` plus the per-clip ``clip.json`` entries. Only those clip
-    folders (the files their entries name), temporary folders of an interrupted prepare and
-    ``manifest.json`` itself are deleted; class folders are removed when that leaves them empty.
+    folders (the files their entries name), temporary folders of an interrupted prepare,
+    ``manifest.json``, its journal and the prepare report are deleted; class folders are removed when that leaves them empty.
     A folder that is not a mmviews video store raises ValueError naming it; nothing is deleted.
     """
     store = Path(store)
@@ -302,22 +471,22 @@ def clear_video_store(store: str | os.PathLike[str]) -> int:
         if not any(clips_root.iterdir()):
             clips_root.rmdir()
     (store / MANIFEST).unlink(missing_ok=True)
+    (store / JOURNAL).unlink(missing_ok=True)
+    (store / REPORT_FILE).unlink(missing_ok=True)
     return removed
 
 
 def _write_manifest(store: Path, header: dict[str, Any], clips: dict[str, Any], failed: dict[str, str]) -> None:
+    """Rewrite ``manifest.json`` (atomically) with everything, then empty the journal it now holds."""
     manifest = {**header, "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "clips": dict(sorted(clips.items())), "failed": dict(sorted(failed.items()))}
+                "clips": dict(sorted(clips.items())), "failed": dict(sorted(failed.items())),
+                **bad_clip_keys(clips, int(header.get("min_frames") or DEFAULT_MIN_FRAMES))}
     atomic_write_text(store / MANIFEST, json.dumps(manifest, indent=0))
+    (store / JOURNAL).unlink(missing_ok=True)  # killed between the two: the journal repeats the manifest, harmless
 
 
 def _is_current(entry: dict[str, Any], source: Path, options: dict[str, Any]) -> bool:
-    try:
-        st = source.stat()
-    except OSError:
-        return False
-    return (entry.get("options") == options and entry.get("source_size") == st.st_size
-            and entry.get("source_mtime_ns") == st.st_mtime_ns)
+    return entry.get("options") == options and source_matches(entry, source)
 
 
 def store_options(image_format: str = "jpeg", size: int = 128, flow: str | None = "farneback",
@@ -339,20 +508,25 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
                         dataset: str | None = None, image_format: str = "jpeg", size: int = 128,
                         flow: str | None = "farneback", jpeg_quality: int = 90, workers: int | None = None,
                         on_error: str = "skip", overwrite: bool = False, progress: bool = True,
-                        before_commit: Callable[[str], None] | None = None) -> dict[str, Any]:
+                        before_commit: Callable[[str], None] | None = None,
+                        min_frames: int = DEFAULT_MIN_FRAMES) -> dict[str, Any]:
     """Extract frames and flow of every video under ``root/<class>/`` into a store (layout: module docstring).
 
     ``image_format`` "jpeg" (``jpeg_quality``) or "npy" (uint8 arrays, exact); ``size``: short side
     in pixels (0: as decoded); ``flow`` "farneback" or None; ``workers``: worker processes (0: in
     this process; None: one per CPU). ``on_error="skip"`` reports unreadable videos by name
-    (a warning, and ``failed`` in the result and manifest) and goes on; ``"raise"`` stops at the
-    first one with a ValueError naming it (finished clips are kept). A rerun resumes: clips
-    already in the store are not redone. ``overwrite`` first clears the store
+    (one ``warning:`` line on stderr, above the progress bar, and ``failed`` in the result and
+    manifest) and goes on; ``"raise"`` stops at the first one with a ValueError naming it
+    (finished clips are kept). A truncated video (fewer frames decode than its container states)
+    is stored as far as it decodes and reported the same way (``truncated``); clips with fewer
+    than ``min_frames`` frames are listed (``short``), see the module docstring. A rerun resumes:
+    clips already in the store are not redone. ``overwrite`` first clears the store
     (:func:`clear_video_store`). ``before_commit(rel)`` is called in the worker just before a
     finished clip is renamed into place (tests use it to slow a prepare down; must pickle).
 
-    Returns ``{"store", "clips", "already_done", "prepared", "failed": {rel: message}, "with_audio",
-    "seconds"}``.
+    Returns ``{"store", "clips", "already_done", "prepared", "failed": {rel: message},
+    "truncated": {rel: {...}}, "short": {rel: {...}}, "with_audio", "seconds"}`` (``truncated``
+    and ``short`` over every clip of the store, not only those prepared now).
     """
     root = Path(root)
     if not root.is_dir():
@@ -360,6 +534,8 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
     out = Path(out) if out is not None else default_store_path(root)
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    if int(min_frames) < 1:
+        raise ValueError(f"min_frames (frames one view needs) must be >= 1, got {min_frames}")
     options = store_options(image_format, size, flow, jpeg_quality)
     if out.resolve() == root.resolve() or root.resolve() in out.resolve().parents:
         raise ValueError(f"store {out} is inside the video folder {root}, where it would be taken for a class folder; "
@@ -389,7 +565,7 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
             raise ValueError(f"{out} was prepared with options {manifest.get('options')}, not {options}: "
                              "pass --overwrite to rebuild it with the new ones, or choose another --out")
         header = {"kind": STORE_KIND, "version": STORE_VERSION, "dataset": dataset, "source_root": str(root.resolve()),
-                  "options": options}
+                  "options": options, "min_frames": int(min_frames)}
         # Temporary folders of an interrupted prepare: incomplete, ours (prefix), removed.
         clips_root = out / CLIPS_DIR
         if clips_root.is_dir():
@@ -404,6 +580,10 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
             if entry_path.is_file():
                 entry = read_json_object(entry_path)
                 if _is_current(entry, root / rel, options):
+                    mtime = (root / rel).stat().st_mtime_ns
+                    if entry.get("source_mtime_ns") != mtime:  # a copy, same content: record its time once
+                        entry = {**entry, "source_mtime_ns": mtime}
+                        atomic_write_text(entry_path, json.dumps(entry))
                     done[rel] = entry
                     continue
                 _remove_clip_folder(folder, entry)  # ours but stale (source changed): redo
@@ -424,18 +604,28 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
         last_save = time.monotonic()
         error: str | None = None
 
+        def say(line: str) -> None:  # one clean line above the progress bar (not glued to it)
+            tqdm.write(f"warning: {line}", file=sys.stderr)
+
         def record(rel: str, entry: dict[str, Any] | None, message: str | None) -> None:
             nonlocal last_save, error
             bar.update(1)
             if entry is not None:
                 done[rel] = entry
+                _append_journal(out, "clips", rel, entry)
+                cut = truncation(entry)
+                if cut is not None:
+                    say(f"truncated video {root / rel}: the container states {cut['declared']} frames, "
+                        f"{cut['decoded']} decode" + (f" ({cut['error']})" if "error" in cut else "")
+                        + "; stored as decoded, listed under 'truncated'")
             else:
                 assert message is not None
                 failed[rel] = message
+                _append_journal(out, "failed", rel, message)
                 if on_error == "raise":
                     error = message
                 else:
-                    warnings.warn(f"skipped unreadable video {message}", stacklevel=3)
+                    say(f"skipped unreadable video {message}")
             if time.monotonic() - last_save > _MANIFEST_SAVE_S:
                 _write_manifest(out, header, done, failed)
                 last_save = time.monotonic()
@@ -451,7 +641,7 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
                 # spawn, not fork: the parent may hold threads (torch, OpenCV) that fork does not copy safely.
                 ctx = multiprocessing.get_context("spawn")
                 with cf.ProcessPoolExecutor(max_workers=min(n_workers, len(todo)), mp_context=ctx,
-                                            initializer=_init_worker) as pool:
+                                            initializer=_init_worker, initargs=(os.getpid(),)) as pool:
                     futures = [pool.submit(_prepare_clip, str(root), rel, str(out), options, before_commit) for rel in todo]
                     try:
                         for fut in cf.as_completed(futures):
@@ -468,22 +658,33 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
             raise ValueError(f"cannot read {error} (prepare stopped: on_error='raise'; finished clips are kept, "
                              "a rerun resumes)")
     return {"store": str(out), "clips": len(clips), "already_done": already, "prepared": len(done) - already,
-            "failed": failed, "with_audio": sum(bool(e.get("audio")) for e in done.values()),
+            "failed": failed, **bad_clip_keys(done, int(min_frames)),
+            "with_audio": sum(bool(e.get("audio")) for e in done.values()),
             "seconds": round(time.perf_counter() - t_start, 2)}
 
 
 # --------------------------------------------------------------------------- reading
 
+# Manifest keys that list clips a prepare found bad, {rel: message}; training leaves them out
+# (:func:`known_bad_clips`). A later key (truncated, too short...) is added here.
+KNOWN_BAD_KEYS: tuple[str, ...] = ("failed",)
 
-def _read_jpeg(path: Path, gray: bool) -> np.ndarray:
-    """A store JPEG as uint8 ``[H, W]`` (gray) or ``[H, W, 3]`` RGB. OpenCV, not PIL: 2-4x faster
-    on these small images (both use libjpeg-turbo)."""
-    import cv2
 
-    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR)
-    if img is None:
-        raise ValueError(f"{path}: missing or unreadable store image (rerun `mmviews prepare` to repair the store)")
-    return img if gray else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+def known_bad_clips(store: str | os.PathLike[str]) -> dict[str, str]:
+    """``{rel: "key: message"}``: the clips the store's manifest records as bad (keys
+    :data:`KNOWN_BAD_KEYS`), which the video datasets leave out of their splits. A clip repaired
+    since is listed until a rerun of ``mmviews prepare``, which retries the clips it could not
+    read (file times cannot tell: a copy with ``cp -r`` renews them)."""
+    manifest = read_manifest(store)
+    if manifest is None:
+        return {}
+    bad: dict[str, str] = {}
+    for key in KNOWN_BAD_KEYS:
+        listed = manifest.get(key) or {}
+        if isinstance(listed, dict):
+            for rel, message in listed.items():
+                bad.setdefault(str(rel), f"{key}: {message}")
+    return bad
 
 
 class VideoStore:
@@ -500,6 +701,7 @@ class VideoStore:
                              f"{STORE_VERSION}; rebuild it with `mmviews prepare ... --overwrite`")
         self.options: dict[str, Any] = manifest["options"]
         self.clips: dict[str, dict[str, Any]] = manifest["clips"]
+        self._verified: dict[str, int] = {}  # rel -> modification time whose content matched the fingerprint
         self.has_flow = self.options.get("flow") is not None
 
     @classmethod
@@ -510,8 +712,9 @@ class VideoStore:
 
     def lookup(self, rel: str, source: Path) -> tuple[dict[str, Any] | None, bool]:
         """``(entry, stale)`` of clip ``rel``: entry None when the store lacks it or ``source`` has
-        changed since (``stale`` True: size or modification time differ). A source that no longer
-        exists does not make the entry stale: the store is then all there is."""
+        changed since (``stale`` True: see :func:`source_matches`; a copy with new modification
+        times but the same content is not stale, its fingerprint checked once per process). A
+        source that no longer exists does not make the entry stale: the store is then all there is."""
         entry = self.clips.get(rel)
         if entry is None:
             return None, False
@@ -519,8 +722,11 @@ class VideoStore:
             st = source.stat()
         except FileNotFoundError:
             return entry, False
-        if st.st_size != entry["source_size"] or st.st_mtime_ns != entry["source_mtime_ns"]:
+        if st.st_size == entry["source_size"] and st.st_mtime_ns in (entry["source_mtime_ns"], self._verified.get(rel)):
+            return entry, False
+        if not source_matches(entry, source):
             return None, True
+        self._verified[rel] = st.st_mtime_ns  # same content, new time (a copy): hash it once
         return entry, False
 
     def folder(self, entry: dict[str, Any]) -> Path:
@@ -532,7 +738,7 @@ class VideoStore:
         if entry["format"] == "npy":
             return np.asarray(np.load(d / "frames.npy", mmap_mode="r")[idx])
         uniq, inverse = np.unique(idx, return_inverse=True)
-        images = np.stack([_read_jpeg(d / f"img_{i + 1:05d}.jpg", gray=False) for i in uniq])
+        images = np.stack([read_jpeg(d / f"img_{i + 1:05d}.jpg", gray=False) for i in uniq])
         return images[inverse]
 
     def read_flow(self, entry: dict[str, Any], idx: np.ndarray) -> np.ndarray:
@@ -548,21 +754,7 @@ class VideoStore:
         def read(wanted: np.ndarray) -> np.ndarray:
             if entry["format"] == "npy":
                 return np.asarray(np.load(d / "flow.npy", mmap_mode="r")[wanted])
-            return np.stack([np.stack([_read_jpeg(d / f"flow_x_{i + 1:05d}.jpg", gray=True),
-                                       _read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
+            return np.stack([np.stack([read_jpeg(d / f"flow_x_{i + 1:05d}.jpg", gray=True),
+                                       read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
 
         return window_flow(idx, int(entry["height"]), int(entry["width"]), read)
-
-
-def window_flow(idx: np.ndarray, height: int, width: int, read: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Flow between frames ``idx[t]`` and ``idx[t + 1]`` as float32 ``[T - 1, 2, H, W]`` pixels, from
-    ``read(starts)`` -> stored uint8 flow images ``[n, 2, H, W]`` of the frame pairs ``(s, s + 1)``.
-    Consecutive frames read the stored flow; a repeated frame (a clip shorter than the window)
-    gives zero flow. Shared by the store and the Parquet shards (:mod:`mmviews.data.streaming`)."""
-    start = np.asarray(idx[:-1])
-    moving = idx[1:] == idx[:-1] + 1
-    out = np.zeros((len(start), 2, height, width), np.float32)
-    wanted = start[moving]
-    if len(wanted):
-        out[moving] = decode_flow_image(read(wanted))
-    return out

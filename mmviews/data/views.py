@@ -278,9 +278,13 @@ class ViewSetCollator:
     def _collate(self, samples: Sequence[Mapping[str, Any]]) -> ViewBatch:
         if len(samples) == 0:
             raise ValueError("cannot collate an empty list of samples")
+        samples, dropped = readable_samples(samples)
         spec = self.view_spec
         K = len(samples)
         M = len(spec.views)
+        if K == 0:  # every sample unreadable: an empty batch that still says which were dropped
+            return ViewBatch(inputs={}, views=list(spec.views), mask=torch.zeros(0, M, dtype=torch.bool),
+                             index=torch.zeros(0, dtype=torch.long), dropped=dropped)
         indices = [int(s.get("index", i)) for i, s in enumerate(samples)]
         mask = torch.zeros(K, M, dtype=torch.bool)
         for m_pos, view in enumerate(spec.views):
@@ -322,7 +326,7 @@ class ViewSetCollator:
                 raise ValueError(f"label {key!r} is not numeric (first values {vals[:3]}); map it to numbers "
                                  "in the dataset") from err
         return ViewBatch(inputs=inputs, views=list(spec.views), mask=mask, labels=labels,
-                         index=torch.as_tensor(indices, dtype=torch.long))
+                         index=torch.as_tensor(indices, dtype=torch.long), dropped=dropped)
 
     def _shape_hint(self, modality: str) -> tuple[int, ...]:
         shape = self.modality_info.get(modality, {}).get("shape")
@@ -375,6 +379,19 @@ class ViewSetCollator:
             zero = torch.zeros(shape, dtype=torch.float32)
             return {"values": torch.stack([zero if x is None else x.float() for x in items])}
         raise ValueError(f"unknown modality kind {kind!r} for {modality!r}; expected one of {KINDS}")
+
+
+def readable_samples(samples: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], tuple[str, ...]]:
+    """``(samples that could be read, messages of those that could not)``. A sample whose files
+    could not be read (a dataset's ``on_error="skip"`` marks it with the key ``"unreadable"``,
+    the message) is left out of its batch, not collated as a sample with every view absent: it
+    would enter the loss and the evaluation as a phantom. With none left, the collator returns
+    an empty batch (K = 0, ``dropped`` filled): evaluation passes over it, training stops on it
+    with one line."""
+    dropped = tuple(str(s["unreadable"]) for s in samples if s.get("unreadable"))
+    if not dropped:
+        return list(samples), ()
+    return [s for s in samples if not s.get("unreadable")], dropped
 
 
 def batch_size_for(num_views: int, batch_size: int, mode: str = "growing", reference_views: int = 2) -> int:

@@ -126,6 +126,13 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
                           f"between {num_processes} processes")
 
     train_dataset = build_dataset_split(d, d.train_split)
+    if num_processes > 1 and getattr(train_dataset, "drops_unreadable_samples", False):
+        # A dropped sample leaves one process with fewer samples than the others: the objective
+        # would stop at that step (it gathers equal shares). Refused now rather than then.
+        raise ConfigError(f"{source}: key 'data.options.on_error': 'skip' drops unreadable samples from their batch, "
+                          f"which would leave the {num_processes} processes with unequal shares of it; train with "
+                          "on_error: raise on several processes (clips the store lists as unreadable are still left "
+                          "out), or on one process")
     objective = build_objective(config, M, source, dataset_size=len(train_dataset))
     if len(train_dataset) < sampler.K:
         raise ConfigError(f"{source}: key 'data.batch_size': the {d.train_split!r} split has {len(train_dataset)} samples, "

@@ -60,6 +60,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from mmviews.data.streaming import first_samples
 from mmviews.train.build import RunParts, uses_teacher
 
 GB = 1024**3
@@ -349,7 +350,8 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
             for p in encoder.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
-            samples = [dataset[i] for i in range(n)]  # read first: a sample cache filling is not the batch's
+            # read first (through the stream when streamed): a sample cache filling is not the batch's
+            samples = first_samples(dataset, n)
             before_batch = _reset_resident_peak()
             batch = prepare(parts.collator(samples))
             del samples
@@ -389,7 +391,7 @@ def gradient_bytes(parts: RunParts, samples: int = 2) -> int:
     encoder.train()
     try:
         encoder.zero_grad(set_to_none=True)
-        batch = prepare(parts.collator([dataset[i] for i in range(min(samples, len(dataset)))]))
+        batch = prepare(parts.collator(first_samples(dataset, samples)))
         z, _ = encoder(batch)
         z.float().square().sum().backward()
         return tensor_bytes([p.grad for p in encoder.parameters() if p.grad is not None])

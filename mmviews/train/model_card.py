@@ -126,6 +126,15 @@ def _cell(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+def _data_left_out(summary: Mapping[str, Any]) -> list[str]:
+    """Per split, the samples training and evaluation lost (``data_losses``) and the modalities
+    no sample had: the same lines as the run's report.md."""
+    from mmviews.data.losses import ABSENT_MODALITIES_KEY, DATA_LOSSES_KEY, loss_lines
+
+    lines = loss_lines(summary.get(DATA_LOSSES_KEY) or {}) + list((summary.get(ABSENT_MODALITIES_KEY) or {}).values())
+    return ["Data left out:", "", *(f"- {line}" for line in lines), ""] if lines else []
+
+
 def render_model_card(config: TrainConfig, summary: Mapping[str, Any], source: str | None = None,
                       versions: Mapping[str, str] | None = None) -> str:
     """The card's text. ``summary``: the run summary (``results.json``: ``eval``,
@@ -186,6 +195,7 @@ def render_model_card(config: TrainConfig, summary: Mapping[str, Any], source: s
               f"{summary.get('samples_seen')} samples seen, global batch {d.batch_size}, {o.optimizer} "
               f"(lr {o.lr:g}, weight decay {o.weight_decay:g}, {o.schedule} schedule), seed {config.seed}; "
               f"final training loss {_cell(summary.get('final_loss'))}", "",
+              *_data_left_out(summary),
               "## Evaluation", ""]
     rows = _split_metrics(trained)
     if rows:

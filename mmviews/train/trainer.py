@@ -67,6 +67,8 @@ before each checkpoint's rename.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import math
 import os
 import time
@@ -80,6 +82,15 @@ from torch import nn
 
 from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
+from mmviews.data.losses import (
+    ABSENT_MODALITIES_KEY,
+    DATA_LOSSES_KEY,
+    DataLosses,
+    absent_modalities,
+    excluded_lines,
+    run_datasets,
+)
+from mmviews.eval.health import HealthSettings
 from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
@@ -91,9 +102,12 @@ from mmviews.train.distributed import configure_determinism, process_group_kwarg
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
+    RESULTS_LOGGER,
     TRACKERS_DIR,
     StepLogger,
     finalise_summary,
+    headline_lines,
+    headline_metrics,
     read_eval_metrics,
     resolve_trackers,
     write_results,
@@ -139,7 +153,8 @@ class HostPreparedCollate:
         self.collate, self.prepare = collate, prepare
 
     def __call__(self, samples: Any) -> ViewBatch:
-        return self.prepare(self.collate(samples))
+        batch = self.collate(samples)
+        return batch if batch.num_samples == 0 else self.prepare(batch)  # empty: every sample unreadable
 
 
 def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any:
@@ -290,6 +305,16 @@ def _check_losses(p: Prepared, state: TrainState, log_every: int) -> None:
             "optimisation.max_grad_norm, or optimisation.mixed_precision: 'no'")
 
 
+def check_epoch_complete(state: TrainState, batches_per_epoch: int, epoch: int) -> None:
+    """A ``RuntimeError`` when the training loader ran out before ``batches_per_epoch`` micro-batches
+    (the epoch length the schedule, the progress bar and the step count were planned with). Left
+    unchecked, a short epoch would end the run early with exit status 0, a wrong ``epochs`` in
+    ``results.json``, or, when only some processes run short, a hang in the next collective."""
+    if state.batch_in_epoch != batches_per_epoch:
+        raise RuntimeError(f"epoch {epoch}: the training loader gave {state.batch_in_epoch} batches, "
+                           f"{batches_per_epoch} expected (len() of the loader at the start of the run)")
+
+
 def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     """The loader of ``epoch``, seeded so that a resumed run draws the same batches and
     augmentations, without the batches of this epoch already trained on."""
@@ -310,11 +335,40 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     return loader
 
 
+def log_run_end(run_dir: Path, summary: dict[str, Any]) -> None:
+    """The end of a run on the :data:`~mmviews.train.logging.RESULTS_LOGGER` logger, for Python
+    callers of :func:`train` (``mmviews train`` prints the same itself): the headline metrics
+    (info) and each warning of the health checks (warning, shown even without logging set up)."""
+    logger = logging.getLogger(RESULTS_LOGGER)
+    lines = headline_lines(summary.get("headline") or [])
+    if lines:
+        logger.info("%s: trained vs random init\n%s", run_dir, "\n".join(lines))
+    for message in summary.get("warnings") or []:
+        logger.warning("warning: %s", message)
+
+
+def record_evaluated_sizes(losses: DataLosses, eval_dir: Path, datasets: dict[str, tuple[str, Any]]) -> None:
+    """Count, per split, the samples the evaluation in ``eval_dir`` did not embed (``n_<split>``
+    of its ``metrics.json`` against the dataset's size): those left out when unreadable. A
+    streamed split has no size: not counted here."""
+    try:
+        meta = json.loads((eval_dir / "metrics.json").read_text()).get("meta") or {}
+    except (OSError, ValueError):
+        return
+    for role, (_, dataset) in datasets.items():
+        if f"n_{role}" in meta and not getattr(dataset, "streamed", False) and hasattr(dataset, "__len__"):
+            losses.record_evaluated(role, len(dataset), int(meta[f"n_{role}"]))
+
+
 def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os.PathLike[str] | None = None,
           source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
           resume_ignore_rng: bool = False, reevaluate: bool = False) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the summary also written to
-    ``results.json``. ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
+    ``results.json``: among others ``"eval"`` and ``"eval_random"`` (the final evaluation of
+    the trained and of the randomly initialised encoder), ``"headline"`` (the probes' and
+    retrieval's main metrics, trained against random init, with chance levels) and
+    ``"warnings"`` (the health checks of :mod:`mmviews.eval.health`), both also logged on the
+    ``mmviews.train.results`` logger (:func:`log_run_end`). ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
     A fresh run needs ``run_dir`` new, empty, or a run that stopped before its first checkpoint
     (:func:`mmviews.run.check_run_dir`), or ``overwrite`` to replace an mmviews run (only what
     that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
@@ -329,6 +383,23 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     with StopOnSignal() as stop, ExitStack() as on_exit:  # the previous signal handlers come back at the end
         return _train(config, Path(run_dir), resume, source, callback or TrainCallback(), stop, on_exit,
                       overwrite=overwrite, resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate)
+
+
+def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
+    """What ``on_error: skip`` left out of the training and evaluation splits, over every
+    process (collective: every process calls it)."""
+    from mmviews.data.loaders import data_left_out, merge_data_left_out
+
+    splits = dict(parts.datasets)
+    for name, loader in (parts.eval_loaders or {}).items():
+        if loader is not None and name not in splits:
+            splits[name] = getattr(loader, "dataset", None)
+    local = data_left_out(splits)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        return merge_data_left_out(gather_object([local]))
+    return merge_data_left_out([local])
 
 
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
@@ -348,7 +419,18 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     if accelerator.is_main_process:
         prepare_run_dir(run_dir, config, fresh=checkpoint is None, overwrite=overwrite)
         on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
+        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
+        if isinstance(note, str):
+            print(f"data: {note}", flush=True)
     accelerator.wait_for_everyone()
+    # What the data lacks, said once before any work: known-bad samples left out of their split,
+    # a modality that no training sample has. Counted on in data_losses (results.json).
+    losses = DataLosses(run_datasets(parts))
+    absent = (absent_modalities(parts.datasets["train"], parts.view_spec, config.data.train_split)
+              if accelerator.is_main_process else {})  # it may open every clip: once is enough
+    if accelerator.is_main_process:
+        for line in excluded_lines(losses.splits) + list(absent.values()):
+            print(f"mmviews train: {line}", flush=True)
     p = _prepare(accelerator, parts)
     state, objective, num_views = p.state, parts.objective, len(parts.view_spec)
 
@@ -375,6 +457,12 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             break
         p.model.train()
         for batch in _epoch_batches(p, parts, epoch):
+            if batch.dropped:  # unreadable samples left out of this batch (on_error: skip)
+                losses.record_dropped("train", batch.dropped)
+                if batch.num_samples < 2:  # nothing to contrast: the data is too damaged to go on
+                    raise ValueError(f"{len(batch.dropped)} of the {len(batch.dropped) + batch.num_samples} samples "
+                                     f"of a training batch are unreadable (data.options.on_error: skip), e.g. "
+                                     f"{batch.dropped[0]}; repair them or rerun `mmviews prepare` to list them")
             out, critic_metrics = train_step(p, batch, o.max_grad_norm)
             state.batch_in_epoch += 1
             state.samples += batch.num_samples * accelerator.num_processes
@@ -395,6 +483,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
                 save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
             if done:
                 break
+        else:  # the loader ran out: it must have given the whole epoch (not a shorter one on some process)
+            check_epoch_complete(state, p.batches_per_epoch, epoch)
         if state.batch_in_epoch >= p.batches_per_epoch:
             objective.on_epoch_end(epoch)
             state.epoch, state.batch_in_epoch = epoch + 1, 0
@@ -419,6 +509,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         metrics = run_evaluation(encoder, parts, run_dir / "eval", accelerator, log_csv=run_dir / LOG_FILE,
                                  meta={"objective": config.objective.name, "step": state.step, "recipe": config.name,
                                        "num_views": num_views})
+        if accelerator.is_main_process:  # the only one that wrote eval/metrics.json
+            record_evaluated_sizes(losses, run_dir / "eval", run_datasets(parts))
     summary = finalise_summary({
         "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
         "samples_seen": state.samples, "final_loss": log.last_loss,
@@ -426,9 +518,13 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
+        "data_skipped": _data_left_out(accelerator, parts),
+        DATA_LOSSES_KEY: losses.to_dict(), ABSENT_MODALITIES_KEY: absent,
+        "headline": headline_metrics(metrics, random_metrics),
     })
     if accelerator.is_main_process:
-        write_results(run_dir, summary)
+        write_results(run_dir, summary, HealthSettings.from_config(config))
+        log_run_end(run_dir, summary)
         write_model_card(run_dir / ENCODER_DIR, config, summary, source)  # after evaluation: it has the numbers
         record_run_outputs(run_dir)
     if trackers:
