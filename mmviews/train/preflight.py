@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from mmviews.config import ConfigError
+from mmviews.data.streaming import first_samples
 from mmviews.eval.evaluate import parse_tasks
 from mmviews.registry import did_you_mean
 from mmviews.train.build import RunParts
@@ -35,11 +36,11 @@ CHECK_BATCH_SAMPLES = 2
 
 def _splits(parts: RunParts) -> Iterator[tuple[str, str, Any, Callable[[list[Any]], Any]]]:
     """``(split name, recipe key naming it, dataset, collate)`` of the training split and of each
-    evaluation split (the loaders' own collators). Streamed splits (``data.streaming``: rows, not
-    indexable samples) are left to checks of their own."""
+    evaluation split (the loaders' own collators). A streamed training split is read through its
+    stream (:func:`~mmviews.data.streaming.first_samples`); evaluation splits that cannot be
+    indexed are left out."""
     data = parts.config.data
-    if _indexable(parts.datasets["train"]):
-        yield data.train_split, "data.train_split", parts.datasets["train"], parts.collator
+    yield data.train_split, "data.train_split", parts.datasets["train"], parts.collator
     keys = {"train": ("data.train_split", data.train_split), "val": ("data.val_split", data.val_split),
             "test": ("data.test_split", data.test_split)}
     for role, loader in parts.eval_loaders.items():
@@ -53,16 +54,17 @@ def _indexable(dataset: Any) -> bool:
 
 
 def _first_samples(dataset: Any, n: int = CHECK_BATCH_SAMPLES) -> list[Any]:
-    return [dataset[i] for i in range(min(n, len(dataset)))]
+    return first_samples(dataset, n)
 
 
 def check_view_modalities(parts: RunParts, source: str) -> None:
     """Every modality a view names is a modality of every split's samples."""
     entries = parts.config.views
     for split, _, dataset, _ in _splits(parts):
-        if len(dataset) == 0:
+        first = _first_samples(dataset, 1)
+        if not first:
             continue
-        have = sorted(dataset[0]["modalities"])
+        have = sorted(first[0]["modalities"])
         for i, entry in enumerate(entries):
             modality = entry.get("modality") if isinstance(entry, dict) else None
             if modality is not None and modality not in have:
@@ -135,9 +137,10 @@ def check_evaluation_labels(parts: RunParts, source: str) -> None:
         return
     tasks = parse_tasks(config.evaluation.tasks)
     for split, key, dataset, _ in _splits(parts):
-        if "(evaluation)" not in split or len(dataset) == 0:
+        first = _first_samples(dataset, 1) if "(evaluation)" in split else []
+        if not first:
             continue
-        carried = sorted((dataset[0].get("labels") or {}))
+        carried = sorted((first[0].get("labels") or {}))
         for i, task in enumerate(tasks):
             if task.label is None or task.label in carried:
                 continue
