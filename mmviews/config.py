@@ -493,10 +493,10 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     try:
         return config_from_dict(raw, source)
     except ConfigError as error:
-        culprit = override_of_error(str(error), overrides)
-        if culprit is None:
+        named = name_the_override(error, source, overrides)
+        if named is error:
             raise
-        raise ConfigError(str(error).replace(source, f"--set {culprit!r}", 1)) from None
+        raise named from None
 
 
 def name_the_override(error: ConfigError, source: str, overrides: Sequence[str]) -> ConfigError:
