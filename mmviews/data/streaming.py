@@ -29,7 +29,13 @@ epoch is formed (:class:`StreamLoader`):
   split between processes, ``floor(total / N)`` otherwise. Rows beyond ``B`` batches are not
   used in that epoch (at most one batch per process with equal shards, like ``drop_last``);
   the counts come from the Parquet footers, so ``optimisation.epochs`` works as for map-style
-  data and the length is known before the first row is read.
+  data and the length is known before the first row is read. ``B`` is computed once
+  (:func:`streamed_epoch_batches`) and is ``len()`` of the loader, which the trainer's batches
+  per epoch, schedule, progress bar and ``results.json`` take. E.g. shards of 12, 12, 12 and 2
+  rows (the short last shard ``prepare`` writes) on 2 processes at K = 8: a process gets 24 or
+  14 rows, R = 14, B = floor(14 / 4) = 3 steps per epoch on both. Data too small for one batch
+  (``B = 0``) is refused when the run is built; a stream that ends before ``B`` batches (shards
+  changed under the run) is an error naming the process, never a shorter epoch.
 - **Resuming** (``--resume``): ``datasets`` restores a stream's position from its ``state_dict``
   but not the content of the shuffle buffer, so a resumed run would draw other batches. The
   loader records its position (epoch, batches and rows drawn, the ``datasets`` state as data,
@@ -522,15 +528,33 @@ class _DecodeRows(Dataset):
         return [self.decoder(r) for r in rows]
 
 
+def streamed_epoch_batches(shards: ShardFiles, num_processes: int, batch_size: int) -> int:
+    """Batches of ``batch_size`` rows that every one of ``num_processes`` processes draws per epoch:
+    ``floor(R / batch_size)``, R the fewest rows any process can be given
+    (:meth:`ShardFiles.min_rows_per_process`; see the module docstring).
+
+    The one epoch length of a streamed run: the loader stops there, and the trainer's batches per
+    epoch, schedule, progress bar and ``results.json`` all take it from ``len(loader)``. Rounding
+    down and taking the poorest process is what keeps every process at the same step count: one
+    batch more and the process given R rows would end its epoch first while the others wait for
+    it in a collective (a hang under DDP)."""
+    return shards.min_rows_per_process(num_processes) // int(batch_size)
+
+
 class _RawBatches:
-    """Batches of raw rows drawn from a row iterator, recording the position after each batch."""
+    """Batches of raw rows drawn from a row iterator, recording the position after each batch.
+
+    With a ``limit`` (training), a stream that ends before ``limit`` full batches (once refilled,
+    see ``refill``) is an error naming ``where``: a process that stopped early would leave the
+    others waiting for it."""
 
     def __init__(self, stream: Any, batch_size: int, limit: int | None, skip: int, positions: deque,
-                 refill: Any = None) -> None:
+                 refill: Any = None, where: str = "") -> None:
         self.stream, self.rows = stream, iter(stream)
         self.batch_size, self.limit, self.skip, self.positions = batch_size, limit, skip, positions
         self.refill = refill  # () -> bool: may the epoch's rows be read again to fill its last batches
         self.error: Exception | None = None
+        self.where = where
 
     def _take(self, count: int) -> list[Any]:
         batch: list[Any] = []
@@ -559,7 +583,12 @@ class _RawBatches:
                 if not batch:
                     raise ValueError("the streamed split has no readable row left: every row group read in this epoch "
                                      "was damaged and left out (on_error: skip)")
-            if not batch or (self.limit is not None and len(batch) < self.batch_size):
+            if self.limit is not None and len(batch) < self.batch_size:
+                raise ValueError(f"{self.where}: the stream ended after {drawn} full batches of {self.batch_size} rows "
+                                 f"(and {len(batch)} rows), {self.limit} expected from the shards' row counts (shards changed "
+                                 "since the run started, or too many rows left out as damaged); every process must run "
+                                 "the same steps")
+            if not batch:
                 return
             drawn += 1
             self.positions.append((len(batch), self.stream.state_dict()))
@@ -592,10 +621,10 @@ class StreamLoader:
         self._hf_state: dict[str, Any] | None = None
         if drop_last:
             rows = stream.shards.min_rows_per_process(self.world)
-            self.num_batches = rows // self.batch_size
+            self.num_batches = streamed_epoch_batches(stream.shards, self.world, self.batch_size)
             if self.num_batches < 1:
-                raise ValueError(f"{stream.root} [{stream.split}]: {rows} rows per process cannot fill one batch of "
-                                 f"{self.batch_size} rows ({len(stream.shards.files)} shards, {self.world} processes)")
+                raise ValueError(f"{stream.root} [{stream.split}]: {rows} rows for the process given the fewest cannot "
+                                 f"fill one batch of {self.batch_size} rows ({len(stream.shards.files)} shards, {self.world} processes)")
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -638,8 +667,10 @@ class StreamLoader:
         world = self.world if self.drop_last else 1
         ds = self.dataset.iterable(seed=self.seed, epoch=self.epoch, shuffle_buffer=shuffle, rank=self.rank, world=world)
         positions: deque = deque()
+        where = (f"{self.dataset.root} [{self.dataset.split}], process {self.rank} of {self.world}, "
+                 f"epoch {self.epoch}")
         raw = _RawBatches(ds, self.batch_size, len(self) if self.drop_last else None, self._skip, positions,
-                          refill=lambda: bool(self.dataset.skipped_row_groups.row_groups))
+                          refill=lambda: bool(self.dataset.skipped_row_groups.row_groups), where=where)
         self.batches_in_epoch, self.rows_in_epoch = 0, 0
         # The loader draws its workers' base seed from its own generator: from the global RNG, a
         # resumed run (a new iterator mid-epoch) would shift the training RNG stream (dropout).

@@ -305,6 +305,16 @@ def _check_losses(p: Prepared, state: TrainState, log_every: int) -> None:
             "optimisation.max_grad_norm, or optimisation.mixed_precision: 'no'")
 
 
+def check_epoch_complete(state: TrainState, batches_per_epoch: int, epoch: int) -> None:
+    """A ``RuntimeError`` when the training loader ran out before ``batches_per_epoch`` micro-batches
+    (the epoch length the schedule, the progress bar and the step count were planned with). Left
+    unchecked, a short epoch would end the run early with exit status 0, a wrong ``epochs`` in
+    ``results.json``, or, when only some processes run short, a hang in the next collective."""
+    if state.batch_in_epoch != batches_per_epoch:
+        raise RuntimeError(f"epoch {epoch}: the training loader gave {state.batch_in_epoch} batches, "
+                           f"{batches_per_epoch} expected (len() of the loader at the start of the run)")
+
+
 def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     """The loader of ``epoch``, seeded so that a resumed run draws the same batches and
     augmentations, without the batches of this epoch already trained on."""
@@ -473,6 +483,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
                 save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
             if done:
                 break
+        else:  # the loader ran out: it must have given the whole epoch (not a shorter one on some process)
+            check_epoch_complete(state, p.batches_per_epoch, epoch)
         if state.batch_in_epoch >= p.batches_per_epoch:
             objective.on_epoch_end(epoch)
             state.epoch, state.batch_in_epoch = epoch + 1, 0
