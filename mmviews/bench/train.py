@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -81,6 +80,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, Dataset
 
+from mmviews.bench.common import cuda_peak_mib, middle, rss_high_water_bytes, seconds_of, synchroniser, verb_main
 from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
@@ -447,10 +447,8 @@ def loop_step(p: Prepared, batch: Any, max_grad_norm: float | None) -> None:
 
 def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, "torch.cuda.max_memory_allocated over the timed steps"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    scale = 1 if sys.platform == "darwin" else 1024
-    return rss * scale / 2**20, "process RSS high-water mark (resource.getrusage, main process, since start)"
+        return cuda_peak_mib(device), "torch.cuda.max_memory_allocated over the timed steps"
+    return rss_high_water_bytes() / 2**20, "process RSS high-water mark (resource.getrusage, main process, since start)"
 
 
 #: The synchronisations known to remain in a training step, by where torch reports them (a
@@ -524,10 +522,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         if dev.type != device:
             raise RuntimeError(f"bench train: asked for --device {device} but Accelerate chose {dev}")
         cuda = dev.type == "cuda"
-
-        def sync() -> None:
-            if cuda:
-                torch.cuda.synchronize(dev)
+        sync = synchroniser(dev)
 
         max_grad_norm = config.optimisation.max_grad_norm
         p.model.train()
@@ -546,12 +541,12 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         throughput_s = sum(step_times)
         throughput_method = "phase loop (no synchronisation to remove on CPU)"
         if cuda:  # the trainer's own step, no synchronisation between phases
+            def loop() -> None:
+                for _ in range(steps):
+                    loop_step(p, next(batch_iter), max_grad_norm)
+
             sync()
-            started = time.perf_counter()
-            for _ in range(steps):
-                loop_step(p, next(batch_iter), max_grad_norm)
-            sync()
-            throughput_s = time.perf_counter() - started
+            throughput_s = seconds_of(loop, sync)
             throughput_method = "train_step (+ teacher update) loop, one torch.cuda.synchronize at the end"
         result_sync = _sync_debug_loop(p, batch_iter, max_grad_norm, steps, sync_debug) if sync_debug else None
         host_reads = None
@@ -580,7 +575,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         "num_workers": config.data.num_workers, "pin_memory": bool(parts.train_loader.pin_memory),
         "mixed_precision": config.optimisation.mixed_precision, "device": str(dev), "steps": steps, "warmup": warmup,
         "samples_per_s": samples_per_s, "views_per_s": samples_per_s * M, "throughput_method": throughput_method,
-        "step_ms": 1000 * sorted(step_times)[len(step_times) // 2],
+        "step_ms": 1000 * middle(step_times),
         "phase_ms": {name: 1000 * sum(v) / steps for name, v in phases.items()},
         "phase_share": {name: sum(v) / total for name, v in phases.items()},
         "peak_memory_mb": peak_mb, "memory_method": memory_method,
@@ -833,9 +828,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m mmviews.bench.train [options]``."""
-    parser = argparse.ArgumentParser(prog="mmviews bench train", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return verb_main("train", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":
