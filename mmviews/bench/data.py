@@ -65,6 +65,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from mmviews.bench.common import seconds_of, timed
+from mmviews.bench.report import print_header
 from mmviews.fileio import atomic_write_text
 
 
@@ -235,8 +236,7 @@ def _video_cases_timed(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_video(video: dict[str, Any]) -> None:
     header = f"{'video case':<16} {'clips':>5} {'clips/s':>8} {'ms/clip':>8} {'median ms':>9} {'x full+flow':>11}"
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for name, r in video["cases"].items():
         print(f"{name:<16} {r['clips']:>5} {r['clips_per_s']:>8.1f} {r['ms_per_clip']:>8.1f} {r['median_ms_per_clip']:>9.1f} "
               f"{r['x_baseline']:>11.2f}")
@@ -377,8 +377,7 @@ def _stream_images_case(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_stream(stream: dict[str, Any]) -> None:
     header = f"{'streamed case':<20} {'workers':>7} {'samples':>7} {'s':>7} {'samples/s':>9} {'x store':>7}"
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for name, r in stream["cases"].items():
         print(f"{name:<20} {r['workers']:>7} {r['samples']:>7} {r['seconds']:>7.2f} {r['samples_per_s']:>9.1f} "
               f"{r['x_store']:>7.2f}")
@@ -450,8 +449,7 @@ def run(args: argparse.Namespace) -> int:
         results["streamed"] = _stream_cases(args)
     header = f"{'case':<22} {'views':>5} {'K':>4} {'first batch s':>13} {'samples/s':>10} {'views/s':>9}"
     if cases:
-        print(header)
-        print("-" * len(header))
+        print_header(header)
     for name, r in cases.items():
         print(f"{name:<22} {r['views']:>5} {r['batch_size']:>4} {r['first_batch_s']:>13.2f} {r['samples_per_s']:>10.1f} "
               f"{r['views_per_s']:>9.1f}")

@@ -35,6 +35,12 @@ def machine(device: torch.device) -> dict[str, Any]:
             "device": str(device), "load_average": list(os.getloadavg())}
 
 
+def print_header(header: str) -> None:
+    """Print a table's ``header`` line and a rule of dashes as long as it under it."""
+    print(header)
+    print("-" * len(header))
+
+
 def write_report(result: dict[str, Any], table: str | None, out: str | Path) -> None:
     """Print ``table``, write ``result`` to ``out`` as indented JSON (atomically, so that an
     interrupted benchmark leaves no half-written file) and say where it went. ``table`` None:
