@@ -189,6 +189,8 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "round_map_epoch_up": _round_map_epoch_up,
     "write_shards_in_place": _write_shards_in_place,
     "read_rows_with_parquet_builder": _read_rows_with_parquet_builder,
+    "bench_time_contenders_in_blocks": lambda: _bench_time_contenders_in_blocks(),
+    "bench_rss_reset_does_nothing": lambda: _bench_rss_reset_does_nothing(),
 }
 
 
@@ -413,3 +415,37 @@ def _move_alignment_threshold() -> tuple[Any, str, Any]:
 
     return health, "ALIGNMENT_GAP", 0.03
 
+
+def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:
+    """The benchmarks time each contender's rounds in one block, one contender after another (a
+    change of machine load between contenders then biases their ratios)."""
+    import time
+
+    import mmviews.bench.common as common
+
+    def in_blocks(calls: Any, repeats: int, warmup: int, sync: Any, *, clock: Any = time.perf_counter,
+                  before: Any = None, after: Any = None) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {key: [] for key in calls}
+        for key, call in calls.items():
+            for round_ in range(warmup + repeats):
+                if before is not None:
+                    before(key)
+                sync()
+                start = clock()
+                call()
+                sync()
+                if round_ >= warmup:
+                    times[key].append(clock() - start)
+                if after is not None:
+                    after(key)
+        return times
+
+    return common, "round_robin", in_blocks
+
+
+def _bench_rss_reset_does_nothing() -> tuple[Any, str, Any]:
+    """The CPU peak-memory probe says it reset the resident set's high-water mark without doing
+    it (a call's peak then includes whatever the process held before)."""
+    import mmviews.bench.common as common
+
+    return common, "reset_rss_high_water", lambda: True
