@@ -419,26 +419,12 @@ def _move_alignment_threshold() -> tuple[Any, str, Any]:
 def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:
     """The benchmarks time each contender's rounds in one block, one contender after another (a
     change of machine load between contenders then biases their ratios)."""
-    import time
-
     import mmviews.bench.common as common
 
-    def in_blocks(calls: Any, repeats: int, warmup: int, sync: Any, *, clock: Any = time.perf_counter,
-                  before: Any = None, after: Any = None) -> dict[str, list[float]]:
-        times: dict[str, list[float]] = {key: [] for key in calls}
-        for key, call in calls.items():
-            for round_ in range(warmup + repeats):
-                if before is not None:
-                    before(key)
-                sync()
-                start = clock()
-                call()
-                sync()
-                if round_ >= warmup:
-                    times[key].append(clock() - start)
-                if after is not None:
-                    after(key)
-        return times
+    round_robin = common.round_robin  # the intact one, run on one contender at a time
+
+    def in_blocks(calls: Any, *args: Any, **kwargs: Any) -> dict[str, list[float]]:
+        return {key: round_robin({key: call}, *args, **kwargs)[key] for key, call in calls.items()}
 
     return common, "round_robin", in_blocks
 
