@@ -39,8 +39,8 @@ def check_round_robin() -> None:
             calls_made[key] += 1
         return call
 
-    times = common.round_robin({key: call_of(key) for key in cost}, repeats=3, warmup=2, sync=lambda: log.append("sync"),
-                               clock=clock, before=lambda key: log.append(f"before:{key}"),
+    times = common.round_robin({key: call_of(key) for key in cost}, repeats=3, warmup=2,
+                               sync=lambda: log.append("sync"), clock=clock, before=lambda key: log.append(f"before:{key}"),
                                after=lambda key: log.append(f"after:{key}"))
     assert times == {key: [value] * 3 for key, value in cost.items()}
     one_round = [event for key in cost for event in (f"before:{key}", "sync", f"call:{key}", "sync", f"after:{key}")]

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from mmviews.bench.common import cuda_peak_mib, median_seconds, seconds_of, synchroniser, verb_main
+from mmviews.bench.common import (cuda_peak_mib, median_seconds, reset_cuda_peak, seconds_of, synchroniser,
+                                   verb_main)
 from mmviews.bench.report import machine, write_report
 from mmviews.modalities import MultiViewEncoder, build_adapter
 from mmviews.modalities.presets import ADAPTER_TYPES, example_inputs, realistic_config, tiny_config
@@ -55,8 +56,7 @@ def _measure(
         with torch.no_grad():
             adapter(inputs)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_cuda_peak(device)
     row["infer_views_per_s"] = round(batch / median_seconds(infer, repeats, device), 1)
     if device.type == "cuda":
         row["infer_peak_MiB"] = round(cuda_peak_mib(device), 1)
@@ -67,8 +67,7 @@ def _measure(
             adapter.zero_grad(set_to_none=True)
             adapter(inputs).square().sum().backward()
 
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_cuda_peak(device)
         row["train_views_per_s"] = round(batch / median_seconds(step, repeats, device), 1)
         if device.type == "cuda":
             row["train_peak_MiB"] = round(cuda_peak_mib(device), 1)

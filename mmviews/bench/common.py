@@ -2,15 +2,15 @@
 
 Timing: :func:`synchroniser` (wait for a device's queued kernels, so that a clock reading
 charges them to the work timed; nothing to wait for on CPU), :func:`middle` (the median the
-step-time verbs report: the upper middle sample, always one that was measured),
-:func:`timed` and :func:`seconds_of` (one call), :func:`median_seconds` (one warm-up call, then the middle of ``repeats`` timed calls) and
-:func:`round_robin` (contenders timed in turn, round after round, so that a change of machine
-load between them does not bias their ratios).
+step-time verbs report: the upper middle sample, always one that was measured), :func:`timed`
+and :func:`seconds_of` (one call), :func:`median_seconds` (one warm-up call, then the middle of
+``repeats`` timed calls) and :func:`round_robin` (contenders timed in turn, round after round,
+so that a change of machine load between them does not bias their ratios).
 
-Memory: :func:`cuda_peak_mib` (``torch.cuda.max_memory_allocated``), :func:`cuda_peak_bytes_of`
-(the same around one call), :func:`rss_bytes` (the
-resident set now), :func:`reset_rss_high_water` and :func:`rss_high_water_bytes` (the resident
-set's high-water mark, reset where Linux allows it, else since the process started).
+Memory: :func:`reset_cuda_peak` and :func:`cuda_peak_mib` (``torch.cuda.max_memory_allocated``),
+:func:`cuda_peak_bytes_of` (the same around one call), :func:`rss_bytes` (the resident set now),
+:func:`reset_rss_high_water` and :func:`rss_high_water_bytes` (the resident set's high-water
+mark, reset where Linux allows it, else since the process started).
 
 The report each verb writes (JSON next to a printed table) is in :mod:`mmviews.bench.report`.
 """
@@ -62,7 +62,8 @@ def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device = t
     return middle(times)
 
 
-def timed(fn: Callable[[], T], sync: Callable[[], None] = _no_wait, clock: Clock = time.perf_counter) -> tuple[T, float]:
+def timed(fn: Callable[[], T], sync: Callable[[], None] = _no_wait,
+          clock: Clock = time.perf_counter) -> tuple[T, float]:
     """What one call of ``fn`` returns, and its seconds (``sync`` waited for before the clock stops)."""
     start = clock()
     value = fn()
@@ -97,6 +98,12 @@ def round_robin(calls: Mapping[str, Callable[[], Any]], repeats: int, warmup: in
     return times
 
 
+def reset_cuda_peak(device: torch.device) -> None:
+    """Start :func:`cuda_peak_mib`'s count afresh on a CUDA ``device`` (nothing elsewhere)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def cuda_peak_mib(device: torch.device) -> float:
     """``torch.cuda.max_memory_allocated`` on ``device`` since its last reset, in MiB."""
     return torch.cuda.max_memory_allocated(device) / 2**20
@@ -107,7 +114,7 @@ def cuda_peak_bytes_of(fn: Callable[[], Any], device: torch.device) -> int:
     counting what was allocated before it."""
     sync = synchroniser(device)
     sync()
-    torch.cuda.reset_peak_memory_stats(device)
+    reset_cuda_peak(device)
     fn()
     sync()
     return int(torch.cuda.max_memory_allocated(device))

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from mmviews.bench.common import cuda_peak_mib, middle, round_robin, synchroniser, verb_main
+from mmviews.bench.common import cuda_peak_mib, middle, reset_cuda_peak, round_robin, synchroniser, verb_main
 from mmviews.bench.report import machine, write_report
 from mmviews.modalities import build_adapter
 from mmviews.modalities.dropout import dropout_rows, dropout_step, enable_sample_keyed_dropout
@@ -96,15 +96,12 @@ def _measure(case: str, args: argparse.Namespace, device: torch.device) -> list[
     steps = {v: _step(case, v, args, device) for v in variants}
     peaks: dict[str, float] = {}
 
-    def reset_peak(variant: str) -> None:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
     def record_peak(variant: str) -> None:
         if device.type == "cuda":
             peaks[variant] = max(peaks.get(variant, 0.0), cuda_peak_mib(device))
 
-    times = round_robin(steps, args.repeats, 1, synchroniser(device), before=reset_peak, after=record_peak)
+    times = round_robin(steps, args.repeats, 1, synchroniser(device), before=lambda variant: reset_cuda_peak(device),
+                        after=record_peak)
     rows = []
     for v in variants:
         row: dict[str, Any] = {"case": case, "variant": v, "s_per_step": middle(times[v])}

@@ -77,7 +77,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mmviews.bench.common import cuda_peak_mib, middle, rss_high_water_bytes, seconds_of, synchroniser, verb_main
+from mmviews.bench.common import (cuda_peak_mib, middle, reset_cuda_peak, rss_high_water_bytes, seconds_of, synchroniser,
+                                   verb_main)
 from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
@@ -372,8 +373,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         for _ in range(warmup):
             timed_step(p, batch_iter, max_grad_norm, sync)
         sync()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_cuda_peak(dev)
         phases = {name: [] for name in PHASES}
         for _ in range(steps):
             for name, seconds in timed_step(p, batch_iter, max_grad_norm, sync).items():
