@@ -104,9 +104,12 @@ def reset_cuda_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def cuda_peak_mib(device: torch.device) -> float:
-    """``torch.cuda.max_memory_allocated`` on ``device`` since its last reset, in MiB."""
-    return torch.cuda.max_memory_allocated(device) / 2**20
+def cuda_peak_mib(device: torch.device, reserved: bool = False) -> float:
+    """``torch.cuda.max_memory_allocated`` on ``device`` since its last reset, in MiB; with
+    ``reserved``, ``max_memory_reserved`` (what the process holds on the device, the caching
+    allocator's free blocks too)."""
+    peak = torch.cuda.max_memory_reserved(device) if reserved else torch.cuda.max_memory_allocated(device)
+    return peak / 2**20
 
 
 def cuda_peak_bytes_of(fn: Callable[[], Any], device: torch.device) -> int:
