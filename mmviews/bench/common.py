@@ -8,7 +8,8 @@ and :func:`seconds_of` (one call), :func:`median_seconds` (one warm-up call, the
 so that a change of machine load between them does not bias their ratios).
 
 Memory: :func:`reset_cuda_peak` and :func:`cuda_peak_mib` (``torch.cuda.max_memory_allocated``),
-:func:`cuda_peak_bytes_of` (the same around one call), :func:`rss_bytes` (the resident set now),
+:func:`cuda_peak_bytes_of` (the same around one call), :func:`tensor_peak_bytes_of`
+(live tensor bytes during one call, on CPU too), :func:`rss_bytes` (the resident set now),
 :func:`reset_rss_high_water` and :func:`rss_high_water_bytes` (the resident set's high-water
 mark, reset where Linux allows it, else since the process started).
 
@@ -22,6 +23,7 @@ import os
 import resource
 import sys
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
@@ -121,6 +123,34 @@ def cuda_peak_bytes_of(fn: Callable[[], Any], device: torch.device) -> int:
     fn()
     sync()
     return int(torch.cuda.max_memory_allocated(device))
+
+
+def tensor_peak_bytes_of(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Peak tensor memory during one call of ``fn``, allocator caching excluded: on CUDA
+    :func:`cuda_peak_bytes_of`; on CPU the peak total size of live tensors over the timeline
+    torch's memory profiler rebuilds from the allocator's events (a private API: None, with a
+    warning, where it is unavailable rather than a made-up number)."""
+    if device.type == "cuda":
+        return cuda_peak_bytes_of(fn, device)
+    # A CUDA build of torch has the profiler (kineto) look for GPUs when it starts; on a
+    # machine without a driver that prints "gpuGetDeviceCount failed with code 35" although
+    # only CPU activity is recorded. Quiet kineto's own logging (a user's setting wins).
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                         with_stack=True) as prof:
+                fn()
+            timeline = MemoryProfileTimeline(prof._memory_profile())
+            _, sizes = timeline._coalesce_timeline(device)
+        return int(max(sum(row) for row in sizes)) if sizes else None
+    except Exception as error:  # private API: report the gap rather than a made-up number
+        print(f"warning: CPU memory timeline unavailable ({type(error).__name__}: {error})", file=sys.stderr)
+        return None
 
 
 def rss_bytes() -> int:

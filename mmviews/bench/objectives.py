@@ -65,7 +65,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from mmviews.bench.common import cuda_peak_bytes_of, round_robin, synchroniser, verb_main
+from mmviews.bench.common import round_robin, synchroniser, tensor_peak_bytes_of, verb_main
 from mmviews.bench.report import environment, write_report
 from mmviews.objectives import get_objective, list_objectives, objective_class, reference
 
@@ -145,30 +145,7 @@ class _Step:
 def peak_memory_bytes(call: _Step, device: torch.device) -> int | None:
     """Peak tensor memory of one ``call`` (see the module docstring), or None if unmeasurable."""
     call.reset()
-    if device.type == "cuda":
-        return cuda_peak_bytes_of(call, device)
-    import os
-
-    # A CUDA build of torch has the profiler (kineto) look for GPUs when it starts; on a
-    # machine without a driver that prints "gpuGetDeviceCount failed with code 35" although
-    # only CPU activity is recorded. Quiet kineto's own logging (a user's setting wins).
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    try:
-        from torch.profiler import ProfilerActivity, profile
-        from torch.profiler._memory_profiler import MemoryProfileTimeline
-
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-                call()
-            timeline = MemoryProfileTimeline(prof._memory_profile())
-            _, sizes = timeline._coalesce_timeline(device)
-        return int(max(sum(row) for row in sizes)) if sizes else None
-    except Exception as error:  # private API: report the gap rather than a made-up number
-        print(f"warning: CPU memory timeline unavailable ({type(error).__name__}: {error})", file=sys.stderr)
-        return None
+    return tensor_peak_bytes_of(call, device)
 
 
 def _objective_kwargs(name: str, temperature: float) -> dict[str, Any]:
