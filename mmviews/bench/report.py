@@ -45,7 +45,6 @@ def write_report(result: dict[str, Any], table: str | None, out: str | Path) -> 
     """Print ``table``, write ``result`` to ``out`` as indented JSON (atomically, so that an
     interrupted benchmark leaves no half-written file) and say where it went. ``table`` None:
     the rows were printed as they came, and a blank line parts them from where it went."""
-    if table is not None:
-        print(table)
+    print(table if table is not None else "")
     written = atomic_write_text(out, json.dumps(result, indent=2))
-    print(f"{'' if table is not None else chr(10)}wrote {written}")
+    print(f"wrote {written}")
