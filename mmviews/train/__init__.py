@@ -9,7 +9,7 @@
 - :func:`estimate_memory`: the estimated peak memory per device of a built run, and the
   ``encode_chunk_size`` that fits a budget (:mod:`mmviews.train.memory`, ``mmviews train --check``).
 - :func:`cached_train_step`: :func:`train_step` as a cached-embedding step (GradCache), used by
-  the loop when ``optimisation.encode_chunk_size`` is set (:mod:`mmviews.train.cached_step`).
+  the loop when ``optimisation.encode_chunk_size`` is set (:mod:`mmviews.train.step`).
 
 Recipes are :mod:`mmviews.config` (:class:`TrainConfig`, :func:`load_config`); the run folder
 and :func:`load_run` are :mod:`mmviews.run`; the command is ``mmviews train``
@@ -19,7 +19,7 @@ and :func:`load_run` are :mod:`mmviews.run`; the command is ``mmviews train``
 from mmviews.config import ConfigError, TrainConfig, load_config, resolve_recipe, save_config
 from mmviews.run import find_checkpoint, list_checkpoints, load_run
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.cached_step import cached_train_step
+from mmviews.train.step import cached_train_step
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState
 from mmviews.train.interrupt import TrainingInterrupted

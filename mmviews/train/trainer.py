@@ -21,7 +21,7 @@ Accelerate example loop, a contrastive trainer needs:
    gradients (the last window of an epoch with fewer than n batches left sums its k < n
    divided gradients, i.e. k/n of their average). It does NOT add negatives: each
    micro-batch's loss only contrasts the K samples of that micro-batch. What does is
-   ``optimisation.encode_chunk_size``: cached-embedding steps (:mod:`mmviews.train.cached_step`)
+   ``optimisation.encode_chunk_size``: cached-embedding steps (:mod:`mmviews.train.step`)
    encode K samples in chunks, so that K is not limited by the encoder's activations.
 3. **The objective's contract** (class attributes and no-op hooks of
    :class:`~mmviews.objectives.MultiViewObjective`); the loop has no per-objective code:
@@ -93,7 +93,7 @@ from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
-from mmviews.train.cached_step import cached_train_step, warn_batch_norm
+from mmviews.train.step import cached_train_step, warn_batch_norm
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
@@ -262,7 +262,7 @@ def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
 def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
     Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
-    set, the cached-embedding step of :mod:`mmviews.train.cached_step` instead (same contract)."""
+    set, the cached-embedding step of :mod:`mmviews.train.step` instead (same contract)."""
     if p.encode_chunk_size is not None:
         return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size)
     objective = p.objective
