@@ -12,7 +12,8 @@ from crafted_files import cli
 from mmviews.config import load_config, resolve_recipe
 from mmviews.train import build_run
 from mmviews.train.memory import GB, estimate_memory, measure_activations, saved_activation_bytes
-from mmviews.train.trainer import _accelerator, _prepare, train_step
+from mmviews.train.step import train_step
+from mmviews.train.trainer import _accelerator, _prepare
 
 # The quickstart shrunk: 64 samples, K = 32.
 SMALL = ["data.batch_size=32", "data.split_options.train.num_samples=64", "cpu=true"]

@@ -88,16 +88,15 @@ from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.trainer import (
+from mmviews.train.step import (
     Prepared,
-    _accelerator,
     _present_mask,
-    _prepare,
     micro_batch_dropout,
     optimizer_step,
     record_nonfinite,
     train_step,
 )
+from mmviews.train.trainer import _accelerator, _prepare
 
 CASES = ("quickstart", "realistic")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
