@@ -94,7 +94,7 @@ from torch import nn
 from mmviews.data.batch import ViewBatch
 from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
-from mmviews.train.checkpoint import TrainState
+from mmviews.train.state import TrainState
 from mmviews.train.teacher import EMATeacher
 
 RNGState = tuple[torch.Tensor, torch.Tensor | None]  # (CPU state, CUDA state of the current device or None)

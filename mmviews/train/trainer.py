@@ -91,7 +91,7 @@ from mmviews.data.losses import (
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
-from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
+from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
@@ -105,6 +105,7 @@ from mmviews.train.logging import (
 )
 from mmviews.train.model_card import write_model_card
 from mmviews.train.optim import build_optimizer, build_scheduler
+from mmviews.train.state import TrainState
 from mmviews.train.step import Prepared, train_step, warn_batch_norm
 from mmviews.train.teacher import EMATeacher
 
