@@ -288,6 +288,7 @@ def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
            callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
            resume_ignore_rng: bool, reevaluate: bool) -> dict[str, Any]:
+    # Setup: build and check the run, the accelerator, the run folder, prepare, resume.
     started = time.perf_counter()
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
@@ -334,6 +335,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
                      resumed=checkpoint is not None, started=started)
     o, out_cfg, eval_cfg = config.optimisation, config.output, config.evaluation
     saved = checkpoint
+    # The loop: epochs of micro-batches, each one train_step (mmviews.train.step).
     stop.defer(accelerator.num_processes, accelerator.is_main_process)  # a signal now stops after the step
     for epoch in range(state.epoch, o.epochs):
         if state.step >= p.total_steps or stop.agreed:
@@ -381,6 +383,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             accelerator.end_training()
         raise TrainingInterrupted(stop.agreed, state.step, saved)
 
+    # The end: the encoder, the final evaluation, results.json and the model card.
     encoder = accelerator.unwrap_model(p.model)
     if accelerator.is_main_process:
         encoder.save_pretrained(run_dir / ENCODER_DIR)
