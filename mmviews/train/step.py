@@ -115,8 +115,8 @@ class Prepared:
     total_steps: int
     batches_per_epoch: int
     # Device-side "a loss since the last check was non-finite" flag (0-dim bool; None: no step
-    # since), read by _check_losses at log steps and before checkpoints only: a host read of
-    # the loss at every step would wait for the device (see _check_losses).
+    # since), read by the loop's _check_losses (mmviews.train.trainer) at log steps and before
+    # checkpoints only: a host read of the loss at every step would wait for the device.
     nonfinite: torch.Tensor | None = None
     checked_step: int = 0  # optimiser step at the last _check_losses
     encode_chunk_size: int | None = None  # optimisation.encode_chunk_size: cached-embedding steps
@@ -147,8 +147,9 @@ def micro_batch_dropout(p: Prepared) -> contextlib.AbstractContextManager[None]:
 
 
 def record_nonfinite(p: Prepared, loss: torch.Tensor) -> None:
-    """Fold "this loss is NaN or inf" into the device-side flag that :func:`_check_losses` reads at
-    the next log step: no host synchronisation in the step."""
+    """Fold "this loss is NaN or inf" into the device-side flag that the loop's
+    :func:`~mmviews.train.trainer._check_losses` reads at the next log step: no host
+    synchronisation in the step."""
     bad = ~torch.isfinite(loss.detach())
     p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
 
