@@ -7,8 +7,8 @@ A checkpoint folder holds:
   RNG states of every process);
 - ``objective.pt``: the objective's ``state_dict`` (memory banks, critics);
 - ``teacher.safetensors``: the EMA teacher's weights, when the run has one;
-- ``train_state.json``: the loop position (:class:`~mmviews.train.state.TrainState`) and the size and SHA-256 of
-  every other file (:func:`mmviews.run.checkpoint_file_records`).
+- ``train_state.json``: the loop position (:class:`~mmviews.train.state.TrainState`) and the
+  size and SHA-256 of every other file (:func:`mmviews.run.checkpoint_file_records`).
 
 Everything is written into ``checkpoints/.tmp-checkpoint-N`` and the folder is renamed to
 ``checkpoint-N`` only when complete, so a kill mid-write leaves the previous checkpoint
