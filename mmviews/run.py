@@ -13,6 +13,7 @@ A run folder written by ``mmviews train`` holds::
                          README.md model card (objective, views, data, evaluation, command)
     logs/<tracker>/      what the trackers of ``output.trackers`` write (e.g. TensorBoard events)
     eval/, eval_random/, eval_epoch_N/   evaluation reports (metrics.json, summary.md, plots)
+    eval-N/              a later ``mmviews eval RUN`` (it never writes the run's own eval/)
     results.json, report.md              the run summary
 
 **Never delete what mmviews did not write.** A run starts only in a folder that does not

@@ -98,6 +98,65 @@ def _key_dropout_by_row() -> tuple[Any, str, Any]:
     return keys, "sample_row_keys", by_row
 
 
+def _round_stream_epoch_up() -> tuple[Any, str, Any]:
+    """A streamed epoch's batch count rounded up: the process given the fewest rows cannot fill it."""
+    import math
+
+    import mmviews.data.streaming as streaming
+
+    def rounded_up(shards: Any, num_processes: int, batch_size: int) -> int:
+        return math.ceil(shards.min_rows_per_process(num_processes) / batch_size)
+
+    return streaming, "streamed_epoch_batches", rounded_up
+
+
+def _average_rows_per_process() -> tuple[Any, str, Any]:
+    """The streamed epoch length taken from the mean rows per process (total / N) instead of the
+    fewest any process is given (unequal shards split between processes)."""
+    from mmviews.data.streaming import ShardFiles
+
+    def mean_rows(self: Any, num_processes: int) -> int:
+        return self.total // max(num_processes, 1)
+
+    return ShardFiles, "min_rows_per_process", mean_rows
+
+
+def _round_map_epoch_up() -> tuple[Any, str, Any]:
+    """The map-style batch count rounded up (the batches themselves still drop the last partial one)."""
+    import math
+
+    from mmviews.data.views import ViewSetBatchSampler
+
+    def rounded_up(self: Any) -> int:
+        return math.ceil(self.num_samples / self.K)
+
+    return ViewSetBatchSampler, "__len__", rounded_up
+
+
+def _write_shards_in_place() -> tuple[Any, str, Any]:
+    """Parquet shards written under their final name (no temporary name, so no rename)."""
+    import mmviews.data.shards as shards
+
+    return shards, "TMP_SUFFIX", ""
+
+
+def _read_rows_with_parquet_builder() -> tuple[Any, str, Any]:
+    """Streamed rows read through ``datasets``' Parquet builder (``load_dataset("parquet",
+    streaming=True)``) instead of :mod:`mmviews.data.row_groups`: with the default shuffle buffer
+    (10 shards read at once by threads) every pass over the shards then ends with a 5 s sleep."""
+    from mmviews.data.streaming import ShardSource
+
+    def rows(self: Any, files: Any) -> Any:
+        import datasets
+
+        ds = datasets.load_dataset("parquet", data_files={self.split: list(files)}, split=self.split, streaming=True)
+        for col in self.image_columns:
+            ds = ds.cast_column(col, datasets.Image(decode=False))
+        return ds
+
+    return ShardSource, "_rows", rows
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -123,6 +182,13 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "keep_unreadable_samples": lambda: _keep_unreadable_samples(),
     "forget_known_bad_clips": lambda: _forget_known_bad_clips(),
     "keep_worker_tracebacks": lambda: _keep_worker_tracebacks(),
+    "eval_in_float32": lambda: _eval_in_float32(),
+    "move_alignment_threshold": lambda: _move_alignment_threshold(),
+    "round_stream_epoch_up": _round_stream_epoch_up,
+    "average_rows_per_process": _average_rows_per_process,
+    "round_map_epoch_up": _round_map_epoch_up,
+    "write_shards_in_place": _write_shards_in_place,
+    "read_rows_with_parquet_builder": _read_rows_with_parquet_builder,
 }
 
 
@@ -328,3 +394,22 @@ def _keep_worker_tracebacks() -> tuple[Any, str, Any]:
     import mmviews.cli as cli
 
     return cli, "worker_error", lambda error: error
+
+
+def _eval_in_float32() -> tuple[Any, str, Any]:
+    """``mmviews eval`` runs the encoder's forward in float32 whatever precision the run trained
+    and evaluated with (the behaviour before issue 29)."""
+    from mmviews.eval.extract import AutocastEncoder
+
+    def forward(self: Any, batch: Any) -> Any:
+        return self.encoder(batch)
+
+    return AutocastEncoder, "forward", forward
+
+
+def _move_alignment_threshold() -> tuple[Any, str, Any]:
+    """The no-alignment threshold of the health checks moved from a gap of 0.02 to 0.03."""
+    import mmviews.eval.health as health
+
+    return health, "ALIGNMENT_GAP", 0.03
+

@@ -200,11 +200,11 @@ def test_prepare_cli_converts_and_reports(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "train: 3 samples" in out and "match no published mosi file" in out
     assert len(build_dataset("mosi", root=tmp_path / "st", split="test")) == 2
-    # bad input: a clear message and exit status 1, not a traceback
+    # bad input: a clear message and exit status 2, not a traceback
     evil = write(tmp_path / "evil.pkl", {"train": Boom()})
-    assert prepare.run(parser.parse_args(["mosi", str(evil), "--out", str(tmp_path / "st2")])) == 1
-    assert "refused to load global" in capsys.readouterr().out
-    assert prepare.run(parser.parse_args(["mosei", str(tmp_path / "missing.pkl")])) == 1
+    assert prepare.run(parser.parse_args(["mosi", str(evil), "--out", str(tmp_path / "st2")])) == 2
+    assert "refused to load global" in capsys.readouterr().err
+    assert prepare.run(parser.parse_args(["mosei", str(tmp_path / "missing.pkl")])) == 2
 
 
 def test_bench_data_smoke(capsys):

@@ -160,7 +160,7 @@ def test_hf_round_trip_and_resumable_write(tmp_path):
         same_sample(ref[s["index"]], s, f"hf streamed {s['index']}")
     # Other columns into the same folder are refused, not mixed.
     r = prepare("hf", str(root), "--format", "parquet", "--columns", "image=img")
-    assert r.returncode == 1 and "--overwrite" in r.stdout
+    assert r.returncode == 2 and "--overwrite" in r.stderr
 
 
 def test_check_reads_every_modality_column_and_names_a_bad_one(tmp_path):

@@ -165,13 +165,13 @@ def test_prepare_parquet_uses_the_recipe_and_speaks_in_flags(written, tmp_path):
     recipe["data"]["options"]["columns"] = {"feature": "nope"}
     path.write_text(yaml.safe_dump(recipe))
     r = prepare("hf", str(written["root"]), "--format", "parquet", "--recipe", str(path), "--output", str(tmp_path / "x"))
-    assert r.returncode == 1 and f"key 'data.options.columns' of {path}" in r.stdout and "'nope'" in r.stdout
+    assert r.returncode == 2 and f"key 'data.options.columns' of {path}" in r.stderr and "'nope'" in r.stderr
     r = prepare("hf", str(written["root"]), "--format", "parquet", "--output", str(tmp_path / "y"))  # no image/audio/text
-    assert r.returncode == 1 and "--columns MODALITY=COLUMN" in r.stdout and "no modality columns" in r.stdout
-    assert "={" not in r.stdout and "columns=" not in r.stdout
+    assert r.returncode == 2 and "--columns MODALITY=COLUMN" in r.stderr and "no modality columns" in r.stderr
+    assert "={" not in r.stderr and "columns=" not in r.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()  # nothing half-written
     r = prepare("mosi", str(path), "--format", "parquet", "--recipe", str(path))
-    assert r.returncode == 1 and "--recipe reads the data options of an hf recipe" in r.stdout
+    assert r.returncode == 2 and "--recipe reads the data options of an hf recipe" in r.stderr
 
 
 def test_streamed_recipe_is_checked_through_its_stream(written, tmp_path, capsys):

@@ -188,10 +188,10 @@ def test_ucf_and_hmdb_side_by_side_read_their_own_split_lists(tmp_path, capsys):
         ("clap", "clap/v_clap_0.avi")]
     # without its own lists HMDB-51 does not fall back to UCF-101's: one line naming what it expected
     shutil.rmtree(hmdb_lists)
-    rc, out, _ = run_prepare(capsys, "hmdb51", str(hmdb), "--check-only", "--out", str(tmp_path / "index.json"))
-    assert rc == 1 and out.count("\n") == 1 and "*_test_split1.txt (HMDB-51)" in out and "UCF" not in out
-    rc, out, _ = run_prepare(capsys, "hmdb51", str(hmdb), "--check-only", "--splits-dir", str(tmp_path / "nope"))
-    assert rc == 1 and out == f"error: splits_dir {tmp_path / 'nope'}: no such folder\n"
+    rc, out, err = run_prepare(capsys, "hmdb51", str(hmdb), "--check-only", "--out", str(tmp_path / "index.json"))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "*_test_split1.txt (HMDB-51)" in err and "UCF" not in err
+    rc, out, err = run_prepare(capsys, "hmdb51", str(hmdb), "--check-only", "--splits-dir", str(tmp_path / "nope"))
+    assert rc == 2 and err == f"mmviews prepare: error: splits_dir {tmp_path / 'nope'}: no such folder\n"
 
 
 # --------------------------------------------------------------------------- missing clips

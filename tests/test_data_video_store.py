@@ -312,7 +312,7 @@ def test_corrupt_video_skipped_or_refused(tmp_path, capsys):
     assert rc == 1 and "v_Run_9.avi" in text and "prepared now: 2" in text
     rc = prepare.run(parser.parse_args(["ucf101", str(root), "--out", str(tmp_path / "s3"), "--workers", "0",
                                         "--on-error", "raise"]))
-    assert rc == 1 and "v_Run_9.avi" in capsys.readouterr().out
+    assert rc == 2 and "v_Run_9.avi" in capsys.readouterr().err
     # the dataset reads the store and leaves out the clip its manifest lists as failed; without
     # the store, that clip is decoded (raises, naming it)
     ds = VideoFolder(root, split="train", num_frames=4, size=16, audio=False, store=out)

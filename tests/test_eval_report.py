@@ -244,10 +244,10 @@ def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch):
     write_log(run / "metrics.csv")
     assert main(["eval", str(run)]) == 0
     assert seen["path"] == run
-    saved = json.loads((run / "eval" / "metrics.json").read_text())
+    saved = json.loads((run / "eval-1" / "metrics.json").read_text())  # a new folder: never the run's eval/
     assert saved["metrics"]["test/knn/class/top1"] > 0.9
     assert saved["meta"]["objective"] == "mv_dhel" and saved["meta"]["num_views"] == 3  # the training M
-    check_png(run / "eval" / "training_curves.png")
+    check_png(run / "eval-1" / "training_curves.png")
 
 
 def test_summary_keeps_the_digits_of_small_and_large_numbers():
@@ -295,3 +295,20 @@ def test_compare_adds_training_curves_random_init_final_loss_and_wall_time(tmp_p
     assert "mi_lower_bound" not in load_run_metrics(b).curves
     header = (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()[0]
     assert header.startswith("run,path,objective,num_views,steps,final_loss,wall_time_s") and "random_init/" in header
+
+
+def test_spectrum_legend_names_the_views(monkeypatch, tmp_path: Path):
+    """The singular-value plot's lines are labelled with the views' names, not view0/view1."""
+    import mmviews.eval.report as report
+    from mmviews.eval import evaluate_encoder
+
+    seen: list[list[str]] = []
+    original = report.plot_spectrum
+
+    def spy(spectra, out_png):
+        seen.append(list(spectra))
+        return original(spectra, out_png)
+
+    monkeypatch.setattr(report, "plot_spectrum", spy)
+    evaluate_encoder(encoder, None, None, loader(45, 1), ["diagnostics"], out_dir=tmp_path / "e")
+    assert seen == [["text_0", "audio_0", "audio_1", "fused"]]

@@ -230,3 +230,41 @@ def test_the_circle_finders_find_planted_circles(tmp_path):
     assert reachable_imports("mmviews.low.part", graph) == {"mmviews.high", "mmviews.low", "mmviews.low.part"}
     assert reachable_imports("mmviews.uses_a", graph) == {"mmviews.a", "mmviews.b"}  # a's own circle, not uses_a's
     assert "mmviews.pkg" not in reachable_imports("mmviews.pkg.c", graph)  # a part's own package is not a circle
+
+
+# The decoders of stored values (images, audio, JPEG frames, flow images) sit below both the
+# map-style readers (hf, the video folder and its store) and the Parquet shard readers (streaming).
+DECODE = "mmviews.data.decode"
+READERS = ("mmviews.data.hf", "mmviews.data.streaming", "mmviews.data.video", "mmviews.data.video_store")
+# Calls that turn encoded bytes or files into pixels or samples: ``module alias -> functions``.
+DECODING_CALLS = {"Image": {"open"}, "sf": {"read"}, "soundfile": {"read"}, "cv2": {"imdecode", "imread"}}
+
+
+def test_decode_is_below_both_readers_and_in_no_circle():
+    graph = import_graph()
+    for reader in READERS:
+        assert DECODE in graph[reader], reader  # every reader decodes with it
+    assert "mmviews.data.streaming" in graph["mmviews.data.hf"]  # the import that must not come back is seen
+    held = {DECODE, *READERS}
+    assert [pair for pair in two_module_circles(graph=graph) if held & set(pair)] == []
+    reached = reachable_imports(DECODE, graph)
+    assert not reached & set(READERS), sorted(reached)  # decode imports no reader, directly or through others
+    for module in (DECODE, "mmviews.data.hf", "mmviews.data.streaming"):  # no longer circle either
+        assert module not in reachable_imports(module, graph), module
+
+
+def decoding_calls(root: Path = PACKAGE) -> list[str]:
+    """``path:line: alias.function`` of every :data:`DECODING_CALLS` call in the package at ``root``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and node.func.attr in DECODING_CALLS.get(node.func.value.id, ()):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.func.value.id}.{node.func.attr}")
+    return found
+
+
+def test_images_and_audio_are_decoded_in_decode_alone():
+    calls = decoding_calls()
+    assert any(c.startswith("mmviews/data/decode.py:") for c in calls)  # the finder sees the decoders
+    assert [c for c in calls if not c.startswith("mmviews/data/decode.py:")] == []

@@ -221,9 +221,10 @@ def test_train_on_a_hostile_data_pickle_is_one_line(tmp_path, capsys):
     line = one_line_error(err)
     assert rc == 2 and str(pkl) in line and "refused to load global" in line
     assert not marker.exists()
-    rc, out, _ = cli(capsys, "prepare", "mosi", str(pkl), "--out", str(tmp_path / "store"))
-    assert rc == 1
-    prepare_message = next(ln for ln in out.splitlines() if ln.startswith("error: "))[len("error: "):]
+    rc, _, err = cli(capsys, "prepare", "mosi", str(pkl), "--out", str(tmp_path / "store"))
+    assert rc == 2
+    prepare_message = next(ln for ln in err.splitlines() if ln.startswith("mmviews prepare: error: ")).partition(
+        "error: ")[2]
     assert line.endswith(prepare_message)
     assert not marker.exists()
 

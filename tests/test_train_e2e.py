@@ -80,7 +80,7 @@ def test_short_run_trains_checkpoints_evaluates_and_reports(tmp_path):
     from mmviews.cli import main
     from mmviews.eval.compare import load_run_metrics
 
-    assert main(["eval", str(run), "--tasks", "diagnostics", "--out", str(tmp_path / "again")]) == 0
+    assert main(["eval", str(run), "--tasks", "diagnostics", "--output", str(tmp_path / "again")]) == 0
     again = load_run_metrics(tmp_path / "again")
     assert again.num_views == 3 and again.objective == "mv_dhel" and "test/diag/unif" in again.metrics
     assert load_run_metrics(run).num_views == 3  # the trainer's final evaluation records it too

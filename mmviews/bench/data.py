@@ -38,7 +38,16 @@ epochs with 0, 2 and 4 loader workers (``--stream-workers``) from:
 - ``parquet-stream``: ``data.streaming``'s :class:`~mmviews.data.streaming.StreamLoader` over the
   shards (rows read in the main process through ``datasets``, decoded in the workers).
 
-Each epoch starts its loader afresh, worker start-up included, in all three cases.
+Each epoch starts its loader afresh, worker start-up included, in all three cases. The loaders
+read as training does: shuffled (the streamed one through its shuffle buffer of 1000 rows),
+full batches only.
+
+The streamed case also times small images as training reads them (``--stream-images`` 8x8
+greyscale PNGs, the size of scikit-learn's digits train split, resized to 32x32, two SimCLR
+views, no loader workers) for ``--stream-epochs`` epochs: map-style (the same shards read
+through ``datasets`` memory-mapped, a shuffled DataLoader) against streamed
+(:class:`~mmviews.data.streaming.StreamLoader`); ``streamed / map-style`` is the ratio of their
+times (a fixed cost per epoch, e.g. a stall when a pass over the shards ends, shows here).
 
 Prints tables and the JSON (also written to ``--json PATH``).
 """
@@ -73,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-seconds", type=float, default=2.0, help="clip length of the streamed case")
     parser.add_argument("--stream-workers", default="0,2,4", help="loader worker counts of the streamed case")
     parser.add_argument("--stream-epochs", type=int, default=2, help="timed epochs per streamed case")
+    parser.add_argument("--stream-images", type=int, default=1437,
+                        help="small images of the streamed case's map-style vs streamed comparison")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -282,13 +293,13 @@ def _stream_cases(args: argparse.Namespace) -> dict[str, Any]:
                 collate = ViewSetCollator.for_dataset(ds, views, seed=0)
                 samples, t = 0, time.perf_counter()
                 for epoch in range(args.stream_epochs):
-                    if name == "parquet-stream":
-                        loader: Any = StreamLoader(ds, K, collate, seed=0, num_workers=workers, drop_last=False)
+                    if name == "parquet-stream":  # as training reads it: shuffle buffer, full batches
+                        loader: Any = StreamLoader(ds, K, collate, seed=0, num_workers=workers)
                         loader.set_epoch(epoch)
                     else:
                         generator = torch.Generator().manual_seed(epoch)
                         loader = DataLoader(ds, batch_size=K, shuffle=True, collate_fn=collate, num_workers=workers,
-                                            generator=generator)
+                                            generator=generator, drop_last=True)
                     samples += sum(b.num_samples for b in loader)
                 seconds = time.perf_counter() - t
                 cases[f"{name} w{workers}"] = {"workers": workers, "samples": samples, "seconds": round(seconds, 2),
@@ -299,6 +310,61 @@ def _stream_cases(args: argparse.Namespace) -> dict[str, Any]:
     result["cases"] = cases
     result["parquet_vs_store"] = {w: c["x_store"] for w, c in
                                   ((c["workers"], c) for n, c in cases.items() if n.startswith("parquet"))}
+    result["images"] = _stream_images_case(args)
+    return result
+
+
+def _stream_images_case(args: argparse.Namespace) -> dict[str, Any]:
+    """Small images, map-style against streamed, as training reads them (module docstring)."""
+    import io
+
+    import datasets
+    import torch
+    from PIL import Image
+    from torch.utils.data import DataLoader
+
+    from mmviews.data import shards
+    from mmviews.data.hf import HFDataset
+    from mmviews.data.streaming import ParquetShardDataset, ShardStream, StreamLoader
+    from mmviews.data.views import ViewSetCollator
+
+    n, K, epochs = args.stream_images, min(args.batch_size, max(2, args.stream_images // 4)), args.stream_epochs
+    rng = np.random.default_rng(0)
+
+    def png(pixels: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(pixels, mode="L").save(buf, format="PNG")
+        return buf.getvalue()
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
+    table = {"image": [{"bytes": png(rng.integers(0, 256, (8, 8), dtype=np.uint8)), "path": None} for _ in range(n)],
+             "label": [int(c) for c in rng.integers(0, 10, n)]}
+    views = [{"modality": "image", "copies": 2, "augment": "simclr", "params": {"flip_p": 0.0, "blur_p": 0.0}}]
+    options = {"columns": {"image": "image"}, "labels": {"class": "label"}, "image_size": 32}
+    result: dict[str, Any] = {"setup": {"images": n, "batch_size": K, "epochs": epochs, "workers": 0,
+                                        "views": "image x2 (simclr), 8x8 -> 32x32"}}
+    with tempfile.TemporaryDirectory() as tmp:
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict(table, features=features)}).save_to_disk(f"{tmp}/images")
+        source = HFDataset(f"{tmp}/images", split="train", columns=options["columns"], labels=options["labels"])
+        shards.write_shards(f"{tmp}/images-parquet", {"train": shards.hf_split_rows(source)},
+                            source={"dataset": "bench", "root": f"{tmp}/images", "kind": "hf", "options": {}},
+                            columns={"image": "image"}, labels={"class": "label"}, progress=False)
+        readers = {"map-style": ParquetShardDataset(f"{tmp}/images-parquet", "train", **options),
+                   "streamed": ShardStream(f"{tmp}/images-parquet", "train", **options)}
+        for name, ds in readers.items():
+            collate = ViewSetCollator.for_dataset(ds, views, seed=0)
+            samples, t = 0, time.perf_counter()
+            for epoch in range(epochs):
+                if name == "streamed":
+                    loader: Any = StreamLoader(ds, K, collate, seed=0)
+                    loader.set_epoch(epoch)
+                else:
+                    loader = DataLoader(ds, batch_size=K, shuffle=True, drop_last=True, collate_fn=collate,
+                                        generator=torch.Generator().manual_seed(epoch))
+                samples += sum(b.num_samples for b in loader)
+            seconds = time.perf_counter() - t
+            result[name] = {"samples": samples, "seconds": round(seconds, 2), "samples_per_s": round(samples / seconds, 1)}
+    result["streamed_vs_map_time"] = round(result["streamed"]["seconds"] / result["map-style"]["seconds"], 2)
     return result
 
 
@@ -311,6 +377,11 @@ def _print_stream(stream: dict[str, Any]) -> None:
               f"{r['x_store']:>7.2f}")
     p = stream["prepare"]
     print(f"store made in {p['store_s']} s; {p['shards']} Parquet shards ({p['shards_mb']} MB) written in {p['shards_s']} s")
+    images = stream["images"]
+    setup = images["setup"]
+    print(f"{setup['images']} small images ({setup['views']}, K = {setup['batch_size']}, {setup['epochs']} epochs, "
+          f"no workers): map-style {images['map-style']['seconds']:.2f} s, streamed {images['streamed']['seconds']:.2f} s, "
+          f"streamed / map-style time {images['streamed_vs_map_time']:.2f}x")
 
 
 def _time_loader(dataset: Any, views: list[Any], batch_size: int, batches: int, workers: int) -> dict[str, float]:

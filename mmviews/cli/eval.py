@@ -6,6 +6,17 @@ unshuffled loaders of the ``"train"``, ``"val"`` and ``"test"`` splits (or None)
 :func:`mmviews.eval.evaluate_encoder` writes the report. Its ``meta`` carries the objective
 and the number of views M the encoder was trained with (``mmviews compare`` reads them).
 
+It reproduces the run's own final evaluation: every setting that changes the numbers comes
+from the run's ``config.yaml`` unless a flag overrides it: the precision of the encoder's
+forward (``optimisation.mixed_precision``, under ``torch.autocast`` as in training, see
+:class:`~mmviews.eval.extract.AutocastEncoder`), the device (``cpu``: CUDA when the run did not
+ask for the CPU and one is present), the tasks, the fusion, the evaluation views and the seed
+of the probes. With the run's tasks, the numbers equal those of ``report.md``.
+
+The report goes to a new folder, ``RUN/eval-N`` (the first N from 1 that is free) unless
+``--output`` names one, and the folder is printed. The run's own evaluations (``eval/``, which
+``report.md`` links to, ``eval_random/``, ``eval_epoch_N/``) are never written to.
+
 Multi-process: ``accelerate launch -m mmviews.cli eval RUN``.
 """
 
@@ -16,12 +27,19 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 from mmviews.data.views import ViewSpec
 from mmviews.eval.evaluate import evaluate_encoder
+from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.modalities.base import allow_remote_models
-from mmviews.run import LOG_FILE, load_run, record_run_outputs
+from mmviews.run import LOG_FILE, is_checkpoint, load_run, record_run_outputs, run_dir_of
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
+# The run's own evaluations, written by the trainer (report.md links to eval/): never replaced.
+TRAINING_EVAL_DIRS = ("eval", "eval_random")
+TRAINING_EVAL_PREFIX = "eval_epoch_"
+NEW_EVAL_PREFIX = "eval-"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,14 +49,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="evaluation tasks, e.g. linear knn msa:mosi retrieval diagnostics "
         "(default: the run's evaluation.tasks, else 'retrieval diagnostics')",
     )
-    parser.add_argument("--out", default=None, help="report folder (default: <run folder>/eval)")
+    parser.add_argument("--output", "--out", "-o", dest="output", default=None,
+                        help="report folder (default: a new <run folder>/eval-N, printed; never the run's own eval/)")
     parser.add_argument("--fuse", choices=["concat", "mean"], default=None,
                         help="how views are fused for probes (default: the run's evaluation.fuse)")
+    parser.add_argument("--precision", choices=["run", *PRECISIONS], default="run",
+                        help="autocast of the encoder's forward (default 'run': the run's "
+                        "optimisation.mixed_precision, as its training-time evaluation; 'no': float32)")
+    parser.add_argument("--device", default=None,
+                        help="where the encoder and probes run, e.g. cpu, cuda (default: the run's: CUDA when present "
+                        "and the recipe did not set cpu: true)")
     parser.add_argument("--log-csv", default=None,
                         help=f"training log with columns step,loss,... (default: the run folder's {LOG_FILE})")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="seed of the probes (default: the run's seed)")
     parser.add_argument("--allow-remote-models", action="store_true",
                         help="allow adapters to build open_clip models named 'hf-hub:...' or 'local-dir:...'")
+
+
+def default_output(run_dir: Path) -> Path:
+    """``run_dir/eval-N`` for the first N >= 1 that does not exist."""
+    n = 1
+    while (run_dir / f"{NEW_EVAL_PREFIX}{n}").exists():
+        n += 1
+    return run_dir / f"{NEW_EVAL_PREFIX}{n}"
+
+
+def check_output(out: Path, run_dir: Path) -> None:
+    """Refuse a report folder that is one of the run's own evaluations (``ValueError`` naming it)."""
+    if out.resolve().parent == run_dir.resolve() and (
+            out.name in TRAINING_EVAL_DIRS or out.name.startswith(TRAINING_EVAL_PREFIX)):
+        raise ValueError(f"--output {out} is the run's own evaluation (written by mmviews train; report.md links to "
+                         "it): choose another folder, or leave --output out for a new eval-N folder")
+
+
+def run_device(cpu: bool, requested: str | None = None) -> str:
+    """The device the run evaluated on: CUDA when present, unless the recipe set ``cpu: true``;
+    or ``requested`` (``--device``), which must exist here (a ``ValueError`` naming it)."""
+    if requested is None:
+        return "cuda" if not cpu and torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise ValueError(f"--device {requested!r} is not a device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {requested}: no CUDA device here")
+    return str(device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,29 +101,41 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.run)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a run folder or a checkpoint folder")
+    run_dir = run_dir_of(path) if is_checkpoint(path) else path if path.is_dir() else path.parent
+    if args.output is not None:
+        check_output(Path(args.output), run_dir)  # before the (slow) loading
+    if args.device is not None:
+        run_device(False, args.device)  # likewise
     with allow_remote_models(args.allow_remote_models):
         encoder, config, loaders = load_run(path)
     tasks = args.tasks or config.evaluation.tasks or DEFAULT_TASKS
-    run_dir = path if path.is_dir() else path.parent
-    out = Path(args.out) if args.out else run_dir / "eval"
+    out = Path(args.output) if args.output else default_output(run_dir)
     log_csv = args.log_csv  # an explicit log that is missing gets a note in the report
     if log_csv is None and (run_dir / LOG_FILE).is_file():
         log_csv = run_dir / LOG_FILE
+    precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
     accelerator = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from accelerate import Accelerator
 
         accelerator = Accelerator(cpu=config.cpu)
+        device = str(accelerator.device)
+    else:
+        device = run_device(config.cpu, args.device)
+    seed = config.seed if args.seed is None else args.seed
+    fuse = args.fuse or config.evaluation.fuse
     meta = {"run": str(path), "objective": config.objective.name, "name": config.name,
-            "num_views": len(ViewSpec.from_config(config.views))}  # the training M, not the evaluation views
+            "num_views": len(ViewSpec.from_config(config.views)),  # the training M, not the evaluation views
+            "precision": precision, "seed": seed}
+    if isinstance(encoder, torch.nn.Module):
+        encoder.to(device)
     metrics = evaluate_encoder(
-        encoder, loaders["train"], loaders["val"], loaders["test"], tasks, out_dir=out, accelerator=accelerator,
-        fuse=args.fuse or config.evaluation.fuse, log_csv=log_csv, meta=meta,
-        seed=args.seed,
+        AutocastEncoder(encoder, precision), loaders["train"], loaders["val"], loaders["test"], tasks,
+        out_dir=out, accelerator=accelerator, fuse=fuse, log_csv=log_csv, meta=meta, seed=seed, device=device,
     )
     if accelerator is None or accelerator.is_main_process:
         if out.parent.resolve() == run_dir.resolve():
             record_run_outputs(run_dir)  # the report is part of the run (for --overwrite)
         print(json.dumps(metrics, indent=2, sort_keys=True, default=str))
-        print(f"report written to {out}")
+        print(f"report written to {out} (precision {precision}, seed {seed}, fuse {fuse})")
     return 0

@@ -31,6 +31,7 @@ A resumed checkpoint is checked file by file and never unpickled beyond tensors 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import shlex
@@ -56,7 +57,7 @@ from mmviews.run import (
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import check_trackers_installed, data_left_out_lines
+from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
 
 
@@ -121,15 +122,18 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
     """The command; ``callback`` is handed to :func:`mmviews.train.train` (tests use it to
     slow a run down, see ``tests/slow_train.py``). Errors are raised; :func:`mmviews.cli.main`
     prints them as one line."""
-    interrupted = False
+    ended = False
     with allow_remote_models(args.allow_remote_models):
         try:
-            return _run(args, callback)
-        except KeyboardInterrupt:  # outside train() (which _run handles): other processes may be gone
-            interrupted = True
-            raise
+            status = _run(args, callback)
+            ended = True
+            return status
         finally:
-            _close_process_group(barrier=not interrupted)
+            # Leave together only after a normal end. After an error or an interrupt outside train()
+            # the other processes may be gone or waiting in another collective (e.g. one process's
+            # loader failed mid-epoch): a barrier would hang until distributed.timeout_s, while
+            # closing the group makes their collective fail at once.
+            _close_process_group(barrier=ended)
 
 
 def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
@@ -180,6 +184,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         for line in data_check_lines(parts):
             print(f"warning: {line}")
         return 0
+    quiet_results_logger()  # this command prints the headline metrics and warnings itself
     try:
         summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
                         overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng, reevaluate=args.reevaluate)
@@ -207,6 +212,10 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
+    lines = headline_lines(summary.get("headline") or [])
+    if lines:
+        print(f"{'test' if summary['headline'][0]['metric'].startswith('test/') else 'val'} metrics, "
+              "trained vs random init:", *lines, sep="\n")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
     for line in data_left_out_lines(summary.get("data_skipped") or {}):
@@ -216,6 +225,15 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
+
+
+def quiet_results_logger() -> None:
+    """Silence the logger on which :func:`mmviews.train.train` repeats the end of the run for
+    Python callers (the command prints it to stdout)."""
+    logger = logging.getLogger(RESULTS_LOGGER)
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
 
 
 def data_check_lines(parts: RunParts) -> list[str]:

@@ -33,6 +33,8 @@ video folders ``video``, ``flow``, ``audio``; HF datasets whatever ``columns`` m
 Data that does not fit one machine: ``mmviews prepare DATASET ROOT --format parquet`` writes Parquet
 shards (:mod:`mmviews.data.shards`) that ``build_dataset("hf", root=..., streaming=True)`` streams
 through ``datasets`` (:mod:`mmviews.data.streaming`; ``data.streaming: true`` in a recipe).
+Both kinds of reader decode stored values (images, audio, JPEG frames, flow images) with
+:mod:`mmviews.data.decode`, whose docstring gives each column kind's dtype, shape and range.
 
 Augmentations: ``list_augmentations()``, ``get_augmentation(name, **params)``; each is
 ``aug(value, generator)``. Pickles: ``safe_load_pickle(path)`` only.

@@ -12,13 +12,12 @@ Three forms of ``root``:
 
 ``columns`` maps modality names to columns (``{"image": "img", "text": "sentence"}``) and
 ``labels`` maps label names to columns (``{"class": "label"}``). Image and audio columns
-are read with decoding turned off and decoded here (PIL, soundfile), so a damaged file
-raises an error naming it (or, with ``on_error="skip"``, is marked absent and counted).
+are read with decoding turned off and decoded by mmviews (PIL, soundfile: :mod:`mmviews.data.decode`),
+so a damaged file raises an error naming it (or, with ``on_error="skip"``, is marked absent and counted).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import warnings
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mmviews.data.decode import decode_audio, decode_image
 from mmviews.data.registry import dataset_error, register_dataset
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
@@ -69,60 +69,6 @@ def _audiofolder(root: Path, split: str) -> Any:
         data["label"] = [names.index(p.parent.name) if p.parent != base else -1 for p in files]
         features["label"] = datasets.ClassLabel(names=names)
     return datasets.Dataset.from_dict(data, features=datasets.Features(features))
-
-
-def decode_image(value: Any, image_size: tuple[int, int] | None) -> torch.Tensor:
-    """An image value (bytes, {bytes, path}, or a PIL image) as FloatTensor ``[3, H, W]`` in [0, 1], resized to
-    ``image_size`` when given; a damaged file is a ValueError naming it."""
-    from PIL import Image
-
-    if isinstance(value, (bytes, bytearray)):
-        value = {"bytes": bytes(value), "path": None}
-    src = value.get("path") if isinstance(value, Mapping) else None
-    try:
-        if isinstance(value, Mapping) and value.get("bytes"):
-            im = Image.open(io.BytesIO(value["bytes"]))
-        elif src:
-            im = Image.open(src)
-        else:
-            im = value  # already a PIL image
-        arr = np.asarray(im.convert("RGB"))
-    except Exception as err:  # PIL raises several types for damaged files
-        raise ValueError(f"{src or '<image bytes>'}: cannot read image ({type(err).__name__}: {err})") from err
-    x = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
-    if image_size is not None and tuple(x.shape[-2:]) != tuple(image_size):
-        from torchvision.transforms.v2 import functional as F
-
-        x = F.resize(x, list(image_size), antialias=True).clamp_(0, 1)
-    return x
-
-
-def decode_audio(value: Any, sample_rate: int) -> torch.Tensor:
-    """An audio value (bytes, {bytes, path}, a path, or {array, sampling_rate}) as mono float32 ``[T]`` at
-    ``sample_rate`` (soundfile, then torchaudio's resampler); a damaged file is a ValueError naming it."""
-    import soundfile as sf
-
-    if isinstance(value, Mapping) and "array" in value:
-        wav, sr = np.asarray(value["array"], dtype=np.float32), int(value.get("sampling_rate", sample_rate))
-        src = value.get("path") or "<audio array>"
-    else:
-        if isinstance(value, (bytes, bytearray)):
-            value = {"bytes": bytes(value), "path": None}
-        src = (value.get("path") if isinstance(value, Mapping) else value) or "<audio bytes>"
-        try:
-            if isinstance(value, Mapping) and value.get("bytes"):
-                wav, sr = sf.read(io.BytesIO(value["bytes"]), dtype="float32", always_2d=True)
-            else:
-                wav, sr = sf.read(str(src), dtype="float32", always_2d=True)
-        except Exception as err:  # soundfile raises LibsndfileError / RuntimeError variants
-            raise ValueError(f"{src}: cannot read audio ({type(err).__name__}: {err})") from err
-        wav = wav.mean(axis=1)
-    x = torch.from_numpy(np.ascontiguousarray(wav))
-    if sr != sample_rate:
-        import torchaudio.functional as AF
-
-        x = AF.resample(x, sr, sample_rate)
-    return x
 
 
 class HFDataset(Dataset):

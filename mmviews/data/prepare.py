@@ -37,7 +37,8 @@
   ``--recipe RECIPE`` (its ``data.options`` columns and labels, its splits); array columns keep
   their shape. Errors name the flag (or the recipe key) to change.
 
-Exit status 0 when the copy is usable, 1 when it is not (the reason is printed).
+Exit status 0 when the copy is usable, 1 when it is not (the problems are printed), 2 on an
+error that stops the command (one line on stderr naming the file, flag or key at fault).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import argparse
 import json
 import os
 import pickle
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -63,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", choices=sorted(SENTIMENT + VIDEO + ("hf", "synthetic")), help="dataset name (see data_cards/)")
     parser.add_argument("path", nargs="?", default=None,
                         help="the .pkl file (mosi/mosei/sims), the video folder, or your dataset folder (hf)")
-    parser.add_argument("--out", default=None, help="where to write the store / index (default: next to PATH)")
+    parser.add_argument("--output", "--out", "-o", dest="out", default=None,
+                        help="where to write the store, index or Parquet shard folder (default: next to PATH)")
     parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing store (video: removes only the outputs its manifest lists)")
@@ -87,7 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="frames one view needs (the recipe's data.options.num_frames): clips with fewer are "
                             "listed as short")
     shards = parser.add_argument_group("parquet shards (--format parquet)")
-    shards.add_argument("--output", default=None, help="shard folder (default: <PATH>-parquet beside PATH)")
     shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
     shards.add_argument("--shard-rows", type=int, default=None,
                         help="at most this many rows per shard (equal shards split evenly between processes)")
@@ -253,7 +255,7 @@ def _prepare_parquet(args: argparse.Namespace, recipe_data: Callable[[str], dict
     from mmviews.data import shards
 
     path = Path(args.path)
-    out = Path(args.output or args.out or shards.default_shards_path(path))
+    out = Path(args.out or shards.default_shards_path(path))  # --output (default: <PATH>-parquet beside PATH)
     wanted = args.splits.split(",") if args.splits else None
     shapes: dict[str, list[int | None]] = {}  # the shapes of an hf source's array columns
     if args.dataset in VIDEO:
@@ -350,11 +352,12 @@ def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[
                             "modalities": {k: v.get("shape", v["kind"]) for k, v in info.items()}}, args.json)
             return 0
         if args.path is None:
-            print(f"error: mmviews prepare {args.dataset} needs PATH (see data_cards/{args.dataset}.md)")
-            return 1
+            print(f"mmviews prepare: error: {args.dataset} needs PATH (see data_cards/{args.dataset}.md)", file=sys.stderr)
+            return 2
         if not Path(args.path).exists():
-            print(f"error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)")
-            return 1
+            print(f"mmviews prepare: error: {args.path} does not exist (see data_cards/{args.dataset}.md for how to obtain it)",
+                  file=sys.stderr)
+            return 2
         if getattr(args, "format", None) == "parquet":
             summary = _prepare_parquet(args, recipe_data)
         elif args.dataset == "hf":
@@ -365,7 +368,8 @@ def run(args: argparse.Namespace, check_hf: Callable[[argparse.Namespace], dict[
             summary = _prepare_sentiment(args) if args.dataset in SENTIMENT else _prepare_video(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, pickle.UnpicklingError) as err:
         # The message names the file, split or key at fault (a KeyError's without str()'s quotes).
-        print(f"error: {err.args[0] if isinstance(err, KeyError) and err.args else err}")
-        return 1
+        print(f"mmviews prepare: error: {err.args[0] if isinstance(err, KeyError) and err.args else err}",
+              file=sys.stderr)
+        return 2
     _print_summary(summary, args.json)
     return 1 if summary.get("problems") else 0

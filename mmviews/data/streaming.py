@@ -29,7 +29,13 @@ epoch is formed (:class:`StreamLoader`):
   split between processes, ``floor(total / N)`` otherwise. Rows beyond ``B`` batches are not
   used in that epoch (at most one batch per process with equal shards, like ``drop_last``);
   the counts come from the Parquet footers, so ``optimisation.epochs`` works as for map-style
-  data and the length is known before the first row is read.
+  data and the length is known before the first row is read. ``B`` is computed once
+  (:func:`streamed_epoch_batches`) and is ``len()`` of the loader, which the trainer's batches
+  per epoch, schedule, progress bar and ``results.json`` take. E.g. shards of 12, 12, 12 and 2
+  rows (the short last shard ``prepare`` writes) on 2 processes at K = 8: a process gets 24 or
+  14 rows, R = 14, B = floor(14 / 4) = 3 steps per epoch on both. Data too small for one batch
+  (``B = 0``) is refused when the run is built; a stream that ends before ``B`` batches (shards
+  changed under the run) is an error naming the process, never a shorter epoch.
 - **Resuming** (``--resume``): ``datasets`` restores a stream's position from its ``state_dict``
   but not the content of the shuffle buffer, so a resumed run would draw other batches. The
   loader records its position (epoch, batches and rows drawn, the ``datasets`` state as data,
@@ -48,7 +54,6 @@ epoch is formed (:class:`StreamLoader`):
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import shlex
@@ -62,6 +67,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mmviews.data import row_groups
+from mmviews.data.decode import decode_audio, decode_flac, decode_image, decode_jpeg, window_flow
 from mmviews.data.registry import dataset_error
 from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta, shape_fits, shape_text
 
@@ -200,8 +206,6 @@ class RowDecoder:
         return out
 
     def _value(self, row: Mapping[str, Any], m: str, col: str) -> Any:
-        from mmviews.data.hf import decode_audio, decode_image
-
         value = row[col]
         if value is None:
             return None
@@ -235,7 +239,6 @@ class RowDecoder:
         import cv2
 
         from mmviews.data.video import audio_window_start, clip_window, resize_flow, resize_frames
-        from mmviews.data.video_store import window_flow
 
         v = self.video
         mods: dict[str, Any] = {"video": None}
@@ -243,12 +246,6 @@ class RowDecoder:
             mods["flow"] = None
         if v["audio"]:
             mods["audio"] = None
-
-        def jpeg(data: bytes, gray: bool) -> np.ndarray:
-            img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR)
-            if img is None:
-                raise ValueError("cannot decode JPEG image")
-            return img if gray else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
         frames = row["frames"] or []
         fps = float(row["fps"])
@@ -258,7 +255,7 @@ class RowDecoder:
             if not frames:
                 raise ValueError("no frames")
             uniq, inverse = np.unique(idx, return_inverse=True)
-            frames_np = np.stack([jpeg(frames[i], gray=False) for i in uniq])[inverse]
+            frames_np = np.stack([decode_jpeg(frames[i], gray=False) for i in uniq])[inverse]
             start_time = float(idx[0]) / fps
             video = torch.from_numpy(frames_np).permute(0, 3, 1, 2).float().div_(255.0)
             mods["video"] = resize_frames(video, v["size"]).clamp_(0, 1)
@@ -268,17 +265,18 @@ class RowDecoder:
             try:
                 if not row["flow_x"]:
                     raise ValueError("the shards hold no flow (prepared with --flow none)")
-                h, w = jpeg(row["flow_x"][0], gray=True).shape
+                h, w = decode_jpeg(row["flow_x"][0], gray=True).shape
 
                 def read(wanted: np.ndarray) -> np.ndarray:
-                    return np.stack([np.stack([jpeg(row["flow_x"][i], True), jpeg(row["flow_y"][i], True)]) for i in wanted])
+                    return np.stack([np.stack([decode_jpeg(row["flow_x"][i], True), decode_jpeg(row["flow_y"][i], True)])
+                                     for i in wanted])
 
                 mods["flow"] = resize_flow(torch.from_numpy(window_flow(idx, h, w, read)), v["size"])
             except (ValueError, IndexError, cv2.error) as err:
                 self._fail(row, "flow_x", err)
         if v["audio"] and row.get("audio"):
             try:
-                track = _read_flac(row["audio"], self.sample_rate)
+                track = decode_flac(row["audio"], self.sample_rate)
                 first, n = audio_window_start(start_time, v["num_frames"], fps, v["max_audio_seconds"], self.sample_rate)
                 s = max(0, min(len(track) - n, first))  # as read_audio_window: shifted to fit inside the track
                 wav = track[s: s + n]
@@ -287,21 +285,6 @@ class RowDecoder:
             except ValueError as err:
                 self._fail(row, "audio", err)
         return mods
-
-
-def _read_flac(data: bytes, sample_rate: int) -> np.ndarray:
-    import soundfile as sf
-
-    try:
-        wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as err:  # soundfile raises LibsndfileError / RuntimeError variants
-        raise ValueError(f"cannot decode audio ({type(err).__name__}: {err})") from err
-    wav = wav.mean(axis=1)
-    if sr != sample_rate:
-        import torchaudio.functional as AF
-
-        wav = AF.resample(torch.from_numpy(wav), sr, sample_rate).numpy()
-    return wav
 
 
 def _infer_kinds(features: Any, columns: Mapping[str, str]) -> dict[str, str]:
@@ -545,15 +528,33 @@ class _DecodeRows(Dataset):
         return [self.decoder(r) for r in rows]
 
 
+def streamed_epoch_batches(shards: ShardFiles, num_processes: int, batch_size: int) -> int:
+    """Batches of ``batch_size`` rows that every one of ``num_processes`` processes draws per epoch:
+    ``floor(R / batch_size)``, R the fewest rows any process can be given
+    (:meth:`ShardFiles.min_rows_per_process`; see the module docstring).
+
+    The one epoch length of a streamed run: the loader stops there, and the trainer's batches per
+    epoch, schedule, progress bar and ``results.json`` all take it from ``len(loader)``. Rounding
+    down and taking the poorest process is what keeps every process at the same step count: one
+    batch more and the process given R rows would end its epoch first while the others wait for
+    it in a collective (a hang under DDP)."""
+    return shards.min_rows_per_process(num_processes) // int(batch_size)
+
+
 class _RawBatches:
-    """Batches of raw rows drawn from a row iterator, recording the position after each batch."""
+    """Batches of raw rows drawn from a row iterator, recording the position after each batch.
+
+    With a ``limit`` (training), a stream that ends before ``limit`` full batches (once refilled,
+    see ``refill``) is an error naming ``where``: a process that stopped early would leave the
+    others waiting for it."""
 
     def __init__(self, stream: Any, batch_size: int, limit: int | None, skip: int, positions: deque,
-                 refill: Any = None) -> None:
+                 refill: Any = None, where: str = "") -> None:
         self.stream, self.rows = stream, iter(stream)
         self.batch_size, self.limit, self.skip, self.positions = batch_size, limit, skip, positions
         self.refill = refill  # () -> bool: may the epoch's rows be read again to fill its last batches
         self.error: Exception | None = None
+        self.where = where
 
     def _take(self, count: int) -> list[Any]:
         batch: list[Any] = []
@@ -582,7 +583,12 @@ class _RawBatches:
                 if not batch:
                     raise ValueError("the streamed split has no readable row left: every row group read in this epoch "
                                      "was damaged and left out (on_error: skip)")
-            if not batch or (self.limit is not None and len(batch) < self.batch_size):
+            if self.limit is not None and len(batch) < self.batch_size:
+                raise ValueError(f"{self.where}: the stream ended after {drawn} full batches of {self.batch_size} rows "
+                                 f"(and {len(batch)} rows), {self.limit} expected from the shards' row counts (shards changed "
+                                 "since the run started, or too many rows left out as damaged); every process must run "
+                                 "the same steps")
+            if not batch:
                 return
             drawn += 1
             self.positions.append((len(batch), self.stream.state_dict()))
@@ -615,10 +621,10 @@ class StreamLoader:
         self._hf_state: dict[str, Any] | None = None
         if drop_last:
             rows = stream.shards.min_rows_per_process(self.world)
-            self.num_batches = rows // self.batch_size
+            self.num_batches = streamed_epoch_batches(stream.shards, self.world, self.batch_size)
             if self.num_batches < 1:
-                raise ValueError(f"{stream.root} [{stream.split}]: {rows} rows per process cannot fill one batch of "
-                                 f"{self.batch_size} rows ({len(stream.shards.files)} shards, {self.world} processes)")
+                raise ValueError(f"{stream.root} [{stream.split}]: {rows} rows for the process given the fewest cannot "
+                                 f"fill one batch of {self.batch_size} rows ({len(stream.shards.files)} shards, {self.world} processes)")
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -661,8 +667,10 @@ class StreamLoader:
         world = self.world if self.drop_last else 1
         ds = self.dataset.iterable(seed=self.seed, epoch=self.epoch, shuffle_buffer=shuffle, rank=self.rank, world=world)
         positions: deque = deque()
+        where = (f"{self.dataset.root} [{self.dataset.split}], process {self.rank} of {self.world}, "
+                 f"epoch {self.epoch}")
         raw = _RawBatches(ds, self.batch_size, len(self) if self.drop_last else None, self._skip, positions,
-                          refill=lambda: bool(self.dataset.skipped_row_groups.row_groups))
+                          refill=lambda: bool(self.dataset.skipped_row_groups.row_groups), where=where)
         self.batches_in_epoch, self.rows_in_epoch = 0, 0
         # The loader draws its workers' base seed from its own generator: from the global RNG, a
         # resumed run (a new iterator mid-epoch) would shift the training RNG stream (dropout).

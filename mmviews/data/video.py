@@ -28,19 +28,20 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmviews.data.registry import dataset_error, register_dataset
-
-# The file-level readers live in video_io (shared with the prepared store); the names are
-# imported here too so that ``mmviews.data.video.read_video_frames`` etc. keep working.
-from mmviews.data.video_io import (  # noqa: F401
+# The file-level readers live in decode and video_io (shared with the prepared store); the names
+# are imported here too so that ``mmviews.data.video.read_video_frames`` etc. keep working.
+from mmviews.data.decode import (  # noqa: F401
     FLOW_BOUND,
-    VIDEO_EXTENSIONS,
     decode_flow_image,
     encode_flow_image,
+    read_image as _read_image,
+)
+from mmviews.data.registry import dataset_error, register_dataset
+from mmviews.data.video_io import (  # noqa: F401
+    VIDEO_EXTENSIONS,
     farneback_flow,
     read_audio_track,
     read_audio_window,
-    read_image as _read_image,
     read_video_frames,
     read_video_window,
 )

@@ -12,9 +12,12 @@
 - :func:`read_audio_track`: the audio track, resampled to mono.
 - :func:`read_audio_window`: the samples of that track a clip needs, found by seeking (the same
   samples as slicing :func:`read_audio_track`, see its docstring for when it decodes everything).
-- Flow: :func:`farneback_flow` (OpenCV Farneback between consecutive frames) and the uint8
-  flow-image convention of the common TV-L1 flow releases: clip to +-20 px, then
-  ``value = (f + 20) * 255 / 40`` (:func:`encode_flow_image` / :func:`decode_flow_image`).
+- Flow: :func:`farneback_flow` (OpenCV Farneback between consecutive frames), stored as uint8
+  flow images in the convention of the common TV-L1 flow releases: clip to +-20 px, then
+  ``value = (f + 20) * 255 / 40`` (:func:`mmviews.data.decode.encode_flow_image` /
+  :func:`~mmviews.data.decode.decode_flow_image`).
+
+Decoding stored values (images, JPEG frames, audio bytes, flow images): :mod:`mmviews.data.decode`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from typing import Any, Callable
 import numpy as np
 
 VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".webm", ".mov")
-FLOW_BOUND = 20.0
 # Frame rate assumed when a stream does not state one (the rate of UCF-101 / HMDB-51).
 DEFAULT_FPS = 25.0
 # Audio window reads (read_audio_window). After a seek the decoder starts without the state that
@@ -46,16 +48,6 @@ AUDIO_RESAMPLER_WARMUP_S = 0.05
 # inside the track (known only at the end) stays inside what was decoded. A track that ends
 # earlier still is read a second time, from its real end: this only saves that second pass.
 AUDIO_LENGTH_SLACK_S = 0.5
-
-
-def decode_flow_image(values: np.ndarray) -> np.ndarray:
-    """uint8 flow image values -> pixels: ``v * 40 / 255 - 20`` (inverse of :func:`encode_flow_image`)."""
-    return values.astype(np.float32) * (2 * FLOW_BOUND / 255.0) - FLOW_BOUND
-
-
-def encode_flow_image(flow: np.ndarray) -> np.ndarray:
-    """pixels -> uint8 flow image values: clip to +-20, then ``(f + 20) * 255 / 40``."""
-    return np.rint((np.clip(flow, -FLOW_BOUND, FLOW_BOUND) + FLOW_BOUND) * 255.0 / (2 * FLOW_BOUND)).astype(np.uint8)
 
 
 def farneback_pair(gray0: np.ndarray, gray1: np.ndarray) -> np.ndarray:
@@ -82,17 +74,6 @@ def farneback_flow(frames: np.ndarray) -> np.ndarray:
         raise ValueError(f"farneback_flow: frames must be [N >= 2, H, W, 3], got shape {tuple(frames.shape)}")
     gray = [to_gray(f) for f in frames]
     return np.stack([farneback_pair(gray[t], gray[t + 1]) for t in range(len(gray) - 1)])
-
-
-def read_image(path: Path, mode: str) -> np.ndarray:
-    """An image file as uint8 ``[H, W, 3]`` (``mode="RGB"``) or ``[H, W]`` (``"L"``); ValueError naming it."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert(mode))
-    except Exception as err:  # PIL raises several types for damaged files
-        raise ValueError(f"{path}: cannot read image ({type(err).__name__}: {err})") from err
 
 
 def read_video_frames(path: str | os.PathLike[str]) -> tuple[np.ndarray, float]:

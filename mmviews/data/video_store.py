@@ -23,7 +23,7 @@ Layout::
         flow.npy                         uint8 [N - 1, 2, H, W]  (format "npy")
 
 Flow values use the flow-image convention: clip to +-20 px, ``value = (f + 20) * 255 / 40``
-(:func:`mmviews.data.video_io.encode_flow_image`), so JPEG and npy stores hold the same
+(:func:`mmviews.data.decode.encode_flow_image`), so JPEG and npy stores hold the same
 numbers up to JPEG loss; N frames give N - 1 flows (frame numbers start at 1 in file names).
 A clip entry: ``frames`` (decoded), ``declared_frames`` (the container's frame count, None when
 it states none), ``flows``, ``height``, ``width`` (stored size), ``fps``, ``audio`` (the source
@@ -80,10 +80,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from mmviews.data.decode import encode_flow_image, read_jpeg, window_flow
 from mmviews.data.video_io import (
     DEFAULT_FPS,
-    decode_flow_image,
-    encode_flow_image,
     farneback_pair,
     list_video_clips,
     to_gray,
@@ -688,17 +687,6 @@ def known_bad_clips(store: str | os.PathLike[str]) -> dict[str, str]:
     return bad
 
 
-def _read_jpeg(path: Path, gray: bool) -> np.ndarray:
-    """A store JPEG as uint8 ``[H, W]`` (gray) or ``[H, W, 3]`` RGB. OpenCV, not PIL: 2-4x faster
-    on these small images (both use libjpeg-turbo)."""
-    import cv2
-
-    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR)
-    if img is None:
-        raise ValueError(f"{path}: missing or unreadable store image (rerun `mmviews prepare` to repair the store)")
-    return img if gray else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-
-
 class VideoStore:
     """Read access to a prepared store: ``lookup`` a clip, then ``read_frames`` / ``read_flow``."""
 
@@ -750,7 +738,7 @@ class VideoStore:
         if entry["format"] == "npy":
             return np.asarray(np.load(d / "frames.npy", mmap_mode="r")[idx])
         uniq, inverse = np.unique(idx, return_inverse=True)
-        images = np.stack([_read_jpeg(d / f"img_{i + 1:05d}.jpg", gray=False) for i in uniq])
+        images = np.stack([read_jpeg(d / f"img_{i + 1:05d}.jpg", gray=False) for i in uniq])
         return images[inverse]
 
     def read_flow(self, entry: dict[str, Any], idx: np.ndarray) -> np.ndarray:
@@ -766,21 +754,7 @@ class VideoStore:
         def read(wanted: np.ndarray) -> np.ndarray:
             if entry["format"] == "npy":
                 return np.asarray(np.load(d / "flow.npy", mmap_mode="r")[wanted])
-            return np.stack([np.stack([_read_jpeg(d / f"flow_x_{i + 1:05d}.jpg", gray=True),
-                                       _read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
+            return np.stack([np.stack([read_jpeg(d / f"flow_x_{i + 1:05d}.jpg", gray=True),
+                                       read_jpeg(d / f"flow_y_{i + 1:05d}.jpg", gray=True)]) for i in wanted])
 
         return window_flow(idx, int(entry["height"]), int(entry["width"]), read)
-
-
-def window_flow(idx: np.ndarray, height: int, width: int, read: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Flow between frames ``idx[t]`` and ``idx[t + 1]`` as float32 ``[T - 1, 2, H, W]`` pixels, from
-    ``read(starts)`` -> stored uint8 flow images ``[n, 2, H, W]`` of the frame pairs ``(s, s + 1)``.
-    Consecutive frames read the stored flow; a repeated frame (a clip shorter than the window)
-    gives zero flow. Shared by the store and the Parquet shards (:mod:`mmviews.data.streaming`)."""
-    start = np.asarray(idx[:-1])
-    moving = idx[1:] == idx[:-1] + 1
-    out = np.zeros((len(start), 2, height, width), np.float32)
-    wanted = start[moving]
-    if len(wanted):
-        out[moving] = decode_flow_image(read(wanted))
-    return out

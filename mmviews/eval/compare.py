@@ -23,7 +23,6 @@ import argparse
 import csv
 import io
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,10 +72,13 @@ class RunMetrics:
 def load_run_metrics(path: str | Path) -> RunMetrics:
     """Reads one run's metrics and meta. Raises FileNotFoundError / ValueError naming the file."""
     path = Path(path)
+    again: list[Path] = []
     if path.is_file():
         metrics_file = path
     else:
-        candidates = [path / "metrics.json", path / "eval" / "metrics.json"]
+        # the run's own final evaluation, else the latest one `mmviews eval RUN` wrote (RUN/eval-N)
+        again = sorted((p for p in path.glob("eval-*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+        candidates = [path / "metrics.json", path / "eval" / "metrics.json", *(p / "metrics.json" for p in again[::-1])]
         metrics_file = next((c for c in candidates if c.is_file()), None)
         if metrics_file is None:
             raise FileNotFoundError(f"no metrics.json in {path} or {path / 'eval'} (run 'mmviews eval {path}' first)")
@@ -90,7 +92,8 @@ def load_run_metrics(path: str | Path) -> RunMetrics:
         for k, v in metrics_raw.items()
         if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
     }
-    run_dir = metrics_file.parent.parent if metrics_file.parent.name == "eval" else metrics_file.parent
+    in_run = metrics_file.parent.name == "eval" or metrics_file.parent in again
+    run_dir = metrics_file.parent.parent if in_run else metrics_file.parent
     run = RunMetrics(run_dir.name or str(run_dir), run_dir, metrics, meta)
     random_file = run_dir / "eval_random" / EVAL_METRICS_FILE
     if random_file.is_file():
@@ -270,16 +273,13 @@ def _plot_vs_views(runs: list[RunMetrics], keys: list[str], path: Path) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run folders (or metrics.json files)")
-    parser.add_argument("--out", default="comparison", help="output folder (default: ./comparison)")
+    parser.add_argument("--output", "--out", "-o", dest="out", default="comparison",
+                        help="output folder (default: ./comparison)")
     parser.add_argument("--metrics", nargs="+", default=None, help="metrics to plot (default: headline metrics)")
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        written = compare_runs(args.runs, args.out, args.metrics)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"mmviews compare: {err}", file=sys.stderr)
-        return 2
+    written = compare_runs(args.runs, args.out, args.metrics)  # errors: one line, exit 2 (mmviews.cli.main)
     print((Path(args.out) / "comparison.md").read_text())
     print("written: " + ", ".join(str(p) for p in written.values()))
     return 0

@@ -162,6 +162,18 @@ def _retrieval_pairs(emb: Embeddings, task: EvalTask) -> list[tuple[int, int]]:
     return list(itertools.combinations(chosen, 2))
 
 
+def _spectra_by_view_name(data: dict[str, Any], view_names: Sequence[str]) -> dict[str, Any]:
+    """The diagnostics' plot data with each view's spectrum (``spectrum/view<a>``, a position)
+    under the view's name (``spectrum/text_0``), so that the plot's legend names the views."""
+    renamed = {}
+    for key, value in data.items():
+        position = key[len("spectrum/view"):] if key.startswith("spectrum/view") else ""
+        if position.isdigit() and int(position) < len(view_names):
+            key = f"spectrum/{view_names[int(position)]}"
+        renamed[key] = value
+    return renamed
+
+
 def _compute(
     tasks: list[EvalTask],
     train: Embeddings | None,
@@ -230,7 +242,7 @@ def _compute(
         elif task.kind == "diagnostics":
             diag, diag_data = representation_diagnostics(ev.views, ev.mask, ev.fused, seed=seed, **task.params)
             metrics.update({f"{split}/diag/{k}": v for k, v in diag.items()})
-            data.update(diag_data)
+            data.update(_spectra_by_view_name(diag_data, ev.view_names))
     return metrics, data
 
 

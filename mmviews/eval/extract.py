@@ -149,3 +149,34 @@ def extract_embeddings(
     labels = {name: torch.cat([c[2][name] for c in chunks]) for name in chunks[0][2]}
     index = torch.cat([c[3] for c in chunks]) if all(c[3] is not None for c in chunks) else None
     return Embeddings(views, mask, fuse_views(views, mask, fuse), labels, view_names, index, view_modalities)
+
+
+PRECISIONS = ("no", "bf16", "fp16")
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class AutocastEncoder(torch.nn.Module):
+    """``encoder`` whose forward runs under ``torch.autocast`` of ``precision`` (a recipe's
+    ``optimisation.mixed_precision``: ``"no"``, ``"bf16"`` or ``"fp16"``) on the device its
+    parameters live on, the way Accelerate runs a prepared model.
+
+    The trainer evaluates the model Accelerate prepared, whose forward keeps the run's
+    autocast; an encoder loaded back from its folder runs in float32 and gives other
+    embeddings (on a bf16 run a linear probe moved by 0.19). Evaluating a run again through
+    this wrapper, with the run's precision, gives the numbers its report printed. Only the
+    forward is wrapped: probes and diagnostics stay in float32, as in the trainer."""
+
+    def __init__(self, encoder: Encoder, precision: str) -> None:
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.encoder, self.precision = encoder, precision
+
+    def forward(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.precision == "no":
+            return self.encoder(batch)
+        params = list(self.encoder.parameters()) if isinstance(self.encoder, torch.nn.Module) else []
+        device_type = params[0].device.type if params else "cpu"
+        with torch.autocast(device_type=device_type, dtype=_AUTOCAST_DTYPES[self.precision]):
+            z, mask = self.encoder(batch)
+        return z.float(), mask  # as Accelerate's convert_outputs_to_fp32

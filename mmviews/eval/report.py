@@ -191,8 +191,13 @@ def markdown_summary(metrics: Mapping[str, Any], meta: Mapping[str, Any] | None 
     for k, v in (meta or {}).items():
         if isinstance(v, (str, int, float, bool)):
             lines.append(f"- {k}: {_format(v)}")
-    lines += ["", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {_format(v)} |" for k, v in sorted(metrics.items())]
+    from mmviews.eval.health import chance_level
+
+    # retrieval and alignment figures with the value that embeddings carrying no information give
+    lines += ["", "| metric | value | chance |", "|---|---|---|"]
+    for k, v in sorted(metrics.items()):
+        chance = chance_level(k, metrics)
+        lines.append(f"| {k} | {_format(v)} | {'' if chance is None else _format(float(chance))} |")
     lines += ["", "Accuracies, F1 and R@k are fractions in [0, 1].", "", acc2_note(metrics), ""]
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmviews.config import ConfigError, TrainConfig
-from mmviews.eval.health import LiveHealth, run_warnings
+from mmviews.eval.health import HealthSettings, LiveHealth, chance_level, run_warnings
 from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
@@ -166,7 +166,8 @@ class StepLogger:
         self.started = started
         self.last_time = time.perf_counter()
         self.last_loss = float("nan")  # loss of the last logged step
-        self.health = LiveHealth(total_steps)  # collapse / chance-level warnings, printed once each
+        # divergence / collapse / chance-level warnings, printed once each, hints for this run's settings
+        self.health = LiveHealth(total_steps, settings=HealthSettings.from_config(config))
         if self.csv is not None and self.csv.last_loss is not None:
             self.last_loss = self.csv.last_loss  # resumed at the end: no step left to log
 
@@ -270,6 +271,50 @@ def read_training_log(path: Path) -> list[dict[str, Any]]:
         return []
 
 
+# Where train() logs the end of a run (its warnings, its headline metrics) for Python users;
+# ``mmviews train`` prints them itself and silences this logger.
+RESULTS_LOGGER = "mmviews.train.results"
+# The probe tasks whose metrics head a run's results; retrieval adds its R@1.
+_HEADLINE_TASKS = ("/linear/", "/knn/", "/regression/", "/msa/")
+_HEADLINE_DIAGNOSTICS = ("/diag/align", "/diag/unif", "/diag/erank/fused")
+
+
+def headline_metrics(trained: dict[str, Any] | None, random_init: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The metrics a user reads first, trained against randomly initialised encoder:
+    ``[{"metric", "trained", "random_init", "chance"}]`` (None where unknown) for the probes
+    (linear, kNN, regression, MSA) and the retrieval R@1 of the evaluated split (test, else
+    val); the main diagnostics when the run evaluated nothing else."""
+    trained, random_init = trained or {}, random_init or {}
+    split = "test/" if any(k.startswith("test/") for k in trained) else "val/"
+    keys = [k for k in sorted(trained) if k.startswith(split) and (
+        any(t in k for t in _HEADLINE_TASKS) or ("/retrieval/" in k and k.endswith("/R@1")))]
+    if not keys:
+        keys = [k for k in sorted(trained) if k.startswith(split) and k.endswith(_HEADLINE_DIAGNOSTICS)]
+    return [{"metric": k, "trained": trained[k], "random_init": random_init.get(k), "chance": chance_level(k, trained)}
+            for k in keys]
+
+
+def headline_lines(headline: list[dict[str, Any]]) -> list[str]:
+    """The headline metrics as aligned terminal lines."""
+    if not headline:
+        return []
+    width = max(len(h["metric"]) for h in headline)
+    lines = []
+    for h in headline:
+        t, r, c = (_finite_float(h.get(k)) for k in ("trained", "random_init", "chance"))
+        line = f"  {h['metric']:<{width}}  trained {_fmt(t)}"
+        if r is not None:
+            line += f"  random init {r:.4f}" + ("" if t is None else f"  ({t - r:+.4f})")
+        if c is not None:
+            line += f"  chance {c:.4f}"
+        lines.append(line)
+    return lines
+
+
+def _finite_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
 def data_left_out_lines(data_skipped: dict[str, dict[str, Any]]) -> list[str]:
     """One line per split of ``results.json``'s ``data_skipped`` (what ``on_error: skip`` left
     out: :func:`mmviews.data.loaders.data_left_out`)."""
@@ -305,15 +350,16 @@ def data_report_lines(summary: Mapping[str, Any]) -> list[str]:
             + (["Examples:", "", *(f"- `{e}`" for e in examples), ""] if examples else []))
 
 
-def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
+def write_results(run_dir: Path, summary: dict[str, Any], settings: HealthSettings | None = None) -> None:
     """``results.json`` and ``report.md``: the run summary and, per metric, trained vs
     randomly initialised encoder. The JSON is strict (no NaN; see :func:`finalise_summary`).
 
     Adds ``summary["warnings"]`` (to the dict given, so the caller can print them): the
     collapse, chance-level and below-random-init checks of :mod:`mmviews.eval.health` on the
-    training log and the evaluation; the report lists them first."""
+    training log and the evaluation, with the one hint that fits the run's ``settings``; the
+    report lists them first."""
     summary["warnings"] = run_warnings(read_training_log(run_dir / LOG_FILE), summary.get("eval"),
-                                       summary.get("eval_random"))
+                                       summary.get("eval_random"), settings)
     summary = finalise_summary(summary)
     atomic_write_text(run_dir / RESULTS_FILE, json.dumps(summary, indent=2, default=str, allow_nan=False))
     lines = [f"# Run report: {summary['name']}", "",
@@ -328,14 +374,16 @@ def write_results(run_dir: Path, summary: dict[str, Any]) -> None:
     lines += data_report_lines(summary)
     trained, random_ = summary["eval"], summary["eval_random"] or {}
     if trained:
-        lines += ["| metric | trained | random init | trained - random |", "|---|---|---|---|"]
+        lines += ["| metric | trained | random init | trained - random | chance |", "|---|---|---|---|---|"]
         for key in sorted(trained):
             if "weight_decay" in key or key.endswith("/n") or not key.startswith(("test/", "val/")):
                 continue
             t = trained[key]
             r = random_.get(key)
             diff = "" if r is None or t is None else f"{t - r:+.4f}" + (" (lower is better)" if _lower_is_better(key) else "")
-            lines.append(f"| {key} | {_fmt(t)} | {'' if r is None else f'{r:.4f}'} | {diff} |")
+            chance = chance_level(key, trained)
+            lines.append(f"| {key} | {_fmt(t)} | {'' if r is None else f'{r:.4f}'} | {diff} | "
+                         f"{'' if chance is None else f'{chance:.4f}'} |")
         lines += ["", "Full evaluation report: [eval/summary.md](eval/summary.md)"
                   + ("; random-initialisation baseline: [eval_random/summary.md](eval_random/summary.md)" if random_ else ""), ""]
     atomic_write_text(run_dir / REPORT_FILE, "\n".join(lines))

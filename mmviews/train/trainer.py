@@ -69,6 +69,7 @@ before each checkpoint's rename.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -88,6 +89,7 @@ from mmviews.data.losses import (
     excluded_lines,
     run_datasets,
 )
+from mmviews.eval.health import HealthSettings
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
@@ -96,9 +98,12 @@ from mmviews.train.distributed import configure_determinism, process_group_kwarg
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
+    RESULTS_LOGGER,
     TRACKERS_DIR,
     StepLogger,
     finalise_summary,
+    headline_lines,
+    headline_metrics,
     read_eval_metrics,
     resolve_trackers,
     write_results,
@@ -214,6 +219,16 @@ def _check_losses(p: Prepared, state: TrainState, log_every: int) -> None:
             "optimisation.max_grad_norm, or optimisation.mixed_precision: 'no'")
 
 
+def check_epoch_complete(state: TrainState, batches_per_epoch: int, epoch: int) -> None:
+    """A ``RuntimeError`` when the training loader ran out before ``batches_per_epoch`` micro-batches
+    (the epoch length the schedule, the progress bar and the step count were planned with). Left
+    unchecked, a short epoch would end the run early with exit status 0, a wrong ``epochs`` in
+    ``results.json``, or, when only some processes run short, a hang in the next collective."""
+    if state.batch_in_epoch != batches_per_epoch:
+        raise RuntimeError(f"epoch {epoch}: the training loader gave {state.batch_in_epoch} batches, "
+                           f"{batches_per_epoch} expected (len() of the loader at the start of the run)")
+
+
 def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     """The loader of ``epoch``, seeded so that a resumed run draws the same batches and
     augmentations, without the batches of this epoch already trained on."""
@@ -234,6 +249,18 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
     return loader
 
 
+def log_run_end(run_dir: Path, summary: dict[str, Any]) -> None:
+    """The end of a run on the :data:`~mmviews.train.logging.RESULTS_LOGGER` logger, for Python
+    callers of :func:`train` (``mmviews train`` prints the same itself): the headline metrics
+    (info) and each warning of the health checks (warning, shown even without logging set up)."""
+    logger = logging.getLogger(RESULTS_LOGGER)
+    lines = headline_lines(summary.get("headline") or [])
+    if lines:
+        logger.info("%s: trained vs random init\n%s", run_dir, "\n".join(lines))
+    for message in summary.get("warnings") or []:
+        logger.warning("warning: %s", message)
+
+
 def record_evaluated_sizes(losses: DataLosses, eval_dir: Path, datasets: dict[str, tuple[str, Any]]) -> None:
     """Count, per split, the samples the evaluation in ``eval_dir`` did not embed (``n_<split>``
     of its ``metrics.json`` against the dataset's size): those left out when unreadable. A
@@ -251,7 +278,11 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
           source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
           resume_ignore_rng: bool = False, reevaluate: bool = False) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the summary also written to
-    ``results.json``. ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
+    ``results.json``: among others ``"eval"`` and ``"eval_random"`` (the final evaluation of
+    the trained and of the randomly initialised encoder), ``"headline"`` (the probes' and
+    retrieval's main metrics, trained against random init, with chance levels) and
+    ``"warnings"`` (the health checks of :mod:`mmviews.eval.health`), both also logged on the
+    ``mmviews.train.results`` logger (:func:`log_run_end`). ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
     A fresh run needs ``run_dir`` new, empty, or a run that stopped before its first checkpoint
     (:func:`mmviews.run.check_run_dir`), or ``overwrite`` to replace an mmviews run (only what
     that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
@@ -368,6 +399,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
                 save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
             if done:
                 break
+        else:  # the loader ran out: it must have given the whole epoch (not a shorter one on some process)
+            check_epoch_complete(state, p.batches_per_epoch, epoch)
         if state.batch_in_epoch >= p.batches_per_epoch:
             objective.on_epoch_end(epoch)
             state.epoch, state.batch_in_epoch = epoch + 1, 0
@@ -404,9 +437,11 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
         "data_skipped": _data_left_out(accelerator, parts),
         DATA_LOSSES_KEY: losses.to_dict(), ABSENT_MODALITIES_KEY: absent,
+        "headline": headline_metrics(metrics, random_metrics),
     })
     if accelerator.is_main_process:
-        write_results(run_dir, summary)
+        write_results(run_dir, summary, HealthSettings.from_config(config))
+        log_run_end(run_dir, summary)
         write_model_card(run_dir / ENCODER_DIR, config, summary, source)  # after evaluation: it has the numbers
         record_run_outputs(run_dir)
     if trackers:

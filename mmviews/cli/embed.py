@@ -1,0 +1,130 @@
+"""``mmviews embed RUN DATA_OR_RECIPE --output FILE``: the embeddings of every view of every
+sample, written as one Parquet file (through ``datasets``).
+
+``RUN`` is a run folder or a checkpoint folder (:func:`mmviews.run.load_run`). ``DATA_OR_RECIPE``
+says which samples: a recipe (a YAML path or a name in ``recipes/``) whose ``data`` section is
+read, or a dataset folder, read with the run's own ``data`` section (``data.root`` replaced).
+Every split the data section names (``train_split``, ``val_split``, ``test_split``) is embedded,
+with the run's evaluation views (``evaluation.views``, else one natural view per modality), un-
+augmented, in dataset order, with the run's precision (``optimisation.mixed_precision``, under
+``torch.autocast`` as in training and ``mmviews eval``).
+
+One row per sample: ``split`` (``train``, ``val`` or ``test``), ``sample_id`` (the sample's
+index in its split), one column per
+label the batches carry (``class``, ``sentiment``, ...) and one column per view (``text_0``,
+``audio_0``, ...) holding its unit-norm embedding as a list of ``d`` floats, null where the
+sample lacks that modality. Read it back with ``datasets.Dataset.from_parquet(FILE)`` or
+``pandas.read_parquet(FILE)``. The file is written under a temporary name and moved into place;
+an existing file is replaced only with ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from mmviews.cli.eval import run_device
+from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
+from mmviews.modalities.base import allow_remote_models
+
+__all__ = ["add_arguments", "embedding_table", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run folder or checkpoint folder")
+    parser.add_argument("data", metavar="DATA_OR_RECIPE",
+                        help="a recipe (YAML path or name in recipes/) whose data section to embed, or a dataset folder "
+                        "read with the run's data section")
+    parser.add_argument("--output", "-o", required=True, metavar="FILE", help="Parquet file to write (.parquet)")
+    parser.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    parser.add_argument("--precision", choices=["run", *PRECISIONS], default="run",
+                        help="autocast of the encoder's forward (default: the run's optimisation.mixed_precision)")
+    parser.add_argument("--device", default=None, help="where the encoder runs (default: the run's)")
+    parser.add_argument("--allow-remote-models", action="store_true",
+                        help="allow adapters to build open_clip models named 'hf-hub:...' or 'local-dir:...'")
+
+
+def _data_section(spec: str, run_config: Any) -> Any:
+    """The ``data`` section to embed: a dataset folder read with the run's, or a recipe's."""
+    from mmviews.config import load_config, resolve_recipe
+
+    path = Path(spec)
+    if path.is_dir():
+        data = run_config.data
+        data.root = str(path)
+        return data
+    return load_config(resolve_recipe(spec)).data
+
+
+def embedding_table(encoder: Any, loaders: dict[str, Any]) -> tuple[dict[str, list[Any]], list[str]]:
+    """Columns ``split``, ``sample_id``, the labels and one per view (lists of floats, None
+    where absent) of every loader's samples, in order; and the views' names."""
+    columns: dict[str, list[Any]] = {"split": [], "sample_id": []}
+    view_names: list[str] | None = None
+    for split, loader in loaders.items():
+        if loader is None:
+            continue
+        emb = extract_embeddings(encoder, loader, desc=f"embeddings ({split})")
+        if view_names is None:
+            view_names = list(emb.view_names)
+            label_names = sorted(emb.labels)
+            clash = set(columns) & set(label_names + view_names) or set(label_names) & set(view_names)
+            if clash:
+                raise ValueError(f"label or view names {sorted(clash)} clash with the columns split, sample_id "
+                                 "or each other: rename them in the recipe")
+            columns.update({name: [] for name in label_names + view_names})
+        elif list(emb.view_names) != view_names or sorted(emb.labels) != label_names:
+            raise ValueError(f"split {split!r} has views {emb.view_names} and labels {sorted(emb.labels)}; "
+                             f"the first split had {view_names} and {label_names}")
+        n = emb.num_samples
+        columns["split"] += [split] * n
+        columns["sample_id"] += (emb.index.tolist() if emb.index is not None else list(range(n)))
+        for name in label_names:
+            columns[name] += emb.labels[name].tolist()
+        for m, name in enumerate(view_names):
+            vectors, present = emb.views[:, m].tolist(), emb.mask[:, m].tolist()
+            columns[name] += [v if p else None for v, p in zip(vectors, present)]
+    if view_names is None:
+        raise ValueError("the data section names no split to embed (train_split, val_split, test_split)")
+    return columns, view_names
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
+    import datasets
+
+    from mmviews.data.loaders import build_eval_loaders, eval_view_config
+    from mmviews.run import load_run
+
+    output = Path(args.output)
+    if output.suffix != ".parquet":
+        raise ValueError(f"--output {output}: give a .parquet file")
+    if output.exists() and not args.overwrite:
+        raise FileExistsError(f"--output {output} exists: choose another file, or --overwrite to replace it")
+    if not output.parent.is_dir():
+        raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
+    if args.device is not None:
+        run_device(False, args.device)  # before the (slow) loading
+    if not Path(args.run).exists():
+        raise FileNotFoundError(f"{args.run} does not exist: give a run folder or a checkpoint folder")
+    with allow_remote_models(args.allow_remote_models):
+        encoder, config, _ = load_run(args.run)
+    data = _data_section(args.data, config)
+    views = eval_view_config(config.views, config.evaluation.views)
+    loaders = build_eval_loaders(data, views, config.seed)
+    precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
+    encoder.to(run_device(config.cpu, args.device))
+    columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders)
+    table = datasets.Dataset.from_dict(columns)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        table.to_parquet(str(tmp))
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {len(table)} samples x {len(view_names)} views ({', '.join(view_names)}; precision {precision}) "
+          f"to {output}")
+    return 0
+
