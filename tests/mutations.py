@@ -189,6 +189,10 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "round_map_epoch_up": _round_map_epoch_up,
     "write_shards_in_place": _write_shards_in_place,
     "read_rows_with_parquet_builder": _read_rows_with_parquet_builder,
+    # memory estimate (defined at the end of the file; looked up when applied)
+    "drop_optimizer_state": lambda: _drop_optimizer_state(),
+    "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
+    "double_activations": lambda: _double_activations(),
 }
 
 
@@ -413,3 +417,25 @@ def _move_alignment_threshold() -> tuple[Any, str, Any]:
 
     return health, "ALIGNMENT_GAP", 0.03
 
+
+def _drop_optimizer_state() -> tuple[Any, str, Any]:
+    """The memory estimate counts no optimiser state."""
+    import mmviews.train.memory as memory
+
+    return memory, "optimizer_state_bytes", lambda optimizer, trainable_bytes, momentum: 0
+
+
+def _halve_cached_embeddings() -> tuple[Any, str, Any]:
+    """The memory estimate counts the cached step's embeddings without their gradient."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.cached_embeddings.fget
+    return MemoryEstimate, "cached_embeddings", property(lambda self: original(self) // 2)
+
+
+def _double_activations() -> tuple[Any, str, Any]:
+    """The memory estimate counts twice the activations it measured."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.saved_activations.fget
+    return MemoryEstimate, "saved_activations", property(lambda self: 2 * original(self))
