@@ -236,41 +236,41 @@ def _mtime_only_staleness() -> tuple[Any, str, Any]:
 def _cached_skip_accumulation_division() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder skips the gradient-accumulation division
     (``dL/dz`` multiplied back by n: the micro-batch gradients are summed, not averaged)."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         return original(p, chunks, states, z_grad * p.accelerator.gradient_accumulation_steps)
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _cached_bypass_scaler() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder bypasses the fp16 loss scaler: the encoder's
     gradients arrive unscaled, and the optimiser step divides them by the scale all the same."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         scaler = p.accelerator.scaler
         return original(p, chunks, states, z_grad if scaler is None else z_grad / scaler.get_scale())
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _cached_scale_by_processes() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder multiplies ``dL/dz`` by the number of
     processes (a gradient-scale error that only shows with several processes)."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         return original(p, chunks, states, z_grad * p.accelerator.num_processes)
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _keyed_dropout_ignores_sample() -> tuple[Any, str, Any]:
@@ -350,12 +350,12 @@ def _keyed_dropout_salt_from_hash() -> tuple[Any, str, Any]:
 def _cached_no_rng_replay() -> tuple[Any, str, Any]:
     """The cached step's pass 2 does not restore the RNG states of pass 1 (nor, after it, those
     the objective left): ordinary dropout draws other masks than the loss saw."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
     def keep_state(state: Any, device: Any) -> None:
         return None
 
-    return cached_step, "_set_rng_state", keep_state
+    return step, "_set_rng_state", keep_state
 
 
 def _dropout_draws_nothing() -> tuple[Any, str, Any]:

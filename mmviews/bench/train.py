@@ -43,7 +43,7 @@ CPU, ``torch.cuda.max_memory_reserved`` (what the process holds on the device) o
 
 Large global batches (``--encode-chunk-size N``, ``--gradient-checkpointing``): each case runs
 twice, each in its own process: the step under test (the cached-embedding step of
-:mod:`mmviews.train.cached_step` with encoder chunks of N samples, and/or every adapter that
+:mod:`mmviews.train.step` with encoder chunks of N samples, and/or every adapter that
 supports it with ``gradient_checkpointing: true``) and the plain step (no chunks, no
 checkpointing) at ``--plain-K`` samples (default: the same K). The report gives both rows and
 their ratios: peak memory (step under test / plain) and time per sample (the same).
@@ -92,16 +92,15 @@ from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
 from mmviews.train.memory import MemoryEstimate, estimate_memory
-from mmviews.train.trainer import (
+from mmviews.train.step import (
     Prepared,
-    _accelerator,
     _present_mask,
-    _prepare,
     micro_batch_dropout,
     optimizer_step,
     record_nonfinite,
     train_step,
 )
+from mmviews.train.trainer import _accelerator, _prepare
 
 CASES = ("quickstart", "realistic")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
@@ -408,11 +407,11 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
 
 def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
                       sync: Callable[[], None]) -> dict[str, float]:
-    """One step of :func:`mmviews.train.cached_step.cached_train_step` (same calls in the same
+    """One step of :func:`mmviews.train.step.cached_train_step` (same calls in the same
     order, plus the loop's teacher update), timed like :func:`timed_step`: **forward** is pass 1
     (the chunks encoded without gradients, and the teacher's chunks), **backward** the
     objective's backward and pass 2 (each chunk encoded again and backpropagated)."""
-    from mmviews.train.cached_step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
+    from mmviews.train.step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
 
     objective, accelerator, chunk_size = p.objective, p.accelerator, p.encode_chunk_size
     t0 = time.perf_counter()
@@ -773,10 +772,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("bench train: --plain-K needs --encode-chunk-size or --gradient-checkpointing, and K >= 2")
     if args.encode_chunk_size is not None:
         try:  # the cached-embedding step (a separate module; say clearly if this installation lacks it)
-            from mmviews.train.cached_step import cached_train_step  # noqa: F401
+            from mmviews.train.step import cached_train_step  # noqa: F401
         except ImportError as error:
             raise SystemExit(f"bench train: --encode-chunk-size needs the cached-embedding step "
-                             f"(mmviews.train.cached_step.cached_train_step), not available here: {error}") from None
+                             f"(mmviews.train.step.cached_train_step), not available here: {error}") from None
     if args.sync_debug and args.device != "cuda":
         raise SystemExit("bench train: --sync-debug needs --device cuda: torch's sync debug mode reports on CUDA only "
                          "(on CPU use --count-host-reads N, which records every read that would synchronise an "
