@@ -3,6 +3,8 @@
 Every module of ``mmviews/`` is parsed with ``ast`` and each of its imports (module level,
 inside functions, under ``TYPE_CHECKING``, relative ones resolved) is checked against the
 layer order below: a module may import its own layer or a lower one, never a higher one.
+Within a layer, no two modules import each other (:func:`two_module_circles`): following one
+piece of work never bounces between two files.
 """
 
 from __future__ import annotations
@@ -173,6 +175,12 @@ def reachable_imports(module: str, graph: dict[str, set[str]]) -> set[str]:
 DROPOUT = ("mmviews.modalities.dropout", "mmviews.modalities.dropout.keys",
            "mmviews.modalities.dropout.hf_attention", "mmviews.modalities.dropout.layers")
 MULTIVIEW = "mmviews.modalities.multiview"
+
+
+def test_no_two_modules_of_the_package_import_each_other():
+    circles = two_module_circles()
+    assert circles == [], "modules that import each other (move the shared part below both): " + ", ".join(
+        f"{a} <-> {b}" for a, b in circles)
 
 
 def test_the_dropout_modules_and_multiview_are_in_no_circle():
