@@ -30,6 +30,7 @@ from typing import Any, Literal, Mapping, Sequence
 import yaml
 
 from mmviews.fileio import atomic_write_text, is_folder_name
+from mmviews.registry import did_you_mean
 
 
 class ConfigError(ValueError):
@@ -101,7 +102,7 @@ class OptimisationConfig:
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
     decompose over micro-batches). ``encode_chunk_size`` does enlarge it beyond what the encoder's
     activations allow: cached-embedding steps encode the K samples in chunks of that many
-    (:mod:`mmviews.train.cached_step`). ``sample_keyed_dropout``: see
+    (:mod:`mmviews.train.step`). ``sample_keyed_dropout``: see
     :mod:`mmviews.modalities.dropout`.
     """
 
@@ -124,7 +125,7 @@ class OptimisationConfig:
     # (mmviews.modalities.dropout); a random layer that cannot be keyed stops the run at setup.
     sample_keyed_dropout: bool = False
     max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
-    # Samples per encoder chunk of a cached-embedding step (mmviews.train.cached_step); None:
+    # Samples per encoder chunk of a cached-embedding step (mmviews.train.step); None:
     # the plain step, which keeps the activations of all K samples for backward.
     encode_chunk_size: int | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
@@ -324,7 +325,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, source: str) -> Any:
     unknown = [k for k in data if k not in names]
     if unknown:
         where = f"'{prefix}.{unknown[0]}'" if prefix else f"'{unknown[0]}'"
-        raise ConfigError(f"{source}: unknown key {where}; allowed keys{' in ' + repr(prefix) if prefix else ''}: {', '.join(names)}")
+        raise ConfigError(f"{source}: unknown key {where}{did_you_mean(unknown[0], names)}; "
+                          f"allowed keys{' in ' + repr(prefix) if prefix else ''}: {', '.join(names)}")
     kwargs = {}
     for name in names:
         if name in data:
@@ -450,7 +452,8 @@ def _check_override_path(parts: list[str], text: str) -> None:
         names = [f.name for f in dataclasses.fields(cls)]
         if part not in names:
             path = ".".join(parts[: depth + 1])
-            raise ConfigError(f"--set {text!r}: unknown key '{path}'; allowed keys here: {', '.join(names)}")
+            raise ConfigError(f"--set {text!r}: unknown key '{path}'{did_you_mean(part, names)}; "
+                              f"allowed keys here: {', '.join(names)}")
         tp = typing.get_type_hints(cls)[part]
         cls = tp if dataclasses.is_dataclass(tp) else None
 
@@ -483,10 +486,41 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a recipe, apply ``--set`` overrides, validate. Errors name the key and the file."""
+    """Read a recipe, apply ``--set`` overrides, validate. Errors name the key and the file, or
+    the ``--set`` whose value is at fault (the last one that set the key or a section above it)."""
     raw = apply_overrides(read_yaml(path), overrides)
     source = str(path) + (" (with --set overrides)" if overrides else "")
-    return config_from_dict(raw, source)
+    try:
+        return config_from_dict(raw, source)
+    except ConfigError as error:
+        named = name_the_override(error, source, overrides)
+        if named is error:
+            raise
+        raise named from None
+
+
+def name_the_override(error: ConfigError, source: str, overrides: Sequence[str]) -> ConfigError:
+    """``error`` (raised with ``source``, the recipe) told as the ``--set`` that set its key, when
+    one did (:func:`override_of_error`); else ``error`` itself."""
+    culprit = override_of_error(str(error), overrides)
+    if culprit is None or source not in str(error):
+        return error
+    return ConfigError(str(error).replace(source, f"--set {culprit!r}", 1))
+
+
+def override_of_error(message: str, overrides: Sequence[str]) -> str | None:
+    """The ``--set`` text (the last one) that set the key named in ``message`` (``key 'a.b.c'``)
+    or a key above or below it; None when the key came from the recipe file."""
+    found = re.search(r"key '([^']+)'", message)
+    if found is None:
+        return None
+    key = found.group(1).split(".")
+    for text in reversed(overrides):
+        parts = text.split("=", 1)[0].strip().split(".")
+        n = min(len(parts), len(key))
+        if parts[:n] == key[:n]:
+            return text
+    return None
 
 
 def save_config(config: TrainConfig, path: str | os.PathLike[str]) -> Path:
@@ -560,5 +594,7 @@ def resolve_recipe(name_or_path: str | os.PathLike[str]) -> Path:
                 candidate = d / f"{path.name}{suffix}"
                 if candidate.is_file():
                     return candidate
-    known = ", ".join(p.stem for p in list_recipes()) or "none found"
-    raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found (not a file, nor a name in {', '.join(map(str, recipes_dirs()))}); known recipes: {known}")
+    names = [p.stem for p in list_recipes()]
+    known = ", ".join(names) or "none found"
+    raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found{did_you_mean(path.stem, names)} (not a file, nor a "
+                            f"name in {', '.join(map(str, recipes_dirs()))}); known recipes: {known}")

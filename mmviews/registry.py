@@ -20,9 +20,16 @@ Modules own their registry and expose functions over it (``get_objective``,
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import difflib
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'X'?)"`` for the choice closest to a mistyped ``word`` (difflib), or ``""``."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class Registry(Generic[T]):
@@ -59,7 +66,7 @@ class Registry(Generic[T]):
             return self._entries[name][0]
         except (KeyError, TypeError):
             known = ", ".join(self.names()) or "(none)"
-            raise ValueError(f"unknown {self.kind} {name!r}; known: {known}") from None
+            raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; known: {known}") from None
 
     def names(self) -> list[str]:
         """The registered names, sorted."""

@@ -189,6 +189,10 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "round_map_epoch_up": _round_map_epoch_up,
     "write_shards_in_place": _write_shards_in_place,
     "read_rows_with_parquet_builder": _read_rows_with_parquet_builder,
+    # memory estimate (defined at the end of the file; looked up when applied)
+    "drop_optimizer_state": lambda: _drop_optimizer_state(),
+    "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
+    "double_activations": lambda: _double_activations(),
     "bench_time_contenders_in_blocks": lambda: _bench_time_contenders_in_blocks(),
     "bench_rss_reset_does_nothing": lambda: _bench_rss_reset_does_nothing(),
 }
@@ -234,41 +238,41 @@ def _mtime_only_staleness() -> tuple[Any, str, Any]:
 def _cached_skip_accumulation_division() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder skips the gradient-accumulation division
     (``dL/dz`` multiplied back by n: the micro-batch gradients are summed, not averaged)."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         return original(p, chunks, states, z_grad * p.accelerator.gradient_accumulation_steps)
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _cached_bypass_scaler() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder bypasses the fp16 loss scaler: the encoder's
     gradients arrive unscaled, and the optimiser step divides them by the scale all the same."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         scaler = p.accelerator.scaler
         return original(p, chunks, states, z_grad if scaler is None else z_grad / scaler.get_scale())
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _cached_scale_by_processes() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder multiplies ``dL/dz`` by the number of
     processes (a gradient-scale error that only shows with several processes)."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         return original(p, chunks, states, z_grad * p.accelerator.num_processes)
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _keyed_dropout_ignores_sample() -> tuple[Any, str, Any]:
@@ -348,12 +352,12 @@ def _keyed_dropout_salt_from_hash() -> tuple[Any, str, Any]:
 def _cached_no_rng_replay() -> tuple[Any, str, Any]:
     """The cached step's pass 2 does not restore the RNG states of pass 1 (nor, after it, those
     the objective left): ordinary dropout draws other masks than the loss saw."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
     def keep_state(state: Any, device: Any) -> None:
         return None
 
-    return cached_step, "_set_rng_state", keep_state
+    return step, "_set_rng_state", keep_state
 
 
 def _dropout_draws_nothing() -> tuple[Any, str, Any]:
@@ -414,6 +418,29 @@ def _move_alignment_threshold() -> tuple[Any, str, Any]:
     import mmviews.eval.health as health
 
     return health, "ALIGNMENT_GAP", 0.03
+
+
+def _drop_optimizer_state() -> tuple[Any, str, Any]:
+    """The memory estimate counts no optimiser state."""
+    import mmviews.train.memory as memory
+
+    return memory, "optimizer_state_bytes", lambda optimizer, trainable_bytes, momentum: 0
+
+
+def _halve_cached_embeddings() -> tuple[Any, str, Any]:
+    """The memory estimate counts the cached step's embeddings without their gradient."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.cached_embeddings.fget
+    return MemoryEstimate, "cached_embeddings", property(lambda self: original(self) // 2)
+
+
+def _double_activations() -> tuple[Any, str, Any]:
+    """The memory estimate counts twice the activations it measured."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.saved_activations.fget
+    return MemoryEstimate, "saved_activations", property(lambda self: 2 * original(self))
 
 
 def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:

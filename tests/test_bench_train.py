@@ -14,7 +14,8 @@ from mmviews.bench.cli import VERBS
 from mmviews.config import load_config, resolve_recipe
 from mmviews.data.views import ViewSetCollator, ViewSpec
 from mmviews.train import build_run
-from mmviews.train.trainer import _accelerator, _prepare, train_step
+from mmviews.train.step import train_step
+from mmviews.train.trainer import _accelerator, _prepare
 
 # The quickstart shrunk to seconds: K = 16 of 64 samples, small eval splits unused.
 SMALL = ["data.batch_size=16", "data.split_options.train.num_samples=64"]
@@ -46,10 +47,14 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert row["samples_per_s"] == pytest.approx(16 * 2 / total_s, rel=1e-6)
     assert row["views_per_s"] == pytest.approx(4 * row["samples_per_s"])
     assert row["peak_memory_mb"] > 0 and "getrusage" in row["memory_method"]
+    # the --check estimate beside the measured peak, with its parts
+    assert row["estimated_memory_mb"] == pytest.approx(row["estimate"]["total"]) and row["estimated_memory_mb"] > 0
+    assert row["estimate"]["activations"] > 0 and row["estimate"]["baseline"] > 0
     assert row["host_reads"]["steps"] == 1 and isinstance(row["host_reads"]["by_origin"], dict)
     assert {"torch", "platform", "threads"} <= set(result["environment"])
     table = capsys.readouterr().out
     assert "quickstart" in table and "samples/s" in table and "data%" in table and "fwd%" in table
+    assert f"memory estimate (--check) {row['estimated_memory_mb']:.0f} MB vs measured peak RSS" in table
 
 
 def test_timed_step_is_the_trainers_step(tmp_path: Path) -> None:

@@ -148,3 +148,95 @@ adapters: {{rows: {{type: mlp, input_dim: 2}}}}
     line = one_line_error(err)
     assert rc == 2 and "key 'data.options.columns': " in line and "column 'row' (for 'rows') not found" in line
     assert "train_split" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# What training would find in its first step or at its end, --check finds (mmviews.train.preflight):
+# each message names the recipe key to change and a value that would work.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vectors_and_sequences(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved DatasetDict: ``vec`` holds one [2] vector per sample, ``seq`` a [3, 2] sequence."""
+    import datasets
+
+    root = tmp_path_factory.mktemp("hf_vec_seq") / "disk"
+    rows = datasets.Dataset.from_dict({"vec": [[0.0, 1.0]] * 8, "seq": [[[0.0, 1.0]] * 3] * 8, "label": [0, 1] * 4})
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(root))
+    return root
+
+
+def _recipe(tmp_path: Path, root: Path, columns: str, views: str, adapters: str, tasks: str = "[linear:class]") -> Path:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"""name: check
+data: {{name: hf, root: {root}, options: {{columns: {columns}, labels: {{class: label}}}}, train_split: train,
+        val_split: null, test_split: test, batch_size: 4}}
+views: {views}
+adapters: {adapters}
+evaluation: {{tasks: {tasks}}}
+""")
+    return recipe
+
+
+SEQUENCE_ADAPTER = "{type: feature_sequence, input_dim: 2}"
+
+
+def test_check_finds_a_view_whose_modality_has_no_column(capsys, tmp_path: Path, vectors_and_sequences: Path) -> None:
+    recipe = _recipe(tmp_path, vectors_and_sequences, "{rows: seq}", "[{modality: rows}, {modality: signal}]",
+                     f"{{rows: {SEQUENCE_ADAPTER}, signal: {SEQUENCE_ADAPTER}}}")
+    rc, out, err = cli(capsys, "train", str(recipe), "--check")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert "key 'views.1.modality' = 'signal': the samples of split 'train' have no modality 'signal'" in line
+    assert "they have ['rows']" in line and "data.options.columns: {signal: <column>}" in line
+
+
+def test_check_finds_a_vector_column_for_a_sequence_adapter(capsys, tmp_path: Path,
+                                                            vectors_and_sequences: Path) -> None:
+    recipe = _recipe(tmp_path, vectors_and_sequences, "{rows: vec}", "[{modality: rows, copies: 2}]",
+                     f"{{rows: {SEQUENCE_ADAPTER}}}")
+    rc, out, err = cli(capsys, "train", str(recipe), "--check")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert "key 'adapters.rows' (type 'feature_sequence'): the 'rows' inputs of a batch of split 'train' (values [4, 2]" \
+        in line
+    assert "values must be [B, L, D]" in line and "[[...]], shape [1, 2]" in line
+    # the value it names works: the [L, D] column passes
+    good = _recipe(tmp_path, vectors_and_sequences, "{rows: seq}", "[{modality: rows, copies: 2}]",
+                   f"{{rows: {SEQUENCE_ADAPTER}}}")
+    rc, out, _ = cli(capsys, "train", str(good), "--check")
+    assert rc == 0 and "OK" in out
+
+
+def test_check_finds_an_evaluation_label_the_data_lacks(capsys, tmp_path: Path, vectors_and_sequences: Path) -> None:
+    recipe = _recipe(tmp_path, vectors_and_sequences, "{rows: seq}", "[{modality: rows, copies: 2}]",
+                     f"{{rows: {SEQUENCE_ADAPTER}}}", tasks="[retrieval, 'linear:clas']")
+    rc, out, err = cli(capsys, "train", str(recipe), "--check")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert "key 'evaluation.tasks.1' = 'linear:clas': task 'linear' reads the label 'clas', which the samples of " \
+           "split 'train' do not carry (did you mean 'class'?); they carry ['class']: use e.g. 'linear:class'" in line
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["quickstrat"], "recipe 'quickstrat' not found (did you mean 'quickstart'?)"),
+    (["quickstart", "--set", "optimisation.epoch=3"],
+     "--set 'optimisation.epoch=3': unknown key 'optimisation.epoch' (did you mean 'epochs'?)"),
+    (["quickstart", "--set", "objective.name=mv_dhell"],
+     "--set 'objective.name=mv_dhell': key 'objective.name': unknown objective 'mv_dhell' (did you mean 'mv_dhel'?)"),
+    (["quickstart", "--set", "optimisation.epochs=0"], "--set 'optimisation.epochs=0': key 'optimisation.epochs': must be >= 1"),
+    (["quickstart", "--set", "data.batch_size=4096"], "--set 'data.batch_size=4096': key 'data.batch_size': the 'train' split"),
+])
+def test_did_you_mean_and_the_set_at_fault(capsys, args: list[str], expected: str) -> None:
+    rc, _, err = cli(capsys, "train", *args, "--check")
+    line = one_line_error(err)
+    assert rc == 2 and expected in line, line
+    assert "quickstart.yaml" not in line  # the --set (or the name) is at fault, not the recipe file
+
+
+def test_an_unknown_key_in_the_file_gets_a_suggestion(tmp_path: Path) -> None:
+    from mmviews.config import ConfigError, load_config
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\noptimisation: {epoch: 3}\n")
+    with pytest.raises(ConfigError, match=r"r\.yaml: unknown key 'optimisation\.epoch' \(did you mean 'epochs'\?\)"):
+        load_config(recipe)

@@ -93,7 +93,7 @@ def test_augmentation_registry():
     assert names["hflip"] == "Horizontal flip of an image with probability p."  # docstring's first line
     with pytest.raises(ValueError, match="augmentation 'hflip' is registered twice"):
         register_augmentation("hflip")(lambda: (lambda x, g: x))
-    with pytest.raises(ValueError, match=r"unknown augmentation 'flip'; known: .*hflip.*simclr"):
+    with pytest.raises(ValueError, match=r"unknown augmentation 'flip' \(did you mean 'hflip'\?\); known: .*hflip.*simclr"):
         get_augmentation("flip")
 
 

@@ -222,7 +222,8 @@ def test_map_style_epoch_check_fails_when_the_epoch_length_is_rounded_up(shards,
     error naming both counts (not a shorter run, nor epochs: 0, with exit status 0)."""
     from mmviews.config import load_config
     from mmviews.train import build_run
-    from mmviews.train.trainer import TrainState, check_epoch_complete
+    from mmviews.train.state import TrainState
+    from mmviews.train.trainer import check_epoch_complete
 
     config = load_config(uneven_recipe(shards, shards.parent, streaming=False))
     assert len(build_run(config, PROCESSES, with_eval=False).train_loader) == MAPPED_STEPS_PER_EPOCH

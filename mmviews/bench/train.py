@@ -36,11 +36,14 @@ loop's total is the throughput. A view is one (sample, view) pair: views/s = sam
 Memory. CUDA: ``torch.cuda.max_memory_allocated`` over the timed steps (tensor memory).
 CPU: the high-water mark of the process's resident set (``resource.getrusage``, main process
 only, since the process started: it includes building the models). Each case of a run with
-several runs in its own process, so that its figures are its own.
+several runs in its own process, so that its figures are its own. The quickstart case also
+prints the estimate of ``mmviews train --check`` (:func:`mmviews.train.memory.estimate_memory`,
+made after the run is built, before the sample cache fills) beside the measured peak: RSS on
+CPU, ``torch.cuda.max_memory_reserved`` (what the process holds on the device) on CUDA.
 
 Large global batches (``--encode-chunk-size N``, ``--gradient-checkpointing``): each case runs
 twice, each in its own process: the step under test (the cached-embedding step of
-:mod:`mmviews.train.cached_step` with encoder chunks of N samples, and/or every adapter that
+:mod:`mmviews.train.step` with encoder chunks of N samples, and/or every adapter that
 supports it with ``gradient_checkpointing: true``) and the plain step (no chunks, no
 checkpointing) at ``--plain-K`` samples (default: the same K). The report gives both rows and
 their ratios: peak memory (step under test / plain) and time per sample (the same).
@@ -87,16 +90,16 @@ from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.trainer import (
+from mmviews.train.memory import MemoryEstimate, estimate_memory
+from mmviews.train.step import (
     Prepared,
-    _accelerator,
     _present_mask,
-    _prepare,
     micro_batch_dropout,
     optimizer_step,
     record_nonfinite,
     train_step,
 )
+from mmviews.train.trainer import _accelerator, _prepare
 
 CASES = ("quickstart", "realistic")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
@@ -247,11 +250,11 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
 
 def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
                       sync: Callable[[], None]) -> dict[str, float]:
-    """One step of :func:`mmviews.train.cached_step.cached_train_step` (same calls in the same
+    """One step of :func:`mmviews.train.step.cached_train_step` (same calls in the same
     order, plus the loop's teacher update), timed like :func:`timed_step`: **forward** is pass 1
     (the chunks encoded without gradients, and the teacher's chunks), **backward** the
     objective's backward and pass 2 (each chunk encoded again and backpropagated)."""
-    from mmviews.train.cached_step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
+    from mmviews.train.step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
 
     objective, accelerator, chunk_size = p.objective, p.accelerator, p.encode_chunk_size
     t0 = time.perf_counter()
@@ -380,6 +383,8 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
                 phases[name].append(seconds)
         step_times = [sum(values) for values in zip(*phases.values())]
         peak_mb, memory_method = _peak_memory_mb(dev)
+        # what the process holds on the device (the allocator's cache too): the estimate's match on CUDA
+        reserved_mb = cuda_peak_mib(dev, reserved=True) if cuda else None
         throughput_s = sum(step_times)
         throughput_method = "phase loop (no synchronisation to remove on CPU)"
         if cuda:  # the trainer's own step, no synchronisation between phases
@@ -420,7 +425,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         "step_ms": 1000 * middle(step_times),
         "phase_ms": {name: 1000 * sum(v) / steps for name, v in phases.items()},
         "phase_share": {name: sum(v) / total for name, v in phases.items()},
-        "peak_memory_mb": peak_mb, "memory_method": memory_method,
+        "peak_memory_mb": peak_mb, "memory_method": memory_method, "peak_reserved_mb": reserved_mb,
         "params_M": sum(q.numel() for q in accelerator.unwrap_model(p.model).parameters()) / 1e6,
         "sync_debug": result_sync, "host_reads": host_reads,
     }
@@ -442,6 +447,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         if args.gradient_checkpointing:
             config = with_gradient_checkpointing(config)
         parts = build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
+        # before the sample cache fills: the estimate measures the process as --check would see it
+        estimate = estimate_memory(parts, 1, config.optimisation.encode_chunk_size, on_host=args.device == "cpu")
         if config.data.cache:
             cache = "cold" if args.cold_cache else "warm"
             if not args.cold_cache:  # what mmviews train's random-baseline evaluation does first
@@ -454,10 +461,20 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             config = with_gradient_checkpointing(config)
         num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
         parts = realistic_parts(config, num_samples)
+        estimate = None  # measuring full-size encoders on 2 and 4 samples takes minutes on a CPU
     row = measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
                   sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
     row["data_cache"] = cache
+    row["estimated_memory_mb"] = None if estimate is None else estimate.total / 2**20
+    row["estimate"] = None if estimate is None else estimate_parts_mb(estimate)
     return row
+
+
+def estimate_parts_mb(estimate: MemoryEstimate) -> dict[str, float]:
+    """The parts of a :class:`~mmviews.train.memory.MemoryEstimate`, in MB."""
+    names = ("baseline", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher", "batches",
+             "activations", "working", "objective", "evaluation", "step", "total")
+    return {name: getattr(estimate, name) / 2**20 for name in names}
 
 
 def with_gradient_checkpointing(config: TrainConfig) -> TrainConfig:
@@ -492,13 +509,22 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [f"bench train on {', '.join(devices)}{gpu}, {env['threads']} CPU threads; step ms: median of the timed "
              "steps; phase shares of their total",
              f"{'case':<11}{'step':<13}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
-             + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'params M':>10}"]
+             + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'est MB':>8}{'params M':>10}"]
     for row in result["cases"]:
         lines.append(f"{row['case']:<11}{row.get('step', 'plain'):<13}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
                      f"{row.get('data_cache', '-'):>6}"
                      f"{row['samples_per_s']:>11.1f}{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
                      + "".join(f"{100 * row['phase_share'][name]:>7.1f}" for name in PHASES)
-                     + f"{row['peak_memory_mb']:>9.0f}{row['params_M']:>10.1f}")
+                     + f"{row['peak_memory_mb']:>9.0f}"
+                     + (f"{row['estimated_memory_mb']:>8.0f}" if row.get("estimated_memory_mb") else f"{'-':>8}")
+                     + f"{row['params_M']:>10.1f}")
+    for row in result["cases"]:
+        if row.get("estimated_memory_mb"):
+            measured = row["peak_reserved_mb"] or row["peak_memory_mb"]
+            what = "max_memory_reserved" if row["peak_reserved_mb"] else "peak RSS"
+            lines.append(f"{row['case']} {row.get('step', 'plain')} K = {row['K']}: memory estimate (--check) "
+                         f"{row['estimated_memory_mb']:.0f} MB vs measured {what} {measured:.0f} MB "
+                         f"({100 * (row['estimated_memory_mb'] / measured - 1):+.1f} %)")
     for c in result.get("comparisons", []):
         lines.append(f"{c['case']}: {c['step']} at K = {c['K']} vs plain at K = {c['plain_K']}: peak memory "
                      f"{c['peak_memory_ratio']:.2f}x, time per sample {c['time_per_sample_ratio']:.2f}x")
@@ -579,10 +605,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("bench train: --plain-K needs --encode-chunk-size or --gradient-checkpointing, and K >= 2")
     if args.encode_chunk_size is not None:
         try:  # the cached-embedding step (a separate module; say clearly if this installation lacks it)
-            from mmviews.train.cached_step import cached_train_step  # noqa: F401
+            from mmviews.train.step import cached_train_step  # noqa: F401
         except ImportError as error:
             raise SystemExit(f"bench train: --encode-chunk-size needs the cached-embedding step "
-                             f"(mmviews.train.cached_step.cached_train_step), not available here: {error}") from None
+                             f"(mmviews.train.step.cached_train_step), not available here: {error}") from None
     if args.sync_debug and args.device != "cuda":
         raise SystemExit("bench train: --sync-debug needs --device cuda: torch's sync debug mode reports on CUDA only "
                          "(on CPU use --count-host-reads N, which records every read that would synchronise an "

@@ -31,6 +31,7 @@ A resumed checkpoint is checked file by file and never unpickled beyond tensors 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -38,9 +39,10 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from mmviews.cli import USER_ERRORS, worker_error
-from mmviews.config import load_config, resolve_recipe
+from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.base import allow_remote_models
 from mmviews.run import (
@@ -59,6 +61,7 @@ from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
+from mmviews.train.preflight import run_checks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,7 +174,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     # the datasets and models are built (train() resolves the trackers after build_run)
     check_trackers_installed(config, str(recipe))
     if args.check:
-        parts = build_run(config, source=str(recipe))
+        with _overrides_named(str(recipe), args.overrides):
+            parts = build_run(config, source=str(recipe))
+            run_checks(parts, str(recipe))  # one batch of each split, the adapters' forward, the evaluation labels
         note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
         if isinstance(note, str):
             print(f"data: {note}")
@@ -186,8 +191,10 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         return 0
     quiet_results_logger()  # this command prints the headline metrics and warnings itself
     try:
-        summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
-                        overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng, reevaluate=args.reevaluate)
+        with _overrides_named(str(recipe), args.overrides):
+            summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
+                            overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng,
+                            reevaluate=args.reevaluate)
     except KeyboardInterrupt as stopped:  # SIGINT/SIGTERM (mmviews.train.interrupt)
         if not (isinstance(stopped, TrainingInterrupted) and stopped.checkpoint is not None):
             _close_process_group(barrier=False)  # not a stop agreed by all processes: some may be gone
@@ -225,6 +232,18 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
+
+
+@contextlib.contextmanager
+def _overrides_named(source: str, overrides: list[str]) -> Iterator[None]:
+    """A recipe error (raised with ``source``) about a key a ``--set`` gave names that ``--set``."""
+    try:
+        yield
+    except ConfigError as error:
+        named = name_the_override(error, source, overrides)
+        if named is error:
+            raise
+        raise named from error
 
 
 def quiet_results_logger() -> None:

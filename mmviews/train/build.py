@@ -69,7 +69,8 @@ def build_objective(config: TrainConfig, num_views: int, source: str = "recipe",
     try:
         objective = get_objective(name, **params)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"{source}: key 'objective': {error}") from error
+        key = "objective.name" if name not in list_objectives() else "objective.params"
+        raise ConfigError(f"{source}: key '{key}': {error}") from error
     try:
         objective.check_views(num_views)
     except ValueError as error:

@@ -1,42 +1,64 @@
-"""Estimated peak memory of a training step per device, from a recipe (``mmviews train RECIPE
+"""Estimated peak memory of a training run per device, from a recipe (``mmviews train RECIPE
 --check``), and the ``optimisation.encode_chunk_size`` that fits a budget (``--memory-budget-gb``).
 
-The estimate adds, per device (N processes, each encoding K/N of the K samples of a batch):
+The estimate adds, per device (N processes, each encoding K/N of the K samples of a batch),
+every part as a measured or counted figure:
 
+- **process baseline** (measured; host memory, counted in the total on CPU only): the resident
+  set of the process that built the run (``/proc/self/statm`` after ``malloc_trim``): the
+  interpreter, torch and the other libraries, the datasets' objects, the encoder's weights;
 - **parameters**: every tensor of the encoder (and of the objective, e.g. IPMC's critic), in
-  their own dtype;
-- **gradients**: one per trainable parameter;
-- **optimiser state**: AdamW two moments per trainable parameter, SGD and LARS one momentum
-  buffer (none for SGD without momentum);
+  their own dtype (on CPU part of the baseline; shown apart);
+- **gradients**: one per trainable parameter that one backward reaches (counted after a
+  backward on 2 samples: a parameter the forward leaves unused gets none);
+- **optimiser state**: AdamW two moments per parameter with a gradient, SGD and LARS one
+  momentum buffer (none for SGD without momentum), in the parameters' dtype;
 - **EMA teacher**: a copy of the encoder's tensors when the objective keeps one;
-- **encoder activations**, measured: one forward and backward of the recipe's encoder on 2 and
-  on 4 samples of the training split (as the trainer prepares them, under the recipe's mixed
-  precision), counting the bytes autograd saves for backward
-  (``torch.autograd.graph.saved_tensors_hooks``; parameters excluded, each storage once). The
-  difference is the cost per sample, the rest a fixed cost. The plain step keeps those of K/N
-  samples; with ``encode_chunk_size`` C (the cached-embedding step) one chunk's, min(C, K/N),
-  plus the ``[K/N, M, d]`` embeddings and their gradient;
-- **objective**: the gathered ``[K, M, d]`` embeddings and their gradient, and its score blocks:
-  ``(K M)^2`` float32 scores, or one block within the objective's ``score_budget_mb`` when
-  larger (see :mod:`mmviews.objectives._streaming`), counted twice (forward and backward).
+- **sample cache** (``data.cache``; host memory): the tensors of a few samples of each split
+  (measured) times the split's size; in-memory sample caches fill during the run;
+- **batch**: the collated inputs of K/N samples (measured on a few samples), which the step
+  holds throughout, and ``prefetch_factor`` batches per loader worker (``data.num_workers``);
+- **encoder activations** and **backward working memory**, measured: one forward and backward
+  of the recipe's encoder on 2 and on 4 samples of the training split (as the trainer prepares
+  them, under the recipe's mixed precision). Activations are the bytes autograd saves for
+  backward (``torch.autograd.graph.saved_tensors_hooks``; parameters excluded, each storage
+  once); the working memory is what the step holds at its peak beyond them (the gradients of
+  activations in backward, an operation's outputs before the saved ones are freed), from a
+  count of every tensor the step's operations allocate and free (:class:`LiveTensorBytes`).
+  The difference between 2 and 4 samples is the cost per sample, the rest a fixed cost. The
+  plain step holds those of K/N samples; with ``encode_chunk_size`` C (the cached-embedding
+  step) one chunk's, min(C, K/N), plus the ``[K/N, M, d]`` embeddings and their gradient;
+- **objective**, measured: the peak of live tensors while the objective's loss and backward run
+  on random ``[K, M, d]`` embeddings (the gathered embeddings, their gradient, the score blocks;
+  at K itself up to 512 samples, beyond that extrapolated from two smaller K);
+- **evaluation** (with ``evaluation.tasks``): the embeddings extracted from each split
+  (``[n, M, d]`` float32), held with the weights and optimiser state; the peak is the larger of
+  the step's and the evaluation's.
 
-What it leaves out: the allocator's slack and fragmentation, the framework's workspace (cuDNN,
-cuBLAS), and transient buffers of a forward without gradients. Activations are measured on the
-host (CPU kernels); an accelerator's kernels may keep slightly different tensors. Treat it as a
-guide within a factor of about 1.5 (``tests/test_train_memory.py`` checks the activation part
-against a real step's saved tensors).
+What it leaves out: the allocator's fragmentation (on CPU, glibc keeps freed small blocks; the
+figures in the README put the estimate within 15 % of the measured peak RSS), the framework's
+device workspace (cuDNN, cuBLAS, the CUDA context: on CUDA compare with
+``torch.cuda.max_memory_reserved``), and on CUDA the host side. Activations are measured on the
+host (CPU kernels); an accelerator's kernels may keep slightly different tensors.
+``mmviews bench train`` prints the estimate beside the measured peak.
 """
 
 from __future__ import annotations
 
+import copy
+import ctypes
 import dataclasses
 import math
 import os
+import sys
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from mmviews.data.streaming import first_samples
 from mmviews.train.build import RunParts, uses_teacher
@@ -46,7 +68,7 @@ GB = 1024**3
 
 @dataclass
 class MemoryEstimate:
-    """Bytes per device of the parts of a training step's peak (see the module docstring)."""
+    """Bytes per device of the parts of a run's peak (see the module docstring)."""
 
     samples_per_device: int  # K/N
     num_views: int  # M
@@ -61,6 +83,16 @@ class MemoryEstimate:
     activation_per_sample: float
     objective: int
     optimizer: str
+    # measured working memory of the encoder's forward and backward beyond the saved activations
+    working_fixed: float = 0.0
+    working_per_sample: float = 0.0
+    batch_per_sample: float = 0.0  # collated (and host-prepared) inputs, bytes per sample
+    prefetched_batches: int = 0  # batches waiting from the loader's workers
+    baseline: int = 0  # measured resident set of the process without the parameters (host)
+    sample_cache: int = 0  # data.cache: every split's samples, once each has been read (host)
+    evaluation: int = 0  # embeddings extracted by the evaluation (all splits)
+    on_host: bool = True  # the device is the host (CPU): baseline and cache count in the total
+    allocator_slack: int = 0  # measured: resident-set growth of a reference step beyond its live tensors
 
     @property
     def encoded_at_once(self) -> int:
@@ -75,8 +107,23 @@ class MemoryEstimate:
         return 0 if self.chunk_size is None else 2 * 4 * self.samples_per_device * self.num_views * self.embed_dim
 
     @property
+    def saved_activations(self) -> int:
+        """Bytes autograd saves for backward while one plain step or one chunk is encoded."""
+        return int(self.activation_fixed + self.activation_per_sample * self.encoded_at_once)
+
+    @property
+    def working(self) -> int:
+        """The encoder's working memory at its peak beyond the saved activations."""
+        return int(self.working_fixed + self.working_per_sample * self.encoded_at_once)
+
+    @property
     def activations(self) -> int:
-        return int(self.activation_fixed + self.activation_per_sample * self.encoded_at_once) + self.cached_embeddings
+        return self.saved_activations + self.cached_embeddings
+
+    @property
+    def batches(self) -> int:
+        """The batch the step holds, and those prefetched by loader workers."""
+        return int(self.batch_per_sample * self.samples_per_device * (1 + self.prefetched_batches))
 
     @property
     def static(self) -> int:
@@ -84,8 +131,30 @@ class MemoryEstimate:
         return self.parameters + self.gradients + self.optimizer_state + self.teacher
 
     @property
+    def host(self) -> int:
+        """The process's host memory that is not a tensor of the step (counted on CPU only)."""
+        return self.baseline + self.sample_cache if self.on_host else 0
+
+    @property
+    def step(self) -> int:
+        """The training step's peak. The plain step computes the objective while the encoder's
+        activations are held; the cached step between its two encoder passes (its peak is the
+        larger of the two phases, each with the cached embeddings)."""
+        encoder = self.saved_activations + self.working + self.allocator_slack
+        if self.chunk_size is None:
+            phases = encoder + self.objective
+        else:
+            phases = self.cached_embeddings + max(encoder, self.objective)
+        return self.host + self.static + self.batches + phases
+
+    @property
+    def evaluating(self) -> int:
+        """The evaluation's peak: weights and optimiser state, and the extracted embeddings."""
+        return self.host + self.static - self.gradients + self.evaluation
+
+    @property
     def total(self) -> int:
-        return self.static + self.activations + self.objective
+        return max(self.step, self.evaluating)
 
     def with_chunk(self, chunk_size: int | None) -> "MemoryEstimate":
         """The same recipe with ``encode_chunk_size`` = ``chunk_size``."""
@@ -105,20 +174,38 @@ class MemoryEstimate:
         """The report printed by ``mmviews train --check``."""
         K, N, M = self.samples_per_device * self.num_processes, self.num_processes, self.num_views
         step = "plain step" if self.chunk_size is None else f"cached step, encode_chunk_size {self.chunk_size}"
+        where = "resident set of the process" if self.on_host else "device memory"
         out = [
             f"estimated peak memory per device ({step}; K = {K} samples, M = {M} views, N = {N} "
-            f"process{'es' if N > 1 else ''}, {self.samples_per_device} samples per device): {_gb(self.total)}",
+            f"process{'es' if N > 1 else ''}, {self.samples_per_device} samples per device; {where}): {_gb(self.total)}",
+        ]
+        host = "" if self.on_host else " (host memory, not in the total)"
+        out += [f"  process baseline  {_gb(self.baseline)} (measured: interpreter, libraries, datasets){host}"]
+        if self.sample_cache:
+            out.append(f"  sample cache      {_gb(self.sample_cache)} (data.cache: every split's samples){host}")
+        out += [
             f"  parameters        {_gb(self.parameters)}",
             f"  gradients         {_gb(self.gradients)}",
             f"  optimiser state   {_gb(self.optimizer_state)} ({self.optimizer})",
         ]
         if self.teacher:
             out.append(f"  EMA teacher       {_gb(self.teacher)}")
+        prefetch = f", and {self.prefetched_batches} prefetched by the loader's workers" if self.prefetched_batches else ""
+        out.append(f"  batch             {_gb(self.batches)} ({self.batch_per_sample / 2**20:.3f} MB per sample "
+                   f"x {self.samples_per_device}{prefetch})")
         per_sample = f"{self.activation_per_sample / 2**20:.2f} MB per sample (measured) x {self.encoded_at_once}"
         if self.chunk_size is not None:
             per_sample += f" + [K/N, M, d] embeddings and gradient {_gb(self.cached_embeddings)}"
         out += [f"  activations       {_gb(self.activations)} ({per_sample})",
-                f"  objective         {_gb(self.objective)} (gathered embeddings and score blocks)"]
+                f"  backward working  {_gb(self.working)} ({self.working_per_sample / 2**20:.2f} MB per sample "
+                f"(measured) x {self.encoded_at_once})",
+                f"  objective         {_gb(self.objective)} (measured: loss and backward on [K, M, d] embeddings)"]
+        if self.allocator_slack:
+            out.append(f"  allocator slack   {_gb(self.allocator_slack)} (measured: a reference step's resident-set "
+                       "growth beyond its tensors)")
+        if self.evaluation:
+            out.append(f"  evaluation        {_gb(self.evaluation)} (extracted embeddings; evaluation peak "
+                       f"{_gb(self.evaluating)}, the step's {_gb(self.step)})")
         if budget_gb is not None:
             out.append(self.advice(budget_gb))
         return out
@@ -132,10 +219,11 @@ class MemoryEstimate:
         chunk = self.largest_chunk_within(budget)
         if chunk is None:
             floor = self.with_chunk(1)
+            fixed = self.static + self.host
             return (f"does not fit the budget of {budget_gb:g} GB per device: even with "
-                    f"optimisation.encode_chunk_size 1 the estimate is {_gb(floor.total)} (weights, gradients and "
-                    f"optimiser state alone take {_gb(self.static)}); fine-tune fewer parameters (finetune.mode, "
-                    "LoRA), use more devices, or a smaller K")
+                    f"optimisation.encode_chunk_size 1 the estimate is {_gb(floor.total)} (the process, weights, "
+                    f"gradients and optimiser state alone take {_gb(fixed)}); fine-tune fewer parameters "
+                    "(finetune.mode, LoRA), use more devices, or a smaller K")
         chosen = self.with_chunk(chunk)
         return (f"does not fit the budget of {budget_gb:g} GB per device ({_gb(self.total)} estimated; the plain step "
                 f"{_gb(plain.total)}): set optimisation.encode_chunk_size: {chunk} (estimated {_gb(chosen.total)}; "
@@ -153,6 +241,21 @@ def tensor_bytes(tensors: Any) -> int:
     for t in tensors:
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(seen.values())
+
+
+def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside ``obj`` (mappings, sequences, dataclasses such as a ViewBatch)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from tensors_in(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from tensors_in(value)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from tensors_in(getattr(obj, f.name))
 
 
 def optimizer_state_bytes(optimizer: str, trainable_bytes: int, momentum: float) -> int:
@@ -180,11 +283,57 @@ def saved_activation_bytes(step: Callable[[], Any], exclude: set[int]) -> int:
     return sum(saved.values())
 
 
-def measure_activations(parts: RunParts, sizes: tuple[int, int] = (2, 4)) -> tuple[float, float]:
-    """``(fixed, per_sample)`` bytes of encoder activations saved for backward, from one forward
-    and backward on ``sizes[0]`` and on ``sizes[1]`` samples of the training split (as the trainer
-    prepares them, under the recipe's mixed precision). The weights are left as they were
-    (gradients cleared, BatchNorm running statistics restored)."""
+class LiveTensorBytes(TorchDispatchMode):
+    """While active, counts the bytes of the tensors that torch operations allocate and that are
+    still alive (each storage once, released when its last tensor goes), and their peak
+    :attr:`peak`: the working memory of a forward and backward, without the allocator's slack
+    or an operation's internal scratch buffers. Tensors made before it started are not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._alive: dict[int, Any] = {}
+
+    def _release(self, key: int, nbytes: int) -> None:
+        if self._alive.pop(key, None) is not None:
+            self.live -= nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()
+                key = id(storage)
+                if key in self._alive:
+                    continue
+                nbytes = storage.nbytes()
+                self._alive[key] = weakref.finalize(storage, self._release, key, nbytes)
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+        return out
+
+
+@dataclass
+class EncoderStepMeasurement:
+    """Bytes of one encoder forward and backward on ``samples`` samples (see :func:`measure_encoder_step`)."""
+
+    samples: int
+    saved: int  # saved for backward (parameters excluded)
+    peak: int  # live tensors at the step's peak (gradients of parameters excluded)
+    batch: int  # the collated, host-prepared batch
+    resident_growth: int | None = None  # growth of the resident set's high-water mark in the step (Linux; else None)
+    batch_growth: int | None = None  # the same while the batch is collated and prepared
+
+
+def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> list[EncoderStepMeasurement]:
+    """One forward and backward of the recipe's encoder on each of ``sizes`` samples of the
+    training split (as the trainer prepares them, under the recipe's mixed precision): the bytes
+    saved for backward, the peak of live tensors, the batch, and how much the process's resident
+    set grew at its peak (after ``malloc_trim``; the allocator's slack is that growth beyond the
+    live tensors). Parameter gradients exist (zeros) before each pass, so that the peak leaves
+    them out (the estimate counts them apart). The weights are left as they were (gradients
+    cleared, BatchNorm running statistics restored)."""
     encoder, dataset = parts.encoder, parts.datasets["train"]
     params = {p.untyped_storage().data_ptr() for p in encoder.parameters()}
     prepare = encoder.host_preparation()
@@ -198,23 +347,73 @@ def measure_activations(parts: RunParts, sizes: tuple[int, int] = (2, 4)) -> tup
         for n in sizes:
             if len(dataset) < n:
                 raise ValueError(f"the training split has {len(dataset)} samples; measuring activations needs {n}")
-            batch = prepare(parts.collator(first_samples(dataset, n)))  # read through the stream when streamed
+            for p in encoder.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+            # read first (through the stream when streamed): a sample cache filling is not the batch's
+            samples = first_samples(dataset, n)
+            before_batch = _reset_resident_peak()
+            batch = prepare(parts.collator(samples))
+            del samples
+            batch_growth = None if before_batch is None else max(_resident_peak() - before_batch, 0)
 
             def step() -> None:
                 with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
                     z, _ = encoder(batch)
                 z.float().square().sum().backward()
 
-            measured.append(saved_activation_bytes(step, params))
+            live = LiveTensorBytes()
+            start = _reset_resident_peak()
+            with live:
+                saved = saved_activation_bytes(step, params)
+            growth = None if start is None else max(_resident_peak() - start, 0)
+            measured.append(EncoderStepMeasurement(n, saved, live.peak, tensor_bytes(tensors_in(batch)), growth,
+                                                   batch_growth))
             encoder.zero_grad(set_to_none=True)
     finally:
+        encoder.zero_grad(set_to_none=True)
         with torch.no_grad():
             for name, b in encoder.named_buffers():
                 b.copy_(buffers[name])
         encoder.train(was_training)
-    (n1, n2), (b1, b2) = sizes, measured
+    return measured
+
+
+def gradient_bytes(parts: RunParts, samples: int = 2) -> int:
+    """Bytes of the parameter gradients one backward of the encoder produces (on ``samples``
+    samples of the training split): trainable parameters that the forward does not use (a BERT
+    pooler under mean pooling) get none, and the optimiser keeps no state for them. Weights and
+    BatchNorm statistics are left as they were."""
+    encoder, dataset = parts.encoder, parts.datasets["train"]
+    prepare = encoder.host_preparation()
+    buffers = {name: b.clone() for name, b in encoder.named_buffers()}
+    was_training = encoder.training
+    encoder.train()
+    try:
+        encoder.zero_grad(set_to_none=True)
+        batch = prepare(parts.collator(first_samples(dataset, samples)))
+        z, _ = encoder(batch)
+        z.float().square().sum().backward()
+        return tensor_bytes([p.grad for p in encoder.parameters() if p.grad is not None])
+    finally:
+        encoder.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in encoder.named_buffers():
+                b.copy_(buffers[name])
+        encoder.train(was_training)
+
+
+def _linear(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """``(fixed, per_sample)`` of the line through the first and last of ``(samples, bytes)``."""
+    (n1, b1), (n2, b2) = points[0], points[-1]
     per_sample = max((b2 - b1) / (n2 - n1), 0.0)
     return max(b1 - per_sample * n1, 0.0), per_sample
+
+
+def measure_activations(parts: RunParts, sizes: tuple[int, int] = (2, 4)) -> tuple[float, float]:
+    """``(fixed, per_sample)`` bytes of encoder activations saved for backward, from
+    :func:`measure_encoder_step` on ``sizes[0]`` and on ``sizes[1]`` samples."""
+    return _linear([(m.samples, m.saved) for m in measure_encoder_step(parts, sizes)])
 
 
 def objective_bytes(objective: nn.Module, K: int, M: int, d: int) -> int:
@@ -227,27 +426,203 @@ def objective_bytes(objective: nn.Module, K: int, M: int, d: int) -> int:
     return 2 * 4 * K * M * d + 2 * scores
 
 
+#: Largest K at which the objective is measured; beyond it, extrapolated from two smaller sizes
+#: (see :func:`measure_objective_bytes`).
+OBJECTIVE_MEASURED_K = 512
+
+
+def _objective_peak(objective: nn.Module, K: int, M: int, d: int) -> int:
+    """Peak of live tensors of the objective's loss and backward on random unit embeddings
+    ``[K, M, d]`` (float32, all views present), the embeddings and their gradient included. The
+    objective's own state (memory banks, critic) is saved and put back."""
+    state = copy.deepcopy(objective.state_dict())
+    generator = torch.Generator().manual_seed(0)
+    live = LiveTensorBytes()
+    try:
+        with live:
+            z = torch.nn.functional.normalize(torch.randn(K, M, d, generator=generator), dim=-1).requires_grad_()
+            index = torch.arange(K) if getattr(objective, "takes_index", False) else None
+            teacher = z.detach().clone() if getattr(objective, "takes_teacher", False) else None
+            out = objective.compute(z, None, index=index, teacher=teacher)
+            out.loss.backward()
+            del out, z, teacher
+    finally:
+        objective.load_state_dict(state)
+        objective.zero_grad(set_to_none=True)
+    return live.peak
+
+
+def measure_objective_bytes(objective: nn.Module, K: int, M: int, d: int) -> int:
+    """The objective's peak bytes at K samples (gathered from every process) of M views of
+    dimension d, measured (:func:`_objective_peak`): at K itself up to
+    :data:`OBJECTIVE_MEASURED_K`, beyond it extrapolated from K/2^j and K/2^(j-1) below it as
+    ``b K + c K^2`` (embeddings grow with K, score blocks with K^2 until the objective's
+    ``score_budget_mb`` caps them, so the extrapolation errs high). Falls back to
+    :func:`objective_bytes` (counted from shapes) when the objective cannot run on random inputs."""
+    try:
+        if K <= OBJECTIVE_MEASURED_K:
+            return _objective_peak(objective, K, M, d)
+        k2 = K
+        while k2 > OBJECTIVE_MEASURED_K:
+            k2 //= 2
+        k1 = k2 // 2
+        p1, p2 = _objective_peak(objective, k1, M, d), _objective_peak(objective, k2, M, d)
+    except Exception:  # an objective that needs real inputs (or a lazily built state): count instead
+        return objective_bytes(objective, K, M, d)
+    # p = b k + c k^2 through both points
+    c = max((p2 / k2 - p1 / k1) / (k2 - k1), 0.0)
+    b = max(p1 / k1 - c * k1, 0.0)
+    return int(b * K + c * K * K)
+
+
+def trim_host_memory() -> None:
+    """Give the C allocator's free memory back to the system (glibc ``malloc_trim``), so that the
+    resident set is what the process holds; nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+            pass
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (Linux ``/proc/self/statm``; elsewhere the high-water mark)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss if sys.platform == "darwin" else rss * 1024
+
+
+def _resident_peak() -> int:
+    """The resident set's high-water mark (``VmHWM``, Linux), bytes; 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _reset_resident_peak() -> int | None:
+    """Trim the allocator, reset the high-water mark to the resident set now (Linux
+    ``/proc/self/clear_refs``) and return it; None where that cannot be done."""
+    trim_host_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _resident_peak() or None
+
+
+#: Samples of the reference step whose resident-set growth gives the allocator's slack (fewer
+#: when their activations would pass :data:`SLACK_REFERENCE_BYTES`).
+SLACK_REFERENCE_SAMPLES = 128
+SLACK_REFERENCE_BYTES = 1 * GB
+
+
+def sample_bytes(dataset: Any, count: int = 4) -> float:
+    """Mean bytes of the tensors (and text) of the first ``count`` samples of ``dataset``."""
+    n = min(count, len(dataset))
+    if n == 0:
+        return 0.0
+    total = 0
+    for i in range(n):
+        sample = dataset[i]
+        total += tensor_bytes(tensors_in(sample))
+        total += sum(len(v.encode()) for v in _strings_in(sample))
+    return total / n
+
+
+def _strings_in(obj: Any) -> Iterator[str]:
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _strings_in(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _strings_in(value)
+
+
+def _split_datasets(parts: RunParts) -> list[Any]:
+    """The distinct datasets of the run: training split and the evaluation loaders' splits."""
+    found: dict[int, Any] = {id(parts.datasets["train"]): parts.datasets["train"]}
+    for loader in parts.eval_loaders.values():
+        dataset = getattr(loader, "dataset", None)
+        if dataset is not None:
+            found.setdefault(id(dataset), dataset)
+    return list(found.values())
+
+
+def _prefetched_batches(config: Any) -> int:
+    """Batches a DataLoader with ``data.num_workers`` workers keeps waiting (prefetch_factor 2 each)."""
+    return 2 * config.data.num_workers
+
+
 def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | None = None,
-                    activations: tuple[float, float] | None = None) -> MemoryEstimate:
+                    activations: tuple[float, float] | None = None, on_host: bool | None = None,
+                    measure_slack: bool = True) -> MemoryEstimate:
     """The :class:`MemoryEstimate` of ``parts`` (a built run) on ``num_processes`` devices.
     ``chunk_size``: the recipe's ``optimisation.encode_chunk_size`` (None: the plain step).
-    ``activations``: ``(fixed, per_sample)`` already measured (else :func:`measure_activations`)."""
+    ``activations``: ``(fixed, per_sample)`` saved bytes already measured (the working memory is
+    then not measured). ``on_host``: whether the device is the host (default: ``cpu: true`` or
+    no CUDA device). ``measure_slack``: run the reference step that measures the allocator's
+    slack (on the host). Call it before the run's sample cache fills: the baseline is measured now."""
     config, encoder, objective = parts.config, parts.encoder, parts.objective
     o = config.optimisation
+    if on_host is None:
+        on_host = config.cpu or not torch.cuda.is_available()
     K, M = parts.sampler.batch_size, len(parts.view_spec)
     d = int(getattr(encoder, "embed_dim", 0)) or int(config.encoder.get("embed_dim", 128))
-    trainable = [p for p in encoder.parameters() if p.requires_grad]
     objective_params = list(objective.parameters())
     parameters = tensor_bytes([*encoder.parameters(), *encoder.buffers(), *objective_params])
-    trainable_bytes = tensor_bytes(trainable)
+    trainable_bytes = gradient_bytes(parts)  # the parameters that get a gradient (and optimiser state)
     teacher = tensor_bytes([*encoder.parameters(), *encoder.buffers()]) if uses_teacher(config, objective) else 0
-    fixed, per_sample = activations if activations is not None else measure_activations(parts)
+    trim_host_memory()
+    baseline = max(resident_bytes() - parameters, 0)
+    slack = 0
+    if activations is not None:
+        (fixed, per_sample), (working_fixed, working_per_sample), batch_per_sample = activations, (0.0, 0.0), 0.0
+    else:
+        steps = measure_encoder_step(parts)
+        fixed, per_sample = _linear([(m.samples, m.saved) for m in steps])
+        working_fixed, working_per_sample = _linear([(m.samples, max(m.peak - m.saved, 0)) for m in steps])
+        batch_per_sample = _linear([(m.samples, m.batch) for m in steps])[1]
+        encoded = K // num_processes if chunk_size is None else min(chunk_size, K // num_processes)
+        cost = per_sample + working_per_sample
+        reference = min(encoded, SLACK_REFERENCE_SAMPLES, len(parts.datasets["train"]),
+                        int(SLACK_REFERENCE_BYTES // cost) if cost > 0 else SLACK_REFERENCE_SAMPLES)
+        if on_host and measure_slack and reference > steps[-1].samples:
+            (ref,) = measure_encoder_step(parts, (reference,))
+            if ref.resident_growth is not None:
+                slack = max(ref.resident_growth - ref.peak, 0)
+            if ref.batch_growth is not None:  # collating copies each sample's tensors before stacking them
+                batch_per_sample = max(batch_per_sample, ref.batch_growth / ref.samples)
+    datasets = _split_datasets(parts)
+    cache = int(sum(sample_bytes(ds) * len(ds) for ds in datasets)) if config.data.cache else 0
+    eval_views = max((len(getattr(loader, "view_spec", ())) or M for loader in parts.eval_loaders.values()
+                      if loader is not None), default=M)
+    evaluation = 0
+    if config.evaluation.tasks:
+        evaluation = sum(4 * len(loader.dataset) * eval_views * d for loader in parts.eval_loaders.values()
+                         if loader is not None and hasattr(loader, "dataset"))
+    objective_peak = measure_objective_bytes(objective, K, M, d)
+    trim_host_memory()  # what the measurements freed goes back: the process is as it was for the run
     return MemoryEstimate(
         samples_per_device=K // num_processes, num_views=M, embed_dim=d, num_processes=num_processes,
         chunk_size=chunk_size, parameters=parameters, gradients=trainable_bytes,
         optimizer_state=optimizer_state_bytes(o.optimizer, trainable_bytes, o.momentum), teacher=teacher,
-        activation_fixed=fixed, activation_per_sample=per_sample, objective=objective_bytes(objective, K, M, d),
-        optimizer=o.optimizer)
+        activation_fixed=fixed, activation_per_sample=per_sample, objective=objective_peak,
+        optimizer=o.optimizer, working_fixed=working_fixed, working_per_sample=working_per_sample,
+        batch_per_sample=batch_per_sample, prefetched_batches=_prefetched_batches(config), baseline=baseline,
+        sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack)
 
 
 def processes_from_environment() -> int:
