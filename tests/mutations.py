@@ -193,6 +193,8 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_optimizer_state": lambda: _drop_optimizer_state(),
     "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
     "double_activations": lambda: _double_activations(),
+    "bench_time_contenders_in_blocks": lambda: _bench_time_contenders_in_blocks(),
+    "bench_rss_reset_does_nothing": lambda: _bench_rss_reset_does_nothing(),
 }
 
 
@@ -439,3 +441,24 @@ def _double_activations() -> tuple[Any, str, Any]:
 
     original = MemoryEstimate.saved_activations.fget
     return MemoryEstimate, "saved_activations", property(lambda self: 2 * original(self))
+
+
+def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:
+    """The benchmarks time each contender's rounds in one block, one contender after another (a
+    change of machine load between contenders then biases their ratios)."""
+    import mmviews.bench.common as common
+
+    round_robin = common.round_robin  # the intact one, run on one contender at a time
+
+    def in_blocks(calls: Any, *args: Any, **kwargs: Any) -> dict[str, list[float]]:
+        return {key: round_robin({key: call}, *args, **kwargs)[key] for key, call in calls.items()}
+
+    return common, "round_robin", in_blocks
+
+
+def _bench_rss_reset_does_nothing() -> tuple[Any, str, Any]:
+    """The CPU peak-memory probe says it reset the resident set's high-water mark without doing
+    it (a call's peak then includes whatever the process held before)."""
+    import mmviews.bench.common as common
+
+    return common, "reset_rss_high_water", lambda: True
