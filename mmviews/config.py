@@ -102,7 +102,7 @@ class OptimisationConfig:
     stays one micro-batch of ``data.batch_size`` samples (contrastive losses do not
     decompose over micro-batches). ``encode_chunk_size`` does enlarge it beyond what the encoder's
     activations allow: cached-embedding steps encode the K samples in chunks of that many
-    (:mod:`mmviews.train.cached_step`). ``sample_keyed_dropout``: see
+    (:mod:`mmviews.train.step`). ``sample_keyed_dropout``: see
     :mod:`mmviews.modalities.dropout`.
     """
 
@@ -125,7 +125,7 @@ class OptimisationConfig:
     # (mmviews.modalities.dropout); a random layer that cannot be keyed stops the run at setup.
     sample_keyed_dropout: bool = False
     max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
-    # Samples per encoder chunk of a cached-embedding step (mmviews.train.cached_step); None:
+    # Samples per encoder chunk of a cached-embedding step (mmviews.train.step); None:
     # the plain step, which keeps the activations of all K samples for backward.
     encode_chunk_size: int | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"

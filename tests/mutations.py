@@ -267,6 +267,8 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_optimizer_state": lambda: _drop_optimizer_state(),
     "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
     "double_activations": lambda: _double_activations(),
+    "bench_time_contenders_in_blocks": lambda: _bench_time_contenders_in_blocks(),
+    "bench_rss_reset_does_nothing": lambda: _bench_rss_reset_does_nothing(),
     "forget_samples_seen": _forget_samples_seen,
     "skip_scheduler_restore": _skip_scheduler_restore,
     "stop_one_step_late": _stop_one_step_late,
@@ -315,41 +317,41 @@ def _mtime_only_staleness() -> tuple[Any, str, Any]:
 def _cached_skip_accumulation_division() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder skips the gradient-accumulation division
     (``dL/dz`` multiplied back by n: the micro-batch gradients are summed, not averaged)."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         return original(p, chunks, states, z_grad * p.accelerator.gradient_accumulation_steps)
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _cached_bypass_scaler() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder bypasses the fp16 loss scaler: the encoder's
     gradients arrive unscaled, and the optimiser step divides them by the scale all the same."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         scaler = p.accelerator.scaler
         return original(p, chunks, states, z_grad if scaler is None else z_grad / scaler.get_scale())
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _cached_scale_by_processes() -> tuple[Any, str, Any]:
     """The cached step's backward into the encoder multiplies ``dL/dz`` by the number of
     processes (a gradient-scale error that only shows with several processes)."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
-    original = cached_step.replay_backward
+    original = step.replay_backward
 
     def replay(p: Any, chunks: Any, states: Any, z_grad: Any) -> None:
         return original(p, chunks, states, z_grad * p.accelerator.num_processes)
 
-    return cached_step, "replay_backward", replay
+    return step, "replay_backward", replay
 
 
 def _keyed_dropout_ignores_sample() -> tuple[Any, str, Any]:
@@ -429,12 +431,12 @@ def _keyed_dropout_salt_from_hash() -> tuple[Any, str, Any]:
 def _cached_no_rng_replay() -> tuple[Any, str, Any]:
     """The cached step's pass 2 does not restore the RNG states of pass 1 (nor, after it, those
     the objective left): ordinary dropout draws other masks than the loss saw."""
-    import mmviews.train.cached_step as cached_step
+    import mmviews.train.step as step
 
     def keep_state(state: Any, device: Any) -> None:
         return None
 
-    return cached_step, "_set_rng_state", keep_state
+    return step, "_set_rng_state", keep_state
 
 
 def _dropout_draws_nothing() -> tuple[Any, str, Any]:
@@ -518,3 +520,24 @@ def _double_activations() -> tuple[Any, str, Any]:
 
     original = MemoryEstimate.saved_activations.fget
     return MemoryEstimate, "saved_activations", property(lambda self: 2 * original(self))
+
+
+def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:
+    """The benchmarks time each contender's rounds in one block, one contender after another (a
+    change of machine load between contenders then biases their ratios)."""
+    import mmviews.bench.common as common
+
+    round_robin = common.round_robin  # the intact one, run on one contender at a time
+
+    def in_blocks(calls: Any, *args: Any, **kwargs: Any) -> dict[str, list[float]]:
+        return {key: round_robin({key: call}, *args, **kwargs)[key] for key, call in calls.items()}
+
+    return common, "round_robin", in_blocks
+
+
+def _bench_rss_reset_does_nothing() -> tuple[Any, str, Any]:
+    """The CPU peak-memory probe says it reset the resident set's high-water mark without doing
+    it (a call's peak then includes whatever the process held before)."""
+    import mmviews.bench.common as common
+
+    return common, "reset_rss_high_water", lambda: True

@@ -14,7 +14,8 @@ from mmviews.bench.cli import VERBS
 from mmviews.config import load_config, resolve_recipe
 from mmviews.data.views import ViewSetCollator, ViewSpec
 from mmviews.train import build_run
-from mmviews.train.trainer import _accelerator, _prepare, train_step
+from mmviews.train.step import train_step
+from mmviews.train.trainer import _accelerator, _prepare
 
 # The quickstart shrunk to seconds: K = 16 of 64 samples, small eval splits unused.
 SMALL = ["data.batch_size=16", "data.split_options.train.num_samples=64"]

@@ -3,6 +3,8 @@
 Every module of ``mmviews/`` is parsed with ``ast`` and each of its imports (module level,
 inside functions, under ``TYPE_CHECKING``, relative ones resolved) is checked against the
 layer order below: a module may import its own layer or a lower one, never a higher one.
+Within a layer, no two modules import each other (:func:`two_module_circles`): following one
+piece of work never bounces between two files.
 """
 
 from __future__ import annotations
@@ -175,6 +177,12 @@ DROPOUT = ("mmviews.modalities.dropout", "mmviews.modalities.dropout.keys",
 MULTIVIEW = "mmviews.modalities.multiview"
 
 
+def test_no_two_modules_of_the_package_import_each_other():
+    circles = two_module_circles()
+    assert circles == [], "modules that import each other (move the shared part below both): " + ", ".join(
+        f"{a} <-> {b}" for a, b in circles)
+
+
 def test_the_dropout_modules_and_multiview_are_in_no_circle():
     graph = import_graph()
     assert set(DROPOUT) <= graph.keys()  # the modules checked exist
@@ -185,6 +193,25 @@ def test_the_dropout_modules_and_multiview_are_in_no_circle():
     for module in DROPOUT:
         reached = reachable_imports(module, graph)
         assert MULTIVIEW not in reached and module not in reached, (module, sorted(reached))
+
+
+TRAIN_LOOP = ("mmviews.train.step", "mmviews.train.trainer", "mmviews.train.state", "mmviews.train.callbacks",
+              "mmviews.train.checkpoint")
+
+
+def test_the_step_loop_and_run_state_modules_are_in_no_circle():
+    graph = import_graph()
+    assert set(TRAIN_LOOP) <= graph.keys()  # the modules checked exist
+    # the imports that must not come back are seen: the loop takes the step, everything takes the state
+    assert "mmviews.train.step" in graph["mmviews.train.trainer"]
+    assert {"mmviews.train.state"} <= graph["mmviews.train.callbacks"] & graph["mmviews.train.checkpoint"]
+    assert [pair for pair in two_module_circles(graph=graph) if set(TRAIN_LOOP) & set(pair)] == []
+    # no longer circle either: the step sits below the loop, the run state below all of them
+    assert "mmviews.train.trainer" not in reachable_imports("mmviews.train.step", graph)
+    for module in TRAIN_LOOP:
+        reached = reachable_imports(module, graph)
+        assert module not in reached, (module, sorted(reached))
+    assert reachable_imports("mmviews.train.state", graph) & set(TRAIN_LOOP) == set()
 
 
 def test_the_circle_finders_find_planted_circles(tmp_path):

@@ -371,16 +371,16 @@ def _train_weights(tmp_path, name: str, *, dropout: float = 0.2, keyed: bool = T
 
 
 def test_training_keys_each_micro_batch_and_is_deterministic(tmp_path, monkeypatch) -> None:
-    import mmviews.train.trainer as trainer
+    import mmviews.train.step as step
 
     keyed_steps: list[tuple[int | None, int]] = []
-    real = trainer.dropout_step
+    real = step.dropout_step
 
     def recording(seed: int | None, micro_batch: int):
         keyed_steps.append((seed, micro_batch))
         return real(seed, micro_batch)
 
-    monkeypatch.setattr(trainer, "dropout_step", recording)
+    monkeypatch.setattr(step, "dropout_step", recording)
     first = _train_weights(tmp_path, "a")
     # 2 epochs of 2 micro-batches: numbered through the run from the TrainState.
     assert keyed_steps == [(0, 0), (0, 1), (0, 2), (0, 3)]

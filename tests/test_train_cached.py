@@ -1,4 +1,4 @@
-"""Cached-embedding steps (``optimisation.encode_chunk_size``, :mod:`mmviews.train.cached_step`):
+"""Cached-embedding steps (``optimisation.encode_chunk_size``, :mod:`mmviews.train.step`):
 the same training as the plain step, with the encoder's activations of one chunk at a time.
 
 Equality with the plain step is checked on whole runs (several optimiser steps: weights and the
@@ -38,7 +38,7 @@ from mmviews.data.batch import PresentItems, ViewBatch, ViewInfo
 from mmviews.modalities.presets import TINY_BERT, tiny_config
 from mmviews.run import list_checkpoints
 from mmviews.train import train
-from mmviews.train.cached_step import chunk_bounds, encode_without_graph
+from mmviews.train.step import chunk_bounds, encode_without_graph
 
 TESTS = Path(__file__).resolve().parent
 # bf16 runs: the cached and plain steps differ by < 1e-4 here; bf16 and float32 runs by ~1e-3 (losses).

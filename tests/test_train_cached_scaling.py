@@ -1,5 +1,5 @@
 """The cached-embedding step's gradient scale (``optimisation.encode_chunk_size``,
-:mod:`mmviews.train.cached_step`): gradient accumulation and the fp16 loss scaler.
+:mod:`mmviews.train.step`): gradient accumulation and the fp16 loss scaler.
 
 AdamW cancels a constant factor on the gradient and clipping replaces the gradient's norm by the
 clip's, so a scale error (a backward that skips the accumulation division, or the loss scaler)

@@ -19,7 +19,8 @@ from mmviews.train.memory import (
     measure_encoder_step,
     saved_activation_bytes,
 )
-from mmviews.train.trainer import _accelerator, _prepare, train_step
+from mmviews.train.step import train_step
+from mmviews.train.trainer import _accelerator, _prepare
 
 # The quickstart shrunk: 64 samples, K = 32.
 SMALL = ["data.batch_size=32", "data.split_options.train.num_samples=64", "cpu=true"]
@@ -161,7 +162,7 @@ def check_cached_embeddings(parts, p, chunk: int = 32) -> None:
     """The cached step's ``z`` (the objective's input, a leaf) and its gradient, taken from a real
     cached-embedding step (one chunk of all K = 32 samples: the shapes the plain step already ran,
     so no new kernels to set up; the embeddings do not depend on the chunk)."""
-    from mmviews.train.cached_step import cached_train_step
+    from mmviews.train.step import cached_train_step
 
     held = []
     compute = p.objective.compute

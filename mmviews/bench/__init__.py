@@ -1,9 +1,10 @@
-"""Benchmarks: objectives (small batches and at scale), adapters, data.
+"""Benchmarks: objectives (small batches and at scale), adapters, data, dropout, training steps.
 
-Run them with ``mmviews bench {objectives,scale,adapters,data}``; each is its own module
-(:mod:`mmviews.bench.objectives`, :mod:`mmviews.bench.scale`, :mod:`mmviews.bench.adapters`,
-:mod:`mmviews.bench.data`),
-imported by name, so this package re-exports nothing.
+Run them with ``mmviews bench {objectives,scale,adapters,data,dropout,train}``; each is its own
+module (:mod:`mmviews.bench.objectives`, :mod:`mmviews.bench.scale`, ...), imported by name, so
+this package re-exports nothing. What they share: :mod:`mmviews.bench.common` (timing, memory
+probes, the verbs' entry point), :mod:`mmviews.bench.report` (environment, report writer) and
+:mod:`mmviews.bench.host_reads` (the host-read recorder of ``bench train``).
 """
 
 __all__: list[str] = []

@@ -13,16 +13,14 @@ over one that recomputes them. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import tempfile
-import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from mmviews.fileio import atomic_write_text
+from mmviews.bench.common import (cuda_peak_mib, median_seconds, reset_cuda_peak, seconds_of, synchroniser,
+                                   verb_main)
+from mmviews.bench.report import machine, write_report
 from mmviews.modalities import MultiViewEncoder, build_adapter
 from mmviews.modalities.presets import ADAPTER_TYPES, example_inputs, realistic_config, tiny_config
 
@@ -38,25 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="bench_adapters.json", help="JSON file to write")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="torch device for the adapters (cpu, cuda, ...)")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time(fn: Callable[[], Any], repeats: int, device: torch.device = torch.device("cpu")) -> float:
-    """Median seconds per call after one warm-up call."""
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _measure(
@@ -77,11 +56,10 @@ def _measure(
         with torch.no_grad():
             adapter(inputs)
 
+    reset_cuda_peak(device)
+    row["infer_views_per_s"] = round(batch / median_seconds(infer, repeats, device), 1)
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    row["infer_views_per_s"] = round(batch / _time(infer, repeats, device), 1)
-    if device.type == "cuda":
-        row["infer_peak_MiB"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        row["infer_peak_MiB"] = round(cuda_peak_mib(device), 1)
     if train:
         adapter.train()
 
@@ -89,11 +67,10 @@ def _measure(
             adapter.zero_grad(set_to_none=True)
             adapter(inputs).square().sum().backward()
 
+        reset_cuda_peak(device)
+        row["train_views_per_s"] = round(batch / median_seconds(step, repeats, device), 1)
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        row["train_views_per_s"] = round(batch / _time(step, repeats, device), 1)
-        if device.type == "cuda":
-            row["train_peak_MiB"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+            row["train_peak_MiB"] = round(cuda_peak_mib(device), 1)
     return row
 
 
@@ -120,20 +97,15 @@ def _cache_speedup(realistic: bool, batch: int, n_batches: int, device: torch.de
         with torch.no_grad():
             for vb in batches:
                 enc(vb)
-        _sync(device)
+        sync()
 
+    sync = synchroniser(device)
     epoch()  # warm-up
-    t0 = time.perf_counter()
-    epoch()
-    recompute = time.perf_counter() - t0
+    recompute = seconds_of(epoch)
     with tempfile.TemporaryDirectory() as d:
         enc.enable_cache(d)
-        t0 = time.perf_counter()
-        epoch()  # fills the cache (backbone runs once more)
-        fill = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        epoch()  # reads it
-        cached = time.perf_counter() - t0
+        fill = seconds_of(epoch)  # fills the cache (backbone runs once more)
+        cached = seconds_of(epoch)  # reads it
         enc.disable_cache()
     views = batch * n_batches
     return {
@@ -173,14 +145,8 @@ def run(args: argparse.Namespace) -> int:
     for c in cache:
         print(f"feature cache, {c['backbone']}: {c['views_per_epoch']} views/epoch, recompute {c['recompute_s']:.3f} s, "
               f"cached {c['cached_s']:.4f} s -> {c['speedup']}x")
-    result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "device": str(device), "load_average": list(os.getloadavg())},
-        "adapters": rows,
-        "cache": cache,
-    }
-    out = atomic_write_text(args.output, json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
+    result = {"machine": machine(device), "adapters": rows, "cache": cache}
+    write_report(result, None, args.output)
     return 0
 
 
@@ -189,10 +155,8 @@ def _format_row(r: dict[str, Any]) -> str:
     return f"{r['adapter']:<18}{r['size']:<11}{r['batch']:>6}{r['params_M']:>10}{r['infer_views_per_s']:>12}{train}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="mmviews bench adapters", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args())
+def main(argv: list[str] | None = None) -> int:
+    return verb_main("adapters", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -55,14 +55,18 @@ Prints tables and the JSON (also written to ``--json PATH``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pickle
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
+
+from mmviews.bench.common import seconds_of, timed
+from mmviews.bench.report import print_header
+from mmviews.fileio import atomic_write_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -156,10 +160,7 @@ def _time_clips(datasets: dict[str, Any], passes: int) -> dict[str, dict[str, fl
     times: dict[str, list[float]] = {name: [] for name in datasets}
     for _ in range(passes):
         for name, ds in datasets.items():
-            t = time.perf_counter()
-            for i in range(len(ds)):
-                ds[i]
-            times[name].append(time.perf_counter() - t)
+            times[name].append(seconds_of(lambda: [ds[i] for i in range(len(ds))]))
     out = {}
     for name, ts in times.items():
         n = len(datasets[name])
@@ -192,13 +193,15 @@ def _video_cases_timed(args: argparse.Namespace) -> dict[str, Any]:
                                         "process": "one, 1 torch thread (as a loader worker)"}}
     with tempfile.TemporaryDirectory() as tmp:
         roots: dict[float, Path] = {}
-        t = time.perf_counter()
-        for seconds in lengths:
-            root = roots[seconds] = Path(tmp) / f"videos_{seconds:g}s"
-            for k in range(args.video_clips):
-                (root / f"class{k % 2}").mkdir(parents=True, exist_ok=True)
-                write_bench_video(root / f"class{k % 2}" / f"v_{k:02d}.avi", seconds, gop=args.video_gop, seed=k)
-        result["encode_s"] = round(time.perf_counter() - t, 2)
+
+        def encode() -> None:
+            for seconds in lengths:
+                root = roots[seconds] = Path(tmp) / f"videos_{seconds:g}s"
+                for k in range(args.video_clips):
+                    (root / f"class{k % 2}").mkdir(parents=True, exist_ok=True)
+                    write_bench_video(root / f"class{k % 2}" / f"v_{k:02d}.avi", seconds, gop=args.video_gop, seed=k)
+
+        result["encode_s"] = round(seconds_of(encode), 2)
         main = roots[args.video_seconds]
         kw: dict[str, Any] = {"split": "all", "num_frames": 8, "size": 112, "audio": False}
         store = Path(tmp) / "store"
@@ -233,8 +236,7 @@ def _video_cases_timed(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_video(video: dict[str, Any]) -> None:
     header = f"{'video case':<16} {'clips':>5} {'clips/s':>8} {'ms/clip':>8} {'median ms':>9} {'x full+flow':>11}"
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for name, r in video["cases"].items():
         print(f"{name:<16} {r['clips']:>5} {r['clips_per_s']:>8.1f} {r['ms_per_clip']:>8.1f} {r['median_ms_per_clip']:>9.1f} "
               f"{r['x_baseline']:>11.2f}")
@@ -274,15 +276,14 @@ def _stream_cases(args: argparse.Namespace) -> dict[str, Any]:
         prep = prepare_video_store(root, store_path, image_format="jpeg", size=128, workers=max(1, args.workers),
                                    progress=False)
         store = VideoStore(store_path)
-        t = time.perf_counter()
         out = Path(tmp) / "videos-parquet"
-        written = shards.write_shards(out, {"all": shards.video_split_rows(root, "all", 1, store)},
-                                      source={"dataset": "bench", "root": str(root), "kind": "video", "options": store.options},
-                                      columns={"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images",
-                                               "audio": "flac_track"}, labels={"class": "class"},
-                                      shard_rows=max(1, args.stream_clips // 8), progress=False)
+        written, shards_s = timed(lambda: shards.write_shards(
+            out, {"all": shards.video_split_rows(root, "all", 1, store)},
+            source={"dataset": "bench", "root": str(root), "kind": "video", "options": store.options},
+            columns={"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"},
+            labels={"class": "class"}, shard_rows=max(1, args.stream_clips // 8), progress=False))
         shard_mb = sum(f.stat().st_size for f in out.rglob("*.parquet")) / 2**20
-        result["prepare"] = {"store_s": prep["seconds"], "shards_s": round(time.perf_counter() - t, 2),
+        result["prepare"] = {"store_s": prep["seconds"], "shards_s": round(shards_s, 2),
                              "shards": written["splits"]["all"]["shards"], "shards_mb": round(shard_mb, 1)}
         sources = {"on-the-fly": VideoFolder(root, split="all", decode="seek", store=False, **kw),
                    "store": VideoFolder(root, split="all", store=store_path, **kw),
@@ -291,17 +292,17 @@ def _stream_cases(args: argparse.Namespace) -> dict[str, Any]:
         for workers in [int(w) for w in args.stream_workers.split(",")]:
             for name, ds in sources.items():
                 collate = ViewSetCollator.for_dataset(ds, views, seed=0)
-                samples, t = 0, time.perf_counter()
-                for epoch in range(args.stream_epochs):
+
+                def loader_of(epoch: int) -> Any:
                     if name == "parquet-stream":  # as training reads it: shuffle buffer, full batches
-                        loader: Any = StreamLoader(ds, K, collate, seed=0, num_workers=workers)
+                        loader = StreamLoader(ds, K, collate, seed=0, num_workers=workers)
                         loader.set_epoch(epoch)
-                    else:
-                        generator = torch.Generator().manual_seed(epoch)
-                        loader = DataLoader(ds, batch_size=K, shuffle=True, collate_fn=collate, num_workers=workers,
-                                            generator=generator, drop_last=True)
-                    samples += sum(b.num_samples for b in loader)
-                seconds = time.perf_counter() - t
+                        return loader
+                    generator = torch.Generator().manual_seed(epoch)
+                    return DataLoader(ds, batch_size=K, shuffle=True, collate_fn=collate, num_workers=workers,
+                                      generator=generator, drop_last=True)
+
+                samples, seconds = _read_epochs(loader_of, args.stream_epochs)
                 cases[f"{name} w{workers}"] = {"workers": workers, "samples": samples, "seconds": round(seconds, 2),
                                                "samples_per_s": round(samples / seconds, 2)}
             base = cases[f"store w{workers}"]["samples_per_s"]
@@ -312,6 +313,12 @@ def _stream_cases(args: argparse.Namespace) -> dict[str, Any]:
                                   ((c["workers"], c) for n, c in cases.items() if n.startswith("parquet"))}
     result["images"] = _stream_images_case(args)
     return result
+
+
+def _read_epochs(loader_of: Callable[[int], Iterable[Any]], epochs: int) -> tuple[int, float]:
+    """Samples read and seconds taken by ``epochs`` epochs, each through the fresh loader
+    ``loader_of(epoch)`` (its start-up, workers included, counted)."""
+    return timed(lambda: sum(batch.num_samples for epoch in range(epochs) for batch in loader_of(epoch)))
 
 
 def _stream_images_case(args: argparse.Namespace) -> dict[str, Any]:
@@ -353,16 +360,16 @@ def _stream_images_case(args: argparse.Namespace) -> dict[str, Any]:
                    "streamed": ShardStream(f"{tmp}/images-parquet", "train", **options)}
         for name, ds in readers.items():
             collate = ViewSetCollator.for_dataset(ds, views, seed=0)
-            samples, t = 0, time.perf_counter()
-            for epoch in range(epochs):
+
+            def loader_of(epoch: int) -> Any:
                 if name == "streamed":
-                    loader: Any = StreamLoader(ds, K, collate, seed=0)
+                    loader = StreamLoader(ds, K, collate, seed=0)
                     loader.set_epoch(epoch)
-                else:
-                    loader = DataLoader(ds, batch_size=K, shuffle=True, drop_last=True, collate_fn=collate,
-                                        generator=torch.Generator().manual_seed(epoch))
-                samples += sum(b.num_samples for b in loader)
-            seconds = time.perf_counter() - t
+                    return loader
+                return DataLoader(ds, batch_size=K, shuffle=True, drop_last=True, collate_fn=collate,
+                                  generator=torch.Generator().manual_seed(epoch))
+
+            samples, seconds = _read_epochs(loader_of, epochs)
             result[name] = {"samples": samples, "seconds": round(seconds, 2), "samples_per_s": round(samples / seconds, 1)}
     result["streamed_vs_map_time"] = round(result["streamed"]["seconds"] / result["map-style"]["seconds"], 2)
     return result
@@ -370,8 +377,7 @@ def _stream_images_case(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_stream(stream: dict[str, Any]) -> None:
     header = f"{'streamed case':<20} {'workers':>7} {'samples':>7} {'s':>7} {'samples/s':>9} {'x store':>7}"
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for name, r in stream["cases"].items():
         print(f"{name:<20} {r['workers']:>7} {r['samples']:>7} {r['seconds']:>7.2f} {r['samples_per_s']:>9.1f} "
               f"{r['x_store']:>7.2f}")
@@ -393,19 +399,9 @@ def _time_loader(dataset: Any, views: list[Any], batch_size: int, batches: int, 
     collate = ViewSetCollator.for_dataset(dataset, spec, seed=0)
     sampler = ViewSetBatchSampler(len(dataset), batch_size, len(spec), "growing", shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers)
-    t0 = time.perf_counter()
     it = iter(loader)
-    next(it)
-    first = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    n = 0
-    for _ in range(batches):
-        try:
-            b = next(it)
-        except StopIteration:
-            break
-        n += b.num_samples
-    steady = time.perf_counter() - t1
+    first = seconds_of(lambda: next(it))
+    n, steady = timed(lambda: sum(batch.num_samples for batch in itertools.islice(it, batches)))
     del it
     return {"views": len(spec), "batch_size": batch_size, "samples": n, "first_batch_s": round(first, 3),
             "seconds": round(steady, 3), "samples_per_s": round(n / steady, 1) if steady > 0 else float("nan"),
@@ -439,9 +435,7 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             pkl = Path(tmp) / "mosi_like.pkl"
             _write_mosi_like(pkl, args.store_samples)
-            t = time.perf_counter()
-            convert_sentiment_pickle(pkl, Path(tmp) / "store", dataset=None, progress=False)
-            convert_s = time.perf_counter() - t
+            convert_s = seconds_of(lambda: convert_sentiment_pickle(pkl, Path(tmp) / "store", dataset=None, progress=False))
             ds = SentimentStoreDataset(Path(tmp) / "store", "train")
             views = [{"modality": m, "copies": 2, "augment": "sequence_default"} for m in ("text", "audio", "vision")]
             r = _time_loader(ds, views, args.batch_size, args.batches, args.workers)
@@ -455,8 +449,7 @@ def run(args: argparse.Namespace) -> int:
         results["streamed"] = _stream_cases(args)
     header = f"{'case':<22} {'views':>5} {'K':>4} {'first batch s':>13} {'samples/s':>10} {'views/s':>9}"
     if cases:
-        print(header)
-        print("-" * len(header))
+        print_header(header)
     for name, r in cases.items():
         print(f"{name:<22} {r['views']:>5} {r['batch_size']:>4} {r['first_batch_s']:>13.2f} {r['samples_per_s']:>10.1f} "
               f"{r['views_per_s']:>9.1f}")
@@ -473,5 +466,5 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:
-        Path(args.json).write_text(text)
+        atomic_write_text(args.json, text)
     return 0

@@ -20,15 +20,12 @@ transformer (``nn.MultiheadAttention``, dropout 0.1). Prints seconds per step an
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import time
 from typing import Any, Callable
 
 import torch
 
-from mmviews.fileio import atomic_write_text
+from mmviews.bench.common import cuda_peak_mib, middle, reset_cuda_peak, round_robin, synchroniser, verb_main
+from mmviews.bench.report import machine, write_report
 from mmviews.modalities import build_adapter
 from mmviews.modalities.dropout import dropout_rows, dropout_step, enable_sample_keyed_dropout
 from mmviews.modalities.presets import TINY_WORDS
@@ -97,24 +94,17 @@ def _measure(case: str, args: argparse.Namespace, device: torch.device) -> list[
     variants does not bias the ratios."""
     variants = [v for v in VARIANTS if not (case == "feature_sequence" and v == "native_eager")]
     steps = {v: _step(case, v, args, device) for v in variants}
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times: dict[str, list[float]] = {v: [] for v in variants}
     peaks: dict[str, float] = {}
-    for round_ in range(args.repeats + 1):
-        for v in variants:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            sync()
-            t0 = time.perf_counter()
-            steps[v]()
-            sync()
-            if round_ > 0:  # round 0 warms up
-                times[v].append(time.perf_counter() - t0)
-            if device.type == "cuda":
-                peaks[v] = max(peaks.get(v, 0.0), torch.cuda.max_memory_allocated(device) / 2**20)
+
+    def record_peak(variant: str) -> None:
+        if device.type == "cuda":
+            peaks[variant] = max(peaks.get(variant, 0.0), cuda_peak_mib(device))
+
+    times = round_robin(steps, args.repeats, 1, synchroniser(device), before=lambda variant: reset_cuda_peak(device),
+                        after=record_peak)
     rows = []
     for v in variants:
-        row: dict[str, Any] = {"case": case, "variant": v, "s_per_step": sorted(times[v])[len(times[v]) // 2]}
+        row: dict[str, Any] = {"case": case, "variant": v, "s_per_step": middle(times[v])}
         if v in peaks:
             row["peak_MiB"] = round(peaks[v], 1)
         rows.append(row)
@@ -137,20 +127,16 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)
         rows += case_rows
     result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "device": str(device), "load_average": list(os.getloadavg())},
+        "machine": machine(device),
         "settings": {k: getattr(args, k) for k in ("batch_size", "length", "width", "dropout", "repeats")},
         "rows": rows,
     }
-    out = atomic_write_text(args.output, json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
+    write_report(result, None, args.output)
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="mmviews bench dropout", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args())
+def main(argv: list[str] | None = None) -> int:
+    return verb_main("dropout", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

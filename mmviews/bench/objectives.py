@@ -65,6 +65,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from mmviews.bench.common import round_robin, synchroniser, tensor_peak_bytes_of, verb_main
 from mmviews.bench.report import environment, write_report
 from mmviews.objectives import get_objective, list_objectives, objective_class, reference
 
@@ -127,11 +128,6 @@ REFERENCE_LOSSES["er"] = lambda z, params: reference.er_reference(z, **params)
 # ---------------------------------------------------------------------------------------------
 # Measurement
 # ---------------------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Step:
     """One forward + backward on the leaf ``z``; ``reset()`` drops the previous gradient (done
     outside the measured region, so that its release is not counted)."""
@@ -149,34 +145,7 @@ class _Step:
 def peak_memory_bytes(call: _Step, device: torch.device) -> int | None:
     """Peak tensor memory of one ``call`` (see the module docstring), or None if unmeasurable."""
     call.reset()
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        call()
-        _sync(device)
-        return int(torch.cuda.max_memory_allocated(device))
-    import os
-
-    # A CUDA build of torch has the profiler (kineto) look for GPUs when it starts; on a
-    # machine without a driver that prints "gpuGetDeviceCount failed with code 35" although
-    # only CPU activity is recorded. Quiet kineto's own logging (a user's setting wins).
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    try:
-        from torch.profiler import ProfilerActivity, profile
-        from torch.profiler._memory_profiler import MemoryProfileTimeline
-
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-                call()
-            timeline = MemoryProfileTimeline(prof._memory_profile())
-            _, sizes = timeline._coalesce_timeline(device)
-        return int(max(sum(row) for row in sizes)) if sizes else None
-    except Exception as error:  # private API: report the gap rather than a made-up number
-        print(f"warning: CPU memory timeline unavailable ({type(error).__name__}: {error})", file=sys.stderr)
-        return None
+    return tensor_peak_bytes_of(call, device)
 
 
 def _objective_kwargs(name: str, temperature: float) -> dict[str, Any]:
@@ -302,23 +271,18 @@ def benchmark(
         rows[name] = row
 
     # Time: warm-up, then rounds over every contender in turn.
-    times: dict[str, list[float]] = {key: [] for key in calls}
     # Peak memory of the objectives and floors only: the reference loops run hundreds of
     # thousands of scalar ops, which the profiler would take minutes to record.
     measured = [key for key in calls if not key.startswith(("reference:", "library@reference:"))]
     total = (warmup + repeats) * len(calls)
     with tqdm(total=total + len(measured), desc="bench objectives", disable=not progress, file=sys.stderr) as bar:
-        for round_ in range(warmup + repeats):
-            for key, call in calls.items():
-                bar.set_postfix_str(key)
-                call.reset()
-                _sync(device_)
-                start = timer()
-                call()
-                _sync(device_)
-                if round_ >= warmup:
-                    times[key].append(timer() - start)
-                bar.update()
+
+        def before(key: str) -> None:
+            bar.set_postfix_str(key)
+            calls[key].reset()
+
+        times = round_robin(calls, repeats, warmup, synchroniser(device_), clock=timer, before=before,
+                            after=lambda key: bar.update())
         peaks: dict[str, int | None] = {key: None for key in calls}
         for key in measured:
             bar.set_postfix_str(f"memory {key}")
@@ -450,9 +414,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m mmviews.bench.objectives [options]``."""
-    parser = argparse.ArgumentParser(prog="mmviews bench objectives", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return verb_main("objectives", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":

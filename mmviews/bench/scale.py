@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -49,6 +47,8 @@ from typing import Any
 
 import torch
 
+from mmviews.bench.common import (reset_rss_high_water, rss_bytes, rss_high_water_bytes, seconds_of, synchroniser,
+                                   verb_main)
 from mmviews.bench.report import environment, write_report
 
 DEFAULT_OBJECTIVES = ["geometric_pvc", "mv_infonce", "multi_crop", "fmicl", "mv_dhel", "er"]
@@ -99,29 +99,6 @@ def streamed_chunk(name: str, K: int, M: int, element_size: int, device_type: st
 # ---------------------------------------------------------------------------------------------
 # One case, in a subprocess
 # ---------------------------------------------------------------------------------------------
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_high_water() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        return True
-    except OSError:
-        return False
-
-
-def _high_water_bytes(reset: bool) -> int:
-    if reset:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KB on Linux
-
-
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     """Build ``z`` and the objective of ``case``, warm up, then time ``repeats`` calls; the first
     gives the peak memory. Returns times (s) and the peak added memory (bytes)."""
@@ -139,10 +116,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     generator = torch.Generator(device="cpu").manual_seed(case["seed"])
     z = torch.randn(K, M, d, generator=generator).to(device).requires_grad_(True)
     clock = time.process_time if case["clock"] == "cpu" else time.perf_counter
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    sync = synchroniser(device)
 
     # warm-up on a small batch (library loading, kernel selection), not counted
     small = torch.randn(min(K, 64), M, d, generator=generator).to(device).requires_grad_(True)
@@ -159,17 +133,14 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
                 torch.cuda.reset_peak_memory_stats(device)
                 before = torch.cuda.memory_allocated(device)
             else:
-                reset = _reset_high_water()
-                before = _rss_bytes()
-        start = clock()
-        objective(z).backward()
-        sync()
-        times.append(clock() - start)
+                reset = reset_rss_high_water()
+                before = rss_bytes()
+        times.append(seconds_of(lambda: objective(z).backward(), sync, clock))
         if repeat == 0:
             if device.type == "cuda":
                 peak = torch.cuda.max_memory_allocated(device) - before
             else:
-                peak = _high_water_bytes(reset) - before
+                peak = rss_high_water_bytes(reset) - before
     return {"times_s": times, "peak_bytes": peak}
 
 
@@ -358,9 +329,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m mmviews.bench.scale [options]``."""
-    parser = argparse.ArgumentParser(prog="mmviews bench scale", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return verb_main("scale", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ CPU, ``torch.cuda.max_memory_reserved`` (what the process holds on the device) o
 
 Large global batches (``--encode-chunk-size N``, ``--gradient-checkpointing``): each case runs
 twice, each in its own process: the step under test (the cached-embedding step of
-:mod:`mmviews.train.cached_step` with encoder chunks of N samples, and/or every adapter that
+:mod:`mmviews.train.step` with encoder chunks of N samples, and/or every adapter that
 supports it with ``gradient_checkpointing: true``) and the plain step (no chunks, no
 checkpointing) at ``--plain-K`` samples (default: the same K). The report gives both rows and
 their ratios: peak memory (step under test / plain) and time per sample (the same).
@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -75,15 +74,15 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, Dataset
 
+from mmviews.bench.common import (cuda_peak_mib, middle, reset_cuda_peak, rss_high_water_bytes, seconds_of, synchroniser,
+                                   verb_main)
+from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
@@ -92,16 +91,15 @@ from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
 from mmviews.train.memory import MemoryEstimate, estimate_memory
-from mmviews.train.trainer import (
+from mmviews.train.step import (
     Prepared,
-    _accelerator,
     _present_mask,
-    _prepare,
     micro_batch_dropout,
     optimizer_step,
     record_nonfinite,
     train_step,
 )
+from mmviews.train.trainer import _accelerator, _prepare
 
 CASES = ("quickstart", "realistic")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
@@ -115,162 +113,6 @@ REALISTIC_ADAPTERS: dict[str, dict[str, Any]] = {
     "flow": realistic_config("flow_cnn"),  # 3-stage CNN per flow frame
 }
 REALISTIC_INPUTS = {"audio_seconds": 2.0, "sample_rate": 16000, "image_size": 224, "flow_frames": 4, "words": 60}
-
-
-# ---------------------------------------------------------------------------------------------
-# Host reads (what would synchronise an accelerator)
-# ---------------------------------------------------------------------------------------------
-#: Tensor methods that hand a value to Python (a device-to-host copy and a wait on CUDA).
-HOST_READ_METHODS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__",
-                               "numpy", "equal", "allclose", "is_nonzero"})
-#: aten operations whose output size depends on tensor values: the host must wait for them.
-VALUE_SIZED_OPS = frozenset({"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-                             "argwhere", "nonzero_numpy", "repeat_interleave"})
-
-
-@dataclass
-class HostRead:
-    """One read: ``op`` (method or aten operation), ``where`` (innermost mmviews source line,
-    else the innermost Python frame) and the ``step`` label current when it happened."""
-
-    op: str
-    where: str
-    step: Any = None
-
-
-#: Reads of tensors that live in host memory whatever the training device, recognised by the
-#: function making them (``path suffix``, ``function``): torch.optim keeps its step counters
-#: on the CPU (unless ``capturable``/``fused``) and reads them with ``.item()``. Such a read is
-#: left out only when the tensor read is in host memory: a step counter on the accelerator
-#: (e.g. restored there from a checkpoint) is a synchronisation per parameter, and recorded.
-HOST_RESIDENT_READS = ((f"torch{os.sep}optim{os.sep}optimizer.py", "_get_value"),)
-
-
-def _origin(host_tensor: bool = True) -> str | None:
-    """``path:line (function)`` of the innermost frame in the mmviews package other than this
-    module; else of the innermost frame outside torch. None for a read of host-resident state
-    (:data:`HOST_RESIDENT_READS`) of a tensor in host memory (``host_tensor``)."""
-    frame = sys._getframe(2)
-    fallback = None
-    here = os.path.abspath(__file__)
-    package = os.path.dirname(os.path.dirname(here))
-    first = True
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if path != here:
-            if first and host_tensor and any(path.endswith(suffix) and frame.f_code.co_name == name
-                             for suffix, name in HOST_RESIDENT_READS):
-                return None
-            first = False
-            if path.startswith(package + os.sep):
-                return f"mmviews/{os.path.relpath(path, package)}:{frame.f_lineno} ({frame.f_code.co_name})"
-            if fallback is None and f"{os.sep}torch{os.sep}" not in path:
-                fallback = f"{path}:{frame.f_lineno} ({frame.f_code.co_name})"
-        frame = frame.f_back
-    return fallback or "<no Python frame>"
-
-
-class _FunctionReads(TorchFunctionMode):
-    def __init__(self, recorder: "HostReadRecorder") -> None:
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
-        name = getattr(func, "__name__", "")
-        read = name in HOST_READ_METHODS or (name in ("cpu", "to") and _leaves_device(args, kwargs))
-        if not read:
-            return func(*args, **(kwargs or {}))
-        self.recorder._record(name, not (args and isinstance(args[0], torch.Tensor)) or args[0].device.type == "cpu")
-        self.recorder._inside_read += 1
-        try:
-            return func(*args, **(kwargs or {}))
-        finally:
-            self.recorder._inside_read -= 1
-
-
-def _leaves_device(args: Sequence[Any], kwargs: Any) -> bool:
-    """``tensor.cpu()`` / ``tensor.to("cpu")`` of a tensor that is not on the CPU."""
-    if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
-        return False
-    targets = [*args[1:], *(kwargs or {}).values()]
-    return not targets or any(str(t).startswith("cpu") for t in targets if isinstance(t, (str, torch.device)))
-
-
-class _DispatchReads(TorchDispatchMode):
-    def __init__(self, recorder: "HostReadRecorder") -> None:
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
-        name = func.overloadpacket.__name__
-        if name == "_local_scalar_dense":
-            if not self.recorder._inside_read:  # a scalar read not seen by the function mode
-                self.recorder._record("_local_scalar_dense", args[0].device.type == "cpu")
-        elif name in VALUE_SIZED_OPS and not (name == "repeat_interleave" and (kwargs or {}).get("output_size")):
-            self.recorder._record(name)
-        elif name in ("index", "index_put", "index_put_") and _has_bool_index(args):
-            self.recorder._record(f"{name} (boolean mask)")
-        return func(*args, **(kwargs or {}))
-
-
-def _has_bool_index(args: Sequence[Any]) -> bool:
-    indices = args[1] if len(args) > 1 else ()
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (indices or ()) if i is not None)
-
-
-class HostReadRecorder:
-    """Records reads of tensor values by the host while active (a context manager).
-
-    Two torch modes: a ``TorchFunctionMode`` sees Python's reads (``item``, ``bool(t)``,
-    ``int(t)``, ``float(t)``, ``t.tolist()``, ``t.cpu()`` of a device tensor...) with the line
-    that made them; a ``TorchDispatchMode`` sees the aten operations whose output size depends
-    on values (``nonzero``, boolean-mask indexing, ``unique``...) and scalar reads made inside
-    torch's own Python code. On CUDA each is a synchronisation. :meth:`paused` suspends
-    recording (e.g. around the loader's ``next``, whose collation reads host tensors only);
-    :attr:`step` labels the reads that follow."""
-
-    def __init__(self) -> None:
-        self.reads: list[HostRead] = []
-        self.step: Any = None
-        self._paused = 0
-        self._inside_read = 0
-        self._modes: tuple[_FunctionReads, _DispatchReads] | None = None
-
-    def _record(self, op: str, host_tensor: bool = True) -> None:
-        if not self._paused:
-            where = _origin(host_tensor)
-            if where is not None:
-                self.reads.append(HostRead(op, where, self.step))
-
-    def __enter__(self) -> "HostReadRecorder":
-        self._modes = (_FunctionReads(self), _DispatchReads(self))
-        for mode in self._modes:
-            mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        assert self._modes is not None
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
-        self._modes = None
-
-    def paused(self) -> "_Paused":
-        return _Paused(self)
-
-    def summary(self) -> dict[str, int]:
-        """``"op at where" -> count``, most frequent first."""
-        return dict(Counter(f"{r.op} at {r.where}" for r in self.reads).most_common())
-
-
-class _Paused:
-    def __init__(self, recorder: HostReadRecorder) -> None:
-        self.recorder = recorder
-
-    def __enter__(self) -> None:
-        self.recorder._paused += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        self.recorder._paused -= 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,11 +250,11 @@ def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | No
 
 def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
                       sync: Callable[[], None]) -> dict[str, float]:
-    """One step of :func:`mmviews.train.cached_step.cached_train_step` (same calls in the same
+    """One step of :func:`mmviews.train.step.cached_train_step` (same calls in the same
     order, plus the loop's teacher update), timed like :func:`timed_step`: **forward** is pass 1
     (the chunks encoded without gradients, and the teacher's chunks), **backward** the
     objective's backward and pass 2 (each chunk encoded again and backpropagated)."""
-    from mmviews.train.cached_step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
+    from mmviews.train.step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
 
     objective, accelerator, chunk_size = p.objective, p.accelerator, p.encode_chunk_size
     t0 = time.perf_counter()
@@ -451,14 +293,8 @@ def loop_step(p: Prepared, batch: Any, max_grad_norm: float | None) -> None:
 
 def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, "torch.cuda.max_memory_allocated over the timed steps"
-    return _peak_rss_mb(), "process RSS high-water mark (resource.getrusage, main process, since start)"
-
-
-def _peak_rss_mb() -> float:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    scale = 1 if sys.platform == "darwin" else 1024
-    return rss * scale / 2**20
+        return cuda_peak_mib(device), "torch.cuda.max_memory_allocated over the timed steps"
+    return rss_high_water_bytes() / 2**20, "process RSS high-water mark (resource.getrusage, main process, since start)"
 
 
 #: The synchronisations known to remain in a training step, by where torch reports them (a
@@ -532,10 +368,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         if dev.type != device:
             raise RuntimeError(f"bench train: asked for --device {device} but Accelerate chose {dev}")
         cuda = dev.type == "cuda"
-
-        def sync() -> None:
-            if cuda:
-                torch.cuda.synchronize(dev)
+        sync = synchroniser(dev)
 
         max_grad_norm = config.optimisation.max_grad_norm
         p.model.train()
@@ -543,8 +376,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         for _ in range(warmup):
             timed_step(p, batch_iter, max_grad_norm, sync)
         sync()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_cuda_peak(dev)
         phases = {name: [] for name in PHASES}
         for _ in range(steps):
             for name, seconds in timed_step(p, batch_iter, max_grad_norm, sync).items():
@@ -552,16 +384,16 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         step_times = [sum(values) for values in zip(*phases.values())]
         peak_mb, memory_method = _peak_memory_mb(dev)
         # what the process holds on the device (the allocator's cache too): the estimate's match on CUDA
-        reserved_mb = torch.cuda.max_memory_reserved(dev) / 2**20 if cuda else None
+        reserved_mb = cuda_peak_mib(dev, reserved=True) if cuda else None
         throughput_s = sum(step_times)
         throughput_method = "phase loop (no synchronisation to remove on CPU)"
         if cuda:  # the trainer's own step, no synchronisation between phases
+            def loop() -> None:
+                for _ in range(steps):
+                    loop_step(p, next(batch_iter), max_grad_norm)
+
             sync()
-            started = time.perf_counter()
-            for _ in range(steps):
-                loop_step(p, next(batch_iter), max_grad_norm)
-            sync()
-            throughput_s = time.perf_counter() - started
+            throughput_s = seconds_of(loop, sync)
             throughput_method = "train_step (+ teacher update) loop, one torch.cuda.synchronize at the end"
         result_sync = _sync_debug_loop(p, batch_iter, max_grad_norm, steps, sync_debug) if sync_debug else None
         host_reads = None
@@ -590,7 +422,7 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         "num_workers": config.data.num_workers, "pin_memory": bool(parts.train_loader.pin_memory),
         "mixed_precision": config.optimisation.mixed_precision, "device": str(dev), "steps": steps, "warmup": warmup,
         "samples_per_s": samples_per_s, "views_per_s": samples_per_s * M, "throughput_method": throughput_method,
-        "step_ms": 1000 * sorted(step_times)[len(step_times) // 2],
+        "step_ms": 1000 * middle(step_times),
         "phase_ms": {name: 1000 * sum(v) / steps for name, v in phases.items()},
         "phase_share": {name: sum(v) / total for name, v in phases.items()},
         "peak_memory_mb": peak_mb, "memory_method": memory_method, "peak_reserved_mb": reserved_mb,
@@ -773,10 +605,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("bench train: --plain-K needs --encode-chunk-size or --gradient-checkpointing, and K >= 2")
     if args.encode_chunk_size is not None:
         try:  # the cached-embedding step (a separate module; say clearly if this installation lacks it)
-            from mmviews.train.cached_step import cached_train_step  # noqa: F401
+            from mmviews.train.step import cached_train_step  # noqa: F401
         except ImportError as error:
             raise SystemExit(f"bench train: --encode-chunk-size needs the cached-embedding step "
-                             f"(mmviews.train.cached_step.cached_train_step), not available here: {error}") from None
+                             f"(mmviews.train.step.cached_train_step), not available here: {error}") from None
     if args.sync_debug and args.device != "cuda":
         raise SystemExit("bench train: --sync-debug needs --device cuda: torch's sync debug mode reports on CUDA only "
                          "(on CPU use --count-host-reads N, which records every read that would synchronise an "
@@ -864,9 +696,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m mmviews.bench.train [options]``."""
-    parser = argparse.ArgumentParser(prog="mmviews bench train", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return verb_main("train", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ class ViewBatch:
 
     def sample_range(self, start: int, stop: int) -> "ViewBatch":
         """Samples ``start:stop`` of the batch, all their views (the cached-embedding step's
-        chunks, :mod:`mmviews.train.cached_step`). Each modality's stacked inputs are sliced at
+        chunks, :mod:`mmviews.train.step`). Each modality's stacked inputs are sliced at
         items ``start * V_m : stop * V_m`` (tensors and lists of ``K * V_m`` items; other
         entries, e.g. ``sample_rate``, are kept): views of the parent's tensors, no copies.
         Which items are present is taken from the parent's host-side record when it has one

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmviews.train.checkpoint import TrainState
+from mmviews.train.state import TrainState
 
 
 class TrainCallback:

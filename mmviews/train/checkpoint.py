@@ -7,8 +7,8 @@ A checkpoint folder holds:
   RNG states of every process);
 - ``objective.pt``: the objective's ``state_dict`` (memory banks, critics);
 - ``teacher.safetensors``: the EMA teacher's weights, when the run has one;
-- ``train_state.json``: the loop position (:class:`TrainState`) and the size and SHA-256 of
-  every other file (:func:`mmviews.run.checkpoint_file_records`).
+- ``train_state.json``: the loop position (:class:`~mmviews.train.state.TrainState`) and the
+  size and SHA-256 of every other file (:func:`mmviews.run.checkpoint_file_records`).
 
 Everything is written into ``checkpoints/.tmp-checkpoint-N`` and the folder is renamed to
 ``checkpoint-N`` only when complete, so a kill mid-write leaves the previous checkpoint
@@ -34,7 +34,6 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +61,7 @@ from mmviews.run import (
     record_run_outputs,
     verify_checkpoint_file,
 )
+from mmviews.train.state import TrainState
 
 if TYPE_CHECKING:
     from mmviews.train.callbacks import TrainCallback
@@ -88,34 +88,6 @@ class ReproducibilityWarning(UserWarning):
 def rng_file(process_index: int) -> str:
     """Accelerate's RNG-state file of one process."""
     return f"random_states_{process_index}.pkl"
-
-
-@dataclass
-class TrainState:
-    """Where the loop is; saved in every checkpoint. ``batch_in_epoch`` counts the
-    micro-batches of ``epoch`` already trained on; ``step`` the optimiser steps; ``samples``
-    the samples seen (global, over all processes)."""
-
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    step: int = 0
-    samples: int = 0
-    # A streamed run's loader (mmviews.data.streaming.StreamLoader): its state_dict (JSON data) is
-    # saved as "stream"; a loaded one waits in stream_state for the trainer to hand it back.
-    stream: Any = None
-    stream_state: dict[str, Any] | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
-                                 "samples": self.samples}
-        if self.stream is not None:
-            state["stream"] = self.stream.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
-        self.step, self.samples = int(state["step"]), int(state.get("samples", 0))
-        self.stream_state = state.get("stream")
 
 
 def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool, overwrite: bool = False) -> None:

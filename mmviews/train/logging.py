@@ -29,7 +29,7 @@ from mmviews.eval.health import HealthSettings, LiveHealth, chance_level, run_wa
 from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
-from mmviews.train.checkpoint import TrainState
+from mmviews.train.state import TrainState
 
 
 class CSVLogger:

@@ -2,7 +2,8 @@
 
 ``train(config, run_dir, resume=...)`` is the whole job: build and check everything
 (:func:`~mmviews.train.build.build_run`) before any work, ``accelerator.prepare``, then a plain
-loop over epochs and batches whose body is :func:`train_step` plus a logging call. Beyond the
+loop over epochs and batches whose body is :func:`~mmviews.train.step.train_step` (the step, plain
+or cached, and its parts live in :mod:`mmviews.train.step`) plus a logging call. Beyond the
 Accelerate example loop, a contrastive trainer needs:
 
 1. **Global batches.** ``data.batch_size`` is the number of samples K per micro-batch
@@ -15,13 +16,14 @@ Accelerate example loop, a contrastive trainer needs:
    BatchNorm to match one process exactly). ``distributed.timeout_s`` is the process group's
    timeout and ``deterministic`` turns on deterministic algorithms
    (:mod:`mmviews.train.distributed`). Dropout draws its masks from each process's RNG, unless
-   ``optimisation.sample_keyed_dropout`` keys them by sample (:func:`micro_batch_dropout`).
+   ``optimisation.sample_keyed_dropout`` keys them by sample
+   (:func:`~mmviews.train.step.micro_batch_dropout`).
 2. **Gradient accumulation** (``optimisation.grad_accum_steps`` = n): Accelerate divides each
    micro-batch's loss by n, so an optimiser step follows the average of the n micro-batch
    gradients (the last window of an epoch with fewer than n batches left sums its k < n
    divided gradients, i.e. k/n of their average). It does NOT add negatives: each
    micro-batch's loss only contrasts the K samples of that micro-batch. What does is
-   ``optimisation.encode_chunk_size``: cached-embedding steps (:mod:`mmviews.train.cached_step`)
+   ``optimisation.encode_chunk_size``: cached-embedding steps (:mod:`mmviews.train.step`)
    encode K samples in chunks, so that K is not limited by the encoder's activations.
 3. **The objective's contract** (class attributes and no-op hooks of
    :class:`~mmviews.objectives.MultiViewObjective`); the loop has no per-objective code:
@@ -66,18 +68,15 @@ before each checkpoint's rename.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 from mmviews.config import TrainConfig
@@ -91,13 +90,10 @@ from mmviews.data.losses import (
     run_datasets,
 )
 from mmviews.eval.health import HealthSettings
-from mmviews.modalities.dropout import dropout_step
-from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
-from mmviews.train.cached_step import cached_train_step, warn_batch_norm
 from mmviews.train.callbacks import TrainCallback
-from mmviews.train.checkpoint import TrainState, load_checkpoint, prepare_run_dir, save_checkpoint
+from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
@@ -114,31 +110,9 @@ from mmviews.train.logging import (
 )
 from mmviews.train.model_card import write_model_card
 from mmviews.train.optim import build_optimizer, build_scheduler
+from mmviews.train.state import TrainState
+from mmviews.train.step import Prepared, train_step, warn_batch_norm
 from mmviews.train.teacher import EMATeacher
-
-
-@dataclass
-class Prepared:
-    """The prepared training objects (``accelerator.prepare``) and the loop position."""
-
-    accelerator: Any
-    model: nn.Module
-    objective: MultiViewObjective
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    train_loader: Any
-    teacher: EMATeacher | None
-    state: TrainState
-    total_steps: int
-    batches_per_epoch: int
-    # Device-side "a loss since the last check was non-finite" flag (0-dim bool; None: no step
-    # since), read by _check_losses at log steps and before checkpoints only: a host read of
-    # the loss at every step would wait for the device (see _check_losses).
-    nonfinite: torch.Tensor | None = None
-    checked_step: int = 0  # optimiser step at the last _check_losses
-    encode_chunk_size: int | None = None  # optimisation.encode_chunk_size: cached-embedding steps
-    # The run's seed when its dropout is sample-keyed (optimisation.sample_keyed_dropout), else None.
-    dropout_seed: int | None = None
 
 
 class HostPreparedCollate:
@@ -222,66 +196,6 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
                     total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size,
                     dropout_seed=config.seed if o.sample_keyed_dropout else None)
-
-
-def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
-    """The mask to pass: None when every view is present (``all_present``, known on the host:
-    see ``ViewBatch.all_views_present``); an error when views are missing and the objective
-    cannot take a mask."""
-    if all_present:
-        return None
-    if not objective.supports_mask:
-        raise ValueError(f"objective {objective.name!r} does not support missing views, but this batch has absent "
-                         "modalities; choose an objective that takes a mask (e.g. mv_dhel, geometric_pvc) or a "
-                         "dataset without missing modalities")
-    return mask
-
-
-def micro_batch_dropout(p: Prepared) -> contextlib.AbstractContextManager[None]:
-    """The context of one micro-batch's encoder calls for sample-keyed dropout
-    (:func:`mmviews.modalities.dropout.dropout_step`; nothing when it is off): keyed by the run's
-    seed and the micro-batch's number in the run, ``epoch * batches_per_epoch + batch_in_epoch``
-    of the TrainState, which is the same however the micro-batch is chunked or split between
-    processes, and which a resumed run continues."""
-    return dropout_step(p.dropout_seed, p.state.epoch * p.batches_per_epoch + p.state.batch_in_epoch)
-
-
-def record_nonfinite(p: Prepared, loss: torch.Tensor) -> None:
-    """Fold "this loss is NaN or inf" into the device-side flag that :func:`_check_losses` reads at
-    the next log step: no host synchronisation in the step."""
-    bad = ~torch.isfinite(loss.detach())
-    p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
-
-
-def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
-    """The end of every micro-batch's step: clip (when the accumulation window ends and
-    ``max_grad_norm`` is set), then the optimiser and the schedule (Accelerate makes both no-ops
-    inside an accumulation window) and clear the gradients."""
-    if p.accelerator.sync_gradients and max_grad_norm is not None:
-        p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
-    p.optimizer.step()
-    p.scheduler.step()
-    p.optimizer.zero_grad(set_to_none=True)
-
-
-def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
-    """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
-    Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
-    set, the cached-embedding step of :mod:`mmviews.train.cached_step` instead (same contract)."""
-    if p.encode_chunk_size is not None:
-        return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size)
-    objective = p.objective
-    with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
-        z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
-        mask = _present_mask(objective, mask, batch.all_views_present())
-        teacher = p.teacher(batch)[0] if p.teacher is not None else None
-        critic_metrics = objective.critic_step(z.detach())
-        out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        record_nonfinite(p, out.loss)
-        p.accelerator.backward(out.loss)
-        optimizer_step(p, max_grad_norm)
-    objective.on_step_end(z.detach(), batch.index)
-    return out, critic_metrics
 
 
 def _check_losses(p: Prepared, state: TrainState, log_every: int) -> None:
@@ -405,6 +319,7 @@ def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
            callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
            resume_ignore_rng: bool, reevaluate: bool) -> dict[str, Any]:
+    # Setup: build and check the run, the accelerator, the run folder, prepare, resume.
     started = time.perf_counter()
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
@@ -451,6 +366,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
                      resumed=checkpoint is not None, started=started)
     o, out_cfg, eval_cfg = config.optimisation, config.output, config.evaluation
     saved = checkpoint
+    # The loop: epochs of micro-batches, each one train_step (mmviews.train.step).
     stop.defer(accelerator.num_processes, accelerator.is_main_process)  # a signal now stops after the step
     for epoch in range(state.epoch, o.epochs):
         if state.step >= p.total_steps or stop.agreed:
@@ -500,6 +416,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             accelerator.end_training()
         raise TrainingInterrupted(stop.agreed, state.step, saved)
 
+    # The end: the encoder, the final evaluation, results.json and the model card.
     encoder = accelerator.unwrap_model(p.model)
     if accelerator.is_main_process:
         encoder.save_pretrained(run_dir / ENCODER_DIR)

@@ -1,4 +1,32 @@
-"""Cached-embedding steps: global batches larger than the encoder's activations allow.
+"""One micro-batch's step, plain and cached: what the loop (:mod:`mmviews.train.trainer`) calls
+for every batch, and the pieces both steps share.
+
+**One batch through the plain step** (:func:`train_step`). The loop hands over a
+:class:`~mmviews.data.batch.ViewBatch` of K/N samples (K = ``data.batch_size``, N processes),
+already checked and tokenised on the host, and the :class:`Prepared` objects. Inside
+``accelerator.accumulate(model)`` (which knows whether this micro-batch ends an optimiser step:
+``sync_gradients``) and :func:`micro_batch_dropout` (sample-keyed dropout's key for this
+micro-batch, when on):
+
+1. the encoder embeds every view: ``z [K/N, M, d]`` and the presence ``mask [K/N, M]``;
+   :func:`_present_mask` passes the mask only when the host-side batch says a view is absent;
+2. the EMA teacher, when the run has one, embeds the same views without gradients;
+3. the objective's ``critic_step`` sees the detached ``z``, then ``compute`` gives the loss
+   (gathering across processes itself); :func:`record_nonfinite` folds "is it finite" into a
+   device-side flag that the loop reads at log steps only;
+4. ``accelerator.backward`` (fp16 scaling, the accumulation division, DDP's reduction when
+   gradients sync) and :func:`optimizer_step` (clipping at the end of a window, optimiser,
+   schedule, ``zero_grad``: no-ops inside a window);
+5. after the context, ``objective.on_step_end`` with the detached ``z`` (memory banks).
+
+The loop then counts the batch, and after an optimiser step updates the teacher and logs.
+
+**The same batch through the cached step** (:func:`cached_train_step`, when
+``optimisation.encode_chunk_size`` is set) cuts it into chunks of N samples; step 1 becomes
+pass 1 below (no graph), step 4's backward stops at ``z`` and pass 2 carries ``dL/dz`` into the
+encoder chunk by chunk; steps 2, 3 and 5 and :func:`optimizer_step` are the same calls.
+
+**Cached-embedding steps**: global batches larger than the encoder's activations allow.
 
 Recipe key ``optimisation.encode_chunk_size: N`` (samples per encoder chunk; ``null``, the
 default, keeps the plain step). The method is GradCache (Gao, Zhang, Han and Callan 2021,
@@ -23,7 +51,7 @@ apart:
    as in the plain step.
 
 Then clipping (``max_grad_norm``), the optimiser and schedule steps, ``zero_grad`` and the
-device-side non-finite flag are those of :func:`mmviews.train.trainer.train_step`, whose contract
+device-side non-finite flag are those of :func:`train_step`, whose contract
 this step has. Peak memory is about the weights and optimiser state, one chunk's activations,
 and ``z`` with its gradient; the price is one more forward pass of the encoder (pass 1, without
 gradients). ``mmviews bench train --encode-chunk-size N`` measures both.
@@ -57,18 +85,106 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from mmviews.data.batch import ViewBatch
-from mmviews.objectives import ObjectiveOutput
-
-if TYPE_CHECKING:
-    from mmviews.train.trainer import Prepared
+from mmviews.modalities.dropout import dropout_step
+from mmviews.objectives import MultiViewObjective, ObjectiveOutput
+from mmviews.train.state import TrainState
+from mmviews.train.teacher import EMATeacher
 
 RNGState = tuple[torch.Tensor, torch.Tensor | None]  # (CPU state, CUDA state of the current device or None)
+
+
+@dataclass
+class Prepared:
+    """The prepared training objects (``accelerator.prepare``) and the loop position."""
+
+    accelerator: Any
+    model: nn.Module
+    objective: MultiViewObjective
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_loader: Any
+    teacher: EMATeacher | None
+    state: TrainState
+    total_steps: int
+    batches_per_epoch: int
+    # Device-side "a loss since the last check was non-finite" flag (0-dim bool; None: no step
+    # since), read by the loop's _check_losses (mmviews.train.trainer) at log steps and before
+    # checkpoints only: a host read of the loss at every step would wait for the device.
+    nonfinite: torch.Tensor | None = None
+    checked_step: int = 0  # optimiser step at the last _check_losses
+    encode_chunk_size: int | None = None  # optimisation.encode_chunk_size: cached-embedding steps
+    # The run's seed when its dropout is sample-keyed (optimisation.sample_keyed_dropout), else None.
+    dropout_seed: int | None = None
+
+
+def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
+    """The mask to pass: None when every view is present (``all_present``, known on the host:
+    see ``ViewBatch.all_views_present``); an error when views are missing and the objective
+    cannot take a mask."""
+    if all_present:
+        return None
+    if not objective.supports_mask:
+        raise ValueError(f"objective {objective.name!r} does not support missing views, but this batch has absent "
+                         "modalities; choose an objective that takes a mask (e.g. mv_dhel, geometric_pvc) or a "
+                         "dataset without missing modalities")
+    return mask
+
+
+def micro_batch_dropout(p: Prepared) -> contextlib.AbstractContextManager[None]:
+    """The context of one micro-batch's encoder calls for sample-keyed dropout
+    (:func:`mmviews.modalities.dropout.dropout_step`; nothing when it is off): keyed by the run's
+    seed and the micro-batch's number in the run, ``epoch * batches_per_epoch + batch_in_epoch``
+    of the TrainState, which is the same however the micro-batch is chunked or split between
+    processes, and which a resumed run continues."""
+    return dropout_step(p.dropout_seed, p.state.epoch * p.batches_per_epoch + p.state.batch_in_epoch)
+
+
+def record_nonfinite(p: Prepared, loss: torch.Tensor) -> None:
+    """Fold "this loss is NaN or inf" into the device-side flag that the loop's
+    :func:`~mmviews.train.trainer._check_losses` reads at the next log step: no host
+    synchronisation in the step."""
+    bad = ~torch.isfinite(loss.detach())
+    p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
+
+
+def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
+    """The end of every micro-batch's step: clip (when the accumulation window ends and
+    ``max_grad_norm`` is set), then the optimiser and the schedule (Accelerate makes both no-ops
+    inside an accumulation window) and clear the gradients."""
+    if p.accelerator.sync_gradients and max_grad_norm is not None:
+        p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
+    p.optimizer.step()
+    p.scheduler.step()
+    p.optimizer.zero_grad(set_to_none=True)
+
+
+def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
+    """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
+    Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
+    set, the cached-embedding step of :mod:`mmviews.train.step` instead (same contract)."""
+    if p.encode_chunk_size is not None:
+        return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size)
+    objective = p.objective
+    with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
+        z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
+        mask = _present_mask(objective, mask, batch.all_views_present())
+        teacher = p.teacher(batch)[0] if p.teacher is not None else None
+        critic_metrics = objective.critic_step(z.detach())
+        out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
+        record_nonfinite(p, out.loss)
+        p.accelerator.backward(out.loss)
+        optimizer_step(p, max_grad_norm)
+    objective.on_step_end(z.detach(), batch.index)
+    return out, critic_metrics
+
+
 
 
 def chunk_bounds(num_samples: int, chunk_size: int) -> list[tuple[int, int]]:
@@ -126,7 +242,7 @@ def _batch_norm_statistics_frozen(module: nn.Module) -> Iterator[None]:
 
 
 @torch.no_grad()
-def encode_without_graph(p: "Prepared", chunks: list[ViewBatch]) -> tuple[torch.Tensor, torch.Tensor, list[RNGState]]:
+def encode_without_graph(p: Prepared, chunks: list[ViewBatch]) -> tuple[torch.Tensor, torch.Tensor, list[RNGState]]:
     """Pass 1: ``z [K, M, d]`` and ``mask [K, M]`` of the chunks, encoded one after the other
     without keeping activations, and the RNG states each chunk started with."""
     encoder = p.accelerator.unwrap_model(p.model)  # keeps Accelerate's autocast wrapper
@@ -141,14 +257,14 @@ def encode_without_graph(p: "Prepared", chunks: list[ViewBatch]) -> tuple[torch.
     return torch.cat(zs), torch.cat(masks), states
 
 
-def teacher_in_chunks(p: "Prepared", chunks: list[ViewBatch]) -> torch.Tensor | None:
+def teacher_in_chunks(p: Prepared, chunks: list[ViewBatch]) -> torch.Tensor | None:
     """The EMA teacher's embeddings ``[K, M, d]``, chunk by chunk (no gradients), or None."""
     if p.teacher is None:
         return None
     return torch.cat([p.teacher(chunk)[0] for chunk in chunks])
 
 
-def replay_backward(p: "Prepared", chunks: list[ViewBatch], states: list[RNGState], z_grad: torch.Tensor) -> None:
+def replay_backward(p: Prepared, chunks: list[ViewBatch], states: list[RNGState], z_grad: torch.Tensor) -> None:
     """Pass 2: each chunk re-encoded with gradients under the RNG states it had in pass 1, and
     its slice of ``z_grad`` (``dL/dz``, already scaled and divided as ``accelerator.backward``
     does) backpropagated into the encoder's ``.grad``. DDP reduces the gradients once, in the
@@ -168,14 +284,12 @@ def replay_backward(p: "Prepared", chunks: list[ViewBatch], states: list[RNGStat
     _set_rng_state(after_pass_1, device)
 
 
-def cached_train_step(p: "Prepared", batch: ViewBatch, max_grad_norm: float | None,
+def cached_train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None,
                       chunk_size: int) -> tuple[ObjectiveOutput, dict[str, Any]]:
-    """:func:`~mmviews.train.trainer.train_step` as a cached-embedding step with encoder chunks
+    """:func:`train_step` as a cached-embedding step with encoder chunks
     of ``chunk_size`` samples (see the module docstring): same arguments, same calls to the
     objective, optimiser and schedule, same result (the objective's output and the critic's
     metrics); no host read of a device value."""
-    from mmviews.train.trainer import _present_mask, micro_batch_dropout, optimizer_step, record_nonfinite
-
     objective = p.objective
     chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
     # Sample-keyed dropout (when on) keys its masks by the micro-batch: the same in both passes.

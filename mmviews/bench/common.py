@@ -1,0 +1,190 @@
+"""How every ``mmviews bench`` verb times work and measures memory, written once.
+
+Timing: :func:`synchroniser` (wait for a device's queued kernels, so that a clock reading
+charges them to the work timed; nothing to wait for on CPU), :func:`middle` (the median the
+step-time verbs report: the upper middle sample, always one that was measured), :func:`timed`
+and :func:`seconds_of` (one call), :func:`median_seconds` (one warm-up call, then the middle of
+``repeats`` timed calls) and :func:`round_robin` (contenders timed in turn, round after round,
+so that a change of machine load between them does not bias their ratios).
+
+Memory: :func:`reset_cuda_peak` and :func:`cuda_peak_mib` (``torch.cuda.max_memory_allocated``),
+:func:`cuda_peak_bytes_of` (the same around one call), :func:`tensor_peak_bytes_of`
+(live tensor bytes during one call, on CPU too), :func:`rss_bytes` (the resident set now),
+:func:`reset_rss_high_water` and :func:`rss_high_water_bytes` (the resident set's high-water
+mark, reset where Linux allows it, else since the process started).
+
+The report each verb writes (JSON next to a printed table) is in :mod:`mmviews.bench.report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+import warnings
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+import torch
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+
+
+def _no_wait() -> None:
+    """Nothing to synchronise: CPU work is done when the call returns."""
+
+
+def synchroniser(device: torch.device) -> Callable[[], None]:
+    """A function that waits for ``device``'s queued work (``torch.cuda.synchronize`` on CUDA,
+    nothing elsewhere)."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return _no_wait
+
+
+def middle(samples: Sequence[float]) -> float:
+    """The upper middle of ``samples`` once sorted (their median for an odd count)."""
+    return sorted(samples)[len(samples) // 2]
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device = torch.device("cpu")) -> float:
+    """:func:`middle` seconds per call of ``fn`` over ``repeats`` timed calls after one warm-up
+    call, the device synchronised around each."""
+    sync = synchroniser(device)
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return middle(times)
+
+
+def timed(fn: Callable[[], T], sync: Callable[[], None] = _no_wait,
+          clock: Clock = time.perf_counter) -> tuple[T, float]:
+    """What one call of ``fn`` returns, and its seconds (``sync`` waited for before the clock stops)."""
+    start = clock()
+    value = fn()
+    sync()
+    return value, clock() - start
+
+
+def seconds_of(fn: Callable[[], Any], sync: Callable[[], None] = _no_wait, clock: Clock = time.perf_counter) -> float:
+    """Seconds of one call of ``fn`` (:func:`timed` without the value)."""
+    return timed(fn, sync, clock)[1]
+
+
+def round_robin(calls: Mapping[str, Callable[[], Any]], repeats: int, warmup: int, sync: Callable[[], None], *,
+                clock: Clock = time.perf_counter, before: Callable[[str], Any] | None = None,
+                after: Callable[[str], Any] | None = None) -> dict[str, list[float]]:
+    """Seconds of each call of ``calls``, timed in turn: ``warmup`` untimed rounds, then
+    ``repeats`` timed ones. ``before(key)`` runs ahead of each call, outside the clock (e.g. to
+    drop a gradient or reset a peak-memory counter); ``after(key)`` once it is done and timed."""
+    times: dict[str, list[float]] = {key: [] for key in calls}
+    for round_ in range(warmup + repeats):
+        for key, call in calls.items():
+            if before is not None:
+                before(key)
+            sync()
+            start = clock()
+            call()
+            sync()
+            if round_ >= warmup:
+                times[key].append(clock() - start)
+            if after is not None:
+                after(key)
+    return times
+
+
+def reset_cuda_peak(device: torch.device) -> None:
+    """Start :func:`cuda_peak_mib`'s count afresh on a CUDA ``device`` (nothing elsewhere)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def cuda_peak_mib(device: torch.device, reserved: bool = False) -> float:
+    """``torch.cuda.max_memory_allocated`` on ``device`` since its last reset, in MiB; with
+    ``reserved``, ``max_memory_reserved`` (what the process holds on the device, the caching
+    allocator's free blocks too)."""
+    peak = torch.cuda.max_memory_reserved(device) if reserved else torch.cuda.max_memory_allocated(device)
+    return peak / 2**20
+
+
+def cuda_peak_bytes_of(fn: Callable[[], Any], device: torch.device) -> int:
+    """Peak CUDA tensor memory (``torch.cuda.max_memory_allocated``) during one call of ``fn``,
+    counting what was allocated before it."""
+    sync = synchroniser(device)
+    sync()
+    reset_cuda_peak(device)
+    fn()
+    sync()
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def tensor_peak_bytes_of(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Peak tensor memory during one call of ``fn``, allocator caching excluded: on CUDA
+    :func:`cuda_peak_bytes_of`; on CPU the peak total size of live tensors over the timeline
+    torch's memory profiler rebuilds from the allocator's events (a private API: None, with a
+    warning, where it is unavailable rather than a made-up number)."""
+    if device.type == "cuda":
+        return cuda_peak_bytes_of(fn, device)
+    # A CUDA build of torch has the profiler (kineto) look for GPUs when it starts; on a
+    # machine without a driver that prints "gpuGetDeviceCount failed with code 35" although
+    # only CPU activity is recorded. Quiet kineto's own logging (a user's setting wins).
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                         with_stack=True) as prof:
+                fn()
+            timeline = MemoryProfileTimeline(prof._memory_profile())
+            _, sizes = timeline._coalesce_timeline(device)
+        return int(max(sum(row) for row in sizes)) if sizes else None
+    except Exception as error:  # private API: report the gap rather than a made-up number
+        print(f"warning: CPU memory timeline unavailable ({type(error).__name__}: {error})", file=sys.stderr)
+        return None
+
+
+def rss_bytes() -> int:
+    """This process's resident set now (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_rss_high_water() -> bool:
+    """Reset this process's resident-set high-water mark to the current resident set; False
+    where the kernel does not allow it (then :func:`rss_high_water_bytes` counts from start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def rss_high_water_bytes(reset: bool = False) -> int:
+    """This process's resident-set high-water mark: ``VmHWM`` after a successful
+    :func:`reset_rss_high_water` (``reset``), else ``getrusage``'s ``ru_maxrss`` (since start)."""
+    if reset:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def verb_main(verb: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+              run: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    """``python -m mmviews.bench.VERB [options]``: parse ``argv`` with the verb's options and run it."""
+    parser = argparse.ArgumentParser(prog=f"mmviews bench {verb}", description=description)
+    add_arguments(parser)
+    return int(run(parser.parse_args(argv)) or 0)
