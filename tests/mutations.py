@@ -157,6 +157,80 @@ def _read_rows_with_parquet_builder() -> tuple[Any, str, Any]:
     return ShardSource, "_rows", rows
 
 
+def _forget_samples_seen() -> tuple[Any, str, Any]:
+    """A resume restores the weights, the optimiser, the scheduler and the loop position, but
+    not the samples-seen counter (it restarts at 0: ``results.json`` under-reports the run)."""
+    from mmviews.train.checkpoint import TrainState
+
+    original = TrainState.load_state_dict
+
+    def without_samples(self: Any, state: dict[str, Any]) -> None:
+        original(self, {**state, "samples": 0})
+
+    return TrainState, "load_state_dict", without_samples
+
+
+def _skip_scheduler_restore() -> tuple[Any, str, Any]:
+    """A resume restores everything but the learning-rate schedule, which starts again from its
+    first step (warm-up included)."""
+    from accelerate.scheduler import AcceleratedScheduler
+
+    def load_nothing(self: Any, state_dict: Any) -> None:
+        return None
+
+    return AcceleratedScheduler, "load_state_dict", load_nothing
+
+
+def _stop_one_step_late() -> tuple[Any, str, Any]:
+    """On SIGINT/SIGTERM the loop runs one more optimiser step before it stops (``requested``
+    answers True one call after it first could)."""
+    from mmviews.train.interrupt import StopOnSignal
+
+    original = StopOnSignal.requested
+
+    def one_step_late(self: Any) -> bool:
+        if getattr(self, "_seen_once", False):
+            return True
+        if original(self):
+            self._seen_once = True
+        return False
+
+    return StopOnSignal, "requested", one_step_late
+
+
+def _delete_old_checkpoints_first() -> tuple[Any, str, Any]:
+    """Rotation deletes the checkpoints that the new one will push out of ``keep_last`` before it
+    writes the new one (with ``keep_last: 1``, a kill mid-write leaves no checkpoint at all)."""
+    import shutil
+
+    import mmviews.train.trainer as trainer
+    from mmviews.run import list_checkpoints
+
+    original = trainer.save_checkpoint
+
+    def deleting_first(accelerator: Any, run_dir: Any, state: Any, keep_last: int, *args: Any, **kwargs: Any) -> Any:
+        if accelerator.is_main_process:
+            old = list_checkpoints(run_dir)
+            for checkpoint in old[:max(len(old) - keep_last + 1, 0)]:
+                shutil.rmtree(checkpoint)
+        return original(accelerator, run_dir, state, keep_last, *args, **kwargs)
+
+    return trainer, "save_checkpoint", deleting_first
+
+
+def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
+    """An old checkpoint is deleted under its own name (no rename first): a deletion cut short
+    leaves a half-deleted ``checkpoint-N``."""
+    import shutil
+
+    import mmviews.train.checkpoint as checkpoint
+
+    def remove_in_place(folder: Any) -> None:
+        shutil.rmtree(folder)
+
+    return checkpoint, "_remove_checkpoint", remove_in_place
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -195,6 +269,11 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "double_activations": lambda: _double_activations(),
     "bench_time_contenders_in_blocks": lambda: _bench_time_contenders_in_blocks(),
     "bench_rss_reset_does_nothing": lambda: _bench_rss_reset_does_nothing(),
+    "forget_samples_seen": _forget_samples_seen,
+    "skip_scheduler_restore": _skip_scheduler_restore,
+    "stop_one_step_late": _stop_one_step_late,
+    "delete_old_checkpoints_first": _delete_old_checkpoints_first,
+    "remove_checkpoint_in_place": _remove_checkpoint_in_place,
 }
 
 

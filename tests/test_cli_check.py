@@ -100,7 +100,7 @@ def test_a_missing_tracker_is_a_config_error_before_the_run_folder(tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def rows_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a declared dependency: its absence is a failure, not a skip
     root = tmp_path_factory.mktemp("hf_rows") / "disk"
     train = datasets.Dataset.from_dict({"rows": [[0.0, 1.0]] * 4, "label": [0, 1, 0, 1]})
     datasets.DatasetDict({"train": train, "test": train}).save_to_disk(str(root))

@@ -46,13 +46,11 @@ def test_streaming_check_fails_with_shifted_blocks(monkeypatch):
         guard.test_streamed_equals_unchunked_float64(case, False, chunk, calls)
 
 
-def test_hostile_checkpoint_check_fails_when_checkpoints_are_unpickled(monkeypatch, tmp_path, capsys):
+def test_hostile_checkpoint_check_fails_when_checkpoints_are_unpickled(tiny_run, monkeypatch, tmp_path, capsys):
     """Claim: no code from a run folder ever runs (checkpoint files load weights-only)."""
     import test_security as guard
-    from crafted_files import train_tiny_run
 
-    run = train_tiny_run(tmp_path / "tiny")
     apply_break("unpickle_checkpoints", monkeypatch.setattr)
     with pytest.raises(AssertionError):
-        guard.test_resume_refuses_a_hostile_pickle_in_the_checkpoint(run, tmp_path, capsys, "optimizer.bin")
+        guard.test_resume_refuses_a_hostile_pickle_in_the_checkpoint(tiny_run, tmp_path, capsys, "optimizer.bin")
     assert (tmp_path / "PWNED").exists()  # the break did what it says: the payload ran

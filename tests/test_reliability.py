@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from crafted_files import cli, copy_run, drop_records, one_line_error, rerecord, train_tiny_run
+from crafted_files import cli, copy_run, drop_records, one_line_error, rerecord
 from test_data_pickle import mmsa_split, write
 from test_train_utils import tiny_config, write_recipe
 
@@ -22,9 +22,7 @@ from mmviews.run import RUN_MANIFEST, claim_run_dir, list_checkpoints, read_mani
 from mmviews.train.logging import finalise_summary, write_results
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("reliability"))
+# tiny_run: the session fixture of conftest.py (one tiny finished run, copied by each test).
 
 
 @pytest.fixture()

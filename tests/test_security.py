@@ -28,9 +28,7 @@ from mmviews.modalities.presets import TINY_CLIP_OVERRIDES
 from mmviews.run import list_checkpoints
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("security"))
+# tiny_run: the session fixture of conftest.py (one tiny finished run, copied by each test).
 
 
 # --------------------------------------------------------------------------- 1. resume

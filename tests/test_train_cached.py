@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
-import time
 import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from test_train_utils import REPO, env, load_weights, run_train, write_recipe
+from test_train_resume import (
+    SLOW_TRAIN,
+    _kill_when_held,
+    _resume,
+    check_resumed_exactly,
+    resume_in_process,
+    train_recorded,
+)
+from test_train_utils import REPO, env, load_weights, run_train, started, write_recipe
 from torch import nn
 
 import mmviews.train.trainer as trainer
@@ -30,6 +36,7 @@ from mmviews.bench.train import HostReadRecorder
 from mmviews.config import ConfigError, config_from_dict
 from mmviews.data.batch import PresentItems, ViewBatch, ViewInfo
 from mmviews.modalities.presets import TINY_BERT, tiny_config
+from mmviews.run import list_checkpoints
 from mmviews.train import train
 from mmviews.train.step import chunk_bounds, encode_without_graph
 
@@ -473,39 +480,40 @@ def test_two_process_cached_check_fails_when_dz_is_scaled_by_the_processes(two_p
         assert_same_training(_trained(two_process_runs["one"]), _trained(broken))
 
 
-def _last_step(log: Path) -> int:
-    try:
-        rows = list(csv.DictReader(log.open()))
-    except FileNotFoundError:
-        return 0
-    return int(rows[-1]["step"]) if rows else 0
-
-
-def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path) -> None:
+def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGKILLed after step 7 (mid-epoch 2, one step past the checkpoint of step 6), the cached
+    run resumes: it says so, runs steps 7-12 with the uninterrupted run's counters (samples,
+    epoch, scheduler), and ends with its weights and losses. A resume that restores nothing
+    (break ``skip_restore``: the same seed reaches the same weights from step 0) fails that check."""
     # Dropout on: the resumed run must continue the random stream as the uninterrupted one does.
     head = {"kind": "mlp", "hidden_dim": 16, "batch_norm": False, "dropout": 0.2}
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=5, head=head, epochs=2)
     config["output"].update(checkpoint_every=2, keep_last=2)
     recipe = write_recipe(tmp_path / "cached.yaml", config)
-    r = run_train(str(recipe), "--output", str(tmp_path / "full"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(tmp_path / "full"))
 
-    run = tmp_path / "run"
-    command = [sys.executable, str(TESTS / "slow_train.py"), "--step-sleep", "0.3", "--", str(recipe),
-               "--output", str(run)]
-    proc = subprocess.Popen(command, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while _last_step(run / "metrics.csv") < 7:  # mid-epoch 2 (6 steps per epoch), after a checkpoint
-        assert proc.poll() is None, proc.stderr.read()[-2000:]
-        assert time.monotonic() < deadline, "timed out waiting for step 7"
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    run, held = tmp_path / "run", tmp_path / "held"
+    with started([sys.executable, str(SLOW_TRAIN), "--hold-after-step", "7", "--hold-marker", str(held), "--",
+                  str(recipe), "--output", str(run)]) as proc:
+        _kill_when_held(proc, held, "step 7")
     assert not (run / "encoder").exists()
-    r = run_train("--resume", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
+    checkpoint = list_checkpoints(run)[-1]
+    assert checkpoint.name == "checkpoint-00000006"
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    stdout, rows = _resume(run, tmp_path)
+    check_resumed_exactly(stdout, rows, checkpoint, 12, reference_rows)
     full, resumed = load_weights(tmp_path / "full" / "encoder"), load_weights(run / "encoder")
     assert full.keys() == resumed.keys()
     for k in full:
         assert torch.equal(full[k], resumed[k]), f"{k} differs after resume"
     assert losses(run) == losses(tmp_path / "full")
+
+    # The mutation test of the check above, in this process (the check reads no weights); the
+    # first step is enough to show it (the run restarts at step 0).
+    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore",
+                                     "--stop-after-step", "1")
+    assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
+    with pytest.raises(AssertionError):
+        check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 12, reference_rows)

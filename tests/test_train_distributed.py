@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_utils import REPO, env, load_weights, run_train, tiny_config, write_recipe
+from test_train_utils import REPO, env, load_weights, run_in_group, run_train, tiny_config, write_recipe
 
 from mmviews.config import load_config
 from mmviews.train import build_run
@@ -83,7 +83,7 @@ def train_two_processes(recipe: Path, run: Path, *slow_train_options: str) -> No
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port()), *program, str(recipe), "--output", str(run)]
-    two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
+    two = run_in_group(launcher, timeout=240)  # a failed launch leaves no rank behind
     assert two.returncode == 0, two.stderr[-4000:]
     assert '"num_processes": 2' in (run / "results.json").read_text()
     assert two.stdout.count("run folder:") == 1, two.stdout  # the summary from the main process only

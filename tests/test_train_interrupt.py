@@ -1,7 +1,9 @@
 """Ctrl-C and SIGTERM as a user meets them: a real signal to a real `mmviews train` process
-(tests/slow_train.py: the command with a callback that marks each optimiser step in a file, so
-the test signals once training runs, without guessing with sleeps), the one-line message, the
-exit status, and the printed command that resumes the run to the uninterrupted run's weights.
+(tests/slow_train.py: the command with a callback that holds after a chosen optimiser step until
+the signal comes, and writes a marker file when it holds, so the test signals at a known step
+without guessing with sleeps), the step the run stops at (exactly that one), the one-line
+message, the exit status, and the printed command that resumes the run to the uninterrupted
+run's weights.
 Also: a run folder with no checkpoint starts again as the message says, and `--resume` of a
 finished run does nothing unless `--reevaluate`."""
 
@@ -15,12 +17,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from test_train_utils import REPO, env, load_weights, run_train, tiny_config, write_recipe
+from crafted_files import cli
+from test_train_utils import load_weights, run_train, started, tiny_config, wait_for_file, write_recipe
 
 from mmviews.cli import main
 from mmviews.run import (
@@ -57,34 +59,37 @@ def reference(recipe, tmp_path_factory) -> Path:
     return run
 
 
-def _start(recipe: Path, run: Path, marker: Path, *options: str) -> subprocess.Popen:
-    command = [sys.executable, str(SLOW_TRAIN), "--marker", str(marker), *options, "--", str(recipe),
-               "--output", str(run)]
-    return subprocess.Popen(command, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _slow_train(recipe: Path, run: Path, marker: Path, *options: str) -> list[str]:
+    return [sys.executable, str(SLOW_TRAIN), "--marker", str(marker), *options, "--", str(recipe), "--output", str(run)]
+
+
+def _held_until_signal(step: int, held: Path) -> tuple[str, ...]:
+    """slow_train options: hold after optimiser ``step`` until a signal comes (``held`` marks the hold)."""
+    return "--hold-after-step", str(step), "--until-signal", "--hold-marker", str(held)
 
 
 def _marked_step(marker: Path) -> int:
     return int(marker.read_text().split()[0]) if marker.is_file() else 0
 
 
-def _wait_for(proc: subprocess.Popen, condition, what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            pytest.fail(f"training ended (rc {proc.returncode}) before {what}: {proc.stderr.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def _finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
+    """Wait for the signalled process to end (``timeout`` only bounds a hung test: a held
+    process that does not stop sleeps far longer)."""
     try:
         proc.stdout_text, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
         pytest.fail(f"the process did not stop within {timeout} s of the signal")
     return proc.returncode, err
+
+
+def check_stopped_at(run: Path, marker: Path, step: int) -> None:
+    """The guard of "a signal stops the run after the step during which it came": the last step
+    run (the callback's marker), the checkpoint written (its name and ``train_state.json``) and
+    the logged steps all end at ``step``, not one later."""
+    assert _marked_step(marker) == step, f"signalled at step {step}, the last step run is {_marked_step(marker)}"
+    assert [c.name for c in list_checkpoints(run)] == [f"checkpoint-{step:08d}"]
+    assert read_train_state(list_checkpoints(run)[-1])["step"] == step
+    assert _steps_logged(run) == list(range(1, step + 1))
 
 
 def _last_line(stderr: str) -> str:
@@ -110,23 +115,20 @@ def _steps_logged(run: Path) -> list[int]:
 
 
 def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupted_weights(recipe, reference, tmp_path):
-    run, marker = tmp_path / "run", tmp_path / "marker"
-    proc = _start(recipe, run, marker, "--step-sleep", "0.3")
-    _wait_for(proc, lambda: _marked_step(marker) >= 3, "step 3")
-    proc.send_signal(signal.SIGINT)
-    rc, err = _finish(proc)
+    run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
+    with started(_slow_train(recipe, run, marker, *_held_until_signal(3, held))) as proc:
+        wait_for_file(proc, held, "the hold after step 3")
+        proc.send_signal(signal.SIGINT)
+        rc, err = _finish(proc)
     assert rc == 130, err[-3000:]
     assert "Traceback" not in err
-    step = _marked_step(marker)  # the step during which the signal came is finished, no later one starts
-    assert 3 <= step < 12
+    check_stopped_at(run, marker, 3)  # the step during which the signal came is finished, no later one starts
     line = _last_line(err)
-    assert line == f"mmviews train: stopped by SIGINT after step {step}, checkpoint saved; resume with: " \
+    assert line == f"mmviews train: stopped by SIGINT after step 3, checkpoint saved; resume with: " \
                    f"mmviews train --resume {run}", err
-    assert [c.name for c in list_checkpoints(run)] == [f"checkpoint-{step:08d}"]
-    assert _steps_logged(run) == list(range(1, step + 1))
     # output.progress_bar is false: a line per logged step instead.
     assert [line.split()[1] for line in proc.stdout_text.splitlines() if line.startswith("step ")] == \
-        [f"{s}/12" for s in range(1, step + 1)]
+        [f"{s}/12" for s in range(1, 4)]
     # The manifest lists everything the run wrote (--overwrite would otherwise call these foreign).
     manifest = read_manifest(run)
     assert {"eval_random", "metrics.csv", "checkpoints", "config.yaml"} <= set(manifest["created"])
@@ -138,17 +140,31 @@ def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupte
     assert _steps_logged(run) == list(range(1, 13))
 
 
+def test_stop_check_fails_when_the_run_stops_one_step_late(recipe, tmp_path):
+    """Mutation test (tests/README.md): a loop that runs one more step after the signal (break
+    ``stop_one_step_late``) fails :func:`check_stopped_at`."""
+    run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
+    options = (*_held_until_signal(2, held), "--break", "stop_one_step_late")
+    with started(_slow_train(recipe, run, marker, *options)) as proc:
+        wait_for_file(proc, held, "the hold after step 2")
+        proc.send_signal(signal.SIGINT)
+        rc, err = _finish(proc)
+    assert rc == 130, err[-3000:]
+    with pytest.raises(AssertionError, match="signalled at step 2, the last step run is 3"):
+        check_stopped_at(run, marker, 2)
+    assert _marked_step(marker) == 3  # the break did what it says
+
+
 def test_sigterm_exits_143_with_a_checkpoint_and_overwrite_removes_the_whole_run(recipe, tmp_path):
-    run, marker = tmp_path / "run", tmp_path / "marker"
-    proc = _start(recipe, run, marker, "--step-sleep", "0.3")
-    _wait_for(proc, lambda: _marked_step(marker) >= 2, "step 2")
-    proc.send_signal(signal.SIGTERM)
-    rc, err = _finish(proc)
+    run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
+    with started(_slow_train(recipe, run, marker, *_held_until_signal(2, held))) as proc:
+        wait_for_file(proc, held, "the hold after step 2")
+        proc.send_signal(signal.SIGTERM)
+        rc, err = _finish(proc)
     assert rc == 143, err[-3000:]
-    step = _marked_step(marker)
-    assert _last_line(err).startswith(f"mmviews train: stopped by SIGTERM after step {step}, checkpoint saved; "
+    check_stopped_at(run, marker, 2)
+    assert _last_line(err).startswith("mmviews train: stopped by SIGTERM after step 2, checkpoint saved; "
                                       f"resume with: mmviews train --resume {run}")
-    assert read_train_state(list_checkpoints(run)[-1])["step"] == step
     (run / "notes.txt").write_text("the user's own file, put next to the run: --overwrite must keep it")
     # What --overwrite does first: remove what the run wrote, which is everything but notes.txt.
     claim_run_dir(run, overwrite=True)
@@ -157,34 +173,30 @@ def test_sigterm_exits_143_with_a_checkpoint_and_overwrite_removes_the_whole_run
 
 
 def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, reference, tmp_path):
-    run, marker = tmp_path / "run", tmp_path / "marker"
-    # Every checkpoint sleeps 60 s once complete in its temporary folder, before its rename.
-    proc = _start(recipe, run, marker, "--step-sleep", "0.3", "--checkpoint-sleep", "60")
-    _wait_for(proc, lambda: _marked_step(marker) >= 1, "step 1")
-    proc.send_signal(signal.SIGINT)
-    folder = run / "checkpoints"
-    _wait_for(proc, lambda: any((p / "train_state.json").is_file() for p in folder.glob(".tmp-*")),
-              "a checkpoint written to its temporary folder")
-    proc.send_signal(signal.SIGINT)
-    sent = time.monotonic()
-    rc, err = _finish(proc)
-    assert time.monotonic() - sent < 30, "the second signal did not abort at once (the checkpoint sleeps 60 s)"
+    """The first SIGINT comes after step 1; the checkpoint it causes then holds (sleeps far
+    longer than the test waits) once complete in its temporary folder, before its rename: the
+    run can only end because the second SIGINT aborts it at once."""
+    run, marker, held, writing = tmp_path / "run", tmp_path / "marker", tmp_path / "held", tmp_path / "writing"
+    with started(_slow_train(recipe, run, marker, *_held_until_signal(1, held), "--hold-after-checkpoint", "1",
+                             "--checkpoint-hold-marker", str(writing))) as proc:
+        wait_for_file(proc, held, "the hold after step 1")
+        proc.send_signal(signal.SIGINT)
+        wait_for_file(proc, writing, "the checkpoint of step 1 written to its temporary folder")
+        proc.send_signal(signal.SIGINT)
+        rc, err = _finish(proc)
     assert rc == 130, err[-3000:]
     assert "Traceback" not in err
     line = _last_line(err)
-    assert line.startswith("mmviews train: aborted at once by a second SIGINT; "), err
-    if not list_checkpoints(run):  # the usual case: the interrupt's checkpoint was the first
-        assert line.endswith(f"{run} has no checkpoint yet, start it again with: mmviews train --resume {run}")
-    # The half-done checkpoint stays in its temporary folder; every checkpoint-N is complete.
-    assert list(folder.glob(".tmp-*"))
-    for checkpoint in list_checkpoints(run):
-        files = read_train_state(checkpoint)["files"]
-        assert sorted(files) == sorted(p.name for p in checkpoint.iterdir() if p.name != "train_state.json")
-    # Whether or not an earlier checkpoint exists, the printed command finishes the run exactly.
+    # The interrupt's checkpoint was the first: none is complete.
+    assert line == (f"mmviews train: aborted at once by a second SIGINT; {run} has no checkpoint yet, start it again "
+                    f"with: mmviews train --resume {run}"), err
+    folder = run / "checkpoints"
+    # The half-done checkpoint stays in its temporary folder; no checkpoint-N exists.
+    assert [p.name for p in folder.iterdir()] == [".tmp-checkpoint-00000001"] and not list_checkpoints(run)
+    # The printed command starts the run again and finishes it exactly.
     r = _run_printed(line)
     assert r.returncode == 0, r.stderr[-3000:]
-    if "start it again" in line:
-        assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in r.stdout
+    assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in r.stdout
     assert not list(folder.glob(".tmp-*"))
     _assert_same_weights(run, reference)
 
@@ -206,15 +218,16 @@ def _gaussian_recipe(path: Path, input_dim: int) -> Path:
     return write_recipe(path, raw)
 
 
-def test_setup_failure_then_the_same_command_starts_again(tmp_path):
+def test_setup_failure_then_the_same_command_starts_again(tmp_path, capsys):
+    # The command in this process (crafted_files.cli): no signal is involved, and it saves two interpreter starts.
     recipe, run = _gaussian_recipe(tmp_path / "gauss.yaml", input_dim=5), tmp_path / "run"  # the data has 1
-    r = run_train(str(recipe), "--output", str(run))
-    assert r.returncode == 2, r.stderr[-3000:]
-    assert f"{run} holds no checkpoint: once fixed, the same command starts it again there" in r.stderr
+    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(run))
+    assert rc == 2, err[-3000:]
+    assert f"{run} holds no checkpoint: once fixed, the same command starts it again there" in err
     assert (run / "config.yaml").is_file()  # the folder was claimed before the failure
     _gaussian_recipe(recipe, input_dim=1)  # fixed
-    r = run_train(str(recipe), "--output", str(run))  # the same command, no --overwrite
-    assert r.returncode == 0, r.stderr[-3000:]
+    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(run))  # the same command, no --overwrite
+    assert rc == 0, err[-3000:]
     assert (run / "encoder").is_dir()
     assert read_manifest(run)["foreign"] == []
     # A run that has something to keep is still protected.
@@ -228,14 +241,15 @@ def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
-    r = run_train("--resume", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"{run} has already finished (step 12, results.json written): nothing to do" in r.stdout
+    rc, out, err = cli(capsys, "train", "--resume", str(run))  # in this process: no signal is involved
+    assert rc == 0, err[-3000:]
+    assert f"{run} has already finished (step 12, results.json written): nothing to do" in out
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
     assert after == before  # not a file touched
 
     wall = json.loads((run / "results.json").read_text())["wall_time_s"]
     metrics = run / "eval" / "metrics.json"
+    # A subprocess (one thread, as the run was evaluated): the numbers must be the same.
     r = run_train("--resume", str(run), "--reevaluate")
     assert r.returncode == 0, r.stderr[-3000:]
     assert metrics.stat().st_mtime_ns != before[metrics][0]  # evaluated again...
@@ -262,25 +276,26 @@ def test_two_processes_stop_at_the_same_step_when_only_one_is_signalled(tmp_path
     raw["cpu"] = True
     raw["output"]["checkpoint_every"] = 0
     recipe = write_recipe(tmp_path / "dist.yaml", raw)
-    run, marker = tmp_path / "run", tmp_path / "marker"
+    run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()), str(SLOW_TRAIN), "--step-sleep", "0.3",
-                "--marker", str(marker), "--", str(recipe), "--output", str(run)]
-    proc = subprocess.Popen(launcher, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                "--main_process_port", str(_free_port()), str(SLOW_TRAIN), *_held_until_signal(2, held),
+                "--hold-rank", "1", "--marker", str(marker), "--", str(recipe), "--output", str(run)]
     rank1 = Path(f"{marker}.rank1")
-    _wait_for(proc, lambda: _marked_step(rank1) >= 2, "step 2 on rank 1", timeout=240)
-    os.kill(int(rank1.read_text().split()[1]), signal.SIGTERM)
-    rc, err = _finish(proc, timeout=180)
+    with started(launcher) as proc:
+        # Rank 1 holds after step 2 (rank 0 waits for it in step 3's gradient all-reduce).
+        wait_for_file(proc, held, "the hold of rank 1 after step 2", timeout=240)
+        os.kill(int(rank1.read_text().split()[1]), signal.SIGTERM)
+        rc, err = _finish(proc, timeout=180)
     assert rc != 0
-    steps = {_marked_step(Path(f"{marker}.rank{r}")) for r in (0, 1)}
-    assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
-    step = steps.pop()
-    assert 2 <= step < 12
+    steps = [_marked_step(Path(f"{marker}.rank{r}")) for r in (0, 1)]
+    # Both at the same step, the one after the signal's: the processes agree on the signal with
+    # an all-reduce started at the step where it came and read at the next (mmviews.train.interrupt).
+    assert steps == [3, 3], f"the ranks stopped at steps {steps}"
     checkpoint = list_checkpoints(run)[-1]
-    assert read_train_state(checkpoint)["step"] == step
+    assert read_train_state(checkpoint)["step"] == 3
     assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
     lines = [line for line in err.splitlines() if line.startswith("mmviews train: stopped by")]
-    assert lines == [f"mmviews train: stopped by SIGTERM after step {step}, checkpoint saved; resume with: "
+    assert lines == ["mmviews train: stopped by SIGTERM after step 3, checkpoint saved; resume with: "
                      f"accelerate launch <the same launch options> -m mmviews.cli train --resume {run}"], err[-4000:]
     assert re.search(r"exitcode\s*:\s*143", err), err[-4000:]

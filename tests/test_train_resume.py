@@ -1,26 +1,43 @@
-"""Kill `mmviews train` with SIGKILL (mid-run, mid accumulation window, and while a checkpoint
-is being written), resume, and check that the resumed process runs exactly the optimiser steps
-after the checkpoint (counted by the callback of ``tests/slow_train.py``), says where it
-continues, and finishes with weights identical to an uninterrupted run.
+"""Kill `mmviews train` with SIGKILL (mid-run, mid accumulation window, while a checkpoint is
+being written, while an old checkpoint is being deleted), resume, and check that the resumed
+process says where it continues, runs exactly the optimiser steps after the checkpoint with the
+counters of the uninterrupted run at each of them (samples seen, epoch, position in the epoch,
+the scheduler's step and learning rates: recorded by ``tests/slow_train.py --record``), and
+finishes with weights identical to an uninterrupted run.
 
 Weights alone cannot show a resume: a run that silently restarts at step 0 with the same seed
-reaches the same weights. The step count and the ``resumed from`` line can, and
-:func:`test_resume_checks_fail_when_nothing_is_restored` shows they do."""
+reaches the same weights. The steps, the counters and the ``resumed from`` line can, and
+:func:`test_resume_checks_fail_when_the_restore_is_broken` shows they do.
+
+Checkpoint rotation (``output.keep_last``) never leaves a run without a complete checkpoint: a
+kill after the new checkpoint is written but before its rename, or in the middle of an old
+checkpoint's deletion, leaves only complete ``checkpoint-N`` folders, and the run resumes."""
 
 from __future__ import annotations
 
 import csv
-import os
+import hashlib
+import json
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from test_train_utils import REPO, env, load_weights, run_train, tiny_config, write_recipe
+from test_train_utils import (
+    REPO,
+    env,
+    kill_group,
+    load_weights,
+    read_record,
+    started,
+    tiny_config,
+    wait_for_file,
+    write_recipe,
+)
 
 from mmviews.run import list_checkpoints, load_run
 
@@ -38,62 +55,115 @@ def recipe(tmp_path_factory) -> Path:
     return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", CONFIG)
 
 
-@pytest.fixture(scope="module")
-def reference_run(recipe, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("ref") / "run"
-    r = run_train(str(recipe), "--output", str(run))
+def train_recorded(tmp_path: Path, *args: str, timeout: float = 300) -> list[dict[str, Any]]:
+    """An uninterrupted ``mmviews train ARGS`` through ``slow_train --record``: its per-step
+    counters (also left in ``tmp_path/steps-<k>.jsonl``)."""
+    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
+    r = subprocess.run([sys.executable, str(SLOW_TRAIN), "--record", str(record), "--", *args],
+                       capture_output=True, text=True, timeout=timeout, env=env(), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
-    return run
+    return read_record(record)
+
+
+@pytest.fixture(scope="module")
+def reference_run(recipe, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
+    """The uninterrupted run's folder and its per-step counters."""
+    folder = tmp_path_factory.mktemp("ref")
+    records = train_recorded(folder, str(recipe), "--output", str(folder / "run"))
+    assert [r["step"] for r in records] == list(range(1, TOTAL + 1))
+    return folder / "run", records
 
 
 @pytest.fixture(scope="module")
 def reference(reference_run) -> dict[str, torch.Tensor]:
-    return load_weights(reference_run / "encoder")
+    return load_weights(reference_run[0] / "encoder")
 
 
 def _logged_steps(run: Path) -> list[int]:
     return [int(row["step"]) for row in csv.DictReader((run / "metrics.csv").open())]
 
 
-def _start(*options: str) -> subprocess.Popen:
-    """``tests/slow_train.py OPTIONS`` (its own options, ``--``, then ``mmviews train``'s) in a subprocess."""
-    command = [sys.executable, str(SLOW_TRAIN), *options]
-    return subprocess.Popen(command, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _slow_train(*options: str) -> list[str]:
+    """``tests/slow_train.py OPTIONS`` (its own options, ``--``, then ``mmviews train``'s)."""
+    return [sys.executable, str(SLOW_TRAIN), *options]
 
 
 def _kill_when_held(proc: subprocess.Popen, marker: Path, what: str, timeout: float = 180) -> None:
-    """SIGKILL ``proc`` once it holds at the chosen point (``slow_train`` writes ``marker`` and
-    then sleeps: the process is stopped there when the marker exists, whatever the timing)."""
-    deadline = time.monotonic() + timeout
-    while not marker.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"training ended (rc {proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    """SIGKILL ``proc`` (its process group) once it holds at the chosen point (``slow_train``
+    writes ``marker`` and then sleeps: the process is stopped there when the marker exists,
+    whatever the timing)."""
+    wait_for_file(proc, marker, what, timeout)
+    kill_group(proc)
     assert proc.returncode == -signal.SIGKILL
 
 
-def _resume(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[int]]:
-    """``mmviews train --resume RUN`` through ``slow_train --record``: (stdout, optimiser steps this process ran)."""
-    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.txt"
+def _resume(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[dict[str, Any]]]:
+    """``mmviews train --resume RUN`` through ``slow_train --record``: (stdout, the rows of the
+    optimiser steps this process ran)."""
+    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
     r = subprocess.run([sys.executable, str(SLOW_TRAIN), "--record", str(record), *options, "--", "--resume", str(run)],
                        capture_output=True, text=True, timeout=180, env=env(), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
-    steps = [int(line) for line in record.read_text().split()] if record.exists() else []
-    return r.stdout, steps
+    return r.stdout, read_record(record)
 
 
-def check_resumed_exactly(stdout: str, steps: list[int], checkpoint: Path, total: int) -> None:
+def resume_in_process(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                      *options: str) -> tuple[str, list[dict[str, Any]]]:
+    """:func:`_resume` in the test's own process (``slow_train``'s options applied with
+    ``monkeypatch``, undone after the test), one interpreter start fewer: for the mutation tests,
+    whose check reads the resume line, the steps and the counters, none of which depends on the
+    process (weights compared bitwise need the subprocess: one thread, as the reference)."""
+    import slow_train
+    from crafted_files import cli
+
+    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
+    opts, rest = slow_train.parse(["--record", str(record), *options, "--", "--resume", str(run)])
+    slow_train.install(opts, monkeypatch.setattr)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocesses (OMP_NUM_THREADS=1): no thread contention on a busy machine
+    try:
+        rc, out, err = cli(capsys, "train", *rest)
+    except slow_train.StopAfterStep:  # --stop-after-step: the steps needed are done
+        rc, out, err = 0, *capsys.readouterr()
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0, err[-3000:]
+    return out, read_record(record)
+
+
+def check_resumed_exactly(stdout: str, rows: list[dict[str, Any]], checkpoint: Path, total: int,
+                          reference_rows: list[dict[str, Any]]) -> None:
     """The guard of "resume == uninterrupted" beyond the weights: the process said where it
-    continued, and ran exactly the optimiser steps after ``checkpoint``, each once."""
+    continued, ran exactly the optimiser steps after ``checkpoint``, each once, and at each of
+    them its counters (samples seen, epoch, batch in epoch, the scheduler's step and learning
+    rates) are those of the uninterrupted run (``reference_rows``, from ``slow_train --record``)."""
     at = int(checkpoint.name.split("-")[1])
     line = f"resumed from {checkpoint} at step {at} of {total}"
     assert [ln for ln in stdout.splitlines() if ln.startswith("resumed from")] == [line], stdout[-2000:]
+    steps = [row["step"] for row in rows]
     assert steps == list(range(at + 1, total + 1)), f"resumed from step {at}, ran steps {steps}"
+    assert [r["step"] for r in reference_rows] == list(range(1, total + 1))
+    for row, expected in zip(rows, reference_rows[at:]):
+        assert row == expected, f"step {row['step']}: resumed {row}, uninterrupted {expected}"
+
+
+def check_checkpoints_complete(run: Path) -> Path:
+    """Every ``checkpoint-N`` folder of ``run`` is complete: its ``train_state.json`` lists
+    exactly the files present, each with its size and SHA-256 (computed here). Returns the
+    latest; there must be one."""
+    checkpoints = sorted((run / "checkpoints").glob("checkpoint-*"))
+    assert checkpoints, f"no checkpoint left in {run / 'checkpoints'}: {sorted((run / 'checkpoints').iterdir())}"
+    for checkpoint in checkpoints:
+        state_file = checkpoint / "train_state.json"
+        assert state_file.is_file(), f"{checkpoint} has no train_state.json"
+        files = json.loads(state_file.read_text())["files"]
+        present = sorted(p.name for p in checkpoint.iterdir() if p.name != "train_state.json")
+        assert present == sorted(files), f"{checkpoint}: files {present}, recorded {sorted(files)}"
+        for name, record in files.items():
+            data = (checkpoint / name).read_bytes()
+            assert len(data) == record["bytes"] and hashlib.sha256(data).hexdigest() == record["sha256"], \
+                f"{checkpoint / name} differs from its record"
+    return checkpoints[-1]
 
 
 def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -102,43 +172,90 @@ def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
         assert torch.equal(a[k], b[k]), f"{k} differs after resume"
 
 
-def test_sigkill_mid_run_then_resume_runs_only_the_remaining_steps(recipe, reference, tmp_path):
+def test_sigkill_mid_run_then_resume_runs_only_the_remaining_steps(recipe, reference_run, reference, tmp_path):
     kill_after = 7  # mid-epoch 2, one step past the checkpoint of step 6: that step is redone
     run, marker = tmp_path / "run", tmp_path / "held"
-    proc = _start("--hold-after-step", str(kill_after), "--hold-marker", str(marker), "--",
-                  str(recipe), "--output", str(run))
-    _kill_when_held(proc, marker, f"step {kill_after}")
+    with started(_slow_train("--hold-after-step", str(kill_after), "--hold-marker", str(marker), "--",
+                             str(recipe), "--output", str(run))) as proc:
+        _kill_when_held(proc, marker, f"step {kill_after}")
     assert not (run / "encoder").exists(), "the run finished before the kill"
     assert _logged_steps(run)[-1] == kill_after
     checkpoint = list_checkpoints(run)[-1]
     assert checkpoint.name == "checkpoint-00000006", [c.name for c in list_checkpoints(run)]
 
-    stdout, steps = _resume(run, tmp_path)
-    check_resumed_exactly(stdout, steps, checkpoint, TOTAL)
+    stdout, rows = _resume(run, tmp_path)
+    check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_run[1])
     _assert_identical(load_weights(run / "encoder"), reference)
     # The log continues from the checkpoint without duplicated steps (step 7 is logged once).
     assert _logged_steps(run) == list(range(1, TOTAL + 1))
+    # The summary's counters are the uninterrupted run's.
+    done, ref = (json.loads((r / "results.json").read_text()) for r in (run, reference_run[0]))
+    assert (done["steps"], done["epochs"], done["samples_seen"]) == (ref["steps"], ref["epochs"], ref["samples_seen"])
 
 
-def test_kill_while_writing_checkpoint_keeps_previous_one(recipe, reference, tmp_path):
-    run, marker = tmp_path / "run", tmp_path / "held"
-    # Stop once the checkpoint of step 6 (mid-epoch 2) is written to its temporary folder,
-    # before the rename.
-    proc = _start("--hold-after-checkpoint", "6", "--hold-marker", str(marker), "--", str(recipe), "--output", str(run))
-    _kill_when_held(proc, marker, "the checkpoint of step 6")
-    tmp = run / "checkpoints" / ".tmp-checkpoint-00000006"
+def _kill_before_rename(recipe: Path, run: Path, marker: Path, step: int, *options: str) -> None:
+    """Start the recipe with ``output.keep_last: 1`` and SIGKILL it once the checkpoint of
+    ``step`` is complete in its temporary folder, before the rename (and the rotation)."""
+    with started(_slow_train(*options, "--hold-after-checkpoint", str(step), "--hold-marker", str(marker), "--",
+                             str(recipe), "--output", str(run), "--set", "output.keep_last=1")) as proc:
+        _kill_when_held(proc, marker, f"the checkpoint of step {step}")
+
+
+def _kill_mid_removal(recipe: Path, run: Path, marker: Path, *options: str) -> None:
+    """Start the recipe with ``keep_last: 1`` and SIGKILL it in the middle of the first deletion
+    under ``checkpoints/``: that of checkpoint-2, once checkpoint-4 is renamed into place."""
+    with started(_slow_train(*options, "--hold-in-removal", "--hold-marker", str(marker), "--",
+                             str(recipe), "--output", str(run), "--set", "output.keep_last=1")) as proc:
+        _kill_when_held(proc, marker, "the deletion of an old checkpoint")
+
+
+def test_kills_during_checkpoint_rotation_leave_complete_checkpoints_and_resume(recipe, reference_run, reference,
+                                                                                 tmp_path):
+    """Rotation with ``keep_last: 1``, killed at its two moments. First in the middle of the
+    deletion of checkpoint-2 (checkpoint-4 renamed into place): an old checkpoint is renamed away
+    before it is deleted, so no half-deleted ``checkpoint-N`` is left. Then the resumed process,
+    once the checkpoint of step 6 is complete in its temporary folder but not renamed: the old
+    checkpoint is only deleted once the new one is in place, so checkpoint-4 is still there,
+    complete. The last resume runs steps 5-12 to the uninterrupted run's counters and weights."""
+    run, folder = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    _kill_mid_removal(recipe, run, tmp_path / "held-removal")
+    assert check_checkpoints_complete(run).name == "checkpoint-00000004"
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".tmp")], "the deletion was not cut short"
+
+    with started(_slow_train("--hold-after-checkpoint", "6", "--hold-marker", str(tmp_path / "held-write"), "--",
+                             "--resume", str(run))) as proc:
+        _kill_when_held(proc, tmp_path / "held-write", "the checkpoint of step 6")
+    tmp = folder / ".tmp-checkpoint-00000006"
     assert tmp.is_dir(), "the half-written checkpoint should be left in its temporary folder"
-    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-00000002", "checkpoint-00000004"]
+    assert sorted(p.name for p in folder.iterdir()) == [".tmp-checkpoint-00000006", "checkpoint-00000004"]
+    assert check_checkpoints_complete(run).name == "checkpoint-00000004"
 
     # The previous checkpoint still loads...
     encoder, config, _ = load_run(run)
-    assert config.name == "tiny"
+    assert config.name == "tiny" and config.output.keep_last == 1
     assert any(p.abs().sum() > 0 for p in encoder.parameters())
     # ...and resuming from it runs steps 5-12 and finishes with the uninterrupted run's weights.
-    stdout, steps = _resume(run, tmp_path)
-    check_resumed_exactly(stdout, steps, run / "checkpoints" / "checkpoint-00000004", TOTAL)
-    assert not tmp.exists()  # stale temporary folders are cleaned on start
+    stdout, rows = _resume(run, tmp_path)
+    check_resumed_exactly(stdout, rows, folder / "checkpoint-00000004", TOTAL, reference_run[1])
+    assert [p.name for p in folder.iterdir()] == ["checkpoint-00000012"]  # stale temporary folders are cleaned
     _assert_identical(load_weights(run / "encoder"), reference)
+
+
+@pytest.mark.parametrize("break_name,kill", [("delete_old_checkpoints_first", _kill_before_rename),
+                                             ("remove_checkpoint_in_place", _kill_mid_removal)])
+def test_rotation_check_fails_when_checkpoints_are_deleted_unsafely(recipe, tmp_path, break_name, kill):
+    """Mutation tests (tests/README.md): deleting the old checkpoint before the new one is
+    renamed into place, or deleting it under its own name, leaves the run without a complete
+    checkpoint at the kill; :func:`check_checkpoints_complete` must report it."""
+    run, marker = tmp_path / "run", tmp_path / "held"
+    if kill is _kill_before_rename:
+        kill(recipe, run, marker, 4, "--break", break_name)  # checkpoint-2 is gone before checkpoint-4 is in place
+        failure = "no checkpoint left"
+    else:
+        kill(recipe, run, marker, "--break", break_name)  # checkpoint-2 half deleted, under its name
+        failure = "checkpoint-00000002: files"
+    with pytest.raises(AssertionError, match=failure):
+        check_checkpoints_complete(run)
 
 
 def _truncated_copy(full: Path, dest: Path, last_step: int) -> Path:
@@ -146,6 +263,7 @@ def _truncated_copy(full: Path, dest: Path, last_step: int) -> Path:
     (later checkpoints and the encoder removed); returns that checkpoint."""
     shutil.copytree(full, dest)
     shutil.rmtree(dest / "encoder")
+    (dest / "results.json").unlink()
     for ckpt in list_checkpoints(dest):
         if int(ckpt.name.split("-")[1]) > last_step:
             shutil.rmtree(ckpt)
@@ -154,41 +272,54 @@ def _truncated_copy(full: Path, dest: Path, last_step: int) -> Path:
     return checkpoint
 
 
-def test_resume_checks_fail_when_nothing_is_restored(reference_run, reference, tmp_path):
-    """Mutation test (tests/README.md): with ``load_checkpoint`` restoring nothing, the run
-    restarts at step 0 and, with the same seed, still reaches the uninterrupted weights; the
-    guard of this file (:func:`check_resumed_exactly`) must report it."""
+@pytest.mark.parametrize("break_name,at", [("skip_restore", 6), ("forget_samples_seen", 10),
+                                           ("skip_scheduler_restore", 10)])
+def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference, tmp_path, break_name, at, monkeypatch,
+                                                      capsys):
+    """Mutation tests (tests/README.md): with ``load_checkpoint`` restoring nothing, the run
+    restarts at step 0 and, with the same seed, still reaches the uninterrupted weights; with
+    the samples-seen counter or the scheduler not restored, the steps run are the right ones.
+    The guard of this file (:func:`check_resumed_exactly`) must report each (the last two from
+    the checkpoint of step 10, in this process: two steps to run are enough to show it)."""
     part = tmp_path / "part"
-    checkpoint = _truncated_copy(reference_run, part, 6)
-    stdout, steps = _resume(part, tmp_path, "--break", "skip_restore")
-    with pytest.raises(AssertionError):
-        check_resumed_exactly(stdout, steps, checkpoint, TOTAL)
-    assert steps == list(range(1, TOTAL + 1))  # the break did what it says: all 12 steps again
-    _assert_identical(load_weights(part / "encoder"), reference)  # which the weights alone cannot show
+    checkpoint = _truncated_copy(reference_run[0], part, at)
+    if break_name == "skip_restore":  # a subprocess: the weights are compared bitwise below
+        stdout, rows = _resume(part, tmp_path, "--break", break_name)
+    else:
+        stdout, rows = resume_in_process(part, tmp_path, monkeypatch, capsys, "--break", break_name)
+    failure = "resumed from" if break_name == "skip_restore" else f"step {at + 1}: resumed"
+    with pytest.raises(AssertionError, match=failure):
+        check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_run[1])
+    if break_name == "skip_restore":
+        assert [r["step"] for r in rows] == list(range(1, TOTAL + 1))  # the break did what it says: all 12 steps again
+        _assert_identical(load_weights(part / "encoder"), reference)  # which the weights alone cannot show
+    else:  # the right steps, the wrong counters
+        assert [r["step"] for r in rows] == list(range(at + 1, TOTAL + 1))
 
 
 def test_resume_mid_accumulation_window_with_loader_workers(tmp_path):
     """grad_accum_steps 2 over 5 batches per epoch (steps of 2, 2 and 1 micro-batches), one
     persistent loader worker, dropout and BatchNorm on. Killed after micro-batch 8 (the first
     half of step 5's window, whose gradients are lost), resumed from the checkpoint of step 4:
-    it runs steps 5 and 6 only and ends with the uninterrupted weights."""
+    it runs steps 5 and 6 only, with the uninterrupted counters, and ends with its weights."""
     raw = tiny_config(num_samples=80, batch_size=16, epochs=2, dropout=0.1, batch_norm=True)
     raw["data"]["num_workers"] = 1
     raw["optimisation"]["grad_accum_steps"] = 2
     raw["output"].update(checkpoint_every=2, keep_last=10)
     recipe = write_recipe(tmp_path / "accum.yaml", raw)
     full = tmp_path / "full"
-    r = run_train(str(recipe), "--output", str(full))
-    assert r.returncode == 0, r.stderr[-3000:]
+    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(full))
     assert _logged_steps(full) == [1, 2, 3, 4, 5, 6]
+    assert [(r["epoch"], r["batch_in_epoch"]) for r in reference_rows[2:4]] == [(0, 5), (1, 2)]  # a short window
 
     run, marker = tmp_path / "run", tmp_path / "held"
-    proc = _start("--hold-after-micro-batch", "8", "--hold-marker", str(marker), "--", str(recipe), "--output", str(run))
-    _kill_when_held(proc, marker, "micro-batch 8")
+    with started(_slow_train("--hold-after-micro-batch", "8", "--hold-marker", str(marker), "--", str(recipe),
+                             "--output", str(run))) as proc:
+        _kill_when_held(proc, marker, "micro-batch 8")
     checkpoint = list_checkpoints(run)[-1]
     assert checkpoint.name == "checkpoint-00000004" and _logged_steps(run)[-1] == 4
-    stdout, steps = _resume(run, tmp_path)
-    check_resumed_exactly(stdout, steps, checkpoint, 6)
+    stdout, rows = _resume(run, tmp_path)
+    check_resumed_exactly(stdout, rows, checkpoint, 6, reference_rows)
     _assert_identical(load_weights(run / "encoder"), load_weights(full / "encoder"))
 
 
@@ -201,16 +332,15 @@ def test_resume_restores_stateful_objective(tmp_path):
     raw["output"].update(checkpoint_every=3, keep_last=10)
     recipe = write_recipe(tmp_path / "ipmc.yaml", raw)
     full = tmp_path / "full"
-    r = run_train(str(recipe), "--output", str(full))
-    assert r.returncode == 0, r.stderr[-3000:]
+    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(full))
     rows = list(csv.DictReader((full / "metrics.csv").open()))
     assert float(rows[-1]["moved_to_positive"]) > 0 and float(rows[-1]["critic_distance"]) != 0  # all tiers active
 
     # A copy of the run as it was at step 7 (mid-epoch 2: after the filter's warm-up).
     part = tmp_path / "part"
     checkpoint = _truncated_copy(full, part, 6)
-    stdout, steps = _resume(part, tmp_path)
-    check_resumed_exactly(stdout, steps, checkpoint, TOTAL)
+    stdout, rows = _resume(part, tmp_path)
+    check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_rows)
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))
 
 
@@ -223,13 +353,12 @@ def test_resume_restores_ema_teacher(tmp_path):
     raw["output"].update(checkpoint_every=3, keep_last=10)
     recipe = write_recipe(tmp_path / "er.yaml", raw)
     full = tmp_path / "full"
-    r = run_train(str(recipe), "--output", str(full))
-    assert r.returncode == 0, r.stderr[-3000:]
+    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(full))
     ckpt = list_checkpoints(full)[1]
     assert (ckpt / "teacher.safetensors").is_file() and not list(ckpt.glob("custom_checkpoint_*"))
 
     part = tmp_path / "part"
     checkpoint = _truncated_copy(full, part, 6)
-    stdout, steps = _resume(part, tmp_path)
-    check_resumed_exactly(stdout, steps, checkpoint, TOTAL)
+    stdout, rows = _resume(part, tmp_path)
+    check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_rows)
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))

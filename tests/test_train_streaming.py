@@ -16,8 +16,16 @@ import pytest
 import torch
 from test_data_pickle import mmsa_split
 from test_data_shards import as_list, prepare
-from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when_held
-from test_train_utils import REPO, env, load_weights, run_train, write_recipe
+from test_train_resume import (
+    SLOW_TRAIN,
+    _assert_identical,
+    _kill_when_held,
+    _resume,
+    check_resumed_exactly,
+    resume_in_process,
+    train_recorded,
+)
+from test_train_utils import load_weights, read_record, run_in_group, started, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -97,9 +105,15 @@ def reference(shards, tmp_path_factory) -> tuple[Path, Path]:
     raw = recipe(shards)
     raw["evaluation"] = {"tasks": ["msa:mosi"], "random_baseline": False}
     path = write_recipe(folder / "r.yaml", raw)
-    ref = run_train(str(path), "--output", str(folder / "run"), timeout=300)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    # Through slow_train --record: the per-step counters (reference_rows) of the resume test.
+    train_recorded(folder, str(path), "--output", str(folder / "run"))
     return path, folder / "run"
+
+
+@pytest.fixture(scope="module")
+def reference_rows(reference) -> list[dict]:
+    """The uninterrupted streamed run's per-step counters (``slow_train --record``)."""
+    return read_record(reference[1].parent / "steps-0.jsonl")
 
 
 def test_streamed_run_evaluates_its_streamed_splits(reference):
@@ -108,22 +122,36 @@ def test_streamed_run_evaluates_its_streamed_splits(reference):
     assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
 
 
-def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, tmp_path):
+def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path, monkeypatch, capsys):
+    """Killed after step 4, resumed from the checkpoint of step 3 (mid-epoch 0, the loader's
+    position saved as data): the process says so, runs steps 4-12 with the uninterrupted run's
+    counters (samples, epoch, scheduler) and ends with its weights. A resume that restores
+    nothing (break ``skip_restore``: the same seed reaches the same weights from step 0) fails
+    that check."""
     path, ref = reference
     run = tmp_path / "run"
     held = tmp_path / "held"
-    proc = subprocess.Popen([sys.executable, str(SLOW_TRAIN), "--hold-after-step", "4", "--hold-marker", str(held), "--",
-                             str(path), "--output", str(run), "--set", "evaluation.at_end=false"],
-                            env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _kill_when_held(proc, held, "step 4")  # checkpoint-3: mid-epoch 0 (6 batches)
+    with started([sys.executable, str(SLOW_TRAIN), "--hold-after-step", "4", "--hold-marker", str(held), "--",
+                  str(path), "--output", str(run), "--set", "evaluation.at_end=false"],
+                 stdout=subprocess.DEVNULL) as proc:
+        _kill_when_held(proc, held, "step 4")  # checkpoint-3: mid-epoch 0 (6 batches)
     checkpoint = run / "checkpoints" / "checkpoint-00000003"
     state = json.loads((checkpoint / "train_state.json").read_text())
     assert state["batch_in_epoch"] == 3 and state["stream"]["batches"] == 3 and state["stream"]["rows"] == 24
     assert state["stream"]["shards"] == [f"train-{i:05d}.parquet" for i in range(4)]
-    resumed = run_train(str(path), "--output", str(run), "--resume", str(checkpoint), "--set", "evaluation.at_end=false",
-                        timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    stdout, rows = _resume(run, tmp_path)
+    check_resumed_exactly(stdout, rows, checkpoint, 2 * ROWS // 8, reference_rows)
     _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
+
+    # The mutation test of the check above, in this process (the check reads no weights); the
+    # first step is enough to show it (the run restarts at step 0).
+    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore",
+                                     "--stop-after-step", "1")
+    assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
+    with pytest.raises(AssertionError):
+        check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 2 * ROWS // 8, reference_rows)
 
 
 def _free_port() -> int:
@@ -169,7 +197,7 @@ def test_two_gloo_processes_draw_disjoint_rows(shards, tmp_path):
     script.write_text(WORKER)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
                 str(script), *recipes]
-    r = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
+    r = run_in_group(launcher, timeout=240)  # a failed launch leaves no rank behind
     assert r.returncode == 0, r.stderr[-4000:]
     for out in json.loads(r.stdout.split("RESULT", 1)[1]):
         rows = [sorted(i for b in o["batches"] for i in b) for o in out]

@@ -30,7 +30,7 @@ from mutations import apply_break
 from test_data_pickle import mmsa_split
 from test_data_shards import as_list, prepare
 from test_train_streaming import recipe
-from test_train_utils import REPO, env, write_recipe
+from test_train_utils import REPO, env, read_record, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -94,7 +94,7 @@ def launch_two(recipe_path: Path, folder: Path, *slow_train_options: str, timeou
         raise
     ranks = {r: folder / f"step-marker.rank{r}" for r in range(PROCESSES)}
     return {"rc": proc.returncode, "stdout": out, "stderr": err, "run": run,
-            "recorded": [int(x) for x in record.read_text().split()] if record.is_file() else [],
+            "recorded": [row["step"] for row in read_record(record)],  # slow_train --record: a JSON row per step
             "last_step": {r: int(p.read_text().split()[0]) if p.is_file() else None for r, p in ranks.items()}}
 
 

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +90,63 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
         for k, v in load_file(str(sub / "model.safetensors")).items():
             out[f"{sub.name}/{k}"] = v
     return out
+
+
+@contextlib.contextmanager
+def started(command: list[str], **popen_options: Any) -> Iterator[subprocess.Popen]:
+    """``subprocess.Popen(command)`` in a session of its own (``env()``, text pipes by default),
+    whose whole process group (loader workers, a launcher's ranks) is SIGKILLed when the block
+    ends, however it ends: a failed test leaves no process behind."""
+    options: dict[str, Any] = {"env": env(), "cwd": REPO, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                               "text": True, **popen_options}
+    proc = subprocess.Popen(command, start_new_session=True, **options)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def wait_for_file(proc: subprocess.Popen, marker: Path, what: str, timeout: float = 180) -> None:
+    """Wait until ``marker`` exists (written by the process at the moment the test acts on, see
+    ``tests/slow_train.py``). An error if the process ends first; ``timeout`` only bounds a hung
+    test, it decides nothing."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if proc.poll() is not None:
+            err = proc.stderr.read()[-3000:] if proc.stderr is not None else ""
+            pytest.fail(f"the process ended (rc {proc.returncode}) before {what}: {err}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process and its process group (its loader workers), and reap it."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def read_record(path: Path) -> list[dict[str, Any]]:
+    """The per-step rows written by ``tests/slow_train.py --record`` (none if the file is absent)."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_in_group(command: list[str], timeout: float = 240, **popen_options: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True)`` for a multi-process launch: in a
+    session of its own, whose whole process group (the launcher's ranks) is killed when it ends or
+    times out, so that a failed or hung launch leaves no process behind."""
+    with started(command, **popen_options) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            import pytest
+
+            pytest.fail(f"{' '.join(command[:6])} ... did not finish within {timeout} s")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
