@@ -134,8 +134,8 @@ def test_store_dir_never_wipes_a_foreign_folder(tmp_path, capsys):
     with pytest.raises(FileExistsError, match="not an mmviews sentiment store"):
         convert_sentiment_pickle(pkl, folder, overwrite=True, progress=False)
     _assert_intact(folder, files)
-    rc, out, _ = cli(capsys, "prepare", "mosi", str(pkl), "--out", str(folder), "--overwrite")
-    assert rc == 1 and str(folder) in out
+    rc, _, err = cli(capsys, "prepare", "mosi", str(pkl), "--out", str(folder), "--overwrite")
+    assert rc == 2 and str(folder) in one_line_error(err)
     _assert_intact(folder, files)
     # A folder named like the temporary one but not left by mmviews is not deleted either.
     partial = tmp_path / "store.partial"
@@ -368,8 +368,8 @@ def test_nan_label_is_named_with_split_and_row(tmp_path, capsys):
     pkl = write(tmp_path / "mosi.pkl", {"train": mmsa_split(3), "valid": valid, "test": mmsa_split(2)})
     with pytest.raises(ValueError, match=r"\[valid\]: label 'sentiment' is not finite \(nan\) at row 1 \(id 'vid\$_\$1'\)"):
         read_sentiment_pickle(pkl)
-    rc, out, _ = cli(capsys, "prepare", "mosi", str(pkl), "--out", str(tmp_path / "store"))
-    assert rc == 1 and "[valid]: label 'sentiment' is not finite (nan) at row 1" in out
+    rc, _, err = cli(capsys, "prepare", "mosi", str(pkl), "--out", str(tmp_path / "store"))
+    assert rc == 2 and "[valid]: label 'sentiment' is not finite (nan) at row 1" in one_line_error(err)
     rc, _, err = cli(capsys, "train", "mosi", "--set", f"data.root={pkl}", "--output", str(tmp_path / "run"))
     assert rc == 2 and "at row 1" in one_line_error(err)
     # A store that already holds a NaN label (written before the check, or edited).
