@@ -118,8 +118,9 @@ def check_batches_forward(parts: RunParts, source: str) -> None:
             for modality, inputs in batch.inputs.items():
                 adapter_type = str(parts.config.adapters.get(modality, {}).get("type", "?"))
                 try:
-                    with torch.no_grad():
-                        encoder.encode_modality(modality, inputs)
+                    with torch.no_grad():  # as training encodes it: only the present views reach the adapter
+                        encoder.adapters[modality].embed_present(inputs, batch.present_items(modality),
+                                                                 check_inputs=True)
                 except Exception as error:  # any failure of the adapter on real inputs is the recipe's
                     raise ConfigError(
                         f"{source}: key 'adapters.{modality}' (type {adapter_type!r}): the {modality!r} inputs of a "
