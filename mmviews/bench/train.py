@@ -603,12 +603,6 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"bench train: --encode-chunk-size must be >= 1, got {args.encode_chunk_size}")
     if args.plain_K is not None and (args.plain_K < 2 or not _compared(args)):
         raise SystemExit("bench train: --plain-K needs --encode-chunk-size or --gradient-checkpointing, and K >= 2")
-    if args.encode_chunk_size is not None:
-        try:  # the cached-embedding step (a separate module; say clearly if this installation lacks it)
-            from mmviews.train.step import cached_train_step  # noqa: F401
-        except ImportError as error:
-            raise SystemExit(f"bench train: --encode-chunk-size needs the cached-embedding step "
-                             f"(mmviews.train.step.cached_train_step), not available here: {error}") from None
     if args.sync_debug and args.device != "cuda":
         raise SystemExit("bench train: --sync-debug needs --device cuda: torch's sync debug mode reports on CUDA only "
                          "(on CPU use --count-host-reads N, which records every read that would synchronise an "

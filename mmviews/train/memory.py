@@ -243,19 +243,25 @@ def tensor_bytes(tensors: Any) -> int:
     return sum(seen.values())
 
 
-def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside ``obj`` (mappings, sequences, dataclasses such as a ViewBatch)."""
-    if isinstance(obj, torch.Tensor):
+def leaves_in(obj: Any, kind: type) -> Iterator[Any]:
+    """Every value of type ``kind`` inside ``obj`` (mappings, sequences, dataclasses such as a
+    ViewBatch)."""
+    if isinstance(obj, kind):
         yield obj
     elif isinstance(obj, dict):
         for value in obj.values():
-            yield from tensors_in(value)
+            yield from leaves_in(value, kind)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from tensors_in(value)
+            yield from leaves_in(value, kind)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
-            yield from tensors_in(getattr(obj, f.name))
+            yield from leaves_in(getattr(obj, f.name), kind)
+
+
+def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside ``obj`` (mappings, sequences, dataclasses such as a ViewBatch)."""
+    return leaves_in(obj, torch.Tensor)
 
 
 def optimizer_state_bytes(optimizer: str, trainable_bytes: int, momentum: float) -> int:
@@ -536,19 +542,8 @@ def sample_bytes(dataset: Any, count: int = 4) -> float:
     for i in range(n):
         sample = dataset[i]
         total += tensor_bytes(tensors_in(sample))
-        total += sum(len(v.encode()) for v in _strings_in(sample))
+        total += sum(len(v.encode()) for v in leaves_in(sample, str))
     return total / n
-
-
-def _strings_in(obj: Any) -> Iterator[str]:
-    if isinstance(obj, str):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _strings_in(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _strings_in(value)
 
 
 def _split_datasets(parts: RunParts) -> list[Any]:
