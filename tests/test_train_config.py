@@ -9,6 +9,7 @@ from test_train_utils import REPO, run_train, tiny_config, write_recipe
 
 from mmviews.config import (
     ConfigError,
+    OptimisationConfig,
     apply_overrides,
     config_from_dict,
     list_recipes,
@@ -136,6 +137,37 @@ def test_lars_matches_hand_computation():
     u2 = gw + 0.1 * w1
     u2 = u2 * (0.02 * w1.norm() / u2.norm())
     torch.testing.assert_close(w.detach(), w1 - 0.5 * (0.9 * u + u2))
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+@pytest.mark.parametrize("warmup_steps, warmup_epochs, total", [(0, 0.0, 10), (3, 0.0, 10), (0, 0.5, 12), (2, 1.0, 5),
+                                                                 (40, 0.0, 7), (1, 0.0, 1)])
+def test_schedule_is_transformers_schedule_step_for_step(schedule, warmup_steps, warmup_epochs, total):
+    """mmviews builds its warm-up + cosine/constant schedule itself (importing transformers'
+    would cost every run seconds); it must be transformers' schedule at every step, and its state
+    dict must load into transformers' scheduler (checkpoints written before keep resuming)."""
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    from mmviews.train.optim import build_scheduler
+
+    steps_per_epoch = 4
+    config = OptimisationConfig(lr=0.1, warmup_steps=warmup_steps, warmup_epochs=warmup_epochs, schedule=schedule)
+    warmup = min(warmup_steps + int(round(warmup_epochs * steps_per_epoch)), max(total - 1, 0))
+
+    def optimizer() -> torch.optim.Optimizer:
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+    ours_opt, theirs_opt = optimizer(), optimizer()
+    ours = build_scheduler(ours_opt, config, total, steps_per_epoch)
+    theirs = (get_cosine_schedule_with_warmup(theirs_opt, num_warmup_steps=warmup, num_training_steps=total)
+              if schedule == "cosine" else get_constant_schedule_with_warmup(theirs_opt, num_warmup_steps=warmup))
+    for step in range(total + 2):
+        assert ours.get_last_lr() == pytest.approx(theirs.get_last_lr(), abs=1e-12), f"step {step}"
+        if step == total // 2:  # a checkpoint of ours resumes in theirs and back
+            theirs.load_state_dict(ours.state_dict())
+            ours.load_state_dict(theirs.state_dict())
+        ours_opt.step(), theirs_opt.step()
+        ours.step(), theirs.step()
 
 
 def test_check_flag_validates_without_training(tmp_path, capsys):
