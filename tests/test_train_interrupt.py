@@ -5,7 +5,13 @@ without guessing with sleeps), the step the run stops at (exactly that one), the
 message, the exit status, and the printed command that resumes the run to the uninterrupted
 run's weights.
 Also: a run folder with no checkpoint starts again as the message says, and `--resume` of a
-finished run does nothing unless `--reevaluate`."""
+finished run does nothing unless `--reevaluate`.
+
+What needs no signal runs in this process (the uninterrupted reference, the printed resume
+commands, ``--reevaluate``: the CLI's ``main``, which the ``mmviews`` command calls), one
+interpreter start fewer each. Weights are compared bitwise across the two kinds of process, so
+both compute with one thread set the same way (:func:`one_thread`, ``slow_train --threads 1``
+with this process's environment, see :func:`_slow_train`)."""
 
 from __future__ import annotations
 
@@ -17,12 +23,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from crafted_files import cli
-from test_train_utils import load_weights, run_train, started, tiny_config, wait_for_file, write_recipe
+from test_train_utils import env, load_weights, started, tiny_config, wait_for_file, write_recipe
 
 from mmviews.cli import main
 from mmviews.run import (
@@ -37,12 +46,35 @@ from mmviews.run import (
 
 SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 
-# 4 batches per epoch x 3 epochs = 12 optimiser steps; no periodic checkpoint (the default
-# checkpoint_every: 0), so a checkpoint mid-epoch can only come from the interrupt. Dropout and
-# BatchNorm are on: equal weights also need the RNG states and BN buffers restored.
-CONFIG = tiny_config(num_samples=64, batch_size=16, epochs=3, dropout=0.1, batch_norm=True, tasks=["linear:class"])
+# 4 batches per epoch x 2 epochs = 8 optimiser steps (a resume from step 1, 2 or 3 crosses the
+# epoch boundary); no periodic checkpoint (the default checkpoint_every: 0), so a checkpoint
+# mid-epoch can only come from the interrupt. Dropout and BatchNorm are on (in the heads; the
+# CNNs have BatchNorm): equal weights also need the RNG states and BN buffers restored. No BERT
+# (text=False): the text tower has nothing to do with signals, and a process without
+# transformers starts sooner.
+STEPS = 8
+CONFIG = tiny_config(num_samples=64, batch_size=16, epochs=2, dropout=0.1, batch_norm=True, tasks=["linear:class"],
+                     text=False)
 CONFIG["output"]["checkpoint_every"] = 0
 CONFIG["evaluation"]["random_baseline"] = True
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(1)``, as ``slow_train --threads 1`` runs: the
+    runs of this process and the subprocesses' compute the same, bitwise."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_here(*args: str) -> int:
+    """``mmviews ARGS`` in this process, with one thread (see :func:`one_thread`)."""
+    with one_thread():
+        return main(list(args))
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +84,28 @@ def recipe(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(recipe, tmp_path_factory) -> Path:
-    """The uninterrupted run's folder."""
+    """The uninterrupted run's folder (trained in this process: no signal is involved)."""
     run = tmp_path_factory.mktemp("ref") / "run"
-    r = run_train(str(recipe), "--output", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert train_here("train", str(recipe), "--output", str(run)) == 0
     return run
 
 
 def _slow_train(recipe: Path, run: Path, marker: Path, *options: str) -> list[str]:
-    return [sys.executable, str(SLOW_TRAIN), "--marker", str(marker), *options, "--", str(recipe), "--output", str(run)]
+    """slow_train's command, computing as this process does (``--threads 1``; :func:`_this_env`)."""
+    return [sys.executable, str(SLOW_TRAIN), "--threads", "1", "--marker", str(marker), *options, "--",
+            str(recipe), "--output", str(run)]
+
+
+def _this_env() -> dict[str, str]:
+    """The subprocesses' environment (``test_train_utils.env``) with this process's
+    ``OMP_NUM_THREADS`` (none if it has none): a thread count set by the variable at start-up
+    and one set by ``torch.set_num_threads`` later give different floats."""
+    out = env()
+    if "OMP_NUM_THREADS" in os.environ:
+        out["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+    else:
+        out.pop("OMP_NUM_THREADS", None)
+    return out
 
 
 def _held_until_signal(step: int, held: Path) -> tuple[str, ...]:
@@ -96,11 +141,16 @@ def _last_line(stderr: str) -> str:
     return [line for line in stderr.splitlines() if line.strip()][-1]
 
 
-def _run_printed(line: str) -> subprocess.CompletedProcess:
-    """Run the command a message prints after 'with: ' (``mmviews train ...``) as the user would."""
+def _run_printed(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run the command a message prints after 'with: ' (``mmviews train ...``) as the user would,
+    in this process (the ``mmviews`` command is :func:`mmviews.cli.main`): (exit status, stdout,
+    stderr)."""
     words = shlex.split(line.split("with: ", 1)[1])
     assert words[:2] == ["mmviews", "train"], line
-    return run_train(*words[2:], timeout=180)
+    capsys.readouterr()
+    rc = train_here(*words[1:])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
 
 
 def _assert_same_weights(run: Path, reference: Path) -> None:
@@ -114,9 +164,10 @@ def _steps_logged(run: Path) -> list[int]:
     return [int(line.split(",")[0]) for line in (run / "metrics.csv").read_text().splitlines()[1:]]
 
 
-def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupted_weights(recipe, reference, tmp_path):
+def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupted_weights(recipe, reference, tmp_path,
+                                                                                          capsys):
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
-    with started(_slow_train(recipe, run, marker, *_held_until_signal(3, held))) as proc:
+    with started(_slow_train(recipe, run, marker, *_held_until_signal(3, held)), env=_this_env()) as proc:
         wait_for_file(proc, held, "the hold after step 3")
         proc.send_signal(signal.SIGINT)
         rc, err = _finish(proc)
@@ -128,27 +179,52 @@ def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupte
                    f"mmviews train --resume {run}", err
     # output.progress_bar is false: a line per logged step instead.
     assert [line.split()[1] for line in proc.stdout_text.splitlines() if line.startswith("step ")] == \
-        [f"{s}/12" for s in range(1, 4)]
+        [f"{s}/{STEPS}" for s in range(1, 4)]
     # The manifest lists everything the run wrote (--overwrite would otherwise call these foreign).
     manifest = read_manifest(run)
     assert {"eval_random", "metrics.csv", "checkpoints", "config.yaml"} <= set(manifest["created"])
     assert manifest["foreign"] == []
 
-    r = _run_printed(line)
-    assert r.returncode == 0, r.stderr[-3000:]
+    rc, _, err = _run_printed(line, capsys)
+    assert rc == 0, err[-3000:]
     _assert_same_weights(run, reference)
-    assert _steps_logged(run) == list(range(1, 13))
+    assert _steps_logged(run) == list(range(1, STEPS + 1))
 
 
-def test_stop_check_fails_when_the_run_stops_one_step_late(recipe, tmp_path):
+def _signal_this_process_when(marker: Path, signum: int, give_up: threading.Event) -> threading.Thread:
+    """A thread that sends ``signum`` to this process once ``marker`` exists (the run in this
+    process holds there, its handlers in place), unless ``give_up`` is set first (the run
+    ended without holding)."""
+    def wait_then_signal() -> None:
+        while not marker.exists():
+            if give_up.wait(0.02):
+                return
+        os.kill(os.getpid(), signum)
+
+    thread = threading.Thread(target=wait_then_signal, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_stop_check_fails_when_the_run_stops_one_step_late(recipe, tmp_path, monkeypatch, capsys):
     """Mutation test (tests/README.md): a loop that runs one more step after the signal (break
-    ``stop_one_step_late``) fails :func:`check_stopped_at`."""
+    ``stop_one_step_late``) fails :func:`check_stopped_at`. The run is in this process
+    (``slow_train.install``, undone after the test) and gets a real SIGINT from a thread of it
+    at the hold (the guard reads the run's files, which do not depend on the process)."""
+    import slow_train
+
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
-    options = (*_held_until_signal(2, held), "--break", "stop_one_step_late")
-    with started(_slow_train(recipe, run, marker, *options)) as proc:
-        wait_for_file(proc, held, "the hold after step 2")
-        proc.send_signal(signal.SIGINT)
-        rc, err = _finish(proc)
+    options = ["--marker", str(marker), *_held_until_signal(2, held), "--break", "stop_one_step_late"]
+    opts, rest = slow_train.parse([*options, "--", str(recipe), "--output", str(run)])
+    slow_train.install(opts, monkeypatch.setattr)
+    give_up = threading.Event()
+    signaller = _signal_this_process_when(held, signal.SIGINT, give_up)
+    try:
+        with one_thread():
+            rc, _, err = cli(capsys, "train", *rest)
+    finally:
+        give_up.set()
+        signaller.join()
     assert rc == 130, err[-3000:]
     with pytest.raises(AssertionError, match="signalled at step 2, the last step run is 3"):
         check_stopped_at(run, marker, 2)
@@ -157,7 +233,7 @@ def test_stop_check_fails_when_the_run_stops_one_step_late(recipe, tmp_path):
 
 def test_sigterm_exits_143_with_a_checkpoint_and_overwrite_removes_the_whole_run(recipe, tmp_path):
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
-    with started(_slow_train(recipe, run, marker, *_held_until_signal(2, held))) as proc:
+    with started(_slow_train(recipe, run, marker, *_held_until_signal(2, held)), env=_this_env()) as proc:
         wait_for_file(proc, held, "the hold after step 2")
         proc.send_signal(signal.SIGTERM)
         rc, err = _finish(proc)
@@ -172,13 +248,13 @@ def test_sigterm_exits_143_with_a_checkpoint_and_overwrite_removes_the_whole_run
     assert read_manifest(run)["foreign"] == ["notes.txt"]
 
 
-def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, reference, tmp_path):
+def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, reference, tmp_path, capsys):
     """The first SIGINT comes after step 1; the checkpoint it causes then holds (sleeps far
     longer than the test waits) once complete in its temporary folder, before its rename: the
     run can only end because the second SIGINT aborts it at once."""
     run, marker, held, writing = tmp_path / "run", tmp_path / "marker", tmp_path / "held", tmp_path / "writing"
     with started(_slow_train(recipe, run, marker, *_held_until_signal(1, held), "--hold-after-checkpoint", "1",
-                             "--checkpoint-hold-marker", str(writing))) as proc:
+                             "--checkpoint-hold-marker", str(writing)), env=_this_env()) as proc:
         wait_for_file(proc, held, "the hold after step 1")
         proc.send_signal(signal.SIGINT)
         wait_for_file(proc, writing, "the checkpoint of step 1 written to its temporary folder")
@@ -194,9 +270,9 @@ def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, r
     # The half-done checkpoint stays in its temporary folder; no checkpoint-N exists.
     assert [p.name for p in folder.iterdir()] == [".tmp-checkpoint-00000001"] and not list_checkpoints(run)
     # The printed command starts the run again and finishes it exactly.
-    r = _run_printed(line)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in r.stdout
+    rc, out, err = _run_printed(line, capsys)
+    assert rc == 0, err[-3000:]
+    assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in out
     assert not list(folder.glob(".tmp-*"))
     _assert_same_weights(run, reference)
 
@@ -243,15 +319,15 @@ def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
     rc, out, err = cli(capsys, "train", "--resume", str(run))  # in this process: no signal is involved
     assert rc == 0, err[-3000:]
-    assert f"{run} has already finished (step 12, results.json written): nothing to do" in out
+    assert f"{run} has already finished (step {STEPS}, results.json written): nothing to do" in out
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
     assert after == before  # not a file touched
 
     wall = json.loads((run / "results.json").read_text())["wall_time_s"]
     metrics = run / "eval" / "metrics.json"
-    # A subprocess (one thread, as the run was evaluated): the numbers must be the same.
-    r = run_train("--resume", str(run), "--reevaluate")
-    assert r.returncode == 0, r.stderr[-3000:]
+    # One thread, as the run was evaluated: the numbers must be the same.
+    capsys.readouterr()
+    assert train_here("train", "--resume", str(run), "--reevaluate") == 0, capsys.readouterr().err[-3000:]
     assert metrics.stat().st_mtime_ns != before[metrics][0]  # evaluated again...
     results = json.loads((run / "results.json").read_text())
     assert results["wall_time_s"] == wall  # ...keeping the training's wall time
