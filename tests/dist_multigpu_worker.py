@@ -179,15 +179,32 @@ def batch_size_checks(rank: int) -> dict[str, Any]:
     return out
 
 
-def launch(out_dir: str, timeout: float = 120.0) -> None:
+def run_rank_then_timeout(rank: int, world: int, init_file: str, out_dir: str, port: int,
+                          recipe: dict[str, Any]) -> None:
+    """:func:`run_rank`, then :func:`timeout_rank` in the same process (one interpreter start for
+    both); an error of the latter is recorded in its ``timeout<rank>.pt`` (as ``error``)."""
+    run_rank(rank, world, init_file, out_dir)
+    try:
+        timeout_rank(rank, world, port, out_dir, recipe)
+    except Exception:
+        torch.save({"error": traceback.format_exc()}, Path(out_dir) / f"timeout{rank}.pt")
+
+
+def launch(out_dir: str, timeout: float = 120.0, then_timeout: tuple[int, dict[str, Any]] | None = None) -> None:
     """Run :func:`run_rank` in ``WORLD`` spawned processes; ``TimeoutError`` if they do not end
-    within ``timeout`` seconds (then they are terminated)."""
+    within ``timeout`` seconds (then they are terminated). ``then_timeout`` = ``(port, recipe)``:
+    each process then runs :func:`timeout_rank` with them (:func:`run_rank_then_timeout`)."""
     import time
 
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(run_rank, args=(WORLD, os.path.join(out_dir, "store"), out_dir), nprocs=WORLD,
-                                 join=False, start_method="spawn")
+    store = os.path.join(out_dir, "store")
+    if then_timeout is None:
+        context = mp.start_processes(run_rank, args=(WORLD, store, out_dir), nprocs=WORLD, join=False,
+                                     start_method="spawn")
+    else:
+        context = mp.start_processes(run_rank_then_timeout, args=(WORLD, store, out_dir, *then_timeout), nprocs=WORLD,
+                                     join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     try:
         while not context.join(timeout=max(0.1, deadline - time.monotonic())):
@@ -219,21 +236,3 @@ def timeout_rank(rank: int, world: int, port: int, out_dir: str, recipe: dict[st
                Path(out_dir) / f"timeout{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
-
-
-def launch_timeout(out_dir: str, port: int, recipe: dict[str, Any], timeout: float = 120.0) -> None:
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(timeout_rank, args=(WORLD, port, out_dir, recipe), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    import time
-
-    deadline = time.monotonic() + timeout
-    try:
-        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"workers did not finish within {timeout} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()

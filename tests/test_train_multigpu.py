@@ -14,11 +14,22 @@ import torch
 
 
 @pytest.fixture(scope="module")
-def multigpu_results(tmp_path_factory):
-    """The two ranks' results; the processes are started once for the tests of this file."""
+def multigpu_dir(tmp_path_factory):
+    """The folder of the two ranks' results; the processes are started once for the tests of
+    this file: the SyncBatchNorm steps, then (same processes) the process group's timeout of
+    :func:`test_recipe_timeout_reaches_the_process_group`."""
+    from test_train_distributed import _free_port
+    from test_train_sync import gaussian_config
+
     out_dir = tmp_path_factory.mktemp("multigpu")
-    W.launch(str(out_dir), timeout=150.0)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(W.WORLD)]
+    W.launch(str(out_dir), timeout=150.0, then_timeout=(_free_port(), gaussian_config({"name": "mv_dhel", "params": {}})))
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def multigpu_results(multigpu_dir):
+    """The two ranks' results of the SyncBatchNorm steps."""
+    return [torch.load(multigpu_dir / f"rank{r}.pt", weights_only=False) for r in range(W.WORLD)]
 
 
 def test_every_rank_joins_every_batchnorm_collective(multigpu_results):
@@ -187,13 +198,9 @@ def test_malformed_cuda_rng_states_name_the_file(tmp_path, bad):
 
 
 # ---- process group timeout and determinism ---------------------------------------------------
-def test_recipe_timeout_reaches_the_process_group(tmp_path):
-    from test_train_distributed import _free_port
-    from test_train_sync import gaussian_config
-
-    W.launch_timeout(str(tmp_path), _free_port(), gaussian_config({"name": "mv_dhel", "params": {}}))
+def test_recipe_timeout_reaches_the_process_group(multigpu_dir):
     for rank in range(W.WORLD):
-        result = torch.load(tmp_path / f"timeout{rank}.pt")
+        result = torch.load(multigpu_dir / f"timeout{rank}.pt")
         assert result == {"num_processes": 2, "timeout_s": 77.0}, (rank, result)
 
 
