@@ -206,7 +206,7 @@ def _signal_this_process_when(marker: Path, signum: int, give_up: threading.Even
     return thread
 
 
-def test_stop_check_fails_when_the_run_stops_one_step_late(recipe, tmp_path, monkeypatch, capsys):
+def test_stop_check_fails_when_the_run_stops_one_step_late(tmp_path, monkeypatch, capsys):
     """Mutation test (tests/README.md): a loop that runs one more step after the signal (break
     ``stop_one_step_late``) fails :func:`check_stopped_at`. The run is in this process
     (``slow_train.install``, undone after the test) and gets a real SIGINT from a thread of it
@@ -214,8 +214,11 @@ def test_stop_check_fails_when_the_run_stops_one_step_late(recipe, tmp_path, mon
     import slow_train
 
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
+    # The recipe without the random-baseline evaluation before training (the run stops before its own).
+    no_baseline = {**CONFIG, "evaluation": {**CONFIG["evaluation"], "random_baseline": False}}
+    quick = write_recipe(tmp_path / "quick.yaml", no_baseline)
     options = ["--marker", str(marker), *_held_until_signal(2, held), "--break", "stop_one_step_late"]
-    opts, rest = slow_train.parse([*options, "--", str(recipe), "--output", str(run)])
+    opts, rest = slow_train.parse([*options, "--", str(quick), "--output", str(run)])
     slow_train.install(opts, monkeypatch.setattr)
     give_up = threading.Event()
     signaller = _signal_this_process_when(held, signal.SIGINT, give_up)

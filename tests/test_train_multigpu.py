@@ -22,7 +22,8 @@ def multigpu_dir(tmp_path_factory):
     from test_train_sync import gaussian_config
 
     out_dir = tmp_path_factory.mktemp("multigpu")
-    W.launch(str(out_dir), timeout=150.0, then_timeout=(_free_port(), gaussian_config({"name": "mv_dhel", "params": {}})))
+    recipe = gaussian_config({"name": "mv_dhel", "params": {}})
+    W.launch(str(out_dir), timeout=150.0, then_timeout=(_free_port(), recipe))
     return out_dir
 
 
