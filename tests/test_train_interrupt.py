@@ -49,12 +49,14 @@ SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 # 4 batches per epoch x 2 epochs = 8 optimiser steps (a resume from step 1, 2 or 3 crosses the
 # epoch boundary); no periodic checkpoint (the default checkpoint_every: 0), so a checkpoint
 # mid-epoch can only come from the interrupt. Dropout and BatchNorm are on (in the heads; the
-# CNNs have BatchNorm): equal weights also need the RNG states and BN buffers restored. No BERT
-# (text=False): the text tower has nothing to do with signals, and a process without
-# transformers starts sooner.
+# CNNs have BatchNorm), and a view is augmented: equal weights also need the RNG states and BN
+# buffers restored. No BERT (text=False) and an audio augmentation instead of the image one: the
+# text tower and torchvision have nothing to do with signals, and a process that imports
+# neither transformers nor torchvision starts sooner.
 STEPS = 8
 CONFIG = tiny_config(num_samples=64, batch_size=16, epochs=2, dropout=0.1, batch_norm=True, tasks=["linear:class"],
                      text=False)
+CONFIG["views"] = [{"modality": "image"}, {"modality": "audio"}, {"modality": "audio", "augment": "audio_shift"}]
 CONFIG["output"]["checkpoint_every"] = 0
 CONFIG["evaluation"]["random_baseline"] = True
 
