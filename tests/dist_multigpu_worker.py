@@ -1,5 +1,6 @@
 """Worker of the two-process multi-GPU readiness tests (tests/test_train_multigpu.py): SyncBatchNorm
-with missing views, and the objectives' check of the ranks' batch sizes without host reads.
+with missing views, and the objectives' check of the ranks' batch sizes without host reads (then,
+in the same processes, the process group's timeout taken from a recipe: :func:`timeout_rank`).
 
 On GPUs with N > 1 processes the trainer converts BatchNorm to SyncBatchNorm, whose training
 forward and backward are collectives: every process must run each of them as often as the
