@@ -22,10 +22,7 @@ handler ran), so that the signal arrives at a known step; ``--hold-rank R`` hold
 only (the others run on until they wait for it in a collective). ``--stop-after-step N`` raises
 :class:`StopAfterStep` after optimiser step N (for a run in the test's own process, see
 :func:`install`, that needs no more steps). ``--break NAME`` applies a break of
-``tests/mutations.py`` first (the tests that show a guard test fails). ``--threads N`` calls
-``torch.set_num_threads(N)`` first: what a test does around a run in its own process, so that
-a subprocess and the test's process compute bitwise the same (``OMP_NUM_THREADS=1`` in the
-environment and ``torch.set_num_threads(1)`` give different float results on CPU).
+``tests/mutations.py`` first (the tests that show a guard test fails).
 """
 
 from __future__ import annotations
@@ -191,7 +188,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ours.add_argument("--checkpoint-hold-marker", default=None, metavar="FILE")
     ours.add_argument("--stop-after-step", type=int, default=None)
     ours.add_argument("--break", dest="break_name", default=None)
-    ours.add_argument("--threads", type=int, default=None)
     if "--" in argv:
         split = argv.index("--")
         return ours.parse_args(argv[:split]), argv[split + 1:]
@@ -216,10 +212,6 @@ def install(opts: argparse.Namespace, set_attribute: Setter = setattr) -> None:
 
 def main(argv: list[str]) -> int:
     opts, rest = parse(argv)
-    if opts.threads is not None:
-        import torch
-
-        torch.set_num_threads(opts.threads)
     install(opts)
     return main_command(["train", *rest])
 

@@ -9,9 +9,9 @@ finished run does nothing unless `--reevaluate`.
 
 What needs no signal runs in this process (the uninterrupted reference, the printed resume
 commands, ``--reevaluate``: the CLI's ``main``, which the ``mmviews`` command calls), one
-interpreter start fewer each. Weights are compared bitwise across the two kinds of process, so
-both compute with one thread set the same way (:func:`one_thread`, ``slow_train --threads 1``
-with this process's environment, see :func:`_slow_train`)."""
+interpreter start fewer each, with one torch thread (:func:`one_thread`), as the subprocesses
+(``OMP_NUM_THREADS=1``, ``test_train_utils.env``): weights compared bitwise across the two kinds
+of process are the same."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 from crafted_files import cli
-from test_train_utils import env, load_weights, started, tiny_config, wait_for_file, write_recipe
+from test_train_utils import load_weights, started, tiny_config, wait_for_file, write_recipe
 
 from mmviews.cli import main
 from mmviews.run import (
@@ -63,18 +63,25 @@ CONFIG["evaluation"]["random_baseline"] = True
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """Run the block with ``torch.set_num_threads(1)``, as ``slow_train --threads 1`` runs: the
-    runs of this process and the subprocesses' compute the same, bitwise."""
+    """Run a training in this process with one torch thread, as the subprocesses run
+    (``OMP_NUM_THREADS=1``): their weights are bitwise the same. Accelerate's process-wide
+    singletons are left as they were when they were unset (later tests in this process start
+    from a fresh state)."""
+    from accelerate.state import AcceleratorState, PartialState
+
     threads = torch.get_num_threads()
+    fresh_accelerate = not PartialState._shared_state and not AcceleratorState._shared_state
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        if fresh_accelerate:
+            AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def train_here(*args: str) -> int:
-    """``mmviews ARGS`` in this process, with one thread (see :func:`one_thread`)."""
+    """``mmviews ARGS`` in this process (see :func:`one_thread`)."""
     with one_thread():
         return main(list(args))
 
@@ -93,21 +100,7 @@ def reference(recipe, tmp_path_factory) -> Path:
 
 
 def _slow_train(recipe: Path, run: Path, marker: Path, *options: str) -> list[str]:
-    """slow_train's command, computing as this process does (``--threads 1``; :func:`_this_env`)."""
-    return [sys.executable, str(SLOW_TRAIN), "--threads", "1", "--marker", str(marker), *options, "--",
-            str(recipe), "--output", str(run)]
-
-
-def _this_env() -> dict[str, str]:
-    """The subprocesses' environment (``test_train_utils.env``) with this process's
-    ``OMP_NUM_THREADS`` (none if it has none): a thread count set by the variable at start-up
-    and one set by ``torch.set_num_threads`` later give different floats."""
-    out = env()
-    if "OMP_NUM_THREADS" in os.environ:
-        out["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
-    else:
-        out.pop("OMP_NUM_THREADS", None)
-    return out
+    return [sys.executable, str(SLOW_TRAIN), "--marker", str(marker), *options, "--", str(recipe), "--output", str(run)]
 
 
 def _held_until_signal(step: int, held: Path) -> tuple[str, ...]:
@@ -169,7 +162,7 @@ def _steps_logged(run: Path) -> list[int]:
 def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupted_weights(recipe, reference, tmp_path,
                                                                                           capsys):
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
-    with started(_slow_train(recipe, run, marker, *_held_until_signal(3, held)), env=_this_env()) as proc:
+    with started(_slow_train(recipe, run, marker, *_held_until_signal(3, held))) as proc:
         wait_for_file(proc, held, "the hold after step 3")
         proc.send_signal(signal.SIGINT)
         rc, err = _finish(proc)
@@ -238,7 +231,7 @@ def test_stop_check_fails_when_the_run_stops_one_step_late(tmp_path, monkeypatch
 
 def test_sigterm_exits_143_with_a_checkpoint_and_overwrite_removes_the_whole_run(recipe, tmp_path):
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
-    with started(_slow_train(recipe, run, marker, *_held_until_signal(2, held)), env=_this_env()) as proc:
+    with started(_slow_train(recipe, run, marker, *_held_until_signal(2, held))) as proc:
         wait_for_file(proc, held, "the hold after step 2")
         proc.send_signal(signal.SIGTERM)
         rc, err = _finish(proc)
@@ -259,7 +252,7 @@ def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, r
     run can only end because the second SIGINT aborts it at once."""
     run, marker, held, writing = tmp_path / "run", tmp_path / "marker", tmp_path / "held", tmp_path / "writing"
     with started(_slow_train(recipe, run, marker, *_held_until_signal(1, held), "--hold-after-checkpoint", "1",
-                             "--checkpoint-hold-marker", str(writing)), env=_this_env()) as proc:
+                             "--checkpoint-hold-marker", str(writing))) as proc:
         wait_for_file(proc, held, "the hold after step 1")
         proc.send_signal(signal.SIGINT)
         wait_for_file(proc, writing, "the checkpoint of step 1 written to its temporary folder")
