@@ -52,11 +52,12 @@ from mmviews.run import list_checkpoints, load_run
 
 SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 
-# 4 batches per epoch x 2 epochs = 8 optimiser steps, a checkpoint every 2 steps (all kept).
+# 4 batches per epoch x 3 epochs = 12 optimiser steps, a checkpoint every 2 steps (all kept).
 # Dropout and BatchNorm are on, so equality also needs the RNG states and BN buffers restored.
-CONFIG = tiny_config(num_samples=64, batch_size=16, epochs=2, dropout=0.1, batch_norm=True, text=False)
+# (12 steps, not 8: a resume from the mid-epoch checkpoint of step 6 then crosses an epoch end.)
+CONFIG = tiny_config(num_samples=64, batch_size=16, epochs=3, dropout=0.1, batch_norm=True, text=False)
 CONFIG["output"]["keep_last"] = 10
-TOTAL = 8
+TOTAL = 12
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +265,7 @@ def test_kills_during_checkpoint_rotation_leave_complete_checkpoints_and_resume(
     before it is deleted, so no half-deleted ``checkpoint-N`` is left. Then the resumed process,
     once the checkpoint of step 6 is complete in its temporary folder but not renamed: the old
     checkpoint is only deleted once the new one is in place, so checkpoint-4 is still there,
-    complete. The last resume (in this process) runs steps 5-8 to the uninterrupted run's
+    complete. The last resume (in this process) runs steps 5-12 to the uninterrupted run's
     counters and weights."""
     run, folder = tmp_path / "run", tmp_path / "run" / "checkpoints"
     _kill_mid_removal(recipe, run, tmp_path / "held-removal")
@@ -283,10 +284,10 @@ def test_kills_during_checkpoint_rotation_leave_complete_checkpoints_and_resume(
     encoder, config, _ = load_run(run)
     assert config.name == "tiny" and config.output.keep_last == 1
     assert any(p.abs().sum() > 0 for p in encoder.parameters())
-    # ...and resuming from it runs steps 5-8 and finishes with the uninterrupted run's weights.
+    # ...and resuming from it runs steps 5-12 and finishes with the uninterrupted run's weights.
     stdout, rows = _resume_here(run, tmp_path)
     check_resumed_exactly(stdout, rows, folder / "checkpoint-00000004", TOTAL, reference_run[1])
-    assert [p.name for p in folder.iterdir()] == [f"checkpoint-{TOTAL:08d}"]  # stale temporary folders are cleaned
+    assert [p.name for p in folder.iterdir()] == ["checkpoint-00000012"]  # stale temporary folders are cleaned
     _assert_identical(load_weights(run / "encoder"), reference)
 
 
@@ -321,14 +322,14 @@ def _truncated_copy(full: Path, dest: Path, last_step: int) -> Path:
     return checkpoint
 
 
-@pytest.mark.parametrize("break_name", ["skip_restore", "forget_samples_seen", "skip_scheduler_restore"])
-def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference, tmp_path, break_name):
+@pytest.mark.parametrize("break_name,at", [("skip_restore", 6), ("forget_samples_seen", 10),
+                                           ("skip_scheduler_restore", 10)])
+def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference, tmp_path, break_name, at):
     """Mutation tests (tests/README.md): with ``load_checkpoint`` restoring nothing, the run
     restarts at step 0 and, with the same seed, still reaches the uninterrupted weights; with
     the samples-seen counter or the scheduler not restored, the steps run are the right ones.
-    The guard of this file (:func:`check_resumed_exactly`) must report each (resuming, in this
-    process, from the checkpoint of step 6: two steps to run are enough to show the last two)."""
-    at = 6
+    The guard of this file (:func:`check_resumed_exactly`) must report each (resuming in this
+    process; the last two from the checkpoint of step 10: two steps to run are enough to show it)."""
     part = tmp_path / "part"
     checkpoint = _truncated_copy(reference_run[0], part, at)
     stdout, rows = _resume_here(part, tmp_path, "--break", break_name)
@@ -336,7 +337,7 @@ def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference,
     with pytest.raises(AssertionError, match=failure):
         check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_run[1])
     if break_name == "skip_restore":
-        assert [r["step"] for r in rows] == list(range(1, TOTAL + 1))  # the break did what it says: all steps again
+        assert [r["step"] for r in rows] == list(range(1, TOTAL + 1))  # the break did what it says: all 12 steps again
         _assert_identical(load_weights(part / "encoder"), reference)  # which the weights alone cannot show
     else:  # the right steps, the wrong counters
         assert [r["step"] for r in rows] == list(range(at + 1, TOTAL + 1))
@@ -372,7 +373,7 @@ def test_resume_mid_accumulation_window_with_loader_workers(tmp_path):
 def test_resume_restores_stateful_objective(tmp_path):
     """IPMC with its memory bank, view filter (warm-up 1 epoch) and Wasserstein critic (own
     optimiser): resuming from a mid-run checkpoint restores all of it (same final weights).
-    12 steps (4 per epoch); both runs in this process."""
+    Both runs in this process."""
     raw = tiny_config(num_samples=64, batch_size=16, epochs=3, text=False)
     raw["objective"] = {"name": "ipmc", "params": {"beta": 0.1, "view_filter_k": 1, "warmup_epochs": 1,
                                                    "memory_bank_size": 64, "bank_negatives": 32, "critic_steps": 2}}
@@ -387,15 +388,15 @@ def test_resume_restores_stateful_objective(tmp_path):
     part = tmp_path / "part"
     checkpoint = _truncated_copy(full, part, 6)
     stdout, rows = _resume_here(part, tmp_path)
-    check_resumed_exactly(stdout, rows, checkpoint, 12, reference_rows)
+    check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_rows)
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))
 
 
 def test_resume_restores_ema_teacher(tmp_path):
     """An EMA teacher (ER's distillation form) is checkpointed as teacher.safetensors, not
     through Accelerate's pickled custom state: resuming mid-run gives the same final weights
-    (the loss depends on the teacher, so a teacher not restored would change them). 12 steps
-    (4 per epoch); both runs in this process."""
+    (the loss depends on the teacher, so a teacher not restored would change them). Both runs
+    in this process."""
     raw = tiny_config(num_samples=64, batch_size=16, epochs=3, text=False)
     raw["objective"] = {"name": "er", "params": {"temperature": 0.2}, "ema_teacher": True, "teacher_momentum": 0.9}
     raw["output"].update(checkpoint_every=3, keep_last=10)
@@ -408,5 +409,5 @@ def test_resume_restores_ema_teacher(tmp_path):
     part = tmp_path / "part"
     checkpoint = _truncated_copy(full, part, 6)
     stdout, rows = _resume_here(part, tmp_path)
-    check_resumed_exactly(stdout, rows, checkpoint, 12, reference_rows)
+    check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_rows)
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))
