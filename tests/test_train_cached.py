@@ -8,6 +8,7 @@ chunk sizes that do not divide the batch, so that the last chunk is shorter."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,10 @@ import torch
 from test_train_resume import (
     SLOW_TRAIN,
     _kill_when_held,
-    _resume,
     check_resumed_exactly,
     resume_in_process,
-    train_recorded,
 )
-from test_train_utils import REPO, env, load_weights, run_train, started, write_recipe
+from test_train_utils import REPO, env, load_weights, started, train_recorded_in_process, write_recipe
 from torch import nn
 
 import mmviews.train.trainer as trainer
@@ -181,20 +181,40 @@ def test_cached_step_with_grad_accumulation_and_clipping(tmp_path: Path) -> None
     assert not torch.allclose(unclipped[0]["x/head.net.weight"], plain[0]["x/head.net.weight"])  # it clipped
 
 
-def train_in_subprocess(config: dict[str, Any], run: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """As :func:`train_in_process`, in a new process (Accelerate's precision is fixed per process)."""
-    r = run_train(str(write_recipe(run.with_suffix(".yaml"), config)), "--output", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return load_weights(run / "encoder"), losses(run)
+@contextlib.contextmanager
+def accelerator_state_of_its_own() -> Iterator[None]:
+    """Accelerate's process-wide ``AcceleratorState`` (whose mixed precision is fixed once set)
+    emptied for the block and given back after it: runs of another precision in this process,
+    without a subprocess, and the process's later runs find the state they left."""
+    from accelerate.state import AcceleratorState
+
+    saved = dict(AcceleratorState._shared_state)
+    AcceleratorState._reset_state()
+    try:
+        yield
+    finally:
+        AcceleratorState._reset_state()
+        AcceleratorState._shared_state.update(saved)
 
 
-def test_cached_step_under_bf16_autocast(tmp_path: Path) -> None:
+def test_cached_step_under_bf16_autocast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 autocast (Accelerate's wrapper of the encoder's forward, which pass 1's call of the
     unwrapped encoder keeps): the cached step follows the plain one to bf16 rounding."""
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=None, num_samples=64,
                              mixed_precision="bf16")
-    plain = train_in_subprocess(config, tmp_path / "plain")
-    assert_same_training(plain, train_in_subprocess(with_chunk(config, 5), tmp_path / "cached"), atol=BF16_ATOL)
+    precisions, make_accelerator = [], trainer._accelerator
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        accelerator = make_accelerator(*args, **kwargs)
+        precisions.append((accelerator.mixed_precision, accelerator.native_amp))
+        return accelerator
+
+    monkeypatch.setattr(trainer, "_accelerator", recording)
+    with accelerator_state_of_its_own():
+        plain = train_in_process(config, tmp_path / "plain")
+        cached = train_in_process(with_chunk(config, 5), tmp_path / "cached")
+    assert precisions == [("bf16", True)] * 2  # both runs under Accelerate's bf16 autocast
+    assert_same_training(plain, cached, atol=BF16_ATOL)
 
 
 def _missing_modalities_config(chunk: int | None, adapters: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -491,7 +511,9 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=5, head=head, epochs=2)
     config["output"].update(checkpoint_every=2, keep_last=2)
     recipe = write_recipe(tmp_path / "cached.yaml", config)
-    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(tmp_path / "full"))
+    # The uninterrupted run and the resume in this process, one thread (bitwise equal to the
+    # subprocesses' runs); only the run that is killed needs a process of its own.
+    reference_rows = train_recorded_in_process(tmp_path, str(recipe), "--output", str(tmp_path / "full"))
 
     run, held = tmp_path / "run", tmp_path / "held"
     with started([sys.executable, str(SLOW_TRAIN), "--hold-after-step", "7", "--hold-marker", str(held), "--",
@@ -502,7 +524,8 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
     assert checkpoint.name == "checkpoint-00000006"
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    stdout, rows = _resume(run, tmp_path)
+    with pytest.MonkeyPatch.context() as patch:  # slow_train's patches undone before the next run
+        stdout, rows = resume_in_process(run, tmp_path, patch, capsys)
     check_resumed_exactly(stdout, rows, checkpoint, 12, reference_rows)
     full, resumed = load_weights(tmp_path / "full" / "encoder"), load_weights(run / "encoder")
     assert full.keys() == resumed.keys()

@@ -20,12 +20,10 @@ from test_train_resume import (
     SLOW_TRAIN,
     _assert_identical,
     _kill_when_held,
-    _resume,
     check_resumed_exactly,
     resume_in_process,
-    train_recorded,
 )
-from test_train_utils import load_weights, read_record, run_in_group, started, write_recipe
+from test_train_utils import load_weights, read_record, run_in_group, started, train_recorded_in_process, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -105,8 +103,9 @@ def reference(shards, tmp_path_factory) -> tuple[Path, Path]:
     raw = recipe(shards)
     raw["evaluation"] = {"tasks": ["msa:mosi"], "random_baseline": False}
     path = write_recipe(folder / "r.yaml", raw)
-    # Through slow_train --record: the per-step counters (reference_rows) of the resume test.
-    train_recorded(folder, str(path), "--output", str(folder / "run"))
+    # Through slow_train --record: the per-step counters (reference_rows) of the resume test. In
+    # this process, one thread: bitwise equal to a subprocess's run (the resume test's killed run).
+    train_recorded_in_process(folder, str(path), "--output", str(folder / "run"))
     return path, folder / "run"
 
 
@@ -141,7 +140,8 @@ def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_row
     assert state["stream"]["shards"] == [f"train-{i:05d}.parquet" for i in range(4)]
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    stdout, rows = _resume(run, tmp_path)
+    with pytest.MonkeyPatch.context() as patch:  # slow_train's patches undone before the next run
+        stdout, rows = resume_in_process(run, tmp_path, patch, capsys)  # only the killed run needs a process
     check_resumed_exactly(stdout, rows, checkpoint, 2 * ROWS // 8, reference_rows)
     _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
 
