@@ -1,5 +1,6 @@
 """Worker of tests/test_train_cached.py's two-process test: ``python cached_worker.py RECIPE RUN``
-under ``accelerate launch`` is ``mmviews train RECIPE --output RUN`` with a DDP communication hook
+as each rank of a torch.distributed job (``accelerate launch``, or the ranks started by
+``test_train_utils.run_ranks``) is ``mmviews train RECIPE --output RUN`` with a DDP communication hook
 that counts the gradient reductions (bucket all-reduces); rank 0 writes the count and the
 optimiser steps to ``RUN/reductions.json``.
 

@@ -12,8 +12,6 @@ import contextlib
 import csv
 import json
 import shutil
-import socket
-import subprocess
 import sys
 import weakref
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ from test_train_resume import (
     check_resumed_exactly,
     resume_in_process,
 )
-from test_train_utils import REPO, env, load_weights, started, train_recorded_in_process, write_recipe
+from test_train_utils import load_weights, run_ranks, started, train_recorded_in_process, write_recipe
 from torch import nn
 
 import mmviews.train.trainer as trainer
@@ -447,12 +445,6 @@ def test_batch_norm_running_statistics_update_once_per_chunk(tmp_path: Path) -> 
 
 
 # ---- processes and resume --------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One process with the plain step ("one"), and two gloo processes with cached steps (8
@@ -465,13 +457,11 @@ def two_process_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
                              grad_accum_steps=2, optimizer="sgd", lr=0.5, momentum=0.0, max_grad_norm=None)
     train_in_process(config, folder / "one")
     recipe = write_recipe(folder / "cached.yaml", with_chunk(config, 3))
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()),
-                str(TESTS / "cached_worker.py"), str(recipe), str(folder / "two"),
-                "--then-break", "cached_scale_by_processes", str(folder / "broken")]
-    two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
-    assert two.returncode == 0, two.stderr[-4000:]
+    # The two ranks started by the test (torchrun's environment), no launcher process.
+    ranks = run_ranks([sys.executable, str(TESTS / "cached_worker.py"), str(recipe), str(folder / "two"),
+                       "--then-break", "cached_scale_by_processes", str(folder / "broken")], folder)
+    for rank, r in enumerate(ranks):
+        assert r.returncode == 0, f"rank {rank}: {r.stderr[-4000:]}"
     return {name: folder / name for name in ("one", "two", "broken")}
 
 

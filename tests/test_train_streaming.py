@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from test_train_resume import (
     check_resumed_exactly,
     resume_in_process,
 )
-from test_train_utils import load_weights, read_record, run_in_group, started, train_recorded_in_process, write_recipe
+from test_train_utils import load_weights, read_record, run_ranks, started, train_recorded_in_process, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -154,12 +153,6 @@ def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_row
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 2 * ROWS // 8, reference_rows)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 WORKER = """
 import json, sys, torch.distributed as dist
 from accelerate import PartialState
@@ -195,11 +188,12 @@ def test_two_gloo_processes_draw_disjoint_rows(shards, tmp_path):
                for k, folder in enumerate((shards, three))]
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-                str(script), *recipes]
-    r = run_in_group(launcher, timeout=240)  # a failed launch leaves no rank behind
-    assert r.returncode == 0, r.stderr[-4000:]
-    for out in json.loads(r.stdout.split("RESULT", 1)[1]):
+    # Two ranks started by the test (torchrun's environment, no launcher process); a failed
+    # launch leaves no rank behind.
+    ranks = run_ranks([sys.executable, str(script), *recipes], tmp_path)
+    for rank, r in enumerate(ranks):
+        assert r.returncode == 0, f"rank {rank}: {r.stderr[-4000:]}"
+    for out in json.loads(ranks[0].stdout.split("RESULT", 1)[1]):
         rows = [sorted(i for b in o["batches"] for i in b) for o in out]
         assert out[0]["len"] == out[1]["len"] == len(out[0]["batches"]) == len(out[1]["batches"]) == 6  # same steps
         assert all(len(b) == 4 for o in out for b in o["batches"])  # K / N rows per process
