@@ -20,13 +20,9 @@ from typing import Any
 
 import pytest
 import torch
-from test_train_resume import (
-    SLOW_TRAIN,
-    _kill_when_held,
-    check_resumed_exactly,
-    resume_in_process,
-)
-from test_train_utils import load_weights, run_ranks, started, train_recorded_in_process, write_recipe
+from test_train_resume import SLOW_TRAIN, _kill_when_held, check_resumed_exactly
+from test_train_resume import train_in_process as recorded_in_process
+from test_train_utils import load_weights, run_ranks, started, write_recipe
 from torch import nn
 
 import mmviews.train.trainer as trainer
@@ -490,8 +486,7 @@ def test_two_process_cached_check_fails_when_dz_is_scaled_by_the_processes(two_p
         assert_same_training(_trained(two_process_runs["one"]), _trained(broken))
 
 
-def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path) -> None:
     """SIGKILLed after step 7 (mid-epoch 2, one step past the checkpoint of step 6), the cached
     run resumes: it says so, runs steps 7-12 with the uninterrupted run's counters (samples,
     epoch, scheduler), and ends with its weights and losses. A resume that restores nothing
@@ -503,7 +498,7 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
     recipe = write_recipe(tmp_path / "cached.yaml", config)
     # The uninterrupted run and the resume in this process, one thread (bitwise equal to the
     # subprocesses' runs); only the run that is killed needs a process of its own.
-    reference_rows = train_recorded_in_process(tmp_path, str(recipe), "--output", str(tmp_path / "full"))
+    _, reference_rows = recorded_in_process(tmp_path, str(recipe), "--output", str(tmp_path / "full"))
 
     run, held = tmp_path / "run", tmp_path / "held"
     with started([sys.executable, str(SLOW_TRAIN), "--hold-after-step", "7", "--hold-marker", str(held), "--",
@@ -514,8 +509,7 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
     assert checkpoint.name == "checkpoint-00000006"
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    with pytest.MonkeyPatch.context() as patch:  # slow_train's patches undone before the next run
-        stdout, rows = resume_in_process(run, tmp_path, patch, capsys)
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(run))
     check_resumed_exactly(stdout, rows, checkpoint, 12, reference_rows)
     full, resumed = load_weights(tmp_path / "full" / "encoder"), load_weights(run / "encoder")
     assert full.keys() == resumed.keys()
@@ -525,8 +519,8 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
 
     # The mutation test of the check above, in this process (the check reads no weights); the
     # first step is enough to show it (the run restarts at step 0).
-    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore",
-                                     "--stop-after-step", "1")
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(copy),
+                                       options=("--break", "skip_restore", "--stop-after-step", "1"))
     assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 12, reference_rows)

@@ -15,14 +15,9 @@ import pytest
 import torch
 from test_data_pickle import mmsa_split
 from test_data_shards import as_list, prepare
-from test_train_resume import (
-    SLOW_TRAIN,
-    _assert_identical,
-    _kill_when_held,
-    check_resumed_exactly,
-    resume_in_process,
-)
-from test_train_utils import load_weights, read_record, run_ranks, started, train_recorded_in_process, write_recipe
+from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when_held, check_resumed_exactly
+from test_train_resume import train_in_process as recorded_in_process
+from test_train_utils import load_weights, read_record, run_ranks, started, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -104,7 +99,7 @@ def reference(shards, tmp_path_factory) -> tuple[Path, Path]:
     path = write_recipe(folder / "r.yaml", raw)
     # Through slow_train --record: the per-step counters (reference_rows) of the resume test. In
     # this process, one thread: bitwise equal to a subprocess's run (the resume test's killed run).
-    train_recorded_in_process(folder, str(path), "--output", str(folder / "run"))
+    recorded_in_process(folder, str(path), "--output", str(folder / "run"))
     return path, folder / "run"
 
 
@@ -120,7 +115,7 @@ def test_streamed_run_evaluates_its_streamed_splits(reference):
     assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
 
 
-def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path, monkeypatch, capsys):
+def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path):
     """Killed after step 4, resumed from the checkpoint of step 3 (mid-epoch 0, the loader's
     position saved as data): the process says so, runs steps 4-12 with the uninterrupted run's
     counters (samples, epoch, scheduler) and ends with its weights. A resume that restores
@@ -139,15 +134,14 @@ def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_row
     assert state["stream"]["shards"] == [f"train-{i:05d}.parquet" for i in range(4)]
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    with pytest.MonkeyPatch.context() as patch:  # slow_train's patches undone before the next run
-        stdout, rows = resume_in_process(run, tmp_path, patch, capsys)  # only the killed run needs a process
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(run))  # only the killed run needs a process
     check_resumed_exactly(stdout, rows, checkpoint, 2 * ROWS // 8, reference_rows)
     _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
 
     # The mutation test of the check above, in this process (the check reads no weights); the
     # first step is enough to show it (the run restarts at step 0).
-    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore",
-                                     "--stop-after-step", "1")
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(copy),
+                                       options=("--break", "skip_restore", "--stop-after-step", "1"))
     assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 2 * ROWS // 8, reference_rows)

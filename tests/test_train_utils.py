@@ -167,33 +167,6 @@ def run_in_group(command: list[str], timeout: float = 240, **popen_options: Any)
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
-def train_recorded_in_process(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
-    """``tests/slow_train.py --record FILE -- ARGS`` (``mmviews train ARGS``) in the test's own
-    process, as :func:`test_train_resume.train_recorded` runs it in a new one, one interpreter
-    start fewer: the per-step counters (also left in ``tmp_path/steps-<k>.jsonl``). One thread,
-    as the subprocesses (``OMP_NUM_THREADS=1``): its weights equal theirs bit for bit, so an
-    uninterrupted reference run made here compares bitwise with a killed subprocess's resume.
-    slow_train's patches (and the thread count) are undone when the run ends, so that several
-    runs, or a module fixture's, can share a process. The run's output goes to pytest's capture."""
-    import pytest
-    import slow_train
-
-    from mmviews.cli import main
-
-    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
-    opts, rest = slow_train.parse(["--record", str(record), "--", *args])
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as patch:
-        slow_train.install(opts, patch.setattr)
-        torch.set_num_threads(1)
-        try:
-            rc = main(["train", *rest])
-        finally:
-            torch.set_num_threads(threads)
-    assert rc == 0, f"mmviews train {' '.join(args)}: exit status {rc}"
-    return read_record(record)
-
-
 def run_ranks(command: list[str], folder: Path, num_processes: int = 2,
               timeout: float = 240) -> list[subprocess.CompletedProcess]:
     """``command`` as the ``num_processes`` ranks of one torch.distributed job on this machine,
