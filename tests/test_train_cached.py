@@ -39,6 +39,20 @@ TESTS = Path(__file__).resolve().parent
 BF16_ATOL = 3e-4
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """This module's in-process runs on one torch thread, as the subprocesses
+    (``OMP_NUM_THREADS=1``). On a busy 2-core machine (CI: two pytest-xdist workers and their
+    subprocesses) the default two OpenMP threads per run spin against each other and cost several
+    times the work (measured on this file's in-process tests, load 6-10: 60-150 s wall and 32-58 s
+    CPU with the default, 19-24 s and 9.5 s with one thread). Each comparison runs both of its
+    sides here, so both get the same thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def gaussian_config(objective: dict[str, Any], *, chunk: int | None, ema_teacher: bool = False, epochs: int = 1,
                     head: dict[str, Any] | None = None, hidden_dim: int = 16, batch_size: int = 16,
                     num_samples: int = 96, **optimisation: Any) -> dict[str, Any]:
