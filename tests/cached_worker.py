@@ -47,6 +47,10 @@ def main(recipe: str, run: str, *then_break: str) -> int:
         assert flag == "--then-break", then_break
         apply_break(name)
         trainer.train(load_config(recipe), broken_run)
+    # Leave together, with the process group closed, as `mmviews train` does: a rank that exits
+    # while its peer (rank 0, still writing the run's files) holds the gloo connection can abort it.
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 
