@@ -5,17 +5,13 @@ run's tasks it prints report.md's numbers to the printed digits; and it writes a
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from test_train_utils import tiny_config, write_recipe
+from test_train_utils import tiny_config, train_in_process, write_recipe
 
 from mmviews.cli import main
 
@@ -37,35 +33,10 @@ def bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     raw["evaluation"]["plots"] = False  # numbers only (the PNGs of its two reports: about 2 s of matplotlib)
     recipe = write_recipe(tmp / "bf16.yaml", raw)
     run = tmp / "run"
-    # `mmviews train` in this process (a subprocess would pay ~3 s of imports): its terminal
-    # output is what it prints to sys.stdout
-    out, err = io.StringIO(), io.StringIO()
-    with own_accelerate_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(["train", str(recipe), "--output", str(run)])
-    assert rc == 0, err.getvalue()[-3000:]
-    TRAIN_OUTPUT["stdout"] = out.getvalue()
+    r = train_in_process(str(recipe), "--output", str(run))  # its terminal output: what it prints to sys.stdout
+    assert r.returncode == 0, r.stderr[-3000:]
+    TRAIN_OUTPUT["stdout"] = r.stdout
     return run
-
-
-@contextlib.contextmanager
-def own_accelerate_state() -> Iterator[None]:
-    """Accelerate's process-wide state (a singleton that refuses a second precision) empty for
-    the run inside, and put back as it was after: the bf16 run neither meets nor leaves a state
-    that clashes with another in-process run of this pytest process."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
-    for cls, _ in saved:
-        cls._shared_state.clear()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the training subprocesses (OMP_NUM_THREADS=1): runs share 2 cores
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        for cls, state in saved:
-            cls._shared_state.clear()
-            cls._shared_state.update(state)
 
 
 def table(path: Path) -> dict[str, str]:
