@@ -201,3 +201,39 @@ def run_ranks(command: list[str], folder: Path, num_processes: int = 2,
             time.sleep(0.05)
     return [subprocess.CompletedProcess(command, proc.returncode, (folder / f"rank{r}.out").read_text(),
                                         (folder / f"rank{r}.err").read_text()) for r, proc in enumerate(ranks)]
+
+
+@contextlib.contextmanager
+def own_accelerate_state() -> Iterator[None]:
+    """Accelerate's process-wide state (a singleton that refuses a second precision) empty for
+    a run inside this pytest process, and put back as it was after: the run neither meets nor
+    leaves a state that clashes with another in-process run (a bf16 one after a float32 one).
+    One torch thread inside, as the training subprocesses (``OMP_NUM_THREADS=1``, :func:`env`)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
+    for cls, _ in saved:
+        cls._shared_state.clear()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        for cls, state in saved:
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
+
+
+def train_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``mmviews train ARGS`` run by the command's ``main`` in this process (a subprocess pays
+    about 3 s of imports first), under :func:`own_accelerate_state`; its exit code and what it
+    printed, as :func:`run_train` returns them."""
+    import io
+
+    from mmviews.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with own_accelerate_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["train", *args])
+    return subprocess.CompletedProcess(["mmviews", "train", *args], rc, out.getvalue(), err.getvalue())
