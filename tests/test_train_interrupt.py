@@ -8,10 +8,9 @@ Also: a run folder with no checkpoint starts again as the message says, and `--r
 finished run does nothing unless `--reevaluate`.
 
 What needs no signal runs in this process (the uninterrupted reference, the printed resume
-commands, ``--reevaluate``: the CLI's ``main``, which the ``mmviews`` command calls), one
-interpreter start fewer each, with one torch thread (:func:`one_thread`), as the subprocesses
-(``OMP_NUM_THREADS=1``, ``test_train_utils.env``): weights compared bitwise across the two kinds
-of process are the same."""
+commands, ``--reevaluate``: ``test_train_utils.train_in_process``, the command's ``main``), one
+interpreter start fewer each, with one torch thread as the subprocesses (``OMP_NUM_THREADS=1``):
+weights compared bitwise across the two kinds of process are the same."""
 
 from __future__ import annotations
 
@@ -24,14 +23,20 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from crafted_files import cli
-from test_train_utils import load_weights, started, tiny_config, wait_for_file, write_recipe
+from test_train_utils import (
+    load_weights,
+    own_accelerate_state,
+    started,
+    tiny_config,
+    train_in_process,
+    wait_for_file,
+    write_recipe,
+)
 
 from mmviews.cli import main
 from mmviews.run import (
@@ -62,31 +67,6 @@ CONFIG["evaluation"]["random_baseline"] = True
 CONFIG["evaluation"]["plots"] = False  # the reports' metrics without their PNGs (about a second each)
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run a training in this process with one torch thread, as the subprocesses run
-    (``OMP_NUM_THREADS=1``): their weights are bitwise the same. Accelerate's process-wide
-    singletons are left as they were when they were unset (later tests in this process start
-    from a fresh state)."""
-    from accelerate.state import AcceleratorState, PartialState
-
-    threads = torch.get_num_threads()
-    fresh_accelerate = not PartialState._shared_state and not AcceleratorState._shared_state
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        if fresh_accelerate:
-            AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def train_here(*args: str) -> int:
-    """``mmviews ARGS`` in this process (see :func:`one_thread`)."""
-    with one_thread():
-        return main(list(args))
-
-
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory) -> Path:
     return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", CONFIG)
@@ -96,7 +76,8 @@ def recipe(tmp_path_factory) -> Path:
 def reference(recipe, tmp_path_factory) -> Path:
     """The uninterrupted run's folder (trained in this process: no signal is involved)."""
     run = tmp_path_factory.mktemp("ref") / "run"
-    assert train_here("train", str(recipe), "--output", str(run)) == 0
+    r = train_in_process(str(recipe), "--output", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
     return run
 
 
@@ -137,16 +118,12 @@ def _last_line(stderr: str) -> str:
     return [line for line in stderr.splitlines() if line.strip()][-1]
 
 
-def _run_printed(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run the command a message prints after 'with: ' (``mmviews train ...``) as the user would,
-    in this process (the ``mmviews`` command is :func:`mmviews.cli.main`): (exit status, stdout,
-    stderr)."""
+def _run_printed(line: str) -> subprocess.CompletedProcess:
+    """Run the command a message prints after 'with: ' (``mmviews train ...``) as the user would
+    (in this process: the ``mmviews`` command is :func:`mmviews.cli.main`)."""
     words = shlex.split(line.split("with: ", 1)[1])
     assert words[:2] == ["mmviews", "train"], line
-    capsys.readouterr()
-    rc = train_here(*words[1:])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return train_in_process(*words[2:])
 
 
 def _assert_same_weights(run: Path, reference: Path) -> None:
@@ -160,8 +137,7 @@ def _steps_logged(run: Path) -> list[int]:
     return [int(line.split(",")[0]) for line in (run / "metrics.csv").read_text().splitlines()[1:]]
 
 
-def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupted_weights(recipe, reference, tmp_path,
-                                                                                          capsys):
+def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupted_weights(recipe, reference, tmp_path):
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
     with started(_slow_train(recipe, run, marker, *_held_until_signal(3, held))) as proc:
         wait_for_file(proc, held, "the hold after step 3")
@@ -181,8 +157,8 @@ def test_sigint_stops_after_the_step_and_printed_resume_reaches_the_uninterrupte
     assert {"eval_random", "metrics.csv", "checkpoints", "config.yaml"} <= set(manifest["created"])
     assert manifest["foreign"] == []
 
-    rc, _, err = _run_printed(line, capsys)
-    assert rc == 0, err[-3000:]
+    r = _run_printed(line)
+    assert r.returncode == 0, r.stderr[-3000:]
     _assert_same_weights(run, reference)
     assert _steps_logged(run) == list(range(1, STEPS + 1))
 
@@ -219,7 +195,7 @@ def test_stop_check_fails_when_the_run_stops_one_step_late(tmp_path, monkeypatch
     give_up = threading.Event()
     signaller = _signal_this_process_when(held, signal.SIGINT, give_up)
     try:
-        with one_thread():
+        with own_accelerate_state():
             rc, _, err = cli(capsys, "train", *rest)
     finally:
         give_up.set()
@@ -247,7 +223,7 @@ def test_sigterm_exits_143_with_a_checkpoint_and_overwrite_removes_the_whole_run
     assert read_manifest(run)["foreign"] == ["notes.txt"]
 
 
-def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, reference, tmp_path, capsys):
+def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, reference, tmp_path):
     """The first SIGINT comes after step 1; the checkpoint it causes then holds (sleeps far
     longer than the test waits) once complete in its temporary folder, before its rename: the
     run can only end because the second SIGINT aborts it at once."""
@@ -269,9 +245,9 @@ def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, r
     # The half-done checkpoint stays in its temporary folder; no checkpoint-N exists.
     assert [p.name for p in folder.iterdir()] == [".tmp-checkpoint-00000001"] and not list_checkpoints(run)
     # The printed command starts the run again and finishes it exactly.
-    rc, out, err = _run_printed(line, capsys)
-    assert rc == 0, err[-3000:]
-    assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in out
+    r = _run_printed(line)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in r.stdout
     assert not list(folder.glob(".tmp-*"))
     _assert_same_weights(run, reference)
 
@@ -325,8 +301,8 @@ def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_
     wall = json.loads((run / "results.json").read_text())["wall_time_s"]
     metrics = run / "eval" / "metrics.json"
     # One thread, as the run was evaluated: the numbers must be the same.
-    capsys.readouterr()
-    assert train_here("train", "--resume", str(run), "--reevaluate") == 0, capsys.readouterr().err[-3000:]
+    r = train_in_process("--resume", str(run), "--reevaluate")
+    assert r.returncode == 0, r.stderr[-3000:]
     assert metrics.stat().st_mtime_ns != before[metrics][0]  # evaluated again...
     results = json.loads((run / "results.json").read_text())
     assert results["wall_time_s"] == wall  # ...keeping the training's wall time
