@@ -167,6 +167,7 @@ def _signal_this_process_when(marker: Path, signum: int, give_up: threading.Even
     """A thread that sends ``signum`` to this process once ``marker`` exists (the run in this
     process holds there, its handlers in place), unless ``give_up`` is set first (the run
     ended without holding)."""
+
     def wait_then_signal() -> None:
         while not marker.exists():
             if give_up.wait(0.02):
