@@ -65,6 +65,7 @@ accelerator each is a synchronisation.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -87,8 +88,9 @@ from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.fileio import atomic_write_text
 from mmviews.modalities.base import adapter_class
-from mmviews.modalities.presets import TINY_WORDS, realistic_config
+from mmviews.modalities.presets import TINY_WORDS, realistic_config, tiny_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
 from mmviews.train.memory import MemoryEstimate, estimate_memory
 from mmviews.train.step import (
@@ -101,7 +103,7 @@ from mmviews.train.step import (
 )
 from mmviews.train.trainer import _accelerator, _prepare
 
-CASES = ("quickstart", "realistic")
+CASES = ("quickstart", "realistic", "finetune-small")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
 _SHORT = {"data": "data", "forward": "fwd", "objective": "loss", "backward": "bwd", "optimiser": "optim"}
 
@@ -125,32 +127,36 @@ class RandomViews(Dataset):
     generated up front and cycled, so that data time is the loader's, not the generator's."""
 
     def __init__(self, num_samples: int, pool: int = 32, seed: int = 0, *, audio_seconds: float = 2.0,
-                 sample_rate: int = 16000, image_size: int = 224, flow_frames: int = 4, words: int = 60) -> None:
+                 sample_rate: int = 16000, image_size: int = 224, flow_frames: int = 4, words: int = 60,
+                 modalities: Sequence[str] = ("text", "audio", "image", "flow")) -> None:
         self.num_samples, self.sample_rate = num_samples, sample_rate
         self.image_size, self.flow_frames = image_size, flow_frames
+        self.modalities = tuple(modalities)
         g = torch.Generator().manual_seed(seed)
         n_audio = int(round(audio_seconds * sample_rate))
         self._pool = []
         for _ in range(min(pool, num_samples)):
             ids = torch.randint(len(TINY_WORDS), (words,), generator=g).tolist()
-            self._pool.append({
+            sample = {
                 "text": " ".join(TINY_WORDS[i] for i in ids),
                 "audio": torch.randn(n_audio, generator=g) * 0.1,
                 "image": torch.rand(3, image_size, image_size, generator=g),
                 "flow": torch.randn(flow_frames, 2, image_size, image_size, generator=g) * 3,
-            })
+            }
+            self._pool.append({m: sample[m] for m in self.modalities})
 
     def __len__(self) -> int:
         return self.num_samples
 
     def modality_info(self) -> dict[str, dict[str, Any]]:
         S, T = self.image_size, self.flow_frames
-        return {
+        info = {
             "text": {"kind": "text"},
             "audio": {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate},
             "image": {"kind": "image", "shape": (3, S, S)},
             "flow": {"kind": "flow", "shape": (T, 2, S, S)},
         }
+        return {m: info[m] for m in self.modalities}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {"index": index, "modalities": dict(self._pool[index % len(self._pool)]), "labels": {}}
@@ -171,13 +177,46 @@ def realistic_config_of(config: TrainConfig, K: int) -> TrainConfig:
     return config_from_dict(raw, f"{config.name} (realistic adapters)")
 
 
-def realistic_parts(config: TrainConfig, num_samples: int) -> RunParts:
-    """The pieces :func:`mmviews.train.build_run` makes, over :class:`RandomViews`."""
+#: The ``finetune-small`` case: K, chunk and inputs (small random text, 0.25 s clips at 16 kHz, 32 px
+#: images, the tiny presets' sizes), and the recipe keys it keeps from each adapter of ``finetune``.
+FINETUNE_SMALL_DEFAULTS = ("data.batch_size=64", "optimisation.encode_chunk_size=16", "data.num_workers=0")
+FINETUNE_SMALL_INPUTS = {"audio_seconds": 0.25, "sample_rate": 16000, "image_size": 32, "words": 8}
+FINETUNE_SMALL_KEPT = ("finetune", "gradient_checkpointing", "head", "pooling", "freeze_feature_encoder", "embed_dim")
+_TINY_KIND = {"text": "text", "hf_audio": "hf_audio", "open_clip": "open_clip"}
+
+
+def finetune_small_config(overrides: Sequence[str] = ()) -> TrainConfig:
+    """The ``finetune`` recipe at small size: its views, objective, optimiser, precision and its
+    adapters' ``finetune`` (LoRA on text and image, HuBERT's last_n), ``gradient_checkpointing``,
+    ``head`` and pooling settings, on the tiny random-weight backbones of
+    :func:`mmviews.modalities.presets.tiny_config` (BERT, HuBERT and an open_clip ViT of two
+    layers each; nothing downloaded), images of 32 px, K = 64, ``encode_chunk_size`` 16 and no
+    loader workers (:data:`FINETUNE_SMALL_DEFAULTS`), then ``overrides`` (``--set``)."""
+    base = load_config(resolve_recipe("finetune"), [*FINETUNE_SMALL_DEFAULTS, *overrides])
+    raw = base.to_dict()
+    for modality, adapter in raw["adapters"].items():
+        kind = _TINY_KIND.get(adapter["type"])
+        if kind is None:
+            raise ValueError(f"bench train finetune-small: no tiny preset for adapters.{modality}.type "
+                             f"{adapter['type']!r}")
+        raw["adapters"][modality] = {**tiny_config(kind), **{k: adapter[k] for k in FINETUNE_SMALL_KEPT if k in adapter}}
+    size = FINETUNE_SMALL_INPUTS["image_size"]
+    for view in raw["views"]:  # the recipe's 224 px crops, at the tiny ViT's 32 px
+        if "size" in (view.get("params") or {}):
+            view["params"]["size"] = size
+    raw["evaluation"]["tasks"] = []
+    return config_from_dict(raw, f"{base.name} (small: tiny random-weight backbones)")
+
+
+def realistic_parts(config: TrainConfig, num_samples: int, inputs: dict[str, Any] | None = None) -> RunParts:
+    """The pieces :func:`mmviews.train.build_run` makes, over :class:`RandomViews` (``inputs``:
+    its sizes, default :data:`REALISTIC_INPUTS`; only the modalities of the views)."""
     from accelerate.utils import set_seed
 
     spec = ViewSpec.from_config(config.views)
     d = config.data
-    dataset = RandomViews(num_samples, seed=config.seed, **REALISTIC_INPUTS)
+    dataset = RandomViews(num_samples, seed=config.seed, modalities=spec.modalities,
+                          **(REALISTIC_INPUTS if inputs is None else inputs))
     collator = EpochCollator(ViewSetCollator.for_dataset(dataset, spec, seed=config.seed))
     inner = ViewSetBatchSampler(len(dataset), d.batch_size, len(spec), d.batch_mode,
                                 reference_views=d.reference_views, shuffle=True, drop_last=True, seed=config.seed)
@@ -431,8 +470,8 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
     }
 
 
-def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Build and measure one case (in this process)."""
+def _overrides_of(args: argparse.Namespace) -> list[str]:
+    """The recipe overrides of ``args``: ``--set``, then the device and the options that set keys."""
     overrides = [*args.set, f"cpu={'true' if args.device == 'cpu' else 'false'}"]
     if args.workers is not None:
         overrides.append(f"data.num_workers={args.workers}")
@@ -440,28 +479,77 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         overrides.append(f"optimisation.mixed_precision={args.mixed_precision}")
     if args.encode_chunk_size is not None:
         overrides.append(f"optimisation.encode_chunk_size={args.encode_chunk_size}")
-    config = load_config(resolve_recipe(args.recipe), overrides)
-    steps, warmup = _steps_of(case, args)
-    cache = "off"
+    return overrides
+
+
+def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> RunParts:
+    """The run of ``case``, built. ``for_check``: the quickstart as ``mmviews train --check``
+    builds it (evaluation splits too, and its checks run: one batch of each split through the
+    adapters), else as the measured steps need it (no evaluation)."""
+    overrides = _overrides_of(args)
     if case == "quickstart":
+        config = load_config(resolve_recipe(args.recipe), overrides)
         if args.gradient_checkpointing:
             config = with_gradient_checkpointing(config)
-        parts = build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
-        # before the sample cache fills: the estimate measures the process as --check would see it
-        estimate = estimate_memory(parts, 1, config.optimisation.encode_chunk_size, on_host=args.device == "cpu")
-        if config.data.cache:
-            cache = "cold" if args.cold_cache else "warm"
-            if not args.cold_cache:  # what mmviews train's random-baseline evaluation does first
-                dataset = parts.datasets["train"]
-                for i in range(len(dataset)):
-                    dataset[i]
+        if not for_check:
+            return build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
+        from mmviews.train.preflight import run_checks
+
+        parts = build_run(config, 1, f"recipe {args.recipe}")
+        run_checks(parts, f"recipe {args.recipe}")
+        return parts
+    steps, warmup = _steps_of(case, args)
+    if case == "finetune-small":
+        config, inputs = finetune_small_config(overrides), FINETUNE_SMALL_INPUTS
     else:
-        config = realistic_config_of(config, args.realistic_K)
-        if args.gradient_checkpointing:
-            config = with_gradient_checkpointing(config)
-        num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
-        parts = realistic_parts(config, num_samples)
-        estimate = None  # measuring full-size encoders on 2 and 4 samples takes minutes on a CPU
+        config = realistic_config_of(load_config(resolve_recipe(args.recipe), overrides), args.realistic_K)
+        inputs = REALISTIC_INPUTS
+    if args.gradient_checkpointing:
+        config = with_gradient_checkpointing(config)
+    num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
+    return realistic_parts(config, num_samples, inputs)
+
+
+def has_estimate(case: str) -> bool:
+    """Whether ``case`` gets a ``--check`` estimate (not the realistic case: measuring full-size
+    encoders on 2, 4 and 128 samples takes many minutes on a CPU)."""
+    return case != "realistic"
+
+
+def estimate_case(case: str, args: argparse.Namespace) -> MemoryEstimate:
+    """The estimate ``mmviews train --check`` makes for ``case``, in this process (run it in a
+    process of its own: its measurements leave memory behind)."""
+    parts = build_case(case, args, for_check=True)
+    return estimate_memory(parts, 1, parts.config.optimisation.encode_chunk_size, on_host=args.device == "cpu")
+
+
+def estimate_in_subprocess(case: str, args: argparse.Namespace) -> MemoryEstimate:
+    """:func:`estimate_case` in a fresh interpreter, as a user's ``mmviews train --check`` is
+    made: the measured process never runs the estimate's trial steps."""
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-estimate-") as tmp:
+        out = Path(tmp) / "estimate.json"
+        command = [sys.executable, "-m", "mmviews.bench.train", *_argv_of(args), "--case", case, "--estimate-only",
+                   "--output", str(out)]
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"bench train: the estimate of case {case!r} failed (exit status {done.returncode}): "
+                               f"{' '.join(command)}")
+        return MemoryEstimate(**json.loads(out.read_text())["estimate"])
+
+
+def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build and measure one case (in this process); its estimate comes from a process of its own."""
+    estimate = estimate_in_subprocess(case, args) if has_estimate(case) else None
+    steps, warmup = _steps_of(case, args)
+    parts = build_case(case, args)
+    config = parts.config
+    cache = "off"
+    if case == "quickstart" and config.data.cache:
+        cache = "cold" if args.cold_cache else "warm"
+        if not args.cold_cache:  # what mmviews train's random-baseline evaluation does first
+            dataset = parts.datasets["train"]
+            for i in range(len(dataset)):
+                dataset[i]
     row = measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
                   sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
     row["data_cache"] = cache
@@ -581,7 +669,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     # internal: the process of one row of a comparison measures that row only
     parser.add_argument("--no-compare", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=Path("bench-train.json"), help="JSON output path")
+    # internal: the process that makes a case's --check estimate (see estimate_in_subprocess)
+    parser.add_argument("--estimate-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--output", "--out", dest="out", type=Path, default=Path("bench-train.json"),
+                        help="JSON output path (--out: the same)")
 
 
 def _steps_of(case: str, args: argparse.Namespace) -> tuple[int, int]:
@@ -623,6 +714,8 @@ def _plain_argv(argv: list[str], case: str, args: argparse.Namespace) -> list[st
             del out[i:i + 2]
     if "--gradient-checkpointing" in out:
         out.remove("--gradient-checkpointing")
+    if case == "finetune-small":  # its default chunk (FINETUNE_SMALL_DEFAULTS) off: the plain step
+        out += ["--set", "optimisation.encode_chunk_size=null"]
     if args.plain_K is not None:
         if case == "realistic":
             out[out.index("--realistic-K") + 1] = str(args.plain_K)
@@ -635,7 +728,8 @@ def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
     """Run one case in a fresh interpreter (its own peak memory and Accelerate state)."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-train-") as tmp:
         out = Path(tmp) / "case.json"
-        command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--out", str(out), "--no-compare"]
+        command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--output", str(out),
+                   "--no-compare"]
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True)
         if done.returncode not in (0, 1) or not out.is_file():
             raise RuntimeError(f"bench train: case {case!r} failed (exit status {done.returncode}): "
@@ -644,7 +738,7 @@ def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
-    """The options of ``args`` other than ``--case`` and ``--out``, as command-line words."""
+    """The options of ``args`` other than ``--case`` and ``--output``, as command-line words."""
     argv = ["--recipe", args.recipe, "--realistic-K", str(args.realistic_K), "--device", args.device,
             "--count-host-reads", str(args.count_host_reads)]
     for item in args.set:
@@ -667,6 +761,12 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     cases = list(dict.fromkeys(args.case))
+    if args.estimate_only:
+        if len(cases) != 1 or not has_estimate(cases[0]):
+            raise SystemExit(f"bench train: --estimate-only needs one case with an estimate, got {cases}")
+        estimate = estimate_case(cases[0], args)
+        atomic_write_text(args.out, json.dumps({"estimate": dataclasses.asdict(estimate)}))
+        return 0
     comparisons = []
     if _compared(args) and not args.no_compare:  # each step in its own process: its peak memory is its own
         rows = []
