@@ -22,6 +22,14 @@ Cases:
   224 px, and a CNN on 4 optical-flow frames of 224 px. Inputs are random (a pool of
   generated samples, cycled), K is ``--realistic-K`` (default 8, so that CPU runs take
   minutes; M is the recipe's).
+- ``finetune-small``: the shape of the ``finetune`` recipe at small size
+  (:func:`finetune_small_config`; no download, no file): its M = 8 views, geometric PVC, AdamW,
+  bf16 autocast and its adapters' ``finetune`` (LoRA rank 8 on BERT and the CLIP ViT, HuBERT's
+  last 2 layers), ``gradient_checkpointing`` and ``head`` settings, on the tiny random-weight
+  BERT, HuBERT and open_clip ViT of :func:`mmviews.modalities.presets.tiny_config` (2 layers
+  each), with random text of 8 words, 0.25 s clips at 16 kHz and 32 px images; K = 64 and
+  ``encode_chunk_size`` 16 (the cached step), no loader workers (``--set`` changes any key,
+  e.g. ``--set data.batch_size=128``).
 
 Timing. ``--warmup`` untimed steps, then ``--steps`` timed ones (defaults 2 and 10; 1 and 3
 for the realistic case on CPU, where a step takes about a minute at K = 8 on 2 cores), each
@@ -36,10 +44,15 @@ loop's total is the throughput. A view is one (sample, view) pair: views/s = sam
 Memory. CUDA: ``torch.cuda.max_memory_allocated`` over the timed steps (tensor memory).
 CPU: the high-water mark of the process's resident set (``resource.getrusage``, main process
 only, since the process started: it includes building the models). Each case of a run with
-several runs in its own process, so that its figures are its own. The quickstart case also
-prints the estimate of ``mmviews train --check`` (:func:`mmviews.train.memory.estimate_memory`,
-made after the run is built, before the sample cache fills) beside the measured peak: RSS on
-CPU, ``torch.cuda.max_memory_reserved`` (what the process holds on the device) on CUDA.
+several runs in its own process, so that its figures are its own. The quickstart and
+finetune-small cases also print the estimate of ``mmviews train --check``
+(:func:`mmviews.train.memory.estimate_memory`) beside the measured peak: RSS on CPU,
+``torch.cuda.max_memory_reserved`` (what the process holds on the device) on CUDA. The estimate
+is made as a user's ``--check`` makes it, in a process of its own (:func:`estimate_in_subprocess`:
+the quickstart built with its evaluation splits and checked as ``--check`` does), so that its
+trial steps leave nothing in the measured process. On CPU the row also gives what the first
+(warm-up) step left in the process beyond gradients and optimiser state (after ``malloc_trim``),
+beside the estimate's "framework state".
 
 Large global batches (``--encode-chunk-size N``, ``--gradient-checkpointing``): each case runs
 twice, each in its own process: the step under test (the cached-embedding step of
@@ -92,7 +105,8 @@ from mmviews.fileio import atomic_write_text
 from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config, tiny_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.memory import MemoryEstimate, estimate_memory
+from mmviews.train.memory import (MemoryEstimate, estimate_memory, resident_bytes, tensor_bytes, tensors_in,
+                                  trim_host_memory)
 from mmviews.train.step import (
     Prepared,
     _present_mask,
@@ -199,7 +213,8 @@ def finetune_small_config(overrides: Sequence[str] = ()) -> TrainConfig:
         if kind is None:
             raise ValueError(f"bench train finetune-small: no tiny preset for adapters.{modality}.type "
                              f"{adapter['type']!r}")
-        raw["adapters"][modality] = {**tiny_config(kind), **{k: adapter[k] for k in FINETUNE_SMALL_KEPT if k in adapter}}
+        tiny = {k: v for k, v in tiny_config(kind).items() if k != "embed_dim"}  # the recipe's encoder.embed_dim
+        raw["adapters"][modality] = {**tiny, **{k: adapter[k] for k in FINETUNE_SMALL_KEPT if k in adapter}}
     size = FINETUNE_SMALL_INPUTS["image_size"]
     for view in raw["views"]:  # the recipe's 224 px crops, at the tiny ViT's 32 px
         if "size" in (view.get("params") or {}):
@@ -395,6 +410,20 @@ def _sync_debug_loop(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: floa
             "causes": causes}
 
 
+def _trimmed_resident() -> int:
+    """The resident set after ``malloc_trim`` (what the process holds, not what glibc keeps free)."""
+    trim_host_memory()
+    return resident_bytes()
+
+
+def _optimiser_bytes(p: Prepared) -> int:
+    """The parameters' gradients and the optimiser's state: the tensors a step leaves alive."""
+    model = p.accelerator.unwrap_model(p.model)
+    optimizer = getattr(p.optimizer, "optimizer", p.optimizer)
+    return tensor_bytes([q.grad for q in model.parameters() if q.grad is not None]
+                        + list(tensors_in(list(optimizer.state.values()))))
+
+
 def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int, sync_debug: str | None = None,
             count_host_reads: int = 0) -> dict[str, Any]:
     """Prepare ``parts`` as :func:`mmviews.train.train` does and time ``steps`` steps after
@@ -412,8 +441,11 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         max_grad_norm = config.optimisation.max_grad_norm
         p.model.train()
         batch_iter = _batches(p, parts)
-        for _ in range(warmup):
+        before_first = _trimmed_resident()
+        for i in range(warmup):
             timed_step(p, batch_iter, max_grad_norm, sync)
+            if i == 0:
+                first_step_residue = _trimmed_resident() - before_first - _optimiser_bytes(p)
         sync()
         reset_cuda_peak(dev)
         phases = {name: [] for name in PHASES}
@@ -465,6 +497,9 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         "phase_ms": {name: 1000 * sum(v) / steps for name, v in phases.items()},
         "phase_share": {name: sum(v) / total for name, v in phases.items()},
         "peak_memory_mb": peak_mb, "memory_method": memory_method, "peak_reserved_mb": reserved_mb,
+        # the host memory the first step leaves with only the gradients and optimiser state alive (the
+        # estimate's framework state; None without a warm-up step)
+        "first_step_residue_mb": None if warmup == 0 or cuda else first_step_residue / 2**20,
         "params_M": sum(q.numel() for q in accelerator.unwrap_model(p.model).parameters()) / 1e6,
         "sync_debug": result_sync, "host_reads": host_reads,
     }
@@ -560,7 +595,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def estimate_parts_mb(estimate: MemoryEstimate) -> dict[str, float]:
     """The parts of a :class:`~mmviews.train.memory.MemoryEstimate`, in MB."""
-    names = ("baseline", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher", "batches",
+    names = ("baseline", "framework", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher", "batches",
              "activations", "working", "objective", "evaluation", "step", "total")
     return {name: getattr(estimate, name) / 2**20 for name in names}
 
@@ -596,10 +631,10 @@ def format_table(result: dict[str, Any]) -> str:
     gpu = f" ({env['cuda_device']})" if any(d.startswith("cuda") for d in devices) and "cuda_device" in env else ""
     lines = [f"bench train on {', '.join(devices)}{gpu}, {env['threads']} CPU threads; step ms: median of the timed "
              "steps; phase shares of their total",
-             f"{'case':<11}{'step':<13}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
+             f"{'case':<15}{'step':<15}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
              + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'est MB':>8}{'params M':>10}"]
     for row in result["cases"]:
-        lines.append(f"{row['case']:<11}{row.get('step', 'plain'):<13}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
+        lines.append(f"{row['case']:<15}{row.get('step', 'plain'):<15}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
                      f"{row.get('data_cache', '-'):>6}"
                      f"{row['samples_per_s']:>11.1f}{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
                      + "".join(f"{100 * row['phase_share'][name]:>7.1f}" for name in PHASES)
@@ -612,7 +647,10 @@ def format_table(result: dict[str, Any]) -> str:
             what = "max_memory_reserved" if row["peak_reserved_mb"] else "peak RSS"
             lines.append(f"{row['case']} {row.get('step', 'plain')} K = {row['K']}: memory estimate (--check) "
                          f"{row['estimated_memory_mb']:.0f} MB vs measured {what} {measured:.0f} MB "
-                         f"({100 * (row['estimated_memory_mb'] / measured - 1):+.1f} %)")
+                         f"({100 * (row['estimated_memory_mb'] / measured - 1):+.1f} %)"
+                         + (f"; framework state {row['estimate']['framework']:.0f} MB estimated, the first step "
+                            f"left {row['first_step_residue_mb']:.0f} MB" if row.get("first_step_residue_mb") is not None
+                            and "framework" in row["estimate"] else ""))
     for c in result.get("comparisons", []):
         lines.append(f"{c['case']}: {c['step']} at K = {c['K']} vs plain at K = {c['plain_K']}: peak memory "
                      f"{c['peak_memory_ratio']:.2f}x, time per sample {c['time_per_sample_ratio']:.2f}x")
@@ -632,7 +670,10 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--case", nargs="+", choices=CASES, default=list(CASES), help="cases to run (default: both)")
+    parser.add_argument("--case", nargs="+", choices=CASES, default=["quickstart", "realistic"],
+                        help="cases to run (default: quickstart realistic). finetune-small: the finetune recipe's "
+                        "views, objective, precision and LoRA/last_n, checkpointing and head settings on tiny "
+                        "random-weight BERT, HuBERT and CLIP ViT, K = 64, encode_chunk_size 16 (no download)")
     parser.add_argument("--recipe", default="quickstart", help="recipe name or path (default quickstart)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe value (repeatable), e.g. --set data.batch_size=256")
