@@ -36,7 +36,9 @@ def test_dispatch_entry() -> None:
 def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     in_this_process: list[str] = []  # the measured process never runs the estimate's trial steps
-    monkeypatch.setattr(bench, "estimate_memory", lambda *a, **k: in_this_process.append("estimate_memory"))
+    estimate_memory = bench.estimate_memory
+    monkeypatch.setattr(bench, "estimate_memory",
+                        lambda *a, **k: (in_this_process.append("estimate_memory"), estimate_memory(*a, **k))[1])
     assert bench.run(_args(tmp_path, "--count-host-reads", "1")) == 0
     assert in_this_process == []
     result = json.loads((tmp_path / "bench.json").read_text())
