@@ -595,8 +595,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def estimate_parts_mb(estimate: MemoryEstimate) -> dict[str, float]:
     """The parts of a :class:`~mmviews.train.memory.MemoryEstimate`, in MB."""
-    names = ("baseline", "framework", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher", "batches",
-             "activations", "working", "objective", "evaluation", "step", "total")
+    names = ("baseline", "framework", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher",
+             "batches", "activations", "working", "objective", "evaluation", "step", "total")
     return {name: getattr(estimate, name) / 2**20 for name in names}
 
 
