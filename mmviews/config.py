@@ -142,6 +142,10 @@ class EvaluationConfig:
     embeddings or their mean (the mean rewards views that agree in the shared space).
     ``views``: the view spec of the evaluation loaders
     (None: one natural, un-augmented view per modality of the training views).
+    ``plots``: draw each report's PNGs (training curves, similarity histogram, spectrum);
+    ``false`` writes the same metrics and summary without them (the plots cost about a second
+    of CPU per evaluation: for sweeps of many short runs, such as the reproduction scripts'
+    ``--smoke`` size).
     """
 
     tasks: list[Any] = field(default_factory=list)  # strings ("linear:class") or mappings
@@ -150,6 +154,7 @@ class EvaluationConfig:
     random_baseline: bool = True
     views: list[Any] | None = None
     fuse: Literal["concat", "mean"] = "concat"  # how per-view embeddings become one vector for probes
+    plots: bool = True
 
 
 @dataclass
@@ -228,6 +233,10 @@ class TrainConfig:
 _FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
+# The words YAML 1.1 (PyYAML) reads as False and True, lower case as users write them.
+_YAML_BOOL_SPELLINGS: dict[bool, tuple[str, ...]] = {False: ("no", "off", "false", "n"), True: ("yes", "on", "true", "y")}
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if tp is type(None):
@@ -276,7 +285,14 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise errors[0]
         raise fail()
     if origin is Literal:
-        if value not in typing.get_args(tp):
+        choices = typing.get_args(tp)
+        if isinstance(value, bool):
+            # YAML 1.1 reads an unquoted no/off/false (yes/on/true) as a bool: `mixed_precision: no`
+            # in a recipe, or `--set optimisation.mixed_precision=no`, means the choice spelled so
+            spelled = [c for c in _YAML_BOOL_SPELLINGS[value] if c in choices]
+            if len(spelled) == 1:
+                return spelled[0]
+        if isinstance(value, bool) or value not in choices:
             raise fail()
         return value
     if dataclasses.is_dataclass(tp):
