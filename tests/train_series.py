@@ -1,0 +1,101 @@
+"""``python tests/train_series.py RUN_ARGS [::: RUN_ARGS ...]``: several ``mmviews train`` runs,
+one after the other, in this process (also under ``accelerate launch``: one launch for several
+runs, so that the interpreter, the imports and the process group's start are paid once).
+
+Each ``RUN_ARGS`` is the argument list of ``tests/slow_train.py`` (``[OPTIONS] -- TRAIN_ARGS``,
+e.g. ``--break scale_loss -- RECIPE --output RUN``): its options (a break of
+``tests/mutations.py``, ``--record``, ``--marker``...) apply to that run only and are undone
+before the next one, which therefore runs intact code. Accelerate's state is reset between runs
+(each run's ``Accelerator`` is a new one) but the process group is kept: ``mmviews train``'s
+closing barrier still runs at the end of each run, the group is closed after the last one.
+(Closing and opening it again in the same processes can hang: gloo may read the peer's address
+of the previous group from the launcher's store.) So every run has the FIRST run's
+``distributed.timeout_s``. Rank 0 writes ``train_series: run I of N`` to stderr before run I (a
+test can split the launch's output by run). A run ending with a nonzero status ends the series
+with that status.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import slow_train
+
+import mmviews.cli.train as cli_train
+
+SEPARATOR = ":::"
+_INHERITED = object()  # the replaced attribute was not the owner's own (e.g. a base class's method)
+
+
+def split_runs(argv: list[str]) -> list[list[str]]:
+    runs: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == SEPARATOR:
+            runs.append([])
+        else:
+            runs[-1].append(arg)
+    return runs
+
+
+def _reset_accelerate_state() -> None:
+    """Forget the Accelerator's state (its singletons), so that the next run's ``Accelerator`` is
+    set up from its recipe as in a new process; Accelerate's process state (the group) is kept."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+
+
+def _keeping_the_group(close: Callable[..., None]) -> Callable[..., None]:
+    """``mmviews train``'s ``_close_process_group`` for a run that another follows: after a normal
+    end only its barrier (the processes leave the run together); after an error it closes the
+    group (the series ends there)."""
+    import torch.distributed as dist
+
+    def barrier_only(barrier: bool = True) -> None:
+        if barrier and dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        elif not barrier:
+            close(barrier=False)
+
+    return barrier_only
+
+
+def run_one(argv: list[str]) -> int:
+    opts, train_args = slow_train.parse(argv)
+    replaced: list[tuple[Any, str, Any]] = []  # (owner, name, its own value before, or _INHERITED)
+
+    def set_undoably(owner: Any, name: str, value: Any) -> None:
+        replaced.append((owner, name, vars(owner).get(name, _INHERITED)))
+        setattr(owner, name, value)
+
+    try:
+        set_undoably(cli_train, "_close_process_group", _keeping_the_group(cli_train._close_process_group))
+        slow_train.install(opts, set_undoably)
+        return slow_train.main_command(["train", *train_args])
+    finally:
+        for owner, name, original in reversed(replaced):
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)  # the raw attribute (a class's function, staticmethod...)
+        _reset_accelerate_state()
+
+
+def main(argv: list[str]) -> int:
+    import os
+
+    runs = split_runs(argv)
+    for number, run_argv in enumerate(runs, 1):
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train_series: run {number} of {len(runs)}", file=sys.stderr, flush=True)
+        status = run_one(run_argv)
+        if status != 0:
+            return status
+    cli_train._close_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
