@@ -11,8 +11,8 @@ closing barrier still runs at the end of each run, the group is closed after the
 (Closing and opening it again in the same processes can hang: gloo may read the peer's address
 of the previous group from the launcher's store.) So every run has the FIRST run's
 ``distributed.timeout_s``. Rank 0 writes ``train_series: run I of N`` to stderr before run I (a
-test can split the launch's output by run). A run ending with a nonzero status ends the series
-with that status.
+test can split the launch's output by run), and every rank ``train_series: rank R: run I of N:
+exit status S`` after it. A run ending with a nonzero status ends the series with that status.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import slow_train
 import mmviews.cli.train as cli_train
 
 SEPARATOR = ":::"
+START_LINE = "train_series: run {number} of {runs}"  # rank 0, before the run
+STATUS_LINE = "train_series: rank {rank}: run {number} of {runs}: exit status {status}"  # every rank, after it
 _INHERITED = object()  # the replaced attribute was not the owner's own (e.g. a base class's method)
 
 
@@ -86,11 +88,12 @@ def run_one(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     import os
 
-    runs = split_runs(argv)
+    runs, rank = split_runs(argv), int(os.environ.get("RANK", "0"))
     for number, run_argv in enumerate(runs, 1):
-        if os.environ.get("RANK", "0") == "0":
-            print(f"train_series: run {number} of {len(runs)}", file=sys.stderr, flush=True)
+        if rank == 0:
+            print(START_LINE.format(number=number, runs=len(runs)), file=sys.stderr, flush=True)
         status = run_one(run_argv)
+        print(STATUS_LINE.format(rank=rank, number=number, runs=len(runs), status=status), file=sys.stderr, flush=True)
         if status != 0:
             return status
     cli_train._close_process_group()
