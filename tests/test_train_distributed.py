@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+import train_series
 from test_train_utils import load_weights, run_in_group, tiny_config, write_recipe
 
 from mmviews.config import load_config
@@ -77,15 +78,27 @@ def _series(folder: Path, runs: dict[str, tuple[str, str | None]], prefix: str) 
     return argv[:-1]
 
 
+def _train_in_this_process(argv: list[str]) -> None:
+    """``tests/train_series.py ARGV`` in the test's own process (one interpreter start and the
+    imports fewer: one process needs no process of its own), on one thread as a launched process
+    (``OMP_NUM_THREADS=1``); each run's break is undone after it, and Accelerate's state is reset."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for run_argv in train_series.split_runs(argv):
+            assert train_series.run_one(run_argv) == 0, run_argv
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict[str, Any]:
     """{"recipe": {variant: recipe}, "one": {name: run folder}, "two": {name: run folder}}: every run
-    of ``ONE_PROCESS_RUNS`` in one process and of ``TWO_PROCESS_RUNS`` on two gloo processes
-    (``accelerate launch --multi_gpu --num_processes 2``), trained once per module."""
+    of ``ONE_PROCESS_RUNS`` in one process (this one) and of ``TWO_PROCESS_RUNS`` on two gloo
+    processes (one ``accelerate launch --multi_gpu --num_processes 2``), trained once per module."""
     folder = tmp_path_factory.mktemp("dist")
     recipes = {variant: _recipe(folder, variant) for variant in VARIANTS}
-    one = run_in_group([sys.executable, str(TRAIN_SERIES), *_series(folder, ONE_PROCESS_RUNS, "one")], timeout=240)
-    assert one.returncode == 0, one.stderr[-3000:]
+    _train_in_this_process(_series(folder, ONE_PROCESS_RUNS, "one"))
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--main_process_port", str(_free_port()), str(TRAIN_SERIES), *_series(folder, TWO_PROCESS_RUNS, "two")]

@@ -82,9 +82,10 @@ def launch_two(runs: dict[str, tuple[Path, tuple[str, ...]]], folder: Path) -> d
     RECIPE`` for each, one after the other, on the same 2 gloo processes (one ``accelerate launch``
     of ``tests/train_series.py``; a break applies to its run only), with ``--record``: rank 0's
     optimiser steps, ``--marker``: each rank's last step. A run that fails ends the launch: put
-    it last. On a timeout the launcher and its workers are killed (no process is left behind).
-    Returns {name: the run's result}; ``rc``: 0 if every rank says the run ended with exit
-    status 0, else the launch's exit status; ``stderr``: the run's part of the launch's."""
+    it last. After :data:`LAUNCH_TIMEOUT_S` the launcher and its workers are killed (no process
+    is left behind). Returns {name: the run's result}; ``rc``: 0 if every rank says the run ended
+    with exit status 0, else the launch's exit status; ``stderr``: the run's part of the
+    launch's; ``timed_out``: whether the launch was killed."""
     argv: list[str] = []
     for name, (recipe_path, slow_train_options) in runs.items():
         argv += ["--record", str(folder / name / "steps.txt"), "--marker", str(folder / name / "step-marker"),
@@ -96,14 +97,16 @@ def launch_two(runs: dict[str, tuple[Path, tuple[str, ...]]], folder: Path) -> d
     proc = subprocess.Popen(launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
     try:
         out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        timed_out = False
     except subprocess.TimeoutExpired:
         # torchrun starts each worker in a session of its own: they are killed by pid (they would
-        # outlive the launcher, holding its output pipes open), then the launcher.
+        # outlive the launcher, holding its output pipes open), then the launcher. The runs that
+        # ended before are still checked.
         for child in psutil.Process(proc.pid).children(recursive=True):
             child.kill()
         proc.kill()
-        proc.communicate()
-        raise
+        out, err = proc.communicate()
+        timed_out = True
     # Rank 0 starts run I's output with "train_series: run I of N": each run's part of stderr.
     parts = re.split(r"^train_series: run \d+ of \d+$", err, flags=re.M)[1:]
     statuses: dict[int, dict[int, int]] = {}
@@ -115,7 +118,7 @@ def launch_two(runs: dict[str, tuple[Path, tuple[str, ...]]], folder: Path) -> d
         ended_well = statuses.get(number) == {r: 0 for r in range(PROCESSES)}
         results[name] = {
             # -1: a rank said nothing of this run, yet the launch ended well (cannot happen: the series stops at a failure)
-            "rc": 0 if ended_well else (proc.returncode or -1),
+            "rc": 0 if ended_well else (proc.returncode or -1), "timed_out": timed_out,
             "stdout": out, "stderr": parts[number - 1] if number <= len(parts) else "", "run": folder / name / "run",
             "recorded": [row["step"] for row in read_record(folder / name / "steps.txt")],  # a JSON row per step
             "last_step": {r: int(p.read_text().split()[0]) if p.is_file() else None for r, p in ranks.items()}}
@@ -267,6 +270,7 @@ def test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up(two_proc
     result = two_process_runs["streamed-rounded-up"]
     with pytest.raises(AssertionError):
         check_uneven_run(result, STREAMED_STEPS_PER_EPOCH)
+    assert not result["timed_out"], f"the launch did not end within {LAUNCH_TIMEOUT_S} s"
     assert result["rc"] != 0 and "the stream ended after 3 full batches of 4 rows" in result["stderr"]
     assert result["recorded"] == [1, 2, 3]  # the first epoch's 3 steps, then the error
 
