@@ -17,6 +17,7 @@ exit status S`` after it. A run ending with a nonzero status ends the series wit
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable
 
@@ -85,15 +86,21 @@ def run_one(argv: list[str]) -> int:
         _reset_accelerate_state()
 
 
-def main(argv: list[str]) -> int:
-    import os
+def _say(line: str) -> None:
+    """``line`` on a line of its own in stderr, which the ranks share: one write (a pipe does not
+    interleave a short write with another process's), after a newline (another process's
+    line, e.g. a progress bar, may be unfinished)."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), f"\n{line}\n".encode())
 
+
+def main(argv: list[str]) -> int:
     runs, rank = split_runs(argv), int(os.environ.get("RANK", "0"))
     for number, run_argv in enumerate(runs, 1):
         if rank == 0:
-            print(START_LINE.format(number=number, runs=len(runs)), file=sys.stderr, flush=True)
+            _say(START_LINE.format(number=number, runs=len(runs)))
         status = run_one(run_argv)
-        print(STATUS_LINE.format(rank=rank, number=number, runs=len(runs), status=status), file=sys.stderr, flush=True)
+        _say(STATUS_LINE.format(rank=rank, number=number, runs=len(runs), status=status))
         if status != 0:
             return status
     cli_train._close_process_group()
