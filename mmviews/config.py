@@ -228,6 +228,10 @@ class TrainConfig:
 _FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
+# The words YAML 1.1 (PyYAML) reads as False and True, lower case as users write them.
+_YAML_BOOL_SPELLINGS: dict[bool, tuple[str, ...]] = {False: ("no", "off", "false", "n"), True: ("yes", "on", "true", "y")}
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if tp is type(None):
@@ -276,7 +280,14 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise errors[0]
         raise fail()
     if origin is Literal:
-        if value not in typing.get_args(tp):
+        choices = typing.get_args(tp)
+        if isinstance(value, bool):
+            # YAML 1.1 reads an unquoted no/off/false (yes/on/true) as a bool: `mixed_precision: no`
+            # in a recipe, or `--set optimisation.mixed_precision=no`, means the choice spelled so
+            spelled = [c for c in _YAML_BOOL_SPELLINGS[value] if c in choices]
+            if len(spelled) == 1:
+                return spelled[0]
+        if isinstance(value, bool) or value not in choices:
             raise fail()
         return value
     if dataclasses.is_dataclass(tp):

@@ -58,6 +58,23 @@ def test_wrong_type_names_key_and_file(tmp_path):
         load_config(write_recipe(tmp_path / "bad_literal.yaml", raw))
 
 
+def test_yaml_words_read_as_bools_mean_the_choice_spelled_so(tmp_path):
+    """YAML 1.1 reads an unquoted `no` as False: `mixed_precision: no` in a recipe and
+    `--set optimisation.mixed_precision=no` (the spelling the error message itself lists) are
+    the choice 'no'; a bool no choice is spelled as is still refused by name."""
+    path = tmp_path / "r.yaml"
+    path.write_text(write_recipe(tmp_path / "base.yaml", tiny_config()).read_text()
+                    .replace("optimisation:\n", "optimisation:\n  mixed_precision: no\n", 1))
+    assert "mixed_precision: no\n" in path.read_text()
+    assert load_config(path).optimisation.mixed_precision == "no"
+    assert load_config(path, ["optimisation.mixed_precision=bf16", "optimisation.mixed_precision=no"]
+                       ).optimisation.mixed_precision == "no"
+    with pytest.raises(ConfigError, match=r"--set 'optimisation\.mixed_precision=yes'.*one of 'no', 'bf16', 'fp16', got bool True"):
+        load_config(path, ["optimisation.mixed_precision=yes"])
+    with pytest.raises(ConfigError, match=r"'optimisation\.schedule'.*got bool False"):
+        load_config(path, ["optimisation.schedule=off"])
+
+
 def test_bad_override_is_named(tmp_path):
     path = write_recipe(tmp_path / "r.yaml", tiny_config())
     with pytest.raises(ConfigError, match=r"--set 'optimisation\.lrr=1'.*unknown key 'optimisation\.lrr'"):

@@ -5,6 +5,13 @@ counters of the uninterrupted run at each of them (samples seen, epoch, position
 the scheduler's step and learning rates: recorded by ``tests/slow_train.py --record``), and
 finishes with weights identical to an uninterrupted run.
 
+Only the processes that are killed run as subprocesses, plus the resume of the plain SIGKILL
+test (a fresh interpreter, as a user resumes). The uninterrupted runs and the other resumes run
+in the test's own process (:func:`train_in_process`: one thread, as the subprocesses, so the
+weights are bitwise those of a subprocess run), each at most once per configuration. The
+recipes have no BERT (``tiny_config(text=False)``): the RNG-state restore is still needed for
+the dropout of the projection heads, and the BatchNorm buffers for theirs.
+
 Weights alone cannot show a resume: a run that silently restarts at step 0 with the same seed
 reaches the same weights. The steps, the counters and the ``resumed from`` line can, and
 :func:`test_resume_checks_fail_when_the_restore_is_broken` shows they do.
@@ -15,8 +22,10 @@ checkpoint's deletion, leaves only complete ``checkpoint-N`` folders, and the ru
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import json
 import shutil
 import signal
@@ -45,7 +54,8 @@ SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 
 # 4 batches per epoch x 3 epochs = 12 optimiser steps, a checkpoint every 2 steps (all kept).
 # Dropout and BatchNorm are on, so equality also needs the RNG states and BN buffers restored.
-CONFIG = tiny_config(num_samples=64, batch_size=16, epochs=3, dropout=0.1, batch_norm=True)
+# (12 steps, not 8: a resume from the mid-epoch checkpoint of step 6 then crosses an epoch end.)
+CONFIG = tiny_config(num_samples=64, batch_size=16, epochs=3, dropout=0.1, batch_norm=True, text=False)
 CONFIG["output"]["keep_last"] = 10
 TOTAL = 12
 
@@ -65,11 +75,49 @@ def train_recorded(tmp_path: Path, *args: str, timeout: float = 300) -> list[dic
     return read_record(record)
 
 
+def train_in_process(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[str, list[dict[str, Any]]]:
+    """``tests/slow_train.py --record FILE OPTIONS -- ARGS`` in the test's own process, one
+    interpreter start fewer than :func:`train_recorded`: (stdout, the per-step counters, also
+    left in ``tmp_path/steps-<k>.jsonl``). ``slow_train``'s patches (its callback, a ``--break``)
+    are undone on return. One torch thread, as the subprocesses (``OMP_NUM_THREADS=1``): the
+    weights are bitwise those of the same run in a subprocess. For runs that are not killed or
+    signalled (no hold option)."""
+    import slow_train
+    from accelerate.state import AcceleratorState, PartialState
+
+    from mmviews.cli import main
+
+    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
+    opts, rest = slow_train.parse(["--record", str(record), *options, "--", *args])
+    threads = torch.get_num_threads()
+    fresh_accelerate = not PartialState._shared_state and not AcceleratorState._shared_state
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        slow_train.install(opts, patch.setattr)
+        torch.set_num_threads(1)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = main(["train", *rest])
+        except slow_train.StopAfterStep:  # --stop-after-step: the steps needed are done
+            rc = 0
+        finally:
+            torch.set_num_threads(threads)
+            if fresh_accelerate:  # leave Accelerate's process-wide singletons as they were: unset
+                AcceleratorState._reset_state(reset_partial_state=True)
+    assert rc == 0, err.getvalue()[-3000:]
+    return out.getvalue(), read_record(record)
+
+
+def _resume_here(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[dict[str, Any]]]:
+    """:func:`_resume` in the test's own process (:func:`train_in_process`)."""
+    return train_in_process(tmp_path, "--resume", str(run), options=options)
+
+
 @pytest.fixture(scope="module")
 def reference_run(recipe, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
-    """The uninterrupted run's folder and its per-step counters."""
+    """The uninterrupted run's folder and its per-step counters (in this process)."""
     folder = tmp_path_factory.mktemp("ref")
-    records = train_recorded(folder, str(recipe), "--output", str(folder / "run"))
+    _, records = train_in_process(folder, str(recipe), "--output", str(folder / "run"))
     assert [r["step"] for r in records] == list(range(1, TOTAL + 1))
     return folder / "run", records
 
@@ -174,6 +222,7 @@ def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 
 def test_sigkill_mid_run_then_resume_runs_only_the_remaining_steps(recipe, reference_run, reference, tmp_path):
     kill_after = 7  # mid-epoch 2, one step past the checkpoint of step 6: that step is redone
+    # The killed run and its resume are subprocesses: the resume is a fresh interpreter, as a user's.
     run, marker = tmp_path / "run", tmp_path / "held"
     with started(_slow_train("--hold-after-step", str(kill_after), "--hold-marker", str(marker), "--",
                              str(recipe), "--output", str(run))) as proc:
@@ -216,7 +265,8 @@ def test_kills_during_checkpoint_rotation_leave_complete_checkpoints_and_resume(
     before it is deleted, so no half-deleted ``checkpoint-N`` is left. Then the resumed process,
     once the checkpoint of step 6 is complete in its temporary folder but not renamed: the old
     checkpoint is only deleted once the new one is in place, so checkpoint-4 is still there,
-    complete. The last resume runs steps 5-12 to the uninterrupted run's counters and weights."""
+    complete. The last resume (in this process) runs steps 5-12 to the uninterrupted run's
+    counters and weights."""
     run, folder = tmp_path / "run", tmp_path / "run" / "checkpoints"
     _kill_mid_removal(recipe, run, tmp_path / "held-removal")
     assert check_checkpoints_complete(run).name == "checkpoint-00000004"
@@ -235,7 +285,7 @@ def test_kills_during_checkpoint_rotation_leave_complete_checkpoints_and_resume(
     assert config.name == "tiny" and config.output.keep_last == 1
     assert any(p.abs().sum() > 0 for p in encoder.parameters())
     # ...and resuming from it runs steps 5-12 and finishes with the uninterrupted run's weights.
-    stdout, rows = _resume(run, tmp_path)
+    stdout, rows = _resume_here(run, tmp_path)
     check_resumed_exactly(stdout, rows, folder / "checkpoint-00000004", TOTAL, reference_run[1])
     assert [p.name for p in folder.iterdir()] == ["checkpoint-00000012"]  # stale temporary folders are cleaned
     _assert_identical(load_weights(run / "encoder"), reference)
@@ -274,19 +324,15 @@ def _truncated_copy(full: Path, dest: Path, last_step: int) -> Path:
 
 @pytest.mark.parametrize("break_name,at", [("skip_restore", 6), ("forget_samples_seen", 10),
                                            ("skip_scheduler_restore", 10)])
-def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference, tmp_path, break_name, at, monkeypatch,
-                                                      capsys):
+def test_resume_checks_fail_when_the_restore_is_broken(reference_run, reference, tmp_path, break_name, at):
     """Mutation tests (tests/README.md): with ``load_checkpoint`` restoring nothing, the run
     restarts at step 0 and, with the same seed, still reaches the uninterrupted weights; with
     the samples-seen counter or the scheduler not restored, the steps run are the right ones.
-    The guard of this file (:func:`check_resumed_exactly`) must report each (the last two from
-    the checkpoint of step 10, in this process: two steps to run are enough to show it)."""
+    The guard of this file (:func:`check_resumed_exactly`) must report each (resuming in this
+    process; the last two from the checkpoint of step 10: two steps to run are enough to show it)."""
     part = tmp_path / "part"
     checkpoint = _truncated_copy(reference_run[0], part, at)
-    if break_name == "skip_restore":  # a subprocess: the weights are compared bitwise below
-        stdout, rows = _resume(part, tmp_path, "--break", break_name)
-    else:
-        stdout, rows = resume_in_process(part, tmp_path, monkeypatch, capsys, "--break", break_name)
+    stdout, rows = _resume_here(part, tmp_path, "--break", break_name)
     failure = "resumed from" if break_name == "skip_restore" else f"step {at + 1}: resumed"
     with pytest.raises(AssertionError, match=failure):
         check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_run[1])
@@ -301,14 +347,15 @@ def test_resume_mid_accumulation_window_with_loader_workers(tmp_path):
     """grad_accum_steps 2 over 5 batches per epoch (steps of 2, 2 and 1 micro-batches), one
     persistent loader worker, dropout and BatchNorm on. Killed after micro-batch 8 (the first
     half of step 5's window, whose gradients are lost), resumed from the checkpoint of step 4:
-    it runs steps 5 and 6 only, with the uninterrupted counters, and ends with its weights."""
-    raw = tiny_config(num_samples=80, batch_size=16, epochs=2, dropout=0.1, batch_norm=True)
+    it runs steps 5 and 6 only, with the uninterrupted counters, and ends with its weights.
+    (The uninterrupted run and the resume run in this process, with their loader worker.)"""
+    raw = tiny_config(num_samples=80, batch_size=16, epochs=2, dropout=0.1, batch_norm=True, text=False)
     raw["data"]["num_workers"] = 1
     raw["optimisation"]["grad_accum_steps"] = 2
     raw["output"].update(checkpoint_every=2, keep_last=10)
     recipe = write_recipe(tmp_path / "accum.yaml", raw)
     full = tmp_path / "full"
-    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(full))
+    _, reference_rows = train_in_process(tmp_path, str(recipe), "--output", str(full))
     assert _logged_steps(full) == [1, 2, 3, 4, 5, 6]
     assert [(r["epoch"], r["batch_in_epoch"]) for r in reference_rows[2:4]] == [(0, 5), (1, 2)]  # a short window
 
@@ -318,28 +365,29 @@ def test_resume_mid_accumulation_window_with_loader_workers(tmp_path):
         _kill_when_held(proc, marker, "micro-batch 8")
     checkpoint = list_checkpoints(run)[-1]
     assert checkpoint.name == "checkpoint-00000004" and _logged_steps(run)[-1] == 4
-    stdout, rows = _resume(run, tmp_path)
+    stdout, rows = _resume_here(run, tmp_path)
     check_resumed_exactly(stdout, rows, checkpoint, 6, reference_rows)
     _assert_identical(load_weights(run / "encoder"), load_weights(full / "encoder"))
 
 
 def test_resume_restores_stateful_objective(tmp_path):
     """IPMC with its memory bank, view filter (warm-up 1 epoch) and Wasserstein critic (own
-    optimiser): resuming from a mid-run checkpoint restores all of it (same final weights)."""
-    raw = tiny_config(num_samples=64, batch_size=16, epochs=3)
+    optimiser): resuming from a mid-run checkpoint restores all of it (same final weights).
+    Both runs in this process."""
+    raw = tiny_config(num_samples=64, batch_size=16, epochs=3, text=False)
     raw["objective"] = {"name": "ipmc", "params": {"beta": 0.1, "view_filter_k": 1, "warmup_epochs": 1,
                                                    "memory_bank_size": 64, "bank_negatives": 32, "critic_steps": 2}}
     raw["output"].update(checkpoint_every=3, keep_last=10)
     recipe = write_recipe(tmp_path / "ipmc.yaml", raw)
     full = tmp_path / "full"
-    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(full))
+    _, reference_rows = train_in_process(tmp_path, str(recipe), "--output", str(full))
     rows = list(csv.DictReader((full / "metrics.csv").open()))
     assert float(rows[-1]["moved_to_positive"]) > 0 and float(rows[-1]["critic_distance"]) != 0  # all tiers active
 
     # A copy of the run as it was at step 7 (mid-epoch 2: after the filter's warm-up).
     part = tmp_path / "part"
     checkpoint = _truncated_copy(full, part, 6)
-    stdout, rows = _resume(part, tmp_path)
+    stdout, rows = _resume_here(part, tmp_path)
     check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_rows)
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))
 
@@ -347,18 +395,19 @@ def test_resume_restores_stateful_objective(tmp_path):
 def test_resume_restores_ema_teacher(tmp_path):
     """An EMA teacher (ER's distillation form) is checkpointed as teacher.safetensors, not
     through Accelerate's pickled custom state: resuming mid-run gives the same final weights
-    (the loss depends on the teacher, so a teacher not restored would change them)."""
-    raw = tiny_config(num_samples=64, batch_size=16, epochs=3)
+    (the loss depends on the teacher, so a teacher not restored would change them). Both runs
+    in this process."""
+    raw = tiny_config(num_samples=64, batch_size=16, epochs=3, text=False)
     raw["objective"] = {"name": "er", "params": {"temperature": 0.2}, "ema_teacher": True, "teacher_momentum": 0.9}
     raw["output"].update(checkpoint_every=3, keep_last=10)
     recipe = write_recipe(tmp_path / "er.yaml", raw)
     full = tmp_path / "full"
-    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(full))
+    _, reference_rows = train_in_process(tmp_path, str(recipe), "--output", str(full))
     ckpt = list_checkpoints(full)[1]
     assert (ckpt / "teacher.safetensors").is_file() and not list(ckpt.glob("custom_checkpoint_*"))
 
     part = tmp_path / "part"
     checkpoint = _truncated_copy(full, part, 6)
-    stdout, rows = _resume(part, tmp_path)
+    stdout, rows = _resume_here(part, tmp_path)
     check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_rows)
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))
