@@ -82,13 +82,18 @@ def _train_in_this_process(argv: list[str]) -> None:
     """``tests/train_series.py ARGV`` in the test's own process (one interpreter start and the
     imports fewer: one process needs no process of its own), on one thread as a launched process
     (``OMP_NUM_THREADS=1``); each run's break is undone after it, and Accelerate's state is reset."""
+    from accelerate.state import AcceleratorState, PartialState
+
     threads = torch.get_num_threads()
+    fresh_accelerate = not PartialState._shared_state and not AcceleratorState._shared_state
     torch.set_num_threads(1)
     try:
         for run_argv in train_series.split_runs(argv):
             assert train_series.run_one(run_argv) == 0, run_argv
     finally:
         torch.set_num_threads(threads)
+        if fresh_accelerate:  # leave Accelerate's process-wide singletons as they were: unset
+            AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture(scope="module")
