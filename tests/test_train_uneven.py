@@ -117,7 +117,7 @@ def launch_two(runs: dict[str, tuple[Path, tuple[str, ...]]], folder: Path) -> d
         ranks = {r: folder / name / f"step-marker.rank{r}" for r in range(PROCESSES)}
         ended_well = statuses.get(number) == {r: 0 for r in range(PROCESSES)}
         results[name] = {
-            # -1: a rank said nothing of this run, yet the launch ended well (cannot happen: the series stops at a failure)
+            # -1: a rank said nothing of this run, yet the launch ended well (the series stops at a failure)
             "rc": 0 if ended_well else (proc.returncode or -1), "timed_out": timed_out,
             "stdout": out, "stderr": parts[number - 1] if number <= len(parts) else "", "run": folder / name / "run",
             "recorded": [row["step"] for row in read_record(folder / name / "steps.txt")],  # a JSON row per step
