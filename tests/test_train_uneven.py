@@ -59,7 +59,8 @@ def shards(tmp_path_factory) -> Path:
 def uneven_recipe(shards: Path, folder: Path, *, streaming: bool) -> Path:
     """The process group keeps its default timeout of an hour (``distributed.timeout_s``): a
     process left waiting for its peer would make the launch time out (:data:`LAUNCH_TIMEOUT_S`)
-    instead of failing at once (see :func:`test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up`)."""
+    instead of failing at once (see :func:`test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up`).
+    Every recipe of the launch says so: ``tests/train_series.py`` keeps the first run's group."""
     raw = recipe(shards, streaming=streaming, batch_size=K, val_split=None, test_split=None)
     raw["optimisation"]["epochs"] = EPOCHS
     raw["output"].update(progress_bar=True, checkpoint_every=0)
