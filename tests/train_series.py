@@ -8,8 +8,8 @@ e.g. ``--break scale_loss -- RECIPE --output RUN``): its options (a break of
 before the next one, which therefore runs intact code. Accelerate's state is reset between runs
 (each run's ``Accelerator`` is a new one) but the process group is kept: ``mmviews train``'s
 closing barrier still runs at the end of each run, the group is closed after the last one.
-(Closing and opening it again in the same processes can hang: gloo may read the peer's address
-of the previous group from the launcher's store.) So every run has the FIRST run's
+(Closing it and opening a new one in the same processes hung at the second run's start, once
+in three tries; the cause was not pinned down.) So every run has the FIRST run's
 ``distributed.timeout_s``. Rank 0 writes ``train_series: run I of N`` to stderr before run I (a
 test can split the launch's output by run), and every rank ``train_series: rank R: run I of N:
 exit status S`` after it. A run ending with a nonzero status ends the series with that status.
@@ -66,6 +66,8 @@ def _keeping_the_group(close: Callable[..., None]) -> Callable[..., None]:
 
 
 def run_one(argv: list[str]) -> int:
+    """One run: ``slow_train.py ARGV``'s options installed, ``mmviews train`` run, its exit
+    status returned; every attribute replaced for it is put back after it."""
     opts, train_args = slow_train.parse(argv)
     replaced: list[tuple[Any, str, Any]] = []  # (owner, name, its own value before, or _INHERITED)
 
