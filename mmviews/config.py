@@ -142,6 +142,10 @@ class EvaluationConfig:
     embeddings or their mean (the mean rewards views that agree in the shared space).
     ``views``: the view spec of the evaluation loaders
     (None: one natural, un-augmented view per modality of the training views).
+    ``plots``: draw each report's PNGs (training curves, similarity histogram, spectrum);
+    ``false`` writes the same metrics and summary without them (the plots cost about a second
+    of CPU per evaluation: for sweeps of many short runs, such as the reproduction scripts'
+    ``--smoke`` size).
     """
 
     tasks: list[Any] = field(default_factory=list)  # strings ("linear:class") or mappings
@@ -150,6 +154,7 @@ class EvaluationConfig:
     random_baseline: bool = True
     views: list[Any] | None = None
     fuse: Literal["concat", "mean"] = "concat"  # how per-view embeddings become one vector for probes
+    plots: bool = True
 
 
 @dataclass

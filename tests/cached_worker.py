@@ -1,5 +1,6 @@
 """Worker of tests/test_train_cached.py's two-process test: ``python cached_worker.py RECIPE RUN``
-under ``accelerate launch`` is ``mmviews train RECIPE --output RUN`` with a DDP communication hook
+as each rank of a torch.distributed job (``accelerate launch``, or the ranks started by
+``test_train_utils.run_ranks``) is ``mmviews train RECIPE --output RUN`` with a DDP communication hook
 that counts the gradient reductions (bucket all-reduces); rank 0 writes the count and the
 optimiser steps to ``RUN/reductions.json``.
 
@@ -46,6 +47,10 @@ def main(recipe: str, run: str, *then_break: str) -> int:
         assert flag == "--then-break", then_break
         apply_break(name)
         trainer.train(load_config(recipe), broken_run)
+    # Leave together, with the process group closed, as `mmviews train` does: a rank that exits
+    # while its peer (rank 0, still writing the run's files) holds the gloo connection can abort it.
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 

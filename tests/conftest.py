@@ -8,6 +8,7 @@ the folder through ``PYTHONPATH`` (see :data:`TESTS_DIR`).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,18 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``), each worker's torch gets its share of the cores: N workers
+    each spinning torch's default of one thread per core oversubscribe the machine (measured on
+    2 cores: in-process training tests took 2-3x the CPU time). Training subprocesses already
+    run on one thread (``OMP_NUM_THREADS=1``, ``test_train_utils.env``)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def train_two_steps(folder: Path, recipe: Path, run: str, capsys: pytest.CaptureFixture[str]) -> dict:
     rc = main(["train", str(recipe), "--output", run, "--set", "optimisation.max_steps=2",
-               "--set", "evaluation.random_baseline=false", "--set", "evaluation.tasks=[knn:class]"])  # the cheapest probe
+               "--set", "evaluation.random_baseline=false", "--set", "evaluation.tasks=[knn:class]",  # the cheapest probe
+               "--set", "evaluation.plots=false"])  # (the report's PNGs: a second of matplotlib, checked elsewhere)
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     return json.loads((folder / run / "results.json").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -153,18 +154,25 @@ def _free_port() -> int:
 
 
 def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
+    from test_train_utils import started
+
     script = tmp_path / "extract_ddp.py"
     script.write_text(SCRIPT)
-    launcher = Path(sys.executable).with_name("accelerate")
-    cmd = [
-        str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        str(script), str(tmp_path),
-    ]
+    # The two ranks are started here with the variables a launcher gives them (RANK, WORLD_SIZE,
+    # MASTER_ADDR/PORT; Accelerator(cpu=True) then makes a gloo group): `accelerate launch` would
+    # add a third process and its seconds of imports. Each in a session of its own, killed with
+    # its group when the block ends, so a failed or hung rank leaves no process behind.
     pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath,
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
+    with contextlib.ExitStack() as stack:
+        ranks = [stack.enter_context(started([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
+                                             env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                             stdout=stack.enter_context(log.open("w")), stderr=subprocess.STDOUT))
+                 for rank, log in zip((0, 1), logs)]
+        for proc, log in zip(ranks, logs):
+            assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
     outs = []
     for rank in (0, 1):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -3,7 +3,9 @@ ER batch size, IPMC ablation): each ``--smoke`` run trains through the public tr
 writes its tables and a PNG plot.
 
 The scripts are run in this process (``main(argv)``) so that torch and the trainer are imported
-once; each smoke run trains 2 tiny runs (32 samples, one epoch)."""
+once; each smoke run trains 2 to 4 tiny runs (32 samples, one epoch). The sweeps run in this
+process too (``--jobs 1``: a worker process pays about 3 s of imports before its first run), except
+the f-MICL one, which goes through ``run_sweep``'s pool of worker processes (``--jobs 2``)."""
 
 from __future__ import annotations
 
@@ -53,12 +55,16 @@ def _check_common(out: Path, png: str, n_runs: int) -> list[dict[str, str]]:
         assert int(row["steps"]) == results["steps"] >= 1
         config = yaml.safe_load((Path(row["run_dir"]) / "config.yaml").read_text())
         row["_config"] = config  # type: ignore[assignment]
+        # smoke runs report without PNGs (evaluation.plots: false, a second of CPU per run saved)
+        report = Path(row["run_dir"]) / "eval"
+        assert config["evaluation"]["plots"] is False
+        assert not list(report.glob("*.png")) and "Plots not drawn" in (report / "summary.md").read_text()
     return rows
 
 
 def test_er_batch_size_smoke(tmp_path: Path) -> None:
     out = tmp_path / "er"
-    assert _load("er_batch_size").main(["--smoke", "--out", str(out)]) == 0
+    assert _load("er_batch_size").main(["--smoke", "--jobs", "1", "--out", str(out)]) == 0
     rows = _check_common(out, "er_batch_size.png", 3)
     assert {r["objective"] for r in rows} == {"simclr", "er", "er_ema"}
     for r in rows:
@@ -93,7 +99,8 @@ def test_fmicl_similarity_smoke(tmp_path: Path) -> None:
     assert module.cosine_temperature("js", 0.2, 1.05) > 1 / math.log(2)
     assert module.cosine_temperature("kl", 0.2, 1.05) == 0.2
     out = tmp_path / "fmicl"
-    assert module.main(["--smoke", "--out", str(out)]) == 0
+    # --jobs 2: the one sweep of these tests run by the worker processes (one run each)
+    assert module.main(["--smoke", "--jobs", "2", "--out", str(out)]) == 0
     rows = _check_common(out, "fmicl_similarity.png", 2)
     sims = {r["similarity"]: r["_config"]["objective"]["params"] for r in rows}
     assert sims["cosine"]["similarity"] == "cosine" and sims["cosine"]["temperature"] > 1.0
@@ -120,7 +127,7 @@ def test_view_multiplicity_smoke(tmp_path: Path) -> None:
     (image_views,) = module.image_views_for(4)
     assert image_views["copies"] == 4 and image_views["augment"] == "simclr" and image_views["params"]["flip_p"] == 0.0
     out = tmp_path / "vm"
-    assert module.main(["--smoke", "--modes", "fixed", "fixed_steps", "--out", str(out)]) == 0
+    assert module.main(["--smoke", "--modes", "fixed", "fixed_steps", "--jobs", "1", "--out", str(out)]) == 0
     rows = _check_common(out, "view_multiplicity.png", 4)
     for r in rows:
         config = r["_config"]
@@ -137,7 +144,6 @@ def test_view_multiplicity_smoke(tmp_path: Path) -> None:
 @pytest.mark.parametrize("views", ["natural", "colour", "augmented"])
 def test_ipmc_ablation_smoke(tmp_path: Path, views: str) -> None:
     out = tmp_path / "ipmc"
-    # --jobs 1: the sweep in this process (the other smoke tests use the worker processes)
     assert _load("ipmc_ablation").main(["--smoke", "--views", views, "--jobs", "1", "--out", str(out)]) == 0
     rows = _check_common(out, "ipmc_ablation.png", 2)
     params = {r["variant"]: r["_config"]["objective"]["params"] for r in rows}

@@ -8,27 +8,21 @@ chunk sizes that do not divide the batch, so that the last chunk is shorter."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import shutil
-import socket
-import subprocess
 import sys
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from test_train_resume import (
-    SLOW_TRAIN,
-    _kill_when_held,
-    _resume,
-    check_resumed_exactly,
-    resume_in_process,
-    train_recorded,
-)
-from test_train_utils import REPO, env, load_weights, run_train, started, write_recipe
+from test_train_resume import SLOW_TRAIN, _kill_when_held, check_resumed_exactly
+from test_train_resume import train_in_process as recorded_in_process
+from test_train_utils import load_weights, run_ranks, started, write_recipe
 from torch import nn
 
 import mmviews.train.trainer as trainer
@@ -43,6 +37,20 @@ from mmviews.train.step import chunk_bounds, encode_without_graph
 TESTS = Path(__file__).resolve().parent
 # bf16 runs: the cached and plain steps differ by < 1e-4 here; bf16 and float32 runs by ~1e-3 (losses).
 BF16_ATOL = 3e-4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """This module's in-process runs on one torch thread, as the subprocesses
+    (``OMP_NUM_THREADS=1``). On a busy 2-core machine (CI: two pytest-xdist workers and their
+    subprocesses) the default two OpenMP threads per run spin against each other and cost several
+    times the work (measured on this file's in-process tests, load 6-10: 60-150 s wall and 32-58 s
+    CPU with the default, 19-24 s and 9.5 s with one thread). Each comparison runs both of its
+    sides here, so both get the same thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def gaussian_config(objective: dict[str, Any], *, chunk: int | None, ema_teacher: bool = False, epochs: int = 1,
@@ -181,20 +189,40 @@ def test_cached_step_with_grad_accumulation_and_clipping(tmp_path: Path) -> None
     assert not torch.allclose(unclipped[0]["x/head.net.weight"], plain[0]["x/head.net.weight"])  # it clipped
 
 
-def train_in_subprocess(config: dict[str, Any], run: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """As :func:`train_in_process`, in a new process (Accelerate's precision is fixed per process)."""
-    r = run_train(str(write_recipe(run.with_suffix(".yaml"), config)), "--output", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return load_weights(run / "encoder"), losses(run)
+@contextlib.contextmanager
+def accelerator_state_of_its_own() -> Iterator[None]:
+    """Accelerate's process-wide ``AcceleratorState`` (whose mixed precision is fixed once set)
+    emptied for the block and given back after it: runs of another precision in this process,
+    without a subprocess, and the process's later runs find the state they left."""
+    from accelerate.state import AcceleratorState
+
+    saved = dict(AcceleratorState._shared_state)
+    AcceleratorState._reset_state()
+    try:
+        yield
+    finally:
+        AcceleratorState._reset_state()
+        AcceleratorState._shared_state.update(saved)
 
 
-def test_cached_step_under_bf16_autocast(tmp_path: Path) -> None:
+def test_cached_step_under_bf16_autocast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 autocast (Accelerate's wrapper of the encoder's forward, which pass 1's call of the
     unwrapped encoder keeps): the cached step follows the plain one to bf16 rounding."""
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=None, num_samples=64,
                              mixed_precision="bf16")
-    plain = train_in_subprocess(config, tmp_path / "plain")
-    assert_same_training(plain, train_in_subprocess(with_chunk(config, 5), tmp_path / "cached"), atol=BF16_ATOL)
+    precisions, make_accelerator = [], trainer._accelerator
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        accelerator = make_accelerator(*args, **kwargs)
+        precisions.append((accelerator.mixed_precision, accelerator.native_amp))
+        return accelerator
+
+    monkeypatch.setattr(trainer, "_accelerator", recording)
+    with accelerator_state_of_its_own():
+        plain = train_in_process(config, tmp_path / "plain")
+        cached = train_in_process(with_chunk(config, 5), tmp_path / "cached")
+    assert precisions == [("bf16", True)] * 2  # both runs under Accelerate's bf16 autocast
+    assert_same_training(plain, cached, atol=BF16_ATOL)
 
 
 def _missing_modalities_config(chunk: int | None, adapters: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -427,12 +455,6 @@ def test_batch_norm_running_statistics_update_once_per_chunk(tmp_path: Path) -> 
 
 
 # ---- processes and resume --------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One process with the plain step ("one"), and two gloo processes with cached steps (8
@@ -445,13 +467,11 @@ def two_process_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
                              grad_accum_steps=2, optimizer="sgd", lr=0.5, momentum=0.0, max_grad_norm=None)
     train_in_process(config, folder / "one")
     recipe = write_recipe(folder / "cached.yaml", with_chunk(config, 3))
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()),
-                str(TESTS / "cached_worker.py"), str(recipe), str(folder / "two"),
-                "--then-break", "cached_scale_by_processes", str(folder / "broken")]
-    two = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=env(), cwd=REPO)
-    assert two.returncode == 0, two.stderr[-4000:]
+    # The two ranks started by the test (torchrun's environment), no launcher process.
+    ranks = run_ranks([sys.executable, str(TESTS / "cached_worker.py"), str(recipe), str(folder / "two"),
+                       "--then-break", "cached_scale_by_processes", str(folder / "broken")], folder)
+    assert all(r.returncode == 0 for r in ranks), "\n".join(  # a rank the test killed (rc -9) after another failed
+        f"rank {rank} (rc {r.returncode}): {r.stderr[-3000:]}" for rank, r in enumerate(ranks))
     return {name: folder / name for name in ("one", "two", "broken")}
 
 
@@ -480,8 +500,7 @@ def test_two_process_cached_check_fails_when_dz_is_scaled_by_the_processes(two_p
         assert_same_training(_trained(two_process_runs["one"]), _trained(broken))
 
 
-def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: Path) -> None:
     """SIGKILLed after step 7 (mid-epoch 2, one step past the checkpoint of step 6), the cached
     run resumes: it says so, runs steps 7-12 with the uninterrupted run's counters (samples,
     epoch, scheduler), and ends with its weights and losses. A resume that restores nothing
@@ -491,7 +510,9 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=5, head=head, epochs=2)
     config["output"].update(checkpoint_every=2, keep_last=2)
     recipe = write_recipe(tmp_path / "cached.yaml", config)
-    reference_rows = train_recorded(tmp_path, str(recipe), "--output", str(tmp_path / "full"))
+    # The uninterrupted run and the resume in this process, one thread (bitwise equal to the
+    # subprocesses' runs); only the run that is killed needs a process of its own.
+    _, reference_rows = recorded_in_process(tmp_path, str(recipe), "--output", str(tmp_path / "full"))
 
     run, held = tmp_path / "run", tmp_path / "held"
     with started([sys.executable, str(SLOW_TRAIN), "--hold-after-step", "7", "--hold-marker", str(held), "--",
@@ -502,7 +523,7 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
     assert checkpoint.name == "checkpoint-00000006"
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    stdout, rows = _resume(run, tmp_path)
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(run))
     check_resumed_exactly(stdout, rows, checkpoint, 12, reference_rows)
     full, resumed = load_weights(tmp_path / "full" / "encoder"), load_weights(run / "encoder")
     assert full.keys() == resumed.keys()
@@ -512,8 +533,8 @@ def test_kill_and_resume_a_cached_run_gives_the_uninterrupted_weights(tmp_path: 
 
     # The mutation test of the check above, in this process (the check reads no weights); the
     # first step is enough to show it (the run restarts at step 0).
-    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore",
-                                     "--stop-after-step", "1")
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(copy),
+                                       options=("--break", "skip_restore", "--stop-after-step", "1"))
     assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 12, reference_rows)

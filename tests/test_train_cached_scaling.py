@@ -26,7 +26,7 @@ from typing import Any, Callable
 import pytest
 import torch
 from mutations import apply_break
-from test_train_cached import gaussian_config
+from test_train_cached import gaussian_config, one_torch_thread  # noqa: F401 (an autouse fixture)
 
 import mmviews.train.trainer as trainer
 from mmviews.config import config_from_dict

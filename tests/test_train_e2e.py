@@ -8,7 +8,7 @@ import csv
 import json
 
 import torch
-from test_train_utils import run_train, tiny_config, write_recipe
+from test_train_utils import tiny_config, train_in_process, write_recipe
 
 from mmviews.run import list_checkpoints, load_run
 
@@ -19,7 +19,8 @@ def test_short_run_trains_checkpoints_evaluates_and_reports(tmp_path):
     raw["output"]["checkpoint_every"] = 3
     recipe = write_recipe(tmp_path / "tiny.yaml", raw)
     run = tmp_path / "run"
-    r = run_train(str(recipe), "--output", str(run), "--set", "evaluation.fuse=mean")
+    # the command's main in this process (a subprocess would pay ~3 s of imports first)
+    r = train_in_process(str(recipe), "--output", str(run), "--set", "evaluation.fuse=mean")
     assert r.returncode == 0, r.stderr[-3000:]
 
     # Resolved config beside the run, with the override applied.

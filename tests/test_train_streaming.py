@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,16 +15,9 @@ import pytest
 import torch
 from test_data_pickle import mmsa_split
 from test_data_shards import as_list, prepare
-from test_train_resume import (
-    SLOW_TRAIN,
-    _assert_identical,
-    _kill_when_held,
-    _resume,
-    check_resumed_exactly,
-    resume_in_process,
-    train_recorded,
-)
-from test_train_utils import load_weights, read_record, run_in_group, started, write_recipe
+from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when_held, check_resumed_exactly
+from test_train_resume import train_in_process as recorded_in_process
+from test_train_utils import load_weights, read_record, run_ranks, started, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -105,8 +97,9 @@ def reference(shards, tmp_path_factory) -> tuple[Path, Path]:
     raw = recipe(shards)
     raw["evaluation"] = {"tasks": ["msa:mosi"], "random_baseline": False}
     path = write_recipe(folder / "r.yaml", raw)
-    # Through slow_train --record: the per-step counters (reference_rows) of the resume test.
-    train_recorded(folder, str(path), "--output", str(folder / "run"))
+    # Through slow_train --record: the per-step counters (reference_rows) of the resume test. In
+    # this process, one thread: bitwise equal to a subprocess's run (the resume test's killed run).
+    recorded_in_process(folder, str(path), "--output", str(folder / "run"))
     return path, folder / "run"
 
 
@@ -122,7 +115,7 @@ def test_streamed_run_evaluates_its_streamed_splits(reference):
     assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
 
 
-def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path, monkeypatch, capsys):
+def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path):
     """Killed after step 4, resumed from the checkpoint of step 3 (mid-epoch 0, the loader's
     position saved as data): the process says so, runs steps 4-12 with the uninterrupted run's
     counters (samples, epoch, scheduler) and ends with its weights. A resume that restores
@@ -141,23 +134,17 @@ def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_row
     assert state["stream"]["shards"] == [f"train-{i:05d}.parquet" for i in range(4)]
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    stdout, rows = _resume(run, tmp_path)
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(run))  # only the killed run needs a process
     check_resumed_exactly(stdout, rows, checkpoint, 2 * ROWS // 8, reference_rows)
     _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
 
     # The mutation test of the check above, in this process (the check reads no weights); the
     # first step is enough to show it (the run restarts at step 0).
-    stdout, rows = resume_in_process(copy, tmp_path, monkeypatch, capsys, "--break", "skip_restore",
-                                     "--stop-after-step", "1")
+    stdout, rows = recorded_in_process(tmp_path, "--resume", str(copy),
+                                       options=("--break", "skip_restore", "--stop-after-step", "1"))
     assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 2 * ROWS // 8, reference_rows)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 WORKER = """
@@ -195,11 +182,12 @@ def test_two_gloo_processes_draw_disjoint_rows(shards, tmp_path):
                for k, folder in enumerate((shards, three))]
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-                str(script), *recipes]
-    r = run_in_group(launcher, timeout=240)  # a failed launch leaves no rank behind
-    assert r.returncode == 0, r.stderr[-4000:]
-    for out in json.loads(r.stdout.split("RESULT", 1)[1]):
+    # Two ranks started by the test (torchrun's environment, no launcher process); a failed
+    # launch leaves no rank behind.
+    ranks = run_ranks([sys.executable, str(script), *recipes], tmp_path)
+    assert all(r.returncode == 0 for r in ranks), "\n".join(  # a rank the test killed (rc -9) after another failed
+        f"rank {rank} (rc {r.returncode}): {r.stderr[-3000:]}" for rank, r in enumerate(ranks))
+    for out in json.loads(ranks[0].stdout.split("RESULT", 1)[1]):
         rows = [sorted(i for b in o["batches"] for i in b) for o in out]
         assert out[0]["len"] == out[1]["len"] == len(out[0]["batches"]) == len(out[1]["batches"]) == 6  # same steps
         assert all(len(b) == 4 for o in out for b in o["batches"])  # K / N rows per process

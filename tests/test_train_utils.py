@@ -178,3 +178,75 @@ def run_in_group(command: list[str], timeout: float = 240, **popen_options: Any)
 
             pytest.fail(f"{' '.join(command[:6])} ... did not finish within {timeout} s")
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def run_ranks(command: list[str], folder: Path, num_processes: int = 2,
+              timeout: float = 240) -> list[subprocess.CompletedProcess]:
+    """``command`` as the ``num_processes`` ranks of one torch.distributed job on this machine,
+    each a real process with the environment ``torchrun`` (or ``accelerate launch``) gives its
+    workers (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``), started by the test itself: no launcher process, one interpreter start
+    (~2 s of imports) fewer per launch. Each rank's output goes to ``folder/rank<R>.{out,err}``
+    (files, not pipes: a rank never blocks on a full pipe while the test waits for another).
+    Every rank runs in a session of its own whose group is SIGKILLed when this returns or
+    fails: a failed or hung launch leaves no process behind. Returns the ranks' results, rank 0
+    first."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    with contextlib.ExitStack() as stack:
+        for rank in range(num_processes):
+            rank_env = env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(num_processes),
+                           LOCAL_WORLD_SIZE=str(num_processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            out, err = (stack.enter_context(open(folder / f"rank{rank}.{kind}", "w")) for kind in ("out", "err"))
+            ranks.append(stack.enter_context(started(command, env=rank_env, stdout=out, stderr=err)))
+        deadline = time.monotonic() + timeout
+        while any(proc.poll() is None for proc in ranks):
+            if any(proc.returncode not in (None, 0) for proc in ranks):
+                break  # a rank failed: the others would wait for it in a collective (killed on leaving)
+            if time.monotonic() > deadline:  # bounds a hung launch only
+                import pytest
+
+                pytest.fail(f"{' '.join(command[:4])} ... did not finish within {timeout} s")
+            time.sleep(0.05)
+    return [subprocess.CompletedProcess(command, proc.returncode, (folder / f"rank{r}.out").read_text(),
+                                        (folder / f"rank{r}.err").read_text()) for r, proc in enumerate(ranks)]
+
+
+@contextlib.contextmanager
+def own_accelerate_state() -> Iterator[None]:
+    """Accelerate's process-wide state (a singleton that refuses a second precision) empty for
+    a run inside this pytest process, and put back as it was after: the run neither meets nor
+    leaves a state that clashes with another in-process run (a bf16 one after a float32 one).
+    One torch thread inside, as the training subprocesses (``OMP_NUM_THREADS=1``, :func:`env`)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
+    for cls, _ in saved:
+        cls._shared_state.clear()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        for cls, state in saved:
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
+
+
+def train_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``mmviews train ARGS`` run by the command's ``main`` in this process (a subprocess pays
+    about 3 s of imports first), under :func:`own_accelerate_state`; its exit code and what it
+    printed, as :func:`run_train` returns them."""
+    import io
+
+    from mmviews.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with own_accelerate_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["train", *args])
+    return subprocess.CompletedProcess(["mmviews", "train", *args], rc, out.getvalue(), err.getvalue())

@@ -261,6 +261,7 @@ def evaluate_encoder(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = True,
+    plots: bool = True,
 ) -> dict[str, float]:
     """Extracts embeddings of the splits the tasks need, computes the metrics and (with
     ``out_dir``) writes the report (``metrics.json``, ``summary.md``, plots).
@@ -280,6 +281,7 @@ def evaluate_encoder(
         device: where probes, kNN and diagnostics run (default: the accelerator's device,
             else CPU).
         progress: show a progress bar per extracted split (main process only).
+        plots: draw the report's PNGs (see :func:`mmviews.eval.report.write_report`).
     Returns:
         Flat dict metric name -> float, identical on every process.
     """
@@ -326,7 +328,7 @@ def evaluate_encoder(
         if out_dir is not None:
             from mmviews.eval.report import write_report
 
-            write_report(out_dir, metrics, meta=info, data=data, log_csv=log_csv)
+            write_report(out_dir, metrics, meta=info, data=data, log_csv=log_csv, plots=plots)
     if accelerator is not None and accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 

@@ -210,6 +210,7 @@ def write_report(
     data: Mapping[str, Any] | None = None,
     log_csv: str | os.PathLike | None = None,
     title: str = "mmviews evaluation",
+    plots: bool = True,
 ) -> dict[str, Path]:
     """Writes ``metrics.json`` (``{"metrics": ..., "meta": ...}``), ``summary.md`` and plots.
 
@@ -221,6 +222,8 @@ def write_report(
             ``spectrum.png``.
         log_csv: a training log with columns ``step,loss,...`` for ``training_curves.png``
             (skipped, with a note in the summary, if it does not exist).
+        plots: ``False`` draws no PNG (a note in the summary says so); metrics and summary
+            are the same.
     Returns:
         name -> written path.
     """
@@ -229,15 +232,17 @@ def write_report(
     written: dict[str, Path] = {}
     data = data or {}
     notes: list[str] = []
-    if log_csv is not None:
+    if not plots:
+        notes.append("Plots not drawn (evaluation.plots: false).")
+    elif log_csv is not None:
         if Path(log_csv).is_file():
             written["training_curves"] = plot_training_curves(log_csv, out / "training_curves.png")
         else:
             notes.append(f"No training log at {log_csv}; training curves not plotted.")
-    if "sim_pos" in data and "sim_neg" in data:
+    if plots and "sim_pos" in data and "sim_neg" in data:
         written["similarity_hist"] = plot_similarity_histograms(data["sim_pos"], data["sim_neg"], out / "similarity_hist.png")
     spectra = {k.split("/", 1)[1]: v for k, v in data.items() if k.startswith("spectrum/")}
-    if spectra:
+    if plots and spectra:
         written["spectrum"] = plot_spectrum(spectra, out / "spectrum.png")
     meta = dict(meta or {})
     meta["plots"] = sorted(p.name for p in written.values())
