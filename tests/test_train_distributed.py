@@ -1,4 +1,4 @@
-"""Two processes (gloo on CPU, `accelerate launch --multi_gpu --num_processes 2`) train a few
+"""Two processes (gloo on CPU, started as `accelerate launch --multi_gpu --num_processes 2` would) train a few
 steps and reach the same weights as one process on the same global batch.
 
 With AdamW a constant factor on the gradient (e.g. the loss multiplied by the number of
@@ -17,7 +17,6 @@ only."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 import train_series
-from test_train_utils import load_weights, run_in_group, tiny_config, write_recipe
+from test_train_utils import load_weights, own_accelerate_state, run_ranks, tiny_config, write_recipe
 
 from mmviews.config import load_config
 from mmviews.train import build_run
@@ -39,12 +38,6 @@ VARIANTS = {
     "sgd-keyed-dropout": ({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "max_grad_norm": None,
                            "sample_keyed_dropout": True}, 0.2),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _recipe(folder: Path, variant: str) -> Path:
@@ -80,39 +73,29 @@ def _series(folder: Path, runs: dict[str, tuple[str, str | None]], prefix: str) 
 
 def _train_in_this_process(argv: list[str]) -> None:
     """``tests/train_series.py ARGV`` in the test's own process (one interpreter start and the
-    imports fewer: one process needs no process of its own), on one thread as a launched process
-    (``OMP_NUM_THREADS=1``); each run's break is undone after it, and Accelerate's state is reset."""
-    from accelerate.state import AcceleratorState, PartialState
-
-    threads = torch.get_num_threads()
-    fresh_accelerate = not PartialState._shared_state and not AcceleratorState._shared_state
-    torch.set_num_threads(1)
-    try:
+    imports fewer: one process needs no process of its own), under :func:`own_accelerate_state`
+    (one thread, as a launched process); each run's break is undone after it."""
+    with own_accelerate_state():
         for run_argv in train_series.split_runs(argv):
             assert train_series.run_one(run_argv) == 0, run_argv
-    finally:
-        torch.set_num_threads(threads)
-        if fresh_accelerate:  # leave Accelerate's process-wide singletons as they were: unset
-            AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict[str, Any]:
     """{"recipe": {variant: recipe}, "one": {name: run folder}, "two": {name: run folder}}: every run
     of ``ONE_PROCESS_RUNS`` in one process (this one) and of ``TWO_PROCESS_RUNS`` on two gloo
-    processes (one ``accelerate launch --multi_gpu --num_processes 2``), trained once per module."""
+    processes (one launch of 2 ranks, :func:`run_ranks`), trained once per module."""
     folder = tmp_path_factory.mktemp("dist")
     recipes = {variant: _recipe(folder, variant) for variant in VARIANTS}
     _train_in_this_process(_series(folder, ONE_PROCESS_RUNS, "one"))
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()), str(TRAIN_SERIES), *_series(folder, TWO_PROCESS_RUNS, "two")]
-    two = run_in_group(launcher, timeout=240)  # a failed launch leaves no rank behind
-    assert two.returncode == 0, two.stderr[-4000:]
+    # The two ranks as accelerate launch would start them, without its launcher process.
+    ranks = run_ranks([sys.executable, str(TRAIN_SERIES), *_series(folder, TWO_PROCESS_RUNS, "two")], folder)
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr[-4000:]
     for name in TWO_PROCESS_RUNS:
         assert '"num_processes": 2' in (folder / f"two-{name}" / "results.json").read_text()
     # The summary from the main process only: one per run.
-    assert two.stdout.count("run folder:") == len(TWO_PROCESS_RUNS), two.stdout
+    assert [rank.stdout.count("run folder:") for rank in ranks] == [len(TWO_PROCESS_RUNS), 0], ranks[0].stdout
     return {"recipe": recipes, "one": {name: folder / f"one-{name}" for name in ONE_PROCESS_RUNS},
             "two": {name: folder / f"two-{name}" for name in TWO_PROCESS_RUNS}}
 
