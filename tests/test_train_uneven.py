@@ -4,7 +4,7 @@ the progress bar, ``metrics.csv`` and ``results.json`` (issue 27 "Uneven data", 
 
 The data: 38 MOSI-shaped rows that ``mmviews prepare --format parquet --shard-rows 12`` writes
 as shards of 12, 12, 12 and 2 rows (the short last shard), at K = 8 on 2 gloo processes
-(one ``accelerate launch`` for the module's runs, shared by the assertions):
+(one launch of 2 ranks for the module's runs, shared by the assertions):
 
 - streamed: a process reads 2 of the 4 shards, so it gets 24 or 14 rows; the process given 14
   can fill floor(14 / 4) = 3 batches of K / N = 4 rows, so every process runs 3 steps per epoch
@@ -18,19 +18,16 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from mutations import apply_break
 from test_data_pickle import mmsa_split
 from test_data_shards import as_list, prepare
 from test_train_streaming import recipe
-from test_train_utils import REPO, env, read_record, write_recipe
+from test_train_utils import read_record, run_ranks, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -68,59 +65,44 @@ def uneven_recipe(shards: Path, folder: Path, *, streaming: bool) -> Path:
     return write_recipe(folder / ("streamed.yaml" if streaming else "mapped.yaml"), raw)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 LAUNCH_TIMEOUT_S = 180
-STATUS = re.compile(r"^train_series: rank (\d+): run (\d+) of \d+: exit status (-?\d+)$", re.M)
+STATUS = r"^train_series: rank (\d+): run (\d+) of \d+: exit status (-?\d+)$"  # tests/train_series.py
 
 
 def launch_two(runs: dict[str, tuple[Path, tuple[str, ...]]], folder: Path) -> dict[str, dict[str, Any]]:
     """``runs``: {name: (recipe, options of tests/slow_train.py, e.g. a break)}: ``mmviews train
-    RECIPE`` for each, one after the other, on the same 2 gloo processes (one ``accelerate launch``
-    of ``tests/train_series.py``; a break applies to its run only), with ``--record``: rank 0's
-    optimiser steps, ``--marker``: each rank's last step. A run that fails ends the launch: put
-    it last. After :data:`LAUNCH_TIMEOUT_S` the launcher and its workers are killed (no process
-    is left behind). Returns {name: the run's result}; ``rc``: 0 if every rank says the run ended
-    with exit status 0, else the launch's exit status; ``stderr``: the run's part of the
-    launch's; ``timed_out``: whether the launch was killed."""
+    RECIPE`` for each, one after the other, on the same 2 gloo processes (one launch of
+    ``tests/train_series.py`` on 2 ranks, :func:`run_ranks`; a break applies to its run only), with
+    ``--record``: rank 0's optimiser steps, ``--marker``: each rank's last step. A run that fails
+    ends the launch (the other rank is killed, as the launcher does): put it last. After
+    :data:`LAUNCH_TIMEOUT_S` the ranks are killed (no process is left behind). Returns {name: the
+    run's result}; ``rc``: 0 if every rank says the run ended with exit status 0, else a rank's
+    nonzero exit status (-1 if none); ``stderr``: the ranks' output of the run (rank 0's, then
+    rank 1's); ``timed_out``: whether the ranks were killed after the timeout."""
     argv: list[str] = []
     for name, (recipe_path, slow_train_options) in runs.items():
         argv += ["--record", str(folder / name / "steps.txt"), "--marker", str(folder / name / "step-marker"),
                  *slow_train_options, "--", str(recipe_path), "--output", str(folder / name / "run"), ":::"]
         (folder / name).mkdir()
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(PROCESSES),
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()), str(TRAIN_SERIES), *argv[:-1]]
-    proc = subprocess.Popen(launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
     try:
-        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        exit_codes = [r.returncode for r in run_ranks([sys.executable, str(TRAIN_SERIES), *argv[:-1]], folder,
+                                                      PROCESSES, timeout=LAUNCH_TIMEOUT_S)]
         timed_out = False
-    except subprocess.TimeoutExpired:
-        # torchrun starts each worker in a session of its own: they are killed by pid (they would
-        # outlive the launcher, holding its output pipes open), then the launcher. The runs that
-        # ended before are still checked.
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            child.kill()
-        proc.kill()
-        out, err = proc.communicate()
-        timed_out = True
-    # Rank 0 starts run I's output with "train_series: run I of N": each run's part of stderr.
-    parts = re.split(r"^train_series: run \d+ of \d+$", err, flags=re.M)[1:]
+    except pytest.fail.Exception:  # the timeout: the runs that ended before are still checked
+        exit_codes, timed_out = [], True
+    failed = next((code for code in exit_codes if code), -1)
+    errs = [(folder / f"rank{r}.err").read_text() for r in range(PROCESSES)]
     statuses: dict[int, dict[int, int]] = {}
-    for rank, number, status in STATUS.findall(err):
+    for rank, number, status in re.findall(STATUS, "\n".join(errs), flags=re.M):
         statuses.setdefault(int(number), {})[int(rank)] = int(status)
+    # Each rank ends its output of run I with its status line: each run's part of each rank's stderr.
+    parts = [re.split(STATUS.replace("(", "(?:"), err, flags=re.M) for err in errs]
     results = {}
     for number, name in enumerate(runs, 1):
         ranks = {r: folder / name / f"step-marker.rank{r}" for r in range(PROCESSES)}
-        ended_well = statuses.get(number) == {r: 0 for r in range(PROCESSES)}
         results[name] = {
-            # -1: a rank said nothing of this run, yet the launch ended well (the series stops at a failure)
-            "rc": 0 if ended_well else (proc.returncode or -1), "timed_out": timed_out,
-            "stdout": out, "stderr": parts[number - 1] if number <= len(parts) else "", "run": folder / name / "run",
+            "rc": 0 if statuses.get(number) == {r: 0 for r in range(PROCESSES)} else failed, "timed_out": timed_out,
+            "stderr": "".join(p[number - 1] for p in parts if number <= len(p)), "run": folder / name / "run",
             "recorded": [row["step"] for row in read_record(folder / name / "steps.txt")],  # a JSON row per step
             "last_step": {r: int(p.read_text().split()[0]) if p.is_file() else None for r, p in ranks.items()}}
     return results
