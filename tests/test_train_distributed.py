@@ -1,5 +1,5 @@
-"""Two processes (gloo on CPU, started as `accelerate launch --multi_gpu --num_processes 2` would) train a few
-steps and reach the same weights as one process on the same global batch.
+"""Two processes (gloo on CPU, started as `accelerate launch --multi_gpu --num_processes 2` starts
+them) train a few steps and reach the same weights as one process on the same global batch.
 
 With AdamW a constant factor on the gradient (e.g. the loss multiplied by the number of
 processes) cancels out of the update, so the comparison also runs with plain SGD (no momentum,
