@@ -8,7 +8,6 @@ chunk sizes that do not divide the batch, so that the last chunk is shorter."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import shutil
@@ -22,7 +21,7 @@ import pytest
 import torch
 from test_train_resume import SLOW_TRAIN, _kill_when_held, check_resumed_exactly
 from test_train_resume import train_in_process as recorded_in_process
-from test_train_utils import load_weights, run_ranks, started, write_recipe
+from test_train_utils import load_weights, own_accelerate_state, run_ranks, started, write_recipe
 from torch import nn
 
 import mmviews.train.trainer as trainer
@@ -189,22 +188,6 @@ def test_cached_step_with_grad_accumulation_and_clipping(tmp_path: Path) -> None
     assert not torch.allclose(unclipped[0]["x/head.net.weight"], plain[0]["x/head.net.weight"])  # it clipped
 
 
-@contextlib.contextmanager
-def accelerator_state_of_its_own() -> Iterator[None]:
-    """Accelerate's process-wide ``AcceleratorState`` (whose mixed precision is fixed once set)
-    emptied for the block and given back after it: runs of another precision in this process,
-    without a subprocess, and the process's later runs find the state they left."""
-    from accelerate.state import AcceleratorState
-
-    saved = dict(AcceleratorState._shared_state)
-    AcceleratorState._reset_state()
-    try:
-        yield
-    finally:
-        AcceleratorState._reset_state()
-        AcceleratorState._shared_state.update(saved)
-
-
 def test_cached_step_under_bf16_autocast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 autocast (Accelerate's wrapper of the encoder's forward, which pass 1's call of the
     unwrapped encoder keeps): the cached step follows the plain one to bf16 rounding."""
@@ -218,7 +201,7 @@ def test_cached_step_under_bf16_autocast(tmp_path: Path, monkeypatch: pytest.Mon
         return accelerator
 
     monkeypatch.setattr(trainer, "_accelerator", recording)
-    with accelerator_state_of_its_own():
+    with own_accelerate_state():
         plain = train_in_process(config, tmp_path / "plain")
         cached = train_in_process(with_chunk(config, 5), tmp_path / "cached")
     assert precisions == [("bf16", True)] * 2  # both runs under Accelerate's bf16 autocast

@@ -41,6 +41,7 @@ from test_train_utils import (
     env,
     kill_group,
     load_weights,
+    own_accelerate_state,
     read_record,
     started,
     tiny_config,
@@ -83,27 +84,19 @@ def train_in_process(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) 
     weights are bitwise those of the same run in a subprocess. For runs that are not killed or
     signalled (no hold option)."""
     import slow_train
-    from accelerate.state import AcceleratorState, PartialState
 
     from mmviews.cli import main
 
     record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
     opts, rest = slow_train.parse(["--record", str(record), *options, "--", *args])
-    threads = torch.get_num_threads()
-    fresh_accelerate = not PartialState._shared_state and not AcceleratorState._shared_state
     out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, own_accelerate_state():
         slow_train.install(opts, patch.setattr)
-        torch.set_num_threads(1)
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 rc = main(["train", *rest])
         except slow_train.StopAfterStep:  # --stop-after-step: the steps needed are done
             rc = 0
-        finally:
-            torch.set_num_threads(threads)
-            if fresh_accelerate:  # leave Accelerate's process-wide singletons as they were: unset
-                AcceleratorState._reset_state(reset_partial_state=True)
     assert rc == 0, err.getvalue()[-3000:]
     return out.getvalue(), read_record(record)
 

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (after one warm-up)")
     parser.add_argument("--no-realistic", action="store_true", help="skip the realistic-size models")
     parser.add_argument("--cache-batches", type=int, default=4, help="batches per epoch in the cache measurement")
-    parser.add_argument("--output", default="bench_adapters.json", help="JSON file to write")
+    parser.add_argument("--output", "--out", dest="output", default="bench_adapters.json",
+                        help="JSON file to write (--out: the same)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="torch device for the adapters (cpu, cuda, ...)")
 

@@ -49,7 +49,8 @@ through ``datasets`` memory-mapped, a shuffled DataLoader) against streamed
 (:class:`~mmviews.data.streaming.StreamLoader`); ``streamed / map-style`` is the ratio of their
 times (a fixed cost per epoch, e.g. a stall when a pass over the shards ends, shows here).
 
-Prints tables and the JSON (also written to ``--json PATH``).
+Prints tables and the JSON (also written to ``--output PATH``; ``--json`` and ``--out`` are the
+same option).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-epochs", type=int, default=2, help="timed epochs per streamed case")
     parser.add_argument("--stream-images", type=int, default=1437,
                         help="small images of the streamed case's map-style vs streamed comparison")
-    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--output", "--out", "--json", dest="json", default=None,
+                        help="also write the results to this JSON file (--out, --json: the same)")
 
 
 def _write_mosi_like(path: Path, n: int, seed: int = 0) -> None:

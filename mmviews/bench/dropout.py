@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per variant (after one warm-up)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
-    parser.add_argument("--output", default="bench_dropout.json", help="JSON file to write")
+    parser.add_argument("--output", "--out", dest="output", default="bench_dropout.json",
+                        help="JSON file to write (--out: the same)")
 
 
 def _config(case: str, variant: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -381,7 +381,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.1, help="temperature of every objective (default 0.1)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random z (default 0)")
-    parser.add_argument("--out", type=Path, default=Path("bench-objectives.json"), help="JSON output path")
+    parser.add_argument("--output", "--out", dest="out", type=Path, default=Path("bench-objectives.json"),
+                        help="JSON output path (--out: the same)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: 1 with --clock cpu, else torch's)")
     parser.add_argument(

@@ -305,7 +305,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.1, help="temperature (default 0.1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of z (default 0)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per case before it is stopped (default 3600)")
-    parser.add_argument("--out", type=Path, default=Path("bench-scale.json"), help="JSON output path")
+    parser.add_argument("--output", "--out", dest="out", type=Path, default=Path("bench-scale.json"),
+                        help="JSON output path (--out: the same)")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case and print its JSON
 

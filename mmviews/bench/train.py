@@ -22,6 +22,14 @@ Cases:
   224 px, and a CNN on 4 optical-flow frames of 224 px. Inputs are random (a pool of
   generated samples, cycled), K is ``--realistic-K`` (default 8, so that CPU runs take
   minutes; M is the recipe's).
+- ``finetune-small``: the shape of the ``finetune`` recipe at small size
+  (:func:`finetune_small_config`; no download, no file): its M = 8 views, geometric PVC, AdamW,
+  bf16 autocast and its adapters' ``finetune`` (LoRA rank 8 on BERT and the CLIP ViT, HuBERT's
+  last 2 layers), ``gradient_checkpointing`` and ``head`` settings, on the tiny random-weight
+  BERT, HuBERT and open_clip ViT of :func:`mmviews.modalities.presets.tiny_config` (2 layers
+  each), with random text of 8 words, 0.25 s clips at 16 kHz and 32 px images; K = 64 and
+  ``encode_chunk_size`` 16 (the cached step), no loader workers (``--set`` changes any key,
+  e.g. ``--set data.batch_size=128``).
 
 Timing. ``--warmup`` untimed steps, then ``--steps`` timed ones (defaults 2 and 10; 1 and 3
 for the realistic case on CPU, where a step takes about a minute at K = 8 on 2 cores), each
@@ -36,10 +44,15 @@ loop's total is the throughput. A view is one (sample, view) pair: views/s = sam
 Memory. CUDA: ``torch.cuda.max_memory_allocated`` over the timed steps (tensor memory).
 CPU: the high-water mark of the process's resident set (``resource.getrusage``, main process
 only, since the process started: it includes building the models). Each case of a run with
-several runs in its own process, so that its figures are its own. The quickstart case also
-prints the estimate of ``mmviews train --check`` (:func:`mmviews.train.memory.estimate_memory`,
-made after the run is built, before the sample cache fills) beside the measured peak: RSS on
-CPU, ``torch.cuda.max_memory_reserved`` (what the process holds on the device) on CUDA.
+several runs in its own process, so that its figures are its own. The quickstart and
+finetune-small cases also print the estimate of ``mmviews train --check``
+(:func:`mmviews.train.memory.estimate_memory`) beside the measured peak: RSS on CPU,
+``torch.cuda.max_memory_reserved`` (what the process holds on the device) on CUDA. The estimate
+is made as a user's ``--check`` makes it, in a process of its own (:func:`estimate_in_subprocess`:
+the quickstart built with its evaluation splits and checked as ``--check`` does), so that its
+trial steps leave nothing in the measured process. On CPU the row also gives what the first
+(warm-up) step left in the process beyond gradients and optimiser state (after ``malloc_trim``),
+beside the estimate's "framework state".
 
 Large global batches (``--encode-chunk-size N``, ``--gradient-checkpointing``): each case runs
 twice, each in its own process: the step under test (the cached-embedding step of
@@ -65,6 +78,7 @@ accelerator each is a synchronisation.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -87,10 +101,12 @@ from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.fileio import atomic_write_text
 from mmviews.modalities.base import adapter_class
-from mmviews.modalities.presets import TINY_WORDS, realistic_config
+from mmviews.modalities.presets import TINY_WORDS, realistic_config, tiny_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
-from mmviews.train.memory import MemoryEstimate, estimate_memory
+from mmviews.train.memory import (MemoryEstimate, estimate_memory, resident_bytes, tensor_bytes, tensors_in,
+                                  trim_host_memory)
 from mmviews.train.step import (
     Prepared,
     _present_mask,
@@ -101,7 +117,7 @@ from mmviews.train.step import (
 )
 from mmviews.train.trainer import _accelerator, _prepare
 
-CASES = ("quickstart", "realistic")
+CASES = ("quickstart", "realistic", "finetune-small")
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
 _SHORT = {"data": "data", "forward": "fwd", "objective": "loss", "backward": "bwd", "optimiser": "optim"}
 
@@ -125,32 +141,36 @@ class RandomViews(Dataset):
     generated up front and cycled, so that data time is the loader's, not the generator's."""
 
     def __init__(self, num_samples: int, pool: int = 32, seed: int = 0, *, audio_seconds: float = 2.0,
-                 sample_rate: int = 16000, image_size: int = 224, flow_frames: int = 4, words: int = 60) -> None:
+                 sample_rate: int = 16000, image_size: int = 224, flow_frames: int = 4, words: int = 60,
+                 modalities: Sequence[str] = ("text", "audio", "image", "flow")) -> None:
         self.num_samples, self.sample_rate = num_samples, sample_rate
         self.image_size, self.flow_frames = image_size, flow_frames
+        self.modalities = tuple(modalities)
         g = torch.Generator().manual_seed(seed)
         n_audio = int(round(audio_seconds * sample_rate))
         self._pool = []
         for _ in range(min(pool, num_samples)):
             ids = torch.randint(len(TINY_WORDS), (words,), generator=g).tolist()
-            self._pool.append({
+            sample = {
                 "text": " ".join(TINY_WORDS[i] for i in ids),
                 "audio": torch.randn(n_audio, generator=g) * 0.1,
                 "image": torch.rand(3, image_size, image_size, generator=g),
                 "flow": torch.randn(flow_frames, 2, image_size, image_size, generator=g) * 3,
-            })
+            }
+            self._pool.append({m: sample[m] for m in self.modalities})
 
     def __len__(self) -> int:
         return self.num_samples
 
     def modality_info(self) -> dict[str, dict[str, Any]]:
         S, T = self.image_size, self.flow_frames
-        return {
+        info = {
             "text": {"kind": "text"},
             "audio": {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate},
             "image": {"kind": "image", "shape": (3, S, S)},
             "flow": {"kind": "flow", "shape": (T, 2, S, S)},
         }
+        return {m: info[m] for m in self.modalities}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {"index": index, "modalities": dict(self._pool[index % len(self._pool)]), "labels": {}}
@@ -171,13 +191,47 @@ def realistic_config_of(config: TrainConfig, K: int) -> TrainConfig:
     return config_from_dict(raw, f"{config.name} (realistic adapters)")
 
 
-def realistic_parts(config: TrainConfig, num_samples: int) -> RunParts:
-    """The pieces :func:`mmviews.train.build_run` makes, over :class:`RandomViews`."""
+#: The ``finetune-small`` case: K, chunk and inputs (small random text, 0.25 s clips at 16 kHz, 32 px
+#: images, the tiny presets' sizes), and the recipe keys it keeps from each adapter of ``finetune``.
+FINETUNE_SMALL_DEFAULTS = ("data.batch_size=64", "optimisation.encode_chunk_size=16", "data.num_workers=0")
+FINETUNE_SMALL_INPUTS = {"audio_seconds": 0.25, "sample_rate": 16000, "image_size": 32, "words": 8}
+FINETUNE_SMALL_KEPT = ("finetune", "gradient_checkpointing", "head", "pooling", "freeze_feature_encoder", "embed_dim")
+_TINY_KIND = {"text": "text", "hf_audio": "hf_audio", "open_clip": "open_clip"}
+
+
+def finetune_small_config(overrides: Sequence[str] = ()) -> TrainConfig:
+    """The ``finetune`` recipe at small size: its views, objective, optimiser, precision and its
+    adapters' ``finetune`` (LoRA on text and image, HuBERT's last_n), ``gradient_checkpointing``,
+    ``head`` and pooling settings, on the tiny random-weight backbones of
+    :func:`mmviews.modalities.presets.tiny_config` (BERT, HuBERT and an open_clip ViT of two
+    layers each; nothing downloaded), images of 32 px, K = 64, ``encode_chunk_size`` 16 and no
+    loader workers (:data:`FINETUNE_SMALL_DEFAULTS`), then ``overrides`` (``--set``)."""
+    base = load_config(resolve_recipe("finetune"), [*FINETUNE_SMALL_DEFAULTS, *overrides])
+    raw = base.to_dict()
+    for modality, adapter in raw["adapters"].items():
+        kind = _TINY_KIND.get(adapter["type"])
+        if kind is None:
+            raise ValueError(f"bench train finetune-small: no tiny preset for adapters.{modality}.type "
+                             f"{adapter['type']!r}")
+        tiny = {k: v for k, v in tiny_config(kind).items() if k != "embed_dim"}  # the recipe's encoder.embed_dim
+        raw["adapters"][modality] = {**tiny, **{k: adapter[k] for k in FINETUNE_SMALL_KEPT if k in adapter}}
+    size = FINETUNE_SMALL_INPUTS["image_size"]
+    for view in raw["views"]:  # the recipe's 224 px crops, at the tiny ViT's 32 px
+        if "size" in (view.get("params") or {}):
+            view["params"]["size"] = size
+    raw["evaluation"]["tasks"] = []
+    return config_from_dict(raw, f"{base.name} (small: tiny random-weight backbones)")
+
+
+def realistic_parts(config: TrainConfig, num_samples: int, inputs: dict[str, Any] | None = None) -> RunParts:
+    """The pieces :func:`mmviews.train.build_run` makes, over :class:`RandomViews` (``inputs``:
+    its sizes, default :data:`REALISTIC_INPUTS`; only the modalities of the views)."""
     from accelerate.utils import set_seed
 
     spec = ViewSpec.from_config(config.views)
     d = config.data
-    dataset = RandomViews(num_samples, seed=config.seed, **REALISTIC_INPUTS)
+    dataset = RandomViews(num_samples, seed=config.seed, modalities=spec.modalities,
+                          **(REALISTIC_INPUTS if inputs is None else inputs))
     collator = EpochCollator(ViewSetCollator.for_dataset(dataset, spec, seed=config.seed))
     inner = ViewSetBatchSampler(len(dataset), d.batch_size, len(spec), d.batch_mode,
                                 reference_views=d.reference_views, shuffle=True, drop_last=True, seed=config.seed)
@@ -356,6 +410,20 @@ def _sync_debug_loop(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: floa
             "causes": causes}
 
 
+def _trimmed_resident() -> int:
+    """The resident set after ``malloc_trim`` (what the process holds, not what glibc keeps free)."""
+    trim_host_memory()
+    return resident_bytes()
+
+
+def _optimiser_bytes(p: Prepared) -> int:
+    """The parameters' gradients and the optimiser's state: the tensors a step leaves alive."""
+    model = p.accelerator.unwrap_model(p.model)
+    optimizer = getattr(p.optimizer, "optimizer", p.optimizer)
+    return tensor_bytes([q.grad for q in model.parameters() if q.grad is not None]
+                        + list(tensors_in(list(optimizer.state.values()))))
+
+
 def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int, sync_debug: str | None = None,
             count_host_reads: int = 0) -> dict[str, Any]:
     """Prepare ``parts`` as :func:`mmviews.train.train` does and time ``steps`` steps after
@@ -373,8 +441,11 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         max_grad_norm = config.optimisation.max_grad_norm
         p.model.train()
         batch_iter = _batches(p, parts)
-        for _ in range(warmup):
+        before_first = _trimmed_resident()
+        for i in range(warmup):
             timed_step(p, batch_iter, max_grad_norm, sync)
+            if i == 0:
+                first_step_residue = _trimmed_resident() - before_first - _optimiser_bytes(p)
         sync()
         reset_cuda_peak(dev)
         phases = {name: [] for name in PHASES}
@@ -426,13 +497,16 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         "phase_ms": {name: 1000 * sum(v) / steps for name, v in phases.items()},
         "phase_share": {name: sum(v) / total for name, v in phases.items()},
         "peak_memory_mb": peak_mb, "memory_method": memory_method, "peak_reserved_mb": reserved_mb,
+        # the host memory the first step leaves with only the gradients and optimiser state alive (the
+        # estimate's framework state; None without a warm-up step)
+        "first_step_residue_mb": None if warmup == 0 or cuda else first_step_residue / 2**20,
         "params_M": sum(q.numel() for q in accelerator.unwrap_model(p.model).parameters()) / 1e6,
         "sync_debug": result_sync, "host_reads": host_reads,
     }
 
 
-def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Build and measure one case (in this process)."""
+def _overrides_of(args: argparse.Namespace) -> list[str]:
+    """The recipe overrides of ``args``: ``--set``, then the device and the options that set keys."""
     overrides = [*args.set, f"cpu={'true' if args.device == 'cpu' else 'false'}"]
     if args.workers is not None:
         overrides.append(f"data.num_workers={args.workers}")
@@ -440,28 +514,77 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         overrides.append(f"optimisation.mixed_precision={args.mixed_precision}")
     if args.encode_chunk_size is not None:
         overrides.append(f"optimisation.encode_chunk_size={args.encode_chunk_size}")
-    config = load_config(resolve_recipe(args.recipe), overrides)
-    steps, warmup = _steps_of(case, args)
-    cache = "off"
+    return overrides
+
+
+def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> RunParts:
+    """The run of ``case``, built. ``for_check``: the quickstart as ``mmviews train --check``
+    builds it (evaluation splits too, and its checks run: one batch of each split through the
+    adapters), else as the measured steps need it (no evaluation)."""
+    overrides = _overrides_of(args)
     if case == "quickstart":
+        config = load_config(resolve_recipe(args.recipe), overrides)
         if args.gradient_checkpointing:
             config = with_gradient_checkpointing(config)
-        parts = build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
-        # before the sample cache fills: the estimate measures the process as --check would see it
-        estimate = estimate_memory(parts, 1, config.optimisation.encode_chunk_size, on_host=args.device == "cpu")
-        if config.data.cache:
-            cache = "cold" if args.cold_cache else "warm"
-            if not args.cold_cache:  # what mmviews train's random-baseline evaluation does first
-                dataset = parts.datasets["train"]
-                for i in range(len(dataset)):
-                    dataset[i]
+        if not for_check:
+            return build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
+        from mmviews.train.preflight import run_checks
+
+        parts = build_run(config, 1, f"recipe {args.recipe}")
+        run_checks(parts, f"recipe {args.recipe}")
+        return parts
+    steps, warmup = _steps_of(case, args)
+    if case == "finetune-small":
+        config, inputs = finetune_small_config(overrides), FINETUNE_SMALL_INPUTS
     else:
-        config = realistic_config_of(config, args.realistic_K)
-        if args.gradient_checkpointing:
-            config = with_gradient_checkpointing(config)
-        num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
-        parts = realistic_parts(config, num_samples)
-        estimate = None  # measuring full-size encoders on 2 and 4 samples takes minutes on a CPU
+        config = realistic_config_of(load_config(resolve_recipe(args.recipe), overrides), args.realistic_K)
+        inputs = REALISTIC_INPUTS
+    if args.gradient_checkpointing:
+        config = with_gradient_checkpointing(config)
+    num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
+    return realistic_parts(config, num_samples, inputs)
+
+
+def has_estimate(case: str) -> bool:
+    """Whether ``case`` gets a ``--check`` estimate (not the realistic case: measuring full-size
+    encoders on 2, 4 and 128 samples takes many minutes on a CPU)."""
+    return case != "realistic"
+
+
+def estimate_case(case: str, args: argparse.Namespace) -> MemoryEstimate:
+    """The estimate ``mmviews train --check`` makes for ``case``, in this process (run it in a
+    process of its own: its measurements leave memory behind)."""
+    parts = build_case(case, args, for_check=True)
+    return estimate_memory(parts, 1, parts.config.optimisation.encode_chunk_size, on_host=args.device == "cpu")
+
+
+def estimate_in_subprocess(case: str, args: argparse.Namespace) -> MemoryEstimate:
+    """:func:`estimate_case` in a fresh interpreter, as a user's ``mmviews train --check`` is
+    made: the measured process never runs the estimate's trial steps."""
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-estimate-") as tmp:
+        out = Path(tmp) / "estimate.json"
+        command = [sys.executable, "-m", "mmviews.bench.train", *_argv_of(args), "--case", case, "--estimate-only",
+                   "--output", str(out)]
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"bench train: the estimate of case {case!r} failed (exit status {done.returncode}): "
+                               f"{' '.join(command)}")
+        return MemoryEstimate(**json.loads(out.read_text())["estimate"])
+
+
+def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build and measure one case (in this process); its estimate comes from a process of its own."""
+    estimate = estimate_in_subprocess(case, args) if has_estimate(case) else None
+    steps, warmup = _steps_of(case, args)
+    parts = build_case(case, args)
+    config = parts.config
+    cache = "off"
+    if case == "quickstart" and config.data.cache:
+        cache = "cold" if args.cold_cache else "warm"
+        if not args.cold_cache:  # what mmviews train's random-baseline evaluation does first
+            dataset = parts.datasets["train"]
+            for i in range(len(dataset)):
+                dataset[i]
     row = measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
                   sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
     row["data_cache"] = cache
@@ -472,8 +595,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def estimate_parts_mb(estimate: MemoryEstimate) -> dict[str, float]:
     """The parts of a :class:`~mmviews.train.memory.MemoryEstimate`, in MB."""
-    names = ("baseline", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher", "batches",
-             "activations", "working", "objective", "evaluation", "step", "total")
+    names = ("baseline", "framework", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher",
+             "batches", "activations", "working", "objective", "evaluation", "step", "total")
     return {name: getattr(estimate, name) / 2**20 for name in names}
 
 
@@ -508,10 +631,10 @@ def format_table(result: dict[str, Any]) -> str:
     gpu = f" ({env['cuda_device']})" if any(d.startswith("cuda") for d in devices) and "cuda_device" in env else ""
     lines = [f"bench train on {', '.join(devices)}{gpu}, {env['threads']} CPU threads; step ms: median of the timed "
              "steps; phase shares of their total",
-             f"{'case':<11}{'step':<13}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
+             f"{'case':<15}{'step':<15}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
              + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'est MB':>8}{'params M':>10}"]
     for row in result["cases"]:
-        lines.append(f"{row['case']:<11}{row.get('step', 'plain'):<13}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
+        lines.append(f"{row['case']:<15}{row.get('step', 'plain'):<15}{row['K']:>5}{row['M']:>3}{row['steps']:>6}{row['num_workers']:>8}"
                      f"{row.get('data_cache', '-'):>6}"
                      f"{row['samples_per_s']:>11.1f}{row['views_per_s']:>10.1f}{row['step_ms']:>9.1f}"
                      + "".join(f"{100 * row['phase_share'][name]:>7.1f}" for name in PHASES)
@@ -524,7 +647,10 @@ def format_table(result: dict[str, Any]) -> str:
             what = "max_memory_reserved" if row["peak_reserved_mb"] else "peak RSS"
             lines.append(f"{row['case']} {row.get('step', 'plain')} K = {row['K']}: memory estimate (--check) "
                          f"{row['estimated_memory_mb']:.0f} MB vs measured {what} {measured:.0f} MB "
-                         f"({100 * (row['estimated_memory_mb'] / measured - 1):+.1f} %)")
+                         f"({100 * (row['estimated_memory_mb'] / measured - 1):+.1f} %)"
+                         + (f"; framework state {row['estimate']['framework']:.0f} MB estimated, the first step "
+                            f"left {row['first_step_residue_mb']:.0f} MB" if row.get("first_step_residue_mb") is not None
+                            and "framework" in row["estimate"] else ""))
     for c in result.get("comparisons", []):
         lines.append(f"{c['case']}: {c['step']} at K = {c['K']} vs plain at K = {c['plain_K']}: peak memory "
                      f"{c['peak_memory_ratio']:.2f}x, time per sample {c['time_per_sample_ratio']:.2f}x")
@@ -544,7 +670,10 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--case", nargs="+", choices=CASES, default=list(CASES), help="cases to run (default: both)")
+    parser.add_argument("--case", nargs="+", choices=CASES, default=["quickstart", "realistic"],
+                        help="cases to run (default: quickstart realistic). finetune-small: the finetune recipe's "
+                        "views, objective, precision and LoRA/last_n, checkpointing and head settings on tiny "
+                        "random-weight BERT, HuBERT and CLIP ViT, K = 64, encode_chunk_size 16 (no download)")
     parser.add_argument("--recipe", default="quickstart", help="recipe name or path (default quickstart)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe value (repeatable), e.g. --set data.batch_size=256")
@@ -581,7 +710,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     # internal: the process of one row of a comparison measures that row only
     parser.add_argument("--no-compare", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=Path("bench-train.json"), help="JSON output path")
+    # internal: the process that makes a case's --check estimate (see estimate_in_subprocess)
+    parser.add_argument("--estimate-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--output", "--out", dest="out", type=Path, default=Path("bench-train.json"),
+                        help="JSON output path (--out: the same)")
 
 
 def _steps_of(case: str, args: argparse.Namespace) -> tuple[int, int]:
@@ -623,6 +755,8 @@ def _plain_argv(argv: list[str], case: str, args: argparse.Namespace) -> list[st
             del out[i:i + 2]
     if "--gradient-checkpointing" in out:
         out.remove("--gradient-checkpointing")
+    if case == "finetune-small":  # its default chunk (FINETUNE_SMALL_DEFAULTS) off: the plain step
+        out += ["--set", "optimisation.encode_chunk_size=null"]
     if args.plain_K is not None:
         if case == "realistic":
             out[out.index("--realistic-K") + 1] = str(args.plain_K)
@@ -635,7 +769,8 @@ def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
     """Run one case in a fresh interpreter (its own peak memory and Accelerate state)."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-train-") as tmp:
         out = Path(tmp) / "case.json"
-        command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--out", str(out), "--no-compare"]
+        command = [sys.executable, "-m", "mmviews.bench.train", *argv, "--case", case, "--output", str(out),
+                   "--no-compare"]
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True)
         if done.returncode not in (0, 1) or not out.is_file():
             raise RuntimeError(f"bench train: case {case!r} failed (exit status {done.returncode}): "
@@ -644,7 +779,7 @@ def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
-    """The options of ``args`` other than ``--case`` and ``--out``, as command-line words."""
+    """The options of ``args`` other than ``--case`` and ``--output``, as command-line words."""
     argv = ["--recipe", args.recipe, "--realistic-K", str(args.realistic_K), "--device", args.device,
             "--count-host-reads", str(args.count_host_reads)]
     for item in args.set:
@@ -667,6 +802,12 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     cases = list(dict.fromkeys(args.case))
+    if args.estimate_only:
+        if len(cases) != 1 or not has_estimate(cases[0]):
+            raise SystemExit(f"bench train: --estimate-only needs one case with an estimate, got {cases}")
+        estimate = estimate_case(cases[0], args)
+        atomic_write_text(args.out, json.dumps({"estimate": dataclasses.asdict(estimate)}))
+        return 0
     comparisons = []
     if _compared(args) and not args.no_compare:  # each step in its own process: its peak memory is its own
         rows = []

@@ -7,6 +7,12 @@ every part as a measured or counted figure:
 - **process baseline** (measured; host memory, counted in the total on CPU only): the resident
   set of the process that built the run (``/proc/self/statm`` after ``malloc_trim``): the
   interpreter, torch and the other libraries, the datasets' objects, the encoder's weights;
+- **framework state** (measured; host memory, counted on CPU only): what the process keeps once
+  its first steps have run, with none of their tensors alive (``malloc_trim``, then the resident
+  set less the baseline, after the trial steps below): kernels made on first use (oneDNN's, per
+  shape and dtype, under the recipe's precision), their caches, modules loaded on first call. A
+  run's process holds it from its first step (``mmviews bench train`` prints what the first step
+  left beside it);
 - **parameters**: every tensor of the encoder (and of the objective, e.g. IPMC's critic), in
   their own dtype (on CPU part of the baseline; shown apart);
 - **gradients**: one per trainable parameter that one backward reaches (counted after a
@@ -93,6 +99,7 @@ class MemoryEstimate:
     evaluation: int = 0  # embeddings extracted by the evaluation (all splits)
     on_host: bool = True  # the device is the host (CPU): baseline and cache count in the total
     allocator_slack: int = 0  # measured: resident-set growth of a reference step beyond its live tensors
+    framework: int = 0  # measured: what the process keeps once it has run a step, no tensor alive (host)
 
     @property
     def encoded_at_once(self) -> int:
@@ -133,7 +140,7 @@ class MemoryEstimate:
     @property
     def host(self) -> int:
         """The process's host memory that is not a tensor of the step (counted on CPU only)."""
-        return self.baseline + self.sample_cache if self.on_host else 0
+        return self.baseline + self.framework + self.sample_cache if self.on_host else 0
 
     @property
     def step(self) -> int:
@@ -181,6 +188,9 @@ class MemoryEstimate:
         ]
         host = "" if self.on_host else " (host memory, not in the total)"
         out += [f"  process baseline  {_gb(self.baseline)} (measured: interpreter, libraries, datasets){host}"]
+        if self.framework:
+            out.append(f"  framework state   {_gb(self.framework)} (measured: what the process keeps once it has run "
+                       f"a step: kernels, their caches){host}")
         if self.sample_cache:
             out.append(f"  sample cache      {_gb(self.sample_cache)} (data.cache: every split's samples){host}")
         out += [
@@ -578,10 +588,11 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     d = int(getattr(encoder, "embed_dim", 0)) or int(config.encoder.get("embed_dim", 128))
     objective_params = list(objective.parameters())
     parameters = tensor_bytes([*encoder.parameters(), *encoder.buffers(), *objective_params])
-    trainable_bytes = gradient_bytes(parts)  # the parameters that get a gradient (and optimiser state)
     teacher = tensor_bytes([*encoder.parameters(), *encoder.buffers()]) if uses_teacher(config, objective) else 0
     trim_host_memory()
-    baseline = max(resident_bytes() - parameters, 0)
+    built = resident_bytes()  # the process before its first step
+    baseline = max(built - parameters, 0)
+    trainable_bytes = gradient_bytes(parts)  # the parameters that get a gradient (and optimiser state)
     slack = 0
     if activations is not None:
         (fixed, per_sample), (working_fixed, working_per_sample), batch_per_sample = activations, (0.0, 0.0), 0.0
@@ -590,6 +601,11 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
         fixed, per_sample = _linear([(m.samples, m.saved) for m in steps])
         working_fixed, working_per_sample = _linear([(m.samples, max(m.peak - m.saved, 0)) for m in steps])
         batch_per_sample = _linear([(m.samples, m.batch) for m in steps])[1]
+    # what the trial steps left with none of their tensors alive: the kernels (oneDNN's per shape and
+    # dtype), their caches, libraries loaded on first use; a run's process keeps the same from its first step
+    trim_host_memory()
+    framework = max(resident_bytes() - built, 0)
+    if activations is None:
         encoded = K // num_processes if chunk_size is None else min(chunk_size, K // num_processes)
         cost = per_sample + working_per_sample
         reference = min(encoded, SLACK_REFERENCE_SAMPLES, len(parts.datasets["train"]),
@@ -617,7 +633,7 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
         activation_fixed=fixed, activation_per_sample=per_sample, objective=objective_peak,
         optimizer=o.optimizer, working_fixed=working_fixed, working_per_sample=working_per_sample,
         batch_per_sample=batch_per_sample, prefetched_batches=_prefetched_batches(config), baseline=baseline,
-        sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack)
+        sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack, framework=framework)
 
 
 def processes_from_environment() -> int:
