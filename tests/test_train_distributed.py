@@ -1,5 +1,5 @@
-"""Two processes (gloo on CPU, `accelerate launch --multi_gpu --num_processes 2`) train a few
-steps and reach the same weights as one process on the same global batch.
+"""Two processes (gloo on CPU, started as `accelerate launch --multi_gpu --num_processes 2` starts
+them) train a few steps and reach the same weights as one process on the same global batch.
 
 With AdamW a constant factor on the gradient (e.g. the loss multiplied by the number of
 processes) cancels out of the update, so the comparison also runs with plain SGD (no momentum,
@@ -17,19 +17,19 @@ only."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from test_train_utils import REPO, env, load_weights, run_in_group, run_train, tiny_config, write_recipe
+import train_series
+from test_train_utils import load_weights, own_accelerate_state, run_ranks, tiny_config, write_recipe
 
 from mmviews.config import load_config
 from mmviews.train import build_run
 
-SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
+TRAIN_SERIES = Path(__file__).resolve().parent / "train_series.py"
 VARIANTS = {
     "adamw": ({"optimizer": "adamw", "lr": 3e-3}, 0.0),
     # Plain SGD: the update is lr * gradient, so a gradient-scale error shows in the weights;
@@ -38,12 +38,6 @@ VARIANTS = {
     "sgd-keyed-dropout": ({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "max_grad_norm": None,
                            "sample_keyed_dropout": True}, 0.2),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _recipe(folder: Path, variant: str) -> Path:
@@ -59,34 +53,51 @@ def _recipe(folder: Path, variant: str) -> Path:
     return write_recipe(folder / f"dist-{variant}.yaml", raw)
 
 
+SGD = "sgd-keyed-dropout"
+# The runs of the module, each once, in two series (tests/train_series.py): one process, then one
+# 2-process launch. name -> (variant, break of tests/mutations.py or None). The breaks come after
+# the intact runs, in the same order in both series (each is undone before the next run).
+ONE_PROCESS_RUNS = {"adamw": ("adamw", None), SGD: (SGD, None), "keyed-by-row": (SGD, "key_dropout_by_row")}
+TWO_PROCESS_RUNS = {**ONE_PROCESS_RUNS, "scaled-loss": (SGD, "scale_loss")}
+
+
+def _series(folder: Path, runs: dict[str, tuple[str, str | None]], prefix: str) -> list[str]:
+    """``tests/train_series.py``'s arguments: ``mmviews train RECIPE --output FOLDER/PREFIX-NAME``
+    for each run, with its break."""
+    argv: list[str] = []
+    for name, (variant, break_name) in runs.items():
+        argv += [*(["--break", break_name] if break_name else []), "--", str(folder / f"dist-{variant}.yaml"),
+                 "--output", str(folder / f"{prefix}-{name}"), ":::"]
+    return argv[:-1]
+
+
+def _train_in_this_process(argv: list[str]) -> None:
+    """``tests/train_series.py ARGV`` in the test's own process (one interpreter start and the
+    imports fewer: one process needs no process of its own), under :func:`own_accelerate_state`
+    (one thread, as a launched process); each run's break is undone after it."""
+    with own_accelerate_state():
+        for run_argv in train_series.split_runs(argv):
+            assert train_series.run_one(run_argv) == 0, run_argv
+
+
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    """``one_process(variant)`` -> (recipe, run folder of one process), trained once per module."""
-    runs: dict[str, tuple[Path, Path]] = {}
-
-    def get(variant: str) -> tuple[Path, Path]:
-        if variant not in runs:
-            folder = tmp_path_factory.mktemp(f"one-{variant}")
-            recipe = _recipe(folder, variant)
-            one = run_train(str(recipe), "--output", str(folder / "one"))
-            assert one.returncode == 0, one.stderr[-3000:]
-            runs[variant] = recipe, folder / "one"
-        return runs[variant]
-
-    return get
-
-
-def train_two_processes(recipe: Path, run: Path, *slow_train_options: str) -> None:
-    """``mmviews train RECIPE --output RUN`` on two gloo processes (through ``tests/slow_train.py``
-    when it is given options, e.g. ``--break scale_loss``)."""
-    program = [str(SLOW_TRAIN), *slow_train_options] if slow_train_options else ["-m", "mmviews.cli", "train"]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()), *program, str(recipe), "--output", str(run)]
-    two = run_in_group(launcher, timeout=240)  # a failed launch leaves no rank behind
-    assert two.returncode == 0, two.stderr[-4000:]
-    assert '"num_processes": 2' in (run / "results.json").read_text()
-    assert two.stdout.count("run folder:") == 1, two.stdout  # the summary from the main process only
+def trained(tmp_path_factory) -> dict[str, Any]:
+    """{"recipe": {variant: recipe}, "one": {name: run folder}, "two": {name: run folder}}: every run
+    of ``ONE_PROCESS_RUNS`` in one process (this one) and of ``TWO_PROCESS_RUNS`` on two gloo
+    processes (one launch of 2 ranks, :func:`run_ranks`), trained once per module."""
+    folder = tmp_path_factory.mktemp("dist")
+    recipes = {variant: _recipe(folder, variant) for variant in VARIANTS}
+    _train_in_this_process(_series(folder, ONE_PROCESS_RUNS, "one"))
+    # The two ranks as accelerate launch would start them, without its launcher process.
+    ranks = run_ranks([sys.executable, str(TRAIN_SERIES), *_series(folder, TWO_PROCESS_RUNS, "two")], folder)
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr[-4000:]
+    for name in TWO_PROCESS_RUNS:
+        assert '"num_processes": 2' in (folder / f"two-{name}" / "results.json").read_text()
+    # The summary from the main process only: one per run.
+    assert [rank.stdout.count("run folder:") for rank in ranks] == [len(TWO_PROCESS_RUNS), 0], ranks[0].stdout
+    return {"recipe": recipes, "one": {name: folder / f"one-{name}" for name in ONE_PROCESS_RUNS},
+            "two": {name: folder / f"two-{name}" for name in TWO_PROCESS_RUNS}}
 
 
 def check_same_training(one: Path, two: Path) -> None:
@@ -105,38 +116,29 @@ def check_same_training(one: Path, two: Path) -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_two_processes_match_one_process(one_process, variant, tmp_path):
-    recipe, one = one_process(variant)
-    train_two_processes(recipe, tmp_path / "two")
-    check_same_training(one, tmp_path / "two")
+def test_two_processes_match_one_process(trained, variant, tmp_path):
+    recipe, one = trained["recipe"][variant], trained["one"][variant]
+    check_same_training(one, trained["two"][variant])
     # The run trained: equal weights are not those of two encoders that did not move.
     initial = build_run(load_config(recipe), with_eval=False).encoder
     initial.save_pretrained(tmp_path / "initial")
-    trained, start = load_weights(one / "encoder"), load_weights(tmp_path / "initial")
-    assert trained.keys() == start.keys()
-    moved = [k for k in trained if not torch.allclose(trained[k], start[k], rtol=1e-3, atol=1e-4)]
-    assert len(moved) > len(trained) // 2, f"only {moved} changed"
+    trained_weights, start = load_weights(one / "encoder"), load_weights(tmp_path / "initial")
+    assert trained_weights.keys() == start.keys()
+    moved = [k for k in trained_weights if not torch.allclose(trained_weights[k], start[k], rtol=1e-3, atol=1e-4)]
+    assert len(moved) > len(trained_weights) // 2, f"only {moved} changed"
 
 
-def test_two_process_check_fails_when_the_loss_is_scaled(one_process, tmp_path):
+def test_two_process_check_fails_when_the_loss_is_scaled(trained):
     """Mutation test (tests/README.md): the loss multiplied by the number of processes. Under
     plain SGD :func:`check_same_training` must report it (under AdamW the factor cancels, which
-    is why the SGD comparison exists)."""
-    recipe, one = one_process("sgd-keyed-dropout")
-    train_two_processes(recipe, tmp_path / "two", "--break", "scale_loss")
+    is why the SGD comparison exists). The broken run is one of the 2-process launch's series."""
     with pytest.raises(AssertionError):
-        check_same_training(one, tmp_path / "two")
+        check_same_training(trained["one"][SGD], trained["two"]["scaled-loss"])
 
 
-def test_two_process_check_fails_when_dropout_is_keyed_by_row(one_process, tmp_path):
+def test_two_process_check_fails_when_dropout_is_keyed_by_row(trained):
     """Mutation test (tests/README.md): dropout masks keyed by the row's position in the
     process's batch rather than by its dataset index (so they depend on the split). Both runs
     carry the break: only the split differs between them."""
-    recipe, _ = one_process("sgd-keyed-dropout")
-    one = subprocess.run([sys.executable, str(SLOW_TRAIN), "--break", "key_dropout_by_row", "--", str(recipe),
-                          "--output", str(tmp_path / "one")], capture_output=True, text=True, timeout=240, env=env(),
-                         cwd=REPO)
-    assert one.returncode == 0, one.stderr[-3000:]
-    train_two_processes(recipe, tmp_path / "two", "--break", "key_dropout_by_row")
     with pytest.raises(AssertionError):
-        check_same_training(tmp_path / "one", tmp_path / "two")
+        check_same_training(trained["one"]["keyed-by-row"], trained["two"]["keyed-by-row"])

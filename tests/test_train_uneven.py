@@ -4,7 +4,7 @@ the progress bar, ``metrics.csv`` and ``results.json`` (issue 27 "Uneven data", 
 
 The data: 38 MOSI-shaped rows that ``mmviews prepare --format parquet --shard-rows 12`` writes
 as shards of 12, 12, 12 and 2 rows (the short last shard), at K = 8 on 2 gloo processes
-(``accelerate launch``, one run per reader shared by the assertions):
+(one launch of 2 ranks for the module's runs, shared by the assertions):
 
 - streamed: a process reads 2 of the 4 shards, so it gets 24 or 14 rows; the process given 14
   can fill floor(14 / 4) = 3 batches of K / N = 4 rows, so every process runs 3 steps per epoch
@@ -18,24 +18,21 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from mutations import apply_break
 from test_data_pickle import mmsa_split
 from test_data_shards import as_list, prepare
 from test_train_streaming import recipe
-from test_train_utils import REPO, env, read_record, write_recipe
+from test_train_utils import read_record, run_ranks, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
 
-SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
+TRAIN_SERIES = Path(__file__).resolve().parent / "train_series.py"
 ROWS, SHARD_ROWS, K, PROCESSES, EPOCHS = 38, 12, 8, 2, 2
 # Worked out by hand (see the module docstring), not by the code under test.
 STREAMED_STEPS_PER_EPOCH = 3  # floor(min(12 + 12, 12 + 2) / (8 / 2))
@@ -56,46 +53,59 @@ def shards(tmp_path_factory) -> Path:
     return folder / "shards"
 
 
-def uneven_recipe(shards: Path, folder: Path, *, streaming: bool, timeout_s: float = 60) -> Path:
-    """``timeout_s``: how long a process left waiting in a collective waits (a failing guard then
-    fails in a minute, not an hour)."""
+def uneven_recipe(shards: Path, folder: Path, *, streaming: bool) -> Path:
+    """The process group keeps its default timeout of an hour (``distributed.timeout_s``): a
+    process left waiting for its peer would make the launch time out (:data:`LAUNCH_TIMEOUT_S`)
+    instead of failing at once (see :func:`test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up`).
+    Every recipe of the launch says so: ``tests/train_series.py`` keeps the first run's group."""
     raw = recipe(shards, streaming=streaming, batch_size=K, val_split=None, test_split=None)
     raw["optimisation"]["epochs"] = EPOCHS
     raw["output"].update(progress_bar=True, checkpoint_every=0)
-    raw["distributed"] = {"timeout_s": timeout_s}
+    raw["distributed"] = {"timeout_s": 3600}
     return write_recipe(folder / ("streamed.yaml" if streaming else "mapped.yaml"), raw)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LAUNCH_TIMEOUT_S = 180
+STATUS = r"^train_series: rank (\d+): run (\d+) of \d+: exit status (-?\d+)$"  # tests/train_series.py
 
 
-def launch_two(recipe_path: Path, folder: Path, *slow_train_options: str, timeout: float = 240) -> dict[str, Any]:
-    """``mmviews train RECIPE`` on 2 gloo processes through ``tests/slow_train.py`` (``--record``:
-    rank 0's optimiser steps; ``--marker``: each rank's last step). On a timeout the launcher and its
-    workers are killed (no process is left behind)."""
-    record, marker, run = folder / "steps.txt", folder / "step-marker", folder / "run"
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(PROCESSES),
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()), str(SLOW_TRAIN), "--record", str(record),
-                "--marker", str(marker), *slow_train_options, str(recipe_path), "--output", str(run)]
-    proc = subprocess.Popen(launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
+def launch_two(runs: dict[str, tuple[Path, tuple[str, ...]]], folder: Path) -> dict[str, dict[str, Any]]:
+    """``runs``: {name: (recipe, options of tests/slow_train.py, e.g. a break)}: ``mmviews train
+    RECIPE`` for each, one after the other, on the same 2 gloo processes (one launch of
+    ``tests/train_series.py`` on 2 ranks, :func:`run_ranks`; a break applies to its run only), with
+    ``--record``: rank 0's optimiser steps, ``--marker``: each rank's last step. A run that fails
+    ends the launch (the other rank is killed, as the launcher does): put it last. After
+    :data:`LAUNCH_TIMEOUT_S` the ranks are killed (no process is left behind). Returns {name: the
+    run's result}; ``rc``: 0 if every rank says the run ended with exit status 0, else a rank's
+    nonzero exit status (-1 if none); ``stderr``: the ranks' output of the run (rank 0's, then
+    rank 1's); ``timed_out``: whether the ranks were killed after the timeout."""
+    argv: list[str] = []
+    for name, (recipe_path, slow_train_options) in runs.items():
+        argv += ["--record", str(folder / name / "steps.txt"), "--marker", str(folder / name / "step-marker"),
+                 *slow_train_options, "--", str(recipe_path), "--output", str(folder / name / "run"), ":::"]
+        (folder / name).mkdir()
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # torchrun starts each worker in a session of its own: they are killed by pid (they would
-        # outlive the launcher, holding its output pipes open), then the launcher.
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            child.kill()
-        proc.kill()
-        proc.communicate()
-        raise
-    ranks = {r: folder / f"step-marker.rank{r}" for r in range(PROCESSES)}
-    return {"rc": proc.returncode, "stdout": out, "stderr": err, "run": run,
-            "recorded": [row["step"] for row in read_record(record)],  # slow_train --record: a JSON row per step
+        exit_codes = [r.returncode for r in run_ranks([sys.executable, str(TRAIN_SERIES), *argv[:-1]], folder,
+                                                      PROCESSES, timeout=LAUNCH_TIMEOUT_S)]
+        timed_out = False
+    except pytest.fail.Exception:  # the timeout: the runs that ended before are still checked
+        exit_codes, timed_out = [], True
+    failed = next((code for code in exit_codes if code), -1)
+    errs = [(folder / f"rank{r}.err").read_text() for r in range(PROCESSES)]
+    statuses: dict[int, dict[int, int]] = {}
+    for rank, number, status in re.findall(STATUS, "\n".join(errs), flags=re.M):
+        statuses.setdefault(int(number), {})[int(rank)] = int(status)
+    # Each rank ends its output of run I with its status line: each run's part of each rank's stderr.
+    parts = [re.split(STATUS.replace("(", "(?:"), err, flags=re.M) for err in errs]
+    results = {}
+    for number, name in enumerate(runs, 1):
+        ranks = {r: folder / name / f"step-marker.rank{r}" for r in range(PROCESSES)}
+        results[name] = {
+            "rc": 0 if statuses.get(number) == {r: 0 for r in range(PROCESSES)} else failed, "timed_out": timed_out,
+            "stderr": "".join(p[number - 1] for p in parts if number <= len(p)), "run": folder / name / "run",
+            "recorded": [row["step"] for row in read_record(folder / name / "steps.txt")],  # a JSON row per step
             "last_step": {r: int(p.read_text().split()[0]) if p.is_file() else None for r, p in ranks.items()}}
+    return results
 
 
 def check_uneven_run(result: dict[str, Any], steps_per_epoch: int) -> None:
@@ -117,23 +127,21 @@ def check_uneven_run(result: dict[str, Any], steps_per_epoch: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def streamed_run(shards, tmp_path_factory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("streamed-run")
-    return launch_two(uneven_recipe(shards, folder, streaming=True), folder)
+def two_process_runs(shards, tmp_path_factory) -> dict[str, dict[str, Any]]:
+    """The module's 2-process runs, in one launch: streamed, map-style, then streamed with the
+    break ``round_stream_epoch_up`` (it fails: last)."""
+    folder = tmp_path_factory.mktemp("uneven-runs")
+    streamed = uneven_recipe(shards, folder, streaming=True)
+    return launch_two({"streamed": (streamed, ()), "mapped": (uneven_recipe(shards, folder, streaming=False), ()),
+                       "streamed-rounded-up": (streamed, ("--break", "round_stream_epoch_up"))}, folder)
 
 
-@pytest.fixture(scope="module")
-def mapped_run(shards, tmp_path_factory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("mapped-run")
-    return launch_two(uneven_recipe(shards, folder, streaming=False), folder)
+def test_uneven_streamed_shards_run_the_same_steps_on_every_process(two_process_runs):
+    check_uneven_run(two_process_runs["streamed"], STREAMED_STEPS_PER_EPOCH)
 
 
-def test_uneven_streamed_shards_run_the_same_steps_on_every_process(streamed_run):
-    check_uneven_run(streamed_run, STREAMED_STEPS_PER_EPOCH)
-
-
-def test_map_style_rows_that_do_not_divide_the_batch(mapped_run):
-    check_uneven_run(mapped_run, MAPPED_STEPS_PER_EPOCH)
+def test_map_style_rows_that_do_not_divide_the_batch(two_process_runs):
+    check_uneven_run(two_process_runs["mapped"], MAPPED_STEPS_PER_EPOCH)
 
 
 # ------------------------------------------------------------------ the loader, in this process
@@ -236,15 +244,16 @@ def test_map_style_epoch_check_fails_when_the_epoch_length_is_rounded_up(shards,
         check_epoch_complete(state, len(loader), 0)
 
 
-def test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up(shards, tmp_path):
+def test_two_process_run_fails_fast_when_the_stream_epoch_is_rounded_up(two_process_runs):
     """Mutation test (tests/README.md): with the streamed epoch length rounded up the 2-process
     run's guard fails, and the run stops with the process that ran short named, at once: the
     process group keeps its default timeout of an hour here, so a process left waiting for its
-    peer (a barrier after the error) would make the launch time out (180 s) instead."""
-    recipe_path = uneven_recipe(shards, tmp_path, streaming=True, timeout_s=3600)
-    result = launch_two(recipe_path, tmp_path, "--break", "round_stream_epoch_up", timeout=180)
+    peer (a barrier after the error) would make the launch time out (180 s) instead. (The last
+    run of the module's launch; the two before it run intact code.)"""
+    result = two_process_runs["streamed-rounded-up"]
     with pytest.raises(AssertionError):
         check_uneven_run(result, STREAMED_STEPS_PER_EPOCH)
+    assert not result["timed_out"], f"the launch did not end within {LAUNCH_TIMEOUT_S} s"
     assert result["rc"] != 0 and "the stream ended after 3 full batches of 4 rows" in result["stderr"]
     assert result["recorded"] == [1, 2, 3]  # the first epoch's 3 steps, then the error
 

@@ -107,6 +107,17 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every process below ``pid``: torchrun (``accelerate launch``) starts each rank in a
+    session of its own, out of reach of a kill of the launcher's process group."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
 @contextlib.contextmanager
 def started(command: list[str], **popen_options: Any) -> Iterator[subprocess.Popen]:
     """``subprocess.Popen(command)`` in a session of its own (``env()``, text pipes by default),
@@ -118,6 +129,8 @@ def started(command: list[str], **popen_options: Any) -> Iterator[subprocess.Pop
     try:
         yield proc
     finally:
+        if proc.poll() is None:  # still running, so the pid is still its own
+            _kill_descendants(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
