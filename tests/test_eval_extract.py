@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -147,14 +146,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
-    from test_train_utils import started
+    from test_train_utils import free_port, started
 
     script = tmp_path / "extract_ddp.py"
     script.write_text(SCRIPT)
@@ -164,7 +157,7 @@ def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
     # its group when the block ends, so a failed or hung rank leaves no process behind.
     pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath,
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
     with contextlib.ExitStack() as stack:
         ranks = [stack.enter_context(started([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,

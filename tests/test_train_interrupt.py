@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ import pytest
 import torch
 from crafted_files import cli
 from test_train_utils import (
+    free_port,
     load_weights,
     own_accelerate_state,
     started,
@@ -314,12 +314,6 @@ def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_
     assert "--reevaluate only applies with --resume DIR" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_stop_at_the_same_step_when_only_one_is_signalled(tmp_path):
     """A scheduler (or the launcher) may signal the processes at different moments, here only
     rank 1: both must stop at the same step (else the one still training waits forever in its
@@ -332,7 +326,7 @@ def test_two_processes_stop_at_the_same_step_when_only_one_is_signalled(tmp_path
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(_free_port()), str(SLOW_TRAIN), *_held_until_signal(2, held),
+                "--main_process_port", str(free_port()), str(SLOW_TRAIN), *_held_until_signal(2, held),
                 "--hold-rank", "1", "--marker", str(marker), "--", str(recipe), "--output", str(run)]
     rank1 = Path(f"{marker}.rank1")
     with started(launcher) as proc:

@@ -18,13 +18,10 @@ def multigpu_dir(tmp_path_factory):
     """The folder of the two ranks' results; the processes are started once for the tests of
     this file: the SyncBatchNorm steps, then (same processes) the process group's timeout of
     :func:`test_recipe_timeout_reaches_the_process_group`."""
-    import socket
-
     from test_train_sync import gaussian_config
+    from test_train_utils import free_port
 
-    with socket.socket() as s:  # a free port for the process group of the timeout check
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the process group of the timeout check
     out_dir = tmp_path_factory.mktemp("multigpu")
     recipe = gaussian_config({"name": "mv_dhel", "params": {}})
     W.launch(str(out_dir), timeout=150.0, then_timeout=(port, recipe))

@@ -180,6 +180,16 @@ def run_in_group(command: list[str], timeout: float = 240, **popen_options: Any)
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now, for a test's process group (``MASTER_PORT``,
+    ``--main_process_port``): never a fixed one, since test files run beside each other."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_ranks(command: list[str], folder: Path, num_processes: int = 2,
               timeout: float = 240) -> list[subprocess.CompletedProcess]:
     """``command`` as the ``num_processes`` ranks of one torch.distributed job on this machine,
@@ -191,11 +201,7 @@ def run_ranks(command: list[str], folder: Path, num_processes: int = 2,
     Every rank runs in a session of its own whose group is SIGKILLed when this returns or
     fails: a failed or hung launch leaves no process behind. Returns the ranks' results, rank 0
     first."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ranks = []
     with contextlib.ExitStack() as stack:
         for rank in range(num_processes):
