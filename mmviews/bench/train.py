@@ -560,11 +560,13 @@ def estimate_case(case: str, args: argparse.Namespace) -> MemoryEstimate:
 
 def estimate_in_subprocess(case: str, args: argparse.Namespace) -> MemoryEstimate:
     """:func:`estimate_case` in a fresh interpreter, as a user's ``mmviews train --check`` is
-    made: the measured process never runs the estimate's trial steps."""
+    made: the measured process never runs the estimate's trial steps. It runs on as many torch
+    threads as this process (each thread's pool and arenas are part of the resident set)."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-estimate-") as tmp:
         out = Path(tmp) / "estimate.json"
-        command = [sys.executable, "-m", "mmviews.bench.train", *_argv_of(args), "--case", case, "--estimate-only",
-                   "--output", str(out)]
+        threads = [] if args.threads is not None else ["--threads", str(torch.get_num_threads())]
+        command = [sys.executable, "-m", "mmviews.bench.train", *_argv_of(args), *threads, "--case", case,
+                   "--estimate-only", "--output", str(out)]
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"bench train: the estimate of case {case!r} failed (exit status {done.returncode}): "
