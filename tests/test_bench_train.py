@@ -56,12 +56,9 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     # the --check estimate beside the measured peak, with its parts
     assert row["estimated_memory_mb"] == pytest.approx(row["estimate"]["total"]) and row["estimated_memory_mb"] > 0
     assert row["estimate"]["activations"] > 0 and row["estimate"]["baseline"] > 0
-    # made in a fresh process (as mmviews train --check): the framework state its trial steps leave
-    # (both after malloc_trim) is part of what the measured process's first step leaves (which also
-    # ran an optimiser step; --check's own forward of each split is in its baseline); the whole
-    # estimate is within 15 % of the measured peak RSS
-    framework, residue = row["estimate"]["framework"], row["first_step_residue_mb"]
-    assert 0 < framework <= 2 * residue, (framework, residue)
+    # the whole estimate (made in a fresh process, as mmviews train --check) is within 15 % of the
+    # measured peak RSS; its framework state against a fresh measured process: the next test
+    assert row["estimate"]["framework"] > 0 and row["first_step_residue_mb"] >= 0
     assert abs(row["estimated_memory_mb"] / row["peak_memory_mb"] - 1) <= 0.15, (row["estimate"], row["peak_memory_mb"])
     assert row["host_reads"]["steps"] == 1 and isinstance(row["host_reads"]["by_origin"], dict)
     assert {"torch", "platform", "threads"} <= set(result["environment"])
@@ -105,6 +102,26 @@ def test_realistic_case_config_and_data() -> None:
     assert batch.inputs["image"]["values"].shape == (3, 3, 224, 224)
     assert batch.inputs["flow"]["values"].shape == (3, 4, 2, 224, 224)
     assert len(batch.inputs["text"]["text"]) == 3 and len(batch.inputs["text"]["text"][0].split()) == 60
+
+
+def test_framework_state_is_part_of_what_a_fresh_processs_first_step_leaves(tmp_path: Path) -> None:
+    """The estimate's framework state (what its trial steps leave with no tensor alive, after
+    malloc_trim) is part of what the first step leaves in a fresh measured process (which also ran
+    an optimiser step; --check's own forward of each split is in its baseline). Both processes
+    fresh, as a user's: in this long-lived test process earlier tests have already made the
+    kernels, and the first step leaves less."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "mmviews.bench.train", "--case", "quickstart", "--device", "cpu", "--steps", "1",
+               "--warmup", "1", "--threads", "1", "--output", str(out), *[w for item in SMALL for w in ("--set", item)]]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["cases"]
+    framework, residue = row["estimate"]["framework"], row["first_step_residue_mb"]
+    assert 0 < framework <= 2 * residue, (framework, residue)
+    assert abs(row["estimated_memory_mb"] / row["peak_memory_mb"] - 1) <= 0.15, (row["estimate"], row["peak_memory_mb"])
 
 
 def test_finetune_small_case_config() -> None:
