@@ -118,3 +118,19 @@ def test_each_verb_main_parses_its_own_options(verb: str, capsys: pytest.Capture
         module.main(["--help"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: mmviews bench {verb} ")
+
+
+def test_high_water_mark_of_a_spawned_process_is_its_own() -> None:
+    """A bench case runs in a process spawned by a larger one (the bench holding torch, a test
+    process): its peak must be its own. Linux carries the parent's resident set over into the
+    child's ``ru_maxrss`` at exec (the old measure: a 16-sample case measured 1.26 GB, its test
+    process's size, against 0.83 GB run alone); ``VmHWM`` starts with the child's own memory."""
+    import subprocess
+    import sys
+
+    held = bytearray(1536 * 2**20)
+    held[::4096] = b"\1" * len(held[::4096])  # touch every page: resident in this process
+    code = "from mmviews.bench.common import rss_high_water_bytes; print(rss_high_water_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert common.rss_high_water_bytes() >= len(held)  # this process's own peak holds it
+    assert child < len(held), f"the child reports {child / 2**20:.0f} MB: the parent's peak"

@@ -56,10 +56,9 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     # the --check estimate beside the measured peak, with its parts
     assert row["estimated_memory_mb"] == pytest.approx(row["estimate"]["total"]) and row["estimated_memory_mb"] > 0
     assert row["estimate"]["activations"] > 0 and row["estimate"]["baseline"] > 0
-    # the whole estimate (made in a fresh process, as mmviews train --check) is within 15 % of the
-    # measured peak RSS; its framework state against a fresh measured process: the next test
+    # the estimate against the measured peak and first step: the next test, in a fresh process (this
+    # long-lived test process holds what earlier tests left: its peak and first step are not a run's)
     assert row["estimate"]["framework"] > 0 and row["first_step_residue_mb"] >= 0
-    assert abs(row["estimated_memory_mb"] / row["peak_memory_mb"] - 1) <= 0.15, (row["estimate"], row["peak_memory_mb"])
     assert row["host_reads"]["steps"] == 1 and isinstance(row["host_reads"]["by_origin"], dict)
     assert {"torch", "platform", "threads"} <= set(result["environment"])
     table = capsys.readouterr().out
@@ -104,8 +103,9 @@ def test_realistic_case_config_and_data() -> None:
     assert len(batch.inputs["text"]["text"]) == 3 and len(batch.inputs["text"]["text"][0].split()) == 60
 
 
-def test_framework_state_is_part_of_what_a_fresh_processs_first_step_leaves(tmp_path: Path) -> None:
-    """The estimate's framework state (what its trial steps leave with no tensor alive, after
+def test_estimate_against_a_fresh_measured_process(tmp_path: Path) -> None:
+    """The estimate within 15 % of the peak RSS of a fresh measured process, and its framework
+    state (what its trial steps leave with no tensor alive, after
     malloc_trim) is part of what the first step leaves in a fresh measured process (which also ran
     an optimiser step; --check's own forward of each split is in its baseline). Both processes
     fresh, as a user's: in this long-lived test process earlier tests have already made the
@@ -121,6 +121,8 @@ def test_framework_state_is_part_of_what_a_fresh_processs_first_step_leaves(tmp_
     (row,) = json.loads(out.read_text())["cases"]
     framework, residue = row["estimate"]["framework"], row["first_step_residue_mb"]
     assert 0 < framework <= 2 * residue, (framework, residue)
+    # the whole estimate (made in a process of its own, as mmviews train --check) is within 15 % of
+    # the measured process's peak RSS (its own: VmHWM, not the test process's carried over at exec)
     assert abs(row["estimated_memory_mb"] / row["peak_memory_mb"] - 1) <= 0.15, (row["estimate"], row["peak_memory_mb"])
 
 

@@ -171,13 +171,18 @@ def reset_rss_high_water() -> bool:
 
 
 def rss_high_water_bytes(reset: bool = False) -> int:
-    """This process's resident-set high-water mark: ``VmHWM`` after a successful
-    :func:`reset_rss_high_water` (``reset``), else ``getrusage``'s ``ru_maxrss`` (since start)."""
-    if reset:
+    """This process's resident-set high-water mark, since it started or since a successful
+    :func:`reset_rss_high_water` (``reset``): Linux's ``VmHWM`` where there is one, else
+    ``getrusage``'s ``ru_maxrss``. Not ``ru_maxrss`` on Linux: the kernel carries the spawning
+    process's resident set over into it at ``exec``, so a case run from a large parent (a test
+    process, a bench holding torch) would report the parent's peak as its own."""
+    try:
         with open("/proc/self/status") as handle:
             for line in handle:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 

@@ -42,7 +42,7 @@ with a single synchronisation at the end. On CPU there is nothing to synchronise
 loop's total is the throughput. A view is one (sample, view) pair: views/s = samples/s * M.
 
 Memory. CUDA: ``torch.cuda.max_memory_allocated`` over the timed steps (tensor memory).
-CPU: the high-water mark of the process's resident set (``resource.getrusage``, main process
+CPU: the high-water mark of the process's resident set (Linux's ``VmHWM``, else ``resource.getrusage``, main process
 only, since the process started: it includes building the models). Each case of a run with
 several runs in its own process, so that its figures are its own. The quickstart and
 finetune-small cases also print the estimate of ``mmviews train --check``
@@ -348,7 +348,7 @@ def loop_step(p: Prepared, batch: Any, max_grad_norm: float | None) -> None:
 def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return cuda_peak_mib(device), "torch.cuda.max_memory_allocated over the timed steps"
-    return rss_high_water_bytes() / 2**20, "process RSS high-water mark (resource.getrusage, main process, since start)"
+    return rss_high_water_bytes() / 2**20, "process RSS high-water mark (VmHWM, else resource.getrusage; main process, since start)"
 
 
 #: The synchronisations known to remain in a training step, by where torch reports them (a
