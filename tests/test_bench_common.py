@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mmviews.bench import common
@@ -78,14 +77,20 @@ def test_middle_is_a_measured_sample() -> None:
 
 
 def check_rss_probe() -> None:
-    """The probe's peak is what a call adds: 64 MiB touched, then (after a reset) 8 MiB."""
+    """The probe's peak is what a call adds: 64 MiB touched, then (after a reset) 8 MiB. The
+    blocks are fresh anonymous mappings (not malloc's, which may hand back pages that earlier
+    tests in this process left resident)."""
+    import mmap
+
     for mib in (64, 8):
         reset = common.reset_rss_high_water()
         assert reset, "/proc/self/clear_refs did not reset the resident set's high-water mark"
         before = common.rss_bytes()
-        block = np.ones(mib * 2**20 // 8)  # ones, so that every page is touched
+        block = mmap.mmap(-1, mib * 2**20)
+        for offset in range(0, len(block), mmap.PAGESIZE):  # every page touched, no other buffer
+            block[offset] = 1
         added = (common.rss_high_water_bytes(reset) - before) / 2**20
-        del block
+        block.close()
         assert mib - 1 <= added <= mib + 16, f"{mib} MiB allocated, the probe saw {added:.1f} MiB"
 
 
