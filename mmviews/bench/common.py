@@ -176,13 +176,11 @@ def rss_high_water_bytes(reset: bool = False) -> int:
     ``getrusage``'s ``ru_maxrss``. Not ``ru_maxrss`` on Linux: the kernel carries the spawning
     process's resident set over into it at ``exec``, so a case run from a large parent (a test
     process, a bench holding torch) would report the parent's peak as its own."""
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    from mmviews.train.memory import resident_peak_bytes  # here: the verbs that never read it skip mmviews.train
+
+    peak = resident_peak_bytes()
+    if peak:
+        return peak
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 

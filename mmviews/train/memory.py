@@ -371,7 +371,7 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
             before_batch = _reset_resident_peak()
             batch = prepare(parts.collator(samples))
             del samples
-            batch_growth = None if before_batch is None else max(_resident_peak() - before_batch, 0)
+            batch_growth = None if before_batch is None else max(resident_peak_bytes() - before_batch, 0)
 
             def step() -> None:
                 with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
@@ -382,7 +382,7 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
             start = _reset_resident_peak()
             with live:
                 saved = saved_activation_bytes(step, params)
-            growth = None if start is None else max(_resident_peak() - start, 0)
+            growth = None if start is None else max(resident_peak_bytes() - start, 0)
             measured.append(EncoderStepMeasurement(n, saved, live.peak, tensor_bytes(tensors_in(batch)), growth,
                                                    batch_growth))
             encoder.zero_grad(set_to_none=True)
@@ -513,7 +513,7 @@ def resident_bytes() -> int:
         return rss if sys.platform == "darwin" else rss * 1024
 
 
-def _resident_peak() -> int:
+def resident_peak_bytes() -> int:
     """The resident set's high-water mark (``VmHWM``, Linux), bytes; 0 where unknown."""
     try:
         with open("/proc/self/status") as f:
@@ -534,7 +534,7 @@ def _reset_resident_peak() -> int | None:
             f.write("5")
     except OSError:
         return None
-    return _resident_peak() or None
+    return resident_peak_bytes() or None
 
 
 #: Samples of the reference step whose resident-set growth gives the allocator's slack (fewer
