@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import pickle
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from test_data_hf import png_bytes, wav_bytes
-from test_data_pickle import mmsa_split
+from test_data_pickle import mmsa_split, write
 from test_data_video_audio import write_av
 
 from mmviews.cli import main
@@ -98,8 +97,7 @@ def test_video_round_trip_every_modality(video):
 
 def test_sentiment_round_trip(tmp_path):
     pkl = tmp_path / "mosi.pkl"
-    with open(pkl, "wb") as f:
-        pickle.dump({"train": mmsa_split(7), "valid": mmsa_split(3), "test": mmsa_split(4)}, f, protocol=4)
+    write(pkl, {"train": mmsa_split(7), "valid": mmsa_split(3), "test": mmsa_split(4)})
     r = prepare("mosi", str(pkl), "--format", "parquet", "--output", str(tmp_path / "shards"), "--shard-size-mb", "0.01")
     assert r.returncode == 0, r.stdout + r.stderr
     mods = ["text", "audio", "vision", "text_ids", "raw_text"]

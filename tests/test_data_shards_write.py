@@ -5,14 +5,13 @@ folder (issue 27: shard writing without temp + rename was untested)."""
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from mutations import apply_break
-from test_data_pickle import mmsa_split
+from test_data_pickle import mmsa_split, write
 from test_data_shards import as_list, prepare
 
 from mmviews.data import build_dataset
@@ -31,8 +30,7 @@ def check_failed_write_leaves_no_partial_shard(folder: Path, monkeypatch: pytest
     a reader sees the 12 rows of that shard, and a rerun writes the rest and removes the leftover."""
     folder.mkdir()
     pkl, out = folder / "mosi.pkl", folder / "shards"
-    with open(pkl, "wb") as f:
-        pickle.dump({"train": mmsa_split(ROWS), "valid": mmsa_split(3), "test": mmsa_split(3)}, f, protocol=4)
+    write(pkl, {"train": mmsa_split(ROWS), "valid": mmsa_split(3), "test": mmsa_split(3)})
     write_table, calls = pq.write_table, []
 
     def fail_mid_shard(table: pa.Table, where: str, *args, **kwargs) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from test_train_resume import SLOW_TRAIN, _kill_when_held, check_resumed_exactly
-from test_train_resume import train_in_process as recorded_in_process
+from test_train_resume import train_recorded_in_process as recorded_in_process
 from test_train_utils import load_weights, own_accelerate_state, run_ranks, started, write_recipe
 from torch import nn
 

@@ -7,8 +7,8 @@ finishes with weights identical to an uninterrupted run.
 
 Only the processes that are killed run as subprocesses, plus the resume of the plain SIGKILL
 test (a fresh interpreter, as a user resumes). The uninterrupted runs and the other resumes run
-in the test's own process (:func:`train_in_process`: one thread, as the subprocesses, so the
-weights are bitwise those of a subprocess run), each at most once per configuration. The
+in the test's own process (:func:`train_recorded_in_process`: one thread, as the subprocesses,
+so the weights are bitwise those of a subprocess run), each at most once per configuration. The
 recipes have no BERT (``tiny_config(text=False)``): the RNG-state restore is still needed for
 the dropout of the projection heads, and the BatchNorm buffers for theirs.
 
@@ -76,7 +76,8 @@ def train_recorded(tmp_path: Path, *args: str, timeout: float = 300) -> list[dic
     return read_record(record)
 
 
-def train_in_process(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[str, list[dict[str, Any]]]:
+def train_recorded_in_process(tmp_path: Path, *args: str,
+                              options: tuple[str, ...] = ()) -> tuple[str, list[dict[str, Any]]]:
     """``tests/slow_train.py --record FILE OPTIONS -- ARGS`` in the test's own process, one
     interpreter start fewer than :func:`train_recorded`: (stdout, the per-step counters, also
     left in ``tmp_path/steps-<k>.jsonl``). ``slow_train``'s patches (its callback, a ``--break``)
@@ -102,15 +103,15 @@ def train_in_process(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) 
 
 
 def _resume_here(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[dict[str, Any]]]:
-    """:func:`_resume` in the test's own process (:func:`train_in_process`)."""
-    return train_in_process(tmp_path, "--resume", str(run), options=options)
+    """:func:`_resume` in the test's own process (:func:`train_recorded_in_process`)."""
+    return train_recorded_in_process(tmp_path, "--resume", str(run), options=options)
 
 
 @pytest.fixture(scope="module")
 def reference_run(recipe, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
     """The uninterrupted run's folder and its per-step counters (in this process)."""
     folder = tmp_path_factory.mktemp("ref")
-    _, records = train_in_process(folder, str(recipe), "--output", str(folder / "run"))
+    _, records = train_recorded_in_process(folder, str(recipe), "--output", str(folder / "run"))
     assert [r["step"] for r in records] == list(range(1, TOTAL + 1))
     return folder / "run", records
 
@@ -146,30 +147,6 @@ def _resume(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[dict[st
                        capture_output=True, text=True, timeout=180, env=env(), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout, read_record(record)
-
-
-def resume_in_process(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                      *options: str) -> tuple[str, list[dict[str, Any]]]:
-    """:func:`_resume` in the test's own process (``slow_train``'s options applied with
-    ``monkeypatch``, undone after the test), one interpreter start fewer: for the mutation tests,
-    whose check reads the resume line, the steps and the counters, none of which depends on the
-    process (weights compared bitwise need the subprocess: one thread, as the reference)."""
-    import slow_train
-    from crafted_files import cli
-
-    record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
-    opts, rest = slow_train.parse(["--record", str(record), *options, "--", "--resume", str(run)])
-    slow_train.install(opts, monkeypatch.setattr)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the subprocesses (OMP_NUM_THREADS=1): no thread contention on a busy machine
-    try:
-        rc, out, err = cli(capsys, "train", *rest)
-    except slow_train.StopAfterStep:  # --stop-after-step: the steps needed are done
-        rc, out, err = 0, *capsys.readouterr()
-    finally:
-        torch.set_num_threads(threads)
-    assert rc == 0, err[-3000:]
-    return out, read_record(record)
 
 
 def check_resumed_exactly(stdout: str, rows: list[dict[str, Any]], checkpoint: Path, total: int,
@@ -348,7 +325,7 @@ def test_resume_mid_accumulation_window_with_loader_workers(tmp_path):
     raw["output"].update(checkpoint_every=2, keep_last=10)
     recipe = write_recipe(tmp_path / "accum.yaml", raw)
     full = tmp_path / "full"
-    _, reference_rows = train_in_process(tmp_path, str(recipe), "--output", str(full))
+    _, reference_rows = train_recorded_in_process(tmp_path, str(recipe), "--output", str(full))
     assert _logged_steps(full) == [1, 2, 3, 4, 5, 6]
     assert [(r["epoch"], r["batch_in_epoch"]) for r in reference_rows[2:4]] == [(0, 5), (1, 2)]  # a short window
 
@@ -373,7 +350,7 @@ def test_resume_restores_stateful_objective(tmp_path):
     raw["output"].update(checkpoint_every=3, keep_last=10)
     recipe = write_recipe(tmp_path / "ipmc.yaml", raw)
     full = tmp_path / "full"
-    _, reference_rows = train_in_process(tmp_path, str(recipe), "--output", str(full))
+    _, reference_rows = train_recorded_in_process(tmp_path, str(recipe), "--output", str(full))
     rows = list(csv.DictReader((full / "metrics.csv").open()))
     assert float(rows[-1]["moved_to_positive"]) > 0 and float(rows[-1]["critic_distance"]) != 0  # all tiers active
 
@@ -395,7 +372,7 @@ def test_resume_restores_ema_teacher(tmp_path):
     raw["output"].update(checkpoint_every=3, keep_last=10)
     recipe = write_recipe(tmp_path / "er.yaml", raw)
     full = tmp_path / "full"
-    _, reference_rows = train_in_process(tmp_path, str(recipe), "--output", str(full))
+    _, reference_rows = train_recorded_in_process(tmp_path, str(recipe), "--output", str(full))
     ckpt = list_checkpoints(full)[1]
     assert (ckpt / "teacher.safetensors").is_file() and not list(ckpt.glob("custom_checkpoint_*"))
 

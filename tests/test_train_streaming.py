@@ -5,7 +5,6 @@ disjoint rows covering the epoch, evaluation of streamed splits, damaged shards.
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 import subprocess
 import sys
@@ -13,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_data_pickle import mmsa_split
+from test_data_pickle import mmsa_split, write
 from test_data_shards import as_list, prepare
 from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when_held, check_resumed_exactly
-from test_train_resume import train_in_process as recorded_in_process
+from test_train_resume import train_recorded_in_process as recorded_in_process
 from test_train_utils import load_weights, read_record, run_ranks, started, write_recipe
 
 from mmviews.data import build_dataset
@@ -29,8 +28,7 @@ ROWS = 48  # train rows: 4 shards of 12
 def shards(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("mosi")
     pkl = folder / "mosi.pkl"
-    with open(pkl, "wb") as f:
-        pickle.dump({"train": mmsa_split(ROWS), "valid": mmsa_split(10), "test": mmsa_split(12)}, f, protocol=4)
+    write(pkl, {"train": mmsa_split(ROWS), "valid": mmsa_split(10), "test": mmsa_split(12)})
     r = prepare("mosi", str(pkl), "--format", "parquet", "--shard-rows", "12", "--output", str(folder / "shards"))
     assert r.returncode == 0, r.stdout + r.stderr
     return folder / "shards"

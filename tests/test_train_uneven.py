@@ -16,7 +16,6 @@ as shards of 12, 12, 12 and 2 rows (the short last shard), at K = 8 on 2 gloo pr
 from __future__ import annotations
 
 import json
-import pickle
 import re
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 from mutations import apply_break
-from test_data_pickle import mmsa_split
+from test_data_pickle import mmsa_split, write
 from test_data_shards import as_list, prepare
 from test_train_streaming import recipe
 from test_train_utils import read_record, run_ranks, write_recipe
@@ -43,8 +42,7 @@ MAPPED_STEPS_PER_EPOCH = 4  # floor(38 / 8)
 def shards(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("uneven")
     pkl = folder / "mosi.pkl"
-    with open(pkl, "wb") as f:
-        pickle.dump({"train": mmsa_split(ROWS), "valid": mmsa_split(4), "test": mmsa_split(4)}, f, protocol=4)
+    write(pkl, {"train": mmsa_split(ROWS), "valid": mmsa_split(4), "test": mmsa_split(4)})
     r = prepare("mosi", str(pkl), "--format", "parquet", "--shard-rows", str(SHARD_ROWS), "--output", str(folder / "shards"),
                 "--splits", "train")
     assert r.returncode == 0, r.stdout + r.stderr
