@@ -234,7 +234,7 @@ _FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 # The words YAML 1.1 (PyYAML) reads as False and True, lower case as users write them.
-_YAML_BOOL_SPELLINGS: dict[bool, tuple[str, ...]] = {False: ("no", "off", "false", "n"), True: ("yes", "on", "true", "y")}
+_YAML_BOOL_SPELLINGS: dict[bool, tuple[str, ...]] = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
 
 
 def _type_name(tp: Any) -> str:
