@@ -146,7 +146,7 @@ adapters: {{rows: {{type: mlp, input_dim: 2}}}}
 """)
     rc, _, err = cli(capsys, "train", str(recipe), "--check")
     line = one_line_error(err)
-    assert rc == 2 and "key 'data.options.columns': " in line and "column 'row' (for 'rows') not found" in line
+    assert rc == 2 and "key 'data.options.columns': " in line and "has no column 'row' (for 'rows')" in line
     assert "train_split" not in line
 
 

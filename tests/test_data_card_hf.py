@@ -81,7 +81,7 @@ def test_prepare_hf_reports_a_wrong_column_and_exits_1(workdir: Path, capsys: py
     (workdir / "wrong.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["prepare", "hf", "data/digits_disk", "--recipe", "wrong.yaml"]) == 1
     out = capsys.readouterr().out
-    assert "key 'data.options.columns'" in out and "column 'img' (for 'image') not found" in out
+    assert "key 'data.options.columns'" in out and "has no column 'img' (for 'image')" in out
     # without a recipe: the default columns, every split of the folder
     assert main(["prepare", "hf", "data/digits_folder"]) == 0
     out = capsys.readouterr().out

@@ -81,7 +81,7 @@ def test_raise_names_the_shard_and_row_group(damaged):
             [b for b in StreamLoader(stream, 8, as_list)]  # streamed: found where the rows are read
         message = str(info.value)
         assert f"{damaged['shard']}: row group {BAD} of 4 (rows 4-7 of the shard) cannot be read" in message, message
-        assert "on_error: skip" in message and "\n" not in message
+        assert "data.options.on_error: skip" in message and "\n" not in message
     assert damaged["shard"].read_bytes() == damaged["bytes"]  # nothing rewritten or deleted
 
 
@@ -127,7 +127,7 @@ def test_skipped_row_group_is_counted_in_the_run_record(damaged, tmp_path, capsy
     left = summary["data_skipped"]["train"]
     assert left["row_groups"] == {f"{damaged['shard']}#{BAD}": GROUP} and left["rows_in_skipped_row_groups"] == GROUP
     line = f"split 'train': 1 damaged row group(s), {GROUP} rows ({damaged['shard']}#{BAD})"
-    assert f"data left out (on_error: skip): {line}" in out
+    assert f"data left out (data.options.on_error: skip): {line}" in out
     assert f"- {line}" in (tmp_path / "run" / "report.md").read_text()
     assert damaged["shard"].read_bytes() == damaged["bytes"]
 

@@ -249,6 +249,33 @@ def test_resume_after_the_last_checkpoint_reports_the_logged_loss(tiny_run, tmp_
     assert data["status"] == "ok" and math.isclose(data["final_loss"], float(last["loss"]), rel_tol=1e-5)
 
 
+def test_two_processes_resume_after_the_last_checkpoint_end_as_one_does(tmp_path):
+    """Two processes resuming a run whose last checkpoint is its last step (no step left):
+    every process exits 0, the run's status is ok with the logged loss, and stderr says
+    nothing. (Only the main process reads metrics.csv; the others once ended with a NaN loss,
+    a "failed" status and exit status 1.)"""
+    import sys
+
+    from test_train_utils import run_ranks
+
+    recipe = write_recipe(tmp_path / "tiny.yaml", tiny_config(num_samples=32, batch_size=16, epochs=2, image=False,
+                                                               text=False))
+    run = tmp_path / "run"
+    train = [sys.executable, "-m", "mmviews.cli", "train", str(recipe), "--output", str(run), "--set", "cpu=true",
+             "--set", "evaluation.plots=false"]
+    assert [r.returncode for r in run_ranks(train, tmp_path)] == [0, 0]
+    (run / "results.json").unlink()  # as if stopped after its last checkpoint
+    ranks = run_ranks([sys.executable, "-m", "mmviews.cli", "train", "--resume", str(run)], tmp_path)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
+    assert f"resumed from {list_checkpoints(run)[-1]} at step 4 of 4" in ranks[0].stdout
+    data = _strict_json(run / "results.json")
+    last = list(csv.DictReader((run / "metrics.csv").open()))[-1]
+    assert data["status"] == "ok" and math.isclose(data["final_loss"], float(last["loss"]), rel_tol=1e-5)
+    assert data["num_processes"] == 2
+    for r in ranks:
+        assert "Traceback" not in r.stderr and "warning" not in r.stderr.lower(), r.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------- 9. messages
 
 

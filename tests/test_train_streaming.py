@@ -201,7 +201,7 @@ def test_damaged_shard_named_or_skipped(shards, tmp_path):
     with pytest.raises(ValueError) as info:
         build_dataset("hf", root=str(folder), split="train", streaming=True)
     message = str(info.value)
-    assert str(bad) in message and "\n" not in message and "on_error: skip" in message
+    assert str(bad) in message and "\n" not in message and "data.options.on_error: skip" in message
     with pytest.warns(UserWarning, match="train-00002.parquet"):
         stream = build_dataset("hf", root=str(folder), split="train", streaming=True, on_error="skip")
     assert stream.num_skipped_shards == 1 and len(stream) == ROWS - 12

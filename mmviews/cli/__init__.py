@@ -19,16 +19,25 @@ with exit status 2; a diverging run (``FloatingPointError``) likewise with statu
 other exception is a bug and keeps its traceback. ``--debug`` (any command) shows the
 traceback of every error. Ctrl-C is one line, ``mmviews COMMAND: interrupted``, with status
 130 (``mmviews train`` handles it itself: it saves a checkpoint and says how to resume).
+
+Warnings: mmviews's own (:class:`mmviews.notices.MMViewsWarning`) print as one line,
+``mmviews COMMAND: warning: MESSAGE``; third-party warnings that need no action and the
+``datasets`` library's progress bars are silenced (``--debug`` shows every warning as Python does;
+``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` brings the bars back).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import pickle
 import re
 import sys
 from typing import Sequence
+
+from mmviews.notices import one_line_warnings
 
 # Errors the user can fix (exit status 2). ConfigError and CorruptFileError are ValueErrors;
 # UnsafePickleError is a pickle.UnpicklingError.
@@ -82,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = argv[0]
     if name not in COMMANDS:
         top.error(f"unknown command {name!r}; choose from {', '.join(sorted(COMMANDS))}")
+    # datasets' own bars ("Generating train split", "Saving the dataset") describe its internal
+    # steps, not the user's work: off unless the user asks for them (read when datasets is
+    # imported, and inherited by loader workers). mmviews's own progress bars stay.
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"mmviews {name}", description=help_text)
@@ -89,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     args = parser.parse_args(argv[1:])
     try:
-        return int(module.run(args) or 0)
+        with contextlib.nullcontext() if args.debug else one_line_warnings(f"mmviews {name}"):
+            return int(module.run(args) or 0)
     except KeyboardInterrupt:
         if args.debug:
             raise

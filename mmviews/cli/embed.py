@@ -91,6 +91,25 @@ def embedding_table(encoder: Any, loaders: dict[str, Any]) -> tuple[dict[str, li
     return columns, view_names
 
 
+def _check_modalities(data_arg: str, loaders: dict[str, Any], views: Any) -> None:
+    """Raise a ValueError naming ``data_arg`` and the split when a split's dataset lacks a
+    modality of the run's views (known from the dataset's ``modality_info`` without reading a
+    sample)."""
+    from mmviews.data.views import ViewSpec
+
+    needed = ViewSpec.from_config(views).modalities
+    for split, loader in loaders.items():
+        dataset = getattr(loader, "dataset", None)
+        if not hasattr(dataset, "modality_info"):
+            continue
+        has = sorted(dataset.modality_info())
+        missing = [m for m in needed if m not in has]
+        if missing:
+            raise ValueError(f"{data_arg}: the {split} split has the modalities {has}, but the run's views read "
+                             f"{list(needed)} (missing {missing}): give data with the modalities the run was "
+                             "trained on")
+
+
 def run(args: argparse.Namespace) -> int:
     """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
     import datasets
@@ -114,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     data = _data_section(args.data, config)
     views = eval_view_config(config.views, config.evaluation.views)
     loaders = build_eval_loaders(data, views, config.seed)
+    _check_modalities(args.data, loaders, views)  # before any work: the data must have what the views read
     precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
     encoder.to(run_device(config.cpu, args.device))
     columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders)

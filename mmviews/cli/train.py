@@ -168,7 +168,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         recipe = resolve_recipe(args.recipe)
         config = load_config(recipe, args.overrides)
         run_dir = Path(args.output or config.output.dir or Path("runs") / config.name)
-        if not args.check and _is_first_process():  # before any work: new, empty, or a run to --overwrite
+        if _is_first_process():  # before any work (--check too): new, empty, or a run to --overwrite
             check_run_dir(run_dir, overwrite=args.overwrite)
     # a tracker the recipe names but this environment lacks would otherwise surface only after
     # the datasets and models are built (train() resolves the trackers after build_run)
@@ -226,7 +226,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
     for line in data_left_out_lines(summary.get("data_skipped") or {}):
-        print(f"data left out (on_error: skip): {line}")
+        print(f"data left out (data.options.on_error: skip): {line}")
     for line in loss_lines(summary.get(DATA_LOSSES_KEY) or {}):
         print(f"data left out: {line}")
     if summary["eval"]:

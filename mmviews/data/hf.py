@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from mmviews.data.decode import decode_audio, decode_image
 from mmviews.data.registry import dataset_error, register_dataset
+from mmviews.notices import MMViewsWarning
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -136,7 +137,7 @@ class HFDataset(Dataset):
         for option, mapping in (("columns", columns), ("labels", labels)):
             for name, col in mapping.items():
                 if col not in feats:
-                    raise dataset_error(KeyError, f"{self.root}: column {col!r} (for {name!r}) not found; "
+                    raise dataset_error(KeyError, f"{self.root}: split {split!r} has no column {col!r} (for {name!r}); "
                                         f"columns: {sorted(feats)}", option)
         if not columns:
             raise dataset_error(ValueError, f"{self.root}: no modality columns (no column is named image, audio or text): "
@@ -220,7 +221,7 @@ class HFDataset(Dataset):
                 if self.on_error == "raise":
                     raise ValueError(f"{self.root} row {index}, column {col!r}: {err}") from err
                 self.num_skipped += 1
-                warnings.warn(f"{self.root} row {index}, column {col!r}: {err}; marked absent", stacklevel=2)
+                warnings.warn(f"{self.root} row {index}, column {col!r}: {err}; marked absent", MMViewsWarning, stacklevel=2)
                 mods[m] = None
         labels = {name: row[col] for name, col in self.label_columns.items()}
         return {"index": int(index), "modalities": mods, "labels": labels}

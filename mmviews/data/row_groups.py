@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from mmviews.notices import MMViewsWarning
+
 # The records of the readers of this process, by token (a generator handed to ``datasets`` cannot
 # carry an object that it would not copy): {token: SkippedRowGroups}.
 _RECORDS: dict[str, "SkippedRowGroups"] = {}
@@ -78,7 +80,8 @@ def _raise_or_skip(shard: str, metadata: Any, index: int, error: BaseException, 
         raise ValueError(message + ": write it again, or set data.options.on_error: skip to leave its rows out") from None
     if token is not None:
         record(token).add(shard, index, metadata.row_group(index).num_rows)
-    warnings.warn(message + f"; its {metadata.row_group(index).num_rows} rows are left out (on_error: skip)", stacklevel=3)
+    warnings.warn(message + f"; its {metadata.row_group(index).num_rows} rows are left out (data.options.on_error: skip)",
+                  MMViewsWarning, stacklevel=3)
 
 
 # Errors of pyarrow reading damaged pages (OSError: "Corrupt snappy compressed data",
@@ -177,7 +180,7 @@ def load_map_style(files: list[str], split: str, features: Any, on_error: str, t
             groups = pq.ParquetFile(f).metadata.num_row_groups
         units += [(shard, index) for index in range(groups) if (shard, index) not in bad]
     if not units:
-        raise ValueError(f"{Path(files[0]).parent}: split {split!r} has no readable row group (on_error: skip left "
+        raise ValueError(f"{Path(files[0]).parent}: split {split!r} has no readable row group (data.options.on_error: skip left "
                          f"out all {len(damaged)})")
     return datasets.Dataset.from_generator(_readable_rows, features=features,
                                            gen_kwargs={"units": units, "stamps": _stamps(files)}, split=split)

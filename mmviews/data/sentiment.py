@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 from mmviews.data.registry import dataset_error, register_dataset
 from mmviews.data.safe_pickle import safe_load_pickle
 from mmviews.fileio import read_json_object
+from mmviews.notices import MMViewsWarning
 
 SPLITS = ("train", "valid", "test")
 # Marks a store folder being written (``<store>.partial``): only such a folder is removed
@@ -52,7 +53,7 @@ KNOWN_DIMS: dict[str, tuple[int, int, int]] = {"mosi": (768, 5, 20), "mosei": (7
 SEQUENCE_MODALITIES = ("text", "audio", "vision")
 
 
-class SplitSizeWarning(UserWarning):
+class SplitSizeWarning(MMViewsWarning):
     """Split sizes differ from the published ones, or match the MulT/MultiBench variant."""
 
 
@@ -236,7 +237,7 @@ def read_sentiment_pickle(path: str | os.PathLike[str], dataset: str | None = No
         dims = tuple(out[next(iter(out))]["features"][m].shape[2] for m in SEQUENCE_MODALITIES)
         if dims != KNOWN_DIMS[dataset]:
             warnings.warn(f"{source}: feature dims (text, audio, vision) = {dims}, the card lists {KNOWN_DIMS[dataset]} "
-                          f"for the MMSA {dataset} files (a different feature extraction?)", stacklevel=2)
+                          f"for the MMSA {dataset} files (a different feature extraction?)", MMViewsWarning, stacklevel=2)
     return {"layout": layout, "variant": variant, "dataset": dataset, "sizes": sizes}, out
 
 

@@ -70,6 +70,7 @@ from mmviews.data import row_groups
 from mmviews.data.decode import decode_audio, decode_flac, decode_image, decode_jpeg, window_flow
 from mmviews.data.registry import dataset_error
 from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, read_shards_meta, shape_fits, shape_text
+from mmviews.notices import MMViewsWarning
 
 DEFAULT_SHUFFLE_BUFFER = 1000
 
@@ -113,9 +114,9 @@ class ShardFiles:
             except Exception as err:  # pyarrow raises ArrowInvalid / OSError for damaged files
                 message = f"{url}: damaged Parquet shard ({type(err).__name__}: {err})".replace("\n", " ")
                 if on_error == "raise":
-                    raise ValueError(message + "; remove or rewrite it, or set on_error: skip") from None
+                    raise ValueError(message + "; remove or rewrite it, or set data.options.on_error: skip") from None
                 self.skipped.append(url)
-                warnings.warn(message + "; skipped", stacklevel=3)
+                warnings.warn(message + "; skipped", MMViewsWarning, stacklevel=3)
                 continue
             self.files.append(url)
             self.rows.append(int(rows))
@@ -184,7 +185,7 @@ class RowDecoder:
         if self.on_error == "raise":
             raise ValueError(f"{self._where(row, col)}: {err}") from err
         self.num_skipped += 1
-        warnings.warn(f"{self._where(row, col)}: {err}; marked absent", stacklevel=3)
+        warnings.warn(f"{self._where(row, col)}: {err}; marked absent", MMViewsWarning, stacklevel=3)
 
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
         index = int(row[INDEX_COLUMN]) if INDEX_COLUMN in row else -1
@@ -344,7 +345,7 @@ class ShardSource:
                     {m: m for m in ("image", "audio", "text") if m in self.features}
             for name, col in columns.items():
                 if col not in self.features:
-                    raise KeyError(f"{self.root}: column {col!r} (for {name!r}) not found; columns: {sorted(self.features)}")
+                    raise KeyError(f"{self.root}: split {split!r} has no column {col!r} (for {name!r}); columns: {sorted(self.features)}")
             if not columns:
                 raise dataset_error(ValueError, f"{self.root}: no modality columns (no column is named image, audio or "
                                     f"text): name the columns to read, modality -> column (columns: {sorted(self.features)})",
@@ -358,7 +359,7 @@ class ShardSource:
                 labels = {"class": "label"} if "label" in self.features else {}
         for name, col in labels.items():
             if col not in self.features:
-                raise KeyError(f"{self.root}: column {col!r} (for label {name!r}) not found; columns: {sorted(self.features)}")
+                raise KeyError(f"{self.root}: split {split!r} has no column {col!r} (for label {name!r}); columns: {sorted(self.features)}")
         self.columns, self.label_columns, self.kinds = dict(columns), dict(labels), kinds
         self.image_columns = [col for m, col in columns.items() if isinstance(self.features[col], datasets.Image)]
         size_t = (size, size) if isinstance(size, int) else tuple(size)

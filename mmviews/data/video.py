@@ -46,6 +46,7 @@ from mmviews.data.video_io import (  # noqa: F401
     read_video_window,
 )
 from mmviews.data.video_store import MANIFEST, VideoStore, known_bad_clips
+from mmviews.notices import MMViewsWarning
 
 # The key a sample dict carries when its clip could not be read with on_error="skip": the
 # message naming the file. The collator leaves such a sample out of its batch (counted in
@@ -223,7 +224,7 @@ class VideoFolder(Dataset):
         if self.store is not None and 0 < int(self.store.options["size"]) < min(self.size):
             warnings.warn(f"the store {self.store.path} holds frames with a short side of {self.store.options['size']} px, "
                           f"smaller than size={self.size}: they are upscaled (prepare again with --size "
-                          f"{min(self.size)} or more for sharp frames)", stacklevel=2)
+                          f"{min(self.size)} or more for sharp frames)", MMViewsWarning, stacklevel=2)
 
     @property
     def source_note(self) -> str:
@@ -284,7 +285,7 @@ class VideoFolder(Dataset):
         self.num_skipped += 1
         message = str(err) if ours else f"{path}: cannot read ({type(err).__name__}: {err})"
         warnings.warn(f"skipped unreadable {message} (sample left out of its batch; data.options.on_error: skip)",
-                      stacklevel=3)
+                      MMViewsWarning, stacklevel=3)
         return message
 
     def _window(self, n: int) -> np.ndarray:
@@ -370,7 +371,7 @@ class VideoFolder(Dataset):
             self.num_stale += 1
             if self.num_stale == 1:  # once per process: the count is in self.num_stale
                 warnings.warn(f"{path} changed after the store {self.store.path} was made: decoding it instead "
-                              "(rerun `mmviews prepare` to update the store)", stacklevel=3)
+                              "(rerun `mmviews prepare` to update the store)", MMViewsWarning, stacklevel=3)
         return entry
 
     def _flow(self, cls: str, stem: str, frames_np: np.ndarray | None) -> torch.Tensor | None:

@@ -374,8 +374,10 @@ class ViewSetCollator:
             shape = tuple(present[0].shape) if present else self._shape_hint(modality)
             for x in present:
                 if tuple(x.shape) != shape:
-                    raise ValueError(f"modality {modality!r}: got shapes {tuple(x.shape)} and {shape} in one batch; "
-                                     "resize or crop to a common size (e.g. an augmentation with a fixed output size)")
+                    fix = ("set data.options.image_size: N (or [H, W]) to resize every image as it is read, "
+                           "or crop with an augmentation of a fixed output size") if kind == "image" else \
+                        "resize or crop to a common size (e.g. an augmentation with a fixed output size)"
+                    raise ValueError(f"modality {modality!r}: got shapes {tuple(x.shape)} and {shape} in one batch; {fix}")
             zero = torch.zeros(shape, dtype=torch.float32)
             return {"values": torch.stack([zero if x is None else x.float() for x in items])}
         raise ValueError(f"unknown modality kind {kind!r} for {modality!r}; expected one of {KINDS}")

@@ -73,6 +73,8 @@ def load_run_metrics(path: str | Path) -> RunMetrics:
     """Reads one run's metrics and meta. Raises FileNotFoundError / ValueError naming the file."""
     path = Path(path)
     again: list[Path] = []
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such run folder or metrics file")
     if path.is_file():
         metrics_file = path
     else:

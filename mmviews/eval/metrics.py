@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from mmviews.notices import MMViewsRuntimeWarning
+
 # Names the Acc-2 conventions; reports print it next to the numbers because papers
 # disagree on which one they call "Acc-2".
 ACC2_CONVENTIONS: dict[str, str] = {
@@ -107,7 +109,7 @@ def _pearson(x: np.ndarray, y: np.ndarray, dataset: str) -> float:
         which = "predictions" if np.ptp(x) == 0 else "labels"
         warnings.warn(
             f"msa_metrics({dataset!r}): Corr is undefined because the {which} are constant; reported as NaN",
-            RuntimeWarning,
+            MMViewsRuntimeWarning,
             stacklevel=3,
         )
         return float("nan")

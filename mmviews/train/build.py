@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from mmviews.config import ConfigError, TrainConfig
+from mmviews.registry import did_you_mean
 from mmviews.data.loaders import (
     EpochCollator,
     GlobalBatchSampler,
@@ -96,6 +97,19 @@ def stream_loader(dataset: Any, K: int, num_processes: int, collator: Any, confi
         raise ConfigError(f"key 'data.batch_size': {error}") from error
 
 
+def _missing_adapter_message(config: TrainConfig, modality: str, source: str) -> str:
+    """Name the key at fault for a view whose modality has no adapter: a view's misspelt
+    modality (an adapter of a close name exists) is the view's fault, not the adapters'."""
+    index = next(i for i, raw in enumerate(config.views)
+                 if (raw if isinstance(raw, str) else raw.get("modality")) == modality)
+    hint = did_you_mean(modality, config.adapters)
+    if hint:
+        return (f"{source}: key 'views.{index}.modality': {modality!r} has no adapter{hint}; "
+                f"adapters given: {sorted(config.adapters)}")
+    return (f"{source}: key 'adapters': no adapter for modality {modality!r} of 'views.{index}.modality' "
+            f"(adapters given: {sorted(config.adapters)}); add 'adapters.{modality}' or fix the view's modality")
+
+
 def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe", *,
               with_eval: bool = True) -> RunParts:
     """Build datasets, views, loaders, encoder and objective, checking that they fit
@@ -113,8 +127,7 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
         raise ConfigError(f"{source}: key 'views': {error}") from error
     missing = [m for m in spec.modalities if m not in config.adapters]
     if missing:
-        raise ConfigError(f"{source}: key 'adapters': no adapter for modalities {missing} used by 'views' "
-                          f"(adapters given: {sorted(config.adapters)})")
+        raise ConfigError(_missing_adapter_message(config, missing[0], source))
     M = len(spec)
     d = config.data
     sampler = ViewSetBatchSampler(1, d.batch_size, M, d.batch_mode, reference_views=d.reference_views)
@@ -131,7 +144,7 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
         # would stop at that step (it gathers equal shares). Refused now rather than then.
         raise ConfigError(f"{source}: key 'data.options.on_error': 'skip' drops unreadable samples from their batch, "
                           f"which would leave the {num_processes} processes with unequal shares of it; train with "
-                          "on_error: raise on several processes (clips the store lists as unreadable are still left "
+                          "data.options.on_error: raise on several processes (clips the store lists as unreadable are still left "
                           "out), or on one process")
     objective = build_objective(config, M, source, dataset_size=len(train_dataset))
     if len(train_dataset) < sampler.K:

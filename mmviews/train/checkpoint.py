@@ -62,6 +62,7 @@ from mmviews.run import (
     verify_checkpoint_file,
 )
 from mmviews.train.state import TrainState
+from mmviews.notices import MMViewsWarning
 
 if TYPE_CHECKING:
     from mmviews.train.callbacks import TrainCallback
@@ -81,7 +82,7 @@ if hasattr(np, "dtypes"):
 _LEGACY_TEACHER_FILE = "custom_checkpoint_1.pkl"
 
 
-class ReproducibilityWarning(UserWarning):
+class ReproducibilityWarning(MMViewsWarning):
     """A resumed run continues, but will not reproduce an uninterrupted one exactly."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from mmviews.config import ConfigError, TrainConfig
+from mmviews.notices import MMViewsRuntimeWarning
 
 #: The cuBLAS workspace setting that makes its results deterministic (see the CUDA docs on
 #: cuBLAS reproducibility); ":16:8" would also do, using less memory and more time.
@@ -67,7 +68,7 @@ def configure_determinism(enabled: bool) -> None:
     if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
         warnings.warn("deterministic: CUDA started before CUBLAS_WORKSPACE_CONFIG could be set; cuBLAS may stay "
                       f"nondeterministic (set CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE} in the environment)",
-                      RuntimeWarning, stacklevel=2)
+                      MMViewsRuntimeWarning, stacklevel=2)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False

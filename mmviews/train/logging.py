@@ -30,6 +30,7 @@ from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
 from mmviews.train.state import TrainState
+from mmviews.notices import MMViewsWarning
 
 
 class CSVLogger:
@@ -115,7 +116,7 @@ def resolve_trackers(config: TrainConfig, source: str = "recipe") -> list[str]:
             names = list(dict.fromkeys([*names, "tensorboard"]))
         else:
             warnings.warn(f"{source}: output.tensorboard is true but TensorBoard is not installed; logging to "
-                          "metrics.csv only", stacklevel=2)
+                          "metrics.csv only", MMViewsWarning, stacklevel=2)
         warnings.warn(f"{source}: key 'output.tensorboard' is deprecated, use 'output.trackers: [tensorboard]'",
                       FutureWarning, stacklevel=2)
     return names
@@ -170,6 +171,12 @@ class StepLogger:
         self.health = LiveHealth(total_steps, settings=HealthSettings.from_config(config))
         if self.csv is not None and self.csv.last_loss is not None:
             self.last_loss = self.csv.last_loss  # resumed at the end: no step left to log
+        if resumed and accelerator.num_processes > 1:
+            # Only the main process reads metrics.csv; the others take its last loss, or a run
+            # resumed at its last step would end with a NaN loss (a "failed" status) on them.
+            from accelerate.utils import broadcast_object_list
+
+            self.last_loss = broadcast_object_list([self.last_loss], from_process=0)[0]
 
     def log(self, state: TrainState, out: ObjectiveOutput, extra_metrics: dict[str, Any], optimizer: Any,
             num_samples: int, num_views: int) -> None:

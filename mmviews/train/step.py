@@ -96,6 +96,7 @@ from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
 from mmviews.train.state import TrainState
 from mmviews.train.teacher import EMATeacher
+from mmviews.notices import MMViewsWarning
 
 RNGState = tuple[torch.Tensor, torch.Tensor | None]  # (CPU state, CUDA state of the current device or None)
 
@@ -224,7 +225,7 @@ def warn_batch_norm(encoder: nn.Module, chunk_size: int | None) -> None:
         f"optimisation.encode_chunk_size = {chunk_size} with BatchNorm in the encoder ({where}): batch statistics "
         f"are computed per chunk of {chunk_size} samples (running statistics are updated once per chunk), so the "
         "step differs from the plain step's; for the plain step's result use encoders without BatchNorm (e.g. "
-        "head.batch_norm: false, LayerNorm backbones)", stacklevel=2)
+        "head.batch_norm: false, LayerNorm backbones)", MMViewsWarning, stacklevel=2)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,59 @@
+"""Warnings mmviews gives about the user's data, recipe or run, and how the command line shows them.
+
+Every warning mmviews raises for the user to act on is a :class:`MMViewsWarning` (or a subclass),
+so that callers can filter them as one family (``warnings.filterwarnings("error",
+category=MMViewsWarning)`` in a test, for example). The ``mmviews`` command shows them as one
+line, ``mmviews COMMAND: warning: MESSAGE``: the message names the file, key or value at fault,
+and mmviews's own source file and line would only be noise (:func:`one_line_warnings`).
+Python callers see ordinary warnings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from typing import Any, Iterator, TextIO
+
+__all__ = ["MMViewsRuntimeWarning", "MMViewsWarning", "one_line_warnings"]
+
+
+class MMViewsWarning(UserWarning):
+    """A warning about the user's data, recipe or run that they may have to act on."""
+
+
+class MMViewsRuntimeWarning(MMViewsWarning, RuntimeWarning):
+    """An :class:`MMViewsWarning` about a computed value (e.g. a metric that is undefined)."""
+
+
+# Third-party warnings that say nothing a user of mmviews can act on.
+_THIRD_PARTY_NOISE = (
+    # mmviews asks DDP for find_unused_parameters on purpose (a view's modality may be absent
+    # from a whole batch); torch then warns once per process when a step happened to use them all.
+    r"find_unused_parameters=True was specified in DDP constructor",
+)
+
+
+@contextlib.contextmanager
+def one_line_warnings(prefix: str) -> Iterator[None]:
+    """Within the block, show :class:`MMViewsWarning` s as ``PREFIX: warning: MESSAGE`` (one line,
+    whitespace folded) on stderr, and silence the known third-party warnings that need no action.
+    Other warnings are shown as Python shows them. The previous behaviour comes back at the end."""
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        if issubclass(category, MMViewsWarning):
+            stream: Any = sys.stderr if file is None else file
+            print(f"{prefix}: warning: {' '.join(str(message).split())}", file=stream, flush=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        for pattern in _THIRD_PARTY_NOISE:
+            warnings.filterwarnings("ignore", message=pattern)
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            warnings.showwarning = previous
