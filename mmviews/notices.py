@@ -11,9 +11,8 @@ Python callers see ordinary warnings.
 from __future__ import annotations
 
 import contextlib
-import sys
 import warnings
-from typing import Any, Iterator, TextIO
+from typing import Iterator
 
 __all__ = ["MMViewsRuntimeWarning", "MMViewsWarning", "one_line_warnings"]
 
@@ -36,24 +35,24 @@ _THIRD_PARTY_NOISE = (
 
 @contextlib.contextmanager
 def one_line_warnings(prefix: str) -> Iterator[None]:
-    """Within the block, show :class:`MMViewsWarning` s as ``PREFIX: warning: MESSAGE`` (one line,
-    whitespace folded) on stderr, and silence the known third-party warnings that need no action.
-    Other warnings are shown as Python shows them. The previous behaviour comes back at the end."""
-    previous = warnings.showwarning
+    """Within the block, format :class:`MMViewsWarning` s as ``PREFIX: warning: MESSAGE`` (one
+    line, whitespace folded), and silence the known third-party warnings that need no action.
+    Other warnings look as Python shows them. Only the formatting changes (``formatwarning``), so a
+    caller that records warnings (``catch_warnings(record=True)``, ``pytest.warns``) still gets
+    them. The previous behaviour comes back at the end."""
+    previous = warnings.formatwarning
 
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: TextIO | None = None, line: str | None = None) -> None:
+    def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                       line: str | None = None) -> str:
         if issubclass(category, MMViewsWarning):
-            stream: Any = sys.stderr if file is None else file
-            print(f"{prefix}: warning: {' '.join(str(message).split())}", file=stream, flush=True)
-        else:
-            previous(message, category, filename, lineno, file, line)
+            return f"{prefix}: warning: {' '.join(str(message).split())}\n"
+        return previous(message, category, filename, lineno, line)
 
     with warnings.catch_warnings():
         for pattern in _THIRD_PARTY_NOISE:
             warnings.filterwarnings("ignore", message=pattern)
-        warnings.showwarning = show
+        warnings.formatwarning = format_warning
         try:
             yield
         finally:
-            warnings.showwarning = previous
+            warnings.formatwarning = previous

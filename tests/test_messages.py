@@ -104,9 +104,35 @@ def test_check_refuses_an_output_folder_that_train_would_refuse(tiny_run: Path, 
     assert rc == 0 and ": OK (" in out
 
 
-def test_mmviews_warnings_are_one_line_without_source_paths(capsys: pytest.CaptureFixture[str]) -> None:
+def test_mmviews_warnings_are_one_line_without_source_paths() -> None:
     with one_line_warnings("mmviews train"):
-        warnings.warn("data/x.png row 3: cannot decode;\n  marked absent", MMViewsWarning, stacklevel=1)
-        warnings.warn("find_unused_parameters=True was specified in DDP constructor, but ...", UserWarning)
-    err = capsys.readouterr().err
-    assert err == "mmviews train: warning: data/x.png row 3: cannot decode; marked absent\n"
+        ours = warnings.formatwarning("data/x.png row 3: cannot decode;\n  marked absent", MMViewsWarning,
+                                      "/site-packages/mmviews/data/streaming.py", 463)
+        theirs = warnings.formatwarning("something else", UserWarning, "/site-packages/lib/mod.py", 7)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.warn("find_unused_parameters=True was specified in DDP constructor, but ...", UserWarning)
+            warnings.warn("kept", MMViewsWarning)
+    assert ours == "mmviews train: warning: data/x.png row 3: cannot decode; marked absent\n"
+    assert "/site-packages/lib/mod.py:7" in theirs
+    assert [str(w.message) for w in seen] == ["kept"]  # the known noise is silenced, ours recorded as usual
+    assert "mmviews train" not in warnings.formatwarning("x", MMViewsWarning, "f.py", 1)  # restored at the end
+
+
+def test_a_command_prints_mmviews_warnings_as_one_line(tmp_path: Path) -> None:
+    """In a process of its own (no test harness recording warnings): the command's warning is
+    one line naming the file at fault, without mmviews's source path."""
+    import subprocess
+    import sys
+
+    script = ("import warnings, sys\n"
+              "from mmviews.cli import main\n"
+              "from mmviews.notices import MMViewsWarning\n"
+              "import mmviews.cli.list as listing\n"
+              "def run(args):\n"
+              "    warnings.warn('clip.mp4: cannot decode frame 3; marked absent', MMViewsWarning, stacklevel=2)\n"
+              "    return 0\n"
+              "listing.run = run\n"
+              "sys.exit(main(['list', 'objectives']))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "mmviews list: warning: clip.mp4: cannot decode frame 3; marked absent\n", r.stderr
