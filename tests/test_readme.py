@@ -39,7 +39,7 @@ def test_block_extraction_and_marker():
 
 def test_readme_python_blocks_run(tmp_path, monkeypatch):
     blocks = python_blocks(README.read_text())
-    assert len(blocks) >= 3, "the README's Python examples went missing"
+    assert len(blocks) >= 2, "the README's Python examples went missing"
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MMVIEWS_RECIPES", raising=False)
     namespace: dict = {"__name__": "__readme__"}
@@ -52,7 +52,7 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
         except Exception as error:  # name the block: the traceback's file name is README.md:LINE
             pytest.fail(f"README.md python block at line {line} failed: {type(error).__name__}: {error}")
         ran += 1
-    assert ran >= 3
+    assert ran >= 2
     assert (tmp_path / "runs" / "quickstart-tiny" / "encoder" / "README.md").is_file()  # the API block trained
 
 

@@ -11,7 +11,7 @@ not drawn per process), which makes dropout independent of the split;
 depend on it.
 
 BatchNorm heads are off: on CPU, gloo has no SyncBatchNorm, so BatchNorm statistics are per
-process and the runs differ (see the README, "Several GPUs or nodes"). Torch's own dropout
+process and the runs differ (see docs/gpus.md). Torch's own dropout
 (``sample_keyed_dropout: false``, the default) draws masks per process: equal in distribution
 only."""
 

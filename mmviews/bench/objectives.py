@@ -22,7 +22,7 @@ contender alike):
 
 Clock and threads. On CPU the default is ``--threads 1 --clock cpu``: this process's CPU
 time (``time.process_time``) on one intra-op thread, which other processes' load barely moves
-(with more threads, idle threads spinning would count). This is how the README's figures were
+(with more threads, idle threads spinning would count). This is how the figures of docs/objectives.md were
 measured. ``--clock wall`` times elapsed time instead (the default on CUDA, where only wall
 time means anything; ``--threads`` then defaults to torch's).
 
@@ -214,7 +214,7 @@ def benchmark(
     if unknown:
         raise ValueError(f"unknown objective(s) {unknown}; known objectives: {', '.join(known)}")
     device_ = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if clock is None:  # how the README's figures were measured: one thread's CPU time on CPU
+    if clock is None:  # how the figures of docs/objectives.md were measured: one thread's CPU time on CPU
         clock = "cpu" if device_.type == "cpu" else "wall"
         if clock == "cpu" and threads is None:
             threads = 1
@@ -388,7 +388,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--clock", choices=sorted(CLOCKS), default=None,
         help="cpu: this process's CPU time, steady on a shared machine (default on CPU, with --threads 1; "
-        "how the README's figures were measured); wall: elapsed time (default on CUDA)",
+        "how the figures of docs/objectives.md were measured); wall: elapsed time (default on CUDA)",
     )
     parser.add_argument(
         "--reference-K", type=int, default=8,

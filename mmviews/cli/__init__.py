@@ -45,7 +45,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, p
 # A run that diverged (non-finite loss, named with its step): reported, exit status 1.
 RUN_FAILURES: tuple[type[BaseException], ...] = (FloatingPointError,)
 
-__all__ = ["COMMANDS", "error_message", "main", "worker_error"]
+__all__ = ["COMMANDS", "command_parser", "error_message", "main", "worker_error"]
 
 # command -> (module, one-line help). Sub-commands with their own sub-verbs (bench) are
 # dispatched by their module.
@@ -95,11 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # steps, not the user's work: off unless the user asks for them (read when datasets is
     # imported, and inherited by loader workers). mmviews's own progress bars stay.
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    module_name, help_text = COMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"mmviews {name}", description=help_text)
-    module.add_arguments(parser)
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
     try:
         with contextlib.nullcontext() if args.debug else one_line_warnings(f"mmviews {name}"):
@@ -118,6 +114,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"mmviews {name}: error: {error_message(error)}", file=sys.stderr)
         return 1 if isinstance(error, RUN_FAILURES) else 2
+
+
+def command_parser(name: str) -> tuple[object, argparse.ArgumentParser]:
+    """``(module, parser)`` of the command ``name`` (imports only that command's module)."""
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"mmviews {name}", description=help_text)
+    module.add_arguments(parser)  # type: ignore[attr-defined]
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    return module, parser
 
 
 # torch's message for an error re-raised from a DataLoader worker (torch.utils.data._utils.ExceptionWrapper)

@@ -42,7 +42,7 @@ every part as a measured or counted figure:
   the step's and the evaluation's.
 
 What it leaves out: the allocator's fragmentation (on CPU, glibc keeps freed small blocks; the
-figures in the README put the estimate within 15 % of the measured peak RSS), the framework's
+figures in docs/memory.md put the estimate within 15 % of the measured peak RSS), the framework's
 device workspace (cuDNN, cuBLAS, the CUDA context: on CUDA compare with
 ``torch.cuda.max_memory_reserved``), and on CUDA the host side. Activations are measured on the
 host (CPU kernels); an accelerator's kernels may keep slightly different tensors.
