@@ -267,6 +267,10 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_optimizer_state": lambda: _drop_optimizer_state(),
     "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
     "double_activations": lambda: _double_activations(),
+    "drop_framework_state": lambda: _drop_framework_state(),
+    "drop_allocator_slack": lambda: _drop_allocator_slack(),
+    "cached_peak_without_embeddings": lambda: _cached_peak_without_embeddings(),
+    "chunk_search_stops_below_bound": lambda: _chunk_search_stops_below_bound(),
     "bench_time_contenders_in_blocks": lambda: _bench_time_contenders_in_blocks(),
     "bench_rss_reset_does_nothing": lambda: _bench_rss_reset_does_nothing(),
     "forget_samples_seen": _forget_samples_seen,
@@ -520,6 +524,47 @@ def _double_activations() -> tuple[Any, str, Any]:
 
     original = MemoryEstimate.saved_activations.fget
     return MemoryEstimate, "saved_activations", property(lambda self: 2 * original(self))
+
+
+def _drop_framework_state() -> tuple[Any, str, Any]:
+    """The memory estimate leaves the framework state (what a process keeps once it has run a
+    step) out of the host memory it counts."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.host.fget
+    return MemoryEstimate, "host", property(lambda self: original(self) - (self.framework if self.on_host else 0))
+
+
+def _drop_allocator_slack() -> tuple[Any, str, Any]:
+    """The memory estimate's step leaves the allocator's measured slack out of the encoder's phase."""
+    from mmviews.train.memory import MemoryEstimate
+
+    return MemoryEstimate, "allocator_slack", property(lambda self: 0, lambda self, value: None)
+
+
+def _cached_peak_without_embeddings() -> tuple[Any, str, Any]:
+    """The cached step's peak leaves out the ``[K/N, M, d]`` embeddings and their gradient (the
+    part itself is still reported)."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.step.fget
+    return MemoryEstimate, "step", property(lambda self: original(self) - self.cached_embeddings)
+
+
+def _chunk_search_stops_below_bound() -> tuple[Any, str, Any]:
+    """The chunk search tries the powers of two below K/N only (``<`` for ``<=``): K/N itself,
+    when it is a power of two, is never suggested."""
+    from mmviews.train.memory import MemoryEstimate
+
+    def below_bound(self: Any, budget: float) -> Any:
+        best, c = None, 1
+        while c < self.samples_per_device:
+            if self.with_chunk(c).total <= budget:
+                best = c
+            c *= 2
+        return best
+
+    return MemoryEstimate, "largest_chunk_within", below_bound
 
 
 def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:
