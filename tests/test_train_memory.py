@@ -318,3 +318,29 @@ def test_chunk_search_at_its_exact_bound_and_one_past_it(samples_per_device: int
         assert e.largest_chunk_within(fits) == c
         assert e.largest_chunk_within(fits - 1) == (c // 2 or None)
     assert e.largest_chunk_within(10**15) == top
+
+
+def test_evaluation_part_is_the_embeddings_extracted_from_every_split(tmp_path: Path) -> None:
+    """The evaluation's part is the float32 embeddings ``mmviews train`` extracts from each split:
+    compared with the bytes of the real extraction (extract_embeddings on each evaluation
+    loader). Splits of 24, 8 and 16 samples (a split dropped or counted twice shows), three
+    training views and two evaluation views (one natural view per modality: the image's
+    augmented copy is not evaluated)."""
+    from test_train_utils import tiny_config, write_recipe
+
+    from mmviews.eval.extract import extract_embeddings
+
+    raw = tiny_config(text=False, batch_size=8)
+    raw["data"]["split_options"] = {"train": {"num_samples": 24}, "valid": {"num_samples": 8},
+                                    "test": {"num_samples": 16}}
+    raw["data"]["val_split"] = "valid"
+    raw["evaluation"]["tasks"] = ["linear:class"]
+    parts = build_run(load_config(write_recipe(tmp_path / "r.yaml", raw)), 1)
+    estimate = _static_estimate(parts)
+    extracted = [extract_embeddings(parts.encoder, loader, progress=False).views
+                 for loader in parts.eval_loaders.values() if loader is not None]
+    assert [e.shape[:2] for e in extracted] == [(24, 2), (8, 2), (16, 2)]
+    assert estimate.num_views == 3 and estimate.evaluation == _storage_bytes(extracted) > 0
+    # without evaluation tasks nothing is extracted
+    raw["evaluation"]["tasks"] = []
+    assert _static_estimate(build_run(load_config(write_recipe(tmp_path / "r.yaml", raw)), 1)).evaluation == 0
