@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from crafted_files import cli
+from crafted_files import cli, untrained_run
 from test_eval_extract import Enc, Toy, collate
 from test_train_utils import tiny_config, write_recipe
 from torch.utils.data import DataLoader, Subset
@@ -60,18 +60,11 @@ def run_with_evaluation_views(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run folder (its recipe as ``config.yaml`` and a freshly initialised ``encoder/``, no
     training needed) whose recipe trains on an image view, its augmented copy and an audio view,
     and evaluates two image views and the audio view; audio is absent from half the samples."""
-    from mmviews.config import load_config
-    from mmviews.run import build_encoder
-
-    run = tmp_path_factory.mktemp("embed") / "run"
-    run.mkdir()
     raw = tiny_config(text=False, num_samples=12)
     raw["data"]["options"]["missing_rate"] = {"audio": 0.5}
     raw["data"]["eval_batch_size"] = 5
     raw["evaluation"]["views"] = EVALUATION_VIEWS
-    config = load_config(write_recipe(run / "config.yaml", raw))
-    build_encoder(config).save_pretrained(run / "encoder")
-    return run
+    return untrained_run(tmp_path_factory.mktemp("embed") / "run", raw)
 
 
 def test_embed_writes_the_runs_evaluation_views(run_with_evaluation_views: Path, tmp_path: Path, capsys) -> None:
