@@ -320,27 +320,69 @@ def test_chunk_search_at_its_exact_bound_and_one_past_it(samples_per_device: int
     assert e.largest_chunk_within(10**15) == top
 
 
-def test_evaluation_part_is_the_embeddings_extracted_from_every_split(tmp_path: Path) -> None:
-    """The evaluation's part is the float32 embeddings ``mmviews train`` extracts from each split:
-    compared with the bytes of the real extraction (extract_embeddings on each evaluation
-    loader). Splits of 24, 8 and 16 samples (a split dropped or counted twice shows), three
-    training views and two evaluation views (one natural view per modality: the image's
-    augmented copy is not evaluated)."""
+# ---------------------------------------------------------------------------------------------
+# The measured host parts reach the estimate: the process's resident set read before the first
+# step (baseline, less the parameters) and after the trial steps (the framework state), and the
+# reference step's resident-set growth beyond its live tensors (the allocator's slack). The
+# readings are given here (the process's own depend on what ran before in it), so each figure is
+# known exactly.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_parts(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny run at K = 8 (its reference step, 8 samples, is larger than the trial steps of 2 and
+    4: the slack is measured): three training views (image, its augmented copy, audio) and two
+    evaluation views (one natural view per modality); splits of 24, 8 and 16 samples, a probe."""
     from test_train_utils import tiny_config, write_recipe
 
-    from mmviews.eval.extract import extract_embeddings
-
-    raw = tiny_config(text=False, batch_size=8)
+    raw = tiny_config(text=False, batch_size=8, tasks=["linear:class"])
     raw["data"]["split_options"] = {"train": {"num_samples": 24}, "valid": {"num_samples": 8},
                                     "test": {"num_samples": 16}}
     raw["data"]["val_split"] = "valid"
-    raw["evaluation"]["tasks"] = ["linear:class"]
-    parts = build_run(load_config(write_recipe(tmp_path / "r.yaml", raw)), 1)
-    estimate = _static_estimate(parts)
-    extracted = [extract_embeddings(parts.encoder, loader, progress=False).views
-                 for loader in parts.eval_loaders.values() if loader is not None]
+    return build_run(load_config(write_recipe(tmp_path_factory.mktemp("tiny") / "r.yaml", raw)), 1)
+
+
+def test_evaluation_part_is_the_embeddings_extracted_from_every_split(tiny_parts, monkeypatch) -> None:
+    """The evaluation's part is the float32 embeddings ``mmviews train`` extracts from each split:
+    compared with the bytes of the real extraction (extract_embeddings on each evaluation
+    loader). A split dropped or counted twice shows (24, 8 and 16 samples), and so do the
+    training views counted for the evaluation's (3 for 2)."""
+    from mmviews.eval.extract import extract_embeddings
+
+    estimate = _static_estimate(tiny_parts)
+    extracted = [extract_embeddings(tiny_parts.encoder, loader, progress=False).views
+                 for loader in tiny_parts.eval_loaders.values() if loader is not None]
     assert [e.shape[:2] for e in extracted] == [(24, 2), (8, 2), (16, 2)]
     assert estimate.num_views == 3 and estimate.evaluation == _storage_bytes(extracted) > 0
-    # without evaluation tasks nothing is extracted
-    raw["evaluation"]["tasks"] = []
-    assert _static_estimate(build_run(load_config(write_recipe(tmp_path / "r.yaml", raw)), 1)).evaluation == 0
+    monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", [])  # no evaluation: nothing extracted
+    assert _static_estimate(tiny_parts).evaluation == 0
+
+
+def test_baseline_and_framework_are_the_processes_readings(tiny_parts, monkeypatch) -> None:
+    import mmviews.train.memory as memory
+
+    readings = iter([900 * MB, 948 * MB])  # before the first step, after the trial steps
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings))
+    estimate = estimate_memory(tiny_parts, measure_slack=False, on_host=True)
+    assert estimate.baseline == 900 * MB - estimate.parameters and estimate.framework == 48 * MB
+    assert estimate.host == estimate.baseline + estimate.framework  # no sample cache in this recipe
+    assert next(readings, None) is None  # both readings used
+
+
+def test_allocator_slack_is_the_reference_steps_growth_beyond_its_tensors(tiny_parts, monkeypatch) -> None:
+    import mmviews.train.memory as memory
+
+    measure = memory.measure_encoder_step
+    seen = []
+
+    def with_known_growth(parts, sizes=(2, 4)):
+        steps = measure(parts, sizes)
+        if sizes != (2, 4):  # the reference step: its resident set grew 7 MB beyond its live tensors
+            steps = [dataclasses.replace(s, resident_growth=s.peak + 7 * MB) for s in steps]
+        seen.append((sizes, steps))
+        return steps
+
+    monkeypatch.setattr(memory, "measure_encoder_step", with_known_growth)
+    estimate = estimate_memory(tiny_parts, on_host=True)
+    assert [sizes for sizes, _ in seen] == [(2, 4), (8,)]  # the reference step: all K/N = 8 samples
+    assert estimate.allocator_slack == 7 * MB
+    assert estimate_memory(tiny_parts, on_host=True, measure_slack=False).allocator_slack == 0
