@@ -257,6 +257,9 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "forget_known_bad_clips": lambda: _forget_known_bad_clips(),
     "keep_worker_tracebacks": lambda: _keep_worker_tracebacks(),
     "eval_in_float32": lambda: _eval_in_float32(),
+    "eval_fuse_ignores_recipe": lambda: _eval_fuse_ignores_recipe(),
+    "eval_output_unresolved": lambda: _eval_output_unresolved(),
+    "check_first_split_only": lambda: _check_first_split_only(),
     "move_alignment_threshold": lambda: _move_alignment_threshold(),
     "round_stream_epoch_up": _round_stream_epoch_up,
     "average_rows_per_process": _average_rows_per_process,
@@ -494,6 +497,38 @@ def _eval_in_float32() -> tuple[Any, str, Any]:
         return self.encoder(batch)
 
     return AutocastEncoder, "forward", forward
+
+
+def _eval_fuse_ignores_recipe() -> tuple[Any, str, Any]:
+    """``mmviews eval`` probes the concatenated views whatever the run's ``evaluation.fuse``
+    (the setting replaced by the default)."""
+    import mmviews.cli.eval as eval_command
+
+    evaluate = eval_command.evaluate_encoder
+    return eval_command, "evaluate_encoder", lambda *args, **kwargs: evaluate(*args, **{**kwargs, "fuse": "concat"})
+
+
+def _eval_output_unresolved() -> tuple[Any, str, Any]:
+    """``mmviews eval --output`` compares the folder with the run's as written, not where they
+    are: a path through a link to the run (or with ``..``) reaches its own ``eval/``."""
+    import mmviews.cli.eval as eval_command
+
+    def as_written(out: Any, run_dir: Any) -> None:
+        if out.parent == run_dir and (out.name in eval_command.TRAINING_EVAL_DIRS
+                                      or out.name.startswith(eval_command.TRAINING_EVAL_PREFIX)):
+            raise ValueError(f"--output {out} is the run's own evaluation")
+
+    return eval_command, "check_output", as_written
+
+
+def _check_first_split_only() -> tuple[Any, str, Any]:
+    """``mmviews train --check`` checks the training split only (the first of the splits)."""
+    import itertools
+
+    import mmviews.train.preflight as preflight
+
+    splits = preflight._splits
+    return preflight, "_splits", lambda parts: itertools.islice(splits(parts), 1)
 
 
 def _move_alignment_threshold() -> tuple[Any, str, Any]:

@@ -296,3 +296,14 @@ def test_check_finds_a_fault_of_one_evaluation_split(capsys, tmp_path: Path, thr
     line = one_line_error(err)
     assert rc == 2 and "OK" not in out
     assert expected.format(split=faulty) in line, line
+
+
+def test_split_check_fails_when_only_the_first_split_is_checked(capsys, tmp_path: Path, three_splits: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation test: with the training split alone checked, the test split's fault goes unseen."""
+    from mutations import apply_break
+
+    apply_break("check_first_split_only", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_check_finds_a_fault_of_one_evaluation_split(capsys, tmp_path, three_splits, "test", "label",
+                                                         "of split '{split}' do not carry")

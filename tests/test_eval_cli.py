@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from crafted_files import cli, one_line_error, untrained_run
+from crafted_files import cli, copy_run, one_line_error, untrained_run
 from test_eval_rerun import folder_digest
 from test_train_utils import tiny_config
 
@@ -59,3 +59,21 @@ def test_a_new_folder_reached_through_a_link_is_recorded_as_the_runs(mean_fused_
     link.symlink_to(mean_fused_run, target_is_directory=True)
     _evaluated(capsys, mean_fused_run, "--output", str(link / "eval-linked"))
     assert "eval-linked" in read_manifest(mean_fused_run)["created"]
+
+
+@pytest.mark.parametrize("name,guard", [
+    ("eval_fuse_ignores_recipe", lambda run, tmp, capsys: test_eval_fuses_as_the_recipe_says_unless_told_otherwise(
+        run, capsys, (), "mean")),
+    ("eval_output_unresolved", lambda run, tmp, capsys: test_a_path_through_a_link_to_the_run_cannot_name_its_own_evaluation(
+        run, tmp, capsys, "eval")),
+])
+def test_eval_guards_fail_when_broken(mean_fused_run: Path, tmp_path: Path, capsys, monkeypatch, name, guard) -> None:
+    """Mutation test: the recipe's fusion replaced by the default, or the report folder compared
+    with the run's as written: the guards above fail (on a copy of the run: the broken rule
+    writes into its eval/)."""
+    from mutations import apply_break
+
+    run = copy_run(mean_fused_run, tmp_path / "copy")
+    apply_break(name, monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        guard(run, tmp_path, capsys)
