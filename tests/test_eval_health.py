@@ -285,3 +285,22 @@ def test_headline_is_the_test_split_else_the_validation_split(splits, headline) 
     # a run that evaluated diagnostics only: its diagnostics, of the same split
     diagnostics = {k: v for k, v in trained.items() if "/diag/" in k}
     assert [r["metric"] for r in headline_metrics(diagnostics, None)] == [f"{splits[-1]}/diag/unif"]
+
+
+def test_a_run_without_a_test_split_heads_with_its_validation_split(tmp_path: Path) -> None:
+    """``mmviews train`` of a recipe with no test split: the terminal's headline and results.json
+    name the validation split's probe, measured on it."""
+    from test_train_utils import tiny_config, train_in_process, write_recipe
+
+    raw = tiny_config(text=False, num_samples=24, batch_size=8, epochs=1, tasks=["linear:class"])
+    raw["views"], raw["data"]["options"]["modalities"] = [{"modality": "image", "copies": 2}], ["image"]
+    del raw["adapters"]["audio"]
+    raw["data"].update(val_split="valid", test_split=None)
+    raw["data"]["split_options"] = {"valid": {"num_samples": 16}}
+    raw["evaluation"]["plots"] = False
+    raw["output"]["checkpoint_every"] = 0
+    r = train_in_process(str(write_recipe(tmp_path / "r.yaml", raw)), "--output", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [h["metric"] for h in results["headline"]] == ["val/linear/class/acc"]
+    assert "val metrics, trained vs random init:" in r.stdout and "  val/linear/class/acc  trained " in r.stdout
