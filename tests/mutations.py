@@ -256,6 +256,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "keep_unreadable_samples": lambda: _keep_unreadable_samples(),
     "forget_known_bad_clips": lambda: _forget_known_bad_clips(),
     "keep_worker_tracebacks": lambda: _keep_worker_tracebacks(),
+    "name_oldest_checkpoint": lambda: _name_oldest_checkpoint(),
     "eval_in_float32": lambda: _eval_in_float32(),
     "eval_fuse_ignores_recipe": lambda: _eval_fuse_ignores_recipe(),
     "eval_output_unresolved": lambda: _eval_output_unresolved(),
@@ -497,6 +498,15 @@ def _eval_in_float32() -> tuple[Any, str, Any]:
         return self.encoder(batch)
 
     return AutocastEncoder, "forward", forward
+
+
+def _name_oldest_checkpoint() -> tuple[Any, str, Any]:
+    """The training command's error hint names the oldest checkpoint as the one kept (the run's
+    checkpoints reach it newest first: its ``[-1]`` is the oldest)."""
+    import mmviews.cli.train as train_command
+
+    listed = train_command.list_checkpoints
+    return train_command, "list_checkpoints", lambda run_dir: listed(run_dir)[::-1]
 
 
 def _eval_fuse_ignores_recipe() -> tuple[Any, str, Any]:

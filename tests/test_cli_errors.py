@@ -45,10 +45,10 @@ def test_an_unknown_option_exits_2(command: str, capsys) -> None:
     assert f"mmviews {command}" in capsys.readouterr().err  # argparse's usage and error line
 
 
-def test_an_error_mid_run_names_the_latest_checkpoint_not_the_oldest(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A user error (here an OSError, as a file that cannot be read) after three checkpoints
-    (checkpoint_every 1, keep_last 3): the one line says the latest, checkpoint 3, is kept."""
+def check_latest_checkpoint_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's check: a user error (here an OSError, as a file that cannot be read) after
+    three checkpoints (checkpoint_every 1, keep_last 3): the one line says the latest,
+    checkpoint 3, is kept."""
     from test_train_utils import tiny_config, train_in_process, write_recipe
 
     import mmviews.cli.train as train_command
@@ -75,3 +75,18 @@ def test_an_error_mid_run_names_the_latest_checkpoint_not_the_oldest(tmp_path: P
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("mmviews train: error: data/shard-3.parquet: cannot read (disk gone)"), line
     assert f"the latest checkpoint is kept ({checkpoints[-1]})" in line and f"--resume {run}" in line, line
+
+
+def test_an_error_mid_run_names_the_latest_checkpoint_not_the_oldest(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    check_latest_checkpoint_named(tmp_path, monkeypatch)
+
+
+def test_latest_checkpoint_check_fails_when_the_hint_names_the_oldest(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation test: the hint takes the first of the run's checkpoints (oldest first) as the latest."""
+    from mutations import apply_break
+
+    apply_break("name_oldest_checkpoint", monkeypatch.setattr)
+    with pytest.raises(AssertionError, match="the latest checkpoint is kept"):
+        check_latest_checkpoint_named(tmp_path, monkeypatch)
