@@ -284,7 +284,8 @@ def test_check_passes_when_every_split_is_sound(capsys, tmp_path: Path, three_sp
 
 @pytest.mark.parametrize("faulty", ["valid", "test"])
 @pytest.mark.parametrize("fault,expected", [
-    ("modality", "key 'views.0.modality' = 'rows': the samples of split '{split} (evaluation)' have no modality 'rows'"),
+    ("modality", "key 'views.0.modality' = 'rows': the samples of split '{split} (evaluation)' have no modality "
+                 "'rows'"),
     ("shape", "key 'adapters.rows' (type 'feature_sequence'): the 'rows' inputs of a batch of split '{split} "
               "(evaluation)' (values [2, 2]"),
     ("label", "key 'evaluation.tasks.0' = 'linear:class': task 'linear' reads the label 'class', which the samples "

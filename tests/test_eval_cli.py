@@ -64,8 +64,9 @@ def test_a_new_folder_reached_through_a_link_is_recorded_as_the_runs(mean_fused_
 @pytest.mark.parametrize("name,guard", [
     ("eval_fuse_ignores_recipe", lambda run, tmp, capsys: test_eval_fuses_as_the_recipe_says_unless_told_otherwise(
         run, capsys, (), "mean")),
-    ("eval_output_unresolved", lambda run, tmp, capsys: test_a_path_through_a_link_to_the_run_cannot_name_its_own_evaluation(
-        run, tmp, capsys, "eval")),
+    ("eval_output_unresolved",
+     lambda run, tmp, capsys: test_a_path_through_a_link_to_the_run_cannot_name_its_own_evaluation(run, tmp, capsys,
+                                                                                                     "eval")),
 ])
 def test_eval_guards_fail_when_broken(mean_fused_run: Path, tmp_path: Path, capsys, monkeypatch, name, guard) -> None:
     """Mutation test: the recipe's fusion replaced by the default, or the report folder compared

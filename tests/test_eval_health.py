@@ -260,7 +260,8 @@ def test_probes_are_judged_on_the_test_split_else_the_validation_split(splits, j
     trained = {f"{s}/linear/class/acc": 0.40 for s in splits}
     random_init = {f"{s}/linear/class/acc": 0.50 for s in splits}
     warnings = evaluation_warnings(trained, random_init)
-    assert len(warnings) == 1 and warnings[0].startswith(f"probe below random init: {judged}/linear/class/acc "), warnings
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"probe below random init: {judged}/linear/class/acc "), warnings
     # only the other split below random init: nothing to say
     if len(splits) == 2:
         healthy_test = {**trained, "test/linear/class/acc": 0.60}
