@@ -72,6 +72,20 @@ def train_tiny_run(folder: Path, **changes: Any) -> Path:
     return run
 
 
+def untrained_run(run: Path, raw: dict[str, Any]) -> Path:
+    """A run folder as ``mmviews train`` lays it out, without a step of training (for commands
+    that read a run, in a moment): its manifest, the recipe ``raw`` as ``config.yaml`` and the
+    recipe's freshly initialised ``encoder/``. Returns ``run``."""
+    from mmviews.config import load_config
+    from mmviews.run import build_encoder, claim_run_dir, record_run_outputs
+
+    claim_run_dir(run)
+    config = load_config(write_recipe(run / "config.yaml", raw))
+    build_encoder(config).save_pretrained(run / "encoder")
+    record_run_outputs(run)
+    return run
+
+
 def copy_run(run: Path, dest: Path, *, unfinished: bool = False) -> Path:
     """A copy of ``run``; ``unfinished``: without ``results.json``, as a run stopped before its
     end (``--resume`` of a finished run changes nothing and reads no checkpoint file)."""

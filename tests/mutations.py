@@ -256,7 +256,11 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "keep_unreadable_samples": lambda: _keep_unreadable_samples(),
     "forget_known_bad_clips": lambda: _forget_known_bad_clips(),
     "keep_worker_tracebacks": lambda: _keep_worker_tracebacks(),
+    "name_oldest_checkpoint": lambda: _name_oldest_checkpoint(),
     "eval_in_float32": lambda: _eval_in_float32(),
+    "eval_fuse_ignores_recipe": lambda: _eval_fuse_ignores_recipe(),
+    "eval_output_unresolved": lambda: _eval_output_unresolved(),
+    "check_first_split_only": lambda: _check_first_split_only(),
     "move_alignment_threshold": lambda: _move_alignment_threshold(),
     "round_stream_epoch_up": _round_stream_epoch_up,
     "average_rows_per_process": _average_rows_per_process,
@@ -267,6 +271,10 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "drop_optimizer_state": lambda: _drop_optimizer_state(),
     "halve_cached_embeddings": lambda: _halve_cached_embeddings(),
     "double_activations": lambda: _double_activations(),
+    "drop_framework_state": lambda: _drop_framework_state(),
+    "drop_allocator_slack": lambda: _drop_allocator_slack(),
+    "cached_peak_without_embeddings": lambda: _cached_peak_without_embeddings(),
+    "chunk_search_stops_below_bound": lambda: _chunk_search_stops_below_bound(),
     "bench_time_contenders_in_blocks": lambda: _bench_time_contenders_in_blocks(),
     "bench_rss_reset_does_nothing": lambda: _bench_rss_reset_does_nothing(),
     "forget_samples_seen": _forget_samples_seen,
@@ -492,6 +500,47 @@ def _eval_in_float32() -> tuple[Any, str, Any]:
     return AutocastEncoder, "forward", forward
 
 
+def _name_oldest_checkpoint() -> tuple[Any, str, Any]:
+    """The training command's error hint names the oldest checkpoint as the one kept (the run's
+    checkpoints reach it newest first: its ``[-1]`` is the oldest)."""
+    import mmviews.cli.train as train_command
+
+    listed = train_command.list_checkpoints
+    return train_command, "list_checkpoints", lambda run_dir: listed(run_dir)[::-1]
+
+
+def _eval_fuse_ignores_recipe() -> tuple[Any, str, Any]:
+    """``mmviews eval`` probes the concatenated views whatever the run's ``evaluation.fuse``
+    (the setting replaced by the default)."""
+    import mmviews.cli.eval as eval_command
+
+    evaluate = eval_command.evaluate_encoder
+    return eval_command, "evaluate_encoder", lambda *args, **kwargs: evaluate(*args, **{**kwargs, "fuse": "concat"})
+
+
+def _eval_output_unresolved() -> tuple[Any, str, Any]:
+    """``mmviews eval --output`` compares the folder with the run's as written, not where they
+    are: a path through a link to the run (or with ``..``) reaches its own ``eval/``."""
+    import mmviews.cli.eval as eval_command
+
+    def as_written(out: Any, run_dir: Any) -> None:
+        if out.parent == run_dir and (out.name in eval_command.TRAINING_EVAL_DIRS
+                                      or out.name.startswith(eval_command.TRAINING_EVAL_PREFIX)):
+            raise ValueError(f"--output {out} is the run's own evaluation")
+
+    return eval_command, "check_output", as_written
+
+
+def _check_first_split_only() -> tuple[Any, str, Any]:
+    """``mmviews train --check`` checks the training split only (the first of the splits)."""
+    import itertools
+
+    import mmviews.train.preflight as preflight
+
+    splits = preflight._splits
+    return preflight, "_splits", lambda parts: itertools.islice(splits(parts), 1)
+
+
 def _move_alignment_threshold() -> tuple[Any, str, Any]:
     """The no-alignment threshold of the health checks moved from a gap of 0.02 to 0.03."""
     import mmviews.eval.health as health
@@ -520,6 +569,47 @@ def _double_activations() -> tuple[Any, str, Any]:
 
     original = MemoryEstimate.saved_activations.fget
     return MemoryEstimate, "saved_activations", property(lambda self: 2 * original(self))
+
+
+def _drop_framework_state() -> tuple[Any, str, Any]:
+    """The memory estimate leaves the framework state (what a process keeps once it has run a
+    step) out of the host memory it counts."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.host.fget
+    return MemoryEstimate, "host", property(lambda self: original(self) - (self.framework if self.on_host else 0))
+
+
+def _drop_allocator_slack() -> tuple[Any, str, Any]:
+    """The memory estimate's step leaves the allocator's measured slack out of the encoder's phase."""
+    from mmviews.train.memory import MemoryEstimate
+
+    return MemoryEstimate, "allocator_slack", property(lambda self: 0, lambda self, value: None)
+
+
+def _cached_peak_without_embeddings() -> tuple[Any, str, Any]:
+    """The cached step's peak leaves out the ``[K/N, M, d]`` embeddings and their gradient (the
+    part itself is still reported)."""
+    from mmviews.train.memory import MemoryEstimate
+
+    original = MemoryEstimate.step.fget
+    return MemoryEstimate, "step", property(lambda self: original(self) - self.cached_embeddings)
+
+
+def _chunk_search_stops_below_bound() -> tuple[Any, str, Any]:
+    """The chunk search tries the powers of two below K/N only (``<`` for ``<=``): K/N itself,
+    when it is a power of two, is never suggested."""
+    from mmviews.train.memory import MemoryEstimate
+
+    def below_bound(self: Any, budget: float) -> Any:
+        best, c = None, 1
+        while c < self.samples_per_device:
+            if self.with_chunk(c).total <= budget:
+                best = c
+            c *= 2
+        return best
+
+    return MemoryEstimate, "largest_chunk_within", below_bound
 
 
 def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:

@@ -240,3 +240,71 @@ def test_an_unknown_key_in_the_file_gets_a_suggestion(tmp_path: Path) -> None:
     recipe.write_text("name: r\noptimisation: {epoch: 3}\n")
     with pytest.raises(ConfigError, match=r"r\.yaml: unknown key 'optimisation\.epoch' \(did you mean 'epochs'\?\)"):
         load_config(recipe)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every split is checked, each with its own samples: a fault in the validation split alone, or in
+# the test split alone, is found and named (the training split is fine in each case).
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def three_splits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved DatasetDict with train, valid and test splits, each with a [3, 2] sequence column
+    ``seq``, a [2] vector column ``vec`` and a ``label`` column."""
+    import datasets
+
+    root = tmp_path_factory.mktemp("hf_three_splits") / "disk"
+    rows = datasets.Dataset.from_dict({"vec": [[0.0, 1.0]] * 8, "seq": [[[0.0, 1.0]] * 3] * 8, "label": [0, 1] * 4})
+    datasets.DatasetDict({"train": rows, "valid": rows, "test": rows}).save_to_disk(str(root))
+    return root
+
+
+def _split_recipe(tmp_path: Path, root: Path, faulty: str, fault: str) -> Path:
+    """Two views of ``seq`` through a sequence adapter and a linear probe of ``class``; the split
+    ``faulty`` (valid or test) gets ``fault``'s options: another modality, a vector column, or its
+    label under another name."""
+    split_fault = {"modality": "{columns: {other: seq}}", "shape": "{columns: {rows: vec}}",
+                   "label": "{labels: {grade: label}}"}[fault]
+    recipe = tmp_path / f"{faulty}-{fault}.yaml"
+    recipe.write_text(f"""name: splits
+data: {{name: hf, root: {root}, options: {{columns: {{rows: seq}}, labels: {{class: label}}}}, train_split: train,
+        val_split: valid, test_split: test, batch_size: 4, split_options: {{{faulty}: {split_fault}}}}}
+views: [{{modality: rows, copies: 2}}]
+adapters: {{rows: {SEQUENCE_ADAPTER}}}
+evaluation: {{tasks: ['linear:class']}}
+""")
+    return recipe
+
+
+def test_check_passes_when_every_split_is_sound(capsys, tmp_path: Path, three_splits: Path) -> None:
+    recipe = _split_recipe(tmp_path, three_splits, "valid", "label")
+    recipe.write_text(recipe.read_text().replace(", split_options: {valid: {labels: {grade: label}}}", ""))
+    rc, out, err = cli(capsys, "train", str(recipe), "--check")
+    assert rc == 0 and "OK" in out, err
+
+
+@pytest.mark.parametrize("faulty", ["valid", "test"])
+@pytest.mark.parametrize("fault,expected", [
+    ("modality", "key 'views.0.modality' = 'rows': the samples of split '{split} (evaluation)' have no modality "
+                 "'rows'"),
+    ("shape", "key 'adapters.rows' (type 'feature_sequence'): the 'rows' inputs of a batch of split '{split} "
+              "(evaluation)' (values [2, 2]"),
+    ("label", "key 'evaluation.tasks.0' = 'linear:class': task 'linear' reads the label 'class', which the samples "
+              "of split '{split}' do not carry"),
+], ids=["modality", "shape", "label"])
+def test_check_finds_a_fault_of_one_evaluation_split(capsys, tmp_path: Path, three_splits: Path, faulty: str,
+                                                     fault: str, expected: str) -> None:
+    rc, out, err = cli(capsys, "train", str(_split_recipe(tmp_path, three_splits, faulty, fault)), "--check")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert expected.format(split=faulty) in line, line
+
+
+def test_split_check_fails_when_only_the_first_split_is_checked(capsys, tmp_path: Path, three_splits: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation test: with the training split alone checked, the test split's fault goes unseen."""
+    from mutations import apply_break
+
+    apply_break("check_first_split_only", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_check_finds_a_fault_of_one_evaluation_split(capsys, tmp_path, three_splits, "test", "label",
+                                                         "of split '{split}' do not carry")

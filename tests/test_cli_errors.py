@@ -43,3 +43,50 @@ def test_an_unknown_option_exits_2(command: str, capsys) -> None:
         main([command, "--no-such-option"])
     assert shown.value.code == 2
     assert f"mmviews {command}" in capsys.readouterr().err  # argparse's usage and error line
+
+
+def check_latest_checkpoint_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's check: a user error (here an OSError, as a file that cannot be read) after
+    three checkpoints (checkpoint_every 1, keep_last 3): the one line says the latest,
+    checkpoint 3, is kept."""
+    from test_train_utils import tiny_config, train_in_process, write_recipe
+
+    import mmviews.cli.train as train_command
+    from mmviews.run import list_checkpoints
+    from mmviews.train.callbacks import TrainCallback
+
+    class FailAtStep4(TrainCallback):
+        def on_step_end(self, state) -> None:
+            if state.step == 4:
+                raise OSError("data/shard-3.parquet: cannot read (disk gone)")
+
+    command = train_command.run
+    monkeypatch.setattr(train_command, "run", lambda args: command(args, callback=FailAtStep4()))
+    raw = tiny_config(text=False, num_samples=32, batch_size=8, epochs=2)
+    raw["views"], raw["data"]["options"]["modalities"] = [{"modality": "image", "copies": 2}], ["image"]
+    del raw["adapters"]["audio"]
+    raw["output"].update(checkpoint_every=1, keep_last=3)
+    raw["evaluation"]["random_baseline"] = False
+    run = tmp_path / "run"
+    r = train_in_process(str(write_recipe(tmp_path / "r.yaml", raw)), "--output", str(run))
+    assert r.returncode == 2, r.stderr[-3000:]
+    checkpoints = list_checkpoints(run)
+    assert [c.name for c in checkpoints] == ["checkpoint-00000001", "checkpoint-00000002", "checkpoint-00000003"]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("mmviews train: error: data/shard-3.parquet: cannot read (disk gone)"), line
+    assert f"the latest checkpoint is kept ({checkpoints[-1]})" in line and f"--resume {run}" in line, line
+
+
+def test_an_error_mid_run_names_the_latest_checkpoint_not_the_oldest(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    check_latest_checkpoint_named(tmp_path, monkeypatch)
+
+
+def test_latest_checkpoint_check_fails_when_the_hint_names_the_oldest(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation test: the hint takes the first of the run's checkpoints (oldest first) as the latest."""
+    from mutations import apply_break
+
+    apply_break("name_oldest_checkpoint", monkeypatch.setattr)
+    with pytest.raises(AssertionError, match="the latest checkpoint is kept"):
+        check_latest_checkpoint_named(tmp_path, monkeypatch)

@@ -225,3 +225,83 @@ def test_boundary_check_fails_when_a_threshold_moves(monkeypatch) -> None:
     with pytest.raises(AssertionError):
         test_thresholds_of_the_log_checks_just_inside_and_outside(False)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Which split is judged: the test split when the run evaluated one, else the validation split;
+# never both (a run with a collapsed validation split and a healthy test split is judged by its
+# test split, as its report and headline are).
+# ---------------------------------------------------------------------------------------------
+COLLAPSED = {"diag/erank/fused": 1.1, "diag/unif": -0.2}
+HEALTHY = {"diag/erank/fused": 12.0, "diag/unif": -3.5}
+
+
+def _on(split: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{split}/{key}": value for key, value in metrics.items()}
+
+
+@pytest.mark.parametrize("val,test,flagged", [
+    (HEALTHY, COLLAPSED, ["test", "test"]),  # the test split is judged
+    (COLLAPSED, HEALTHY, []),  # a collapsed validation split beside a test split: not judged
+    (COLLAPSED, None, ["val", "val"]),  # no test split: the validation split is judged
+    (None, COLLAPSED, ["test", "test"]),
+])
+def test_collapse_is_judged_on_the_test_split_else_the_validation_split(val, test, flagged) -> None:
+    trained = {**(_on("val", val) if val else {}), **(_on("test", test) if test else {})}
+    warnings = evaluation_warnings(trained, None)
+    assert [w.split(" ")[2] for w in warnings] == flagged, warnings  # "collapse: the <split> ..."
+    assert all(w.startswith("collapse: the ") for w in warnings), warnings
+
+
+@pytest.mark.parametrize("splits,judged", [(("val", "test"), "test"), (("val",), "val"), (("test",), "test")])
+def test_probes_are_judged_on_the_test_split_else_the_validation_split(splits, judged) -> None:
+    """The probe of the judged split below random init is flagged; the same probe of the other
+    split below random init is not."""
+    trained = {f"{s}/linear/class/acc": 0.40 for s in splits}
+    random_init = {f"{s}/linear/class/acc": 0.50 for s in splits}
+    warnings = evaluation_warnings(trained, random_init)
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"probe below random init: {judged}/linear/class/acc "), warnings
+    # only the other split below random init: nothing to say
+    if len(splits) == 2:
+        healthy_test = {**trained, "test/linear/class/acc": 0.60}
+        assert evaluation_warnings(healthy_test, random_init) == []
+
+
+@pytest.mark.parametrize("splits,headline", [
+    (("val", "test"), ["test/linear/class/acc", "test/retrieval/a->b/R@1"]),
+    (("val",), ["val/linear/class/acc", "val/retrieval/a->b/R@1"]),
+])
+def test_headline_is_the_test_split_else_the_validation_split(splits, headline) -> None:
+    from mmviews.train.logging import headline_metrics
+
+    trained, random_init = {}, {}
+    for s in splits:
+        trained.update({f"{s}/linear/class/acc": 0.7, f"{s}/retrieval/a->b/R@1": 0.2, f"{s}/retrieval/a->b/n": 10.0,
+                        f"{s}/diag/unif": -3.0})
+        random_init.update({f"{s}/linear/class/acc": 0.5})
+    rows = headline_metrics(trained, random_init)
+    assert [r["metric"] for r in rows] == headline
+    assert rows[0]["random_init"] == 0.5 and rows[1]["chance"] == 1 / 10
+    # a run that evaluated diagnostics only: its diagnostics, of the same split
+    diagnostics = {k: v for k, v in trained.items() if "/diag/" in k}
+    assert [r["metric"] for r in headline_metrics(diagnostics, None)] == [f"{splits[-1]}/diag/unif"]
+
+
+def test_a_run_without_a_test_split_heads_with_its_validation_split(tmp_path: Path) -> None:
+    """``mmviews train`` of a recipe with no test split: the terminal's headline and results.json
+    name the validation split's probe, measured on it."""
+    from test_train_utils import tiny_config, train_in_process, write_recipe
+
+    raw = tiny_config(text=False, num_samples=24, batch_size=8, epochs=1, tasks=["linear:class"])
+    raw["views"], raw["data"]["options"]["modalities"] = [{"modality": "image", "copies": 2}], ["image"]
+    del raw["adapters"]["audio"]
+    raw["data"].update(val_split="valid", test_split=None)
+    raw["data"]["split_options"] = {"valid": {"num_samples": 16}}
+    raw["evaluation"]["plots"] = False
+    raw["output"]["checkpoint_every"] = 0
+    r = train_in_process(str(write_recipe(tmp_path / "r.yaml", raw)), "--output", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [h["metric"] for h in results["headline"]] == ["val/linear/class/acc"]
+    assert "val metrics, trained vs random init:" in r.stdout and "  val/linear/class/acc  trained " in r.stdout

@@ -14,6 +14,7 @@ from mmviews.config import load_config, resolve_recipe
 from mmviews.train import build_run
 from mmviews.train.memory import (
     GB,
+    MemoryEstimate,
     estimate_memory,
     measure_activations,
     measure_encoder_step,
@@ -220,3 +221,168 @@ def test_memory_guards_fail_when_a_part_is_broken(monkeypatch, stepped, small_es
     apply_break(name, monkeypatch.setattr)
     with pytest.raises(AssertionError, match="assert"):
         guard(stepped, small_estimate)
+
+
+@pytest.mark.parametrize("name,guard", [
+    ("drop_framework_state", lambda: test_every_part_is_in_the_plain_steps_peak(True)),
+    ("drop_allocator_slack", lambda: test_every_part_is_in_the_plain_steps_peak(True)),
+    ("cached_peak_without_embeddings", lambda: test_every_part_is_in_the_cached_steps_peak(4, 4)),
+    ("chunk_search_stops_below_bound", lambda: test_chunk_search_at_its_exact_bound_and_one_past_it(16)),
+])
+def test_peak_guards_fail_when_a_part_is_dropped(monkeypatch, name, guard) -> None:
+    """Mutation test: a part left out of the peak, or the chunk search's bound moved by one, fails
+    the arithmetic guards above (no run built: milliseconds)."""
+    from mutations import apply_break
+
+    apply_break(name, monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        guard()
+
+
+# ---------------------------------------------------------------------------------------------
+# How the parts add up to the peak: each part given a distinct power of two (so that a part
+# dropped, doubled or counted in the wrong phase changes the total by an amount that names it),
+# the plain step, the cached step and the evaluation written out here from the module's
+# description, not from its code. Pure arithmetic: milliseconds per case.
+# ---------------------------------------------------------------------------------------------
+MB = 2**20
+PARTS = dict(parameters=1 * MB, gradients=2 * MB, optimizer_state=4 * MB, teacher=8 * MB, baseline=16 * MB,
+             framework=32 * MB, sample_cache=64 * MB, allocator_slack=128 * MB, objective=256 * MB,
+             activation_fixed=512 * MB, activation_per_sample=1024.0, working_fixed=2048 * MB,
+             working_per_sample=4096.0, batch_per_sample=8192.0, prefetched_batches=2, evaluation=0)
+
+
+def _parts(**changes) -> MemoryEstimate:
+    fields = dict(samples_per_device=16, num_views=3, embed_dim=8, num_processes=1, chunk_size=None, optimizer="adamw",
+                  on_host=True, **PARTS)
+    fields.update(changes)
+    return MemoryEstimate(**fields)
+
+
+def _expected_step(e: MemoryEstimate, encoded: int, cached: bool) -> int:
+    host = e.baseline + e.framework + e.sample_cache if e.on_host else 0
+    weights = e.parameters + e.gradients + e.optimizer_state + e.teacher
+    batches = e.batch_per_sample * e.samples_per_device * (1 + e.prefetched_batches)
+    encoder = (e.activation_fixed + e.activation_per_sample * encoded + e.working_fixed
+               + e.working_per_sample * encoded + e.allocator_slack)
+    if not cached:
+        return int(host + weights + batches + encoder + e.objective)
+    embeddings = 2 * 4 * e.samples_per_device * e.num_views * e.embed_dim  # [K/N, M, d] float32 and its gradient
+    return int(host + weights + batches + embeddings + max(encoder, e.objective))
+
+
+@pytest.mark.parametrize("on_host", [True, False])
+def test_every_part_is_in_the_plain_steps_peak(on_host: bool) -> None:
+    e = _parts(on_host=on_host)
+    assert e.step == e.total == _expected_step(e, 16, cached=False)
+    # each part alone: the total moves by exactly that part (host parts only on the host)
+    for name in ("parameters", "gradients", "optimizer_state", "teacher", "allocator_slack", "objective",
+                 "activation_fixed", "working_fixed", "baseline", "framework", "sample_cache"):
+        without = _parts(on_host=on_host, **{name: 0})
+        host_part = name in ("baseline", "framework", "sample_cache")
+        assert e.total - without.total == (0 if host_part and not on_host else PARTS[name]), name
+
+
+@pytest.mark.parametrize("chunk,encoded", [(4, 4), (16, 16), (64, 16)])
+def test_every_part_is_in_the_cached_steps_peak(chunk: int, encoded: int) -> None:
+    """One chunk's activations (min(C, K/N)), the cached embeddings and their gradient beside the
+    larger of the encoder's phase and the objective's."""
+    e = _parts(chunk_size=chunk)
+    assert e.encoded_at_once == encoded and e.cached_embeddings == 2 * 4 * 16 * 3 * 8
+    assert e.step == e.total == _expected_step(e, encoded, cached=True)
+    # the objective's phase larger than the encoder's: the peak follows the objective
+    big_objective = _parts(chunk_size=chunk, objective=2**40)
+    assert big_objective.total == _expected_step(big_objective, encoded, cached=True)
+    assert big_objective.total - _parts(chunk_size=chunk, objective=2**40, allocator_slack=0).total == 0
+
+
+def test_the_evaluations_peak_holds_no_gradients() -> None:
+    """The evaluation holds the weights, optimiser state, teacher and the extracted embeddings,
+    not the gradients; the peak is the larger of it and the step."""
+    e = _parts(evaluation=2**40)
+    evaluating = (e.baseline + e.framework + e.sample_cache + e.parameters + e.optimizer_state + e.teacher
+                  + e.evaluation)
+    assert e.evaluating == e.total == evaluating
+    assert _parts(evaluation=2**40, gradients=0).total == e.total  # no gradient term in the evaluation's peak
+    assert _parts(evaluation=0).total == _expected_step(e, 16, cached=False)
+
+
+@pytest.mark.parametrize("samples_per_device", [8, 16, 24])
+def test_chunk_search_at_its_exact_bound_and_one_past_it(samples_per_device: int) -> None:
+    """The budget exactly at a chunk's estimate fits it, one byte less does not; the largest chunk
+    tried is the largest power of two <= K/N (K/N itself when it is one), never beyond."""
+    e = _parts(samples_per_device=samples_per_device, objective=0)  # the encoder's phase decides: monotone in C
+    top = 2 ** (samples_per_device.bit_length() - 1)  # largest power of two <= K/N
+    for c in (1, 2, top):
+        fits = e.with_chunk(c).total
+        assert e.largest_chunk_within(fits) == c
+        assert e.largest_chunk_within(fits - 1) == (c // 2 or None)
+    assert e.largest_chunk_within(10**15) == top
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured host parts reach the estimate: the process's resident set read before the first
+# step (baseline, less the parameters) and after the trial steps (the framework state), and the
+# reference step's resident-set growth beyond its live tensors (the allocator's slack). The
+# readings are given here (the process's own depend on what ran before in it), so each figure is
+# known exactly.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_parts(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny run at K = 8 (its reference step, 8 samples, is larger than the trial steps of 2 and
+    4: the slack is measured): three training views (image, its augmented copy, audio) and two
+    evaluation views (one natural view per modality); splits of 24, 8 and 16 samples, a probe."""
+    from test_train_utils import tiny_config, write_recipe
+
+    raw = tiny_config(text=False, batch_size=8, tasks=["linear:class"])
+    raw["data"]["split_options"] = {"train": {"num_samples": 24}, "valid": {"num_samples": 8},
+                                    "test": {"num_samples": 16}}
+    raw["data"]["val_split"] = "valid"
+    return build_run(load_config(write_recipe(tmp_path_factory.mktemp("tiny") / "r.yaml", raw)), 1)
+
+
+def test_evaluation_part_is_the_embeddings_extracted_from_every_split(tiny_parts, monkeypatch) -> None:
+    """The evaluation's part is the float32 embeddings ``mmviews train`` extracts from each split:
+    compared with the bytes of the real extraction (extract_embeddings on each evaluation
+    loader). A split dropped or counted twice shows (24, 8 and 16 samples), and so do the
+    training views counted for the evaluation's (3 for 2)."""
+    from mmviews.eval.extract import extract_embeddings
+
+    estimate = _static_estimate(tiny_parts)
+    extracted = [extract_embeddings(tiny_parts.encoder, loader, progress=False).views
+                 for loader in tiny_parts.eval_loaders.values() if loader is not None]
+    assert [e.shape[:2] for e in extracted] == [(24, 2), (8, 2), (16, 2)]
+    assert estimate.num_views == 3 and estimate.evaluation == _storage_bytes(extracted) > 0
+    monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", [])  # no evaluation: nothing extracted
+    assert _static_estimate(tiny_parts).evaluation == 0
+
+
+def test_baseline_and_framework_are_the_processes_readings(tiny_parts, monkeypatch) -> None:
+    import mmviews.train.memory as memory
+
+    readings = iter([900 * MB, 948 * MB])  # before the first step, after the trial steps
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings))
+    estimate = estimate_memory(tiny_parts, measure_slack=False, on_host=True)
+    assert estimate.baseline == 900 * MB - estimate.parameters and estimate.framework == 48 * MB
+    assert estimate.host == estimate.baseline + estimate.framework  # no sample cache in this recipe
+    assert next(readings, None) is None  # both readings used
+
+
+def test_allocator_slack_is_the_reference_steps_growth_beyond_its_tensors(tiny_parts, monkeypatch) -> None:
+    import mmviews.train.memory as memory
+
+    measure = memory.measure_encoder_step
+    seen = []
+
+    def with_known_growth(parts, sizes=(2, 4)):
+        steps = measure(parts, sizes)
+        if sizes != (2, 4):  # the reference step: its resident set grew 7 MB beyond its live tensors
+            steps = [dataclasses.replace(s, resident_growth=s.peak + 7 * MB) for s in steps]
+        seen.append((sizes, steps))
+        return steps
+
+    monkeypatch.setattr(memory, "measure_encoder_step", with_known_growth)
+    estimate = estimate_memory(tiny_parts, on_host=True)
+    assert [sizes for sizes, _ in seen] == [(2, 4), (8,)]  # the reference step: all K/N = 8 samples
+    assert estimate.allocator_slack == 7 * MB
+    assert estimate_memory(tiny_parts, on_host=True, measure_slack=False).allocator_slack == 0

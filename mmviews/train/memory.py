@@ -618,7 +618,8 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
                 batch_per_sample = max(batch_per_sample, ref.batch_growth / ref.samples)
     datasets = _split_datasets(parts)
     cache = int(sum(sample_bytes(ds) * len(ds) for ds in datasets)) if config.data.cache else 0
-    eval_views = max((len(getattr(loader, "view_spec", ())) or M for loader in parts.eval_loaders.values()
+    # a DataLoader has no view spec: the evaluation's views (evaluation.views) are its collator's
+    eval_views = max((len(getattr(loader.collate_fn, "view_spec", ())) or M for loader in parts.eval_loaders.values()
                       if loader is not None), default=M)
     evaluation = 0
     if config.evaluation.tasks:
