@@ -28,7 +28,8 @@ class MMViewsRuntimeWarning(MMViewsWarning, RuntimeWarning):
 # Third-party warnings that say nothing a user of mmviews can act on.
 _THIRD_PARTY_NOISE = (
     # mmviews asks DDP for find_unused_parameters on purpose (a view's modality may be absent
-    # from a whole batch); torch then warns once per process when a step happened to use them all.
+    # from a whole batch); torch notes once per process when a step happened to use them all
+    # (in C++ on current torch: mmviews.cli silences that through TORCH_CPP_LOG_LEVEL).
     r"find_unused_parameters=True was specified in DDP constructor",
 )
 

@@ -22,8 +22,9 @@ traceback of every error. Ctrl-C is one line, ``mmviews COMMAND: interrupted``, 
 
 Warnings: mmviews's own (:class:`mmviews.notices.MMViewsWarning`) print as one line,
 ``mmviews COMMAND: warning: MESSAGE``; third-party warnings that need no action and the
-``datasets`` library's progress bars are silenced (``--debug`` shows every warning as Python does;
-``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` brings the bars back).
+``datasets`` library's progress bars and torch's C++ warnings (``TORCH_CPP_LOG_LEVEL=ERROR``) are
+silenced (``--debug`` shows every warning; ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` and
+``TORCH_CPP_LOG_LEVEL=WARNING`` bring them back one by one).
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # steps, not the user's work: off unless the user asks for them (read when datasets is
     # imported, and inherited by loader workers). mmviews's own progress bars stay.
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "--debug" not in argv:
+        # torch's C++ warnings bypass Python's warnings filters (e.g. DDP's note, once per process,
+        # that find_unused_parameters, mmviews's default for views that may be absent, found
+        # none unused). Read when torch is imported, which happens below: errors still print.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
     try:
