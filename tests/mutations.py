@@ -274,6 +274,8 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "stop_one_step_late": _stop_one_step_late,
     "delete_old_checkpoints_first": _delete_old_checkpoints_first,
     "remove_checkpoint_in_place": _remove_checkpoint_in_place,
+    # data layer and keyed-dropout guards of issue 34 (defined at the end of the file)
+    "key_dropout_by_optimiser_step": lambda: _key_dropout_by_optimiser_step(),
 }
 
 
@@ -541,3 +543,12 @@ def _bench_rss_reset_does_nothing() -> tuple[Any, str, Any]:
     import mmviews.bench.common as common
 
     return common, "reset_rss_high_water", lambda: True
+
+
+def _key_dropout_by_optimiser_step() -> tuple[Any, str, Any]:
+    """Sample-keyed dropout keyed by the optimiser step instead of the micro-batch: under gradient
+    accumulation the micro-batches of one window share a key."""
+    import mmviews.train.step as step
+    from mmviews.modalities.dropout import dropout_step
+
+    return step, "micro_batch_dropout", lambda p: dropout_step(p.dropout_seed, p.state.step)
