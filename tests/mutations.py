@@ -276,6 +276,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "remove_checkpoint_in_place": _remove_checkpoint_in_place,
     # data layer and keyed-dropout guards of issue 34 (defined at the end of the file)
     "key_dropout_by_optimiser_step": lambda: _key_dropout_by_optimiser_step(),
+    "accept_changed_shuffle_buffer": lambda: _accept_changed_shuffle_buffer(),
 }
 
 
@@ -552,3 +553,12 @@ def _key_dropout_by_optimiser_step() -> tuple[Any, str, Any]:
     from mmviews.modalities.dropout import dropout_step
 
     return step, "micro_batch_dropout", lambda p: dropout_step(p.dropout_seed, p.state.step)
+
+
+def _accept_changed_shuffle_buffer() -> tuple[Any, str, Any]:
+    """A streamed run resumes with another ``data.shuffle_buffer`` than its checkpoint's (its
+    replay then draws other batches than the interrupted run)."""
+    import mmviews.data.streaming as streaming
+
+    kept = {k: v for k, v in streaming._RESUMED_STREAM_KEYS.items() if k != "shuffle_buffer"}
+    return streaming, "_RESUMED_STREAM_KEYS", kept
