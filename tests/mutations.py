@@ -277,6 +277,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     # data layer and keyed-dropout guards of issue 34 (defined at the end of the file)
     "key_dropout_by_optimiser_step": lambda: _key_dropout_by_optimiser_step(),
     "accept_changed_shuffle_buffer": lambda: _accept_changed_shuffle_buffer(),
+    "fingerprint_first_block_only": lambda: _fingerprint_first_block_only(),
 }
 
 
@@ -562,3 +563,19 @@ def _accept_changed_shuffle_buffer() -> tuple[Any, str, Any]:
 
     kept = {k: v for k, v in streaming._RESUMED_STREAM_KEYS.items() if k != "shuffle_buffer"}
     return streaming, "_RESUMED_STREAM_KEYS", kept
+
+
+def _fingerprint_first_block_only() -> tuple[Any, str, Any]:
+    """A video's content fingerprint hashes its first ``FINGERPRINT_BYTES`` only (a video cut or
+    re-indexed at its end, same size, then passes for the prepared one when copied)."""
+    import hashlib
+    import os
+
+    import mmviews.data.video_store as video_store
+
+    def first_block_only(path: Any) -> str:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return f"{size}:{hashlib.sha256(f.read(video_store.FINGERPRINT_BYTES)).hexdigest()}"
+
+    return video_store, "source_fingerprint", first_block_only

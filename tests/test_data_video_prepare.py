@@ -271,6 +271,56 @@ def test_copy_check_fails_when_staleness_is_by_mtime_only(tmp_path, monkeypatch)
         check_copied_store_stays_current(tmp_path, monkeypatch)
 
 
+def check_fingerprint_coverage(tmp_path: Path, size_in_blocks: float) -> None:
+    """The content fingerprint of a video (what decides that a copy with new modification times
+    is still the prepared video) is its size and the SHA-256 of its first and last
+    FINGERPRINT_BYTES bytes: a change of any byte of those blocks, or of the size, is seen;
+    a change between them is not (by design: hashing whole videos would read the whole dataset at
+    every start; a re-encode or a cut changes the container header, the index at the end and
+    the size). Files of half a block to 3.25 blocks: the two blocks overlap, touch, or leave a gap."""
+    import hashlib
+
+    from mmviews.data.video_store import FINGERPRINT_BYTES as BLOCK
+    from mmviews.data.video_store import source_fingerprint
+
+    size = int(size_in_blocks * BLOCK) + (3 if size_in_blocks == 3.25 else 0)
+    data = bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
+    path = tmp_path / "clip.avi"
+    path.write_bytes(data)
+    fingerprint = source_fingerprint(path)
+    head, tail = data[:BLOCK], data[max(0, size - BLOCK):]
+    covered = set(range(min(size, BLOCK))) | set(range(max(0, size - BLOCK), size))
+    if size <= BLOCK:
+        assert fingerprint == f"{size}:{hashlib.sha256(data).hexdigest()}"
+    elif size <= 2 * BLOCK:  # the blocks overlap or touch: every byte once
+        assert fingerprint == f"{size}:{hashlib.sha256(data).hexdigest()}"
+    else:
+        assert fingerprint == f"{size}:{hashlib.sha256(head + tail).hexdigest()}"
+    positions = {0, BLOCK - 1, BLOCK, size - BLOCK - 1, size - BLOCK, size - 1, size // 2}
+    for position in sorted(p for p in positions if 0 <= p < size):
+        changed = bytearray(data)
+        changed[position] ^= 0x01
+        path.write_bytes(bytes(changed))
+        seen = source_fingerprint(path) != fingerprint
+        assert seen == (position in covered), (size, position, seen)
+    path.write_bytes(data + b"\0")
+    assert source_fingerprint(path).split(":")[0] == str(size + 1)
+
+
+@pytest.mark.parametrize("size_in_blocks", [0.5, 1, 1.5, 2, 3.25])
+def test_fingerprint_covers_exactly_the_first_and_last_block(tmp_path, size_in_blocks):
+    check_fingerprint_coverage(tmp_path, size_in_blocks)
+
+
+def test_fingerprint_check_fails_when_the_last_block_is_not_hashed(tmp_path, monkeypatch):
+    """Mutation test (tests/README.md): the fingerprint hashes the first block only."""
+    from mutations import apply_break
+
+    apply_break("fingerprint_first_block_only", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        check_fingerprint_coverage(tmp_path, 3.25)
+
+
 # --------------------------------------------------------------------------- SIGKILL
 
 
