@@ -1,5 +1,6 @@
 """`mmviews prepare ucf101|hmdb51` on damaged and messy folders (issue 28): truncated videos,
-short clips, UCF-101 and HMDB-51 side by side, missing clips, a store copied with ``cp -r``, and a
+short clips (each threshold at its boundary and one frame past it), the content fingerprint's
+exact bytes, UCF-101 and HMDB-51 side by side, missing clips, a store copied with ``cp -r``, and a
 SIGKILLed prepare (the kill itself: ``test_data_video_store.py::test_prepare_resumes_after_sigkill``)."""
 
 from __future__ import annotations
@@ -152,6 +153,42 @@ def test_truncated_and_short_clips_are_reported_and_listed(tmp_path, capsys):
     assert rc == 1 and "prepared now: 0" in out and "truncated (stored as decoded): 2" in out
     assert read_manifest(store)["short"] == {rel: {"decoded": v["decoded"], "needed": 4} for rel, v in short.items()
                                              if v["decoded"] < 4}
+
+
+def test_truncated_at_the_tolerance_and_one_frame_past_it():
+    """A clip is truncated when more than TRUNCATION_TOLERANCE (2) frames of those its container
+    states fail to decode, or decoding stopped on an error: 48 of 50 decoded is not truncated, 47 is."""
+    from mmviews.data.video_store import TRUNCATION_TOLERANCE, bad_clip_keys, truncation
+
+    assert TRUNCATION_TOLERANCE == 2  # the figures below are written for it
+    assert truncation({"declared_frames": 50, "frames": 50}) is None
+    assert truncation({"declared_frames": 50, "frames": 48}) is None
+    assert truncation({"declared_frames": 50, "frames": 47}) == {"declared": 50, "decoded": 47}
+    assert truncation({"declared_frames": None, "frames": 3}) is None  # no stated count: nothing to compare
+    assert truncation({"declared_frames": 50, "frames": 50, "decode_error": "bad frame"}) == {
+        "declared": 50, "decoded": 50, "error": "bad frame"}
+    clips = {"a.avi": {"declared_frames": 10, "frames": 8}, "b.avi": {"declared_frames": 10, "frames": 7}}
+    assert bad_clip_keys(clips, 1)["truncated"] == {"b.avi": {"declared": 10, "decoded": 7}}
+
+
+def test_short_at_num_frames_and_one_frame_below(tmp_path, capsys):
+    """A clip is short when it has fewer frames than one view needs (--num-frames): with 8, a clip
+    of 7 frames is listed and one of 8 is not; with 7, neither (the manifest and the report)."""
+    from mmviews.data.video_store import bad_clip_keys
+
+    assert bad_clip_keys({"a.avi": {"frames": 8}, "b.avi": {"frames": 7}}, 8)["short"] == {
+        "b.avi": {"decoded": 7, "needed": 8}}
+    root = make_folder(tmp_path / "UCF-101", {"Jump": [7, 8]})
+    clips = ["Jump/v_Jump_0.avi", "Jump/v_Jump_1.avi"]
+    write_ucf_lists(tmp_path / "ucfTrainTestlist", clips, clips, ["Jump"])
+    store = tmp_path / "store"
+    for needed, short in ((8, {"Jump/v_Jump_0.avi": {"decoded": 7, "needed": 8}}), (7, {})):
+        rc, out, err = run_prepare(capsys, "ucf101", str(root), "--out", str(store), "--workers", "0", "--format", "npy",
+                                   "--size", "16", "--flow", "none", "--num-frames", str(needed))
+        assert rc == 0, out + err
+        assert f"short (fewer than --num-frames {needed} frames): {len(short)}" in out
+        assert read_manifest(store)["short"] == short
+        assert json.loads((store / REPORT_FILE).read_text())["short"] == short
 
 
 # --------------------------------------------------------------------------- split lists
