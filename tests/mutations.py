@@ -278,6 +278,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_optimiser_step": lambda: _key_dropout_by_optimiser_step(),
     "accept_changed_shuffle_buffer": lambda: _accept_changed_shuffle_buffer(),
     "fingerprint_first_block_only": lambda: _fingerprint_first_block_only(),
+    "shards_drop_fixed_lengths": lambda: _shards_drop_fixed_lengths(),
 }
 
 
@@ -579,3 +580,22 @@ def _fingerprint_first_block_only() -> tuple[Any, str, Any]:
             return f"{size}:{hashlib.sha256(f.read(video_store.FINGERPRINT_BYTES)).hexdigest()}"
 
     return video_store, "source_fingerprint", first_block_only
+
+
+def _shards_drop_fixed_lengths() -> tuple[Any, str, Any]:
+    """The Parquet shards store every array dimension as a list of any length (the fixed lengths
+    of the source lost from the schema; the recorded shapes still say them)."""
+    import datasets
+
+    import mmviews.data.shards as shards
+
+    original = shards.array_feature
+
+    def any_length(feature: Any) -> Any:
+        return datasets.List(any_length(feature.feature)) if isinstance(feature, datasets.List) else feature
+
+    def without_fixed_lengths(feature: Any, column: str) -> Any:
+        stored, shape = original(feature, column)
+        return any_length(stored), shape
+
+    return shards, "array_feature", without_fixed_lengths
