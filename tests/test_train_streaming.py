@@ -155,6 +155,27 @@ def test_streamed_run_evaluates_its_streamed_splits(reference):
     summary = json.loads((reference[1] / "results.json").read_text())
     assert summary["steps"] == 2 * ROWS // 8 and summary["epochs"] == 2 and summary["samples_seen"] == 2 * ROWS
     assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
+    # every row of each streamed split, its short last batch included (eval_batch_size 7: 10 = 7 + 3
+    # validation rows, 12 = 7 + 5 test rows; the probe's training features: 48 = 6 * 7 + 6 rows)
+    meta = json.loads((reference[1] / "eval" / "metrics.json").read_text())["meta"]
+    assert (meta["n_test"], meta["n_val"], meta["n_train"]) == (12, 10, ROWS)
+
+
+def test_streamed_reads_keep_the_short_last_batch(shards):
+    """Reading a streamed split whole (evaluation, the checks' first samples: ``drop_last=False``)
+    keeps the short last batch: 10 validation rows in batches of 4 are 4, 4 and 2, in shard order;
+    the first 16 samples of a 10-row split are its 10 rows (what ``mmviews train --check`` and
+    ``mmviews prepare hf --recipe`` decode), the first 3 its first 3."""
+    from mmviews.data.streaming import first_samples
+
+    valid = build_dataset("hf", root=str(shards), split="valid", streaming=True)
+    loader = StreamLoader(valid, 4, as_list, drop_last=False)
+    batches = [[s["index"] for s in b] for b in loader]
+    assert [len(b) for b in batches] == [4, 4, 2] and len(loader) == 3
+    assert sum(batches, []) == list(range(10))
+    assert [s["index"] for s in first_samples(valid, 16)] == list(range(10))
+    assert [s["index"] for s in first_samples(valid, 10)] == list(range(10))
+    assert [s["index"] for s in first_samples(valid, 3)] == [0, 1, 2]
 
 
 def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path):
