@@ -110,3 +110,25 @@ def test_sentiment_datasets_check_against_their_own_card(small_pickle, tmp_path,
     # sentiment 0 is positive for MOSI/MOSEI (>= 0), negative for CH-SIMS (> 0); 0.5 positive for all
     assert ds[0]["labels"]["sentiment"] == 0.0 and ds[1]["labels"]["sentiment"] == 0.5
     assert (ds[0]["labels"]["class"], ds[1]["labels"]["class"]) == ((0, 1) if dataset == "sims" else (1, 1))
+
+
+def test_a_copy_opened_as_another_sentiment_dataset_takes_that_ones_defaults(small_pickle, tmp_path, capsys):
+    """The pickle's store converted as MOSI is converted again when the copy is opened as CH-SIMS
+    (its card, its class rule); a store folder prepared as MOSI and opened as CH-SIMS is refused
+    with one line naming both (``mmviews prepare`` then ``build_dataset``), never read with MOSI's rule."""
+    pkl = tmp_path / "copy.pkl"
+    shutil.copy(small_pickle, pkl)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert build_dataset("mosi", root=str(pkl))[0]["labels"]["class"] == 1
+        with pytest.warns(UserWarning, match=r"match no published sims file"):
+            assert build_dataset("sims", root=str(pkl))[0]["labels"]["class"] == 0
+        assert build_dataset("sims", root=str(pkl))[0]["labels"]["class"] == 0  # the store of the last conversion
+    store = tmp_path / "store"
+    rc, _, err = run_prepare(capsys, "mosi", str(pkl), "--out", str(store))
+    assert rc == 0, err
+    with pytest.raises(ValueError) as info:
+        build_dataset("sims", root=str(store))
+    message = str(info.value)
+    assert f"{store}: this store was prepared as 'mosi'" in message and "not 'sims'" in message and "\n" not in message
+    assert build_dataset("mosi", root=str(store))[0]["labels"]["class"] == 1
