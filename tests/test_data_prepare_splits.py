@@ -50,7 +50,8 @@ def test_sentiment_store_has_every_split(sentiment_pickle, tmp_path):
 
 
 def test_sentiment_shards_have_every_split_or_the_ones_asked(sentiment_pickle, tmp_path):
-    r = prepare("mosi", str(sentiment_pickle), "--format", "parquet", "--shard-rows", "2", "--output", str(tmp_path / "all"))
+    r = prepare("mosi", str(sentiment_pickle), "--format", "parquet", "--shard-rows", "2",
+                "--output", str(tmp_path / "all"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert shard_rows(tmp_path / "all") == SENTIMENT_SIZES
     for split, n in SENTIMENT_SIZES.items():

@@ -34,7 +34,8 @@ COLUMNS = {"ids": "ids", "vec": "vec", "pair": "pair", "row": "row", "seq": "seq
            "text": "sentence"}
 LABELS = {"class": "label", "score": "score"}
 # The shape each array modality must come back with (row i); None: absent in that row.
-SHAPES = {"ids": lambda i: (3 + i % 2,), "vec": lambda i: (D,), "pair": lambda i: (D,), "row": lambda i: None if i == 3 else (1, D),
+SHAPES = {"ids": lambda i: (3 + i % 2,), "vec": lambda i: (D,), "pair": lambda i: (D,),
+          "row": lambda i: None if i == 3 else (1, D),
           "seq": lambda i: None if i == 5 else (1 + i % 3, D), "fixed": lambda i: (2, D)}
 
 
