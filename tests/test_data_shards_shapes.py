@@ -30,8 +30,7 @@ ROWS = 7
 D = 4
 # modality -> column of the source; the kind each stands for, as the cards list them
 COLUMNS = {"ids": "ids", "vec": "vec", "pair": "pair", "row": "row", "seq": "seq", "fixed": "fixed", "image": "img",
-           "audio": "snd",
-           "text": "sentence"}
+           "audio": "snd", "text": "sentence"}
 LABELS = {"class": "label", "score": "score"}
 # The shape each array modality must come back with (row i); None: absent in that row.
 SHAPES = {"ids": lambda i: (3 + i % 2,), "vec": lambda i: (D,), "pair": lambda i: (D,),
