@@ -1,7 +1,7 @@
 """``mmviews prepare`` covers every split of a copy unless ``--splits`` names some: the sentiment
 store and its Parquet shards (train, valid, test), a video folder's check, store and shards
-(train, test), an hf folder's check and shards (every split of a DatasetDict, every split folder
-of an image folder). Each split is counted in what the command prints and written where it says."""
+(train, test), an hf folder's check and shards (every split of a DatasetDict or of its recipe,
+every split folder of an image folder). Each split is counted in what the command prints and written where it says."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from test_data_hf import png_bytes
 from test_data_pickle import mmsa_split, write
 from test_data_shards import prepare
@@ -112,6 +113,21 @@ def test_hf_check_and_shards_have_every_split(tmp_path):
     r = prepare("hf", str(root), "--format", "parquet", "--output", str(tmp_path / "shards"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert shard_rows(tmp_path / "shards") == HF_SIZES
+    # with a recipe: every split it names (train, val and test splits), checked and written
+    recipe = {"name": "r", "data": {"name": "hf", "root": str(root), "train_split": "train", "val_split": "validation",
+                                    "test_split": "test", "options": {"columns": {"image": "image"},
+                                                                      "labels": {"class": "label"}}},
+              "views": [{"modality": "image"}, {"modality": "image"}], "encoder": {"embed_dim": 8},
+              "adapters": {"image": {"type": "small_cnn", "channels": [4]}}, "objective": {"name": "mv_dhel"}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    r = prepare("hf", str(root), "--recipe", str(path), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads(r.stdout)
+    assert {s: summary[f"split {s}"]["rows"] for s in HF_SIZES} == HF_SIZES
+    r = prepare("hf", str(root), "--format", "parquet", "--recipe", str(path), "--output", str(tmp_path / "recipe"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert shard_rows(tmp_path / "recipe") == HF_SIZES
 
 
 def test_image_folder_shards_have_every_split_folder(tmp_path):
