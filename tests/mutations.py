@@ -282,6 +282,11 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "stop_one_step_late": _stop_one_step_late,
     "delete_old_checkpoints_first": _delete_old_checkpoints_first,
     "remove_checkpoint_in_place": _remove_checkpoint_in_place,
+    # data layer and keyed-dropout guards of issue 34 (defined at the end of the file)
+    "key_dropout_by_optimiser_step": lambda: _key_dropout_by_optimiser_step(),
+    "accept_changed_shuffle_buffer": lambda: _accept_changed_shuffle_buffer(),
+    "fingerprint_first_block_only": lambda: _fingerprint_first_block_only(),
+    "shards_drop_fixed_lengths": lambda: _shards_drop_fixed_lengths(),
 }
 
 
@@ -631,3 +636,56 @@ def _bench_rss_reset_does_nothing() -> tuple[Any, str, Any]:
     import mmviews.bench.common as common
 
     return common, "reset_rss_high_water", lambda: True
+
+
+def _key_dropout_by_optimiser_step() -> tuple[Any, str, Any]:
+    """Sample-keyed dropout keyed by the optimiser step instead of the micro-batch: under gradient
+    accumulation the micro-batches of one window share a key."""
+    import mmviews.train.step as step
+    from mmviews.modalities.dropout import dropout_step
+
+    return step, "micro_batch_dropout", lambda p: dropout_step(p.dropout_seed, p.state.step)
+
+
+def _accept_changed_shuffle_buffer() -> tuple[Any, str, Any]:
+    """A streamed run resumes with another ``data.shuffle_buffer`` than its checkpoint's (its
+    replay then draws other batches than the interrupted run)."""
+    import mmviews.data.streaming as streaming
+
+    kept = {k: v for k, v in streaming._RESUMED_STREAM_KEYS.items() if k != "shuffle_buffer"}
+    return streaming, "_RESUMED_STREAM_KEYS", kept
+
+
+def _fingerprint_first_block_only() -> tuple[Any, str, Any]:
+    """A video's content fingerprint hashes its first ``FINGERPRINT_BYTES`` only (a video cut or
+    re-indexed at its end, same size, then passes for the prepared one when copied)."""
+    import hashlib
+    import os
+
+    import mmviews.data.video_store as video_store
+
+    def first_block_only(path: Any) -> str:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return f"{size}:{hashlib.sha256(f.read(video_store.FINGERPRINT_BYTES)).hexdigest()}"
+
+    return video_store, "source_fingerprint", first_block_only
+
+
+def _shards_drop_fixed_lengths() -> tuple[Any, str, Any]:
+    """The Parquet shards store every array dimension as a list of any length (the fixed lengths
+    of the source lost from the schema; the recorded shapes still say them)."""
+    import datasets
+
+    import mmviews.data.shards as shards
+
+    original = shards.array_feature
+
+    def any_length(feature: Any) -> Any:
+        return datasets.List(any_length(feature.feature)) if isinstance(feature, datasets.List) else feature
+
+    def without_fixed_lengths(feature: Any, column: str) -> Any:
+        stored, shape = original(feature, column)
+        return any_length(stored), shape
+
+    return shards, "array_feature", without_fixed_lengths

@@ -1,6 +1,7 @@
 """Parquet shards of an hf dataset keep every column as the source gives it (issue 28): token ids,
-``[D]``, ``[1, D]``, ``[L, D]`` and fixed ``Array2D`` arrays with absent values, images, audio,
-text and labels decode to the same tensors map-style and streamed; shards written flat by an
+``[D]`` (of any or a fixed length), ``[1, D]``, ``[L, D]`` and fixed ``Array2D`` arrays with absent
+values, images, audio, text and labels decode to the same tensors map-style and streamed; the
+shards' Parquet schema keeps each array column's rank and fixed lengths; shards written flat by an
 older mmviews are refused by column with the command that rewrites them; ``prepare hf --format
 parquet --recipe`` writes the recipe's columns, labels and splits and speaks in flags; a
 streamed recipe is checked through its stream (``train --check``, ``prepare hf --recipe``)."""
@@ -28,11 +29,12 @@ from mmviews.data.streaming import StreamLoader
 ROWS = 7
 D = 4
 # modality -> column of the source; the kind each stands for, as the cards list them
-COLUMNS = {"ids": "ids", "vec": "vec", "row": "row", "seq": "seq", "fixed": "fixed", "image": "img", "audio": "snd",
-           "text": "sentence"}
+COLUMNS = {"ids": "ids", "vec": "vec", "pair": "pair", "row": "row", "seq": "seq", "fixed": "fixed", "image": "img",
+           "audio": "snd", "text": "sentence"}
 LABELS = {"class": "label", "score": "score"}
 # The shape each array modality must come back with (row i); None: absent in that row.
-SHAPES = {"ids": lambda i: (3 + i % 2,), "vec": lambda i: (D,), "row": lambda i: None if i == 3 else (1, D),
+SHAPES = {"ids": lambda i: (3 + i % 2,), "vec": lambda i: (D,), "pair": lambda i: (D,),
+          "row": lambda i: None if i == 3 else (1, D),
           "seq": lambda i: None if i == 5 else (1 + i % 3, D), "fixed": lambda i: (2, D)}
 
 
@@ -43,6 +45,7 @@ def source_split(rows: int, offset: int):
     feats = datasets.Features({
         "ids": datasets.List(datasets.Value("int64")),                    # token ids, varying length
         "vec": datasets.List(datasets.Value("float32")),                  # [D]
+        "pair": datasets.List(datasets.Value("float32"), length=D),       # [D], its length fixed by the source
         "row": datasets.Array2D(shape=(1, D), dtype="float32"),            # [1, D], one absent
         "seq": datasets.List(datasets.List(datasets.Value("float64"))),    # [L, D] varying L, one absent
         "fixed": datasets.Array2D(shape=(2, D), dtype="float64"),          # fixed [2, D]
@@ -52,6 +55,7 @@ def source_split(rows: int, offset: int):
     data = {
         "ids": [list(range(100 + i, 103 + i + i % 2)) for i in range(rows)],
         "vec": [rng.standard_normal(D).astype(np.float32) for _ in range(rows)],
+        "pair": [rng.standard_normal(D).astype(np.float32) for _ in range(rows)],
         "row": [None if i == 3 else rng.standard_normal((1, D)).astype(np.float32) for i in range(rows)],
         "seq": [None if i == 5 else rng.standard_normal((1 + i % 3, D)).tolist() for i in range(rows)],
         "fixed": [rng.standard_normal((2, D)) for _ in range(rows)],
@@ -118,8 +122,53 @@ def test_labels_and_indices_round_trip(written):
 
 def test_shapes_are_recorded(written):
     meta = json.loads((written["out"] / SHARDS_META).read_text())
-    assert meta["shapes"] == {"ids": [None], "vec": [None], "row": [1, D], "seq": [None, None], "fixed": [2, D]}
+    assert meta["shapes"] == {"ids": [None], "vec": [None], "pair": [D], "row": [1, D], "seq": [None, None],
+                              "fixed": [2, D]}
     assert meta["splits"]["test"]["rows"] == 3
+
+
+def arrow_dims(arrow_type: pa.DataType) -> tuple[list[int | None], pa.DataType]:
+    """The nesting of an Arrow list column as per-sample dims (a fixed-size list's size, None for a
+    list of any length) and the leaf type."""
+    dims: list[int | None] = []
+    while pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        dims.append(arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None)
+        arrow_type = arrow_type.value_type
+    return dims, arrow_type
+
+
+# The per-sample dims each array column of the fixture must have in the Parquet schema.
+ARROW_DIMS = {"ids": [None], "vec": [None], "pair": [D], "row": [1, D], "seq": [None, None], "fixed": [2, D]}
+
+
+def check_shard_schema(out: Path, columns: list[str]) -> None:
+    """The guard: every shard of every split stores each array column as float32 lists nested to
+    the column's rank, with the source's fixed lengths as fixed-size lists (what any Parquet reader
+    sees, whatever mmviews_shards.json says), the varying dimensions as plain lists."""
+    files = sorted(out.glob("*/*.parquet"))
+    assert {f.parent.name for f in files} == {"train", "test"}
+    for file in files:
+        schema = pq.read_schema(file)
+        for column in columns:
+            assert arrow_dims(schema.field(column).type) == (ARROW_DIMS[column], pa.float32()), (
+                file.name, column, schema.field(column).type)
+
+
+def test_shard_schema_keeps_each_columns_rank_and_fixed_lengths(written):
+    check_shard_schema(written["out"], list(ARROW_DIMS))
+
+
+def test_schema_check_fails_when_fixed_lengths_are_dropped(written, tmp_path, monkeypatch):
+    """Mutation test (tests/README.md): array columns written as lists of any length."""
+    from mutations import apply_break
+
+    apply_break("shards_drop_fixed_lengths", monkeypatch.setattr)
+    out = tmp_path / "no-fixed-lengths"
+    r = prepare("hf", str(written["root"]), "--format", "parquet", "--columns", "pair=pair,fixed=fixed",
+                "--output", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    with pytest.raises(AssertionError, match="pair"):
+        check_shard_schema(out, ["pair", "fixed"])
 
 
 def test_flat_shards_of_an_older_mmviews_are_refused_by_column(written, tmp_path):
@@ -193,3 +242,4 @@ def test_streamed_recipe_is_checked_through_its_stream(written, tmp_path, capsys
     assert rc == 0 and "Traceback" not in err, out + err
     assert "decoded: 7 of the first 7 rows (read through the stream)" in out
     assert "decoded: 3 of the first 3 rows (read through the stream)" in out  # the test split
+

@@ -1,5 +1,6 @@
 """`mmviews prepare ucf101|hmdb51` on damaged and messy folders (issue 28): truncated videos,
-short clips, UCF-101 and HMDB-51 side by side, missing clips, a store copied with ``cp -r``, and a
+short clips (each threshold at its boundary and one frame past it), the content fingerprint's
+exact bytes, UCF-101 and HMDB-51 side by side, missing clips, a store copied with ``cp -r``, and a
 SIGKILLed prepare (the kill itself: ``test_data_video_store.py::test_prepare_resumes_after_sigkill``)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mmviews.data.video_store import (
     default_store_path,
     prepare_video_store,
     read_manifest,
+    source_fingerprint,
 )
 
 
@@ -154,6 +156,42 @@ def test_truncated_and_short_clips_are_reported_and_listed(tmp_path, capsys):
                                              if v["decoded"] < 4}
 
 
+def test_truncated_at_the_tolerance_and_one_frame_past_it():
+    """A clip is truncated when more than TRUNCATION_TOLERANCE (2) frames of those its container
+    states fail to decode, or decoding stopped on an error: 48 of 50 decoded is not truncated, 47 is."""
+    from mmviews.data.video_store import TRUNCATION_TOLERANCE, bad_clip_keys, truncation
+
+    assert TRUNCATION_TOLERANCE == 2  # the figures below are written for it
+    assert truncation({"declared_frames": 50, "frames": 50}) is None
+    assert truncation({"declared_frames": 50, "frames": 48}) is None
+    assert truncation({"declared_frames": 50, "frames": 47}) == {"declared": 50, "decoded": 47}
+    assert truncation({"declared_frames": None, "frames": 3}) is None  # no stated count: nothing to compare
+    assert truncation({"declared_frames": 50, "frames": 50, "decode_error": "bad frame"}) == {
+        "declared": 50, "decoded": 50, "error": "bad frame"}
+    clips = {"a.avi": {"declared_frames": 10, "frames": 8}, "b.avi": {"declared_frames": 10, "frames": 7}}
+    assert bad_clip_keys(clips, 1)["truncated"] == {"b.avi": {"declared": 10, "decoded": 7}}
+
+
+def test_short_at_num_frames_and_one_frame_below(tmp_path, capsys):
+    """A clip is short when it has fewer frames than one view needs (--num-frames): with 8, a clip
+    of 7 frames is listed and one of 8 is not; with 7, neither (the manifest and the report)."""
+    from mmviews.data.video_store import bad_clip_keys
+
+    assert bad_clip_keys({"a.avi": {"frames": 8}, "b.avi": {"frames": 7}}, 8)["short"] == {
+        "b.avi": {"decoded": 7, "needed": 8}}
+    root = make_folder(tmp_path / "UCF-101", {"Jump": [7, 8]})
+    clips = ["Jump/v_Jump_0.avi", "Jump/v_Jump_1.avi"]
+    write_ucf_lists(tmp_path / "ucfTrainTestlist", clips, clips, ["Jump"])
+    store = tmp_path / "store"
+    for needed, short in ((8, {"Jump/v_Jump_0.avi": {"decoded": 7, "needed": 8}}), (7, {})):
+        rc, out, err = run_prepare(capsys, "ucf101", str(root), "--out", str(store), "--workers", "0", "--format", "npy",
+                                   "--size", "16", "--flow", "none", "--num-frames", str(needed))
+        assert rc == 0, out + err
+        assert f"short (fewer than --num-frames {needed} frames): {len(short)}" in out
+        assert read_manifest(store)["short"] == short
+        assert json.loads((store / REPORT_FILE).read_text())["short"] == short
+
+
 # --------------------------------------------------------------------------- split lists
 
 
@@ -254,7 +292,7 @@ def check_copied_store_stays_current(tmp_path: Path, monkeypatch) -> None:
     summary = prepare_video_store(root, image_format="npy", size=0, workers=0, progress=False)
     assert (summary["already_done"], summary["prepared"]) == (1, 1)
     entry = json.loads((default_store_path(root) / MANIFEST).read_text())["clips"]["Jump/v_Jump_1.avi"]
-    assert entry["source_fingerprint"].startswith(f"{video.stat().st_size}:")
+    assert entry["source_fingerprint"] == source_fingerprint(video)  # of the changed source video, recorded anew
 
 
 def test_store_copied_with_cp_r_stays_current(tmp_path, monkeypatch):
@@ -269,6 +307,55 @@ def test_copy_check_fails_when_staleness_is_by_mtime_only(tmp_path, monkeypatch)
     apply_break("mtime_only_staleness", monkeypatch.setattr)
     with pytest.raises(pytest.fail.Exception, match="decoded"):
         check_copied_store_stays_current(tmp_path, monkeypatch)
+
+
+def check_fingerprint_coverage(tmp_path: Path, size_in_blocks: float) -> None:
+    """The content fingerprint of a video (what decides that a copy with new modification times
+    is still the prepared video) is its size and the SHA-256 of its first and last
+    FINGERPRINT_BYTES bytes: a change of any byte of those blocks, or of the size, is seen;
+    a change between them is not (by design: hashing whole videos would read the whole dataset at
+    every start; a re-encode or a cut changes the container header, the index at the end and
+    the size). Files of half a block to 3.25 blocks: the two blocks overlap, touch, or leave a gap."""
+    import hashlib
+
+    import mmviews.data.video_store as video_store
+    from mmviews.data.video_store import FINGERPRINT_BYTES as BLOCK
+
+    fingerprint_of = video_store.source_fingerprint  # looked up now: the mutation test replaces it
+    size = int(size_in_blocks * BLOCK) + (3 if size_in_blocks == 3.25 else 0)
+    data = bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
+    path = tmp_path / "clip.avi"
+    path.write_bytes(data)
+    fingerprint = fingerprint_of(path)
+    head, tail = data[:BLOCK], data[max(0, size - BLOCK):]
+    covered = set(range(min(size, BLOCK))) | set(range(max(0, size - BLOCK), size))
+    if size <= 2 * BLOCK:  # one block, or two that overlap or touch: every byte once
+        assert fingerprint == f"{size}:{hashlib.sha256(data).hexdigest()}"
+    else:
+        assert fingerprint == f"{size}:{hashlib.sha256(head + tail).hexdigest()}"
+    positions = {0, BLOCK - 1, BLOCK, size - BLOCK - 1, size - BLOCK, size - 1, size // 2}
+    for position in sorted(p for p in positions if 0 <= p < size):
+        changed = bytearray(data)
+        changed[position] ^= 0x01
+        path.write_bytes(bytes(changed))
+        seen = fingerprint_of(path) != fingerprint
+        assert seen == (position in covered), (size, position, seen)
+    path.write_bytes(data + b"\0")
+    assert fingerprint_of(path).split(":")[0] == str(size + 1)
+
+
+@pytest.mark.parametrize("size_in_blocks", [0.5, 1, 1.5, 2, 3.25])
+def test_fingerprint_covers_exactly_the_first_and_last_block(tmp_path, size_in_blocks):
+    check_fingerprint_coverage(tmp_path, size_in_blocks)
+
+
+def test_fingerprint_check_fails_when_the_last_block_is_not_hashed(tmp_path, monkeypatch):
+    """Mutation test (tests/README.md): the fingerprint hashes the first block only."""
+    from mutations import apply_break
+
+    apply_break("fingerprint_first_block_only", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        check_fingerprint_coverage(tmp_path, 3.25)
 
 
 # --------------------------------------------------------------------------- SIGKILL

@@ -1,7 +1,8 @@
 """Gradient accumulation (``optimisation.grad_accum_steps`` = n) in the real training loop: an
 optimiser step follows the average of its n micro-batch gradients, computed here by hand from
 the micro-batches the loop trained on; the optimiser and the schedule step once per window.
-(Resuming in the middle of a window: tests/test_train_resume.py.)"""
+Sample-keyed dropout is keyed by the micro-batch, not the optimiser step: under accumulation the
+micro-batches of one window draw masks of their own. (Resuming in the middle of a window: tests/test_train_resume.py.)"""
 
 from __future__ import annotations
 
@@ -109,3 +110,60 @@ def test_accumulation_check_fails_when_gradients_are_summed(tmp_path, monkeypatc
     assert steps == [1, 2]
     with pytest.raises(AssertionError, match="step 1"):
         check_steps_average_micro_batch_gradients(before, batches, after, p)
+
+
+# --------------------------------------------------------------------------- sample-keyed dropout under accumulation
+
+
+def keyed_dropout_keys(tmp_path, monkeypatch) -> tuple[list[int | None], int]:
+    """Train a recipe with sample-keyed dropout and ``grad_accum_steps`` 2 in this process, 2
+    epochs of 4 micro-batches; returns the dropout key each encoder forward ran under (what the
+    keyed layers read, :func:`~mmviews.modalities.dropout.keys.active_step_key`) and the run's seed."""
+    from mmviews.modalities.dropout.keys import active_step_key
+    from mmviews.modalities.multiview import MultiViewEncoder
+
+    raw = tiny_config(image=False, batch_norm=False, dropout=0.2, num_samples=64, batch_size=16, epochs=2)
+    raw["cpu"], raw["seed"] = True, 7
+    raw["optimisation"] = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "epochs": 2, "warmup_steps": 0,
+                           "grad_accum_steps": ACCUM, "max_grad_norm": None, "sample_keyed_dropout": True}
+    raw["evaluation"] = {"tasks": [], "random_baseline": False, "at_end": False}
+    raw["output"].update(checkpoint_every=0, trackers=[])
+    keys: list[int | None] = []
+    forward = MultiViewEncoder.forward
+
+    def recording_forward(self, batch):  # a spy: the forward itself is unchanged
+        if self.training:
+            keys.append(active_step_key())
+        return forward(self, batch)
+
+    monkeypatch.setattr(MultiViewEncoder, "forward", recording_forward)
+    callback = CountSteps()
+    trainer.train(load_config(write_recipe(tmp_path / "keyed.yaml", raw)), tmp_path / "run", callback=callback)
+    assert callback.steps == [1, 2, 3, 4]  # 8 micro-batches, one optimiser step per window of 2
+    return keys, 7
+
+
+def check_dropout_keyed_by_micro_batch(keys: list[int | None], seed: int) -> None:
+    """The guard: micro-batch m of the run (m = epoch * batches_per_epoch + batch_in_epoch) runs
+    under the key of (seed, m): the two micro-batches of one accumulation window, and the same
+    batch position in the next epoch, get keys of their own."""
+    from mmviews.modalities.dropout.keys import step_key
+
+    assert keys == [step_key(seed, m) for m in range(8)], keys
+
+
+def test_keyed_dropout_is_keyed_by_the_micro_batch_under_accumulation(tmp_path, monkeypatch):
+    keys, seed = keyed_dropout_keys(tmp_path, monkeypatch)
+    check_dropout_keyed_by_micro_batch(keys, seed)
+
+
+def test_micro_batch_key_check_fails_when_dropout_is_keyed_by_the_optimiser_step(tmp_path, monkeypatch):
+    """Mutation test (tests/README.md): the keys taken from the optimiser step (the two
+    micro-batches of a window share one key)."""
+    from mutations import apply_break
+
+    apply_break("key_dropout_by_optimiser_step", monkeypatch.setattr)
+    keys, seed = keyed_dropout_keys(tmp_path, monkeypatch)
+    assert keys[0] == keys[1]  # the break did what it says
+    with pytest.raises(AssertionError):
+        check_dropout_keyed_by_micro_batch(keys, seed)

@@ -1,6 +1,7 @@
 """Streamed training from Parquet shards (data.streaming: true): epochs of a known length, a run
 killed mid-epoch and resumed ends with the uninterrupted run's weights, two gloo processes draw
-disjoint rows covering the epoch, evaluation of streamed splits, damaged shards."""
+disjoint rows covering the epoch, evaluation of streamed splits, damaged shards; a stream resumed
+with another shuffle buffer, seed, process count or shard list is refused by key."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from test_data_pickle import mmsa_split, write
 from test_data_shards import as_list, prepare
 from test_train_resume import SLOW_TRAIN, _assert_identical, _kill_when_held, check_resumed_exactly
 from test_train_resume import train_recorded_in_process as recorded_in_process
-from test_train_utils import load_weights, read_record, run_ranks, started, write_recipe
+from test_train_utils import load_weights, read_record, run_ranks, started, train_in_process, write_recipe
 
 from mmviews.data import build_dataset
 from mmviews.data.streaming import StreamLoader
@@ -84,8 +85,51 @@ def test_loader_state_resumes_the_same_batches(shards):
     again.load_state_dict(state)
     assert [[s["index"] for s in b] for b in again] == full[3:]
     other = StreamLoader(stream, 8, as_list, seed=3, shuffle_buffer=16)
-    with pytest.raises(ValueError, match="seed changed"):
+    with pytest.raises(ValueError, match="key 'seed' changed"):
         other.load_state_dict(state)
+
+
+def check_resume_refused(shards: Path, change: str) -> None:
+    """The guard: a stream resumed with another shuffle buffer, seed, process count or shard list
+    would draw other batches than the run it continues: refused with one line naming what changed
+    (the recipe key where there is one) and both values; the same state resumes with the same settings."""
+    stream = build_dataset("hf", root=str(shards), split="train", streaming=True)
+    first = StreamLoader(stream, 4, as_list, seed=2, shuffle_buffer=16)
+    first.set_epoch(1)
+    batches = iter(first)
+    next(batches)
+    state = json.loads(json.dumps(first.state_dict()))
+    batches.close()
+    settings = {"seed": 2, "shuffle_buffer": 16, "world": 1}
+    StreamLoader(stream, 4, as_list, **settings).load_state_dict(state)  # the same settings: accepted
+    expected = {"shuffle_buffer": ("key 'data.shuffle_buffer'", "16 -> 17"), "seed": ("key 'seed'", "2 -> 3"),
+                "world": ("the number of processes", "1 -> 2"), "shards": ("its shard list", "'train-00003.parquet']")}
+    if change == "shards":  # the checkpoint's list lacks the last shard (shards added since)
+        state["shards"] = state["shards"][:-1]
+    else:
+        settings[change] += 1
+    try:
+        StreamLoader(stream, 4, as_list, **settings).load_state_dict(state)
+        message = None
+    except ValueError as error:
+        message = str(error)
+    what, values = expected[change]
+    assert message is not None, f"a stream resumed with another {change} was accepted"
+    assert f"{what} changed since the checkpoint" in message and values in message and "\n" not in message
+
+
+@pytest.mark.parametrize("change", ["shuffle_buffer", "seed", "world", "shards"])
+def test_resumed_stream_refuses_another_draw(shards, change):
+    check_resume_refused(shards, change)
+
+
+def test_resume_check_fails_when_a_changed_shuffle_buffer_is_accepted(shards, monkeypatch):
+    """Mutation test (tests/README.md): the loader's state no longer compares the shuffle buffer."""
+    from mutations import apply_break
+
+    apply_break("accept_changed_shuffle_buffer", monkeypatch.setattr)
+    with pytest.raises(AssertionError, match="another shuffle_buffer was accepted"):
+        check_resume_refused(shards, "shuffle_buffer")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +155,27 @@ def test_streamed_run_evaluates_its_streamed_splits(reference):
     summary = json.loads((reference[1] / "results.json").read_text())
     assert summary["steps"] == 2 * ROWS // 8 and summary["epochs"] == 2 and summary["samples_seen"] == 2 * ROWS
     assert summary["eval"] and all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
+    # every row of each streamed split, its short last batch included (eval_batch_size 7: 10 = 7 + 3
+    # validation rows, 12 = 7 + 5 test rows; the probe's training features: 48 = 6 * 7 + 6 rows)
+    meta = json.loads((reference[1] / "eval" / "metrics.json").read_text())["meta"]
+    assert (meta["n_test"], meta["n_val"], meta["n_train"]) == (12, 10, ROWS)
+
+
+def test_streamed_reads_keep_the_short_last_batch(shards):
+    """Reading a streamed split whole (evaluation, the checks' first samples: ``drop_last=False``)
+    keeps the short last batch: 10 validation rows in batches of 4 are 4, 4 and 2, in shard order;
+    the first 16 samples of a 10-row split are its 10 rows (what ``mmviews train --check`` and
+    ``mmviews prepare hf --recipe`` decode), the first 3 its first 3."""
+    from mmviews.data.streaming import first_samples
+
+    valid = build_dataset("hf", root=str(shards), split="valid", streaming=True)
+    loader = StreamLoader(valid, 4, as_list, drop_last=False)
+    batches = [[s["index"] for s in b] for b in loader]
+    assert [len(b) for b in batches] == [4, 4, 2] and len(loader) == 3
+    assert sum(batches, []) == list(range(10))
+    assert [s["index"] for s in first_samples(valid, 16)] == list(range(10))
+    assert [s["index"] for s in first_samples(valid, 10)] == list(range(10))
+    assert [s["index"] for s in first_samples(valid, 3)] == [0, 1, 2]
 
 
 def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_rows, tmp_path):
@@ -130,8 +195,9 @@ def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_row
     state = json.loads((checkpoint / "train_state.json").read_text())
     assert state["batch_in_epoch"] == 3 and state["stream"]["batches"] == 3 and state["stream"]["rows"] == 24
     assert state["stream"]["shards"] == [f"train-{i:05d}.parquet" for i in range(4)]
-    copy = tmp_path / "copy"
+    copy, other_buffer = tmp_path / "copy", tmp_path / "other-buffer"
     shutil.copytree(run, copy)
+    shutil.copytree(run, other_buffer)
     stdout, rows = recorded_in_process(tmp_path, "--resume", str(run))  # only the killed run needs a process
     check_resumed_exactly(stdout, rows, checkpoint, 2 * ROWS // 8, reference_rows)
     _assert_identical(load_weights(ref / "encoder"), load_weights(run / "encoder"))
@@ -143,6 +209,12 @@ def test_kill_mid_epoch_and_resume_equals_uninterrupted(reference, reference_row
     assert [row["step"] for row in rows] == [1] and "at step 0 of 12" in stdout  # the break did what it says
     with pytest.raises(AssertionError):
         check_resumed_exactly(stdout, rows, copy / "checkpoints" / checkpoint.name, 2 * ROWS // 8, reference_rows)
+
+    # Resumed with another shuffle buffer, the stream would draw other batches: refused before any
+    # step, with one line naming the key (exit status 2).
+    r = train_in_process("--resume", str(other_buffer), "--set", "data.shuffle_buffer=8")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert "key 'data.shuffle_buffer' changed since the checkpoint (16 -> 8)" in r.stderr
 
 
 WORKER = """

@@ -375,9 +375,16 @@ class SentimentStoreDataset(Dataset):
     """
 
     def __init__(self, store: str | os.PathLike[str], split: str = "train",
-                 modalities: Sequence[str] = SEQUENCE_MODALITIES) -> None:
+                 modalities: Sequence[str] = SEQUENCE_MODALITIES, dataset: str | None = None) -> None:
         self.store = Path(store)
         self.meta = read_store_meta(self.store)
+        prepared_as = self.meta.get("dataset")
+        if dataset is not None and prepared_as is not None and dataset != prepared_as:
+            # Each dataset checks its own card and has its own class rule: a store of another would
+            # silently take that one's.
+            raise dataset_error(ValueError, f"{self.store}: this store was prepared as {prepared_as!r} "
+                                f"(mmviews prepare {prepared_as}), not {dataset!r}: open it as {prepared_as!r}, or "
+                                f"prepare the copy again as {dataset!r}", "root")
         split = _canon_split(split)
         if split not in self.meta["splits"]:
             raise dataset_error(KeyError, f"{self.store}: no split {split!r}; available: {sorted(self.meta['splits'])}", "split")
@@ -392,7 +399,7 @@ class SentimentStoreDataset(Dataset):
         self.modalities = tuple(modalities)
         self.dir = self.store / split
         self.num_samples = int(self.smeta["num_samples"])
-        self.dataset = self.meta.get("dataset")
+        self.dataset = dataset or prepared_as
         # Stores written before labels were checked at conversion (or edited since) may hold NaN.
         check_finite_labels({k: np.load(self.dir / f"label_{k}.npy") for k in self.smeta["labels"]},
                             f"{self.store} [{split}]")
@@ -468,22 +475,26 @@ def open_sentiment(path: str | os.PathLike[str], split: str = "train", dataset: 
     """A split of a MOSI/MOSEI/SIMS copy: a store directory, or a pickle converted once.
 
     For a pickle ``x.pkl`` the store goes to ``store_dir`` (default ``x.pkl.mmstore``) and is
-    rebuilt only when the pickle's size or mtime changed.
+    rebuilt only when the pickle's size or mtime changed, or when it was converted as another
+    ``dataset`` (each dataset checks its own card and has its own ``class`` rule). A store
+    directory prepared as another dataset is refused with one line naming both.
     """
     path = Path(path)
     if path.is_dir():
-        return SentimentStoreDataset(path, split, modalities)
+        return SentimentStoreDataset(path, split, modalities, dataset=dataset)
     if not path.exists():
         raise FileNotFoundError(f"no such file or store: {path}")
     store = Path(store_dir) if store_dir is not None else path.with_name(path.name + ".mmstore")
     stale = True
     if (store / "meta.json").is_file():
-        src = read_store_meta(store)["source"]
-        st = path.stat()
+        meta = read_store_meta(store)
+        src, st = meta["source"], path.stat()
         stale = not (src.get("size") == st.st_size and src.get("mtime") == st.st_mtime)
+        # converted (by mmviews) for another dataset: converted again, checked against this one's card
+        stale = stale or dataset not in (None, meta.get("dataset"))
     if stale:
         convert_sentiment_pickle(path, store, dataset=dataset, layout=layout, overwrite=True, progress=progress)
-    return SentimentStoreDataset(store, split, modalities)
+    return SentimentStoreDataset(store, split, modalities, dataset=dataset)
 
 
 def _sentiment_builder(dataset: str) -> Callable[..., Dataset]:

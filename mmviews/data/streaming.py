@@ -598,6 +598,11 @@ class _RawBatches:
             yield batch
 
 
+# What a resumed stream must share with its checkpoint (state_dict key -> how a user sets it).
+_RESUMED_STREAM_KEYS = {"shards": "its shard list", "world": "the number of processes", "seed": "key 'seed'",
+                        "shuffle_buffer": "key 'data.shuffle_buffer'"}
+
+
 class StreamLoader:
     """Batches of a :class:`ShardStream` for one process (see the module docstring).
 
@@ -653,13 +658,15 @@ class StreamLoader:
                 "shards": [Path(f).name for f in self.dataset.shards.files], "datasets_state": self._hf_state}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``; refuses a state of another shard list, seed or process count
-        (the replay would draw other batches)."""
+        """Continue from ``state``; refuses a state of another shard list, seed, shuffle buffer or
+        process count: the replay would draw other batches, so the resumed run would not be the
+        uninterrupted one. The one-line error names what changed (the recipe key where there is one)."""
         mine = self.state_dict()
-        for key in ("shards", "world", "seed", "shuffle_buffer"):
+        for key, what in _RESUMED_STREAM_KEYS.items():
             if state.get(key) != mine[key]:
-                raise ValueError(f"cannot resume the stream of {self.dataset.root} [{self.dataset.split}]: its {key} "
-                                 f"changed since the checkpoint ({state.get(key)!r} -> {mine[key]!r})")
+                raise ValueError(f"cannot resume the stream of {self.dataset.root} [{self.dataset.split}]: {what} "
+                                 f"changed since the checkpoint ({state.get(key)!r} -> {mine[key]!r}); resume with "
+                                 "the checkpoint's value, or start a new run")
         self.set_epoch(int(state["epoch"]))
         self.skip_batches(int(state["batches"]))
 
