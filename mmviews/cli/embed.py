@@ -9,11 +9,13 @@ with the run's evaluation views (``evaluation.views``, else one natural view per
 augmented, in dataset order, with the run's precision (``optimisation.mixed_precision``, under
 ``torch.autocast`` as in training and ``mmviews eval``).
 
-One row per sample: ``split`` (``train``, ``val`` or ``test``), ``sample_id`` (the sample's
-index in its split), one column per
-label the batches carry (``class``, ``sentiment``, ...) and one column per view (``text_0``,
-``audio_0``, ...) holding its unit-norm embedding as a list of ``d`` floats, null where the
-sample lacks that modality. Read it back with ``datasets.Dataset.from_parquet(FILE)`` or
+One row per sample: ``split`` (the split's name as the dataset and the recipe call it:
+``data.train_split``, ``data.val_split``, ``data.test_split``, e.g. ``train``, ``valid``,
+``test``), ``sample_id`` (the sample's index in its split), one column per label the batches
+carry (``class``, ``sentiment``, ...) and one column per view (the view names of the encoder's
+batches: ``text_0``, ``audio_0``, ...) holding its unit-norm embedding as a list of ``d``
+float32 values (as the encoder computes them; float64 would double the file for digits that
+are not there), null where the sample lacks that modality. Read it back with ``datasets.Dataset.from_parquet(FILE)`` or
 ``pandas.read_parquet(FILE)``. The file is written under a temporary name and moved into place;
 an existing file is replaced only with ``--overwrite``.
 """
@@ -29,7 +31,7 @@ from mmviews.cli.eval import run_device
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
 from mmviews.modalities.base import allow_remote_models
 
-__all__ = ["add_arguments", "embedding_table", "run"]
+__all__ = ["add_arguments", "dataset_split_names", "embedding_table", "run", "write_embeddings"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,14 +60,18 @@ def _data_section(spec: str, run_config: Any) -> Any:
     return load_config(resolve_recipe(spec)).data
 
 
-def embedding_table(encoder: Any, loaders: dict[str, Any]) -> tuple[dict[str, list[Any]], list[str]]:
+def embedding_table(encoder: Any, loaders: dict[str, Any],
+                    split_names: dict[str, str | None] | None = None) -> tuple[dict[str, list[Any]], list[str]]:
     """Columns ``split``, ``sample_id``, the labels and one per view (lists of floats, None
-    where absent) of every loader's samples, in order; and the views' names."""
+    where absent) of every loader's samples, in order; and the views' names. ``split_names``
+    maps a loader's key (``train``, ``val``, ``test``) to the name its split has in the dataset
+    (the ``split`` column's value); without it, the key."""
     columns: dict[str, list[Any]] = {"split": [], "sample_id": []}
     view_names: list[str] | None = None
-    for split, loader in loaders.items():
+    for key, loader in loaders.items():
         if loader is None:
             continue
+        split = (split_names or {}).get(key) or key
         emb = extract_embeddings(encoder, loader, desc=f"embeddings ({split})")
         if view_names is None:
             view_names = list(emb.view_names)
@@ -93,8 +99,6 @@ def embedding_table(encoder: Any, loaders: dict[str, Any]) -> tuple[dict[str, li
 
 def run(args: argparse.Namespace) -> int:
     """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
-    import datasets
-
     from mmviews.data.loaders import build_eval_loaders, eval_view_config
     from mmviews.run import load_run
 
@@ -116,15 +120,33 @@ def run(args: argparse.Namespace) -> int:
     loaders = build_eval_loaders(data, views, config.seed)
     precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
     encoder.to(run_device(config.cpu, args.device))
-    columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders)
+    columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders, dataset_split_names(data))
+    rows = write_embeddings(columns, view_names, output)
+    print(f"wrote {rows} samples x {len(view_names)} views ({', '.join(view_names)}; precision {precision}) "
+          f"to {output}")
+    return 0
+
+
+def dataset_split_names(data: Any) -> dict[str, str | None]:
+    """The dataset's names of the splits :func:`build_eval_loaders` keys ``train``, ``val`` and
+    ``test``."""
+    return {"train": data.train_split, "val": data.val_split, "test": data.test_split}
+
+
+def write_embeddings(columns: dict[str, list[Any]], view_names: list[str], output: Path) -> int:
+    """Write :func:`embedding_table`'s columns to the Parquet file ``output`` (temporary name,
+    then renamed), the views' vectors as float32 lists; returns the number of rows."""
+    import datasets
+
     table = datasets.Dataset.from_dict(columns)
+    features = table.features.copy()
+    features.update({name: datasets.List(datasets.Value("float32")) for name in view_names})
+    table = table.cast(features)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
         table.to_parquet(str(tmp))
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
-    print(f"wrote {len(table)} samples x {len(view_names)} views ({', '.join(view_names)}; precision {precision}) "
-          f"to {output}")
-    return 0
+    return len(table)
 
