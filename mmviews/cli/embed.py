@@ -1,7 +1,9 @@
 """``mmviews embed RUN DATA_OR_RECIPE --output FILE``: the embeddings of every view of every
 sample, written as one Parquet file (through ``datasets``).
 
-``RUN`` is a run folder or a checkpoint folder (:func:`mmviews.run.load_run`). ``DATA_OR_RECIPE``
+``RUN`` is a run folder or a checkpoint folder (:func:`mmviews.run.load_run`), or a folder of
+``mmviews export RUN --format onnx``, whose graphs then run with onnxruntime (float32, CPU;
+no torch model code is imported on that path: :mod:`mmviews.export.onnx_runtime`). ``DATA_OR_RECIPE``
 says which samples: a recipe (a YAML path or a name in ``recipes/``) whose ``data`` section is
 read, or a dataset folder, read with the run's own ``data`` section (``data.root`` replaced).
 Every split the data section names (``train_split``, ``val_split``, ``test_split``) is embedded,
@@ -27,9 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mmviews.cli.eval import run_device
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
-from mmviews.modalities.base import allow_remote_models
+from mmviews.export.onnx_runtime import RECIPE_FILE, OnnxEncoder, is_onnx_folder
 
 __all__ = ["add_arguments", "dataset_split_names", "embedding_table", "run", "write_embeddings"]
 
@@ -109,10 +110,16 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--output {output} exists: choose another file, or --overwrite to replace it")
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
+    if not Path(args.run).exists():
+        raise FileNotFoundError(f"{args.run} does not exist: give a run folder, a checkpoint folder or an ONNX export")
+    if is_onnx_folder(args.run):
+        return _run_onnx(args, output)
+    # the torch path: the model code is imported here only (the ONNX path runs without it)
+    from mmviews.cli.eval import run_device
+    from mmviews.modalities.base import allow_remote_models
+
     if args.device is not None:
         run_device(False, args.device)  # before the (slow) loading
-    if not Path(args.run).exists():
-        raise FileNotFoundError(f"{args.run} does not exist: give a run folder or a checkpoint folder")
     with allow_remote_models(args.allow_remote_models):
         encoder, config, _ = load_run(args.run)
     data = _data_section(args.data, config)
@@ -150,3 +157,30 @@ def write_embeddings(columns: dict[str, list[Any]], view_names: list[str], outpu
         tmp.unlink(missing_ok=True)
     return len(table)
 
+
+
+def _run_onnx(args: argparse.Namespace, output: Path) -> int:
+    """``RUN`` is a folder of ``mmviews export --format onnx``: its graphs run with onnxruntime
+    on CPU, in float32, with the exported run's recipe (data section and evaluation views)."""
+    from mmviews.config import load_config
+    from mmviews.data.loaders import build_eval_loaders, eval_view_config
+    from mmviews.data.views import ViewSpec
+
+    if args.precision not in ("run", "no"):
+        raise ValueError(f"--precision {args.precision}: an ONNX export runs in float32 (give 'no' or leave it out)")
+    if args.device not in (None, "cpu"):
+        raise ValueError(f"--device {args.device}: an ONNX export runs on onnxruntime's CPU provider (give 'cpu')")
+    encoder = OnnxEncoder(args.run)
+    config = load_config(Path(args.run) / RECIPE_FILE)
+    data = _data_section(args.data, config)
+    views = eval_view_config(config.views, config.evaluation.views)
+    missing = set(ViewSpec.from_config(views).modalities) - set(encoder.adapters)
+    if missing:
+        reasons = "; ".join(f"{name}: {encoder.not_exported.get(name, 'not in the export')}" for name in sorted(missing))
+        raise ValueError(f"{args.run}: the views need modalities {sorted(missing)} that have no ONNX graph ({reasons})")
+    loaders = build_eval_loaders(data, views, config.seed)
+    columns, view_names = embedding_table(encoder, loaders, dataset_split_names(data))
+    rows = write_embeddings(columns, view_names, output)
+    print(f"wrote {rows} samples x {len(view_names)} views ({', '.join(view_names)}; onnxruntime, float32) "
+          f"to {output}")
+    return 0
