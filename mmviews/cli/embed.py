@@ -100,9 +100,6 @@ def embedding_table(encoder: Any, loaders: dict[str, Any],
 
 def run(args: argparse.Namespace) -> int:
     """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
-    from mmviews.data.loaders import build_eval_loaders, eval_view_config
-    from mmviews.run import load_run
-
     output = Path(args.output)
     if output.suffix != ".parquet":
         raise ValueError(f"--output {output}: give a .parquet file")
@@ -116,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_onnx(args, output)
     # the torch path: the model code is imported here only (the ONNX path runs without it)
     from mmviews.cli.eval import run_device
+    from mmviews.data.loaders import build_eval_loaders, eval_view_config
     from mmviews.modalities.base import allow_remote_models
+    from mmviews.run import load_run
 
     if args.device is not None:
         run_device(False, args.device)  # before the (slow) loading

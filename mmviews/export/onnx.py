@@ -18,11 +18,15 @@ and the image axes of the CNNs (which pool over any size). What stays outside, d
   are averaged and normalised again, which is what the adapter's ``project`` does with per-frame
   features.
 
-Exporter: ``torch.onnx.export(dynamo=False)`` (the TorchScript tracer). torch 2.11's default
-dynamo exporter refused every adapter here (the value checks in ``preprocess`` read shapes in
-Python); the tracer exports them all but one, and records shapes symbolically where the graph
-computes with them. ``audio_cnn`` is not exported: its log-mel front end is ``torch.stft``,
-which the tracer cannot export (complex tensors); it is named in the manifest with that reason.
+Exporters (measured with torch 2.11): ``torch.onnx.export(dynamo=False)``, the TorchScript
+tracer, for text, hf_audio, open_clip, small_cnn, flow_cnn, flow_clip and mlp: it records the
+shapes the graph computes with symbolically, so BERT, HuBERT, open_clip ViTs and the CNNs take
+any batch size and length. ``feature_sequence`` and ``audio_cnn`` go through the dynamo exporter
+(``torch.export``, opset 18, needs ``onnxscript``): traced, ``nn.MultiheadAttention`` fixes the
+batch size in its reshapes, and the tracer cannot export ``torch.stft`` (complex tensors), the
+log-mel front end of ``audio_cnn``. An adapter type without an export (one registered outside
+mmviews) is left out and named in the manifest with the reason. The graphs run in float32 (not under the run's
+autocast): compare them with ``mmviews embed RUN --precision no``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mmviews.export.onnx_runtime import FORMAT, MANIFEST_FILE, OPSET, RECIPE_FILE, VERSION
+from mmviews.export.onnx_runtime import FORMAT, MANIFEST_FILE, RECIPE_FILE, VERSION
+
+OPSET = 17  # the TorchScript tracer's
+DYNAMO_OPSET = 18  # the lowest the dynamo exporter writes
 
 __all__ = ["GraphSpec", "NotExportable", "export_adapter", "export_onnx", "graph_spec"]
 
@@ -59,6 +66,7 @@ class GraphSpec:
     dynamic_axes: dict[str, dict[int, str]]
     constants: dict[str, Any] = field(default_factory=dict)
     preprocessing: dict[str, Any] = field(default_factory=dict)
+    dynamo: bool = False  # torch.export (the dynamo exporter) instead of the TorchScript tracer
 
 
 class AdapterGraph(nn.Module):
@@ -89,13 +97,17 @@ def _text_spec(adapter: Any) -> GraphSpec:
 
 
 def _waveform_spec(adapter: Any) -> GraphSpec:
-    rate = int(adapter.sample_rate)
-    samples = max(2 * adapter.min_samples, rate // 4)
+    rate = int(getattr(adapter, "sample_rate", None) or adapter.config.sample_rate)
+    min_samples = int(getattr(adapter, "min_samples", 1))
+    samples = max(2 * min_samples, rate // 4)
     values = torch.randn(2, samples, generator=_generator()) * 0.1
+    # audio_cnn through torch.export: its log-mel front end is torch.stft, whose complex
+    # tensors the tracer cannot export
     return GraphSpec({"values": values, "lengths": torch.tensor([samples, samples * 3 // 4])},
                      {"values": {0: "batch", 1: "samples"}, "lengths": {0: "batch"}},
                      constants={"sample_rate": rate},
-                     preprocessing={"sample_rate": rate, "min_samples": int(adapter.min_samples)})
+                     preprocessing={"sample_rate": rate, "min_samples": min_samples},
+                     dynamo=adapter.config.type == "audio_cnn")
 
 
 def _images_spec(adapter: Any, channels: int, size: tuple[int, int] | None) -> GraphSpec:
@@ -138,9 +150,10 @@ def _flow_clip_spec(adapter: Any) -> GraphSpec:
 
 def _sequence_spec(adapter: Any) -> GraphSpec:
     values = torch.randn(2, 5, adapter.config.input_dim, generator=_generator())
+    # torch.export: the tracer fixes the batch size in nn.MultiheadAttention's reshapes
     return GraphSpec({"values": values, "lengths": torch.tensor([5, 3])},
                      {"values": {0: "batch", 1: "length"}, "lengths": {0: "batch"}},
-                     preprocessing={"input_dim": adapter.config.input_dim})
+                     preprocessing={"input_dim": adapter.config.input_dim}, dynamo=True)
 
 
 def _mlp_spec(adapter: Any) -> GraphSpec:
@@ -150,39 +163,44 @@ def _mlp_spec(adapter: Any) -> GraphSpec:
 
 
 _SPECS: dict[str, Callable[[Any], GraphSpec]] = {
-    "text": _text_spec, "hf_audio": _waveform_spec, "open_clip": _open_clip_spec, "small_cnn": _small_cnn_spec,
+    "text": _text_spec, "hf_audio": _waveform_spec, "audio_cnn": _waveform_spec, "open_clip": _open_clip_spec,
+    "small_cnn": _small_cnn_spec,
     "flow_cnn": _flow_cnn_spec, "flow_clip": _flow_clip_spec, "feature_sequence": _sequence_spec, "mlp": _mlp_spec,
 }
-_NOT_EXPORTABLE = {
-    "audio_cnn": "its log-mel front end is torch.stft, which torch.onnx's TorchScript exporter cannot export "
-                 "(complex tensors) and its dynamo exporter does not export here either",
-}
-
-
 def graph_spec(adapter: Any) -> GraphSpec:
     """The :class:`GraphSpec` of ``adapter``; :class:`NotExportable` naming the reason."""
     kind = adapter.config.type
-    if kind in _NOT_EXPORTABLE:
-        raise NotExportable(_NOT_EXPORTABLE[kind])
-    if kind not in _SPECS:
+    if kind not in _SPECS:  # an adapter type registered outside mmviews
         raise NotExportable(f"no ONNX export is defined for adapter type {kind!r}")
     return _SPECS[kind](adapter)
 
 
-def export_adapter(adapter: nn.Module, path: Path) -> dict[str, Any]:
-    """Trace ``adapter`` (in eval mode) to the ONNX file ``path``; returns its manifest entry."""
+def export_adapter(adapter: nn.Module, folder: Path) -> dict[str, Any]:
+    """Trace ``adapter`` (in eval mode) to ``folder/model.onnx`` (with the tokenizer of a text
+    adapter in ``folder/tokenizer``); returns its manifest entry, paths relative to ``folder``."""
     spec = graph_spec(adapter)
+    path = folder / "model.onnx"
     adapter.eval()
     names = list(spec.inputs)
     graph = AdapterGraph(adapter, names, spec.constants).eval()
     # The tracer warns about every Python-level shape check of preprocess (constants in the graph:
     # the value checks of the runtime repeat them) and prints its diagnostics: kept quiet. Not
     # under no_grad: there, attention layers take torch's fused fast path, which has no ONNX form.
+    args = tuple(spec.inputs[n] for n in names)
+    opset = DYNAMO_OPSET if spec.dynamo else OPSET
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        torch.onnx.export(graph, tuple(spec.inputs[n] for n in names), str(path), input_names=names,
-                          output_names=["embedding"], dynamic_axes={**spec.dynamic_axes, "embedding": {0: "rows"}},
-                          opset_version=OPSET, dynamo=False)
+        if spec.dynamo:
+            dims = {axis: torch.export.Dim(axis) for axes in spec.dynamic_axes.values() for axis in axes.values()}
+            shapes = tuple({i: dims[axis] for i, axis in spec.dynamic_axes.get(n, {}).items()} for n in names)
+            torch.onnx.export(graph, args, str(path), input_names=names, output_names=["embedding"],
+                              dynamic_shapes=(shapes,), opset_version=opset, dynamo=True, verbose=False)
+        else:
+            torch.onnx.export(graph, args, str(path), input_names=names, output_names=["embedding"],
+                              dynamic_axes={**spec.dynamic_axes, "embedding": {0: "rows"}}, opset_version=opset,
+                              dynamo=False)
+    if adapter.config.type == "text":
+        adapter.tokenizer.save_pretrained(folder / "tokenizer")
     return {
         "type": adapter.config.type,
         "graph": path.name,
@@ -191,6 +209,8 @@ def export_adapter(adapter: nn.Module, path: Path) -> dict[str, Any]:
                    for n in names],
         "output": {"name": "embedding", "shape": ["rows", int(adapter.config.embed_dim)]},
         "embed_dim": int(adapter.config.embed_dim),
+        "exporter": "dynamo" if spec.dynamo else "torchscript",
+        "opset": opset,
         "preprocessing": spec.preprocessing,
     }
 
@@ -215,14 +235,12 @@ def export_onnx(run: str | os.PathLike[str], output: str | os.PathLike[str]) -> 
             folder = tmp / name
             folder.mkdir()
             try:
-                entry = export_adapter(adapter, folder / "model.onnx")
+                entry = export_adapter(adapter, folder)
             except NotExportable as reason:
                 folder.rmdir()
                 skipped[name] = str(reason)
                 continue
-            if entry["type"] == "text":
-                adapter.tokenizer.save_pretrained(folder / "tokenizer")
-            entry["graph"] = f"{name}/model.onnx"
+            entry["graph"] = f"{name}/{entry['graph']}"  # relative to the export folder
             if "tokenizer" in entry["preprocessing"]:
                 entry["preprocessing"]["tokenizer"] = f"{name}/{entry['preprocessing']['tokenizer']}"
             modalities[name] = entry
@@ -230,7 +248,7 @@ def export_onnx(run: str | os.PathLike[str], output: str | os.PathLike[str]) -> 
             raise ValueError(f"{run}: no adapter of the encoder can be exported to ONNX: "
                              + "; ".join(f"{n}: {r}" for n, r in skipped.items()))
         save_config(config, tmp / RECIPE_FILE)
-        manifest = {"format": FORMAT, "version": VERSION, "opset": OPSET, "torch": torch.__version__,
+        manifest = {"format": FORMAT, "version": VERSION, "torch": torch.__version__,
                     "recipe": RECIPE_FILE, "modalities": modalities, "not_exported": skipped}
         atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2))
         return finish_output_folder(tmp, output), skipped

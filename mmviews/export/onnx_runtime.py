@@ -29,7 +29,6 @@ __all__ = ["FORMAT", "MANIFEST_FILE", "OnnxAdapter", "OnnxEncoder", "is_onnx_fol
 
 FORMAT = "mmviews-onnx"
 VERSION = 1
-OPSET = 17
 MANIFEST_FILE = "onnx_manifest.json"
 RECIPE_FILE = "config.yaml"
 
@@ -86,7 +85,7 @@ class OnnxAdapter:
         """``[B, embed_dim]`` float32 unit vectors of ``inputs`` (every row present)."""
         if self.kind == "text":
             return self._run(self._tokens(inputs))
-        if self.kind == "hf_audio":
+        if self.kind in ("hf_audio", "audio_cnn"):
             return self._run(self._waveforms(inputs))
         if self.kind in ("feature_sequence", "mlp"):
             return self._run(self._sequences(inputs))
