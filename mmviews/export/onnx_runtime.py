@@ -55,7 +55,8 @@ def _array(inputs: Mapping[str, Any], key: str, where: str) -> np.ndarray:
 class OnnxAdapter:
     """One modality's graph and preprocessing (one entry of the manifest)."""
 
-    def __init__(self, folder: Path, name: str, entry: Mapping[str, Any], providers: Sequence[str]) -> None:
+    def __init__(self, folder: Path, name: str, entry: Mapping[str, Any], providers: Sequence[str],
+                 threads: int | None = None) -> None:
         import onnxruntime as ort
 
         self.name, self.entry = name, dict(entry)
@@ -66,6 +67,8 @@ class OnnxAdapter:
         graph = _inside(folder, entry["graph"], "graph")
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only: the exporter's unused-initialiser notes are noise
+        if threads:
+            options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(graph), options, providers=list(providers))
         self.input_names = [i["name"] for i in entry["inputs"]]
         self.tokenizer: Any = None
@@ -183,7 +186,8 @@ class OnnxEncoder:
     """The encoder of an ONNX export folder: ``embed(modality, inputs)`` per modality, or a whole
     ``ViewBatch`` through ``__call__`` (``z [K, M, d]``, ``mask [K, M]``, as the torch encoder)."""
 
-    def __init__(self, folder: str | os.PathLike[str], providers: Sequence[str] = ("CPUExecutionProvider",)) -> None:
+    def __init__(self, folder: str | os.PathLike[str], providers: Sequence[str] = ("CPUExecutionProvider",),
+                 threads: int | None = None) -> None:
         self.folder = Path(folder)
         path = self.folder / MANIFEST_FILE
         if not path.is_file():
@@ -195,7 +199,7 @@ class OnnxEncoder:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise ValueError(f"{path}: not a {FORMAT} manifest of version {VERSION}")
         self.manifest = manifest
-        self.adapters = {name: OnnxAdapter(self.folder, name, entry, providers)
+        self.adapters = {name: OnnxAdapter(self.folder, name, entry, providers, threads)
                          for name, entry in manifest["modalities"].items()}
         self.not_exported: dict[str, str] = dict(manifest.get("not_exported") or {})
         self.embed_dim = next(iter(self.adapters.values())).embed_dim
