@@ -207,13 +207,25 @@ def test_an_adapter_that_cannot_export_is_named_with_its_reason(exported, tmp_pa
     assert not (tmp_path / "e.parquet").exists()
 
 
-def test_onnx_refuses_audio_at_another_rate(exported):
+def test_onnx_runtime_refuses_what_the_graphs_cannot_take(exported):
+    """Inputs the torch adapter refuses, or that need what the graph leaves out, are one-line
+    errors naming the modality and the value, never silent NaN or clamped values."""
     from mmviews.export.onnx_runtime import OnnxEncoder
 
     encoder = OnnxEncoder(exported["multimodal"][1])
-    inputs = example_inputs("hf_audio", 2)
+    audio = example_inputs("hf_audio", 2)
     with pytest.raises(ValueError, match="audio at 8000 Hz; the graph takes 16000 Hz"):
-        encoder.embed("audio", {**inputs, "sample_rate": 8000})
+        encoder.embed("audio", {**audio, "sample_rate": 8000})
+    values = audio["values"].clone()
+    values[1, 7] = float("nan")
+    with pytest.raises(ValueError, match=r"audio \(hf_audio, ONNX\): inputs\['values'\] .* non-finite"):
+        encoder.embed("audio", {**audio, "values": values})
+    with pytest.raises(ValueError, match=r"position\(s\) \[1\] too short"):
+        encoder.embed("audio", {**audio, "lengths": torch.tensor([4000, 0])})
+    with pytest.raises(ValueError, match=r"images must be in \[0, 1\]"):
+        encoder.embed("image", {"values": torch.rand(2, 3, 32, 32) * 2})
+    with pytest.raises(ValueError, match="frames of 24x24; the graph takes 32x32"):
+        encoder.embed("image", {"values": torch.rand(2, 3, 24, 24)})
 
 
 def test_export_refuses_an_existing_folder(exported, tmp_path: Path, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,7 @@ def prepare_output_folder(output: Path) -> Path:
         raise FileExistsError(f"--output {output} exists: give a new folder")
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    if tmp.exists():  # left by an earlier export of this process id that was killed: ours to remove
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    return tmp
+    return Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))  # a name nobody else has
 
 
 def finish_output_folder(tmp: Path, output: Path) -> Path:

@@ -49,7 +49,10 @@ def _array(inputs: Mapping[str, Any], key: str, where: str) -> np.ndarray:
     value = inputs[key]
     if hasattr(value, "detach"):  # a torch tensor (without importing torch)
         value = value.detach().cpu().numpy()
-    return np.asarray(value)
+    array = np.asarray(value)
+    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        raise ValueError(f"{where}: inputs[{key!r}] of shape {array.shape} holds non-finite values (NaN or inf)")
+    return array
 
 
 class OnnxAdapter:
@@ -125,6 +128,10 @@ class OnnxAdapter:
             raise ValueError(f"{self.where}: waveform of {values.shape[1]} samples is too short for the backbone's "
                              f"conv front end (it needs {self.pre['min_samples']} at {wanted} Hz)")
         lengths = self._lengths(inputs, values)
+        short = np.flatnonzero(lengths < max(1, int(self.pre["min_samples"])))
+        if len(short):
+            raise ValueError(f"{self.where}: waveform(s) at position(s) {short.tolist()[:10]} too short to give one "
+                             f"frame (fewer than {self.pre['min_samples']} samples at {wanted} Hz)")
         return {"values": values, "lengths": lengths}
 
     def _lengths(self, inputs: Mapping[str, Any], values: np.ndarray) -> np.ndarray:
@@ -160,6 +167,9 @@ class OnnxAdapter:
         if size is not None and list(values.shape[-2:]) != list(size):
             raise ValueError(f"{self.where}: frames of {values.shape[-2]}x{values.shape[-1]}; the graph takes "
                              f"{size[0]}x{size[1]} (resizing is not part of the ONNX export: resize the frames first)")
+        if self.kind == "open_clip" and values.size and (values.min() < -1e-3 or values.max() > 1 + 1e-3):
+            raise ValueError(f"{self.where}: images must be in [0, 1], got range [{values.min():.3g}, "
+                             f"{values.max():.3g}] in inputs['values'] of shape {values.shape}")
         b, t = values.shape[:2]
         if self.pre["clips"] == "whole":
             if t != group:
