@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
         with allow_remote_models(args.allow_remote_models):
             folder = export_hf(args.run, args.output, args.license)
-        print(f"wrote a Hub-ready folder to {folder} (upload it with `huggingface-cli upload OWNER/NAME {folder}` "
+        print(f"wrote a Hub-ready folder to {folder} (upload it with `hf upload OWNER/NAME {folder}` "
               "or load it with MultiViewEncoder.from_pretrained)")
         return 0
     if args.license is not None:
