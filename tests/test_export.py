@@ -364,3 +364,16 @@ def test_push_to_hub_uploads_the_saved_folder_with_its_card(hf_export, monkeypat
     assert (uploaded / "README.md").read_text() == card
     again = MultiViewEncoder.from_pretrained(uploaded).state_dict()
     assert all(torch.equal(again[k], v) for k, v in encoder.state_dict().items())
+
+
+def test_bench_onnx_times_both_contenders(tmp_path: Path, capsys):
+    """`mmviews bench onnx` measures the torch adapter and its ONNX graph on the same batch."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "onnx", "--kinds", "small_cnn", "--repeats", "1", "--batch-size", "4",
+                 "--output", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["kind"], r["exporter"]) for r in rows] == [("small_cnn", "torchscript")]
+    assert rows[0]["torch_s"] > 0 and rows[0]["onnxruntime_s"] > 0
+    assert rows[0]["ratio_onnx_to_torch"] == pytest.approx(rows[0]["onnxruntime_s"] / rows[0]["torch_s"], rel=0.1)  # times rounded to 10 us
+    assert "small_cnn" in capsys.readouterr().out
