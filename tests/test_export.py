@@ -140,25 +140,35 @@ def test_manifest_names_inputs_with_dynamic_batch_and_length(exported):
                                                                    "lengths": ["batch"]}
 
 
-@pytest.mark.parametrize("kind", ["text", "hf_audio", "audio_cnn", "feature_sequence", "small_cnn",
-                                  "flow_cnn-stack"])
-def test_graphs_take_other_batch_sizes_and_lengths(kind: str, tmp_path: Path):
+# adapter type -> (test run, modality) whose export holds its graph; flow_cnn-stack: exported here
+GRAPHS = {"text": ("multimodal", "text"), "hf_audio": ("multimodal", "audio"), "audio_cnn": ("cnn", "audio"),
+          "feature_sequence": ("sequence", "x"), "small_cnn": ("cnn", "image"), "flow_cnn-stack": (None, None)}
+
+
+@pytest.mark.parametrize("kind", list(GRAPHS))
+def test_graphs_take_other_batch_sizes_and_lengths(exported, kind: str, tmp_path: Path):
     """Each graph, traced at one batch size and length, embeds others as the adapter does."""
-    pytest.importorskip("onnxruntime")
     from mmviews.export.onnx import export_adapter
-    from mmviews.export.onnx_runtime import OnnxAdapter
+    from mmviews.export.onnx_runtime import OnnxAdapter, OnnxEncoder
     from mmviews.modalities.base import build_adapter
+    from mmviews.modalities.multiview import MultiViewEncoder
 
     base, _, variant = kind.partition("-")
-    cfg = adapter_config(base, **({"temporal": "stack", "num_flows": 2} if variant == "stack" else {}))
-    torch.manual_seed(0)
-    adapter = build_adapter(cfg).eval()
-    entry = export_adapter(adapter, tmp_path)
-    runtime = OnnxAdapter(tmp_path, base, entry, ["CPUExecutionProvider"])
+    run_name, modality = GRAPHS[kind]
+    if run_name is None:  # temporal: stack, in no test run
+        torch.manual_seed(0)
+        adapter = build_adapter(adapter_config(base, temporal="stack", num_flows=2)).eval()
+        runtime = OnnxAdapter(tmp_path, base, export_adapter(adapter, tmp_path), ["CPUExecutionProvider"])
+    else:
+        run, onnx = exported[run_name]
+        adapter = MultiViewEncoder.from_pretrained(run / "encoder").adapters[modality].eval()
+        runtime = OnnxEncoder(onnx).adapters[modality]
     for batch, seed in ((5, 1), (1, 2)):
         inputs = example_inputs(base, batch, seed=seed)
         if base == "text":  # texts of other lengths than at tracing, one over max_length
             inputs["text"] = [" ".join(["cat"] * (3 + 9 * i)) for i in range(batch)]
+        if base == "feature_sequence":  # the run's sequences have one feature (gaussian_latents)
+            inputs["values"] = inputs["values"][..., :1]
         if base in ("hf_audio", "audio_cnn", "feature_sequence"):  # a shorter sequence axis
             cut = inputs["values"].shape[1] * 2 // 3
             inputs["values"] = inputs["values"][:, :cut]
