@@ -8,6 +8,8 @@ subpackages load on first use (``mmviews.objectives.get_objective(...)`` works a
 - :mod:`mmviews.data`: datasets, views, augmentations, the ``ViewBatch`` collator;
 - :mod:`mmviews.modalities`: adapters (one view -> the unit sphere) and ``MultiViewEncoder``;
 - :mod:`mmviews.eval`: probes, retrieval, diagnostics and reports;
+- :mod:`mmviews.export`: a Hub-ready folder, ONNX graphs and their onnxruntime runner
+  (:mod:`mmviews.hub`: loading from and uploading to the Hugging Face Hub);
 - :mod:`mmviews.config` (recipes), :mod:`mmviews.run` (run folders, ``load_run``),
   :mod:`mmviews.train` (the Accelerate trainer), :mod:`mmviews.cli` (the ``mmviews`` command).
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("cli", "config", "data", "eval", "modalities", "objectives", "resources", "run", "train")
+_SUBMODULES = ("cli", "config", "data", "eval", "export", "hub", "modalities", "objectives", "resources", "run", "train")
 
 __all__ = ["__version__", *_SUBMODULES]
 

@@ -423,6 +423,12 @@ def load_run(path: str | os.PathLike[str]) -> tuple[nn.Module, TrainConfig, dict
     splits (None for a split the recipe lacks), with the evaluation views. A damaged file is
     an error naming it (:class:`CorruptFileError`).
     """
+    encoder, config = load_trained_encoder(path)
+    return encoder, config, eval_loaders(config)
+
+
+def load_trained_encoder(path: str | os.PathLike[str]) -> tuple[nn.Module, TrainConfig]:
+    """The encoder and resolved recipe of :func:`load_run`, without building any data."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no run or checkpoint at {path}")
@@ -446,4 +452,4 @@ def load_run(path: str | os.PathLike[str]) -> tuple[nn.Module, TrainConfig, dict
             raise CorruptFileError(f"{checkpoint}: its weights do not fit the encoder of {config_path} "
                                    f"({str(error).splitlines()[0]})") from None
     encoder.eval()
-    return encoder, config, eval_loaders(config)
+    return encoder, config

@@ -231,7 +231,25 @@ def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
     return checkpoint, "_remove_checkpoint", remove_in_place
 
 
+def _onnx_clip_first_frame() -> tuple[Any, str, Any]:
+    """The ONNX runtime embeds a clip by its first frame (or flow group) alone, not by the
+    average of its frames' unit vectors that the adapter's ``project`` computes."""
+    from mmviews.export.onnx_runtime import OnnxAdapter
+
+    original = OnnxAdapter._frames
+
+    def first_frame(self: Any, inputs: Any) -> Any:
+        values = inputs["values"]
+        values = values.detach().cpu().numpy() if hasattr(values, "detach") else values
+        if values.ndim == 5 and self.pre["clips"] == "per-frame":
+            inputs = {**inputs, "values": values[:, : int(self.pre["frames_per_row"])]}
+        return original(self, inputs)
+
+    return OnnxAdapter, "_frames", first_frame
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
+    "onnx_clip_first_frame": _onnx_clip_first_frame,
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
     "scale_loss": _scale_loss,

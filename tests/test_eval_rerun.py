@@ -134,8 +134,17 @@ def test_embed_writes_every_view_of_every_sample_to_parquet(bf16_run: Path, tmp_
     config = load_config(bf16_run / "config.yaml")
     loaders = build_eval_loaders(config.data, eval_view_config(config.views), config.seed)
     sizes = {split: len(loader.dataset) for split, loader in loaders.items() if loader is not None}
-    assert table.num_rows == sum(sizes.values()) and set(table["split"]) == set(sizes)
+    assert table.num_rows == sum(sizes.values())
+    # the splits named as the dataset names them (the recipe's data.*_split: "valid", not "val")
+    named = {"train": config.data.train_split, "val": config.data.val_split, "test": config.data.test_split}
+    assert config.data.val_split == "valid" and set(table["split"]) == {named[key] for key in sizes}
+    assert [table["split"].count(named[key]) for key in sizes] == list(sizes.values())
     assert set(table.column_names) == {"split", "sample_id", "class", "sentiment", "text_0", "image_0"}
+    # stored as float32 lists (the encoder's precision), not float64
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(out)
+    assert {str(schema.field(name).type) for name in ("text_0", "image_0")} == {"list<element: float>"}, schema
     # the reference: the saved encoder run by hand under the run's bf16 autocast, batch by batch
     encoder = MultiViewEncoder.from_pretrained(bf16_run / "encoder").eval()
     test_rows = table.filter(lambda row: row["split"] == "test")

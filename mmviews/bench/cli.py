@@ -16,6 +16,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "adapters": ("mmviews.bench.adapters", "throughput and memory of the modality adapters"),
     "data": ("mmviews.bench.data", "throughput of the data pipeline"),
     "dropout": ("mmviews.bench.dropout", "a training step with sample-keyed dropout vs torch's dropout (and eager attention, and none)"),
+    "onnx": ("mmviews.bench.export", "embedding time of the ONNX export (onnxruntime) vs the torch adapter, per adapter type"),
     "train": ("mmviews.bench.train", "samples/s of a whole training step and where its time goes (data, encoders, loss, backward, optimiser)"),
 }
 

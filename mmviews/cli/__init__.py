@@ -1,9 +1,9 @@
 """The ``mmviews`` command line.
 
 Every sub-command is a module exposing two functions, ``add_arguments(parser:
-argparse.ArgumentParser) -> None`` and ``run(args) -> int``: ``train``, ``eval``, ``embed`` and
+argparse.ArgumentParser) -> None`` and ``run(args) -> int``: ``train``, ``eval``, ``embed``, ``export`` and
 ``list`` live in this package (:mod:`mmviews.cli.train`, :mod:`mmviews.cli.eval`,
-:mod:`mmviews.cli.embed`, :mod:`mmviews.cli.list`); ``compare``, ``bench``, ``prepare`` and ``demo`` in the module that
+:mod:`mmviews.cli.embed`, :mod:`mmviews.cli.export`, :mod:`mmviews.cli.list`); ``compare``, ``bench``, ``prepare`` and ``demo`` in the module that
 owns their feature. Only the module of the command being run is imported, so
 ``mmviews --help`` stays fast.
 
@@ -56,6 +56,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("mmviews.eval.compare", "put several runs side by side in one table and one set of plots"),
     "bench": ("mmviews.bench.cli", "benchmark objectives, adapters or data loading"),
     "embed": ("mmviews.cli.embed", "write the embeddings of every view of every sample to a Parquet file"),
+    "export": ("mmviews.cli.export", "export a trained encoder as a Hugging Face Hub-ready folder or as ONNX graphs"),
     "prepare": ("mmviews.cli.prepare", "validate a dataset copy against its card and convert it to the fast store"),
     "list": ("mmviews.cli.list", "list objectives, recipes or datasets"),
     "demo": ("mmviews.demo", "train a toy encoder with a poly-view loss on synthetic views"),

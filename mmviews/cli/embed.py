@@ -1,7 +1,9 @@
 """``mmviews embed RUN DATA_OR_RECIPE --output FILE``: the embeddings of every view of every
 sample, written as one Parquet file (through ``datasets``).
 
-``RUN`` is a run folder or a checkpoint folder (:func:`mmviews.run.load_run`). ``DATA_OR_RECIPE``
+``RUN`` is a run folder or a checkpoint folder (:func:`mmviews.run.load_run`), or a folder of
+``mmviews export RUN --format onnx``, whose graphs then run with onnxruntime (float32, CPU;
+no torch model code is imported on that path: :mod:`mmviews.export.onnx_runtime`). ``DATA_OR_RECIPE``
 says which samples: a recipe (a YAML path or a name in ``recipes/``) whose ``data`` section is
 read, or a dataset folder, read with the run's own ``data`` section (``data.root`` replaced).
 Every split the data section names (``train_split``, ``val_split``, ``test_split``) is embedded,
@@ -9,11 +11,13 @@ with the run's evaluation views (``evaluation.views``, else one natural view per
 augmented, in dataset order, with the run's precision (``optimisation.mixed_precision``, under
 ``torch.autocast`` as in training and ``mmviews eval``).
 
-One row per sample: ``split`` (``train``, ``val`` or ``test``), ``sample_id`` (the sample's
-index in its split), one column per
-label the batches carry (``class``, ``sentiment``, ...) and one column per view (``text_0``,
-``audio_0``, ...) holding its unit-norm embedding as a list of ``d`` floats, null where the
-sample lacks that modality. Read it back with ``datasets.Dataset.from_parquet(FILE)`` or
+One row per sample: ``split`` (the split's name as the dataset and the recipe call it:
+``data.train_split``, ``data.val_split``, ``data.test_split``, e.g. ``train``, ``valid``,
+``test``), ``sample_id`` (the sample's index in its split), one column per label the batches
+carry (``class``, ``sentiment``, ...) and one column per view (the view names of the encoder's
+batches: ``text_0``, ``audio_0``, ...) holding its unit-norm embedding as a list of ``d``
+float32 values (as the encoder computes them; float64 would double the file for digits that
+are not there), null where the sample lacks that modality. Read it back with ``datasets.Dataset.from_parquet(FILE)`` or
 ``pandas.read_parquet(FILE)``. The file is written under a temporary name and moved into place;
 an existing file is replaced only with ``--overwrite``.
 """
@@ -25,11 +29,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mmviews.cli.eval import run_device
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
-from mmviews.modalities.base import allow_remote_models
+from mmviews.export.onnx_runtime import RECIPE_FILE, OnnxEncoder, is_onnx_folder
 
-__all__ = ["add_arguments", "embedding_table", "run"]
+__all__ = ["add_arguments", "dataset_split_names", "embedding_table", "run", "write_embeddings"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,14 +61,18 @@ def _data_section(spec: str, run_config: Any) -> Any:
     return load_config(resolve_recipe(spec)).data
 
 
-def embedding_table(encoder: Any, loaders: dict[str, Any]) -> tuple[dict[str, list[Any]], list[str]]:
+def embedding_table(encoder: Any, loaders: dict[str, Any],
+                    split_names: dict[str, str | None] | None = None) -> tuple[dict[str, list[Any]], list[str]]:
     """Columns ``split``, ``sample_id``, the labels and one per view (lists of floats, None
-    where absent) of every loader's samples, in order; and the views' names."""
+    where absent) of every loader's samples, in order; and the views' names. ``split_names``
+    maps a loader's key (``train``, ``val``, ``test``) to the name its split has in the dataset
+    (the ``split`` column's value); without it, the key."""
     columns: dict[str, list[Any]] = {"split": [], "sample_id": []}
     view_names: list[str] | None = None
-    for split, loader in loaders.items():
+    for key, loader in loaders.items():
         if loader is None:
             continue
+        split = (split_names or {}).get(key) or key
         emb = extract_embeddings(encoder, loader, desc=f"embeddings ({split})")
         if view_names is None:
             view_names = list(emb.view_names)
@@ -112,11 +119,6 @@ def _check_modalities(data_arg: str, loaders: dict[str, Any], views: Any) -> Non
 
 def run(args: argparse.Namespace) -> int:
     """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
-    import datasets
-
-    from mmviews.data.loaders import build_eval_loaders, eval_view_config
-    from mmviews.run import load_run
-
     output = Path(args.output)
     if output.suffix != ".parquet":
         raise ValueError(f"--output {output}: give a .parquet file")
@@ -124,10 +126,18 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--output {output} exists: choose another file, or --overwrite to replace it")
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
+    if not Path(args.run).exists():
+        raise FileNotFoundError(f"{args.run} does not exist: give a run folder, a checkpoint folder or an ONNX export")
+    if is_onnx_folder(args.run):
+        return _run_onnx(args, output)
+    # the torch path: the model code is imported here only (the ONNX path runs without it)
+    from mmviews.cli.eval import run_device
+    from mmviews.data.loaders import build_eval_loaders, eval_view_config
+    from mmviews.modalities.base import allow_remote_models
+    from mmviews.run import load_run
+
     if args.device is not None:
         run_device(False, args.device)  # before the (slow) loading
-    if not Path(args.run).exists():
-        raise FileNotFoundError(f"{args.run} does not exist: give a run folder or a checkpoint folder")
     with allow_remote_models(args.allow_remote_models):
         encoder, config, _ = load_run(args.run)
     data = _data_section(args.data, config)
@@ -136,15 +146,60 @@ def run(args: argparse.Namespace) -> int:
     _check_modalities(args.data, loaders, views)  # before any work: the data must have what the views read
     precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
     encoder.to(run_device(config.cpu, args.device))
-    columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders)
+    columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders, dataset_split_names(data))
+    rows = write_embeddings(columns, view_names, output)
+    print(f"wrote {rows} samples x {len(view_names)} views ({', '.join(view_names)}; precision {precision}) "
+          f"to {output}")
+    return 0
+
+
+def dataset_split_names(data: Any) -> dict[str, str | None]:
+    """The dataset's names of the splits :func:`build_eval_loaders` keys ``train``, ``val`` and
+    ``test``."""
+    return {"train": data.train_split, "val": data.val_split, "test": data.test_split}
+
+
+def write_embeddings(columns: dict[str, list[Any]], view_names: list[str], output: Path) -> int:
+    """Write :func:`embedding_table`'s columns to the Parquet file ``output`` (temporary name,
+    then renamed), the views' vectors as float32 lists; returns the number of rows."""
+    import datasets
+
     table = datasets.Dataset.from_dict(columns)
+    features = table.features.copy()
+    features.update({name: datasets.List(datasets.Value("float32")) for name in view_names})
+    table = table.cast(features)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
         table.to_parquet(str(tmp))
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
-    print(f"wrote {len(table)} samples x {len(view_names)} views ({', '.join(view_names)}; precision {precision}) "
+    return len(table)
+
+
+
+def _run_onnx(args: argparse.Namespace, output: Path) -> int:
+    """``RUN`` is a folder of ``mmviews export --format onnx``: its graphs run with onnxruntime
+    on CPU, in float32, with the exported run's recipe (data section and evaluation views)."""
+    from mmviews.config import load_config
+    from mmviews.data.loaders import build_eval_loaders, eval_view_config
+    from mmviews.data.views import ViewSpec
+
+    if args.precision not in ("run", "no"):
+        raise ValueError(f"--precision {args.precision}: an ONNX export runs in float32 (give 'no' or leave it out)")
+    if args.device not in (None, "cpu"):
+        raise ValueError(f"--device {args.device}: an ONNX export runs on onnxruntime's CPU provider (give 'cpu')")
+    encoder = OnnxEncoder(args.run)
+    config = load_config(Path(args.run) / RECIPE_FILE)
+    data = _data_section(args.data, config)
+    views = eval_view_config(config.views, config.evaluation.views)
+    missing = set(ViewSpec.from_config(views).modalities) - set(encoder.adapters)
+    if missing:
+        reasons = "; ".join(f"{name}: {encoder.not_exported.get(name, 'not in the export')}" for name in sorted(missing))
+        raise ValueError(f"{args.run}: the views need modalities {sorted(missing)} that have no ONNX graph ({reasons})")
+    loaders = build_eval_loaders(data, views, config.seed)
+    columns, view_names = embedding_table(encoder, loaders, dataset_split_names(data))
+    rows = write_embeddings(columns, view_names, output)
+    print(f"wrote {rows} samples x {len(view_names)} views ({', '.join(view_names)}; onnxruntime, float32) "
           f"to {output}")
     return 0
-

@@ -27,6 +27,7 @@ from torch import nn
 
 from mmviews.data.batch import ViewBatch
 from mmviews.fileio import atomic_write_text, is_folder_name, read_json_object
+from mmviews.hub import is_repo_id, snapshot_folder, upload_folder
 
 from .base import Adapter, HostPreprocessor, InputCheck, build_adapter
 from .cache import FeatureCache
@@ -120,10 +121,17 @@ class MultiViewEncoder(nn.Module):
         return d
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike[str]) -> "MultiViewEncoder":
-        """Load an encoder saved by :meth:`save_pretrained`; a missing or malformed
-        ``encoder.json`` is reported with its full path."""
-        d = Path(directory)
+    def from_pretrained(cls, name_or_path: str | os.PathLike[str], *, revision: str | None = None,
+                        cache_dir: str | os.PathLike[str] | None = None) -> "MultiViewEncoder":
+        """Load an encoder saved by :meth:`save_pretrained` (or ``mmviews export --format hf``)
+        from a local folder or a Hugging Face Hub repository id (``owner/name``, at ``revision``),
+        fetched through ``huggingface_hub``'s cache (``cache_dir``, else ``HF_HUB_CACHE``;
+        ``HF_HUB_OFFLINE=1`` loads from the cache alone; see :mod:`mmviews.hub`: only configs,
+        safetensors weights and tokenizer files are fetched, and no code runs). A missing or
+        malformed ``encoder.json`` is reported with its full path."""
+        d = Path(name_or_path)
+        if not d.exists() and is_repo_id(str(name_or_path)):
+            d = snapshot_folder(str(name_or_path), revision, cache_dir)
         path = d / ENCODER_CONFIG
         if not path.is_file():
             raise FileNotFoundError(f"no saved MultiViewEncoder at {d}: missing {path}")
@@ -136,6 +144,23 @@ class MultiViewEncoder(nn.Module):
             raise ValueError(f"{path}: 'modalities' must be a non-empty list of modality names, each a single "
                              f"sub-folder name (no '/', '\\' or '..'), got {names!r}")
         return cls({name: Adapter.from_pretrained(d / name) for name in names})
+
+    def push_to_hub(self, repo_id: str, *, model_card: str | None = None, commit_message: str = "Upload mmviews encoder",
+                    private: bool | None = None, token: str | None = None, revision: str | None = None) -> Any:
+        """Upload this encoder to the Hub repository ``repo_id`` (created if needed) as one commit:
+        the folder :meth:`save_pretrained` writes, with ``model_card`` as its ``README.md`` when
+        given (``mmviews export RUN --format hf`` writes the card of a run). The upload is
+        ``huggingface_hub``'s (``HfApi.upload_folder``); returns its commit information."""
+        import tempfile
+
+        from mmviews.train.model_card import MODEL_CARD_FILE
+
+        with tempfile.TemporaryDirectory(prefix="mmviews-push-") as tmp:
+            self.save_pretrained(tmp)
+            if model_card is not None:
+                atomic_write_text(Path(tmp) / MODEL_CARD_FILE, model_card)
+            return upload_folder(tmp, repo_id, commit_message=commit_message, private=private, token=token,
+                                 revision=revision)
 
     # ---- feature cache ----------------------------------------------------------
 

@@ -76,8 +76,8 @@ class SequenceEncoder(nn.Module):
         h = self.input_proj(x) + sinusoidal_positions(x.shape[1], self.input_proj.out_features, x.device, x.dtype)
         # A row with no valid position would make attention softmax over nothing (NaN):
         # let such rows (absent views) attend to position 0; pooling still ignores them.
-        attend = mask.clone()
-        attend[:, 0] |= ~mask.any(1)
+        # (built out of place: the ONNX exporter has no in-place `|=` on a slice)
+        attend = torch.cat([mask[:, :1] | ~mask.any(1, keepdim=True), mask[:, 1:]], dim=1)
         h = self.encoder(h, src_key_padding_mask=~attend)
         return self.norm(h)
 

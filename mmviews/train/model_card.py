@@ -27,7 +27,8 @@ from mmviews.config import ConfigError, TrainConfig, config_from_dict, load_conf
 from mmviews.fileio import atomic_write_text
 from mmviews.resources import resource_dir
 
-__all__ = ["MODEL_CARD_FILE", "render_model_card", "reproduce_command", "write_model_card"]
+__all__ = ["MODEL_CARD_FILE", "front_matter", "render_front_matter", "render_model_card", "replace_front_matter",
+           "reproduce_command", "write_model_card"]
 
 MODEL_CARD_FILE = "README.md"
 
@@ -135,26 +136,51 @@ def _data_left_out(summary: Mapping[str, Any]) -> list[str]:
     return ["Data left out:", "", *(f"- {line}" for line in lines), ""] if lines else []
 
 
+def front_matter(config: TrainConfig, summary: Mapping[str, Any], license: str | None = None) -> dict[str, Any]:
+    """The card's YAML metadata, as the Hugging Face Hub reads it: ``library_name``, ``license``
+    (when given: an identifier of the Hub's list, e.g. ``apache-2.0``, ``mit``, ``other``),
+    ``datasets``, ``pipeline_tag``, ``tags`` and the evaluation as ``model-index``."""
+    front: dict[str, Any] = {"library_name": "mmviews"}
+    if license:
+        front["license"] = license
+    front["datasets"] = [config.data.name]
+    front["pipeline_tag"] = "feature-extraction"
+    front["tags"] = list(dict.fromkeys(["mmviews", "multi-view", "contrastive-learning", "representation-learning",
+                                        config.objective.name, *config.adapters]))
+    model_index = _model_index(config, summary.get("eval") or {})
+    if model_index:
+        front["model-index"] = model_index
+    return front
+
+
+def render_front_matter(front: Mapping[str, Any]) -> str:
+    """``front`` as the card's first lines, between ``---`` lines."""
+    return "\n".join(["---", yaml.safe_dump(dict(front), sort_keys=False, width=1000).rstrip(), "---", ""])
+
+
+def replace_front_matter(card: str, front: Mapping[str, Any]) -> str:
+    """``card`` (a Markdown model card) with its YAML front matter replaced by ``front`` (added
+    when it has none); the rest of the text unchanged."""
+    body = card
+    if card.startswith("---\n"):
+        end = card.find("\n---\n", 4)
+        if end >= 0:
+            body = card[end + len("\n---\n"):]
+    return render_front_matter(front) + body
+
+
 def render_model_card(config: TrainConfig, summary: Mapping[str, Any], source: str | None = None,
-                      versions: Mapping[str, str] | None = None) -> str:
+                      versions: Mapping[str, str] | None = None, license: str | None = None) -> str:
     """The card's text. ``summary``: the run summary (``results.json``: ``eval``,
     ``eval_random``, ``steps``, ``epochs``, ``samples_seen``, ``final_loss``...); ``source``: the
-    recipe file the run was started from; ``versions``: package -> version, for the record."""
+    recipe file the run was started from; ``versions``: package -> version, for the record;
+    ``license``: the front matter's license (none by default: the run's owner chooses it at
+    ``mmviews export``)."""
     modalities = list(config.adapters)
     trained: Mapping[str, Any] = summary.get("eval") or {}
     random_init: Mapping[str, Any] = summary.get("eval_random") or {}
-    front: dict[str, Any] = {
-        "library_name": "mmviews",
-        "pipeline_tag": "feature-extraction",
-        "tags": list(dict.fromkeys(["mmviews", "multi-view", "contrastive-learning", "representation-learning",
-                                    config.objective.name, *modalities])),
-    }
-    model_index = _model_index(config, trained)
-    if model_index:
-        front["model-index"] = model_index
     embed_dim = config.encoder.get("embed_dim")
-    lines = ["---", yaml.safe_dump(front, sort_keys=False, width=1000).rstrip(), "---", "",
-             f"# {config.name}", ""]
+    lines = [render_front_matter(front_matter(config, summary, license)).rstrip("\n"), "", f"# {config.name}", ""]
     if config.description:
         lines += [config.description, ""]
     lines += [f"A multi-view encoder trained with mmviews: {len(modalities)} "
