@@ -45,6 +45,7 @@ from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.base import allow_remote_models
+from mmviews.eval.report import format_metric
 from mmviews.run import (
     CONFIG_FILE,
     RESULTS_FILE,
@@ -216,13 +217,12 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
               "nothing to do. --reevaluate runs its evaluation again; --set optimisation.epochs=N (more than "
               f"{config.optimisation.epochs}) trains it longer")
         return 0
-    loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
+    loss = format_metric(summary["final_loss"])
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
     lines = headline_lines(summary.get("headline") or [])
     if lines:
-        print(f"{'test' if summary['headline'][0]['metric'].startswith('test/') else 'val'} metrics, "
-              "trained vs random init:", *lines, sep="\n")
+        print(*lines, sep="\n")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
     for line in data_left_out_lines(summary.get("data_skipped") or {}):

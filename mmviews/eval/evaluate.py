@@ -19,6 +19,9 @@ Probes and kNN use the fused embeddings (``fuse="concat"`` or ``"mean"``); the m
 computed on the test split (on the validation split when no test loader is given).
 Metric keys are ``"<split>/<task>/<...>"``, e.g. ``test/knn/class/top1``,
 ``test/msa/mosi/Has0_acc_2``, ``test/retrieval/text_0->audio_0/R@1``, ``test/diag/unif``.
+With more than one retrieval pair whose samples are the same, ``test/retrieval/mean/R@1`` is
+R@1 averaged over every pair and direction (chance 1 / n, ``test/retrieval/mean/n``).
+The chance level of a probe's metric is ``chance/<metric>`` (:func:`mmviews.eval.health.chance_level`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 
 from mmviews.eval.diagnostics import representation_diagnostics
 from mmviews.eval.extract import Embeddings, Encoder, extract_embeddings
+from mmviews.eval.health import CHANCE_PREFIX, classification_chance, regression_chance
 from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics
 from mmviews.eval.probes import knn_accuracy, linear_probe_classification, linear_probe_regression
 from mmviews.eval.retrieval import cross_view_retrieval
@@ -205,6 +209,8 @@ def _compute(
                 *probe_splits(task.label), seed=seed, **task.params,
             )
             metrics[f"{split}/linear/{task.label}/acc"] = res.metrics["test_acc"]
+            metrics[f"{CHANCE_PREFIX}{split}/linear/{task.label}/acc"] = classification_chance(
+                _label(train, task.label, "train"), _label(ev, task.label, split))
             metrics[f"val/linear/{task.label}/acc"] = res.val_score
             metrics[f"linear/{task.label}/weight_decay"] = res.weight_decay
         elif task.kind == "knn":
@@ -213,15 +219,20 @@ def _compute(
                 train.fused, _label(train, task.label, "train"), ev.fused, _label(ev, task.label, split),
                 **task.params,
             )
+            metrics[f"{CHANCE_PREFIX}{split}/knn/{task.label}/top1"] = classification_chance(
+                _label(train, task.label, "train"), _label(ev, task.label, split))
         elif task.kind in ("regression", "msa"):
             assert train is not None
             res = linear_probe_regression(
                 *probe_splits(task.label), seed=seed, **task.params,
             )
             if task.kind == "regression":
+                chance = regression_chance(_label(train, task.label, "train"), _label(ev, task.label, split))
                 for k in ("test_mae", "test_mse", "test_r2"):
                     if k in res.metrics:
                         metrics[f"{split}/regression/{task.label}/{k[5:]}"] = res.metrics[k]
+                        if k[5:] in chance:
+                            metrics[f"{CHANCE_PREFIX}{split}/regression/{task.label}/{k[5:]}"] = chance[k[5:]]
                 metrics[f"regression/{task.label}/weight_decay"] = res.weight_decay
             else:
                 assert res.predictions is not None
@@ -229,7 +240,10 @@ def _compute(
                     metrics[f"{split}/msa/{task.dataset}/{k}"] = v
                 metrics[f"msa/{task.dataset}/weight_decay"] = res.weight_decay
         elif task.kind == "retrieval":
-            for a, b in _retrieval_pairs(ev, task):
+            pairs = _retrieval_pairs(ev, task)
+            recalls: list[float] = []
+            sizes: set[float] = set()
+            for a, b in pairs:
                 res = cross_view_retrieval(ev.views, ev.mask, a, b, ks=task.params.get("ks", (1, 5, 10)))
                 na, nb = ev.view_names[a], ev.view_names[b]
                 # the number of pairs: chance is R@k = k / n, mean rank (n + 1) / 2
@@ -239,6 +253,12 @@ def _compute(
                         metrics[f"{split}/retrieval/{na}->{nb}/{k[4:]}"] = v
                     elif k.startswith("b2a/"):
                         metrics[f"{split}/retrieval/{nb}->{na}/{k[4:]}"] = v
+                recalls += [res["a2b/R@1"], res["b2a/R@1"]] if "a2b/R@1" in res else []
+                sizes.add(res["n"])
+            if len(pairs) > 1 and recalls and len(sizes) == 1:
+                # one figure for the headline: R@1 averaged over every pair and direction (same n: same chance)
+                metrics[f"{split}/retrieval/mean/R@1"] = sum(recalls) / len(recalls)
+                metrics[f"{split}/retrieval/mean/n"] = sizes.pop()
         elif task.kind == "diagnostics":
             diag, diag_data = representation_diagnostics(ev.views, ev.mask, ev.fused, seed=seed, **task.params)
             metrics.update({f"{split}/diag/{k}": v for k, v in diag.items()})

@@ -64,8 +64,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-__all__ = ["HealthSettings", "LiveHealth", "chance_level", "evaluation_warnings", "run_warnings",
-           "training_warnings"]
+__all__ = ["CHANCE_PREFIX", "HealthSettings", "LiveHealth", "chance_level", "classification_chance",
+           "evaluation_warnings", "is_chance_key", "regression_chance", "run_warnings", "training_warnings"]
 
 COLLAPSE_NEG_SIM = 0.8
 COLLAPSE_GAP = 0.1
@@ -179,12 +179,60 @@ _HIGHER_IS_BETTER = ("/acc", "/top1", "/r2")
 _LOWER_IS_BETTER = ("/mae",)
 
 
+# Metrics that hold the chance level of another metric: ``chance/<metric>`` (written by the
+# evaluation beside the probes' metrics; no table lists them as metrics of their own).
+CHANCE_PREFIX = "chance/"
+
+
+def is_chance_key(key: str) -> bool:
+    """Whether ``key`` is the chance level of another metric, not a metric."""
+    return key.startswith(CHANCE_PREFIX)
+
+
+def classification_chance(train_labels: Any, eval_labels: Any) -> float:
+    """The accuracy of a classifier that sees nothing of its input: it always answers the
+    training split's most frequent class (the smallest such class on a tie), scored on the
+    evaluated labels. 1 / C for C balanced classes; the majority rate for unbalanced ones."""
+    import torch
+
+    train_labels, eval_labels = torch.as_tensor(train_labels).reshape(-1), torch.as_tensor(eval_labels).reshape(-1)
+    if train_labels.numel() == 0 or eval_labels.numel() == 0:
+        raise ValueError("classification_chance needs training and evaluated labels")
+    values, counts = torch.unique(train_labels, return_counts=True)
+    majority = values[int(torch.argmax(counts))]  # argmax: the first of the most frequent (sorted values)
+    return float((eval_labels.to(train_labels.device) == majority).double().mean())
+
+
+def regression_chance(train_targets: Any, eval_targets: Any) -> dict[str, float]:
+    """MAE, MSE and R^2 (``{"mae", "mse", "r2"}``) of the prediction that sees nothing of its
+    input: the training split's mean, scored on the evaluated targets (R^2 as the probes
+    compute it, against the evaluated targets' own variance: about 0, slightly below)."""
+    import torch
+
+    train_targets = torch.as_tensor(train_targets, dtype=torch.float64).reshape(-1)
+    eval_targets = torch.as_tensor(eval_targets, dtype=torch.float64).reshape(-1).to(train_targets.device)
+    if train_targets.numel() == 0 or eval_targets.numel() == 0:
+        raise ValueError("regression_chance needs training and evaluated targets")
+    resid = eval_targets - train_targets.mean()
+    out = {"mae": float(resid.abs().mean()), "mse": float((resid**2).mean())}
+    var = float(((eval_targets - eval_targets.mean()) ** 2).mean())
+    if var > 0:
+        out["r2"] = 1.0 - out["mse"] / var
+    return out
+
+
 def chance_level(key: str, metrics: Mapping[str, Any]) -> float | None:
     """The value a metric takes for embeddings that carry no information, where the metrics
-    hold what it needs: R@k = k / n and mean or median rank (n + 1) / 2 for retrieval (``n``
-    pairs, ``.../n``); for the alignment figures, the same quantity over negative pairs:
-    ``diag/sim_pos_mean`` -> ``diag/sim_neg_mean``, ``diag/align`` (mean squared distance of
-    positive pairs of unit vectors) -> 2 - 2 ``sim_neg_mean``. None otherwise."""
+    hold what it needs: the evaluation's ``chance/<key>`` for the probes (a classifier that
+    always answers the training split's most frequent class, :func:`classification_chance`; a
+    regression that predicts the training mean, :func:`regression_chance`); R@k = k / n and
+    mean or median rank (n + 1) / 2 for retrieval (``n`` pairs, ``.../n``); for the alignment
+    figures, the same quantity over negative pairs: ``diag/sim_pos_mean`` ->
+    ``diag/sim_neg_mean``, ``diag/align`` (mean squared distance of positive pairs of unit
+    vectors) -> 2 - 2 ``sim_neg_mean``. None otherwise."""
+    recorded = _finite(metrics.get(CHANCE_PREFIX + key))
+    if recorded is not None:
+        return recorded
     if "/retrieval/" in key:
         n = _finite(metrics.get(key.rsplit("/", 1)[0] + "/n"))
         leaf = key.rsplit("/", 1)[1]
