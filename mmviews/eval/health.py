@@ -23,6 +23,14 @@ From the final evaluation (``results.json``'s ``eval`` and ``eval_random``):
   d >= 8 gives about -3.5 to -4): collapse.
 - cross-view retrieval at chance: a mean rank of at least 0.8 times the chance value
   (n + 1) / 2 (``n`` the number of pairs): no alignment.
+- no alignment on the held-out split: the diagnostics' ``sim_pos_mean - sim_neg_mean`` (eval
+  mode, test split, else val) at most ``ALIGNMENT_GAP`` (0.02), unless the negative
+  similarity is that of a collapse.
+
+**Held-out data judges alignment.** Where the final evaluation measured the alignment on
+held-out data (retrieval or diagnostics), the training log's alignment checks are left out of
+the run's warnings (:func:`run_warnings`): on the training batches a gap can be memorisation.
+The live check has only the training batches; its message says so.
 - a probe of the trained encoder below the same probe on the randomly initialised encoder by
   more than ``PROBE_MARGIN`` (accuracy, kNN top-1 or R^2 lower by 0.01; MAE higher by 1 %, read
   only where the task reports no R^2).
@@ -65,7 +73,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 __all__ = ["CHANCE_PREFIX", "HealthSettings", "LiveHealth", "chance_level", "classification_chance",
-           "evaluation_warnings", "is_chance_key", "regression_chance", "run_warnings", "training_warnings"]
+           "evaluation_warnings", "is_chance_key", "measures_held_out_alignment", "regression_chance", "run_warnings",
+           "training_warnings"]
 
 COLLAPSE_NEG_SIM = 0.8
 COLLAPSE_GAP = 0.1
@@ -167,9 +176,9 @@ def training_findings(rows: Sequence[Mapping[str, Any]], where: str | None = Non
             out.append((COLLAPSE, f"collapse{where}: positive and negative similarity are both high and close "
                                   f"(pos_sim {pos:.2f}, neg_sim {neg:.2f})"))
         elif pos - neg <= ALIGNMENT_GAP:
-            out.append((NO_ALIGNMENT, f"no alignment{where}: the views of a sample are no closer than different "
-                                      f"samples (pos_sim {pos:.3f}, neg_sim {neg:.3f}: gap {pos - neg:.3f}, "
-                                      f"chance 0)"))
+            out.append((NO_ALIGNMENT, f"no alignment{where}: on the training batches, the views of a sample are no "
+                                      f"closer than different samples (pos_sim {pos:.3f}, neg_sim {neg:.3f}: gap "
+                                      f"{pos - neg:.3f}, chance 0)"))
     if mi is not None and mi <= 0:
         out.append((NO_ALIGNMENT, f"MI lower bound <= 0{where} ({mi:.2f} nats): the loss is at chance"))
     return out
@@ -274,6 +283,14 @@ def evaluation_findings(trained: Mapping[str, Any] | None, random_init: Mapping[
                 pair = key.split("/retrieval/")[1].rsplit("/", 1)[0]
                 out.append((NO_ALIGNMENT, f"retrieval at chance: {pair} mean rank {mean_rank:.1f} of {int(n)} "
                                           f"(chance {(n + 1) / 2:.1f})"))
+    for split in ("test", "val"):
+        pos, neg = (_finite(trained.get(f"{split}/diag/sim_{k}_mean")) for k in ("pos", "neg"))
+        if pos is not None and neg is not None:
+            if neg < COLLAPSE_NEG_SIM and pos - neg <= ALIGNMENT_GAP:  # a collapse is flagged by erank / unif
+                out.append((NO_ALIGNMENT, f"no alignment on the held-out {split} split: the views of a sample are no "
+                                          f"closer than different samples (sim_pos_mean {pos:.3f}, sim_neg_mean "
+                                          f"{neg:.3f}: gap {pos - neg:.3f}, chance 0)"))
+            break
     has_test = any(k.startswith("test/") for k in trained)
     for key in sorted(trained):
         if not (key.startswith("test/") or (key.startswith("val/") and not has_test)):
@@ -323,10 +340,28 @@ def evaluation_warnings(trained: Mapping[str, Any] | None, random_init: Mapping[
     return with_hints(evaluation_findings(trained, random_init), settings)
 
 
+def measures_held_out_alignment(metrics: Mapping[str, Any] | None) -> bool:
+    """Whether an evaluation measured the alignment of the views on held-out data (a val or
+    test split, in eval mode): cross-view retrieval or the diagnostics' similarities."""
+    return any(k.startswith(("test/", "val/")) and ("/retrieval/" in k and k.endswith("/MeanR")
+                                                   or k.endswith("/diag/sim_pos_mean"))
+               for k in metrics or {})
+
+
 def run_warnings(rows: Sequence[Mapping[str, Any]], trained: Mapping[str, Any] | None,
                  random_init: Mapping[str, Any] | None, settings: HealthSettings | None = None) -> list[str]:
-    """Every warning of a finished run, its training log's then its evaluation's, with one hint."""
-    return with_hints(training_findings(rows) + evaluation_findings(trained, random_init), settings)
+    """Every warning of a finished run, its training log's then its evaluation's, with one hint.
+
+    Alignment is judged on held-out data where the evaluation measured it
+    (:func:`measures_held_out_alignment`): the training log's alignment checks (the gap of
+    ``pos_sim`` and ``neg_sim``, the MI bound) are then left out, because on the training
+    batches an encoder can tell its samples apart by memorising them (the quickstart on data
+    whose modalities shared only a class and a sentiment: gap 0.154 on the last training
+    batches, 0.044 on the test split, cross-view R@1 0.0036 at chance 0.002)."""
+    log = training_findings(rows)
+    if measures_held_out_alignment(trained):
+        log = [(d, m) for d, m in log if d != NO_ALIGNMENT]
+    return with_hints(log + evaluation_findings(trained, random_init), settings)
 
 
 class LiveHealth:

@@ -274,7 +274,7 @@ def read_training_log(path: Path) -> list[dict[str, Any]]:
 # ``mmviews train`` prints them itself and silences this logger.
 RESULTS_LOGGER = "mmviews.train.results"
 # The probe tasks whose metrics head a run's results; retrieval adds its R@1.
-_HEADLINE_TASKS = ("/linear/", "/knn/", "/regression/", "/msa/")
+_HEADLINE_TASKS = ("/linear/", "/knn/", "/regression/", "/msa/", "/prototype/")
 _HEADLINE_DIAGNOSTICS = ("/diag/align", "/diag/unif", "/diag/erank/fused")
 
 
@@ -286,15 +286,21 @@ def headline_metrics(trained: dict[str, Any] | None, random_init: dict[str, Any]
     evaluated nothing else."""
     trained, random_init = trained or {}, random_init or {}
     split = "test/" if any(k.startswith("test/") for k in trained) else "val/"
-    # retrieval: the mean over pairs where there is one (12 directions for 4 modalities), else each pair's R@1
-    retrieval_mean = f"{split}retrieval/mean/R@1" in trained
-    keys = [k for k in sorted(trained) if k.startswith(split) and (
-        any(t in k for t in _HEADLINE_TASKS)
-        or ("/retrieval/" in k and k.endswith("/R@1") and (not retrieval_mean or k.endswith("/mean/R@1"))))]
+    # retrieval and prototypes: the mean over pairs where there is one (12 directions for 4
+    # modalities), else each pair's figure
+    keys = [k for k in sorted(trained) if k.startswith(split) and not _has_mean_beside(k, trained) and (
+        any(t in k for t in _HEADLINE_TASKS) or ("/retrieval/" in k and k.endswith("/R@1")))]
     if not keys:
         keys = [k for k in sorted(trained) if k.startswith(split) and k.endswith(_HEADLINE_DIAGNOSTICS)]
     return [{"metric": k, "trained": trained[k], "random_init": random_init.get(k), "chance": chance_level(k, trained)}
             for k in keys]
+
+
+def _has_mean_beside(key: str, metrics: Mapping[str, Any]) -> bool:
+    """A per-pair metric (``.../a->b/R@1``) whose task also reports the mean over pairs."""
+    head, _, leaf = key.rpartition("/")
+    task, _, pair = head.rpartition("/")
+    return "->" in pair and f"{task}/mean/{leaf}" in metrics
 
 
 def headline_lines(headline: list[dict[str, Any]]) -> list[str]:
