@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="validate the recipe (config, trackers, dataset, views, objective), print the estimated "
                         "peak memory per device, and exit without training")
     parser.add_argument("--memory-budget-gb", type=_budget_gb, default=None, metavar="G",
-                        help="with --check: say whether the step fits G GB per device, and which "
+                        help="with --check: say whether the step fits G GiB (2^30 bytes) per device, and which "
                         "optimisation.encode_chunk_size would")
     parser.add_argument("--reevaluate", action="store_true",
                         help="with --resume of a finished run: run its final evaluation again (without it, resuming a "
@@ -98,7 +98,7 @@ def _budget_gb(text: str) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of GB per device, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB per device, got {text!r}")
     return value
 
 
