@@ -14,19 +14,20 @@ import torch
 import yaml
 from test_eval_report import collate, encoder, loader
 
-from mmviews.eval import evaluate_encoder
-from mmviews.eval.health import (chance_level, classification_chance, regression_chance, run_warnings)
+from mmviews.eval import evaluate_encoder, health
+from mmviews.eval.health import chance_level, regression_chance
 from mmviews.eval.probes import class_prototype_accuracy
 from mmviews.eval.report import format_metric
 
 
 def test_classification_chance_is_the_training_majority_class_scored_on_the_evaluated_labels():
-    # unbalanced: class 2 is the training majority (5 of 9); 3 of the 8 evaluated labels are 2
+    # unbalanced: class 2 is the training majority (5 of 9); 2 of the 8 evaluated labels are 2
+    # (the evaluated labels' own majority, class 0, would give 4 / 8)
     train = torch.tensor([0, 2, 2, 1, 2, 2, 0, 2, 1])
-    evaluated = torch.tensor([2, 0, 0, 1, 2, 1, 2, 0])
-    assert classification_chance(train, evaluated) == 3 / 8
+    evaluated = torch.tensor([2, 0, 0, 1, 2, 1, 0, 0])
+    assert health.classification_chance(train, evaluated) == 2 / 8
     # balanced 4 classes: 1 / 4 (a tie goes to the smallest class, 0: 2 of the 8 evaluated)
-    assert classification_chance(torch.arange(8) % 4, torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])) == 0.25
+    assert health.classification_chance(torch.arange(8) % 4, torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])) == 0.25
 
 
 def test_regression_chance_predicts_the_training_mean():
@@ -154,23 +155,45 @@ def test_compare_gives_mean_and_std_over_seeds_and_says_what_is_within_noise(tmp
         in table  # chance in its own column
 
 
-def test_held_out_data_judges_alignment_not_the_training_batches():
+def test_held_out_data_judges_alignment_not_the_training_batches() -> None:
     aligned_log = [{"loss": 20.0, "pos_sim": 0.15, "neg_sim": 0.0}] * 8
     unaligned_log = [{"loss": 20.0, "pos_sim": 0.01, "neg_sim": 0.0}] * 8
     held_out_aligned = {"test/diag/sim_pos_mean": 0.20, "test/diag/sim_neg_mean": 0.01}
     held_out_not = {"test/diag/sim_pos_mean": 0.05, "test/diag/sim_neg_mean": 0.04}
     # memorised: aligned on the training batches, not on the test split
-    found = run_warnings(aligned_log, held_out_not, None)
+    found = health.run_warnings(aligned_log, held_out_not, None)
     assert len(found) == 1 and found[0].startswith("no alignment on the held-out test split"), found
     # the training batches' gap does not count when the test split shows alignment
-    assert run_warnings(unaligned_log, held_out_aligned, None) == []
+    assert health.run_warnings(unaligned_log, held_out_aligned, None) == []
     # without a held-out measure, the log's check stands and says where it looked
-    found = run_warnings(unaligned_log, {"test/linear/class/acc": 0.5}, None)
+    found = health.run_warnings(unaligned_log, {"test/linear/class/acc": 0.5}, None)
     assert len(found) == 1 and "on the training batches" in found[0]
     # the held-out gap's threshold, just inside and just outside
     from mmviews.eval.health import ALIGNMENT_GAP
 
     def flagged(gap: float) -> bool:
-        return bool(run_warnings([], {"test/diag/sim_pos_mean": 0.3 + gap, "test/diag/sim_neg_mean": 0.3}, None))
+        return bool(health.run_warnings([], {"test/diag/sim_pos_mean": 0.3 + gap, "test/diag/sim_neg_mean": 0.3}, None))
 
     assert flagged(ALIGNMENT_GAP - 1e-6) and not flagged(ALIGNMENT_GAP + 1e-6)
+
+
+@pytest.mark.parametrize("name, guard", [
+    ("chance_from_evaluated_majority",
+     test_classification_chance_is_the_training_majority_class_scored_on_the_evaluated_labels),
+    ("training_log_judges_alignment", test_held_out_data_judges_alignment_not_the_training_batches),
+])
+def test_chance_and_alignment_guards_fail_when_broken(monkeypatch, name: str, guard) -> None:
+    """Mutation tests: each break makes its guard fail."""
+    from mutations import apply_break
+
+    apply_break(name, monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        guard()
+
+
+def test_seed_comparison_guard_fails_with_the_population_std(monkeypatch, tmp_path: Path) -> None:
+    from mutations import apply_break
+
+    apply_break("population_std_over_seeds", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_compare_gives_mean_and_std_over_seeds_and_says_what_is_within_noise(tmp_path)

@@ -214,7 +214,7 @@ class MemoryEstimate:
         if self.teacher:
             out.append(f"  EMA teacher       {_gb(self.teacher)}")
         prefetch = f", and {self.prefetched_batches} prefetched by the loader's workers" if self.prefetched_batches else ""
-        out.append(f"  batch             {_gb(self.batches)} ({self.batch_per_sample / 2**20:.3f} MB per sample "
+        out.append(f"  batch             {_gb(self.batches)} ({self.batch_per_sample / 2**20:.3f} MiB per sample "
                    f"x {self.samples_per_device}{prefetch})")
         per_sample = f"{self.activation_per_sample / 2**20:.2f} MiB per sample (measured) x {self.encoded_at_once}"
         if self.chunk_size is not None:
