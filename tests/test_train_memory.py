@@ -79,7 +79,7 @@ def test_check_prints_the_estimate_and_the_advice(capsys: pytest.CaptureFixture[
     assert lines[1].startswith("estimated peak memory per device (plain step; K = 32 samples, M = 4 views, N = 1")
     for part in ("parameters", "gradients", "optimiser state", "activations", "objective"):
         assert any(line.strip().startswith(part) for line in lines), part
-    assert "(adamw)" in out and "MB per sample (measured) x 32" in out
+    assert "(adamw)" in out and "MiB per sample (measured) x 32" in out
     # 10 MB: less than the process itself (the measured baseline)
     assert "does not fit the budget of 0.01 GiB per device: even with optimisation.encode_chunk_size 1" in out
     assert "process baseline" in out

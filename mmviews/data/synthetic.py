@@ -1,28 +1,38 @@
-"""Embedded synthetic multimodal data: four modalities sharing two hidden factors.
+"""Embedded synthetic multimodal data: modalities sharing two hidden factors and a sample's content.
 
 Each sample has a class ``c`` in ``[0, num_classes)`` and a continuous sentiment ``s`` in
-``[-1, 1]`` (independent, uniform). Every modality encodes both factors in its own way and
-adds its own nuisance, so that what the modalities (and augmented views) have in common is
-exactly the factors:
+``[-1, 1]`` (independent, uniform), and its own *content*: a continuous latent ``(u, v)``
+uniform in ``[0, 1)^2`` that every modality renders (text: a place word for u and a colour
+word for v, each in eighths; audio: u the root pitch over 0.9 octave, v the timbre, the weights
+of the upper harmonics; image: u the base hue over 0.9 of the circle, v the stripes' spatial
+frequency, 2-5 cycles; video and flow: u the camera pan's direction over 0.9 of the circle, v
+its speed, 0.5-2.5 px/frame). The class and the sentiment are shared by a quarter and a fifth of
+the samples; the content tells a sample apart from the others, so that cross-view retrieval
+on held-out samples (which view of which sample is this) has something to find. Without it,
+only the class and the sentiment were shared and held-out retrieval could not rise far above
+chance. Labels: ``class``, ``sentiment``, ``content_u``, ``content_v``.
+
+Every modality encodes the factors in its own way and adds its own nuisance, so that what the
+modalities (and augmented views) have in common is exactly the factors and the content:
 
 - ``text`` (str): 1-2 topic words of the class, often a negated topic word of another
   class ("not pizza"), one sentiment phrase graded by ``s`` (sometimes phrased as a negated
   opposite, "not bad"), 4-9 filler words, shuffled in chunks. Nuisance: filler, word order,
   synonym choice, distractor topics.
 - ``audio`` (FloatTensor[T], 16 kHz, 0.4-0.6 s): two simultaneous harmonic tones whose
-  *interval* is set by the class (3, 4, 5, 7 semitones for 4 classes) over a random root
-  (one octave), amplitude-modulated at a rate set by ``s`` (3-9 Hz). Nuisance: root pitch,
-  timbre (harmonic weights), gain, onset delay, phase, noise at 0-20 dB SNR.
+  *interval* is set by the class (3, 4, 5, 7 semitones for 4 classes) over the content's root,
+  amplitude-modulated at a rate set by ``s`` (3-9 Hz). Nuisance: gain, onset delay, phase,
+  duration, small timbre jitter, noise at 0-20 dB SNR.
 - ``image`` (FloatTensor[3, 32, 32] in [0, 1]): a two-colour stripe grating whose
   orientation is set by the class and whose *hue difference* between the stripes is set by
-  ``s`` (0 to 180 degrees) around a random base hue, inside a window at a random place.
-  Nuisance: base hue, spatial frequency, phase, window, background colour, pixel noise.
+  ``s`` (0 to 180 degrees) around the content's base hue, inside a window at a random place.
+  Nuisance: phase, window, background colour, pixel noise.
 - ``video`` (FloatTensor[T, 3, 32, 32], T = 6) and ``flow`` (FloatTensor[T - 1, 2, 32, 32]):
-  a textured square moving over a textured scene while the camera pans at a random
-  velocity (0-2.5 px/frame). The *axis* of the square's motion relative to the scene is set
+  a textured square moving over a textured scene while the camera pans at the content's
+  velocity (0.5-2.5 px/frame). The *axis* of the square's motion relative to the scene is set
   by the class (direction along it random) and its relative speed (1-3 px/frame) by ``s``.
   ``flow`` is the exact forward flow in pixels (background = pan, square = its screen
-  motion). Nuisance: pan, start position, size, colours, textures.
+  motion). Nuisance: start position, size, colours, textures.
 
 The factors live in relations (interval, hue difference, relative motion) rather than in
 first-order statistics such as the mean colour, the spectrum's peak or the mean flow, so a
@@ -114,7 +124,7 @@ def write_vocabulary(path: str | Path) -> Path:
 
 
 class SyntheticMultimodal(Dataset):
-    """K synthetic samples with text, audio, image, video and flow sharing (class, sentiment).
+    """K synthetic samples with text, audio, image, video and flow sharing (class, sentiment, content).
 
     Args:
         num_samples: K.
@@ -125,7 +135,8 @@ class SyntheticMultimodal(Dataset):
         sample_rate, image_size, num_frames: audio rate, image/video side, video length.
 
     Items are sample dicts: ``{"index", "modalities": {name: value or None}, "labels":
-    {"class": int, "sentiment": float}}``; see the module docstring for the shapes.
+    {"class": int, "sentiment": float, "content_u": float, "content_v": float}}``; see the
+    module docstring for the shapes.
     """
 
     def __init__(self, num_samples: int = 1024, seed: int = 0, missing_rate: float | Mapping[str, float] = 0.0, *,
@@ -246,9 +257,9 @@ class SyntheticMultimodal(Dataset):
         sr = self.sample_rate
         n = int(sr * rng.uniform(0.4, 0.6))
         t = np.arange(n) / sr
-        # Class = the interval between two simultaneous tones over a random root (one octave):
+        # Class = the interval between two simultaneous tones over the content's root:
         # no single frequency band tells the class, only the relation between the two.
-        # the content: u sets the root pitch (one octave), v the timbre (the upper harmonics' weights)
+        # the content: u sets the root pitch (0.9 octave), v the timbre (the upper harmonics' weights)
         root = 200.0 * 2.0 ** (0.9 * u)
         interval = _INTERVALS[c] + rng.uniform(-0.3, 0.3)
         freqs = (root, root * 2.0 ** (interval / 12.0))
@@ -276,7 +287,7 @@ class SyntheticMultimodal(Dataset):
         freq = 2.0 + 3.0 * v
         wave = 0.5 + 0.5 * np.sin(2 * math.pi * freq * (xx * math.cos(theta) + yy * math.sin(theta)) + rng.uniform(0, 2 * math.pi))
         # Sentiment = the hue difference between the two stripe colours (0 to 180 degrees) around a
-        # random base hue: the mean colour carries nothing, only the stripes' relation does.
+        # base hue: the mean colour carries nothing, only the stripes' relation does.
         hue = 0.9 * u
         delta = 0.5 * (s + 1.0) / 2.0
         light = _hsv(hue, 0.85, 0.95)
@@ -344,7 +355,7 @@ _SPLIT_OFFSET = {"train": 0, "valid": 1, "test": 2}
 SYNTHETIC_DEFAULT_SIZES = {"train": 2048, "valid": 512, "test": 512}
 
 
-@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class and a sentiment (no download)")
+@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class, a sentiment and a per-sample content (no download)")
 def _build_synthetic(root: Any = None, split: str = "train", num_samples: int | None = None, seed: int = 0,
                      **options: Any) -> Dataset:
     # split s of seed k draws from seed 1000 k + offset(s): disjoint splits, one per seed.
