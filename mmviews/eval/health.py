@@ -42,8 +42,13 @@ the warnings of the other kinds refer to it. A diverged run is never told to rai
 rate, and an MV-DHEL run is never advised to switch to MV-DHEL.
 
 **Calibration** (``tests/test_eval_health.py`` tests each threshold just inside and just outside
-its boundary). Healthy: the quickstart recipe as shipped (seed 0, 96 steps) flags nothing, live
-or at the end: its loss falls from 25.9 to 17.4 (first tenth 23.4, last quarter 17.5), its
+its boundary). Healthy, on the synthetic data with its per-sample content: the quickstart recipe
+as shipped (seed 0, 96 steps) flags nothing, live or at the end: its loss falls from 25.7 to
+17.2 (first tenth 23.2, last quarter 17.2), the training batches' gap ends at 0.298, and on the
+held-out test split the worst pair's retrieval mean rank is 140.6 of 512 (text -> audio; at
+chance 256.5, flagged from 0.8 of it, 205.2; the best pair 29.4), mean R@1 0.0335 at chance
+0.00195. The figures that follow were measured on the data before the content was added:
+the quickstart then flagged nothing either: its loss fell from 25.9 to 17.4 (first tenth 23.4, last quarter 17.5), its
 pos_sim - neg_sim ends at 0.137 (last quarter; threshold 0.02) and its probes beat the random
 init by +0.38 (accuracy) and +0.61 (R^2). Early in that run the gap is small (0.006 over the
 quarter before step 20, 0.023 before step 30, 0.061 before step 48), which is why the live check
