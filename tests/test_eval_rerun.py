@@ -142,7 +142,9 @@ def test_embed_writes_every_view_of_every_sample_to_parquet(bf16_run: Path, tmp_
     loaders = build_eval_loaders(config.data, eval_view_config(config.views), config.seed)
     sizes = {split: len(loader.dataset) for split, loader in loaders.items() if loader is not None}
     assert table.num_rows == sum(sizes.values()) and set(table["split"]) == set(sizes)
-    assert set(table.column_names) == {"split", "sample_id", "class", "sentiment", "text_0", "image_0"}
+    # every label of the synthetic data (its content too) and each view's embedding
+    assert set(table.column_names) == {"split", "sample_id", "class", "sentiment", "content_u", "content_v", "text_0",
+                                       "image_0"}
     # the reference: the saved encoder run by hand under the run's bf16 autocast, batch by batch
     encoder = MultiViewEncoder.from_pretrained(bf16_run / "encoder").eval()
     test_rows = table.filter(lambda row: row["split"] == "test")
