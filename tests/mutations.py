@@ -264,7 +264,28 @@ def _population_std_over_seeds() -> tuple[Any, str, Any]:
     return compare, "mean_and_std", mean_and_std
 
 
+def _evaluation_forward_with_gradients() -> tuple[Any, str, Any]:
+    """``torch.no_grad()`` does nothing: the memory estimate's evaluation batch is encoded with
+    autograd recording (as a training forward), not as the evaluation encodes it."""
+    import contextlib
+
+    import torch
+
+    class nothing(contextlib.ContextDecorator):
+        def __enter__(self) -> "nothing":
+            return self
+
+        def __exit__(self, *exc: Any) -> bool:
+            return False
+
+    def recording(function: Any = None) -> Any:  # torch.no_grad(), @torch.no_grad() and @torch.no_grad: no effect
+        return function if callable(function) else nothing()
+
+    return torch, "no_grad", recording
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
+    "evaluation_forward_with_gradients": _evaluation_forward_with_gradients,
     "chance_from_evaluated_majority": _chance_from_evaluated_majority,
     "training_log_judges_alignment": _training_log_judges_alignment,
     "population_std_over_seeds": _population_std_over_seeds,
