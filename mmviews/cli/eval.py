@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         same_evaluation = (list(tasks) == list(config.evaluation.tasks or []) and fuse == config.evaluation.fuse
                            and seed == config.seed)
         random_init = read_eval_metrics(run_dir / "eval_random") if same_evaluation else None
-        print(*headline_lines(headline_metrics(metrics, random_init)), sep="\n")
+        for line in headline_lines(headline_metrics(metrics, random_init)):
+            print(line)
         for message in evaluation_warnings(metrics, random_init, HealthSettings.from_config(config)):
             print(f"warning: {message}")
         print(f"report written to {out} (precision {precision}, seed {seed}, fuse {fuse}; every metric in "
