@@ -52,6 +52,8 @@ def test_every_probe_reports_its_chance_in_metrics_summary_and_headline(tmp_path
     train_y = torch.arange(150) % 3  # Clusters: class i % 3; test: 90 samples, 30 per class
     assert metrics["chance/test/linear/class/acc"] == pytest.approx(float(((torch.arange(90) % 3) == 0).double().mean()))
     assert metrics["chance/test/knn/class/top1"] == metrics["chance/test/linear/class/acc"] == pytest.approx(1 / 3)
+    # the probe's validation accuracy (60 samples, 20 per class) has its own
+    assert metrics["chance/val/linear/class/acc"] == pytest.approx(1 / 3)
     assert train_y.bincount().tolist() == [50, 50, 50]
     for leaf in ("mae", "mse", "r2"):
         assert chance_level(f"test/regression/sentiment/{leaf}", metrics) == metrics[f"chance/test/regression/sentiment/{leaf}"]

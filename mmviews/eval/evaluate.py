@@ -226,6 +226,9 @@ def _compute(
             metrics[f"{CHANCE_PREFIX}{split}/linear/{task.label}/acc"] = classification_chance(
                 _label(train, task.label, "train"), _label(ev, task.label, split))
             metrics[f"val/linear/{task.label}/acc"] = res.val_score
+            if val is not None:  # (without a validation split the score is of a held-out tenth of train)
+                metrics[f"{CHANCE_PREFIX}val/linear/{task.label}/acc"] = classification_chance(
+                    _label(train, task.label, "train"), _label(val, task.label, "val"))
             metrics[f"linear/{task.label}/weight_decay"] = res.weight_decay
         elif task.kind == "knn":
             assert train is not None
