@@ -248,8 +248,65 @@ def _onnx_clip_first_frame() -> tuple[Any, str, Any]:
     return OnnxAdapter, "_frames", first_frame
 
 
+def _chance_from_evaluated_majority() -> tuple[Any, str, Any]:
+    """A classifier's chance level is the evaluated labels' own majority rate (a classifier that
+    knew the test labels' distribution), not the training majority class scored on them."""
+    import torch
+
+    import mmviews.eval.health as health
+
+    def evaluated_majority(train_labels: Any, eval_labels: Any) -> float:
+        counts = torch.as_tensor(eval_labels).reshape(-1).unique(return_counts=True)[1]
+        return float(counts.max()) / float(counts.sum())
+
+    return health, "classification_chance", evaluated_majority
+
+
+def _training_log_judges_alignment() -> tuple[Any, str, Any]:
+    """The run's warnings judge alignment on the training batches even where the evaluation
+    measured it on held-out data (the old behaviour: memorisation read as alignment)."""
+    import mmviews.eval.health as health
+
+    return health, "measures_held_out_alignment", lambda metrics: False
+
+
+def _population_std_over_seeds() -> tuple[Any, str, Any]:
+    """``mmviews compare`` divides by n, not n - 1, in the standard deviation over seeds."""
+    import mmviews.eval.compare as compare
+
+    def mean_and_std(values: list[float]) -> tuple[float, float | None]:
+        mean = sum(values) / len(values)
+        return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5 if len(values) > 1 else None
+
+    return compare, "mean_and_std", mean_and_std
+
+
+def _evaluation_forward_with_gradients() -> tuple[Any, str, Any]:
+    """``torch.no_grad()`` does nothing: the memory estimate's evaluation batch is encoded with
+    autograd recording (as a training forward), not as the evaluation encodes it."""
+    import contextlib
+
+    import torch
+
+    class nothing(contextlib.ContextDecorator):
+        def __enter__(self) -> "nothing":
+            return self
+
+        def __exit__(self, *exc: Any) -> bool:
+            return False
+
+    def recording(function: Any = None) -> Any:  # torch.no_grad(), @torch.no_grad() and @torch.no_grad: no effect
+        return function if callable(function) else nothing()
+
+    return torch, "no_grad", recording
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "onnx_clip_first_frame": _onnx_clip_first_frame,
+    "evaluation_forward_with_gradients": _evaluation_forward_with_gradients,
+    "chance_from_evaluated_majority": _chance_from_evaluated_majority,
+    "training_log_judges_alignment": _training_log_judges_alignment,
+    "population_std_over_seeds": _population_std_over_seeds,
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
     "scale_loss": _scale_loss,

@@ -29,6 +29,13 @@ def test_from_config_names_slots_and_flags():
     assert [v.natural for v in spec.views] == [True, False, False, True]
     assert spec.views[1].augmentation == "simclr"
     assert spec.modalities == ["image", "text"]
+    # augmented copies of a modality without a natural view: the names the evaluation gives its views
+    only_augmented = ViewSpec.from_config([{"modality": "image", "copies": 2, "augment": "simclr"}, "text"])
+    assert [v.name for v in only_augmented.views] == ["image_0", "image_1", "text_0"]
+    from mmviews.data.loaders import eval_view_config
+
+    evaluated = ViewSpec.from_config(eval_view_config([{"modality": "image", "copies": 2, "augment": "simclr"}, "text"]))
+    assert [v.name for v in evaluated.views] == ["image_0", "text_0"]
     with pytest.raises(ValueError, match="unknown keys"):
         ViewSpec.from_config([{"modality": "text", "copise": 2}])
     with pytest.raises(ValueError, match="copies"):

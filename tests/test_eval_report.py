@@ -222,7 +222,7 @@ def test_cli_eval_missing_run_fails_clearly(tmp_path: Path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch):
+def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch, capsys):
     from mmviews.cli import eval as eval_command
     from mmviews.cli import main
     from mmviews.config import config_from_dict
@@ -243,6 +243,11 @@ def test_cli_eval_with_a_run_loader(tmp_path: Path, monkeypatch):
     run.mkdir()
     write_log(run / "metrics.csv")
     assert main(["eval", str(run)]) == 0
+    out = capsys.readouterr().out
+    # the headline table as `mmviews train` prints it, not a dump of every metric
+    assert out.splitlines()[0] == "test metrics:", out
+    assert "test/knn/class/top1  trained " in out and "chance 0.3333" in out
+    assert "{" not in out and "test/diag/" not in out and len(out.splitlines()) < 10, out
     assert seen["path"] == run
     saved = json.loads((run / "eval-1" / "metrics.json").read_text())  # a new folder: never the run's eval/
     assert saved["metrics"]["test/knn/class/top1"] > 0.9

@@ -14,6 +14,7 @@ import pytest
 from test_train_utils import tiny_config, train_in_process, write_recipe
 
 from mmviews.cli import main
+from mmviews.eval.report import format_metric
 
 TASKS = ["linear:class", "knn:class", "retrieval", "diagnostics"]
 _ROW = re.compile(r"^\| (\S+) \| ([^|]*) \|")
@@ -113,10 +114,16 @@ def test_train_ends_with_the_headline_metrics_on_the_terminal(bf16_run: Path):
     for key in ("test/linear/class/acc", "test/retrieval/text_0->image_0/R@1"):
         t, r = results["eval"][key], results["eval_random"][key]
         line = next(line for line in out.splitlines() if line.strip().startswith(key + " "))
-        assert f"trained {t:.4f}" in line and f"random init {r:.4f}" in line and f"({t - r:+.4f})" in line, line
+        assert (f"trained {format_metric(t)}" in line and f"random init {format_metric(r)}" in line
+                and f"({format_metric(t - r, signed=True)})" in line), line
     n = results["eval"]["test/retrieval/text_0->image_0/n"]
     assert headline["test/retrieval/text_0->image_0/R@1"]["chance"] == 1 / n
-    assert f"chance {1 / n:.4f}" in next(line for line in out.splitlines() if "text_0->image_0/R@1" in line)
+    assert f"chance {format_metric(1 / n)}" in next(line for line in out.splitlines() if "text_0->image_0/R@1" in line)
+    # the class probe's chance: the training majority class's share of the test labels, recorded by the evaluation
+    chance = results["eval"]["chance/test/linear/class/acc"]
+    assert headline["test/linear/class/acc"]["chance"] == chance and 0 < chance < 1
+    assert f"chance {format_metric(chance)}" in next(line for line in out.splitlines()
+                                                    if line.strip().startswith("test/linear/class/acc "))
 
 
 def test_embed_writes_every_view_of_every_sample_to_parquet(bf16_run: Path, tmp_path: Path, capsys):
@@ -139,7 +146,9 @@ def test_embed_writes_every_view_of_every_sample_to_parquet(bf16_run: Path, tmp_
     named = {"train": config.data.train_split, "val": config.data.val_split, "test": config.data.test_split}
     assert config.data.val_split == "valid" and set(table["split"]) == {named[key] for key in sizes}
     assert [table["split"].count(named[key]) for key in sizes] == list(sizes.values())
-    assert set(table.column_names) == {"split", "sample_id", "class", "sentiment", "text_0", "image_0"}
+    # every label of the synthetic data (its content too) and each view's embedding
+    assert set(table.column_names) == {"split", "sample_id", "class", "sentiment", "content_u", "content_v", "text_0",
+                                       "image_0"}
     # stored as float32 lists (the encoder's precision), not float64
     import pyarrow.parquet as pq
 

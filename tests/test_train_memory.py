@@ -80,9 +80,9 @@ def test_check_prints_the_estimate_and_the_advice(capsys: pytest.CaptureFixture[
     assert lines[1].startswith("estimated peak memory per device (plain step; K = 32 samples, M = 4 views, N = 1")
     for part in ("parameters", "gradients", "optimiser state", "activations", "objective"):
         assert any(line.strip().startswith(part) for line in lines), part
-    assert "(adamw)" in out and "MB per sample (measured) x 32" in out
+    assert "(adamw)" in out and "MiB per sample (measured) x 32" in out
     # 10 MB: less than the process itself (the measured baseline)
-    assert "does not fit the budget of 0.01 GB per device: even with optimisation.encode_chunk_size 1" in out
+    assert "does not fit the budget of 0.01 GiB per device: even with optimisation.encode_chunk_size 1" in out
     assert "process baseline" in out
     assert "fits the budget of" not in out
 
@@ -92,7 +92,7 @@ def test_bad_budget_is_refused(capsys: pytest.CaptureFixture[str], value: str) -
     with pytest.raises(SystemExit) as raised:
         cli(capsys, "train", "quickstart", "--check", "--memory-budget-gb", value)
     assert raised.value.code == 2
-    assert f"argument --memory-budget-gb: must be a positive number of GB per device, got '{value}'" in capsys.readouterr().err
+    assert f"argument --memory-budget-gb: must be a positive number of GiB per device, got '{value}'" in capsys.readouterr().err
 
 
 def test_budget_without_check_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,10 @@ ask for the CPU and one is present), the tasks, the fusion, the evaluation views
 of the probes. With the run's tasks, the numbers equal those of ``report.md``.
 
 The report goes to a new folder, ``RUN/eval-N`` (the first N from 1 that is free) unless
-``--output`` names one, and the folder is printed. The run's own evaluations (``eval/``, which
+``--output`` names one, and the folder is printed. The terminal gets the headline metrics (the probes and retrieval R@1,
+with the run's random-init baseline when the evaluation is the run's own, and chance levels)
+and the health checks' warnings, as ``mmviews train`` prints them; every metric is in the
+report's ``summary.md`` and ``metrics.json``. The run's own evaluations (``eval/``, which
 ``report.md`` links to, ``eval_random/``, ``eval_epoch_N/``) are never written to.
 
 Multi-process: ``accelerate launch -m mmviews.cli eval RUN``.
@@ -23,7 +26,6 @@ Multi-process: ``accelerate launch -m mmviews.cli eval RUN``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -32,8 +34,10 @@ import torch
 from mmviews.data.views import ViewSpec
 from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
+from mmviews.eval.health import HealthSettings, evaluation_warnings
 from mmviews.modalities.base import allow_remote_models
 from mmviews.run import LOG_FILE, is_checkpoint, load_run, record_run_outputs, run_dir_of
+from mmviews.train.logging import headline_lines, headline_metrics, read_eval_metrics
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
 # The run's own evaluations, written by the trainer (report.md links to eval/): never replaced.
@@ -136,6 +140,14 @@ def run(args: argparse.Namespace) -> int:
     if accelerator is None or accelerator.is_main_process:
         if out.parent.resolve() == run_dir.resolve():
             record_run_outputs(run_dir)  # the report is part of the run (for --overwrite)
-        print(json.dumps(metrics, indent=2, sort_keys=True, default=str))
-        print(f"report written to {out} (precision {precision}, seed {seed}, fuse {fuse})")
+        # the run's random-init baseline sits beside the numbers only where it measured the same thing
+        same_evaluation = (list(tasks) == list(config.evaluation.tasks or []) and fuse == config.evaluation.fuse
+                           and seed == config.seed)
+        random_init = read_eval_metrics(run_dir / "eval_random") if same_evaluation else None
+        for line in headline_lines(headline_metrics(metrics, random_init)):
+            print(line)
+        for message in evaluation_warnings(metrics, random_init, HealthSettings.from_config(config)):
+            print(f"warning: {message}")
+        print(f"report written to {out} (precision {precision}, seed {seed}, fuse {fuse}; every metric in "
+              f"{out / 'summary.md'})")
     return 0

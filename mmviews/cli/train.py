@@ -45,6 +45,7 @@ from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.base import allow_remote_models
+from mmviews.eval.report import format_metric
 from mmviews.run import (
     CONFIG_FILE,
     RESULTS_FILE,
@@ -78,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="validate the recipe (config, trackers, dataset, views, objective), print the estimated "
                         "peak memory per device, and exit without training")
     parser.add_argument("--memory-budget-gb", type=_budget_gb, default=None, metavar="G",
-                        help="with --check: say whether the step fits G GB per device, and which "
+                        help="with --check: say whether the step fits G GiB (2^30 bytes) per device, and which "
                         "optimisation.encode_chunk_size would")
     parser.add_argument("--reevaluate", action="store_true",
                         help="with --resume of a finished run: run its final evaluation again (without it, resuming a "
@@ -97,7 +98,7 @@ def _budget_gb(text: str) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of GB per device, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB per device, got {text!r}")
     return value
 
 
@@ -216,13 +217,12 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
               "nothing to do. --reevaluate runs its evaluation again; --set optimisation.epochs=N (more than "
               f"{config.optimisation.epochs}) trains it longer")
         return 0
-    loss = "n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
+    loss = format_metric(summary["final_loss"])
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
           + (f"; FAILED: {summary['reason']}" if summary.get("status") == "failed" else "") + ")")
     lines = headline_lines(summary.get("headline") or [])
     if lines:
-        print(f"{'test' if summary['headline'][0]['metric'].startswith('test/') else 'val'} metrics, "
-              "trained vs random init:", *lines, sep="\n")
+        print(*lines, sep="\n")
     for message in summary.get("warnings") or []:
         print(f"warning: {message}")
     for line in data_left_out_lines(summary.get("data_skipped") or {}):

@@ -1,28 +1,38 @@
-"""Embedded synthetic multimodal data: four modalities sharing two hidden factors.
+"""Embedded synthetic multimodal data: modalities sharing two hidden factors and a sample's content.
 
 Each sample has a class ``c`` in ``[0, num_classes)`` and a continuous sentiment ``s`` in
-``[-1, 1]`` (independent, uniform). Every modality encodes both factors in its own way and
-adds its own nuisance, so that what the modalities (and augmented views) have in common is
-exactly the factors:
+``[-1, 1]`` (independent, uniform), and its own *content*: a continuous latent ``(u, v)``
+uniform in ``[0, 1)^2`` that every modality renders (text: a place word for u and a colour
+word for v, each in eighths; audio: u the root pitch over 0.9 octave, v the timbre, the weights
+of the upper harmonics; image: u the base hue over 0.9 of the circle, v the stripes' spatial
+frequency, 2-5 cycles; video and flow: u the camera pan's direction over 0.9 of the circle, v
+its speed, 0.5-2.5 px/frame). The class and the sentiment are shared by a quarter and a fifth of
+the samples; the content tells a sample apart from the others, so that cross-view retrieval
+on held-out samples (which view of which sample is this) has something to find. Without it,
+only the class and the sentiment were shared and held-out retrieval could not rise far above
+chance. Labels: ``class``, ``sentiment``, ``content_u``, ``content_v``.
+
+Every modality encodes the factors in its own way and adds its own nuisance, so that what the
+modalities (and augmented views) have in common is exactly the factors and the content:
 
 - ``text`` (str): 1-2 topic words of the class, often a negated topic word of another
   class ("not pizza"), one sentiment phrase graded by ``s`` (sometimes phrased as a negated
   opposite, "not bad"), 4-9 filler words, shuffled in chunks. Nuisance: filler, word order,
   synonym choice, distractor topics.
 - ``audio`` (FloatTensor[T], 16 kHz, 0.4-0.6 s): two simultaneous harmonic tones whose
-  *interval* is set by the class (3, 4, 5, 7 semitones for 4 classes) over a random root
-  (one octave), amplitude-modulated at a rate set by ``s`` (3-9 Hz). Nuisance: root pitch,
-  timbre (harmonic weights), gain, onset delay, phase, noise at 0-20 dB SNR.
+  *interval* is set by the class (3, 4, 5, 7 semitones for 4 classes) over the content's root,
+  amplitude-modulated at a rate set by ``s`` (3-9 Hz). Nuisance: gain, onset delay, phase,
+  duration, small timbre jitter, noise at 0-20 dB SNR.
 - ``image`` (FloatTensor[3, 32, 32] in [0, 1]): a two-colour stripe grating whose
   orientation is set by the class and whose *hue difference* between the stripes is set by
-  ``s`` (0 to 180 degrees) around a random base hue, inside a window at a random place.
-  Nuisance: base hue, spatial frequency, phase, window, background colour, pixel noise.
+  ``s`` (0 to 180 degrees) around the content's base hue, inside a window at a random place.
+  Nuisance: phase, window, background colour, pixel noise.
 - ``video`` (FloatTensor[T, 3, 32, 32], T = 6) and ``flow`` (FloatTensor[T - 1, 2, 32, 32]):
-  a textured square moving over a textured scene while the camera pans at a random
-  velocity (0-2.5 px/frame). The *axis* of the square's motion relative to the scene is set
+  a textured square moving over a textured scene while the camera pans at the content's
+  velocity (0.5-2.5 px/frame). The *axis* of the square's motion relative to the scene is set
   by the class (direction along it random) and its relative speed (1-3 px/frame) by ``s``.
   ``flow`` is the exact forward flow in pixels (background = pan, square = its screen
-  motion). Nuisance: pan, start position, size, colours, textures.
+  motion). Nuisance: start position, size, colours, textures.
 
 The factors live in relations (interval, hue difference, relative motion) rather than in
 first-order statistics such as the mean colour, the spectrum's peak or the mean flow, so a
@@ -67,6 +77,11 @@ _SENTIMENT: tuple[tuple[str, ...], ...] = (
     ("good", "nice", "pleasant", "enjoyable"),
     ("excellent", "wonderful", "amazing", "fantastic"),
 )
+# The sample's content (a continuous latent, u and v in [0, 1)) in words: one word per eighth
+# of u (a place) and of v (a colour).
+_PLACES = ("kitchen", "garden", "office", "harbour", "village", "station", "mountain", "island")
+_COLOURS = ("crimson", "orange", "golden", "olive", "emerald", "teal", "navy", "violet")
+CONTENT_LEVELS = len(_PLACES)
 _INTENSIFIERS = ("very", "really", "quite", "so", "truly")
 _FILLER = (
     "the", "a", "it", "was", "is", "i", "think", "honestly", "this", "that", "my", "we", "they", "just", "with",
@@ -95,7 +110,7 @@ def synthetic_vocabulary(special_tokens: bool = True) -> list[str]:
     this list as ``vocab: synthetic`` instead of copying it.
     """
     words = {w for group in _TOPICS for w in group} | {w for group in _SENTIMENT for w in group}
-    words |= set(_INTENSIFIERS) | set(_FILLER) | {"not"}
+    words |= set(_INTENSIFIERS) | set(_FILLER) | set(_PLACES) | set(_COLOURS) | {"not"}
     return (list(SPECIAL_TOKENS) if special_tokens else []) + sorted(words)
 
 
@@ -109,7 +124,7 @@ def write_vocabulary(path: str | Path) -> Path:
 
 
 class SyntheticMultimodal(Dataset):
-    """K synthetic samples with text, audio, image, video and flow sharing (class, sentiment).
+    """K synthetic samples with text, audio, image, video and flow sharing (class, sentiment, content).
 
     Args:
         num_samples: K.
@@ -120,7 +135,8 @@ class SyntheticMultimodal(Dataset):
         sample_rate, image_size, num_frames: audio rate, image/video side, video length.
 
     Items are sample dicts: ``{"index", "modalities": {name: value or None}, "labels":
-    {"class": int, "sentiment": float}}``; see the module docstring for the shapes.
+    {"class": int, "sentiment": float, "content_u": float, "content_v": float}}``; see the
+    module docstring for the shapes.
     """
 
     def __init__(self, num_samples: int = 1024, seed: int = 0, missing_rate: float | Mapping[str, float] = 0.0, *,
@@ -150,6 +166,8 @@ class SyntheticMultimodal(Dataset):
         rng = np.random.default_rng([self.seed, 0x5EED])
         self.classes = rng.integers(0, self.num_classes, size=self.num_samples)
         self.sentiment = rng.uniform(-1.0, 1.0, size=self.num_samples)
+        # The per-sample content every modality renders (after the factors, so that they keep their draws).
+        self.content = rng.uniform(0.0, 1.0, size=(self.num_samples, 2))
         # Presence [K, len(modalities)]: drawn once so that it is a property of the dataset.
         present = np.ones((self.num_samples, len(self.modalities)), dtype=bool)
         for j, m in enumerate(self.modalities):
@@ -185,6 +203,7 @@ class SyntheticMultimodal(Dataset):
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
         index = index % self.num_samples
         c, s = int(self.classes[index]), float(self.sentiment[index])
+        u, v = (float(x) for x in self.content[index])
         rng = np.random.default_rng([self.seed, index])
         mods: dict[str, Any] = {}
         # Each modality draws from its own child stream so that dropping one leaves the others unchanged.
@@ -192,26 +211,28 @@ class SyntheticMultimodal(Dataset):
         del rng
         present = dict(zip(self.modalities, self.present[index].tolist()))
         if "text" in self.modalities:
-            mods["text"] = self._text(c, s, streams["text"]) if present["text"] else None
+            mods["text"] = self._text(c, s, u, v, streams["text"]) if present["text"] else None
         if "audio" in self.modalities:
-            mods["audio"] = self._audio(c, s, streams["audio"]) if present["audio"] else None
+            mods["audio"] = self._audio(c, s, u, v, streams["audio"]) if present["audio"] else None
         if "image" in self.modalities:
-            mods["image"] = self._image(c, s, streams["image"]) if present["image"] else None
+            mods["image"] = self._image(c, s, u, v, streams["image"]) if present["image"] else None
         if "video" in self.modalities or "flow" in self.modalities:
             want_v = present.get("video", False)
             want_f = present.get("flow", False)
-            video, flow = self._video(c, s, streams["video"]) if (want_v or want_f) else (None, None)
+            video, flow = self._video(c, s, u, v, streams["video"]) if (want_v or want_f) else (None, None)
             if "video" in self.modalities:
                 mods["video"] = video if want_v else None
             if "flow" in self.modalities:
                 mods["flow"] = flow if want_f else None
-        return {"index": index, "modalities": mods, "labels": {"class": c, "sentiment": s}}
+        return {"index": index, "modalities": mods, "labels": {"class": c, "sentiment": s, "content_u": u, "content_v": v}}
 
     # ------------------------------------------------------------------ generators
 
-    def _text(self, c: int, s: float, rng: np.random.Generator) -> str:
+    def _text(self, c: int, s: float, u: float, v: float, rng: np.random.Generator) -> str:
         level = min(4, int((s + 1.0) / 2.0 * 5))
-        chunks: list[list[str]] = []
+        # the content, quantised to eighths: a place and a colour word
+        chunks: list[list[str]] = [["in", "the", _PLACES[min(CONTENT_LEVELS - 1, int(u * CONTENT_LEVELS))]],
+                                   [_COLOURS[min(CONTENT_LEVELS - 1, int(v * CONTENT_LEVELS))]]]
         for _ in range(int(rng.integers(1, 3))):
             chunks.append([str(rng.choice(_TOPICS[c]))])
         if rng.random() < 0.7:
@@ -232,18 +253,19 @@ class SyntheticMultimodal(Dataset):
         order = rng.permutation(len(chunks))
         return " ".join(w for i in order for w in chunks[i])
 
-    def _audio(self, c: int, s: float, rng: np.random.Generator) -> torch.Tensor:
+    def _audio(self, c: int, s: float, u: float, v: float, rng: np.random.Generator) -> torch.Tensor:
         sr = self.sample_rate
         n = int(sr * rng.uniform(0.4, 0.6))
         t = np.arange(n) / sr
-        # Class = the interval between two simultaneous tones over a random root (one octave):
+        # Class = the interval between two simultaneous tones over the content's root:
         # no single frequency band tells the class, only the relation between the two.
-        root = 200.0 * 2.0 ** rng.uniform(0.0, 1.0)
+        # the content: u sets the root pitch (0.9 octave), v the timbre (the upper harmonics' weights)
+        root = 200.0 * 2.0 ** (0.9 * u)
         interval = _INTERVALS[c] + rng.uniform(-0.3, 0.3)
         freqs = (root, root * 2.0 ** (interval / 12.0))
         tone = np.zeros(n)
         for f0 in freqs:
-            weights = np.concatenate([[1.0], rng.uniform(0.0, 0.6, size=2)])
+            weights = np.array([1.0, 0.6 * v, 0.6 * (1.0 - v)]) + rng.uniform(0.0, 0.05, size=3)
             phase = rng.uniform(0, 2 * math.pi, size=3)
             tone += sum(w * np.sin(2 * math.pi * f0 * (h + 1) * t + p) for h, (w, p) in enumerate(zip(weights, phase)))
         am_rate = 3.0 + 3.0 * (s + 1.0)
@@ -257,15 +279,16 @@ class SyntheticMultimodal(Dataset):
         noise = rng.standard_normal(n) * math.sqrt(p_sig / 10 ** (snr_db / 10.0))
         return torch.from_numpy((x + noise).astype(np.float32))
 
-    def _image(self, c: int, s: float, rng: np.random.Generator) -> torch.Tensor:
+    def _image(self, c: int, s: float, u: float, v: float, rng: np.random.Generator) -> torch.Tensor:
         S = self.image_size
         yy, xx = np.mgrid[0:S, 0:S].astype(np.float64) / S
         theta = math.pi * c / self.num_classes + rng.uniform(-0.15, 0.15) * math.pi / self.num_classes
-        freq = rng.uniform(2.0, 5.0)
+        # the content: v sets the stripes' spatial frequency, u their base hue (0.9 of the circle: no wrap-around)
+        freq = 2.0 + 3.0 * v
         wave = 0.5 + 0.5 * np.sin(2 * math.pi * freq * (xx * math.cos(theta) + yy * math.sin(theta)) + rng.uniform(0, 2 * math.pi))
         # Sentiment = the hue difference between the two stripe colours (0 to 180 degrees) around a
-        # random base hue: the mean colour carries nothing, only the stripes' relation does.
-        hue = rng.uniform(0.0, 1.0)
+        # base hue: the mean colour carries nothing, only the stripes' relation does.
+        hue = 0.9 * u
         delta = 0.5 * (s + 1.0) / 2.0
         light = _hsv(hue, 0.85, 0.95)
         dark = _hsv((hue + delta) % 1.0, 0.85, 0.5)
@@ -279,7 +302,7 @@ class SyntheticMultimodal(Dataset):
         img = img + rng.normal(0.0, rng.uniform(0.02, 0.12), size=img.shape)
         return torch.from_numpy(np.clip(img, 0.0, 1.0).astype(np.float32))
 
-    def _video(self, c: int, s: float, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def _video(self, c: int, s: float, u: float, v: float, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         S, T = self.image_size, self.num_frames
         # Class = the axis of the square's motion relative to the scene (C axes over 180
         # degrees), travelled in a random direction along it; sentiment = its relative speed.
@@ -287,11 +310,12 @@ class SyntheticMultimodal(Dataset):
         # nuisance and the factors are in the square's motion *relative* to its surround.
         angle = math.pi * c / self.num_classes + rng.uniform(-0.15, 0.15) + math.pi * int(rng.integers(0, 2))
         speed = 1.0 + (s + 1.0)  # px per frame, 1..3
-        v = np.array([math.cos(angle), math.sin(angle)]) * speed
-        pan_angle = rng.uniform(0, 2 * math.pi)
-        pan = np.array([math.cos(pan_angle), math.sin(pan_angle)]) * rng.uniform(0.0, 2.5)
+        relative_v = np.array([math.cos(angle), math.sin(angle)]) * speed
+        # the content: u sets the pan's direction (0.9 of the circle), v its speed (0.5-2.5 px/frame)
+        pan_angle = 2 * math.pi * 0.9 * u
+        pan = np.array([math.cos(pan_angle), math.sin(pan_angle)]) * (0.5 + 2.0 * v)
         size = int(rng.integers(6, 11))
-        screen_v = v + pan
+        screen_v = relative_v + pan
         travel = screen_v * (T - 1)
         lo = np.maximum(0.0, -travel)
         hi = np.minimum(S - size, S - size - travel)
@@ -331,7 +355,7 @@ _SPLIT_OFFSET = {"train": 0, "valid": 1, "test": 2}
 SYNTHETIC_DEFAULT_SIZES = {"train": 2048, "valid": 512, "test": 512}
 
 
-@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class and a sentiment (no download)")
+@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class, a sentiment and a per-sample content (no download)")
 def _build_synthetic(root: Any = None, split: str = "train", num_samples: int | None = None, seed: int = 0,
                      **options: Any) -> Dataset:
     # split s of seed k draws from seed 1000 k + offset(s): disjoint splits, one per seed.

@@ -75,7 +75,9 @@ class ViewSpec:
 
     A view without ``augment`` is the modality's natural view. Each view's name is unique:
     ``{name or modality}_{i}`` with ``i`` counting that entry's copies (``_aug`` is inserted for
-    augmented copies when the same modality also has a natural view, to keep names unique).
+    augmented copies when the same modality also has a natural view, to keep names unique;
+    otherwise augmented copies are ``image_0, image_1, ...``, the names the evaluation's
+    natural views have, so that training logs and evaluation reports name the same views).
     ``slot`` counts views of the same modality in order of appearance, as in ViewInfo.
     """
 
@@ -122,9 +124,13 @@ class ViewSpec:
         params: list[dict[str, Any]] = []
         slot_count: dict[str, int] = {}
         used: set[str] = set()
+        # "_aug" only where a natural view of the modality takes the plain name: otherwise the
+        # augmented copies are named as the evaluation names that modality's view (image_0)
+        with_natural = {e.modality for e in entries if (e.natural if e.natural is not None else e.augment is None)}
         for e in entries:
             natural = e.natural if e.natural is not None else e.augment is None
-            base = e.name or (e.modality if natural else f"{e.modality}_aug")
+            plain = natural or e.modality not in with_natural
+            base = e.name or (e.modality if plain else f"{e.modality}_aug")
             for _ in range(e.copies):
                 k = 0
                 while f"{base}_{k}" in used:

@@ -21,6 +21,7 @@ from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics, weighted_f1
 from mmviews.eval.probes import (
     DEFAULT_WEIGHT_DECAYS,
     ProbeResult,
+    class_prototype_accuracy,
     knn_accuracy,
     knn_predict,
     linear_probe_classification,
@@ -41,6 +42,7 @@ __all__ = [
     "plot_training_curves",
     "write_report",
     "ProbeResult",
+    "class_prototype_accuracy",
     "alignment",
     "cross_view_retrieval",
     "effective_rank",

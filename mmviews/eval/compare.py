@@ -9,8 +9,12 @@ For a run folder it also reads what the trainer wrote beside the evaluation: ``r
 (final training loss, wall time, optimiser steps), ``eval_random/metrics.json`` (the same
 probes on the encoder as initialised) and ``metrics.csv`` (the training log).
 
-Writes ``comparison.md`` (rows: metrics, columns: runs; then each metric's margin over the
-run's own random-init baseline), ``comparison.csv``, ``comparison.json``, ``metrics_bar.png``
+Writes ``comparison.md`` (the runs' health warnings first; rows: metrics, columns: runs, with
+each metric's chance level; then each metric's margin over the run's own random-init baseline;
+where several runs differ only in their seed (their ``config.yaml`` without ``seed`` and
+``output``), an "over seeds" table of mean ± standard deviation and the number of seeds per
+configuration, and a note for each headline metric whose difference between two
+configurations is within noise), ``comparison.csv``, ``comparison.json``, ``metrics_bar.png``
 (headline metrics per run, the random-init value as a black tick), ``training_curves.png``
 (loss, positive/negative similarity and the MI lower bound against the step, one colour per
 run) and, when the runs differ in their number of views, ``metric_vs_views.png`` (one line
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from mmviews.eval.report import _format, _pyplot, _save_figure, acc2_note, atomic_write_json, atomic_write_text
+from mmviews.eval.health import chance_level, is_chance_key
+from mmviews.eval.report import (_format, _pyplot, _save_figure, acc2_note, atomic_write_json, atomic_write_text,
+                                 format_metric)
 from mmviews.fileio import read_json_object
-from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, RESULTS_FILE
+from mmviews.run import CONFIG_FILE, EVAL_METRICS_FILE, LOG_FILE, RESULTS_FILE
 
 # Training-log columns plotted by ``training_curves.png`` (panel title -> columns; a column
 # no run logged is left out, a panel with none is dropped).
@@ -54,6 +61,16 @@ class RunMetrics:
     random_init: dict[str, float] = field(default_factory=dict)  # eval_random/metrics.json
     results: dict[str, Any] = field(default_factory=dict)  # results.json (final_loss, wall_time_s, steps)
     curves: dict[str, list[float]] = field(default_factory=dict)  # metrics.csv columns, with "step"
+    # the run's config.yaml without its seed and output settings (None without one): runs with
+    # the same configuration are seeds of one configuration
+    configuration: str | None = None
+    config_name: str | None = None
+
+    @property
+    def warnings(self) -> list[str]:
+        """The health checks' warnings the trainer wrote to ``results.json``."""
+        found = self.results.get("warnings")
+        return [str(w) for w in found] if isinstance(found, list) else []
 
     @property
     def num_views(self) -> float | None:
@@ -106,7 +123,128 @@ def load_run_metrics(path: str | Path) -> RunMetrics:
     if (run_dir / RESULTS_FILE).is_file():
         run.results = read_json_object(run_dir / RESULTS_FILE)
     run.curves = read_training_curves(run_dir / LOG_FILE)
+    run.configuration, run.config_name = read_configuration(run_dir / CONFIG_FILE)
     return run
+
+
+# Settings that tell seeds of one configuration apart, not configurations.
+SEED_ONLY_SETTINGS = ("seed", "output")
+
+
+def read_configuration(path: Path) -> tuple[str | None, str | None]:
+    """``(configuration, name)`` of a run's ``config.yaml``: the resolved recipe without
+    :data:`SEED_ONLY_SETTINGS` as canonical JSON (runs that differ only there are seeds of
+    one configuration) and the recipe's name; ``(None, None)`` without a readable mapping."""
+    if not path.is_file():
+        return None, None
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: cannot read the run's configuration ({type(err).__name__}: {err})") from err
+    if not isinstance(data, dict):
+        return None, None
+    kept = {k: v for k, v in data.items() if k not in SEED_ONLY_SETTINGS}
+    name = data.get("name")
+    return json.dumps(kept, sort_keys=True, default=str), (str(name) if name is not None else None)
+
+
+def is_metric(key: str) -> bool:
+    """A metric the comparison lists: not a probe's chosen weight decay (a setting the probe
+    picked, not a result) and not a chance level (shown beside its metric)."""
+    return not key.endswith("/weight_decay") and not is_chance_key(key)
+
+
+@dataclass
+class Configuration:
+    """Runs that differ only in their seed (:data:`SEED_ONLY_SETTINGS`)."""
+
+    label: str
+    runs: list[RunMetrics]
+
+    def values(self, key: str) -> list[float]:
+        return [r.metrics[key] for r in self.runs if key in r.metrics and math.isfinite(r.metrics[key])]
+
+
+def group_by_configuration(runs: list[RunMetrics]) -> list[Configuration]:
+    """The runs grouped by configuration, in the order of their first run; a run without a
+    ``config.yaml`` is a configuration of its own. Labels: the recipe's name (numbered where
+    two configurations share one), else the run's label."""
+    groups: dict[str, list[RunMetrics]] = {}
+    for i, r in enumerate(runs):
+        groups.setdefault(r.configuration if r.configuration is not None else f"run {i}", []).append(r)
+    configurations = [Configuration(g[0].config_name or g[0].label, g) for g in groups.values()]
+    seen: dict[str, int] = {}
+    for c in configurations:
+        seen[c.label] = seen.get(c.label, 0) + 1
+        if seen[c.label] > 1:
+            c.label = f"{c.label}#{seen[c.label] - 1}"
+    return configurations
+
+
+def mean_and_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1 in the denominator; None for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+# A difference between two configurations' means is "within noise" when it is at most this
+# many standard errors of the difference, sqrt(s_a^2 / n_a + s_b^2 / n_b) (about a 95 % band).
+NOISE_STANDARD_ERRORS = 2.0
+
+
+def within_noise(a: list[float], b: list[float]) -> tuple[bool, float] | None:
+    """``(within, band)`` for the difference of the means of seeds ``a`` and ``b``: band =
+    :data:`NOISE_STANDARD_ERRORS` standard errors of the difference; None when either has
+    fewer than 2 seeds (its noise is unknown)."""
+    (ma, sa), (mb, sb) = mean_and_std(a), mean_and_std(b)
+    if sa is None or sb is None:
+        return None
+    band = NOISE_STANDARD_ERRORS * math.sqrt(sa**2 / len(a) + sb**2 / len(b))
+    return abs(ma - mb) <= band, band
+
+
+def seeds_lines(configurations: list[Configuration], keys: list[str], compared: list[str]) -> list[str]:
+    """The comparison's "over seeds" section: per configuration and metric, mean ± standard
+    deviation over its seeds and their number; then, for the ``compared`` metrics, each pair
+    of configurations whose difference is within noise (or whose noise is unknown)."""
+    header = ["metric"] + [c.label for c in configurations]
+    lines = ["## Over seeds", "",
+             "Runs that differ only in their seed are one configuration: mean ± standard deviation over "
+             "its seeds (n - 1 in the denominator), with the number of seeds n.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+             "| seeds | " + " | ".join(str(len(c.runs)) for c in configurations) + " |"]
+    for key in keys:
+        cells = []
+        for c in configurations:
+            values = c.values(key)
+            if not values:
+                cells.append("-")
+                continue
+            mean, std = mean_and_std(values)
+            cells.append(f"{format_metric(mean)} ± {format_metric(std)} (n={len(values)})" if std is not None
+                         else f"{format_metric(mean)} (n=1)")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    notes = []
+    for key in compared:
+        for i, a in enumerate(configurations):
+            for b in configurations[i + 1:]:
+                va, vb = a.values(key), b.values(key)
+                if not va or not vb:
+                    continue
+                verdict = within_noise(va, vb)
+                difference = format_metric(mean_and_std(va)[0] - mean_and_std(vb)[0], signed=True)
+                if verdict is None:
+                    notes.append(f"- {key}: {a.label} - {b.label} = {difference}; noise unknown (fewer than 2 seeds)")
+                elif verdict[0]:
+                    notes.append(f"- {key}: {a.label} - {b.label} = {difference} is within noise "
+                                 f"({NOISE_STANDARD_ERRORS:g} standard errors: {format_metric(verdict[1])})")
+    if notes:
+        lines += ["", "Differences that the seeds do not resolve:", "", *notes]
+    return lines + [""]
 
 
 def read_training_curves(path: Path) -> dict[str, list[float]]:
@@ -155,35 +293,47 @@ def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str
         raise ValueError("compare needs at least one run")
     runs = [load_run_metrics(p) for p in paths]
     _unique_labels(runs)
-    keys = sorted(set().union(*(r.metrics for r in runs)))
+    keys = sorted(k for k in set().union(*(r.metrics for r in runs)) if is_metric(k))
     if metrics:
         missing = [m for m in metrics if m not in keys]
         if missing:
             raise ValueError(f"metrics {missing} are in none of the runs; known: {keys}")
     plotted = metrics or headline_metrics(keys)
+    configurations = group_by_configuration(runs)
     out = Path(out_dir)
     written: dict[str, Path] = {}
 
-    header = ["metric"] + [r.label for r in runs]
-    lines = ["# Run comparison", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    header = ["metric"] + [r.label for r in runs] + ["chance"]
+    lines = ["# Run comparison", ""]
+    warned = [(r.label, w) for r in runs for w in r.warnings]
+    if warned:  # a run that collapsed or did not align says so before its numbers are read
+        lines += ["## Warnings: did it learn?", "", *(f"- {label}: {w}" for label, w in warned), ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     info_rows = [("objective", [r.objective for r in runs]), ("num_views", [r.num_views for r in runs]),
                  ("steps", [r.results.get("steps") for r in runs]),
                  ("final training loss", [r.results.get("final_loss") for r in runs]),
                  ("wall time (s)", [r.results.get("wall_time_s") for r in runs])]
     for name, values in info_rows:
         cells = ["-" if v is None else str(int(v)) if isinstance(v, float) and v.is_integer() else _format(v) for v in values]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + " | |")
+    lines.append("| warnings | " + " | ".join(str(len(r.warnings)) for r in runs) + " | |")
     for k in keys:
-        lines.append(f"| {k} | " + " | ".join(_format(r.metrics[k]) if k in r.metrics else "-" for r in runs) + " |")
+        chance = next((c for c in (chance_level(k, r.metrics) for r in runs if k in r.metrics) if c is not None), None)
+        lines.append(f"| {k} | " + " | ".join(_format(r.metrics[k]) if k in r.metrics else "-" for r in runs)
+                     + f" | {'' if chance is None else format_metric(chance)} |")
     baseline_keys = [k for k in keys if any(k in r.random_init and k in r.metrics for r in runs)
                      and not k.endswith("/n")]
+    run_header = header[:-1]
     if baseline_keys:
         lines += ["", "Trained minus random init (each run against its own encoder as initialised; "
-                  "random-init value in brackets):", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                  "random-init value in brackets):", "", "| " + " | ".join(run_header) + " |",
+                  "|" + "---|" * len(run_header)]
         for k in baseline_keys:
-            cells = [f"{r.metrics[k] - r.random_init[k]:+.4f} ({_format(r.random_init[k])})"
+            cells = [f"{format_metric(r.metrics[k] - r.random_init[k], signed=True)} ({_format(r.random_init[k])})"
                      if k in r.metrics and k in r.random_init else "-" for r in runs]
             lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    if any(len(c.runs) > 1 for c in configurations):
+        lines += ["", *seeds_lines(configurations, [k for k in keys if not k.endswith("/n")], plotted)]
     lines += ["", "Runs: " + ", ".join(f"{r.label} = `{r.path}`" for r in runs), "", acc2_note(keys), ""]
 
     buf = io.StringIO()
@@ -197,9 +347,12 @@ def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str
     written["csv"] = atomic_write_text(out / "comparison.csv", buf.getvalue())
     written["json"] = atomic_write_json(
         out / "comparison.json",
-        {r.label: {"path": str(r.path), "objective": r.objective, "num_views": r.num_views, "metrics": r.metrics,
+        {r.label: {"path": str(r.path), "objective": r.objective, "num_views": r.num_views,
+                   "metrics": {k: v for k, v in r.metrics.items() if is_metric(k)},
                    "random_init": r.random_init, "steps": r.results.get("steps"),
-                   "final_loss": r.results.get("final_loss"), "wall_time_s": r.results.get("wall_time_s")}
+                   "final_loss": r.results.get("final_loss"), "wall_time_s": r.results.get("wall_time_s"),
+                   "warnings": r.warnings,
+                   "configuration": next(c.label for c in configurations if r in c.runs)}
          for r in runs},
     )
 

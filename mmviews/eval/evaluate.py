@@ -8,17 +8,26 @@ Tasks (strings, as in a recipe's ``eval.tasks`` list, or dicts with the same fie
 - ``"msa:DATASET"``: ridge probe on ``sentiment``, then ``msa_metrics(preds, labels, DATASET)``;
 - ``"retrieval"``: cross-view retrieval between view pairs, both directions (default: the
   first view of each modality, all pairs; with one modality, all pairs of views);
+- ``"prototype"`` / ``"prototype:KEY"`` (zero-shot): class prototypes from one view's training
+  embeddings classify another view's test embeddings, for view pairs as retrieval chooses them,
+  both ways (``test/prototype/class/audio_0->text_0/acc``: audio queries, text prototypes; with
+  more than one pair also ``.../mean/acc`` over every pair and direction); nothing is fitted, so it shows whether the modalities
+  share one space;
 - ``"diagnostics"``: alignment, uniformity, ranks, vMF entropy, similarity histograms.
 
 Dict form: ``{"kind": "knn", "label": "class", "k": 20, "temperature": 0.1}``,
 ``{"kind": "msa", "dataset": "mosei", "label": "sentiment"}``,
 ``{"kind": "retrieval", "pairs": [["text_0", "audio_0"]], "ks": [1, 5, 10]}``,
+``{"kind": "prototype", "label": "class", "pairs": [["audio_0", "text_0"]]}``,
 ``{"kind": "diagnostics", "kappa": 10.0}``.
 
 Probes and kNN use the fused embeddings (``fuse="concat"`` or ``"mean"``); the metrics are
 computed on the test split (on the validation split when no test loader is given).
 Metric keys are ``"<split>/<task>/<...>"``, e.g. ``test/knn/class/top1``,
 ``test/msa/mosi/Has0_acc_2``, ``test/retrieval/text_0->audio_0/R@1``, ``test/diag/unif``.
+With more than one retrieval pair, ``test/retrieval/mean/R@1`` is R@1 averaged over every
+pair and direction (its chance: the mean of the directions' 1 / n).
+The chance level of a probe's metric is ``chance/<metric>`` (:func:`mmviews.eval.health.chance_level`).
 """
 
 from __future__ import annotations
@@ -32,11 +41,13 @@ import torch
 
 from mmviews.eval.diagnostics import representation_diagnostics
 from mmviews.eval.extract import Embeddings, Encoder, extract_embeddings
+from mmviews.eval.health import CHANCE_PREFIX, classification_chance, regression_chance
 from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics
-from mmviews.eval.probes import knn_accuracy, linear_probe_classification, linear_probe_regression
+from mmviews.eval.probes import (class_prototype_accuracy, knn_accuracy, linear_probe_classification,
+                                 linear_probe_regression)
 from mmviews.eval.retrieval import cross_view_retrieval
 
-TASK_KINDS = ("linear", "knn", "regression", "msa", "retrieval", "diagnostics")
+TASK_KINDS = ("linear", "knn", "regression", "msa", "retrieval", "prototype", "diagnostics")
 # Spellings other layers use (the trainer's recipes write "linear_probe").
 TASK_ALIASES = {
     "linear_probe": "linear",
@@ -44,6 +55,8 @@ TASK_ALIASES = {
     "regression_probe": "regression",
     "ridge": "regression",
     "diagnostic": "diagnostics",
+    "zero_shot": "prototype",
+    "zeroshot": "prototype",
 }
 # Keyword parameters each task accepts in its dict form (checked before any extraction).
 TASK_PARAMS: dict[str, frozenset[str]] = {
@@ -52,9 +65,11 @@ TASK_PARAMS: dict[str, frozenset[str]] = {
     "regression": frozenset({"weight_decays"}),
     "msa": frozenset({"weight_decays"}),
     "retrieval": frozenset({"pairs", "ks"}),
+    "prototype": frozenset({"pairs"}),
     "diagnostics": frozenset({"kappa", "max_samples"}),
 }
-_DEFAULT_LABEL = {"linear": "class", "knn": "class", "regression": "sentiment", "msa": "sentiment"}
+_DEFAULT_LABEL = {"linear": "class", "knn": "class", "regression": "sentiment", "msa": "sentiment",
+                  "prototype": "class"}
 # The function that runs each task kind: its signature holds the defaults of TASK_PARAMS
 # (``mmviews list tasks`` reads them from there).
 TASK_FUNCTIONS: dict[str, Any] = {
@@ -63,6 +78,7 @@ TASK_FUNCTIONS: dict[str, Any] = {
     "regression": linear_probe_regression,
     "msa": linear_probe_regression,
     "retrieval": cross_view_retrieval,
+    "prototype": class_prototype_accuracy,
     "diagnostics": representation_diagnostics,
 }
 _TASK_DESCRIPTIONS = {
@@ -71,6 +87,8 @@ _TASK_DESCRIPTIONS = {
     "regression": "ridge probe on a score (regression:KEY, default label sentiment): MAE, MSE, R^2",
     "msa": "ridge probe on sentiment with the MSA metrics (msa:mosi|mosei|sims)",
     "retrieval": "cross-view retrieval R@k both ways (pairs default: the first view of each modality, all pairs)",
+    "prototype": "zero-shot classification across views: class prototypes of one view's training embeddings "
+                 "classify another view (prototype:KEY, default label class; pairs as retrieval, both ways)",
     "diagnostics": "alignment, uniformity, effective rank, vMF entropy, similarity histograms",
 }
 
@@ -89,7 +107,7 @@ class EvalTask:
 
     @property
     def needs_train(self) -> bool:
-        return self.kind in ("linear", "knn", "regression", "msa")
+        return self.kind in ("linear", "knn", "regression", "msa", "prototype")
 
 
 def parse_tasks(tasks: Iterable[str | Mapping[str, Any]] | str) -> list[EvalTask]:
@@ -205,7 +223,12 @@ def _compute(
                 *probe_splits(task.label), seed=seed, **task.params,
             )
             metrics[f"{split}/linear/{task.label}/acc"] = res.metrics["test_acc"]
+            metrics[f"{CHANCE_PREFIX}{split}/linear/{task.label}/acc"] = classification_chance(
+                _label(train, task.label, "train"), _label(ev, task.label, split))
             metrics[f"val/linear/{task.label}/acc"] = res.val_score
+            if val is not None:  # (without a validation split the score is of a held-out tenth of train)
+                metrics[f"{CHANCE_PREFIX}val/linear/{task.label}/acc"] = classification_chance(
+                    _label(train, task.label, "train"), _label(val, task.label, "val"))
             metrics[f"linear/{task.label}/weight_decay"] = res.weight_decay
         elif task.kind == "knn":
             assert train is not None
@@ -213,15 +236,20 @@ def _compute(
                 train.fused, _label(train, task.label, "train"), ev.fused, _label(ev, task.label, split),
                 **task.params,
             )
+            metrics[f"{CHANCE_PREFIX}{split}/knn/{task.label}/top1"] = classification_chance(
+                _label(train, task.label, "train"), _label(ev, task.label, split))
         elif task.kind in ("regression", "msa"):
             assert train is not None
             res = linear_probe_regression(
                 *probe_splits(task.label), seed=seed, **task.params,
             )
             if task.kind == "regression":
+                chance = regression_chance(_label(train, task.label, "train"), _label(ev, task.label, split))
                 for k in ("test_mae", "test_mse", "test_r2"):
                     if k in res.metrics:
                         metrics[f"{split}/regression/{task.label}/{k[5:]}"] = res.metrics[k]
+                        if k[5:] in chance:
+                            metrics[f"{CHANCE_PREFIX}{split}/regression/{task.label}/{k[5:]}"] = chance[k[5:]]
                 metrics[f"regression/{task.label}/weight_decay"] = res.weight_decay
             else:
                 assert res.predictions is not None
@@ -229,7 +257,10 @@ def _compute(
                     metrics[f"{split}/msa/{task.dataset}/{k}"] = v
                 metrics[f"msa/{task.dataset}/weight_decay"] = res.weight_decay
         elif task.kind == "retrieval":
-            for a, b in _retrieval_pairs(ev, task):
+            pairs = _retrieval_pairs(ev, task)
+            recalls: list[float] = []
+            chances: list[float] = []
+            for a, b in pairs:
                 res = cross_view_retrieval(ev.views, ev.mask, a, b, ks=task.params.get("ks", (1, 5, 10)))
                 na, nb = ev.view_names[a], ev.view_names[b]
                 # the number of pairs: chance is R@k = k / n, mean rank (n + 1) / 2
@@ -239,6 +270,35 @@ def _compute(
                         metrics[f"{split}/retrieval/{na}->{nb}/{k[4:]}"] = v
                     elif k.startswith("b2a/"):
                         metrics[f"{split}/retrieval/{nb}->{na}/{k[4:]}"] = v
+                if "a2b/R@1" in res:
+                    recalls += [res["a2b/R@1"], res["b2a/R@1"]]
+                    chances += [1.0 / res["n"]] * 2
+            if len(pairs) > 1 and recalls:
+                # one figure for the headline: R@1 averaged over every pair and direction, and its chance
+                metrics[f"{split}/retrieval/mean/R@1"] = sum(recalls) / len(recalls)
+                metrics[f"{CHANCE_PREFIX}{split}/retrieval/mean/R@1"] = sum(chances) / len(chances)
+        elif task.kind == "prototype":
+            assert train is not None
+            chance = classification_chance(_label(train, task.label, "train"), _label(ev, task.label, split))
+            accuracies = []
+            pairs = _retrieval_pairs(ev, task)
+            for a, b in pairs:
+                for query, source in ((a, b), (b, a)):
+                    # prototypes from the training samples that have the source view, queries that have theirs
+                    has_source, has_query = train.mask[:, source], ev.mask[:, query]
+                    if not has_source.any() or not has_query.any():
+                        continue
+                    accuracy = class_prototype_accuracy(
+                        train.views[has_source, source], _label(train, task.label, "train")[has_source],
+                        ev.views[has_query, query], _label(ev, task.label, split)[has_query])
+                    key = f"{split}/prototype/{task.label}/{ev.view_names[query]}->{ev.view_names[source]}/acc"
+                    metrics[key] = accuracy
+                    metrics[CHANCE_PREFIX + key] = classification_chance(
+                        _label(train, task.label, "train"), _label(ev, task.label, split)[has_query])
+                    accuracies.append(accuracy)
+            if len(pairs) > 1 and accuracies:
+                metrics[f"{split}/prototype/{task.label}/mean/acc"] = sum(accuracies) / len(accuracies)
+                metrics[f"{CHANCE_PREFIX}{split}/prototype/{task.label}/mean/acc"] = chance
         elif task.kind == "diagnostics":
             diag, diag_data = representation_diagnostics(ev.views, ev.mask, ev.fused, seed=seed, **task.params)
             metrics.update({f"{split}/diag/{k}": v for k, v in diag.items()})

@@ -325,3 +325,31 @@ def knn_accuracy(
     """Top-1 accuracy (fraction) of :func:`knn_predict` on ``test_y`` [Q]."""
     pred = knn_predict(train_x, train_y, test_x, k=k, temperature=temperature)
     return float((pred == test_y.to(pred.device)).double().mean())
+
+
+@torch.no_grad()
+def class_prototype_accuracy(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+) -> float:
+    """Zero-shot classification by class prototypes: each class's prototype is the mean of
+    the unit-normalised training embeddings ``train_x`` [N, d] of that class (one view, e.g.
+    the text), normalised again; each test embedding ``test_x`` [N', d] (another view, e.g.
+    the audio) takes the class of the most similar prototype (cosine). Nothing is fitted: the
+    views must share one space for this to beat chance. Returns the test accuracy. (The
+    ``prototype`` task of :func:`mmviews.eval.evaluate_encoder` chooses the views.)
+    """
+    _check_xy(train_x, train_y, "train")
+    _check_xy(test_x, test_y, "test")
+    if train_x.shape[0] == 0 or test_x.shape[0] == 0:
+        raise ValueError("class prototypes need at least one training and one test embedding")
+    classes, index = torch.unique(train_y, return_inverse=True)
+    unit = F.normalize(train_x.float(), dim=1)
+    sums = torch.zeros(len(classes), unit.shape[1], dtype=unit.dtype, device=unit.device)
+    sums.index_add_(0, index.to(unit.device), unit)
+    prototypes = F.normalize(sums, dim=1)
+    scores = F.normalize(test_x.float().to(unit.device), dim=1) @ prototypes.T
+    predicted = classes.to(unit.device)[scores.argmax(dim=1)]
+    return float((predicted == test_y.to(unit.device)).double().mean())

@@ -167,12 +167,38 @@ def plot_spectrum(spectra: Mapping[str, np.ndarray], out_png: str | os.PathLike)
     return _save_figure(fig, Path(out_png))
 
 
+# Significant digits a metric keeps below 0.1 (an MSE of 0.00021 is not printed as 0.0002).
+METRIC_SIGNIFICANT_DIGITS = 3
+
+
+def format_metric(value: Any, signed: bool = False) -> str:
+    """A metric as the reports and the terminal print it: 4 decimals from 0.1 up to 10^4;
+    below 0.1, as many decimals as keep 3 significant digits (0.0036 -> ``0.00360``, an MSE
+    of 0.00021 -> ``0.000210``, not ``0.0002`` or ``0.0000``); in exponent form below 10^-4
+    (3 significant digits: a weight decay ``1e-05``) and from 10^4 up (4). ``signed``: a sign on every value (a
+    difference). ``n/a`` for None, NaN and inf; anything else that is not a number as
+    ``str``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "n/a" if value is None else str(value)
+    value = float(value)
+    if not math.isfinite(value):
+        return "n/a"
+    sign = "+" if signed else ""
+    size = abs(value)
+    if size == 0 or 0.1 <= size < 1e4:
+        return f"{value:{sign}.4f}"
+    if 1e-4 <= size < 0.1:
+        decimals = METRIC_SIGNIFICANT_DIGITS - 1 - math.floor(math.log10(size))
+        return f"{value:{sign}.{decimals}f}"
+    if size < 1e-4:
+        return f"{value:{sign}.{METRIC_SIGNIFICANT_DIGITS}g}"
+    return f"{value:{sign}.4g}"  # 10^4 and up: 4 significant digits
+
+
 def _format(value: Any) -> str:
+    """Meta values and metrics in a report: numbers by :func:`format_metric`, ints as such."""
     if isinstance(value, float):
-        if not math.isfinite(value):
-            return "n/a"
-        # 4 decimals, but small values (a probe's weight decay 1e-05) and large ones keep their digits
-        return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e4 else f"{value:.4g}"
+        return format_metric(value)
     return str(value)
 
 
@@ -191,11 +217,13 @@ def markdown_summary(metrics: Mapping[str, Any], meta: Mapping[str, Any] | None 
     for k, v in (meta or {}).items():
         if isinstance(v, (str, int, float, bool)):
             lines.append(f"- {k}: {_format(v)}")
-    from mmviews.eval.health import chance_level
+    from mmviews.eval.health import chance_level, is_chance_key
 
     # retrieval and alignment figures with the value that embeddings carrying no information give
     lines += ["", "| metric | value | chance |", "|---|---|---|"]
     for k, v in sorted(metrics.items()):
+        if is_chance_key(k):
+            continue  # shown in the chance column of its metric
         chance = chance_level(k, metrics)
         lines.append(f"| {k} | {_format(v)} | {'' if chance is None else _format(float(chance))} |")
     lines += ["", "Accuracies, F1 and R@k are fractions in [0, 1].", "", acc2_note(metrics), ""]

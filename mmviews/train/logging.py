@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from mmviews.config import ConfigError, TrainConfig
 from mmviews.eval.health import HealthSettings, LiveHealth, chance_level, run_warnings
+from mmviews.eval.report import format_metric
 from mmviews.fileio import atomic_write_text
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
@@ -265,8 +266,6 @@ def finalise_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return clean
 
 
-def _fmt(value: Any, spec: str = ".4f") -> str:
-    return "n/a" if value is None else format(value, spec)
 
 
 def read_training_log(path: Path) -> list[dict[str, Any]]:
@@ -282,7 +281,7 @@ def read_training_log(path: Path) -> list[dict[str, Any]]:
 # ``mmviews train`` prints them itself and silences this logger.
 RESULTS_LOGGER = "mmviews.train.results"
 # The probe tasks whose metrics head a run's results; retrieval adds its R@1.
-_HEADLINE_TASKS = ("/linear/", "/knn/", "/regression/", "/msa/")
+_HEADLINE_TASKS = ("/linear/", "/knn/", "/regression/", "/msa/", "/prototype/")
 _HEADLINE_DIAGNOSTICS = ("/diag/align", "/diag/unif", "/diag/erank/fused")
 
 
@@ -290,10 +289,13 @@ def headline_metrics(trained: dict[str, Any] | None, random_init: dict[str, Any]
     """The metrics a user reads first, trained against randomly initialised encoder:
     ``[{"metric", "trained", "random_init", "chance"}]`` (None where unknown) for the probes
     (linear, kNN, regression, MSA) and the retrieval R@1 of the evaluated split (test, else
-    val); the main diagnostics when the run evaluated nothing else."""
+    val; the mean over the pairs when there are several); the main diagnostics when the run
+    evaluated nothing else."""
     trained, random_init = trained or {}, random_init or {}
     split = "test/" if any(k.startswith("test/") for k in trained) else "val/"
-    keys = [k for k in sorted(trained) if k.startswith(split) and (
+    # retrieval and prototypes: the mean over pairs where there is one (12 directions for 4
+    # modalities), else each pair's figure
+    keys = [k for k in sorted(trained) if k.startswith(split) and not _has_mean_beside(k, trained) and (
         any(t in k for t in _HEADLINE_TASKS) or ("/retrieval/" in k and k.endswith("/R@1")))]
     if not keys:
         keys = [k for k in sorted(trained) if k.startswith(split) and k.endswith(_HEADLINE_DIAGNOSTICS)]
@@ -301,19 +303,29 @@ def headline_metrics(trained: dict[str, Any] | None, random_init: dict[str, Any]
             for k in keys]
 
 
+def _has_mean_beside(key: str, metrics: Mapping[str, Any]) -> bool:
+    """A per-pair metric (``.../a->b/R@1``) whose task also reports the mean over pairs."""
+    head, _, leaf = key.rpartition("/")
+    task, _, pair = head.rpartition("/")
+    return "->" in pair and f"{task}/mean/{leaf}" in metrics
+
+
 def headline_lines(headline: list[dict[str, Any]]) -> list[str]:
-    """The headline metrics as aligned terminal lines."""
+    """The headline metrics as aligned terminal lines, after a title line naming the split
+    and whether a random-init baseline is beside them (``mmviews train``, ``mmviews eval``)."""
     if not headline:
         return []
     width = max(len(h["metric"]) for h in headline)
-    lines = []
+    split = "test" if headline[0]["metric"].startswith("test/") else "val"
+    baseline = any(h.get("random_init") is not None for h in headline)
+    lines = [f"{split} metrics" + (", trained vs random init:" if baseline else ":")]
     for h in headline:
         t, r, c = (_finite_float(h.get(k)) for k in ("trained", "random_init", "chance"))
-        line = f"  {h['metric']:<{width}}  trained {_fmt(t)}"
+        line = f"  {h['metric']:<{width}}  trained {format_metric(t)}"
         if r is not None:
-            line += f"  random init {r:.4f}" + ("" if t is None else f"  ({t - r:+.4f})")
+            line += f"  random init {format_metric(r)}" + ("" if t is None else f"  ({format_metric(t - r, signed=True)})")
         if c is not None:
-            line += f"  chance {c:.4f}"
+            line += f"  chance {format_metric(c)}"
         lines.append(line)
     return lines
 
@@ -372,7 +384,7 @@ def write_results(run_dir: Path, summary: dict[str, Any], settings: HealthSettin
     lines = [f"# Run report: {summary['name']}", "",
              f"- objective: {summary['objective']}",
              f"- optimiser steps: {summary['steps']} ({summary['epochs']} epochs, {summary['samples_seen']} samples)",
-             f"- final training loss: {_fmt(summary['final_loss'])}",
+             f"- final training loss: {format_metric(summary['final_loss'])}",
              f"- wall time: {summary['wall_time_s']:.1f} s on {summary['num_processes']} process(es), {summary['device']}",
              *([f"- status: **failed**: {summary['reason']}"] if summary["status"] == "failed" else []),
              ""]
@@ -387,10 +399,11 @@ def write_results(run_dir: Path, summary: dict[str, Any], settings: HealthSettin
                 continue
             t = trained[key]
             r = random_.get(key)
-            diff = "" if r is None or t is None else f"{t - r:+.4f}" + (" (lower is better)" if _lower_is_better(key) else "")
+            diff = "" if r is None or t is None else format_metric(t - r, signed=True) + (
+                " (lower is better)" if _lower_is_better(key) else "")
             chance = chance_level(key, trained)
-            lines.append(f"| {key} | {_fmt(t)} | {'' if r is None else f'{r:.4f}'} | {diff} | "
-                         f"{'' if chance is None else f'{chance:.4f}'} |")
+            lines.append(f"| {key} | {format_metric(t)} | {'' if r is None else format_metric(r)} | {diff} | "
+                         f"{'' if chance is None else format_metric(chance)} |")
         lines += ["", "Full evaluation report: [eval/summary.md](eval/summary.md)"
                   + ("; random-initialisation baseline: [eval_random/summary.md](eval_random/summary.md)" if random_ else ""), ""]
     atomic_write_text(run_dir / REPORT_FILE, "\n".join(lines))

@@ -38,8 +38,14 @@ every part as a measured or counted figure:
   on random ``[K, M, d]`` embeddings (the gathered embeddings, their gradient, the score blocks;
   at K itself up to 512 samples, beyond that extrapolated from two smaller K);
 - **evaluation** (with ``evaluation.tasks``): the embeddings extracted from each split
-  (``[n, M, d]`` float32), held with the weights and optimiser state; the peak is the larger of
-  the step's and the evaluation's.
+  (``[n, M, d]`` float32), held with the weights and optimiser state, and one evaluation batch
+  (``data.eval_batch_size`` samples with the evaluation's views) encoded as the evaluation does
+  it (eval mode, no gradients), measured: the collated batch, the forward's live tensors at
+  their peak and the resident set's growth beyond them. The peak is the larger of the step's
+  and the evaluation's: at small K the evaluation's batch (256 samples in the quickstart,
+  twice its K) is the run's peak.
+
+Sizes print in binary units, GiB (2^30 bytes) and MiB, as the resident set is counted.
 
 What it leaves out: the allocator's fragmentation (on CPU, glibc keeps freed small blocks; the
 figures in docs/memory.md put the estimate within 15 % of the measured peak RSS), the framework's
@@ -97,6 +103,11 @@ class MemoryEstimate:
     baseline: int = 0  # measured resident set of the process without the parameters (host)
     sample_cache: int = 0  # data.cache: every split's samples, once each has been read (host)
     evaluation: int = 0  # embeddings extracted by the evaluation (all splits)
+    # measured: one evaluation batch (data.eval_batch_size samples, the evaluation's views) collated and
+    # encoded without gradients, its live tensors at the peak and the resident set's growth beyond them
+    evaluation_batch: int = 0
+    evaluation_forward: int = 0
+    evaluation_slack: int = 0
     on_host: bool = True  # the device is the host (CPU): baseline and cache count in the total
     allocator_slack: int = 0  # measured: resident-set growth of a reference step beyond its live tensors
     framework: int = 0  # measured: what the process keeps once it has run a step, no tensor alive (host)
@@ -156,8 +167,10 @@ class MemoryEstimate:
 
     @property
     def evaluating(self) -> int:
-        """The evaluation's peak: weights and optimiser state, and the extracted embeddings."""
-        return self.host + self.static - self.gradients + self.evaluation
+        """The evaluation's peak: weights and optimiser state, the extracted embeddings, and one
+        evaluation batch encoded without gradients (at small K larger than the training step)."""
+        return (self.host + self.static - self.gradients + self.evaluation + self.evaluation_batch
+                + self.evaluation_forward + self.evaluation_slack)
 
     @property
     def total(self) -> int:
@@ -201,21 +214,23 @@ class MemoryEstimate:
         if self.teacher:
             out.append(f"  EMA teacher       {_gb(self.teacher)}")
         prefetch = f", and {self.prefetched_batches} prefetched by the loader's workers" if self.prefetched_batches else ""
-        out.append(f"  batch             {_gb(self.batches)} ({self.batch_per_sample / 2**20:.3f} MB per sample "
+        out.append(f"  batch             {_gb(self.batches)} ({self.batch_per_sample / 2**20:.3f} MiB per sample "
                    f"x {self.samples_per_device}{prefetch})")
-        per_sample = f"{self.activation_per_sample / 2**20:.2f} MB per sample (measured) x {self.encoded_at_once}"
+        per_sample = f"{self.activation_per_sample / 2**20:.2f} MiB per sample (measured) x {self.encoded_at_once}"
         if self.chunk_size is not None:
             per_sample += f" + [K/N, M, d] embeddings and gradient {_gb(self.cached_embeddings)}"
         out += [f"  activations       {_gb(self.activations)} ({per_sample})",
-                f"  backward working  {_gb(self.working)} ({self.working_per_sample / 2**20:.2f} MB per sample "
+                f"  backward working  {_gb(self.working)} ({self.working_per_sample / 2**20:.2f} MiB per sample "
                 f"(measured) x {self.encoded_at_once})",
                 f"  objective         {_gb(self.objective)} (measured: loss and backward on [K, M, d] embeddings)"]
         if self.allocator_slack:
             out.append(f"  allocator slack   {_gb(self.allocator_slack)} (measured: a reference step's resident-set "
                        "growth beyond its tensors)")
         if self.evaluation:
-            out.append(f"  evaluation        {_gb(self.evaluation)} (extracted embeddings; evaluation peak "
-                       f"{_gb(self.evaluating)}, the step's {_gb(self.step)})")
+            encoded = self.evaluation_batch + self.evaluation_forward + self.evaluation_slack
+            out.append(f"  evaluation        {_gb(self.evaluation)} extracted embeddings + {_gb(encoded)} for one "
+                       f"evaluation batch encoded (measured); evaluation peak {_gb(self.evaluating)}, the training "
+                       f"step's {_gb(self.step)}: the estimate is the larger")
         if budget_gb is not None:
             out.append(self.advice(budget_gb))
         return out
@@ -224,25 +239,26 @@ class MemoryEstimate:
         """Whether the step fits ``budget_gb`` per device, and the encode_chunk_size that would."""
         budget = budget_gb * GB
         if self.total <= budget:
-            return f"fits the budget of {budget_gb:g} GB per device ({_gb(self.total)} estimated)"
+            return f"fits the budget of {budget_gb:g} GiB per device ({_gb(self.total)} estimated)"
         plain = self.with_chunk(None)
         chunk = self.largest_chunk_within(budget)
         if chunk is None:
             floor = self.with_chunk(1)
             fixed = self.static + self.host
-            return (f"does not fit the budget of {budget_gb:g} GB per device: even with "
+            return (f"does not fit the budget of {budget_gb:g} GiB per device: even with "
                     f"optimisation.encode_chunk_size 1 the estimate is {_gb(floor.total)} (the process, weights, "
                     f"gradients and optimiser state alone take {_gb(fixed)}); fine-tune fewer parameters "
                     "(finetune.mode, LoRA), use more devices, or a smaller K")
         chosen = self.with_chunk(chunk)
-        return (f"does not fit the budget of {budget_gb:g} GB per device ({_gb(self.total)} estimated; the plain step "
+        return (f"does not fit the budget of {budget_gb:g} GiB per device ({_gb(self.total)} estimated; the plain step "
                 f"{_gb(plain.total)}): set optimisation.encode_chunk_size: {chunk} (estimated {_gb(chosen.total)}; "
                 "the same K negatives, encoders run twice per step; adapters' gradient_checkpointing: true lowers the "
                 "activations per sample further)")
 
 
 def _gb(n: float) -> str:
-    return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 2**20:.1f} MB"
+    """Bytes in binary units, named as such (GiB = 2^30 bytes, MiB = 2^20)."""
+    return f"{n / GB:.2f} GiB" if n >= 0.1 * GB else f"{n / 2**20:.1f} MiB"
 
 
 def tensor_bytes(tensors: Any) -> int:
@@ -393,6 +409,46 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
                 b.copy_(buffers[name])
         encoder.train(was_training)
     return measured
+
+
+@dataclass
+class EvaluationForwardMeasurement:
+    """Bytes of one evaluation batch encoded without gradients (:func:`measure_evaluation_forward`)."""
+
+    samples: int
+    batch: int  # the collated, host-prepared batch
+    peak: int  # live tensors at the forward's peak
+    resident_growth: int | None  # growth of the resident set's high-water mark beyond the batch (Linux; else None)
+
+
+def measure_evaluation_forward(parts: RunParts, samples: int | None = None) -> EvaluationForwardMeasurement | None:
+    """One batch of the evaluation (``data.eval_batch_size`` samples of the training split,
+    collated with the evaluation loaders' views) encoded as the evaluation encodes it: eval mode,
+    no gradients, under the recipe's mixed precision. None without an evaluation loader."""
+    loader = next((lo for lo in (parts.eval_loaders or {}).values() if lo is not None), None)
+    if loader is None:
+        return None
+    encoder, dataset = parts.encoder, parts.datasets["train"]
+    n = min(samples or parts.config.data.eval_batch_size or parts.config.data.batch_size, len(dataset))
+    if n < 1:
+        return None
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(parts.config.optimisation.mixed_precision)
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        rows = first_samples(dataset, n)
+        trim_host_memory()
+        start = _reset_resident_peak()
+        batch = encoder.host_preparation()(loader.collate_fn(rows))
+        del rows
+        batch_bytes = tensor_bytes(tensors_in(batch))
+        live = LiveTensorBytes()
+        with live, torch.no_grad(), torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            encoder(batch)
+        growth = None if start is None else max(resident_peak_bytes() - start - batch_bytes, 0)
+    finally:
+        encoder.train(was_training)
+    return EvaluationForwardMeasurement(n, batch_bytes, live.peak, growth)
 
 
 def gradient_bytes(parts: RunParts, samples: int = 2) -> int:
@@ -621,10 +677,15 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     # a DataLoader has no view spec: the evaluation's views (evaluation.views) are its collator's
     eval_views = max((len(getattr(loader.collate_fn, "view_spec", ())) or M for loader in parts.eval_loaders.values()
                       if loader is not None), default=M)
-    evaluation = 0
+    evaluation = evaluation_batch = evaluation_forward = evaluation_slack = 0
     if config.evaluation.tasks:
         evaluation = sum(4 * len(loader.dataset) * eval_views * d for loader in parts.eval_loaders.values()
                          if loader is not None and hasattr(loader, "dataset"))
+        forward = measure_evaluation_forward(parts) if activations is None else None
+        if forward is not None:
+            evaluation_batch, evaluation_forward = forward.batch, forward.peak
+            if on_host and forward.resident_growth is not None:
+                evaluation_slack = max(forward.resident_growth - forward.peak, 0)
     objective_peak = measure_objective_bytes(objective, K, M, d)
     trim_host_memory()  # what the measurements freed goes back: the process is as it was for the run
     return MemoryEstimate(
@@ -634,7 +695,8 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
         activation_fixed=fixed, activation_per_sample=per_sample, objective=objective_peak,
         optimizer=o.optimizer, working_fixed=working_fixed, working_per_sample=working_per_sample,
         batch_per_sample=batch_per_sample, prefetched_batches=_prefetched_batches(config), baseline=baseline,
-        sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack, framework=framework)
+        sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack, framework=framework,
+        evaluation_batch=evaluation_batch, evaluation_forward=evaluation_forward, evaluation_slack=evaluation_slack)
 
 
 def processes_from_environment() -> int:

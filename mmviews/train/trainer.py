@@ -256,7 +256,7 @@ def log_run_end(run_dir: Path, summary: dict[str, Any]) -> None:
     logger = logging.getLogger(RESULTS_LOGGER)
     lines = headline_lines(summary.get("headline") or [])
     if lines:
-        logger.info("%s: trained vs random init\n%s", run_dir, "\n".join(lines))
+        logger.info("%s: %s", run_dir, "\n".join(lines))
     for message in summary.get("warnings") or []:
         logger.warning("warning: %s", message)
 
