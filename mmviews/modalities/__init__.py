@@ -85,6 +85,7 @@ from .flow import (
     decode_flow_uint8,
     encode_flow_uint8,
 )
+from .image_backbones import HFVisionAdapter, HFVisionConfig, TimmAdapter, TimmConfig, TorchvisionAdapter, TorchvisionConfig
 from .mlp import MLPAdapter, MLPConfig
 from .multiview import MultiViewEncoder
 from .sequence import FeatureSequenceAdapter, FeatureSequenceConfig
@@ -107,6 +108,8 @@ __all__ = [
     "HFAudioAdapter",
     "HFAudioConfig",
     "HeadConfig",
+    "HFVisionConfig",
+    "HFVisionAdapter",
     "LoRAConfig",
     "MLPAdapter",
     "MLPConfig",
@@ -117,6 +120,10 @@ __all__ = [
     "SampleKeyedDropout",
     "SmallCNNVisionAdapter",
     "SmallCNNVisionConfig",
+    "TimmAdapter",
+    "TimmConfig",
+    "TorchvisionAdapter",
+    "TorchvisionConfig",
     "TextAdapter",
     "TextConfig",
     "adapt_patch_embedding",
