@@ -41,24 +41,24 @@ def test_mobilenet_v2_imagenet_weights_beat_random_init_on_digits():
     from mmviews.eval.probes import linear_probe_classification
 
     weights = mobilenet_v2_weights()
-    train_x, train_y, test_x, test_y = digits(300, 200)
+    train_x, train_y, test_x, test_y = digits(200, 150)
     accuracy = {}
     for name, file in (("pretrained", str(weights)), ("random", None)):
         torch.manual_seed(0)
         adapter = build_adapter({"type": "torchvision", "model": "mobilenet_v2", "weights": file,
-                                 "image_size": 64, "finetune": {"mode": "frozen"}}).eval()
+                                 "image_size": 48, "finetune": {"mode": "frozen"}}).eval()
         if file is not None:  # every backbone tensor is the file's (its classifier dropped)
             state = torch.load(weights, map_location="cpu", weights_only=True)
             own = adapter.backbone.state_dict()
             assert set(state) - set(own) == {"classifier.1.weight", "classifier.1.bias"}
             assert all(torch.equal(own[k], state[k]) for k in own)
-        with torch.no_grad():  # 8x8 digits upscaled to 64x64 by the adapter
+        with torch.no_grad():  # 8x8 digits upscaled to 48x48 by the adapter
             features = adapter.features({"values": torch.cat([train_x, test_x])})
-        assert features.shape == (500, 1280)
-        probe = linear_probe_classification(features[:300], train_y, test_x=features[300:], test_y=test_y)
+        assert features.shape == (350, 1280)
+        probe = linear_probe_classification(features[:200], train_y, test_x=features[200:], test_y=test_y)
         accuracy[name] = probe.metrics["test_acc"]
-    # Measured: 0.87 pretrained, 0.40 random (chance 0.10).
-    assert accuracy["pretrained"] >= 0.75 and accuracy["pretrained"] >= accuracy["random"] + 0.25, accuracy
+    # Measured: 0.80 pretrained, 0.25 random (chance 0.10).
+    assert accuracy["pretrained"] >= 0.7 and accuracy["pretrained"] >= accuracy["random"] + 0.3, accuracy
 
 
 def test_weights_files_are_checked_by_sha256_and_read_weights_only(tmp_path):
