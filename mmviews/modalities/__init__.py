@@ -73,6 +73,7 @@ from .base import (
     register_adapter,
 )
 from .cache import FeatureCache, backbone_fingerprint
+from .custom import ENTRY_POINT_GROUP, register_backbone
 from .dropout import SampleKeyedDropout, dropout_step, enable_sample_keyed_dropout
 from .flow import (
     FlowCLIPAdapter,
@@ -139,4 +140,6 @@ __all__ = [
     "encode_flow_uint8",
     "list_adapters",
     "register_adapter",
+    "register_backbone",
+    "ENTRY_POINT_GROUP",
 ]

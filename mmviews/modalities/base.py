@@ -207,9 +207,20 @@ def register_adapter(cls: type["Adapter"]) -> type["Adapter"]:
 
 
 def adapter_class(type_name: str) -> type["Adapter"]:
-    """The :class:`Adapter` subclass registered for config ``type`` ``type_name``; an unknown
-    type raises ``ValueError`` listing the known ones."""
+    """The :class:`Adapter` subclass registered for config ``type`` ``type_name``; a type nothing
+    registered is looked up among the installed packages' ``mmviews.adapters`` entry points
+    (:func:`mmviews.modalities.custom.load_entry_point_adapter`), and one not found there either
+    raises ``ValueError`` listing the known ones."""
+    if isinstance(type_name, str) and type_name not in _ADAPTERS:
+        from .custom import load_entry_point_adapter  # custom imports this module
+
+        load_entry_point_adapter(type_name)
     return _ADAPTERS.get(type_name)
+
+
+def adapter_registered(type_name: str) -> bool:
+    """Whether adapter type ``type_name`` is registered (entry points are not looked up)."""
+    return type_name in _ADAPTERS
 
 
 def list_adapters() -> dict[str, str]:

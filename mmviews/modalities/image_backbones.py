@@ -62,7 +62,11 @@ class ImageInputAdapter(Adapter):
 
     config: ImageInputConfig
 
-    def _set_image_input(self, size: int | None, mean: Any, std: Any) -> None:
+    def channels(self) -> int:
+        """Channels of the input images."""
+        return 3
+
+    def _set_image_input(self, size: int | None, mean: Any, std: Any, channels: int = 3) -> None:
         """Record the preprocessing in the config (so that a saved adapter keeps it): the config's
         own values win over the backbone's defaults given here."""
         cfg = self.config
@@ -72,14 +76,14 @@ class ImageInputAdapter(Adapter):
         cfg.image_size = int(cfg.image_size or size) if (cfg.image_size or size) else None
         cfg.mean = [float(v) for v in (cfg.mean or mean or IMAGENET_MEAN)]
         cfg.std = [float(v) for v in (cfg.std or std or IMAGENET_STD)]
-        if len(cfg.mean) != 3 or len(cfg.std) != 3 or min(cfg.std) <= 0:
-            raise ValueError(f"{where}: mean and std need 3 values (std > 0), got {cfg.mean} / {cfg.std}")
-        self.register_buffer("mean", torch.tensor(cfg.mean).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(cfg.std).view(1, 3, 1, 1), persistent=False)
+        if len(cfg.mean) != channels or len(cfg.std) != channels or min(cfg.std) <= 0:
+            raise ValueError(f"{where}: mean and std need {channels} values (std > 0), got {cfg.mean} / {cfg.std}")
+        self.register_buffer("mean", torch.tensor(cfg.mean).view(1, channels, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(cfg.std).view(1, channels, 1, 1), persistent=False)
 
     def preprocess(self, inputs: Mapping[str, Any], present: torch.Tensor | None = None) -> dict[str, Any]:
         where = f"{self.config.type} adapter"
-        frames, t = split_frames(require_tensor(inputs, "values", where), 3, where)
+        frames, t = split_frames(require_tensor(inputs, "values", where), self.channels(), where)
         if not frames.is_floating_point():
             raise ValueError(f"{where}: images must be float in [0, 1], got dtype {frames.dtype}")
         frames = to_device(frames, self.mean.device, torch.float32)
@@ -288,15 +292,19 @@ class ClassifierBackboneConfig(ImageInputConfig):
     model_kwargs: dict[str, Any] | None = None
 
 
-def _plain_kwargs(kwargs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+def plain_kwargs(kwargs: Mapping[str, Any] | None, where: str, key: str = "model_kwargs") -> dict[str, Any]:
+    """``kwargs`` (a recipe's keyword arguments for a constructor), refused unless every value is
+    a number, a string, None or a list of them: a recipe passes data, never objects."""
     def plain(value: Any) -> bool:
         if isinstance(value, (list, tuple)):
             return all(plain(v) for v in value)
         return value is None or isinstance(value, (bool, int, float, str))
 
-    for key, value in (kwargs or {}).items():
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ValueError(f"{where}: {key} must be a mapping, got {type(kwargs).__name__}")
+    for name, value in (kwargs or {}).items():
         if not plain(value):
-            raise ValueError(f"{where}: model_kwargs.{key} must be a number, string or list, got {type(value).__name__}")
+            raise ValueError(f"{where}: {key}.{name} must be a number, string or list, got {type(value).__name__}")
     return dict(kwargs or {})
 
 
@@ -341,7 +349,7 @@ class TorchvisionAdapter(ImageInputAdapter):
 
             raise ValueError(f"{where}: unknown model {config.model!r}{did_you_mean(config.model, known)} "
                              "(torchvision.models.list_models())")
-        kwargs = _plain_kwargs(config.model_kwargs, where)
+        kwargs = plain_kwargs(config.model_kwargs, where)
         weights = config.weights if load_weights and saved_dir is None else None
         tag = None
         if weights is not None and not os.path.isfile(os.path.expanduser(weights)):
@@ -402,7 +410,7 @@ class TimmAdapter(ImageInputAdapter):
             raise ValueError(f"{where}: unknown model {config.model!r}{did_you_mean(config.model, timm.list_models())}")
         # pretrained=False: weights come from the local file only (timm would fetch them)
         self.backbone = timm.create_model(config.model, pretrained=False, num_classes=0,
-                                          **_plain_kwargs(config.model_kwargs, where))
+                                          **plain_kwargs(config.model_kwargs, where))
         weights = config.weights if load_weights and saved_dir is None else None
         if weights is not None:
             state = read_weights_file(weights, config.weights_sha256, "weights")

@@ -1,0 +1,125 @@
+"""A backbone of one's own: ``register_backbone`` in the user's code, or an installed package's
+``mmviews.adapters`` entry point, makes an adapter type a recipe names; it trains, saves and
+loads like a built-in one. A recipe never names code to import."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+from test_train_utils import tiny_config as tiny_recipe
+from torch import nn
+
+from mmviews.config import config_from_dict
+from mmviews.modalities import Adapter, ENTRY_POINT_GROUP, MultiViewEncoder, build_adapter, list_adapters, register_backbone
+
+
+@register_backbone("test_tiny_convnet")
+class TinyConvNet(nn.Module):
+    """Two conv stages and a global average (a user's own module)."""
+
+    def __init__(self, width: int = 8, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+        self.stage = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.ReLU())
+
+    def blocks(self) -> list[nn.Module]:
+        return [self.stem, self.stage]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.stage(self.stem(images)).mean(dim=(2, 3))
+
+
+def test_a_registered_module_is_an_adapter_type(tmp_path):
+    assert list_adapters()["test_tiny_convnet"] == "Two conv stages and a global average (a user's own module)."
+    adapter = build_adapter({"type": "test_tiny_convnet", "args": {"width": 4}, "embed_dim": 8, "image_size": 16})
+    assert adapter.feature_dim == 8  # measured by one forward: 2 * width
+    assert isinstance(adapter.backbone, TinyConvNet) and adapter.backbone.stem[0].out_channels == 4
+    images = torch.rand(5, 3, 24, 24)  # resized and centre-cropped to 16
+    adapter.eval()
+    with torch.no_grad():
+        z = adapter({"values": images})
+        expected = adapter.backbone((nn.functional.interpolate(images, size=16, mode="bilinear", antialias=True)
+                                     .clamp(0, 1) - 0.5) / 0.25)
+        torch.testing.assert_close(adapter.features({"values": images}), expected, rtol=1e-4, atol=1e-5)
+    assert z.shape == (5, 8) and torch.allclose(z.norm(dim=-1), torch.ones(5))
+    adapter.save_pretrained(tmp_path / "saved")
+    loaded = Adapter.from_pretrained(tmp_path / "saved").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded({"values": images}), z)
+
+    last = build_adapter({"type": "test_tiny_convnet", "finetune": {"mode": "last_n", "last_n": 1}})
+    assert [p.requires_grad for p in last.backbone.stem.parameters()] == [False] * 4
+    assert all(p.requires_grad for p in last.backbone.stage.parameters())
+    one_channel = build_adapter({"type": "test_tiny_convnet", "args": {"in_channels": 1}, "in_channels": 1})
+    assert one_channel({"values": torch.rand(2, 1, 8, 8)}).shape == (2, 128)
+
+
+def test_registration_and_config_errors_are_clear():
+    with pytest.raises(ValueError, match="adapter type 'test_tiny_convnet' is registered twice"):
+        register_backbone("test_tiny_convnet")(TinyConvNet)
+    with pytest.raises(ValueError, match=r"test_tiny_convnet adapter: args\.width must be a number, string or list"):
+        build_adapter({"type": "test_tiny_convnet", "args": {"width": {"nested": 1}}})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'depth'"):
+        build_adapter({"type": "test_tiny_convnet", "args": {"depth": 3}})
+    with pytest.raises(ValueError, match=r"unknown adapter type 'test_tiny_convnt' \(did you mean 'test_tiny_convnet'\?\)"):
+        build_adapter({"type": "test_tiny_convnt"})
+
+    @register_backbone("test_flat_output")
+    def flat(width: int = 4) -> nn.Module:
+        return nn.Conv2d(3, width, 3)
+
+    with pytest.raises(ValueError, match=r"test_flat_output adapter: the backbone must return features \[N, F\], "
+                                         r"got \(2, 4, 30, 30\)"):
+        build_adapter({"type": "test_flat_output"})
+
+
+def test_a_recipe_trains_a_registered_backbone(tmp_path):
+    from mmviews.train import train
+
+    raw = tiny_recipe(num_samples=32, batch_size=16, epochs=1, text=False)
+    raw["adapters"]["image"] = {"type": "test_tiny_convnet", "args": {"width": 4}, "head": raw["adapters"]["image"]["head"]}
+    summary = train(config_from_dict(raw, "tiny.yaml"), tmp_path / "run", source="tiny.yaml")
+    assert summary["steps"] == 2 and summary["status"] == "ok"
+    encoder = MultiViewEncoder.from_pretrained(tmp_path / "run" / "encoder")
+    assert isinstance(encoder.adapters["image"].backbone, TinyConvNet)
+
+
+def _install_package(root, name: str, body: str, entry: str) -> None:
+    """A package installed the way pip leaves one: its module and a dist-info with entry points."""
+    (root / f"{name}.py").write_text(textwrap.dedent(body))
+    info = root / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{entry}\n")
+
+
+def test_an_installed_entry_point_is_loaded_only_for_a_type_nothing_registered(tmp_path, monkeypatch):
+    _install_package(tmp_path, "mmviews_test_plugin", """
+        from torch import nn
+
+        class PluginNet(nn.Module):
+            \"\"\"A backbone from an installed package.\"\"\"
+            feature_dim = 6
+
+            def __init__(self, width: int = 6):
+                super().__init__()
+                self.conv = nn.Conv2d(3, width, 1)
+
+            def forward(self, images):
+                return self.conv(images).mean(dim=(2, 3))
+        """, "test_plugin_net = mmviews_test_plugin:PluginNet\ntest_broken_net = mmviews_test_missing:Net")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mmviews_test_plugin", raising=False)
+
+    build_adapter({"type": "test_tiny_convnet"})  # a registered type: no entry point is looked at
+    assert "mmviews_test_plugin" not in sys.modules
+    adapter = build_adapter({"type": "test_plugin_net", "embed_dim": 4})
+    assert "mmviews_test_plugin" in sys.modules and type(adapter.backbone).__name__ == "PluginNet"
+    assert adapter.feature_dim == 6 and adapter({"values": torch.rand(3, 3, 8, 8)}).shape == (3, 4)
+    assert "test_plugin_net" in list_adapters()
+    with pytest.raises(ValueError, match=r"adapter type 'test_broken_net': entry point 'mmviews_test_missing:Net' "
+                                         r"\(mmviews\.adapters\) failed to load: No module named 'mmviews_test_missing'"):
+        build_adapter({"type": "test_broken_net"})
