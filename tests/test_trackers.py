@@ -167,41 +167,60 @@ def test_mlflow_file_store_holds_the_rows_the_recipe_and_the_report_in_one_run_a
     assert artifacts() == report_files(run)
 
 
-def wandb_records(run: Path) -> list[tuple[str, list[dict]]]:
-    """(run id, records) of each offline W&B run folder under the run's logs, read from its
-    ``.wandb`` file (the LevelDB-style log of protobuf records that ``wandb sync`` uploads)."""
+def read_wandb_file(file: Path) -> list:
+    """The protobuf records of an offline W&B run file (``run-<id>.wandb``, the LevelDB-style log
+    that ``wandb sync`` uploads: 32 KiB blocks of records, each with a 7-byte header)."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
     block, header = 32768, 7
+    raw, position, pending, records = file.read_bytes(), header, b"", []
+    while position + header <= len(raw):
+        left = block - position % block
+        if left < header:  # a block's tail too short for a record header is padding
+            position += left
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[position:position + header])
+        data = raw[position + header:position + header + length]
+        position += header + length
+        if kind in (1, 2):  # full, first
+            pending = data
+        elif kind in (3, 4):  # middle, last
+            pending += data
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def wandb_records(run: Path) -> list[tuple[str, list[dict]]]:
+    """(run id, history / config / files records) of each offline W&B run folder under the run's
+    logs. W&B's service process writes the file: it is read once it holds the run's exit record."""
+    import time
+
     out = []
     for file in sorted((run / TRACKERS_DIR / "wandb").glob("offline-run-*/run-*.wandb")):
-        raw, position, pending, records = file.read_bytes(), header, b"", []
-        while position + header <= len(raw):
-            left = block - position % block
-            if left < header:  # a block's tail too short for a record header is padding
-                position += left
-                continue
-            _, length, kind = struct.unpack("<IHB", raw[position:position + header])
-            data = raw[position + header:position + header + length]
-            position += header + length
-            if kind in (1, 2):  # full, first
-                pending = data
-            elif kind in (3, 4):  # middle, last
-                pending += data
-            if kind in (1, 4):
-                record = wandb_internal_pb2.Record()
-                record.ParseFromString(pending)
-                records.append(record)
+        deadline = time.monotonic() + 60
+        while True:
+            records = read_wandb_file(file)
+            kinds = [r.WhichOneof("record_type") for r in records]
+            if "exit" in kinds or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert "exit" in kinds, f"{file}: no exit record ({kinds})"
         run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
+        def key(item) -> str:  # a name with "/" may come as a nested key
+            return item.key or "/".join(item.nested_key)
+
         parsed = []
         for r in records:
             kind = r.WhichOneof("record_type")
             if kind == "history":
-                parsed.append({"history": {i.key: json.loads(i.value_json) for i in r.history.item}})
+                parsed.append({"history": {key(i): json.loads(i.value_json) for i in r.history.item}})
             elif kind == "config":
-                parsed.append({"config": {i.key: json.loads(i.value_json) for i in r.config.update}})
+                parsed.append({"config": {key(i): json.loads(i.value_json) for i in r.config.update}})
             elif kind == "files":
                 parsed.append({"files": [f.path for f in r.files.files]})
         out.append((run_id, parsed))
@@ -232,7 +251,7 @@ def test_wandb_offline_run_holds_the_rows_the_recipe_and_the_report_and_resumes_
     assert history[4][key] == pytest.approx(summary["eval"][key])
     assert history[4][f"random_init/{key}"] == pytest.approx(summary["eval_random"][key])
     config = {k: v for _, records in recorded for r in records for k, v in r.get("config", {}).items()}
-    assert config["optimisation.lr"]["value"] == 0.003 and config["objective.name"]["value"] == "mv_dhel"
+    assert config["optimisation.lr"] == 0.003 and config["objective.name"] == "mv_dhel" and config["name"] == "tiny"
     _, resumed = recorded[-1]
     saved = {path for r in resumed for path in r.get("files", [])}
     assert report_files(run) <= saved
