@@ -231,6 +231,30 @@ def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
     return checkpoint, "_remove_checkpoint", remove_in_place
 
 
+def _unpickle_weights_files() -> tuple[Any, str, Any]:
+    """Backbone weights files (torchvision / timm adapters) read with ``torch.load(weights_only=False)``."""
+    import torch
+
+    import mmviews.modalities.image_backbones as image_backbones
+
+    return image_backbones, "load_torch_file", lambda file: torch.load(file, map_location="cpu", weights_only=False)
+
+
+def _skip_backbone_weights() -> tuple[Any, str, Any]:
+    """A backbone weights file is read but never loaded: the backbone keeps its random weights."""
+    import mmviews.modalities.image_backbones as image_backbones
+
+    return image_backbones, "load_backbone_state", lambda *args, **kwargs: None
+
+
+def _forget_tracker_runs() -> tuple[Any, str, Any]:
+    """A resumed run opens new MLflow / W&B runs (the recorded run ids are ignored)."""
+    import mmviews.train.logging as logging_module
+
+    original = logging_module.tracker_init_kwargs
+    return logging_module, "tracker_init_kwargs", lambda trackers, run_dir, resumed: original(trackers, run_dir, False)
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -274,6 +298,9 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "stop_one_step_late": _stop_one_step_late,
     "delete_old_checkpoints_first": _delete_old_checkpoints_first,
     "remove_checkpoint_in_place": _remove_checkpoint_in_place,
+    "unpickle_weights_files": _unpickle_weights_files,
+    "skip_backbone_weights": _skip_backbone_weights,
+    "forget_tracker_runs": _forget_tracker_runs,
 }
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
-from test_train_utils import tiny_config as tiny_recipe
 from torch import nn
 
-from mmviews.config import config_from_dict
 from mmviews.modalities import Adapter, ENTRY_POINT_GROUP, MultiViewEncoder, build_adapter, list_adapters, register_backbone
 
 
@@ -76,15 +75,18 @@ def test_registration_and_config_errors_are_clear():
         build_adapter({"type": "test_flat_output"})
 
 
-def test_a_recipe_trains_a_registered_backbone(tmp_path):
-    from mmviews.train import train
+def test_the_documented_example_trains_its_own_backbone(tmp_path, monkeypatch, capsys):
+    """docs/examples/own_backbone.py, run as a user runs it: it registers its module, trains the
+    recipe that names it, and the saved encoder loads with that module as its image backbone."""
+    import runpy
 
-    raw = tiny_recipe(num_samples=32, batch_size=16, epochs=1, text=False)
-    raw["adapters"]["image"] = {"type": "test_tiny_convnet", "args": {"width": 4}, "head": raw["adapters"]["image"]["head"]}
-    summary = train(config_from_dict(raw, "tiny.yaml"), tmp_path / "run", source="tiny.yaml")
-    assert summary["steps"] == 2 and summary["status"] == "ok"
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "own_backbone.py"
+    monkeypatch.setattr(sys, "argv", [str(example), str(tmp_path / "run")])
+    namespace = runpy.run_path(str(example), run_name="__main__")
+    assert "test/linear/class/acc trained" in capsys.readouterr().out
     encoder = MultiViewEncoder.from_pretrained(tmp_path / "run" / "encoder")
-    assert isinstance(encoder.adapters["image"].backbone, TinyConvNet)
+    assert type(encoder.adapters["image"].backbone) is namespace["MyConvNet"]
+    assert encoder.adapters["image"].config.to_dict()["args"] == {"width": 16}
 
 
 def _install_package(root, name: str, body: str, entry: str) -> None:

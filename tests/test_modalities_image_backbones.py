@@ -169,3 +169,13 @@ def test_image_backbones_take_clips_and_refuse_bad_inputs():
         build_adapter({"type": "hf_vision"})
     with pytest.raises(ValueError, match="pooling must be 'pooler', 'cls' or 'mean', got 'max'"):
         build_adapter(tiny_config("hf_vision", pooling="max"))
+
+
+def test_weights_only_check_fails_when_weights_files_are_unpickled(tmp_path, monkeypatch):
+    """Break: weights files read with ``weights_only=False``: the file holding an object is
+    unpickled (its object loads: "holds no state dict") and the guard's refusal check fails."""
+    from mutations import apply_break
+
+    apply_break("unpickle_weights_files", monkeypatch.setattr)
+    with pytest.raises(AssertionError, match=r"(?s)Regex pattern did not match.*holds no state dict"):
+        test_weights_files_are_checked_by_sha256_and_read_weights_only(tmp_path)

@@ -116,6 +116,12 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def load_torch_file(file: Path) -> Any:
+    """A torch file's tensors, read weights-only: torch refuses a file that holds other objects
+    (unpickling them could run code)."""
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
 def read_weights_file(path: str, expected_sha256: str | None, key: str) -> dict[str, torch.Tensor]:
     """The tensors of a local weights file: ``.safetensors``, or a torch file read weights-only
     (a file holding code is refused by torch). The file's sha256 must begin with
@@ -143,7 +149,7 @@ def read_weights_file(path: str, expected_sha256: str | None, key: str) -> dict[
 
             state = load_file(str(file), device="cpu")
         else:
-            state = torch.load(file, map_location="cpu", weights_only=True)
+            state = load_torch_file(file)
     except Exception as err:  # unpickling refused, truncated file...
         raise ValueError(f"{file}: not a readable weights file ({str(err).splitlines()[0][:200]})") from None
     for nested in ("state_dict", "model"):
