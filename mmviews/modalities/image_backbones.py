@@ -30,11 +30,11 @@ from .base import (
     Adapter,
     AdapterConfig,
     InputCheck,
-    check_local_or_hub,
     per_clip,
     register_adapter,
     require_tensor,
     to_device,
+    transformers_backbone,
 )
 from .checkpointing import enable_transformers_checkpointing
 from .vision import UnitRangeInputCheck, resize_shortest_center_crop, split_frames
@@ -208,32 +208,16 @@ class HFVisionAdapter(ImageInputAdapter):
 
     def __init__(self, config: HFVisionConfig, *, load_weights: bool = True, saved_dir: Path | None = None) -> None:
         super().__init__(config)
-        from huggingface_hub.errors import HFValidationError
-        from transformers import AutoConfig, AutoImageProcessor, AutoModel
+        from transformers import AutoImageProcessor
 
+        self.backbone = transformers_backbone(config, load_weights=load_weights, saved_dir=saved_dir, what="vision",
+                                              default_type="vit")
         processor = None
-        if saved_dir is not None:
-            self.backbone = AutoModel.from_config(AutoConfig.from_pretrained(saved_dir / "backbone"))
-        elif config.model:
-            check_local_or_hub(config.model, "vision model")
-            try:
-                if config.pretrained and load_weights:
-                    self.backbone = AutoModel.from_pretrained(config.model)
-                else:
-                    self.backbone = AutoModel.from_config(AutoConfig.from_pretrained(config.model))
-            except (OSError, HFValidationError) as e:
-                raise FileNotFoundError(f"vision model {config.model!r}: neither a local checkpoint directory "
-                                        f"nor a reachable hub model ({e})") from e
+        if saved_dir is None and config.model:
             try:
                 processor = AutoImageProcessor.from_pretrained(config.model)
             except (OSError, ValueError):
                 processor = None  # no preprocessor config: ImageNet statistics, the model's size
-        elif config.backbone_config is not None:
-            bcfg = dict(config.backbone_config)
-            model_type = bcfg.pop("model_type", "vit")
-            self.backbone = AutoModel.from_config(AutoConfig.for_model(model_type, **bcfg))
-        else:
-            raise ValueError("hf_vision adapter needs 'model' (hub name or local dir) or 'backbone_config'")
         bcfg = self.backbone.config
         if not hasattr(bcfg, "hidden_size") or not hasattr(bcfg, "image_size"):
             raise ValueError(f"hf_vision: {type(self.backbone).__name__} is not an image model "
