@@ -117,6 +117,11 @@ def test_an_installed_entry_point_is_loaded_only_for_a_type_nothing_registered(t
     monkeypatch.delitem(sys.modules, "mmviews_test_plugin", raising=False)
 
     build_adapter({"type": "test_tiny_convnet"})  # a registered type: no entry point is looked at
+    from mmviews.cli.list import adapter_rows
+
+    listed = {name: description for name, description, _ in adapter_rows()}  # listed, not imported
+    assert listed["test_plugin_net"] == ("installed entry point mmviews_test_plugin:PluginNet (mmviews.adapters), "
+                                         "loaded when a config names it")
     assert "mmviews_test_plugin" not in sys.modules
     adapter = build_adapter({"type": "test_plugin_net", "embed_dim": 4})
     assert "mmviews_test_plugin" in sys.modules and type(adapter.backbone).__name__ == "PluginNet"

@@ -126,6 +126,13 @@ def _class_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.replace("-", "_").split("_") if part) or "Custom"
 
 
+def unloaded_entry_points() -> dict[str, str]:
+    """``{adapter type: "module:object"}`` of the installed ``mmviews.adapters`` entry points whose
+    type nothing has registered yet (listed without importing anything)."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            if not adapter_registered(ep.name)}
+
+
 def load_entry_point_adapter(type_name: str) -> bool:
     """Register adapter type ``type_name`` from the installed packages' ``mmviews.adapters``
     entry point of that name, if there is one: True when it did. The object must be an
