@@ -117,13 +117,15 @@ def test_timm_weights_from_safetensors_match_timm_features(tmp_path):
         torch.testing.assert_close(adapter.features({"values": images}), expected)
 
 
-@pytest.mark.parametrize("backbone_config, pooled", [
+# DINOv2 interpolates its position embeddings: its processor's crop (24) differs from the
+# configured size (32), to show that the processor's wins; SigLIP takes its own size only.
+@pytest.mark.parametrize("backbone_config, crop", [
     ({"model_type": "dinov2", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-      "intermediate_size": 64, "image_size": 32, "patch_size": 8}, "pooler_output"),
+      "intermediate_size": 64, "image_size": 32, "patch_size": 8}, 24),
     ({"model_type": "siglip_vision_model", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-      "intermediate_size": 64, "image_size": 32, "patch_size": 8}, "pooler_output"),
-])
-def test_hf_vision_checkpoint_directories_load_and_pool_like_transformers(tmp_path, backbone_config, pooled):
+      "intermediate_size": 64, "image_size": 32, "patch_size": 8}, 32),
+], ids=["dinov2", "siglip"])
+def test_hf_vision_checkpoint_directories_load_and_pool_like_transformers(tmp_path, backbone_config, crop):
     """A checkpoint directory as transformers writes it (model + image processor) is loaded with
     its weights and its preprocessing; the features are the model's pooled output."""
     from transformers import AutoConfig, AutoModel, BitImageProcessor
@@ -132,15 +134,15 @@ def test_hf_vision_checkpoint_directories_load_and_pool_like_transformers(tmp_pa
     torch.manual_seed(0)
     model = AutoModel.from_config(AutoConfig.for_model(config.pop("model_type"), **config)).eval()
     model.save_pretrained(tmp_path / "ckpt")
-    processor = BitImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+    processor = BitImageProcessor(size={"shortest_edge": crop + 4}, crop_size={"height": crop, "width": crop},
                                   image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.25, 0.3])
     processor.save_pretrained(tmp_path / "ckpt")
     adapter = build_adapter({"type": "hf_vision", "model": str(tmp_path / "ckpt"), "embed_dim": 16}).eval()
-    assert adapter.config.mean == pytest.approx([0.5, 0.4, 0.3]) and adapter.config.image_size == 32
-    images = torch.rand(2, 3, 32, 32)
+    assert adapter.config.mean == pytest.approx([0.5, 0.4, 0.3]) and adapter.config.image_size == crop
+    images = torch.rand(2, 3, crop, crop)
     pixels = (images - torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1)) / torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
     with torch.no_grad():
-        expected = getattr(model(pixel_values=pixels), pooled)
+        expected = model(pixel_values=pixels).pooler_output
         torch.testing.assert_close(adapter.features({"values": images}), expected)
         z = adapter({"values": images})
     adapter.save_pretrained(tmp_path / "saved")

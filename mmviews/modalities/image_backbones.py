@@ -192,6 +192,21 @@ class HFVisionConfig(ImageInputConfig):
     pooling: str | None = None
 
 
+def processor_side(processor: Any) -> int | None:
+    """The square side a transformers image processor feeds its model: the centre crop's height
+    when it crops, else the resize's height or shortest edge (None without a processor)."""
+    fields = ("crop_size", "size") if getattr(processor, "do_center_crop", False) else ("size",)
+    for name in fields:
+        size = getattr(processor, name, None)
+        if size is None:
+            continue
+        value = size.get if isinstance(size, Mapping) else (lambda key, size=size: getattr(size, key, None))
+        side = value("height") or value("shortest_edge")
+        if side:
+            return int(side)
+    return None
+
+
 def _first_module_list(model: nn.Module, names: tuple[str, ...]) -> list[nn.Module] | None:
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in names and len(module):
@@ -222,9 +237,7 @@ class HFVisionAdapter(ImageInputAdapter):
         if not hasattr(bcfg, "hidden_size") or not hasattr(bcfg, "image_size"):
             raise ValueError(f"hf_vision: {type(self.backbone).__name__} is not an image model "
                              "(for a dual-encoder checkpoint pick its vision model, e.g. model_type siglip_vision_model)")
-        size = getattr(processor, "crop_size", None) or getattr(processor, "size", None) or {}
-        side = size.get("height") or size.get("shortest_edge") if isinstance(size, Mapping) else None
-        self._set_image_input(side or bcfg.image_size, getattr(processor, "image_mean", None),
+        self._set_image_input(processor_side(processor) or bcfg.image_size, getattr(processor, "image_mean", None),
                               getattr(processor, "image_std", None))
         if config.pooling not in (None, "pooler", "cls", "mean"):
             raise ValueError(f"hf_vision: pooling must be 'pooler', 'cls' or 'mean', got {config.pooling!r}")
