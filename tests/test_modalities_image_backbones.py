@@ -44,9 +44,10 @@ def test_mobilenet_v2_imagenet_weights_beat_random_init_on_digits():
     train_x, train_y, test_x, test_y = digits(200, 150)
     accuracy = {}
     for name, file in (("pretrained", str(weights)), ("random", None)):
-        torch.manual_seed(0)
+        torch.manual_seed(0)  # the file's sha256 is checked against torchvision's published prefix
         adapter = build_adapter({"type": "torchvision", "model": "mobilenet_v2", "weights": file,
-                                 "image_size": 48, "finetune": {"mode": "frozen"}}).eval()
+                                 "weights_sha256": "b0353104", "image_size": 48,
+                                 "finetune": {"mode": "frozen"}}).eval()
         if file is not None:  # every backbone tensor is the file's (its classifier dropped)
             state = torch.load(weights, map_location="cpu", weights_only=True)
             own = adapter.backbone.state_dict()
