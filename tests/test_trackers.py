@@ -257,3 +257,21 @@ def test_wandb_offline_run_holds_the_rows_the_recipe_and_the_report_and_resumes_
     assert report_files(run) <= saved
     (folder,) = [f for f in (run / TRACKERS_DIR / "wandb").glob(f"offline-run-*-{run_id}") if (f / "files" / "report.md").is_file()]
     assert (folder / "files" / "report.md").read_text() == (run / "report.md").read_text()
+
+
+def test_metric_names_are_spelled_as_each_tracker_accepts_them():
+    """MLflow refuses ``@`` and ``>`` (retrieval's ``text->image/R@1``): checked by MLflow's own
+    validator; the other trackers get the names as they are."""
+    pytest.importorskip("mlflow")
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_metric_name
+
+    from mmviews.train.logging import tracker_metric_name
+
+    name = "test/retrieval/text->image/R@1"
+    with pytest.raises(MlflowException):
+        _validate_metric_name(name)
+    spelled = tracker_metric_name("mlflow", name)
+    _validate_metric_name(spelled)
+    assert spelled == "test/retrieval/text-_image/R_at_1"
+    assert tracker_metric_name("wandb", name) == tracker_metric_name("tensorboard", name) == name
