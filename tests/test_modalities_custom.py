@@ -4,15 +4,28 @@ loads like a built-in one. A recipe never names code to import."""
 
 from __future__ import annotations
 
+import math
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 from torch import nn
 
-from mmviews.modalities import Adapter, ENTRY_POINT_GROUP, MultiViewEncoder, build_adapter, list_adapters, register_backbone
+from mmviews.modalities import (
+    ENTRY_POINT_GROUP,
+    Adapter,
+    AdapterConfig,
+    MultiViewEncoder,
+    build_adapter,
+    list_adapters,
+    register_adapter,
+    register_backbone,
+)
+from mmviews.modalities.base import require_tensor
 
 
 @register_backbone("test_tiny_convnet")
@@ -130,3 +143,71 @@ def test_an_installed_entry_point_is_loaded_only_for_a_type_nothing_registered(t
     with pytest.raises(ValueError, match=r"adapter type 'test_broken_net': entry point 'mmviews_test_missing:Net' "
                                          r"\(mmviews\.adapters\) failed to load: No module named 'mmviews_test_missing'"):
         build_adapter({"type": "test_broken_net"})
+
+
+@dataclass
+class PitchCNNConfig(AdapterConfig):
+    """CREPE's capacity (``tiny`` or ``full``) and whether to load its published weights."""
+
+    type: ClassVar[str] = "test_crepe_pitch"
+    capacity: str = "tiny"
+    pretrained: bool = True
+
+
+@register_adapter
+class PitchCNNAdapter(Adapter):
+    """CREPE's pitch CNN (torchcrepe) on 1024-sample frames of 16 kHz audio: a user's own adapter
+    for inputs other than images (an Adapter subclass registered with @register_adapter)."""
+
+    config_class = PitchCNNConfig
+    config: PitchCNNConfig
+
+    def __init__(self, config: PitchCNNConfig, *, load_weights: bool = True, saved_dir: Path | None = None) -> None:
+        super().__init__(config)
+        import torchcrepe
+
+        self.backbone = torchcrepe.Crepe(config.capacity)
+        if config.pretrained and load_weights and saved_dir is None:  # the weights torchcrepe ships
+            file = Path(torchcrepe.__file__).parent / "assets" / f"{config.capacity}.pth"
+            self.backbone.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+        self.backbone.eval()
+        with torch.no_grad():
+            self.feature_dim = int(self.backbone.embed(torch.zeros(2, 1024)).flatten(1).shape[1])
+        self._finish_init()
+
+    def preprocess(self, inputs, present=None):
+        frames = require_tensor(inputs, "values", "test_crepe_pitch adapter").float()
+        if frames.dim() != 2 or frames.shape[1] != 1024:
+            raise ValueError(f"test_crepe_pitch adapter: values must be [B, 1024], got {tuple(frames.shape)}")
+        centred = frames - frames.mean(1, keepdim=True)
+        return {"frames": centred / centred.std(1, keepdim=True).clamp_min(1e-8)}  # as torchcrepe normalises
+
+    def encode(self, prepared):
+        return self.backbone.embed(prepared["frames"]).flatten(1)
+
+
+def test_an_adapter_subclass_of_ones_own_loads_crepes_pitch_weights_which_beat_random_init():
+    """Real pretrained audio weights (CREPE's, shipped inside the torchcrepe package) through a
+    user's own adapter type: on the pitch class of harmonic tones in noise (12 semitones, three
+    octaves, 1024 samples at 16 kHz) the linear probe of the pretrained features beats random
+    initialisation (measured: 1.00 against 0.73; chance 0.08)."""
+    pytest.importorskip("torchcrepe")  # the test-models extra
+    from mmviews.eval.probes import linear_probe_classification
+
+    g = torch.Generator().manual_seed(0)
+    n = 300
+    labels = torch.randint(12, (n,), generator=g)
+    f0 = 110 * 2 ** (torch.randint(0, 3, (n,), generator=g) + labels / 12)
+    t = torch.arange(1024) / 16000
+    phase = torch.rand(n, 1, generator=g) * 2 * math.pi
+    tones = sum(0.6 ** k * torch.sin(2 * math.pi * (k + 1) * f0[:, None] * t + (k + 1) * phase) for k in range(4))
+    tones = tones + 0.3 * torch.randn(n, 1024, generator=g)
+    accuracy = {}
+    for pretrained in (True, False):
+        torch.manual_seed(0)
+        adapter = build_adapter({"type": "test_crepe_pitch", "pretrained": pretrained, "finetune": {"mode": "frozen"}})
+        with torch.no_grad():
+            features = adapter.eval().features({"values": tones})
+        probe = linear_probe_classification(features[:200], labels[:200], test_x=features[200:], test_y=labels[200:])
+        accuracy[pretrained] = probe.metrics["test_acc"]
+    assert accuracy[True] >= 0.9 and accuracy[True] >= accuracy[False] + 0.15, accuracy
