@@ -311,6 +311,14 @@ def plain_kwargs(kwargs: Mapping[str, Any] | None, where: str, key: str = "model
     return dict(kwargs or {})
 
 
+def require_known_model(name: str, known: list[str], where: str, listing: str) -> None:
+    """A ``ValueError`` naming ``name`` (with the closest known name) when it is not in ``known``."""
+    if name not in known:
+        from mmviews.registry import did_you_mean
+
+        raise ValueError(f"{where}: unknown model {name!r}{did_you_mean(name, known)} ({listing})")
+
+
 def drop_classifier(model: nn.Module, where: str) -> tuple[int, set[str]]:
     """Replace the last ``nn.Linear`` of a torchvision classifier (its classification layer)
     by ``nn.Identity``: ``(its input width, the state-dict keys it had)``."""
@@ -346,12 +354,8 @@ class TorchvisionAdapter(ImageInputAdapter):
         import torchvision
 
         where = "torchvision adapter"
-        known = torchvision.models.list_models(module=torchvision.models)
-        if config.model not in known:
-            from mmviews.registry import did_you_mean
-
-            raise ValueError(f"{where}: unknown model {config.model!r}{did_you_mean(config.model, known)} "
-                             "(torchvision.models.list_models())")
+        require_known_model(config.model, torchvision.models.list_models(module=torchvision.models), where,
+                            "torchvision.models.list_models()")
         kwargs = plain_kwargs(config.model_kwargs, where)
         weights = config.weights if load_weights and saved_dir is None else None
         tag = None
@@ -408,9 +412,7 @@ class TimmAdapter(ImageInputAdapter):
 
         where = "timm adapter"
         if not timm.is_model(config.model):
-            from mmviews.registry import did_you_mean
-
-            raise ValueError(f"{where}: unknown model {config.model!r}{did_you_mean(config.model, timm.list_models())}")
+            require_known_model(config.model, timm.list_models(), where, "timm.list_models()")
         # pretrained=False: weights come from the local file only (timm would fetch them)
         self.backbone = timm.create_model(config.model, pretrained=False, num_classes=0,
                                           **plain_kwargs(config.model_kwargs, where))
