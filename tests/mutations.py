@@ -299,6 +299,28 @@ def _evaluation_forward_with_gradients() -> tuple[Any, str, Any]:
         return function if callable(function) else nothing()
 
     return torch, "no_grad", recording
+def _unpickle_weights_files() -> tuple[Any, str, Any]:
+    """Backbone weights files (torchvision / timm adapters) read with ``torch.load(weights_only=False)``."""
+    import torch
+
+    import mmviews.modalities.image_backbones as image_backbones
+
+    return image_backbones, "load_torch_file", lambda file: torch.load(file, map_location="cpu", weights_only=False)
+
+
+def _skip_backbone_weights() -> tuple[Any, str, Any]:
+    """A backbone weights file is read but never loaded: the backbone keeps its random weights."""
+    import mmviews.modalities.image_backbones as image_backbones
+
+    return image_backbones, "load_backbone_state", lambda *args, **kwargs: None
+
+
+def _forget_tracker_runs() -> tuple[Any, str, Any]:
+    """A resumed run opens new MLflow / W&B runs (the recorded run ids are ignored)."""
+    import mmviews.train.logging as logging_module
+
+    original = logging_module.tracker_init_kwargs
+    return logging_module, "tracker_init_kwargs", lambda trackers, run_dir, resumed: original(trackers, run_dir, False)
 
 
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
@@ -362,6 +384,9 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "accept_changed_shuffle_buffer": lambda: _accept_changed_shuffle_buffer(),
     "fingerprint_first_block_only": lambda: _fingerprint_first_block_only(),
     "shards_drop_fixed_lengths": lambda: _shards_drop_fixed_lengths(),
+    "unpickle_weights_files": _unpickle_weights_files,
+    "skip_backbone_weights": _skip_backbone_weights,
+    "forget_tracker_runs": _forget_tracker_runs,
 }
 
 

@@ -44,7 +44,7 @@ def test_a_datasets_key_error_keeps_its_type_and_gains_the_key(tmp_path: Path) -
 
 
 def test_check_reports_a_tracker_that_is_not_installed(capsys: pytest.CaptureFixture[str]) -> None:
-    missing = next((n for n in ("wandb", "aim", "clearml", "swanlab", "dvclive") if not tracker_installed(n)), None)
+    missing = next((n for n in ("aim", "clearml", "swanlab", "dvclive") if not tracker_installed(n)), None)
     if missing is None:
         pytest.skip("every candidate tracker is installed here")
     rc, out, err = cli(capsys, "train", "quickstart", "--check", "--set", f"output.trackers=[{missing}]")
@@ -54,20 +54,23 @@ def test_check_reports_a_tracker_that_is_not_installed(capsys: pytest.CaptureFix
     assert "quickstart.yaml" in line
 
 
-def test_check_names_the_tensorboard_extra(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """TensorBoard comes with the ``mmviews[tensorboard]`` extra: the error says so. Its absence
-    is simulated (it is installed in CI) by hiding its modules from ``find_spec``."""
+@pytest.mark.parametrize("tracker, modules", [("tensorboard", ("tensorboard", "tensorboardX")), ("mlflow", ("mlflow",)),
+                                               ("wandb", ("wandb",))])
+def test_check_names_the_trackers_extra(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                           tracker: str, modules: tuple[str, ...]) -> None:
+    """TensorBoard, MLflow and W&B come with the ``mmviews[<tracker>]`` extras: the error says so.
+    Their absence is simulated (they are installed in CI) by hiding their modules from ``find_spec``."""
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
 
-    def find_spec_without_tensorboard(name: str, *args: object, **kwargs: object) -> object:
-        return None if name in ("tensorboard", "tensorboardX") else real_find_spec(name, *args, **kwargs)
+    def find_spec_without_tracker(name: str, *args: object, **kwargs: object) -> object:
+        return None if name in modules else real_find_spec(name, *args, **kwargs)
 
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec_without_tensorboard)
-    rc, _, err = cli(capsys, "train", "quickstart", "--check", "--set", "output.trackers=[tensorboard]")
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec_without_tracker)
+    rc, _, err = cli(capsys, "train", "quickstart", "--check", "--set", f"output.trackers=[{tracker}]")
     assert rc == 2
-    assert "key 'output.trackers': tracker 'tensorboard' is not installed (pip install 'mmviews[tensorboard]')" in \
+    assert f"key 'output.trackers': tracker '{tracker}' is not installed (pip install 'mmviews[{tracker}]')" in \
         one_line_error(err)
 
 
@@ -81,7 +84,7 @@ def test_check_passes_with_an_installed_tracker(capsys: pytest.CaptureFixture[st
 def test_a_missing_tracker_is_a_config_error_before_the_run_folder(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Without --check, the command stops on the tracker before it builds or writes anything."""
-    missing = next((n for n in ("wandb", "aim", "clearml", "swanlab", "dvclive") if not tracker_installed(n)), None)
+    missing = next((n for n in ("aim", "clearml", "swanlab", "dvclive") if not tracker_installed(n)), None)
     if missing is None:
         pytest.skip("every candidate tracker is installed here")
     import mmviews.cli.train as train_command

@@ -14,12 +14,17 @@ from mmviews.modalities.cache import backbone_fingerprint
 from mmviews.modalities.presets import example_inputs, tiny_config
 
 # Adapter types with activation checkpointing: transformers (text, hf_audio), open_clip ViTs
-# (open_clip, flow_clip) and the CNNs (small_cnn, flow_cnn, audio_cnn).
-SUPPORTED = ["text", "hf_audio", "open_clip", "flow_clip", "small_cnn", "flow_cnn", "audio_cnn"]
+# (open_clip, flow_clip), transformers and timm image models (hf_vision, timm) and the CNNs
+# (small_cnn, flow_cnn, audio_cnn).
+SUPPORTED = ["text", "hf_audio", "open_clip", "flow_clip", "hf_vision", "timm", "small_cnn", "flow_cnn", "audio_cnn"]
 # Backbones deep enough that checkpointing has something to drop (the presets' tiny ones have 2 blocks).
 DEEPER = {
     "text": {"bert_config": {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2,
                              "intermediate_size": 64}},
+    "hf_vision": {"backbone_config": {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 4,
+                                      "num_attention_heads": 2, "intermediate_size": 64, "image_size": 32,
+                                      "patch_size": 8}},
+    "timm": {"model": "test_vit"},  # timm's switch is refused for BatchNorm models (test_resnet)
     "small_cnn": {"channels": [8, 16, 16, 16]},
     "flow_cnn": {"channels": [8, 16, 16, 16]},
     "audio_cnn": {"channels": [16, 16, 16, 16]},
@@ -102,7 +107,7 @@ def test_unsupported_adapter_is_refused_by_name() -> None:
     for kind in ("feature_sequence", "mlp"):
         config = tiny_config(kind) if kind != "mlp" else {"type": "mlp", "embed_dim": 16}
         with pytest.raises(ValueError, match=rf"'{kind}' adapter does not support gradient_checkpointing.*"
-                                             r"audio_cnn, flow_clip, flow_cnn, hf_audio, open_clip, small_cnn, text"):
+                                             r"audio_cnn, flow_clip, flow_cnn, hf_audio, hf_vision, open_clip, small_cnn, text, timm"):
             build_adapter({**config, "gradient_checkpointing": True})
         build_adapter({**config, "gradient_checkpointing": False})  # false is accepted everywhere
     with pytest.raises(ValueError, match="gradient_checkpointing must be true or false, got 'yes'"):
@@ -165,3 +170,9 @@ def test_checkpointing_replays_sample_keyed_dropout(kind: str) -> None:
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_timm_batchnorm_model_is_refused() -> None:
+    """timm's switch would update BatchNorm running statistics twice per step: refused by name."""
+    with pytest.raises(ValueError, match="timm adapter: gradient_checkpointing is not supported for 'test_resnet'"):
+        build_adapter(tiny_config("timm", gradient_checkpointing=True))

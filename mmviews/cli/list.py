@@ -86,8 +86,9 @@ def augmentation_rows() -> list[tuple[str, str, list[tuple[str, str]]]]:
 
 
 def adapter_rows() -> list[tuple[str, str, list[tuple[str, str]]]]:
-    from mmviews.modalities import adapter_class, list_adapters
+    from mmviews.modalities import ENTRY_POINT_GROUP, adapter_class, list_adapters
     from mmviews.modalities.base import AdapterConfig
+    from mmviews.modalities.custom import unloaded_entry_points
 
     common = {f.name for f in dataclasses.fields(AdapterConfig)}
     rows = []
@@ -95,6 +96,9 @@ def adapter_rows() -> list[tuple[str, str, list[tuple[str, str]]]]:
         config = adapter_class(type_name).config_class()
         params = [(f.name, _value(getattr(config, f.name))) for f in dataclasses.fields(config) if f.name not in common]
         rows.append((type_name, description, params))
+    for type_name, target in unloaded_entry_points().items():  # imported only when a recipe names them
+        rows.append((type_name, f"installed entry point {target} ({ENTRY_POINT_GROUP}), loaded when a config names it",
+                     []))
     base = AdapterConfig()
     rows.append(("(every adapter)", "fields common to all types",
                  [(f.name, _value(getattr(base, f.name))) for f in dataclasses.fields(base)]))

@@ -73,6 +73,7 @@ from .base import (
     register_adapter,
 )
 from .cache import FeatureCache, backbone_fingerprint
+from .custom import ENTRY_POINT_GROUP, register_backbone
 from .dropout import SampleKeyedDropout, dropout_step, enable_sample_keyed_dropout
 from .flow import (
     FlowCLIPAdapter,
@@ -85,6 +86,7 @@ from .flow import (
     decode_flow_uint8,
     encode_flow_uint8,
 )
+from .image_backbones import HFVisionAdapter, HFVisionConfig, TimmAdapter, TimmConfig, TorchvisionAdapter, TorchvisionConfig
 from .mlp import MLPAdapter, MLPConfig
 from .multiview import MultiViewEncoder
 from .sequence import FeatureSequenceAdapter, FeatureSequenceConfig
@@ -107,6 +109,8 @@ __all__ = [
     "HFAudioAdapter",
     "HFAudioConfig",
     "HeadConfig",
+    "HFVisionConfig",
+    "HFVisionAdapter",
     "LoRAConfig",
     "MLPAdapter",
     "MLPConfig",
@@ -117,6 +121,10 @@ __all__ = [
     "SampleKeyedDropout",
     "SmallCNNVisionAdapter",
     "SmallCNNVisionConfig",
+    "TimmAdapter",
+    "TimmConfig",
+    "TorchvisionAdapter",
+    "TorchvisionConfig",
     "TextAdapter",
     "TextConfig",
     "adapt_patch_embedding",
@@ -132,4 +140,6 @@ __all__ = [
     "encode_flow_uint8",
     "list_adapters",
     "register_adapter",
+    "register_backbone",
+    "ENTRY_POINT_GROUP",
 ]

@@ -23,13 +23,13 @@ from .base import (
     AdapterConfig,
     InputCheck,
     SequenceInputCheck,
-    check_local_or_hub,
     input_lengths,
     lengths_to_mask,
     masked_mean,
     register_adapter,
     require_tensor,
     to_device,
+    transformers_backbone,
 )
 from .checkpointing import checkpointed, enable_transformers_checkpointing
 
@@ -182,34 +182,18 @@ class HFAudioAdapter(Adapter):
 
     def __init__(self, config: HFAudioConfig, *, load_weights: bool = True, saved_dir: Path | None = None) -> None:
         super().__init__(config)
-        from huggingface_hub.errors import HFValidationError
-        from transformers import AutoConfig, AutoFeatureExtractor, AutoModel, Wav2Vec2FeatureExtractor
+        from transformers import AutoFeatureExtractor, Wav2Vec2FeatureExtractor
 
+        self.backbone = transformers_backbone(config, load_weights=load_weights, saved_dir=saved_dir, what="audio",
+                                              default_type="hubert")
         fe = None
         if saved_dir is not None:
-            self.backbone = AutoModel.from_config(AutoConfig.from_pretrained(saved_dir / "backbone"))
             fe = AutoFeatureExtractor.from_pretrained(saved_dir / "feature_extractor")
         elif config.model:
-            check_local_or_hub(config.model, "audio model")
-            try:
-                if config.pretrained and load_weights:
-                    self.backbone = AutoModel.from_pretrained(config.model)
-                else:
-                    self.backbone = AutoModel.from_config(AutoConfig.from_pretrained(config.model))
-            except (OSError, HFValidationError) as e:
-                raise FileNotFoundError(
-                    f"audio model {config.model!r}: neither a local checkpoint directory nor a reachable hub model ({e})"
-                ) from e
             try:
                 fe = AutoFeatureExtractor.from_pretrained(config.model)
             except (OSError, ValueError):
                 fe = None  # some checkpoints ship no preprocessor config: use the defaults below
-        elif config.backbone_config is not None:
-            bcfg = dict(config.backbone_config)
-            model_type = bcfg.pop("model_type", "hubert")
-            self.backbone = AutoModel.from_config(AutoConfig.for_model(model_type, **bcfg))
-        else:
-            raise ValueError("hf_audio adapter needs 'model' (hub name or local dir) or 'backbone_config'")
         if hasattr(self.backbone.config, "apply_spec_augment"):  # read by the model at each training forward
             self.backbone.config.apply_spec_augment = bool(config.spec_augment)
         if fe is None:

@@ -207,9 +207,20 @@ def register_adapter(cls: type["Adapter"]) -> type["Adapter"]:
 
 
 def adapter_class(type_name: str) -> type["Adapter"]:
-    """The :class:`Adapter` subclass registered for config ``type`` ``type_name``; an unknown
-    type raises ``ValueError`` listing the known ones."""
+    """The :class:`Adapter` subclass registered for config ``type`` ``type_name``; a type nothing
+    registered is looked up among the installed packages' ``mmviews.adapters`` entry points
+    (:func:`mmviews.modalities.custom.load_entry_point_adapter`), and one not found there either
+    raises ``ValueError`` listing the known ones."""
+    if isinstance(type_name, str) and type_name not in _ADAPTERS:
+        from .custom import load_entry_point_adapter  # custom imports this module
+
+        load_entry_point_adapter(type_name)
     return _ADAPTERS.get(type_name)
+
+
+def adapter_registered(type_name: str) -> bool:
+    """Whether adapter type ``type_name`` is registered (entry points are not looked up)."""
+    return type_name in _ADAPTERS
 
 
 def list_adapters() -> dict[str, str]:
@@ -720,3 +731,33 @@ def check_local_or_hub(name: str, what: str) -> None:
     looks_local = os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1
     if looks_local and not os.path.exists(os.path.expanduser(name)):
         raise FileNotFoundError(f"{what}: local path {name!r} does not exist")
+
+
+def transformers_backbone(config: Any, *, load_weights: bool, saved_dir: Path | None, what: str,
+                          default_type: str) -> nn.Module:
+    """The ``transformers.AutoModel`` of an adapter config with ``model`` (hub name or local
+    checkpoint folder; ``pretrained=False`` or ``load_weights=False``: its architecture only) or
+    ``backbone_config`` (``{"model_type": ..., **config keywords}``, random weights); from a saved
+    adapter folder (``saved_dir``), the architecture saved in its ``backbone/`` sub-folder. ``what``
+    names the model in errors (``"audio"``: "audio model ..."); ``default_type`` is the model type
+    of a ``backbone_config`` without one."""
+    from huggingface_hub.errors import HFValidationError
+    from transformers import AutoConfig, AutoModel
+
+    if saved_dir is not None:
+        return AutoModel.from_config(AutoConfig.from_pretrained(saved_dir / "backbone"))
+    if config.model:
+        check_local_or_hub(config.model, f"{what} model")
+        try:
+            if config.pretrained and load_weights:
+                return AutoModel.from_pretrained(config.model)
+            return AutoModel.from_config(AutoConfig.from_pretrained(config.model))
+        except (OSError, HFValidationError) as e:
+            raise FileNotFoundError(
+                f"{what} model {config.model!r}: neither a local checkpoint directory nor a reachable hub model ({e})"
+            ) from e
+    if config.backbone_config is not None:
+        keywords = dict(config.backbone_config)
+        model_type = keywords.pop("model_type", default_type)
+        return AutoModel.from_config(AutoConfig.for_model(model_type, **keywords))
+    raise ValueError(f"{config.type} adapter needs 'model' (hub name or local dir) or 'backbone_config'")

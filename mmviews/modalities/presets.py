@@ -35,6 +35,17 @@ TINY_HUBERT: dict[str, Any] = {
     "num_conv_pos_embedding_groups": 4,
 }
 
+# A 2-layer ViT on 32x32 images (transformers), 8x8 patches.
+TINY_VIT: dict[str, Any] = {
+    "model_type": "vit",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "image_size": 32,
+    "patch_size": 8,
+}
+
 TINY_BERT: dict[str, Any] = {
     "hidden_size": 32,
     "num_hidden_layers": 2,
@@ -47,6 +58,11 @@ _TINY: dict[str, dict[str, Any]] = {
     "feature_sequence": {"type": "feature_sequence", "input_dim": 6, "width": 32, "num_layers": 2, "num_heads": 2},
     "open_clip": {"type": "open_clip", "model": "ViT-B-32", "model_overrides": TINY_CLIP_OVERRIDES},
     "small_cnn": {"type": "small_cnn", "channels": [8, 16]},
+    "hf_vision": {"type": "hf_vision", "backbone_config": TINY_VIT},
+    # MobileNetV2 at a quarter of its width (about 0.2 M parameters)
+    "torchvision": {"type": "torchvision", "model": "mobilenet_v2", "model_kwargs": {"width_mult": 0.25},
+                    "image_size": 32},
+    "timm": {"type": "timm", "model": "test_resnet", "image_size": 32},
     "hf_audio": {"type": "hf_audio", "backbone_config": TINY_HUBERT},
     "audio_cnn": {"type": "audio_cnn", "n_mels": 16, "channels": [16, 16]},
     "flow_cnn": {"type": "flow_cnn", "channels": [8, 16]},
@@ -59,6 +75,10 @@ _REALISTIC: dict[str, dict[str, Any]] = {
     "feature_sequence": {"type": "feature_sequence", "input_dim": 768, "width": 128, "num_layers": 3, "num_heads": 4},
     "open_clip": {"type": "open_clip", "model": "ViT-B-32"},  # 224 px
     "small_cnn": {"type": "small_cnn", "channels": [64, 128, 256]},
+    # ViT-B/16 at 224 px (86 M parameters), random weights.
+    "hf_vision": {"type": "hf_vision", "backbone_config": {"model_type": "vit"}},
+    "torchvision": {"type": "torchvision", "model": "resnet50", "image_size": 224},
+    "timm": {"type": "timm", "model": "vit_small_patch16_224"},
     # HuBERT-base sized (95 M parameters), random weights.
     "hf_audio": {"type": "hf_audio", "backbone_config": {"model_type": "hubert"}},
     "audio_cnn": {"type": "audio_cnn", "n_mels": 64, "channels": [128, 256, 256]},
@@ -93,8 +113,8 @@ def example_inputs(kind: str, batch: int, realistic: bool = False, seed: int = 0
         d, length = (768, 50) if realistic else (6, 12)
         lengths = torch.randint(1, length + 1, (batch,), generator=g)
         return {"values": torch.randn(batch, length, d, generator=g), "lengths": lengths}
-    if kind in ("open_clip", "small_cnn"):
-        size = 224 if (realistic and kind == "open_clip") else 32
+    if kind in ("open_clip", "small_cnn", "hf_vision", "torchvision", "timm"):
+        size = 224 if (realistic and kind != "small_cnn") else 32
         return {"values": torch.rand(batch, 3, size, size, generator=g)}
     if kind in ("hf_audio", "audio_cnn"):
         n = 16000 if realistic else 4000

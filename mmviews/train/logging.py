@@ -1,6 +1,6 @@
 """What a run records: ``metrics.csv`` and the experiment trackers (``output.trackers``, e.g.
-TensorBoard) per optimiser step, the progress bar, and the summary (``results.json``,
-``report.md``) at the end.
+TensorBoard, MLflow, Weights & Biases) per optimiser step, the progress bar, and the summary
+(``results.json``, ``report.md``) at the end.
 
 A ``metrics.csv`` row holds ``step``, ``epoch`` (fractional), ``loss`` (mean over
 processes), the objective's metrics (and the critic's, e.g. IPMC) in name order,
@@ -16,6 +16,8 @@ import importlib.util
 import io
 import json
 import math
+import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -27,7 +29,7 @@ from tqdm.auto import tqdm
 from mmviews.config import ConfigError, TrainConfig
 from mmviews.eval.health import HealthSettings, LiveHealth, chance_level, run_warnings
 from mmviews.eval.report import format_metric
-from mmviews.fileio import atomic_write_text
+from mmviews.fileio import atomic_write_text, read_json_object
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
 from mmviews.train.state import TrainState
@@ -82,6 +84,14 @@ _TRACKER_MODULES: dict[str, tuple[str, ...]] = {
 #: Sub-folder of the run folder given to Accelerate as ``logging_dir``; file-based trackers
 #: write under ``<run>/logs/<recipe name>/`` (TensorBoard's event files).
 TRACKERS_DIR = "logs"
+#: In ``<run>/logs/``: the run id each tracker gave this run (``{"mlflow": ..., "wandb": ...}``),
+#: read on resume so that a resumed run goes on logging into the same tracker run.
+TRACKER_RUNS_FILE = "tracker_runs.json"
+#: Where MLflow writes unless ``MLFLOW_TRACKING_URI`` names a server or database: a file store
+#: in the run folder (``mlflow ui --backend-store-uri <run>/logs/mlruns``).
+MLFLOW_STORE_DIR = "mlruns"
+# MLflow metric and parameter names: letters, digits and ``_ - . / : space`` (no ``@``).
+_MLFLOW_NAME_REFUSED = re.compile(r"[^\w\-./: ]")
 
 
 def tensorboard_available() -> bool:
@@ -99,7 +109,8 @@ def check_trackers_installed(config: TrainConfig, source: str = "recipe") -> Non
     command itself call this before building anything, :func:`resolve_trackers` again)."""
     for name in dict.fromkeys(config.output.trackers):
         if not tracker_installed(name):
-            extra = "pip install 'mmviews[tensorboard]'" if name == "tensorboard" else f"pip install {name}"
+            extra = (f"pip install 'mmviews[{name}]'" if name in ("tensorboard", "mlflow", "wandb")
+                     else f"pip install {name}")
             raise ConfigError(f"{source}: key 'output.trackers': tracker {name!r} is not installed ({extra}); "
                               "metrics.csv is always written, remove the tracker to train without it")
 
@@ -139,6 +150,50 @@ def flat_hparams(config: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def tracker_init_kwargs(trackers: Sequence[str], run_dir: Path, resumed: bool) -> dict[str, dict[str, Any]]:
+    """Accelerate's ``init_kwargs`` for the run's trackers: MLflow and W&B write under
+    ``<run>/logs/`` (MLflow: a file store there unless ``MLFLOW_TRACKING_URI`` is set; W&B: its
+    ``wandb/`` folder, online or offline as ``WANDB_MODE`` says), and a resumed run reopens the
+    tracker runs recorded in :data:`TRACKER_RUNS_FILE` when it started."""
+    logs = run_dir / TRACKERS_DIR
+    previous: dict[str, Any] = {}
+    if resumed and (logs / TRACKER_RUNS_FILE).is_file():
+        previous = read_json_object(logs / TRACKER_RUNS_FILE)
+    kwargs: dict[str, dict[str, Any]] = {}
+    if "mlflow" in trackers:
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            import mlflow
+
+            # MLflow 3 keeps its file store behind this switch; a run folder is what it suits.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            mlflow.set_tracking_uri((logs / MLFLOW_STORE_DIR).resolve().as_uri())
+        kwargs["mlflow"] = {"run_id": previous["mlflow"]} if previous.get("mlflow") else {}
+    if "wandb" in trackers:
+        logs.mkdir(parents=True, exist_ok=True)
+        kwargs["wandb"] = {"dir": str(logs)}
+        if previous.get("wandb"):
+            kwargs["wandb"].update(id=previous["wandb"], resume="allow")
+    return kwargs
+
+
+def record_tracker_runs(accelerator: Any, trackers: Sequence[str], run_dir: Path) -> None:
+    """Write :data:`TRACKER_RUNS_FILE`: the run id of the MLflow and W&B runs (main process)."""
+    ids: dict[str, str] = {}
+    if "mlflow" in trackers:
+        ids["mlflow"] = accelerator.get_tracker("mlflow", unwrap=True).info.run_id
+    if "wandb" in trackers:
+        ids["wandb"] = accelerator.get_tracker("wandb", unwrap=True).id
+    if ids:
+        atomic_write_text(run_dir / TRACKERS_DIR / TRACKER_RUNS_FILE, json.dumps(ids, indent=2))
+
+
+def tracker_metric_name(tracker: str, name: str) -> str:
+    """``name`` as ``tracker`` accepts it: MLflow refuses some characters (``R@1`` -> ``R_at_1``)."""
+    if tracker == "mlflow":
+        return _MLFLOW_NAME_REFUSED.sub("_", name.replace("@", "_at_"))
+    return name
+
+
 class StepLogger:
     """Per optimiser step: the ``metrics.csv`` row (every ``output.log_every`` steps and at the
     last one), the same row to the Accelerate ``trackers`` (:func:`resolve_trackers`; the
@@ -159,8 +214,12 @@ class StepLogger:
         main = accelerator.is_main_process
         self.csv = CSVLogger(run_dir / LOG_FILE, resume_step=state.step if resumed else None) if main else None
         self.trackers = list(trackers)
+        self.run_dir = run_dir
         if self.trackers:  # project = the recipe's name (TensorBoard: <run>/logs/<name>/)
-            accelerator.init_trackers(config.name, config=flat_hparams(config))
+            init_kwargs = tracker_init_kwargs(self.trackers, run_dir, resumed) if main else {}
+            accelerator.init_trackers(config.name, config=flat_hparams(config), init_kwargs=init_kwargs)
+            if main:
+                record_tracker_runs(accelerator, self.trackers, run_dir)
         self.bar = tqdm(total=total_steps, initial=state.step, desc="train",
                         disable=not (main and config.output.progress_bar), dynamic_ncols=True)
         # Without a progress bar (output.progress_bar: false, e.g. logs to a file), one line per log step.
@@ -207,7 +266,7 @@ class StepLogger:
                 for message in self.health.check(row):
                     tqdm.write(f"warning: {message}")
             if self.trackers:
-                self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+                self.to_trackers({k: v for k, v in row.items() if k != "step"}, step=state.step)
             self.bar.set_postfix(loss=f"{self.last_loss:.4f}")
             if self.print_lines:
                 print(f"step {state.step}/{self.total_steps}  epoch {row['epoch']:.2f}  loss {self.last_loss:.4f}  "
@@ -224,7 +283,32 @@ class StepLogger:
         values = {k: float(v) for k, v in metrics.items()}
         values.update({f"random_init/{k}": float(v) for k, v in (random_metrics or {}).items()})
         if values:
-            self.accelerator.log(values, step=step)
+            self.to_trackers(values, step=step)
+
+    def to_trackers(self, values: dict[str, Any], step: int) -> None:
+        """``accelerator.log`` with each tracker's own spelling of the names (main process only)."""
+        if not self.accelerator.is_main_process:
+            return
+        for name in self.trackers:
+            named = {tracker_metric_name(name, k): v for k, v in values.items()}
+            self.accelerator.get_tracker(name).log(named, step=step)
+
+    def log_report(self) -> None:
+        """The run's report to the trackers that keep files (MLflow artifacts, W&B run files):
+        ``report.md``, ``results.json`` and the evaluation's plots (``eval*/**/*.png``), under
+        their paths in the run folder (main process, at the end)."""
+        if not self.accelerator.is_main_process or not ({"mlflow", "wandb"} & set(self.trackers)):
+            return
+        files = [self.run_dir / REPORT_FILE, self.run_dir / RESULTS_FILE]
+        files += sorted(p for folder in sorted(self.run_dir.glob("eval*")) for p in folder.rglob("*.png"))
+        for path in (p for p in files if p.is_file()):
+            relative = path.relative_to(self.run_dir)
+            if "mlflow" in self.trackers:
+                folder = relative.parent.as_posix()
+                self.accelerator.get_tracker("mlflow").log_artifact(str(path), None if folder == "." else folder)
+            if "wandb" in self.trackers:
+                run = self.accelerator.get_tracker("wandb", unwrap=True)
+                run.save(str(path), base_path=str(self.run_dir), policy="now")
 
     def close(self) -> None:
         self.bar.close()

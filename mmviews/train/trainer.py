@@ -364,6 +364,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     log = StepLogger(accelerator, config, run_dir, trackers=trackers, total_steps=p.total_steps,
                      batches_per_epoch=p.batches_per_epoch, poly_view_bound=objective.poly_view_bound, state=state,
                      resumed=checkpoint is not None, started=started)
+    if trackers:  # however the run ends (an error too): a tracker run left open would block the next one
+        on_exit.callback(accelerator.end_training)
     o, out_cfg, eval_cfg = config.optimisation, config.output, config.evaluation
     saved = checkpoint
     # The loop: epochs of micro-batches, each one train_step (mmviews.train.step).
@@ -412,8 +414,6 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
                            log_csv=run_dir / LOG_FILE, meta={"epoch": epoch + 1, "step": state.step, "num_views": num_views})
     log.close()
     if stop.end_of_loop():  # a signal reached some process: every process stops here, checkpoint written
-        if trackers:
-            accelerator.end_training()
         raise TrainingInterrupted(stop.agreed, state.step, saved)
 
     # The end: the encoder, the final evaluation, results.json and the model card.
@@ -446,5 +446,5 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         record_run_outputs(run_dir)
     if trackers:
         log.log_evaluation(metrics, random_metrics, state.step)
-        accelerator.end_training()
+        log.log_report()
     return summary

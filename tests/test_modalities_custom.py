@@ -1,0 +1,213 @@
+"""A backbone of one's own: ``register_backbone`` in the user's code, or an installed package's
+``mmviews.adapters`` entry point, makes an adapter type a recipe names; it trains, saves and
+loads like a built-in one. A recipe never names code to import."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+from mmviews.modalities import (
+    ENTRY_POINT_GROUP,
+    Adapter,
+    AdapterConfig,
+    MultiViewEncoder,
+    build_adapter,
+    list_adapters,
+    register_adapter,
+    register_backbone,
+)
+from mmviews.modalities.base import require_tensor
+
+
+@register_backbone("test_tiny_convnet")
+class TinyConvNet(nn.Module):
+    """Two conv stages and a global average (a user's own module)."""
+
+    def __init__(self, width: int = 8, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+        self.stage = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.ReLU())
+
+    def blocks(self) -> list[nn.Module]:
+        return [self.stem, self.stage]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.stage(self.stem(images)).mean(dim=(2, 3))
+
+
+def test_a_registered_module_is_an_adapter_type(tmp_path):
+    assert list_adapters()["test_tiny_convnet"] == "Two conv stages and a global average (a user's own module)."
+    adapter = build_adapter({"type": "test_tiny_convnet", "args": {"width": 4}, "embed_dim": 8, "image_size": 16})
+    assert adapter.feature_dim == 8  # measured by one forward: 2 * width
+    assert isinstance(adapter.backbone, TinyConvNet) and adapter.backbone.stem[0].out_channels == 4
+    images = torch.rand(5, 3, 24, 24)  # resized and centre-cropped to 16
+    adapter.eval()
+    with torch.no_grad():
+        z = adapter({"values": images})
+        expected = adapter.backbone((nn.functional.interpolate(images, size=16, mode="bilinear", antialias=True)
+                                     .clamp(0, 1) - 0.5) / 0.25)
+        torch.testing.assert_close(adapter.features({"values": images}), expected, rtol=1e-4, atol=1e-5)
+    assert z.shape == (5, 8) and torch.allclose(z.norm(dim=-1), torch.ones(5))
+    adapter.save_pretrained(tmp_path / "saved")
+    loaded = Adapter.from_pretrained(tmp_path / "saved").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded({"values": images}), z)
+
+    last = build_adapter({"type": "test_tiny_convnet", "finetune": {"mode": "last_n", "last_n": 1}})
+    assert [p.requires_grad for p in last.backbone.stem.parameters()] == [False] * 4
+    assert all(p.requires_grad for p in last.backbone.stage.parameters())
+    one_channel = build_adapter({"type": "test_tiny_convnet", "args": {"in_channels": 1}, "in_channels": 1})
+    assert one_channel({"values": torch.rand(2, 1, 8, 8)}).shape == (2, 128)
+
+
+def test_registration_and_config_errors_are_clear():
+    with pytest.raises(ValueError, match="adapter type 'test_tiny_convnet' is registered twice"):
+        register_backbone("test_tiny_convnet")(TinyConvNet)
+    with pytest.raises(ValueError, match=r"test_tiny_convnet adapter: args\.width must be a number, string or list"):
+        build_adapter({"type": "test_tiny_convnet", "args": {"width": {"nested": 1}}})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'depth'"):
+        build_adapter({"type": "test_tiny_convnet", "args": {"depth": 3}})
+    with pytest.raises(ValueError, match=r"unknown adapter type 'test_tiny_convnt' \(did you mean 'test_tiny_convnet'\?\)"):
+        build_adapter({"type": "test_tiny_convnt"})
+
+    @register_backbone("test_flat_output")
+    def flat(width: int = 4) -> nn.Module:
+        return nn.Conv2d(3, width, 3)
+
+    with pytest.raises(ValueError, match=r"test_flat_output adapter: the backbone must return features \[N, F\], "
+                                         r"got \(2, 4, 30, 30\)"):
+        build_adapter({"type": "test_flat_output"})
+
+
+def test_the_documented_example_trains_its_own_backbone(tmp_path, monkeypatch, capsys):
+    """docs/examples/own_backbone.py, run as a user runs it: it registers its module, trains the
+    recipe that names it, and the saved encoder loads with that module as its image backbone."""
+    import runpy
+
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "own_backbone.py"
+    monkeypatch.setattr(sys, "argv", [str(example), str(tmp_path / "run")])
+    namespace = runpy.run_path(str(example), run_name="__main__")
+    assert "test/linear/class/acc trained" in capsys.readouterr().out
+    encoder = MultiViewEncoder.from_pretrained(tmp_path / "run" / "encoder")
+    assert type(encoder.adapters["image"].backbone) is namespace["MyConvNet"]
+    assert encoder.adapters["image"].config.to_dict()["args"] == {"width": 16}
+
+
+def _install_package(root, name: str, body: str, entry: str) -> None:
+    """A package installed the way pip leaves one: its module and a dist-info with entry points."""
+    (root / f"{name}.py").write_text(textwrap.dedent(body))
+    info = root / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{entry}\n")
+
+
+def test_an_installed_entry_point_is_loaded_only_for_a_type_nothing_registered(tmp_path, monkeypatch):
+    _install_package(tmp_path, "mmviews_test_plugin", """
+        from torch import nn
+
+        class PluginNet(nn.Module):
+            \"\"\"A backbone from an installed package.\"\"\"
+            feature_dim = 6
+
+            def __init__(self, width: int = 6):
+                super().__init__()
+                self.conv = nn.Conv2d(3, width, 1)
+
+            def forward(self, images):
+                return self.conv(images).mean(dim=(2, 3))
+        """, "test_plugin_net = mmviews_test_plugin:PluginNet\ntest_broken_net = mmviews_test_missing:Net")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mmviews_test_plugin", raising=False)
+
+    build_adapter({"type": "test_tiny_convnet"})  # a registered type: no entry point is looked at
+    from mmviews.cli.list import adapter_rows
+
+    listed = {name: description for name, description, _ in adapter_rows()}  # listed, not imported
+    assert listed["test_plugin_net"] == ("installed entry point mmviews_test_plugin:PluginNet (mmviews.adapters), "
+                                         "loaded when a config names it")
+    assert "mmviews_test_plugin" not in sys.modules
+    adapter = build_adapter({"type": "test_plugin_net", "embed_dim": 4})
+    assert "mmviews_test_plugin" in sys.modules and type(adapter.backbone).__name__ == "PluginNet"
+    assert adapter.feature_dim == 6 and adapter({"values": torch.rand(3, 3, 8, 8)}).shape == (3, 4)
+    assert "test_plugin_net" in list_adapters()
+    with pytest.raises(ValueError, match=r"adapter type 'test_broken_net': entry point 'mmviews_test_missing:Net' "
+                                         r"\(mmviews\.adapters\) failed to load: No module named 'mmviews_test_missing'"):
+        build_adapter({"type": "test_broken_net"})
+
+
+@dataclass
+class PitchCNNConfig(AdapterConfig):
+    """CREPE's capacity (``tiny`` or ``full``) and whether to load its published weights."""
+
+    type: ClassVar[str] = "test_crepe_pitch"
+    capacity: str = "tiny"
+    pretrained: bool = True
+
+
+@register_adapter
+class PitchCNNAdapter(Adapter):
+    """CREPE's pitch CNN (torchcrepe) on 1024-sample frames of 16 kHz audio: a user's own adapter
+    for inputs other than images (an Adapter subclass registered with @register_adapter)."""
+
+    config_class = PitchCNNConfig
+    config: PitchCNNConfig
+
+    def __init__(self, config: PitchCNNConfig, *, load_weights: bool = True, saved_dir: Path | None = None) -> None:
+        super().__init__(config)
+        import torchcrepe
+
+        self.backbone = torchcrepe.Crepe(config.capacity)
+        if config.pretrained and load_weights and saved_dir is None:  # the weights torchcrepe ships
+            file = Path(torchcrepe.__file__).parent / "assets" / f"{config.capacity}.pth"
+            self.backbone.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+        self.backbone.eval()
+        with torch.no_grad():
+            self.feature_dim = int(self.backbone.embed(torch.zeros(2, 1024)).flatten(1).shape[1])
+        self._finish_init()
+
+    def preprocess(self, inputs, present=None):
+        frames = require_tensor(inputs, "values", "test_crepe_pitch adapter").float()
+        if frames.dim() != 2 or frames.shape[1] != 1024:
+            raise ValueError(f"test_crepe_pitch adapter: values must be [B, 1024], got {tuple(frames.shape)}")
+        centred = frames - frames.mean(1, keepdim=True)
+        return {"frames": centred / centred.std(1, keepdim=True).clamp_min(1e-8)}  # as torchcrepe normalises
+
+    def encode(self, prepared):
+        return self.backbone.embed(prepared["frames"]).flatten(1)
+
+
+def test_an_adapter_subclass_of_ones_own_loads_crepes_pitch_weights_which_beat_random_init():
+    """Real pretrained audio weights (CREPE's, shipped inside the torchcrepe package) through a
+    user's own adapter type: on the pitch class of harmonic tones in noise (12 semitones, three
+    octaves, 1024 samples at 16 kHz) the linear probe of the pretrained features beats random
+    initialisation (measured: 1.00 against 0.73; chance 0.08)."""
+    pytest.importorskip("torchcrepe")  # the test-models extra
+    from mmviews.eval.probes import linear_probe_classification
+
+    g = torch.Generator().manual_seed(0)
+    n = 300
+    labels = torch.randint(12, (n,), generator=g)
+    f0 = 110 * 2 ** (torch.randint(0, 3, (n,), generator=g) + labels / 12)
+    t = torch.arange(1024) / 16000
+    phase = torch.rand(n, 1, generator=g) * 2 * math.pi
+    tones = sum(0.6 ** k * torch.sin(2 * math.pi * (k + 1) * f0[:, None] * t + (k + 1) * phase) for k in range(4))
+    tones = tones + 0.3 * torch.randn(n, 1024, generator=g)
+    accuracy = {}
+    for pretrained in (True, False):
+        torch.manual_seed(0)
+        adapter = build_adapter({"type": "test_crepe_pitch", "pretrained": pretrained, "finetune": {"mode": "frozen"}})
+        with torch.no_grad():
+            features = adapter.eval().features({"values": tones})
+        probe = linear_probe_classification(features[:200], labels[:200], test_x=features[200:], test_y=labels[200:])
+        accuracy[pretrained] = probe.metrics["test_acc"]
+    assert accuracy[True] >= 0.9 and accuracy[True] >= accuracy[False] + 0.15, accuracy

