@@ -94,7 +94,7 @@ from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_ru
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
-from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
+from mmviews.train.distributed import check_launch, configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
@@ -324,7 +324,9 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
     configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
-    parts = build_run(config, process_state(config).num_processes, source)
+    num_processes = process_state(config).num_processes
+    check_launch(num_processes, config)  # a launch that asked for N processes and got fewer stops here
+    parts = build_run(config, num_processes, source)
     finished = None if checkpoint is None else read_finished_run(
         run_dir, checkpoint, _total_steps(config, len(parts.train_loader))[0], reevaluate)
     if finished is not None and not reevaluate:
