@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_train_utils import env, free_port, tiny_config, write_recipe
 
 from mmviews.config import ConfigError, TrainConfig
@@ -52,7 +53,8 @@ def test_a_launch_that_got_fewer_processes_stops_naming_the_fix(monkeypatch):
     # WORLD_SIZE larger than the group: Accelerate's FSDP state on a machine without GPUs...
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    with pytest.raises(ConfigError, match=r"FSDP state did not come up.*add --set cpu=true"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"processes with FSDP .*without a GPU and without cpu: true.*add --set cpu=true"):
         check_launch(1, TrainConfig(cpu=False), None)
     # ... or any other mismatch
     monkeypatch.delenv("ACCELERATE_USE_FSDP")

@@ -86,6 +86,8 @@ def configure_determinism(enabled: bool) -> None:
 
 #: The working launch lines, named in the errors below and in docs/distributed.md.
 CPU_LAUNCH = "accelerate launch --multi_gpu --num_processes {n} -m mmviews.cli train RECIPE --set cpu=true"
+#: What `accelerate launch --use_fsdp` (or a config file with FSDP) sets in its processes' environment.
+LAUNCHER_FSDP = "ACCELERATE_USE_FSDP"
 GPU_LAUNCH = "accelerate launch --multi_gpu --num_processes {n} -m mmviews.cli train RECIPE"
 
 
@@ -172,7 +174,7 @@ def accelerate_launch() -> AccelerateLaunch | None:
 def fsdp_requested_by_launcher() -> str | None:
     """``FSDP_VERSION`` ("1" or "2") when the launcher asked for FSDP (``accelerate launch
     --use_fsdp``, or an Accelerate config file with FSDP), else None."""
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() not in ("1", "true", "yes"):
+    if os.environ.get(LAUNCHER_FSDP, "false").lower() not in ("1", "true", "yes"):
         return None
     return os.environ.get("FSDP_VERSION", "1")
 
@@ -186,11 +188,12 @@ def check_launch(num_processes: int, config: TrainConfig, launch: AccelerateLaun
     world = os.environ.get("WORLD_SIZE", "")
     asked = int(world) if world.isdigit() else None
     if asked is not None and asked > num_processes:
-        if fsdp_requested_by_launcher() and not config.cpu:
+        if not config.cpu and not torch.cuda.is_available():
+            what = "with FSDP " if fsdp_requested_by_launcher() else ""
             raise ConfigError(
-                f"the launcher started {asked} processes with FSDP (WORLD_SIZE={asked}), but Accelerate's FSDP state "
-                f"did not come up here (no GPU: each process would train alone); add --set cpu=true, and mmviews "
-                f"shards with FSDP2 over gloo itself ({CPU_LAUNCH.format(n=asked)} --set distributed.sharding=fsdp)")
+                f"the launcher started {asked} processes {what}(WORLD_SIZE={asked}), but without a GPU and without "
+                f"cpu: true each would train alone; add --set cpu=true ({CPU_LAUNCH.format(n=asked)}"
+                + (" --set distributed.sharding=fsdp: mmviews then shards with FSDP2 over gloo itself)" if what else ")"))
         raise ConfigError(
             f"the launcher set WORLD_SIZE={asked} but this process group has {num_processes} process(es); launch with "
             f"{(CPU_LAUNCH if config.cpu else GPU_LAUNCH).format(n=asked)} (or torchrun --nproc_per_node {asked})")
