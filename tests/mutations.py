@@ -231,7 +231,42 @@ def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
     return checkpoint, "_remove_checkpoint", remove_in_place
 
 
+def _fsdp_sum_gradients() -> tuple[Any, str, Any]:
+    """Sharded runs: FSDP2 sums the processes' gradients in its reduce-scatter instead of
+    averaging them (a gradient-scale error that plain SGD shows)."""
+    import mmviews.train.trainer as trainer
+    from mmviews.train import sharding
+
+    def shard_summing(*args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.fsdp import FSDPModule
+
+        encoder = sharding.shard_encoder(*args, **kwargs)
+        for module in encoder.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+        return encoder
+
+    return trainer, "shard_encoder", shard_summing
+
+
+def _fsdp_clip_local_norm() -> tuple[Any, str, Any]:
+    """Sharded runs: gradients clipped by the norm of each process's own shards, not the global norm."""
+    import torch
+    from accelerate import Accelerator
+
+    def clip_local(self: Any, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in parameters if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in local]))
+        for g in local:
+            g.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
+
+    return Accelerator, "clip_grad_norm_", clip_local
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
+    "fsdp_sum_gradients": _fsdp_sum_gradients,
+    "fsdp_clip_local_norm": _fsdp_clip_local_norm,
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
     "scale_loss": _scale_loss,

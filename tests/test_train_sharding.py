@@ -58,11 +58,18 @@ def _recipe(folder: Path, name: str) -> Path:
     return write_recipe(folder / f"{name}.yaml", raw)
 
 
+# Breaks of tests/mutations.py, each applied to one more run of the 2-process launch (after the
+# intact runs; undone after its run): name -> (break, variant whose check must then fail).
+BROKEN = {"sum-gradients": ("fsdp_sum_gradients", "mv_dhel-sgd"),
+          "clip-local-norm": ("fsdp_clip_local_norm", "mv_dhel-sgd-clipped")}
+
+
 def _series(runs: dict[str, list[str]]) -> list[str]:
-    """``tests/train_series.py``'s arguments for ``mmviews train ARGS`` of each run."""
+    """``tests/train_series.py``'s arguments: each run's ``slow_train.py`` arguments (``[--break
+    NAME] -- TRAIN_ARGS``), one after the other."""
     argv: list[str] = []
-    for train_args in runs.values():
-        argv += ["--", *train_args, ":::"]
+    for run_args in runs.values():
+        argv += [*run_args, ":::"]
     return argv[:-1]
 
 
@@ -86,18 +93,20 @@ def _resumable_copy(run: Path, copy: Path) -> Path:
 def trained(tmp_path_factory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("sharded")
     recipes = {name: _recipe(folder, name) for name in VARIANTS}
-    one = {name: [str(recipes[name]), "--output", str(folder / f"one-{name}")] for name in VARIANTS}
+    one = {name: ["--", str(recipes[name]), "--output", str(folder / f"one-{name}")] for name in VARIANTS}
     with own_accelerate_state():
         for run_argv in train_series.split_runs(_series(one)):
             assert train_series.run_one(run_argv) == 0, run_argv
     # A 1-process checkpoint (step 2) that the 2-process launch resumes sharded.
     from_one = _resumable_copy(folder / f"one-{RESUMED}", folder / "resumed-on-two")
-    two = {name: [str(recipes[name]), "--output", str(folder / f"two-{name}")] for name in VARIANTS}
+    two = {name: ["--", str(recipes[name]), "--output", str(folder / f"two-{name}")] for name in VARIANTS}
     # RNG states are per process: a second process has none of its own (dropout is off here).
     for name in AGAINST_DDP:
-        two[f"ddp-{name}"] = [str(recipes[name]), "--output", str(folder / f"ddp-{name}"),
+        two[f"ddp-{name}"] = ["--", str(recipes[name]), "--output", str(folder / f"ddp-{name}"),
                               "--set", "distributed.sharding=none"]
-    two["resumed-on-two"] = ["--resume", str(from_one), "--resume-ignore-rng"]
+    two["resumed-on-two"] = ["--", "--resume", str(from_one), "--resume-ignore-rng"]
+    for name, (break_name, variant) in BROKEN.items():
+        two[name] = ["--break", break_name, "--", str(recipes[variant]), "--output", str(folder / f"broken-{name}")]
     ranks = run_ranks([sys.executable, str(TRAIN_SERIES), *_series(two)], folder, timeout=400)
     for rank in ranks:
         assert rank.returncode == 0, rank.stderr[-4000:]
@@ -135,3 +144,13 @@ def test_sharded_checkpoints_hold_full_tensors_and_resume_on_the_other_process_c
     with own_accelerate_state():
         assert train_series.run_one(["--", "--resume", str(checkpoint)]) == 0
     check_same_training(folder / f"one-{RESUMED}", tmp_path / "resumed-on-one", steps=None)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_sharded_equality_check_fails_on_the_break(trained, name):
+    """Mutation tests (tests/README.md): gradients summed over the processes instead of averaged
+    (plain SGD sees the scale), clipping by each process's own shards' norm instead of the global
+    norm (SGD clipped every step): :func:`check_same_training` reports both."""
+    variant = BROKEN[name][1]
+    with pytest.raises(AssertionError):
+        check_same_training(trained["folder"] / f"one-{variant}", trained["folder"] / f"broken-{name}", steps=4)

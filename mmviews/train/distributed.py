@@ -111,6 +111,14 @@ class AccelerateLaunch:
         """The same launch, running ``script_args``: a line a user can paste."""
         return shlex.join(["accelerate", "launch", *self.options, self.script, *script_args])
 
+    def mmviews_command(self, *mmviews_args: str) -> str:
+        """The same launch options running ``mmviews MMVIEWS_ARGS`` (the launched script when it is
+        mmviews's command, else ``-m mmviews.cli``)."""
+        if self.script == "mmviews.cli" or os.path.basename(self.script) == "mmviews":
+            return self.command(*mmviews_args)
+        options = [option for option in self.options if option not in ("-m", "--module")]
+        return shlex.join(["accelerate", "launch", *options, "-m", "mmviews.cli", *mmviews_args])
+
 
 def _launch_argv(argv: list[str]) -> list[str] | None:
     """The arguments after ``launch`` when ``argv`` is an ``accelerate launch`` command line
