@@ -231,22 +231,22 @@ def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
     return checkpoint, "_remove_checkpoint", remove_in_place
 
 
-def _fsdp_sum_gradients() -> tuple[Any, str, Any]:
-    """Sharded runs: FSDP2 sums the processes' gradients in its reduce-scatter instead of
-    averaging them (a gradient-scale error that plain SGD shows)."""
+def _fsdp_skip_gradient_reduction() -> tuple[Any, str, Any]:
+    """Sharded runs: FSDP2 never reduce-scatters the gradients into the shards (gradient sync
+    off), so the processes' shards get no gradient of the global batch."""
     import mmviews.train.trainer as trainer
     from mmviews.train import sharding
 
-    def shard_summing(*args: Any, **kwargs: Any) -> Any:
+    def shard_unsynced(*args: Any, **kwargs: Any) -> Any:
         from torch.distributed.fsdp import FSDPModule
 
         encoder = sharding.shard_encoder(*args, **kwargs)
         for module in encoder.modules():
             if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(1.0)
+                module.set_requires_gradient_sync(False, recurse=False)
         return encoder
 
-    return trainer, "shard_encoder", shard_summing
+    return trainer, "shard_encoder", shard_unsynced
 
 
 def _fsdp_clip_local_norm() -> tuple[Any, str, Any]:
@@ -265,7 +265,7 @@ def _fsdp_clip_local_norm() -> tuple[Any, str, Any]:
 
 
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
-    "fsdp_sum_gradients": _fsdp_sum_gradients,
+    "fsdp_skip_gradient_reduction": _fsdp_skip_gradient_reduction,
     "fsdp_clip_local_norm": _fsdp_clip_local_norm,
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,

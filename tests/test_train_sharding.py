@@ -60,7 +60,7 @@ def _recipe(folder: Path, name: str) -> Path:
 
 # Breaks of tests/mutations.py, each applied to one more run of the 2-process launch (after the
 # intact runs; undone after its run): name -> (break, variant whose check must then fail).
-BROKEN = {"sum-gradients": ("fsdp_sum_gradients", "mv_dhel-sgd"),
+BROKEN = {"no-gradient-reduction": ("fsdp_skip_gradient_reduction", "mv_dhel-sgd"),
           "clip-local-norm": ("fsdp_clip_local_norm", "mv_dhel-sgd-clipped")}
 
 
@@ -148,8 +148,8 @@ def test_sharded_checkpoints_hold_full_tensors_and_resume_on_the_other_process_c
 
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_sharded_equality_check_fails_on_the_break(trained, name):
-    """Mutation tests (tests/README.md): gradients summed over the processes instead of averaged
-    (plain SGD sees the scale), clipping by each process's own shards' norm instead of the global
+    """Mutation tests (tests/README.md): gradients never reduce-scattered into the shards,
+    clipping by each process's own shards' norm instead of the global
     norm (SGD clipped every step): :func:`check_same_training` reports both."""
     variant = BROKEN[name][1]
     with pytest.raises(AssertionError):

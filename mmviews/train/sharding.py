@@ -245,3 +245,32 @@ def optimizer_state_by_name(state: dict[str, Any], module: nn.Module, optimizer:
                          f"optimiser {len(names)}")
     by_name = [{**group, "params": [names[i] for i in group["params"]]} for group in groups]
     return {"state": {names[int(i)]: value for i, value in state["state"].items()}, "param_groups": by_name}
+
+
+def unit_parameter_bytes(encoder: nn.Module, units: dict[str, str]) -> list[int]:
+    """Bytes of the parameters of each sharding unit :func:`shard_encoder` would make (unsharded
+    modules): what one process gathers in full while that unit computes."""
+    sizes: list[int] = []
+    claimed: set[int] = set()
+
+    def unit(module: nn.Module) -> None:
+        params = [p for p in module.parameters() if id(p) not in claimed]
+        claimed.update(id(p) for p in params)
+        sizes.append(sum(p.numel() * p.element_size() for p in params))
+
+    def visit(module: nn.Module) -> None:  # the order fully_shard is applied in: inner units first
+        unit(module)
+
+    for modality, adapter in encoder.adapters.items():
+        kind = units.get(modality, "backbone")
+        backbone = getattr(adapter, "backbone", None)
+        if kind == "adapter" or backbone is None:
+            visit(adapter)
+            continue
+        if kind == "layers":
+            for block in adapter.backbone_blocks():
+                visit(block)
+        visit(backbone)
+        visit(adapter.head)
+    visit(encoder)
+    return sizes
