@@ -22,7 +22,8 @@ state (gloo on CPU, NCCL on GPU) and leaves the model alone, and applies ``fully
   layer at a time) or ``adapter`` (the whole adapter one unit). The encoder itself is the root
   unit (whatever no unit claimed).
 - **Mixed precision**: with ``optimisation.mixed_precision: bf16`` (``fp16``) the parameters are
-  gathered in that dtype and gradients reduced in float32 (``MixedPrecisionPolicy``), the
+  gathered in that dtype and gradients reduced in float32 (``MixedPrecisionPolicy``; BatchNorm
+  layers are units of their own kept in float32, as their running statistics are), the
   sharded master weights and the optimiser state stay float32; Accelerate's autocast still wraps
   the encoder's forward (``prepare_model(..., evaluation_mode=True)``: autocast and float32
   outputs, no DDP wrapper).
@@ -145,6 +146,12 @@ def shard_encoder(encoder: nn.Module, config: TrainConfig, device: torch.device,
     def shard(module: nn.Module) -> None:
         fully_shard(module, mesh=mesh, mp_policy=policy)
 
+    if policy.param_dtype is not None:
+        # BatchNorm keeps float32 weights (units of their own, no cast): its running statistics
+        # are float32 buffers, which a bf16 weight cannot be combined with; autocast then
+        # handles it as without sharding.
+        for norm in [m for m in encoder.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
+            fully_shard(norm, mesh=mesh, mp_policy=_policy("no"))
     _shard_units(encoder, config.distributed.fsdp_units, shard)
     return encoder
 
