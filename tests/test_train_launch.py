@@ -79,3 +79,54 @@ def test_accelerate_launch_cpu_without_multi_gpu_stops_before_work(tmp_path):
     assert len(line) == 1 and "--multi_gpu --num_processes 2" in line[0], proc.stderr[-3000:]
     assert "returned non-zero exit status 2" in proc.stderr
     assert not run.exists()
+
+
+def test_accelerates_fsdp_request_means_sharding(monkeypatch):
+    """``accelerate launch --use_fsdp --fsdp_version 2`` asks for what ``distributed.sharding:
+    fsdp`` asks for; version 1 and unknown values are refused in one line."""
+    from mmviews.train.sharding import requested_sharding, run_sharding
+
+    config = TrainConfig(cpu=True, adapters={"text": {}})
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert requested_sharding(config) == "none"
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    assert requested_sharding(config) == "fsdp" and run_sharding(config, 2) == "fsdp"
+    assert run_sharding(config, 1) == "none"  # one process: nothing to shard
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ConfigError, match="--fsdp_version 2"):
+        requested_sharding(config)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    config.distributed.sharding = "zero3"
+    with pytest.raises(ConfigError, match="distributed.sharding"):
+        requested_sharding(config)
+    config.distributed.sharding, config.distributed.fsdp_units = "fsdp", {"audio": "layers"}
+    with pytest.raises(ConfigError, match="fsdp_units.audio"):
+        requested_sharding(config)
+
+
+def test_check_estimate_counts_the_shards(tmp_path):
+    """``--check`` on N = 2 sharded processes: 1/2 of the encoder's gradients, optimiser state and
+    parameters (buffers whole), plus twice the largest unit's parameters (the text backbone here,
+    counted by the test from the module itself)."""
+    from mmviews.config import load_config
+    from mmviews.train import build_run
+    from mmviews.train.memory import estimate_memory
+
+    raw = tiny_config(image=False, batch_norm=False, num_samples=32, batch_size=16, epochs=1)
+    raw["cpu"] = True
+    estimates = {}
+    for sharding in ("none", "fsdp"):
+        raw["distributed"] = {"sharding": sharding}
+        parts = build_run(load_config(write_recipe(tmp_path / f"{sharding}.yaml", raw)), 2, with_eval=False)
+        estimates[sharding] = estimate_memory(parts, 2, activations=(0.0, 0.0), measure_slack=False)
+    whole, sharded = estimates["none"], estimates["fsdp"]
+    encoder = parts.encoder
+    params = sum(p.numel() * p.element_size() for p in encoder.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in encoder.buffers())
+    backbone = sum(p.numel() * p.element_size() for p in encoder.adapters["text"].backbone.parameters())
+    assert not whole.sharded and whole.gathered == 0 and sharded.sharded
+    assert sharded.gradients == -(-whole.gradients // 2) and sharded.optimizer_state < 0.51 * whole.optimizer_state
+    assert sharded.parameters == buffers + -(-params // 2)
+    assert sharded.gathered == 2 * backbone
+    assert sharded.static < whole.static
