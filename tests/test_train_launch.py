@@ -8,7 +8,6 @@ one process and tells it nothing) once under a real ``accelerate launch``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +69,7 @@ def test_accelerate_launch_cpu_without_multi_gpu_stops_before_work(tmp_path):
     raw["cpu"] = True
     recipe = write_recipe(tmp_path / "r.yaml", raw)
     run = tmp_path / "run"
-    proc = subprocess.run([*ACCELERATE, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
                            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
                            str(free_port()), "-m", "mmviews.cli", "train", str(recipe), "--output", str(run)],
                           env=env(), capture_output=True, text=True, timeout=120)
@@ -130,3 +129,26 @@ def test_check_estimate_counts_the_shards(tmp_path):
     assert sharded.parameters == buffers + -(-params // 2)
     assert sharded.gathered == 2 * backbone
     assert sharded.static < whole.static
+
+
+def test_resume_hint_is_the_launch_read_back(monkeypatch):
+    """Item 7 of issue 35: the resume command after Ctrl-C is one to paste: the launcher's own
+    options, ``-m mmviews.cli`` when the launched script was another (e.g. a wrapper), a working
+    ``accelerate launch`` line under another launcher of N processes, else ``mmviews train``."""
+    import mmviews.cli.train as cli_train
+
+    launch = parse_accelerate_launch([*ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "-m",
+                                      "mmviews.cli", "train", "r.yaml", "--set", "cpu=true"])
+    monkeypatch.setattr(cli_train, "accelerate_launch", lambda: launch)
+    assert cli_train.resume_command(Path("runs/a b")) == (
+        "accelerate launch --multi_gpu --num_processes 2 -m mmviews.cli train --resume 'runs/a b'")
+    wrapper = parse_accelerate_launch([*ACCELERATE, "launch", "--multi_gpu", "--num_processes=2", "wrap.py", "x"])
+    monkeypatch.setattr(cli_train, "accelerate_launch", lambda: wrapper)
+    assert cli_train.resume_command(Path("run"), allow_remote_models=True) == (
+        "accelerate launch --multi_gpu --num_processes=2 -m mmviews.cli train --resume run --allow-remote-models")
+    monkeypatch.setattr(cli_train, "accelerate_launch", lambda: None)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun
+    assert cli_train.resume_command(Path("run")) == (
+        "accelerate launch --multi_gpu --num_processes 4 -m mmviews.cli train --resume run")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert cli_train.resume_command(Path("run")) == "mmviews train --resume run"
