@@ -99,7 +99,12 @@ def test_accelerates_fsdp_request_means_sharding(monkeypatch):
     config.distributed.sharding = "zero3"
     with pytest.raises(ConfigError, match="distributed.sharding"):
         requested_sharding(config)
-    config.distributed.sharding, config.distributed.fsdp_units = "fsdp", {"audio": "layers"}
+    config.distributed.sharding = "fsdp"
+    config.optimisation.mixed_precision = "fp16"
+    with pytest.raises(ConfigError, match="fp16 is not supported with distributed.sharding: fsdp"):
+        run_sharding(config, 2)
+    assert run_sharding(config, 1) == "none"
+    config.distributed.fsdp_units = {"audio": "layers"}
     with pytest.raises(ConfigError, match="fsdp_units.audio"):
         requested_sharding(config)
 

@@ -21,7 +21,7 @@ state (gloo on CPU, NCCL on GPU) and leaves the model alone, and applies ``fully
   then the rest of the backbone, then the head: the least memory, parameters are gathered one
   layer at a time) or ``adapter`` (the whole adapter one unit). The encoder itself is the root
   unit (whatever no unit claimed).
-- **Mixed precision**: with ``optimisation.mixed_precision: bf16`` (``fp16``) the parameters are
+- **Mixed precision**: with ``optimisation.mixed_precision: bf16`` the parameters are
   gathered in that dtype and gradients reduced in float32 (``MixedPrecisionPolicy``; BatchNorm
   layers are units of their own kept in float32, as their running statistics are), the
   sharded master weights and the optimiser state stay float32; Accelerate's autocast still wraps
@@ -89,7 +89,13 @@ def requested_sharding(config: TrainConfig) -> str:
 def run_sharding(config: TrainConfig, num_processes: int) -> str:
     """The sharding this run uses: :func:`requested_sharding`, ``"none"`` on one process."""
     asked = requested_sharding(config)
-    return asked if num_processes > 1 else "none"
+    if num_processes < 2:
+        return "none"
+    if asked == "fsdp" and config.optimisation.mixed_precision == "fp16":
+        # Accelerate's GradScaler unscales whole gradients; sharded ones need FSDP's own scaler.
+        raise ConfigError("key 'optimisation.mixed_precision': fp16 is not supported with distributed.sharding: fsdp "
+                          "(its gradient scaler does not handle sharded gradients); use bf16")
+    return asked
 
 
 @contextlib.contextmanager
