@@ -163,7 +163,7 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     config, o = parts.config, parts.config.optimisation
     encoder, objective = parts.encoder, parts.objective
     sharded = run_sharding(config, accelerator.num_processes) == "fsdp"
-    if accelerator.num_processes > 1 and accelerator.device.type != "cpu" and not sharded:
+    if accelerator.num_processes > 1 and accelerator.device.type != "cpu":  # sharded or not
         encoder = nn.SyncBatchNorm.convert_sync_batchnorm(encoder)
     # The teacher copies the encoder before it is sharded, then is sharded like it (same units:
     # its EMA update is a lerp of matching shards).
