@@ -7,9 +7,10 @@ runs in ONE launch of two real gloo ranks (``tests/train_series.py``, one run af
 as in ``test_train_distributed.py``. Variants: MV-DHEL under AdamW and under plain SGD (no
 momentum, lr 0.1: a gradient-scale error shows in the weights), each with the plain and the
 cached step; SGD with a clipping norm small enough to clip every step (a per-shard norm in
-place of the global one changes the update); geometric PVC; IPMC with its memory bank, view
-bank, view filter and critic, against 2 unsharded (DDP) processes: its 2-process run differs
-from its 1-process run without sharding too (same numbers sharded or not; see the report); ER with an EMA teacher (sharded like the student). Text views only, no
+place of the global one changes the update); geometric PVC; ER with an EMA teacher (sharded
+like the student); IPMC with its memory bank, view filter and critic, against 2 unsharded (DDP)
+processes: IPMC's 2-process run differs from its 1-process run without sharding too (its logged
+losses part at step 3; the sharded and the DDP runs log the same numbers). Text views only, no
 BatchNorm (gloo has no SyncBatchNorm), dropout off.
 """
 
