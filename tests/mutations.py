@@ -323,12 +323,47 @@ def _forget_tracker_runs() -> tuple[Any, str, Any]:
     return logging_module, "tracker_init_kwargs", lambda trackers, run_dir, resumed: original(trackers, run_dir, False)
 
 
+def _fsdp_skip_gradient_reduction() -> tuple[Any, str, Any]:
+    """Sharded runs: FSDP2 never reduce-scatters the gradients into the shards (gradient sync
+    off), so the processes' shards get no gradient of the global batch."""
+    import mmviews.train.trainer as trainer
+    from mmviews.train import sharding
+
+    def shard_unsynced(*args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.fsdp import FSDPModule
+
+        encoder = sharding.shard_encoder(*args, **kwargs)
+        for module in encoder.modules():
+            if isinstance(module, FSDPModule):
+                module.set_requires_gradient_sync(False, recurse=False)
+        return encoder
+
+    return trainer, "shard_encoder", shard_unsynced
+
+
+def _fsdp_clip_local_norm() -> tuple[Any, str, Any]:
+    """Sharded runs: gradients clipped by the norm of each process's own shards, not the global norm."""
+    import torch
+    from accelerate import Accelerator
+
+    def clip_local(self: Any, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in parameters if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in local]))
+        for g in local:
+            g.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
+
+    return Accelerator, "clip_grad_norm_", clip_local
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "onnx_clip_first_frame": _onnx_clip_first_frame,
     "evaluation_forward_with_gradients": _evaluation_forward_with_gradients,
     "chance_from_evaluated_majority": _chance_from_evaluated_majority,
     "training_log_judges_alignment": _training_log_judges_alignment,
     "population_std_over_seeds": _population_std_over_seeds,
+    "fsdp_skip_gradient_reduction": _fsdp_skip_gradient_reduction,
+    "fsdp_clip_local_norm": _fsdp_clip_local_norm,
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
     "scale_loss": _scale_loss,

@@ -324,9 +324,10 @@ def test_two_processes_stop_at_the_same_step_when_only_one_is_signalled(tmp_path
     raw["output"]["checkpoint_every"] = 0
     recipe = write_recipe(tmp_path / "dist.yaml", raw)
     run, marker, held = tmp_path / "run", tmp_path / "marker", tmp_path / "held"
+    port = free_port()
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(free_port()), str(SLOW_TRAIN), *_held_until_signal(2, held),
+                "--main_process_port", str(port), str(SLOW_TRAIN), *_held_until_signal(2, held),
                 "--hold-rank", "1", "--marker", str(marker), "--", str(recipe), "--output", str(run)]
     rank1 = Path(f"{marker}.rank1")
     with started(launcher) as proc:
@@ -344,5 +345,6 @@ def test_two_processes_stop_at_the_same_step_when_only_one_is_signalled(tmp_path
     assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
     lines = [line for line in err.splitlines() if line.startswith("mmviews train: stopped by")]
     assert lines == ["mmviews train: stopped by SIGTERM after step 3, checkpoint saved; resume with: "
-                     f"accelerate launch <the same launch options> -m mmviews.cli train --resume {run}"], err[-4000:]
+                     "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
+                     f"--dynamo_backend no --main_process_port {port} -m mmviews.cli train --resume {run}"], err[-4000:]
     assert re.search(r"exitcode\s*:\s*143", err), err[-4000:]

@@ -117,7 +117,7 @@ from mmviews.train.step import (
 )
 from mmviews.train.trainer import _accelerator, _prepare
 
-CASES = ("quickstart", "realistic", "finetune-small")
+CASES = ("quickstart", "realistic", "finetune-small", "base-sizes")  # base-sizes: mmviews.bench.sharded
 PHASES = ("data", "forward", "objective", "backward", "optimiser")
 _SHORT = {"data": "data", "forward": "fwd", "objective": "loss", "backward": "bwd", "optimiser": "optim"}
 
@@ -536,6 +536,10 @@ def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> 
     steps, warmup = _steps_of(case, args)
     if case == "finetune-small":
         config, inputs = finetune_small_config(overrides), FINETUNE_SMALL_INPUTS
+    elif case == "base-sizes":
+        from mmviews.bench.sharded import base_sizes_config, base_sizes_inputs
+
+        config, inputs = base_sizes_config(overrides), base_sizes_inputs()
     else:
         config = realistic_config_of(load_config(resolve_recipe(args.recipe), overrides), args.realistic_K)
         inputs = REALISTIC_INPUTS
@@ -548,7 +552,7 @@ def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> 
 def has_estimate(case: str) -> bool:
     """Whether ``case`` gets a ``--check`` estimate (not the realistic case: measuring full-size
     encoders on 2, 4 and 128 samples takes many minutes on a CPU)."""
-    return case != "realistic"
+    return case not in ("realistic", "base-sizes")
 
 
 def estimate_case(case: str, args: argparse.Namespace) -> MemoryEstimate:
@@ -710,6 +714,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
                         "against (default: the same K)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--sharded", action="store_true",
+                        help="per-process parameter, gradient and optimiser memory and step time at 1 process, 2 "
+                        "unsharded and 2 sharded (distributed.sharding: fsdp) processes (mmviews.bench.sharded)")
     # internal: the process of one row of a comparison measures that row only
     parser.add_argument("--no-compare", action="store_true", help=argparse.SUPPRESS)
     # internal: the process that makes a case's --check estimate (see estimate_in_subprocess)
@@ -800,6 +807,16 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sharded:  # real processes of their own (mmviews.bench.sharded)
+        from mmviews.bench.sharded import format_sharded, run_sharded
+
+        argv = [a for a in _argv_of(args)]
+        results = [run_sharded(case, argv) for case in dict.fromkeys(args.case)]
+        result = {"environment": environment(details=True),
+                  "command": " ".join(["mmviews", "bench", "train", "--sharded", "--case", *args.case, *argv]),
+                  "sharded": results}
+        write_report(result, format_sharded(results), args.out)
+        return 0
     _check_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -59,6 +59,7 @@ from mmviews.run import (
     run_dir_of,
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
+from mmviews.train.distributed import accelerate_launch
 from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
@@ -268,6 +269,20 @@ def _stopped_before_first_checkpoint(path: Path) -> bool:
     return is_run_dir(path) and not is_checkpoint(path) and not has_checkpoint_or_results(path)
 
 
+def resume_command(run_dir: Path, allow_remote_models: bool = False) -> str:
+    """The command that resumes ``run_dir``, to paste: under ``accelerate launch`` the same launch
+    (its options read back from the launcher's command line), under another launcher of several
+    processes the working ``accelerate launch`` line for as many, else ``mmviews train``."""
+    args = ["train", "--resume", str(run_dir), *(["--allow-remote-models"] if allow_remote_models else [])]
+    launch = accelerate_launch()
+    if launch is not None:
+        return launch.mmviews_command(*args)
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1:
+        return shlex.join(["accelerate", "launch", "--multi_gpu", "--num_processes", world, "-m", "mmviews.cli", *args])
+    return shlex.join(["mmviews", *args])
+
+
 def _interrupted_line(stopped: KeyboardInterrupt, run_dir: Path, args: argparse.Namespace) -> str:
     """What happened, and the exact command that continues the run (or starts it again)."""
     name = signal.Signals(stopped.signum if isinstance(stopped, TrainingInterrupted) else signal.SIGINT).name
@@ -277,11 +292,7 @@ def _interrupted_line(stopped: KeyboardInterrupt, run_dir: Path, args: argparse.
         what = f"aborted at once by a second {name}"
     else:
         what = f"interrupted by {name}"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        command = "accelerate launch <the same launch options> -m mmviews.cli train"
-    else:
-        command = "mmviews train"
-    resume = f"{command} --resume {shlex.quote(str(run_dir))}" + (" --allow-remote-models" if args.allow_remote_models else "")
+    resume = resume_command(run_dir, args.allow_remote_models)
     if not (run_dir / CONFIG_FILE).is_file():  # stopped before the run folder was written
         return f"{what} before the run folder was written; run the same command again"
     found = list_checkpoints(run_dir)

@@ -107,9 +107,14 @@ def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool, overwrite: 
 
 
 def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_last: int, objective: nn.Module,
-                    callback: TrainCallback, teacher: EMATeacher | None = None) -> Path:
+                    callback: TrainCallback, teacher: EMATeacher | None = None,
+                    sharded: tuple[nn.Module, torch.optim.Optimizer] | None = None) -> Path:
     """``save_state`` into a temporary folder, then rename: a kill mid-write never replaces
-    a complete checkpoint. Every process calls this (each saves its RNG state)."""
+    a complete checkpoint. Every process calls this (each saves its RNG state).
+
+    ``sharded``: the (model, optimiser) of a sharded run (:mod:`mmviews.train.sharding`): their
+    shards are gathered and rank 0 writes the full tensors under Accelerate's file names, in the
+    layout an unsharded run writes (the checkpoint resumes on any process count)."""
     folder = run_dir / CHECKPOINTS_DIR
     final = folder / f"{CHECKPOINT_PREFIX}{state.step:08d}"
     tmp = folder / f"{TMP_PREFIX}{state.step:08d}"
@@ -118,11 +123,14 @@ def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_las
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    if sharded is None:
+        accelerator.save_state(str(tmp))
+    else:
+        _save_sharded_state(accelerator, tmp, *sharded, teacher)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         torch.save(objective.state_dict(), tmp / OBJECTIVE_FILE)
-        if teacher is not None:
+        if teacher is not None and sharded is None:
             teacher.save(tmp / TEACHER_FILE)
         # Written last: its presence marks a complete checkpoint, and it records every file.
         record = {**state.state_dict(), "files": checkpoint_file_records(tmp)}
@@ -136,6 +144,55 @@ def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_las
         record_run_outputs(run_dir)
     accelerator.wait_for_everyone()
     return final
+
+
+def _save_sharded_state(accelerator: Any, folder: Path, model: nn.Module, optimizer: Any,
+                        teacher: EMATeacher | None) -> None:
+    """A sharded run's part of :func:`save_checkpoint`: the model's, the optimiser's and the
+    teacher's full tensors gathered (collectives: every process), written by rank 0 as an
+    unsharded run writes them; the rest (scheduler, RNG states) by Accelerate."""
+    from safetensors.torch import save_file
+
+    from mmviews.train.sharding import (
+        accelerate_state_without,
+        full_model_state,
+        full_optimizer_state,
+        optimizer_state_by_index,
+    )
+
+    weights = full_model_state(model)
+    optimizer_state = full_optimizer_state(model, getattr(optimizer, "optimizer", optimizer))
+    teacher_weights = full_model_state(teacher.module) if teacher is not None else None
+    with accelerate_state_without(accelerator, model):
+        accelerator.save_state(str(folder))
+    if accelerator.is_main_process:
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        torch.save(optimizer_state_by_index(optimizer_state), folder / "optimizer.bin")
+        if teacher_weights is not None:
+            save_file({k: v.contiguous() for k, v in teacher_weights.items()}, str(folder / TEACHER_FILE))
+
+
+def _load_sharded_state(checkpoint: Path, model: nn.Module, optimizer: Any, teacher: EMATeacher | None,
+                        records: dict[str, Any] | None) -> None:
+    """Full tensors of a checkpoint (written sharded or not) into a sharded run's model,
+    optimiser and teacher shards; every process reads the files (checked, weights only)."""
+    from safetensors.torch import load_file
+
+    from mmviews.train.sharding import load_full_model_state, load_full_optimizer_state, optimizer_state_by_name
+
+    weights = load_file(str(check_safetensors(verify_checkpoint_file(checkpoint, "model.safetensors", records))))
+    raw_optimizer = getattr(optimizer, "optimizer", optimizer)
+    optimizer_state = load_torch_file(verify_checkpoint_file(checkpoint, "optimizer.bin", records))
+    try:
+        load_full_model_state(model, weights)
+        load_full_optimizer_state(model, raw_optimizer, optimizer_state_by_name(optimizer_state, model, raw_optimizer))
+        if teacher is not None:
+            load_full_model_state(teacher.module, load_file(str(checkpoint / TEACHER_FILE)))
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise CorruptFileError(f"{checkpoint}: cannot restore the sharded model/optimiser state "
+                               f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                               "was it written by this recipe?") from None
 
 
 def _remove_checkpoint(checkpoint: Path) -> None:
@@ -218,11 +275,13 @@ def _restore_rng(states: dict[str, Any], accelerator: Any) -> None:
 
 
 def load_checkpoint(checkpoint: Path, accelerator: Any, state: TrainState, objective: nn.Module,
-                    teacher: EMATeacher | None = None, ignore_rng: bool = False) -> None:
+                    teacher: EMATeacher | None = None, ignore_rng: bool = False,
+                    sharded: tuple[nn.Module, torch.optim.Optimizer] | None = None) -> None:
     """Restore a checkpoint into the prepared objects (every process). Every file read is
     first checked (:func:`mmviews.run.verify_checkpoint_file`, weights-only loading); a bad
     one is an error naming it. ``ignore_rng``: a damaged RNG file is a
-    :class:`ReproducibilityWarning` instead of an error."""
+    :class:`ReproducibilityWarning` instead of an error. ``sharded``: the (model, optimiser) of a
+    sharded run, given the checkpoint's full tensors (:func:`_load_sharded_state`)."""
     info = read_train_state(checkpoint)
     records = info["files"]
     names = sorted(p.name for p in checkpoint.iterdir() if p.is_file() and _ACCELERATE_FILES.fullmatch(p.name))
@@ -262,12 +321,20 @@ def load_checkpoint(checkpoint: Path, accelerator: Any, state: TrainState, objec
             except OSError:  # no symbolic links (e.g. Windows without the privilege): a copy
                 shutil.copy2(checkpoint / name, Path(staged) / name)
         try:
-            accelerator.load_state(staged)
+            if sharded is None:
+                accelerator.load_state(staged)
+            else:
+                from mmviews.train.sharding import accelerate_state_without
+
+                with accelerate_state_without(accelerator, sharded[0]):
+                    accelerator.load_state(staged)
         except Exception as error:  # files were checked: a mismatch with this run's model/optimiser
             raise CorruptFileError(f"{checkpoint}: cannot restore the model/optimiser/scheduler state "
                                    f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                                    "was it written by this recipe?") from None
-    if teacher is not None:
+    if sharded is not None:
+        _load_sharded_state(checkpoint, *sharded, teacher, records)
+    elif teacher is not None:
         if teacher_state is None:
             teacher.load(checkpoint / TEACHER_FILE)
         else:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import shlex
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,3 +75,141 @@ def configure_determinism(enabled: bool) -> None:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+
+
+# --- Launches that never silently shrink -------------------------------------------------------
+#
+# `accelerate launch --cpu --num_processes 2` (without --multi_gpu) starts ONE process and tells it
+# nothing about the 2 asked for; under `--use_fsdp` on a machine without GPUs, Accelerate's state
+# comes up as DistributedType.NO in each of the started processes, which then train alone. mmviews
+# reads what the launcher was asked for (its command line, the process's parent) and the
+# launcher's WORLD_SIZE, and stops before any work when it got fewer processes.
+
+#: The working launch lines, named in the errors below and in docs/distributed.md.
+CPU_LAUNCH = "accelerate launch --multi_gpu --num_processes {n} -m mmviews.cli train RECIPE --set cpu=true"
+#: What `accelerate launch --use_fsdp` (or a config file with FSDP) sets in its processes' environment.
+LAUNCHER_FSDP = "ACCELERATE_USE_FSDP"
+GPU_LAUNCH = "accelerate launch --multi_gpu --num_processes {n} -m mmviews.cli train RECIPE"
+
+
+@dataclass(frozen=True)
+class AccelerateLaunch:
+    """What ``accelerate launch`` was asked for, read from the launcher process's command line.
+
+    ``options``: the launch options as typed (between ``launch`` and the script, ``-m`` included);
+    ``script``: the script or module it runs; ``num_processes``: ``--num_processes`` or the
+    Accelerate config file's (None when neither says)."""
+
+    options: tuple[str, ...]
+    script: str
+    num_processes: int | None
+    multi_gpu: bool
+    cpu: bool
+    use_fsdp: bool
+    fsdp_version: str | None
+
+    def command(self, *script_args: str) -> str:
+        """The same launch, running ``script_args``: a line a user can paste."""
+        return shlex.join(["accelerate", "launch", *self.options, self.script, *script_args])
+
+    def mmviews_command(self, *mmviews_args: str) -> str:
+        """The same launch options running ``mmviews MMVIEWS_ARGS`` (the launched script when it is
+        mmviews's command, else ``-m mmviews.cli``)."""
+        if self.script == "mmviews.cli" or os.path.basename(self.script) == "mmviews":
+            return self.command(*mmviews_args)
+        options = [option for option in self.options if option not in ("-m", "--module")]
+        return shlex.join(["accelerate", "launch", *options, "-m", "mmviews.cli", *mmviews_args])
+
+
+def _launch_argv(argv: list[str]) -> list[str] | None:
+    """The arguments after ``launch`` when ``argv`` is an ``accelerate launch`` command line
+    (the ``accelerate`` console script, or ``python -m accelerate.commands.launch``), else None."""
+    for i, arg in enumerate(argv[:3]):
+        name = os.path.basename(arg)
+        if name in ("accelerate", "accelerate-launch") and argv[i + 1:i + 2] == ["launch"]:
+            return argv[i + 2:]
+        if name == "accelerate-launch" or arg in ("accelerate.commands.launch", "accelerate.commands.accelerate_cli"):
+            rest = argv[i + 1:]
+            return rest[1:] if rest[:1] == ["launch"] else rest
+    return None
+
+
+def parse_accelerate_launch(argv: list[str]) -> AccelerateLaunch | None:
+    """:class:`AccelerateLaunch` of a launcher command line ``argv`` (None when it is not one, or
+    Accelerate's own parser does not take it)."""
+    rest = _launch_argv(argv)
+    if rest is None:
+        return None
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        args, _ = launch_command_parser().parse_known_args(rest)
+    except (SystemExit, Exception):  # argparse exits on what it cannot parse: not ours to judge
+        return None
+    script_args = list(args.training_script_args or [])
+    options = rest[:len(rest) - len(script_args) - 1]
+    num_processes = args.num_processes
+    if num_processes is None:  # the config file's (--config_file, or Accelerate's default file)
+        num_processes = _config_file_processes(args.config_file)
+    return AccelerateLaunch(tuple(options), args.training_script, num_processes, bool(args.multi_gpu),
+                            bool(args.cpu), bool(args.use_fsdp), args.fsdp_version)
+
+
+def _config_file_processes(config_file: str | None) -> int | None:
+    from accelerate.commands.config import default_config_file, load_config_from_file
+
+    path = config_file or default_config_file
+    if not os.path.isfile(path):
+        return None
+    try:
+        return int(load_config_from_file(path).num_processes)
+    except Exception:  # an unreadable config file: Accelerate itself says so at launch
+        return None
+
+
+def _parent_command_line() -> list[str]:
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            return [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+    except OSError:  # not Linux, or the parent is gone
+        return []
+
+
+def accelerate_launch() -> AccelerateLaunch | None:
+    """The ``accelerate launch`` that started this process (its parent), or None."""
+    return parse_accelerate_launch(_parent_command_line())
+
+
+def fsdp_requested_by_launcher() -> str | None:
+    """``FSDP_VERSION`` ("1" or "2") when the launcher asked for FSDP (``accelerate launch
+    --use_fsdp``, or an Accelerate config file with FSDP), else None."""
+    if os.environ.get(LAUNCHER_FSDP, "false").lower() not in ("1", "true", "yes"):
+        return None
+    return os.environ.get("FSDP_VERSION", "1")
+
+
+def check_launch(num_processes: int, config: TrainConfig, launch: AccelerateLaunch | None = None) -> None:
+    """A :class:`ConfigError` (one line naming the flag that fixes it) when the launch asked for
+    more processes than the run got: a ``WORLD_SIZE`` (torchrun, ``accelerate launch``) larger
+    than the process group, or an ``accelerate launch --num_processes N`` (or its config file)
+    that started one process. ``launch``: the launcher's arguments (default: read from the parent
+    process)."""
+    world = os.environ.get("WORLD_SIZE", "")
+    asked = int(world) if world.isdigit() else None
+    if asked is not None and asked > num_processes:
+        if not config.cpu and not torch.cuda.is_available():
+            what = "with FSDP " if fsdp_requested_by_launcher() else ""
+            raise ConfigError(
+                f"the launcher started {asked} processes {what}(WORLD_SIZE={asked}), but without a GPU and without "
+                f"cpu: true each would train alone; add --set cpu=true ({CPU_LAUNCH.format(n=asked)}"
+                + (" --set distributed.sharding=fsdp: mmviews then shards with FSDP2 over gloo itself)" if what else ")"))
+        raise ConfigError(
+            f"the launcher set WORLD_SIZE={asked} but this process group has {num_processes} process(es); launch with "
+            f"{(CPU_LAUNCH if config.cpu else GPU_LAUNCH).format(n=asked)} (or torchrun --nproc_per_node {asked})")
+    launch = launch if launch is not None else accelerate_launch()
+    if launch is not None and (launch.num_processes or 1) > 1 and num_processes == 1:
+        n = launch.num_processes
+        raise ConfigError(
+            f"accelerate launch asked for {n} processes (--num_processes {n}) but started one: without --multi_gpu "
+            f"(also on CPU) Accelerate runs a single process; launch with "
+            f"{(CPU_LAUNCH if config.cpu or launch.cpu else GPU_LAUNCH).format(n=n)}")

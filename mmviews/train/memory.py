@@ -74,6 +74,7 @@ from torch.utils._pytree import tree_flatten
 
 from mmviews.data.streaming import first_samples
 from mmviews.train.build import RunParts, uses_teacher
+from mmviews.train.sharding import run_sharding, unit_parameter_bytes
 
 GB = 1024**3
 
@@ -111,6 +112,11 @@ class MemoryEstimate:
     on_host: bool = True  # the device is the host (CPU): baseline and cache count in the total
     allocator_slack: int = 0  # measured: resident-set growth of a reference step beyond its live tensors
     framework: int = 0  # measured: what the process keeps once it has run a step, no tensor alive (host)
+    # distributed.sharding: fsdp on N > 1 processes: parameters, gradients, optimiser state and
+    # teacher above are this process's shares (1/N); gathered: the largest sharding unit's
+    # parameters, held in full while it computes, twice (the next unit is gathered ahead).
+    sharded: bool = False
+    gathered: int = 0
 
     @property
     def encoded_at_once(self) -> int:
@@ -145,8 +151,9 @@ class MemoryEstimate:
 
     @property
     def static(self) -> int:
-        """What does not depend on the batch: weights, gradients, optimiser state, teacher."""
-        return self.parameters + self.gradients + self.optimizer_state + self.teacher
+        """What does not depend on the batch: weights, gradients, optimiser state, teacher (and,
+        sharded, the parameters gathered for the units computing)."""
+        return self.parameters + self.gradients + self.optimizer_state + self.teacher + self.gathered
 
     @property
     def host(self) -> int:
@@ -211,6 +218,9 @@ class MemoryEstimate:
             f"  gradients         {_gb(self.gradients)}",
             f"  optimiser state   {_gb(self.optimizer_state)} ({self.optimizer})",
         ]
+        if self.sharded:
+            out.append(f"  gathered units    {_gb(self.gathered)} (distributed.sharding: fsdp: the parameters, "
+                       f"gradients and optimiser state above are 1/{N} each; the largest unit held whole, twice)")
         if self.teacher:
             out.append(f"  EMA teacher       {_gb(self.teacher)}")
         prefetch = f", and {self.prefetched_batches} prefetched by the loader's workers" if self.prefetched_batches else ""
@@ -688,6 +698,12 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
                 evaluation_slack = max(forward.resident_growth - forward.peak, 0)
     objective_peak = measure_objective_bytes(objective, K, M, d)
     trim_host_memory()  # what the measurements freed goes back: the process is as it was for the run
+    sharded, gathered = run_sharding(config, num_processes) == "fsdp", 0
+    if sharded:  # each process keeps 1/N of the encoder's parameters (buffers and the objective's stay whole)
+        whole = tensor_bytes([*encoder.buffers(), *objective_params])
+        parameters = whole + -(-(parameters - whole) // num_processes)
+        trainable_bytes, teacher = -(-trainable_bytes // num_processes), -(-teacher // num_processes)
+        gathered = 2 * max(unit_parameter_bytes(encoder, config.distributed.fsdp_units), default=0)
     return MemoryEstimate(
         samples_per_device=K // num_processes, num_views=M, embed_dim=d, num_processes=num_processes,
         chunk_size=chunk_size, parameters=parameters, gradients=trainable_bytes,
@@ -696,7 +712,8 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
         optimizer=o.optimizer, working_fixed=working_fixed, working_per_sample=working_per_sample,
         batch_per_sample=batch_per_sample, prefetched_batches=_prefetched_batches(config), baseline=baseline,
         sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack, framework=framework,
-        evaluation_batch=evaluation_batch, evaluation_forward=evaluation_forward, evaluation_slack=evaluation_slack)
+        evaluation_batch=evaluation_batch, evaluation_forward=evaluation_forward, evaluation_slack=evaluation_slack,
+        sharded=sharded, gathered=gathered)
 
 
 def processes_from_environment() -> int:

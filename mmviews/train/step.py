@@ -123,6 +123,7 @@ class Prepared:
     encode_chunk_size: int | None = None  # optimisation.encode_chunk_size: cached-embedding steps
     # The run's seed when its dropout is sample-keyed (optimisation.sample_keyed_dropout), else None.
     dropout_seed: int | None = None
+    sharded: bool = False  # distributed.sharding: fsdp on several processes (mmviews.train.sharding)
 
 
 def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:

@@ -94,7 +94,7 @@ from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_ru
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
-from mmviews.train.distributed import configure_determinism, process_group_kwargs, process_state
+from mmviews.train.distributed import check_launch, configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
@@ -111,6 +111,7 @@ from mmviews.train.logging import (
 from mmviews.train.model_card import write_model_card
 from mmviews.train.optim import build_optimizer, build_scheduler
 from mmviews.train.state import TrainState
+from mmviews.train.sharding import full_model_state, launcher_fsdp_hidden, run_sharding, shard_encoder, whole_encoder
 from mmviews.train.step import Prepared, train_step, warn_batch_norm
 from mmviews.train.teacher import EMATeacher
 
@@ -161,8 +162,17 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     """Optimiser, schedule and EMA teacher; ``accelerator.prepare``; checkpointed state."""
     config, o = parts.config, parts.config.optimisation
     encoder, objective = parts.encoder, parts.objective
-    if accelerator.num_processes > 1 and accelerator.device.type != "cpu":
+    sharded = run_sharding(config, accelerator.num_processes) == "fsdp"
+    if accelerator.num_processes > 1 and accelerator.device.type != "cpu":  # sharded or not
         encoder = nn.SyncBatchNorm.convert_sync_batchnorm(encoder)
+    # The teacher copies the encoder before it is sharded, then is sharded like it (same units:
+    # its EMA update is a lerp of matching shards).
+    teacher = (EMATeacher(encoder, config.objective.teacher_momentum, autocast=accelerator.autocast)
+               if uses_teacher(config, objective) else None)
+    if sharded:  # before the optimiser: fully_shard replaces the parameters by their shards
+        shard_encoder(encoder, config, accelerator.device, accelerator.num_processes)
+        if teacher is not None:
+            shard_encoder(teacher.module, config, accelerator.device, accelerator.num_processes)
     backbone_lr = o.lr if o.backbone_lr is None else o.backbone_lr
     optimizer = build_optimizer(encoder.param_groups(backbone_lr, o.lr, o.weight_decay), o)
     batches_per_epoch = len(parts.train_loader)
@@ -179,23 +189,29 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     loader = parts.train_loader
     if not isinstance(loader.collate_fn, HostPreparedCollate):
         loader.collate_fn = HostPreparedCollate(loader.collate_fn, parts.encoder.host_preparation())
-    teacher = (EMATeacher(encoder, config.objective.teacher_momentum, autocast=accelerator.autocast)
-               if uses_teacher(config, objective) else None)
     state = TrainState()
+    # A sharded encoder gets Accelerate's autocast and float32 outputs but no DDP wrapper
+    # (evaluation_mode): FSDP2 reduces its gradients.
+    model = accelerator.prepare_model(encoder, evaluation_mode=True) if sharded else encoder
     if getattr(loader, "streamed", False):  # each process reads its own rows (mmviews.data.streaming)
-        model, optimizer, scheduler = accelerator.prepare(encoder, optimizer, scheduler)
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         train_loader = state.stream = loader.to(accelerator.device)
     else:
-        model, optimizer, train_loader, scheduler = accelerator.prepare(encoder, optimizer, loader, scheduler)
+        model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:
     # Accelerate reads such objects back with full unpickling (code from the checkpoint could
     # run). They are saved as JSON and safetensors by mmviews.train.checkpoint instead.
-    if teacher is not None:
+    if teacher is not None and not sharded:  # a sharded one is on the device already
         teacher.to(accelerator.device)
     warn_batch_norm(encoder, o.encode_chunk_size)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
                     total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size,
-                    dropout_seed=config.seed if o.sample_keyed_dropout else None)
+                    dropout_seed=config.seed if o.sample_keyed_dropout else None, sharded=sharded)
+
+
+def _sharded(p: Prepared) -> tuple[nn.Module, Any] | None:
+    """The (model, optimiser) that checkpoints gather and scatter when the run is sharded."""
+    return (p.model, p.optimizer) if p.sharded else None
 
 
 def _check_losses(p: Prepared, state: TrainState, log_every: int) -> None:
@@ -324,13 +340,17 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
     configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
-    parts = build_run(config, process_state(config).num_processes, source)
+    with launcher_fsdp_hidden():  # mmviews shards itself (mmviews.train.sharding), on CPU and GPU alike
+        num_processes = process_state(config).num_processes
+    check_launch(num_processes, config)  # a launch that asked for N processes and got fewer stops here
+    parts = build_run(config, num_processes, source)
     finished = None if checkpoint is None else read_finished_run(
         run_dir, checkpoint, _total_steps(config, len(parts.train_loader))[0], reevaluate)
     if finished is not None and not reevaluate:
         return {**finished, "already_finished": True}
     trackers = resolve_trackers(config, source)  # a tracker asked for but not installed fails here too
-    accelerator = _accelerator(config, run_dir, trackers)
+    with launcher_fsdp_hidden():
+        accelerator = _accelerator(config, run_dir, trackers)
     if accelerator.is_main_process:
         prepare_run_dir(run_dir, config, fresh=checkpoint is None, overwrite=overwrite)
         on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
@@ -351,7 +371,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
 
     random_metrics: dict[str, float] | None = None
     if checkpoint is not None:
-        load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng)
+        load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng,
+                        sharded=_sharded(p))
         if state.stream is not None and state.stream_state is not None:
             state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
         p.checked_step = state.step
@@ -398,7 +419,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             done, end_of_epoch = state.step >= p.total_steps, state.batch_in_epoch >= p.batches_per_epoch
             if out_cfg.checkpoint_every and state.step % out_cfg.checkpoint_every == 0 and not done and not end_of_epoch:
                 _check_losses(p, state, out_cfg.log_every)
-                save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
+                save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher,
+                                sharded=_sharded(p))
             if done:
                 break
         else:  # the loader ran out: it must have given the whole epoch (not a shorter one on some process)
@@ -407,7 +429,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             objective.on_epoch_end(epoch)
             state.epoch, state.batch_in_epoch = epoch + 1, 0
         _check_losses(p, state, out_cfg.log_every)
-        saved = save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher)
+        saved = save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher,
+                                sharded=_sharded(p))
         if (eval_cfg.every_epochs and eval_cfg.tasks and state.step < p.total_steps and not stop.agreed
                 and (epoch + 1) % eval_cfg.every_epochs == 0):
             run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / f"eval_epoch_{epoch + 1}", accelerator,
@@ -418,7 +441,11 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
 
     # The end: the encoder, the final evaluation, results.json and the model card.
     encoder = accelerator.unwrap_model(p.model)
-    if accelerator.is_main_process:
+    if p.sharded:  # full tensors in encoder/, loadable by one process (collective gather first)
+        full = full_model_state(encoder)
+        if accelerator.is_main_process:
+            whole_encoder(config, full, source).save_pretrained(run_dir / ENCODER_DIR)
+    elif accelerator.is_main_process:
         encoder.save_pretrained(run_dir / ENCODER_DIR)
     accelerator.wait_for_everyone()
     metrics: dict[str, float] = {}
@@ -434,6 +461,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         # an evaluation run again (reevaluate) keeps the wall time of the training
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
+        "sharding": "fsdp" if p.sharded else "none",
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
         "data_skipped": _data_left_out(accelerator, parts),
         DATA_LOSSES_KEY: losses.to_dict(), ABSENT_MODALITIES_KEY: absent,

@@ -1,0 +1,205 @@
+"""``mmviews bench train --sharded``: what sharding (``distributed.sharding: fsdp``) saves per
+process, and what it costs per step, in one run.
+
+Each case (``--case finetune-small``, ``base-sizes``...) is trained for ``--warmup`` + ``--steps``
+steps three times, each a fresh set of real processes (gloo on CPU, NCCL on GPU, started as
+``torchrun`` starts its workers): one process (unsharded), two unsharded processes (DDP) and two
+sharded ones (FSDP2). After the steps each process counts the bytes it holds of the encoder's
+parameters, of their gradients and of the optimiser's state (its local shards when sharded; the
+objective's own parameters, e.g. IPMC's critic, are not the encoder's and are left out), and
+the median step time. The table gives these per process (rank 0's; the shards of the ranks
+differ by at most one row of a tensor) and the ratios sharded / unsharded at two processes
+(memory: about 1/2; step time: what the gathers and reduce-scatters cost).
+
+The ``base-sizes`` case is ``finetune-small`` with the full-size random-weight backbones of
+:func:`mmviews.modalities.presets.realistic_config` (BERT-base, HuBERT-base, open_clip
+ViT-B/32) at K = 4 samples and the small inputs: the static memory of real backbone sizes
+without a long CPU step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: (processes, sharding) of each measured set of processes, in order.
+SETUPS = ((1, "none"), (2, "none"), (2, "fsdp"))
+
+
+def local_bytes(tensors: Any) -> int:
+    """Bytes this process holds of ``tensors``: a sharded tensor (DTensor) counts its local shard."""
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def held_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, int]:
+    """The encoder's parameters, gradients and optimiser state held by this process."""
+    from mmviews.train.memory import tensors_in
+
+    raw = getattr(optimizer, "optimizer", optimizer)
+    params = list(model.parameters())
+    return {"parameters": local_bytes(params), "gradients": local_bytes([p.grad for p in params]),
+            "optimizer_state": local_bytes(list(tensors_in(list(raw.state.values()))))}
+
+
+def _worker(args: argparse.Namespace, out: Path) -> None:
+    """One process of a measured setup: build the case, prepare it as ``mmviews train`` does,
+    run the steps, write rank 0's figures to ``out``."""
+    from mmviews.bench.train import _batches, build_case
+    from mmviews.train.distributed import process_state
+    from mmviews.train.step import train_step
+    from mmviews.train.trainer import _accelerator, _prepare
+
+    parts = build_case(args.case, args)
+    config = parts.config
+    process_state(config)
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-sharded-") as tmp:
+        accelerator = _accelerator(config, Path(tmp), [])
+        p = _prepare(accelerator, parts)
+        batches = _batches(p, parts)
+        p.model.train()
+        times = []
+        for i in range(args.warmup + args.steps):
+            batch = next(batches)
+            start = time.perf_counter()
+            train_step(p, batch, config.optimisation.max_grad_norm)
+            if accelerator.device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+        held = held_bytes(accelerator.unwrap_model(p.model), p.optimizer)
+        # Gradients are cleared after each step: count them after a backward without the step.
+        z, _ = p.model(next(batches))
+        z.float().sum().backward()
+        held["gradients"] = local_bytes([q.grad for q in accelerator.unwrap_model(p.model).parameters()])
+        if accelerator.is_main_process:
+            out.write_text(json.dumps({"step_s": statistics.median(times), "sharded": p.sharded,
+                                       "num_processes": accelerator.num_processes, **held}))
+        accelerator.wait_for_everyone()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_setup(argv: list[str], processes: int, sharding: str, timeout: float = 3600) -> dict[str, Any]:
+    """``processes`` real processes of this module's worker over the bench arguments ``argv``."""
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-sharded-") as tmp:
+        out = Path(tmp) / "rank0.json"
+        command = [sys.executable, "-m", "mmviews.bench.sharded", "--worker-output", str(out), *argv,
+                   "--set", f"distributed.sharding={sharding}"]
+        port = str(_free_port())
+        procs = []
+        for rank in range(processes):
+            env = dict(os.environ)
+            if processes > 1:
+                env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(processes),
+                           LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            procs.append(subprocess.Popen(command, env=env))
+        codes = [proc.wait(timeout=timeout) for proc in procs]
+        if any(codes) or not out.is_file():
+            raise RuntimeError(f"bench train --sharded: {processes} process(es), sharding {sharding}: exit "
+                               f"statuses {codes}: {' '.join(command)}")
+        return {"processes": processes, "sharding": sharding, **json.loads(out.read_text())}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:9.1f}"
+
+
+def run_sharded(case: str, argv: list[str]) -> dict[str, Any]:
+    """The three setups of ``case`` and their ratios."""
+    rows = [measure_setup([*argv, "--case", case], n, sharding) for n, sharding in SETUPS]
+    unsharded, sharded = rows[1], rows[2]
+    held = ("parameters", "gradients", "optimizer_state")
+    ratios = {f"{k}_sharded_over_unsharded": sharded[k] / unsharded[k] if unsharded[k] else None for k in held}
+    ratios["step_time_sharded_over_unsharded"] = sharded["step_s"] / unsharded["step_s"]
+    return {"case": case, "setups": rows, "ratios": ratios}
+
+
+def format_sharded(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for result in results:
+        lines.append(f"case {result['case']}: per process (rank 0), MiB        parameters  gradients  optimiser"
+                     "    step s")
+        for row in result["setups"]:
+            what = f"{row['processes']} process{'es' if row['processes'] > 1 else ''}, sharding {row['sharding']}"
+            lines.append(f"  {what:<46}{_mb(row['parameters'])}  {_mb(row['gradients'])}  "
+                         f"{_mb(row['optimizer_state'])}  {row['step_s']:8.3f}")
+        r = result["ratios"]
+        lines.append("  sharded / unsharded at 2 processes: " + ", ".join(
+            f"{k.split('_sharded')[0]} {v:.3f}" for k, v in r.items() if v is not None))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A worker: ``python -m mmviews.bench.sharded --worker-output FILE BENCH_TRAIN_OPTIONS``."""
+    from mmviews.bench.train import _steps_of, add_arguments
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="mmviews.bench.sharded")
+    parser.add_argument("--worker-output", type=Path, required=True)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.case = args.case[0]
+    args.steps, args.warmup = _steps_of(args.case, args)
+    torch.set_num_threads(args.threads or 1)
+    _worker(args, args.worker_output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+#: The ``base-sizes`` case: K, chunk and image size (the ViT-B/32 takes 224 px).
+BASE_SIZES_DEFAULTS = ("data.batch_size=4", "optimisation.encode_chunk_size=2")
+BASE_SIZES_IMAGE = 224
+
+
+def base_sizes_config(overrides: Any = ()) -> Any:
+    """``finetune-small`` (:func:`mmviews.bench.train.finetune_small_config`) with the full-size
+    random-weight backbones of :func:`mmviews.modalities.presets.realistic_config` (BERT-base,
+    HuBERT-base, open_clip ViT-B/32 at 224 px), K = 4 and encoder chunks of 2."""
+    from mmviews.bench.train import _TINY_KIND, FINETUNE_SMALL_KEPT, finetune_small_config
+    from mmviews.config import config_from_dict
+    from mmviews.modalities.presets import realistic_config
+
+    small = finetune_small_config([*BASE_SIZES_DEFAULTS, *overrides])
+    raw = small.to_dict()
+    for modality, adapter in raw["adapters"].items():
+        full = {k: v for k, v in realistic_config(_TINY_KIND[adapter["type"]]).items() if k != "embed_dim"}
+        raw["adapters"][modality] = {**full, **{k: adapter[k] for k in FINETUNE_SMALL_KEPT if k in adapter}}
+    for view in raw["views"]:
+        if "size" in (view.get("params") or {}):
+            view["params"]["size"] = BASE_SIZES_IMAGE
+    return config_from_dict(raw, "finetune (base sizes: BERT-base, HuBERT-base, ViT-B/32, random weights)")
+
+
+def base_sizes_inputs() -> dict[str, Any]:
+    from mmviews.bench.train import FINETUNE_SMALL_INPUTS
+
+    return {**FINETUNE_SMALL_INPUTS, "image_size": BASE_SIZES_IMAGE}

@@ -1,0 +1,289 @@
+"""Sharded training: parameters, gradients and optimiser state split over the processes with
+torch's FSDP2 (``torch.distributed.fsdp.fully_shard``), inside Accelerate's multi-process state.
+
+**Asking for it.** The recipe key ``distributed.sharding: fsdp`` (default ``none``: data
+parallel, every process holds everything), or Accelerate's convention: ``accelerate launch
+--use_fsdp --fsdp_version 2 ...`` or an Accelerate config file with FSDP (the launcher then sets
+``ACCELERATE_USE_FSDP``). ``--fsdp_version 1`` is refused (FSDP1 flattens parameters, which the
+per-adapter parameter groups and the EMA teacher do not survive). One process has nothing to
+shard: the run is then unsharded, and ``results.json`` says so (``"sharding": "none"``).
+
+**One code path, CPU and GPU.** Accelerate's own FSDP state does not come up on CPU (each
+launched process reports ``DistributedType.NO`` and trains alone), and on GPU it would shard the
+model in ``accelerator.prepare`` by its own wrap policy. mmviews hides the launcher's FSDP request
+from Accelerate (:func:`launcher_fsdp_hidden`), so Accelerate sets up the ordinary multi-process
+state (gloo on CPU, NCCL on GPU) and leaves the model alone, and applies ``fully_shard`` itself
+(:func:`shard_encoder`):
+
+- **Units (wrap policy)**, per adapter, ``distributed.fsdp_units: {MODALITY: UNIT}``:
+  ``backbone`` (default; the adapter's backbone and its projection head, one unit each),
+  ``layers`` (each of the backbone's repeated blocks, e.g. a transformer layer, a unit of its own,
+  then the rest of the backbone, then the head: the least memory, parameters are gathered one
+  layer at a time) or ``adapter`` (the whole adapter one unit). The encoder itself is the root
+  unit (whatever no unit claimed).
+- **Mixed precision**: with ``optimisation.mixed_precision: bf16`` the parameters are
+  gathered in that dtype and gradients reduced in float32 (``MixedPrecisionPolicy``; BatchNorm
+  layers are units of their own kept in float32, as their running statistics are), the
+  sharded master weights and the optimiser state stay float32; Accelerate's autocast still wraps
+  the encoder's forward (``prepare_model(..., evaluation_mode=True)``: autocast and float32
+  outputs, no DDP wrapper).
+- **LoRA and frozen backbones**: frozen and trainable parameters may share a unit (FSDP2 keeps
+  each parameter's ``requires_grad``); the optimiser sees the trainable shards only.
+- **Activation checkpointing** (``adapters.*.gradient_checkpointing``) runs inside the units as
+  without sharding.
+- **Cached-embedding steps**: pass 1 (no graph) and the replay (pass 2) both call the sharded
+  encoder; each chunk's backward reduce-scatters its share of the gradient into the shards.
+- **EMA teacher**: its copy is sharded with the same units, so that its update is a local lerp
+  of shards; its forward gathers like the student's.
+- **IPMC's critic** belongs to the objective, not the encoder: it is small and kept whole on
+  every process, its gradients averaged over processes as without sharding.
+- **Gradient clipping**: ``clip_grad_norm_`` of the sharded gradients is the global norm (torch
+  reduces the shards' norms across processes).
+
+**Checkpoints** hold full tensors (:func:`full_model_state`, :func:`full_optimizer_state`): the
+shards are gathered, rank 0 writes the same files as an unsharded run (``model.safetensors``,
+``optimizer.bin`` of tensors and numbers only), so a checkpoint resumes on any process count,
+sharded or not, and the final ``encoder/`` holds full tensors that load in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from mmviews.config import ConfigError, TrainConfig
+from mmviews.train.distributed import LAUNCHER_FSDP, fsdp_requested_by_launcher
+
+SHARDINGS = ("none", "fsdp")
+UNITS = ("backbone", "layers", "adapter")
+
+
+def requested_sharding(config: TrainConfig) -> str:
+    """``"fsdp"`` or ``"none"``: the recipe's ``distributed.sharding``, or ``"fsdp"`` when the
+    launcher asked for FSDP version 2; a :class:`ConfigError` for anything else."""
+    d = config.distributed
+    if d.sharding not in SHARDINGS:
+        raise ConfigError(f"key 'distributed.sharding': {d.sharding!r} is not one of {list(SHARDINGS)}")
+    if not isinstance(d.fsdp_units, dict):
+        raise ConfigError(f"key 'distributed.fsdp_units': a mapping of modality to one of {list(UNITS)}, "
+                          f"got {d.fsdp_units!r}")
+    for modality, unit in d.fsdp_units.items():
+        if modality not in config.adapters:
+            raise ConfigError(f"key 'distributed.fsdp_units.{modality}': no adapter for modality {modality!r} "
+                              f"(adapters: {sorted(config.adapters)})")
+        if unit not in UNITS:
+            raise ConfigError(f"key 'distributed.fsdp_units.{modality}': {unit!r} is not one of {list(UNITS)}")
+    version = fsdp_requested_by_launcher()
+    if version is not None:
+        if version != "2":
+            raise ConfigError(f"accelerate launch --use_fsdp with FSDP_VERSION={version}: mmviews shards with FSDP2 "
+                              "only; launch with --fsdp_version 2")
+        return "fsdp"
+    return d.sharding
+
+
+def run_sharding(config: TrainConfig, num_processes: int) -> str:
+    """The sharding this run uses: :func:`requested_sharding`, ``"none"`` on one process."""
+    asked = requested_sharding(config)
+    if num_processes < 2:
+        return "none"
+    if asked == "fsdp" and config.optimisation.mixed_precision == "fp16":
+        # Accelerate's GradScaler unscales whole gradients; sharded ones need FSDP's own scaler.
+        raise ConfigError("key 'optimisation.mixed_precision': fp16 is not supported with distributed.sharding: fsdp "
+                          "(its gradient scaler does not handle sharded gradients); use bf16")
+    return asked
+
+
+@contextlib.contextmanager
+def launcher_fsdp_hidden() -> Iterator[None]:
+    """Accelerate's state created without the launcher's FSDP request (see the module
+    docstring): the ordinary multi-process state, the model left to :func:`shard_encoder`."""
+    saved = os.environ.pop(LAUNCHER_FSDP, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[LAUNCHER_FSDP] = saved
+
+
+def _policy(mixed_precision: str) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def _shard_units(encoder: nn.Module, units: dict[str, str], shard: Any) -> None:
+    for modality, adapter in encoder.adapters.items():
+        unit = units.get(modality, "backbone")
+        backbone = getattr(adapter, "backbone", None)
+        if unit == "adapter" or backbone is None or not any(True for _ in backbone.parameters()):
+            shard(adapter)
+            continue
+        if unit == "layers":
+            try:
+                blocks = adapter.backbone_blocks()
+            except NotImplementedError as error:
+                raise ConfigError(f"key 'distributed.fsdp_units.{modality}': 'layers' needs the adapter's repeated "
+                                  f"blocks ({error}); use 'backbone'") from None
+            for block in blocks:
+                shard(block)
+        shard(backbone)
+        shard(adapter.head)
+    shard(encoder)
+
+
+def shard_encoder(encoder: nn.Module, config: TrainConfig, device: torch.device, num_processes: int) -> nn.Module:
+    """``fully_shard`` the encoder (in place) over the ``num_processes`` processes of the
+    process group, by the recipe's units (``distributed.fsdp_units``) and mixed precision."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    encoder.to(device)
+    mesh = init_device_mesh(device.type, (num_processes,))
+    policy = _policy(config.optimisation.mixed_precision)
+
+    def shard(module: nn.Module) -> None:
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+
+    if policy.param_dtype is not None:
+        # BatchNorm keeps float32 weights (units of their own, no cast): its running statistics
+        # are float32 buffers, which a bf16 weight cannot be combined with; autocast then
+        # handles it as without sharding.
+        for norm in [m for m in encoder.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
+            fully_shard(norm, mesh=mesh, mp_policy=_policy("no"))
+    _shard_units(encoder, config.distributed.fsdp_units, shard)
+    return encoder
+
+
+def shard_like(copy: nn.Module, config: TrainConfig, device: torch.device, num_processes: int) -> nn.Module:
+    """A copy of the encoder (the EMA teacher's) sharded with the same units."""
+    return shard_encoder(copy, config, device, num_processes)
+
+
+def is_sharded(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kwargs)
+
+
+def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The full (gathered) state dict of a sharded module, on the CPU, on rank 0 (empty on the
+    other processes). Collective: every process calls it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(module, options=_options(cpu_offload=True))
+
+
+def load_full_model_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Full tensors (every process holds them) into the shards of ``module``; every key must match."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(module, state, options=_options(strict=True))
+
+
+def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser's state with full tensors, keyed by parameter name, on rank 0 (empty on the
+    others). Collective."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(module, optimizer, options=_options(cpu_offload=True))
+
+
+def load_full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """A state written by :func:`full_optimizer_state` (every process holds it) into the optimiser."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    # Not strict: a parameter that never had a gradient (e.g. BERT's pooler under mean pooling)
+    # has no state in an unsharded run's checkpoint, and starts without one, as it would there.
+    set_optimizer_state_dict(module, optimizer, state, options=_options(strict=False))
+
+
+@contextlib.contextmanager
+def accelerate_state_without(accelerator: Any, model: nn.Module) -> Iterator[None]:
+    """Accelerate's ``save_state``/``load_state`` without the sharded model and its optimiser:
+    they would pickle the local shards (DTensors) from rank 0 only; mmviews writes and reads
+    their full tensors itself (:mod:`mmviews.train.checkpoint`). The scheduler, the gradient
+    scaler and the RNG states stay Accelerate's."""
+    models, optimizers = accelerator._models, accelerator._optimizers
+    accelerator._models = [m for m in models if m is not model]
+    accelerator._optimizers = []
+    try:
+        yield
+    finally:
+        accelerator._models, accelerator._optimizers = models, optimizers
+
+
+def whole_encoder(config: TrainConfig, state: dict[str, torch.Tensor], source: str = "recipe") -> nn.Module:
+    """An unsharded encoder of the recipe holding the full tensors ``state`` (from
+    :func:`full_model_state`), e.g. to write ``encoder/``; the training RNG streams are left as
+    they were (building initialises weights)."""
+    from mmviews.run import build_encoder
+
+    with torch.random.fork_rng(devices=[]):
+        encoder = build_encoder(config, source)
+    encoder.load_state_dict(state, strict=True)
+    return encoder
+
+
+def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
+    """A full optimiser state keyed by parameter name (:func:`full_optimizer_state`) in
+    ``torch.optim``'s own layout (parameters numbered in the order of the groups), the one an
+    unsharded run's ``optimizer.bin`` has: checkpoints resume sharded or not."""
+    names = [name for group in state["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(names)}
+    groups = [{**group, "params": [index[name] for name in group["params"]]} for group in state["param_groups"]]
+    return {"state": {index[name]: value for name, value in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(state: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The reverse of :func:`optimizer_state_by_index` for ``optimizer`` over ``module``'s parameters."""
+    name_of = {id(param): name for name, param in module.named_parameters()}
+    names = [name_of[id(param)] for group in optimizer.param_groups for param in group["params"]]
+    groups = state["param_groups"]
+    if sum(len(group["params"]) for group in groups) != len(names):
+        raise ValueError(f"the optimiser state has {sum(len(g['params']) for g in groups)} parameters, this run's "
+                         f"optimiser {len(names)}")
+    by_name = [{**group, "params": [names[i] for i in group["params"]]} for group in groups]
+    return {"state": {names[int(i)]: value for i, value in state["state"].items()}, "param_groups": by_name}
+
+
+def unit_parameter_bytes(encoder: nn.Module, units: dict[str, str]) -> list[int]:
+    """Bytes of the parameters of each sharding unit :func:`shard_encoder` would make (unsharded
+    modules): what one process gathers in full while that unit computes."""
+    sizes: list[int] = []
+    claimed: set[int] = set()
+
+    def unit(module: nn.Module) -> None:
+        params = [p for p in module.parameters() if id(p) not in claimed]
+        claimed.update(id(p) for p in params)
+        sizes.append(sum(p.numel() * p.element_size() for p in params))
+
+    def visit(module: nn.Module) -> None:  # the order fully_shard is applied in: inner units first
+        unit(module)
+
+    for modality, adapter in encoder.adapters.items():
+        kind = units.get(modality, "backbone")
+        backbone = getattr(adapter, "backbone", None)
+        if kind == "adapter" or backbone is None:
+            visit(adapter)
+            continue
+        if kind == "layers":
+            for block in adapter.backbone_blocks():
+                visit(block)
+        visit(backbone)
+        visit(adapter.head)
+    visit(encoder)
+    return sizes
