@@ -16,11 +16,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HUB_FILE_PATTERNS", "is_repo_id", "snapshot_folder", "upload_folder"]
+__all__ = ["HUB_FILE_PATTERNS", "MODEL_CARD_FILE", "is_repo_id", "snapshot_folder", "upload_folder"]
 
+#: The model card of an encoder folder (what the Hub shows as the repository's page).
+MODEL_CARD_FILE = "README.md"
 #: What a saved encoder is made of: configs, weights, tokenizer and feature-extractor files
 #: (``vocab.txt``, ``merges.txt``, sentencepiece ``*.model``), the model card.
-HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "README.md"]
+HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", MODEL_CARD_FILE]
 
 # "name" or "owner/name": letters, digits, '-', '_', '.' (the Hub's rule), no '..' and no path start.
 _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")

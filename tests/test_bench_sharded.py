@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from mmviews.bench.sharded import base_sizes_config, format_sharded, held_bytes, local_bytes
+from mmviews.bench.sharded import format_sharded, held_bytes, local_bytes
+from mmviews.bench.train import base_sizes_config
 from mmviews.modalities.presets import realistic_config
 
 

@@ -86,6 +86,8 @@ def test_embed_writes_the_runs_evaluation_views(run_with_evaluation_views: Path,
     config = load_config(run / "config.yaml")
     encoder = MultiViewEncoder.from_pretrained(run / "encoder").eval()
     loaders = build_eval_loaders(config.data, EVALUATION_VIEWS, config.seed)
+    # the split column names each split as the dataset does (data.*_split)
+    named = {"train": config.data.train_split, "val": config.data.val_split, "test": config.data.test_split}
     row = 0
     absent = 0
     with torch.no_grad():
@@ -96,7 +98,7 @@ def test_embed_writes_the_runs_evaluation_views(run_with_evaluation_views: Path,
                 z, mask = encoder(batch)
                 for k in range(batch.num_samples):
                     got = table[row]
-                    assert (got["split"], got["sample_id"]) == (split, int(batch.index[k]))
+                    assert (got["split"], got["sample_id"]) == (named[split], int(batch.index[k]))
                     for m, name in enumerate(("image_0", "image_1", "audio_0")):
                         if mask[k, m]:
                             torch.testing.assert_close(torch.tensor(got[name]), z[k, m], rtol=0, atol=1e-6)

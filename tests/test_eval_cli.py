@@ -6,6 +6,7 @@ refused, and a new folder inside the run reached that way is recorded as the run
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def _evaluated(capsys, run: Path, *options: str) -> tuple[dict, str]:
 @pytest.mark.parametrize("options,fuse", [((), "mean"), (("--fuse", "concat"), "concat")])
 def test_eval_fuses_as_the_recipe_says_unless_told_otherwise(mean_fused_run: Path, capsys, options, fuse) -> None:
     metrics, out = _evaluated(capsys, mean_fused_run, *options)
-    assert out.rstrip().endswith(f"fuse {fuse})"), out[-300:]
+    assert re.search(rf"report written to .*\(precision \w+, seed \d+, fuse {fuse}[;)]", out), out[-300:]
     assert metrics["meta"]["fuse"] == fuse, metrics["meta"]  # evaluate_encoder's own record of what the probes took
 
 

@@ -173,8 +173,11 @@ def test_compare_runs_table_and_plots(tmp_path: Path):
     check_png(written["metric_vs_views"])
     rows = (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()
     assert len(rows) == 5 and rows[0].startswith("run,path,objective,num_views")
-    with pytest.raises(FileNotFoundError, match="no metrics.json"):
+    with pytest.raises(FileNotFoundError, match="nothing: no such run folder"):
         compare_runs([tmp_path / "nothing"], tmp_path / "cmp2")
+    (tmp_path / "empty").mkdir()  # a folder that exists but holds no evaluation: evaluate it first
+    with pytest.raises(FileNotFoundError, match="no metrics.json .*mmviews eval"):
+        compare_runs([tmp_path / "empty"], tmp_path / "cmp3")
 
 
 def test_compare_reads_objective_and_views_from_meta_only(tmp_path: Path):

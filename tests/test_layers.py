@@ -19,13 +19,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mmviews"
 # Lowest first. A module belongs to the longest prefix listed; the package itself
 # (``mmviews/__init__.py``: the version) is below them all.
 LAYERS: list[tuple[str, ...]] = [
-    ("mmviews.registry", "mmviews.fileio", "mmviews.resources"),
+    ("mmviews.registry", "mmviews.fileio", "mmviews.resources", "mmviews.notices", "mmviews.hub"),
     ("mmviews.objectives",),
     ("mmviews.data",),
     ("mmviews.modalities",),
     ("mmviews.config", "mmviews.run"),
     ("mmviews.eval",),
     ("mmviews.train",),
+    ("mmviews.export",),
     ("mmviews.cli",),
     ("mmviews.bench", "mmviews.demo"),
 ]

@@ -37,4 +37,7 @@ def run(args: argparse.Namespace) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"mmviews bench {args.verb}", description=help_text)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(args.options)) or 0)
+    options = parser.parse_args(args.options)
+    if args.verb == "train" and options.sharded:  # real processes of their own
+        module = importlib.import_module("mmviews.bench.sharded")
+    return int(module.run(options) or 0)

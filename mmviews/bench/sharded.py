@@ -175,31 +175,15 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-#: The ``base-sizes`` case: K, chunk and image size (the ViT-B/32 takes 224 px).
-BASE_SIZES_DEFAULTS = ("data.batch_size=4", "optimisation.encode_chunk_size=2")
-BASE_SIZES_IMAGE = 224
+def run(args: argparse.Namespace) -> int:
+    """``mmviews bench train --sharded``: each case on 1, 2 unsharded and 2 sharded processes."""
+    from mmviews.bench.report import environment, write_report
+    from mmviews.bench.train import _argv_of
 
-
-def base_sizes_config(overrides: Any = ()) -> Any:
-    """``finetune-small`` (:func:`mmviews.bench.train.finetune_small_config`) with the full-size
-    random-weight backbones of :func:`mmviews.modalities.presets.realistic_config` (BERT-base,
-    HuBERT-base, open_clip ViT-B/32 at 224 px), K = 4 and encoder chunks of 2."""
-    from mmviews.bench.train import _TINY_KIND, FINETUNE_SMALL_KEPT, finetune_small_config
-    from mmviews.config import config_from_dict
-    from mmviews.modalities.presets import realistic_config
-
-    small = finetune_small_config([*BASE_SIZES_DEFAULTS, *overrides])
-    raw = small.to_dict()
-    for modality, adapter in raw["adapters"].items():
-        full = {k: v for k, v in realistic_config(_TINY_KIND[adapter["type"]]).items() if k != "embed_dim"}
-        raw["adapters"][modality] = {**full, **{k: adapter[k] for k in FINETUNE_SMALL_KEPT if k in adapter}}
-    for view in raw["views"]:
-        if "size" in (view.get("params") or {}):
-            view["params"]["size"] = BASE_SIZES_IMAGE
-    return config_from_dict(raw, "finetune (base sizes: BERT-base, HuBERT-base, ViT-B/32, random weights)")
-
-
-def base_sizes_inputs() -> dict[str, Any]:
-    from mmviews.bench.train import FINETUNE_SMALL_INPUTS
-
-    return {**FINETUNE_SMALL_INPUTS, "image_size": BASE_SIZES_IMAGE}
+    argv = list(_argv_of(args))
+    results = [run_sharded(case, argv) for case in dict.fromkeys(args.case)]
+    result = {"environment": environment(details=True),
+              "command": " ".join(["mmviews", "bench", "train", "--sharded", "--case", *args.case, *argv]),
+              "sharded": results}
+    write_report(result, format_sharded(results), args.out)
+    return 0

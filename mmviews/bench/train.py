@@ -537,8 +537,6 @@ def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> 
     if case == "finetune-small":
         config, inputs = finetune_small_config(overrides), FINETUNE_SMALL_INPUTS
     elif case == "base-sizes":
-        from mmviews.bench.sharded import base_sizes_config, base_sizes_inputs
-
         config, inputs = base_sizes_config(overrides), base_sizes_inputs()
     else:
         config = realistic_config_of(load_config(resolve_recipe(args.recipe), overrides), args.realistic_K)
@@ -806,17 +804,34 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.sharded:  # real processes of their own (mmviews.bench.sharded)
-        from mmviews.bench.sharded import format_sharded, run_sharded
+#: The ``base-sizes`` case: K, chunk and image size (the ViT-B/32 takes 224 px).
+BASE_SIZES_DEFAULTS = ("data.batch_size=4", "optimisation.encode_chunk_size=2")
+BASE_SIZES_IMAGE = 224
 
-        argv = [a for a in _argv_of(args)]
-        results = [run_sharded(case, argv) for case in dict.fromkeys(args.case)]
-        result = {"environment": environment(details=True),
-                  "command": " ".join(["mmviews", "bench", "train", "--sharded", "--case", *args.case, *argv]),
-                  "sharded": results}
-        write_report(result, format_sharded(results), args.out)
-        return 0
+
+def base_sizes_config(overrides: Any = ()) -> Any:
+    """``finetune-small`` (:func:`finetune_small_config`) with the full-size
+    random-weight backbones of :func:`mmviews.modalities.presets.realistic_config` (BERT-base,
+    HuBERT-base, open_clip ViT-B/32 at 224 px), K = 4 and encoder chunks of 2."""
+    from mmviews.config import config_from_dict
+    from mmviews.modalities.presets import realistic_config
+
+    small = finetune_small_config([*BASE_SIZES_DEFAULTS, *overrides])
+    raw = small.to_dict()
+    for modality, adapter in raw["adapters"].items():
+        full = {k: v for k, v in realistic_config(_TINY_KIND[adapter["type"]]).items() if k != "embed_dim"}
+        raw["adapters"][modality] = {**full, **{k: adapter[k] for k in FINETUNE_SMALL_KEPT if k in adapter}}
+    for view in raw["views"]:
+        if "size" in (view.get("params") or {}):
+            view["params"]["size"] = BASE_SIZES_IMAGE
+    return config_from_dict(raw, "finetune (base sizes: BERT-base, HuBERT-base, ViT-B/32, random weights)")
+
+
+def base_sizes_inputs() -> dict[str, Any]:
+    return {**FINETUNE_SMALL_INPUTS, "image_size": BASE_SIZES_IMAGE}
+
+
+def run(args: argparse.Namespace) -> int:
     _check_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

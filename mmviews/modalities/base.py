@@ -211,11 +211,21 @@ def adapter_class(type_name: str) -> type["Adapter"]:
     registered is looked up among the installed packages' ``mmviews.adapters`` entry points
     (:func:`mmviews.modalities.custom.load_entry_point_adapter`), and one not found there either
     raises ``ValueError`` listing the known ones."""
-    if isinstance(type_name, str) and type_name not in _ADAPTERS:
-        from .custom import load_entry_point_adapter  # custom imports this module
-
-        load_entry_point_adapter(type_name)
+    if isinstance(type_name, str) and type_name not in _ADAPTERS and _entry_point_loader is not None:
+        _entry_point_loader(type_name)
     return _ADAPTERS.get(type_name)
+
+
+# Set by mmviews.modalities.custom when it is imported (the package's __init__ imports it), so
+# that this module, which custom builds on, need not import it back.
+_entry_point_loader: Callable[[str], bool] | None = None
+
+
+def set_entry_point_loader(loader: Callable[[str], bool]) -> None:
+    """Install the function that registers an adapter type from the installed packages' entry
+    points (:func:`mmviews.modalities.custom.load_entry_point_adapter`)."""
+    global _entry_point_loader
+    _entry_point_loader = loader
 
 
 def adapter_registered(type_name: str) -> bool:

@@ -37,7 +37,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 import torch
 from torch import nn
 
-from .base import Adapter, adapter_registered, register_adapter
+from .base import Adapter, adapter_registered, register_adapter, set_entry_point_loader
 from .image_backbones import ImageInputAdapter, ImageInputConfig, plain_kwargs
 from .vision import split_frames
 
@@ -156,3 +156,6 @@ def load_entry_point_adapter(type_name: str) -> bool:
     else:
         register_backbone(type_name)(obj)
     return True
+
+
+set_entry_point_loader(load_entry_point_adapter)

@@ -153,7 +153,7 @@ class MultiViewEncoder(nn.Module):
         ``huggingface_hub``'s (``HfApi.upload_folder``); returns its commit information."""
         import tempfile
 
-        from mmviews.train.model_card import MODEL_CARD_FILE
+        from mmviews.hub import MODEL_CARD_FILE
 
         with tempfile.TemporaryDirectory(prefix="mmviews-push-") as tmp:
             self.save_pretrained(tmp)

@@ -25,12 +25,12 @@ import yaml
 
 from mmviews.config import ConfigError, TrainConfig, config_from_dict, load_config, read_yaml, resolve_recipe
 from mmviews.fileio import atomic_write_text
+from mmviews.hub import MODEL_CARD_FILE
 from mmviews.resources import resource_dir
 
 __all__ = ["MODEL_CARD_FILE", "front_matter", "render_front_matter", "render_model_card", "replace_front_matter",
            "reproduce_command", "write_model_card"]
 
-MODEL_CARD_FILE = "README.md"
 
 
 def _yaml_inline(value: Any) -> str:
