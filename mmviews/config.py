@@ -129,6 +129,9 @@ class OptimisationConfig:
     # the plain step, which keeps the activations of all K samples for backward.
     encode_chunk_size: int | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    # torch.compile of every adapter's backbone and head, in place (mmviews.train.compiled):
+    # the same parameter names and checkpoints; the first step of a shape compiles.
+    compile: bool = False
 
 
 @dataclass

@@ -231,6 +231,13 @@ def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
     return checkpoint, "_remove_checkpoint", remove_in_place
 
 
+def _compile_static_shapes() -> tuple[Any, str, Any]:
+    """Compiled steps with ``dynamic=False``: every new input size recompiles."""
+    import mmviews.train.compiled as compiled
+
+    return compiled, "COMPILE_OPTIONS", {"dynamic": False}
+
+
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
@@ -274,6 +281,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "stop_one_step_late": _stop_one_step_late,
     "delete_old_checkpoints_first": _delete_old_checkpoints_first,
     "remove_checkpoint_in_place": _remove_checkpoint_in_place,
+    "compile_static_shapes": _compile_static_shapes,
 }
 
 
