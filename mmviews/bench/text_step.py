@@ -91,7 +91,8 @@ def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> di
 def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
     """``steps`` timed sentence-transformers steps (tokenise, MultipleNegativesRankingLoss on K
     pairs, backward, AdamW) after ``warmup``."""
-    from sentence_transformers import SentenceTransformer, losses
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import losses
 
     st = SentenceTransformer(str(model), device="cpu")
     st.max_seq_length = tokens
