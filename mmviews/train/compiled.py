@@ -17,9 +17,16 @@ What is not compiled: the objectives (their score matrices are one or two matrix
 and a log-sum-exp, already single kernels in eager mode), the host-side preprocessing
 (tokenising, cropping) and the optimiser.
 
-Results equal eager ones to float rounding: inductor reorders and fuses float32 arithmetic,
-so embeddings differ by a few float32 ulps (measured below 1e-5 absolute on unit vectors) and
-the loss and gradients by about 1e-5 relative; nothing else changes.
+Results equal eager ones to float rounding, not bit for bit: inductor reorders and fuses
+float32 arithmetic, so the first step's unit-vector embeddings differ by a few float32 ulps
+(4.2e-7 measured on a tiny BERT) and training carries that rounding into the weights (after 7
+SGD steps: embeddings 3.1e-5, weights 1.1e-5 of the largest change; tests/test_train_compiled.py
+holds them to 1e-6, 1e-4 and 1e-4). Compiled dropout draws its masks from inductor's own random
+stream: with dropout on, compiled and eager runs drop different units.
+
+Not covered: sample-keyed dropout (``optimisation.sample_keyed_dropout``) reads its keys from a
+context the compiled graph does not see as an input, so it is not known to stay free of
+recompilations; measure with ``mmviews bench train --compile`` before relying on it.
 """
 
 from __future__ import annotations
