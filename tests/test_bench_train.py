@@ -247,6 +247,8 @@ def test_compile_comparison_plumbing(tmp_path: Path) -> None:
     assert bench._compared(args) and "optimisation.compile=true" in bench._overrides_of(args)
     argv = bench._argv_of(args)
     assert "--compile" in argv and "--compile" not in bench._plain_argv(argv, "quickstart", args)
+    # compiled alone is measured against the same step eager: finetune-small keeps its cached step
+    assert bench._plain_argv(argv, "finetune-small", args) == [w for w in argv if w != "--compile"]
     row = {"case": "quickstart", "K": 16, "peak_memory_mb": 1100.0, "samples_per_s": 16 / 0.8}
     compiled = {**row, "step": "plain+compiled", "compiled": True, "warmup_s": [40.0, 3.0], "step_ms": 800.0}
     eager = {**row, "step": "plain", "compiled": False, "warmup_s": [2.0, 1.0], "step_ms": 1000.0,

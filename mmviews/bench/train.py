@@ -792,7 +792,8 @@ def _plain_argv(argv: list[str], case: str, args: argparse.Namespace) -> list[st
     for flag in ("--gradient-checkpointing", "--compile"):
         if flag in out:
             out.remove(flag)
-    if case == "finetune-small":  # its default chunk (FINETUNE_SMALL_DEFAULTS) off: the plain step
+    only_compiled = args.compile and args.encode_chunk_size is None and not args.gradient_checkpointing
+    if case == "finetune-small" and not only_compiled:  # its default chunk (FINETUNE_SMALL_DEFAULTS) off: plain
         out += ["--set", "optimisation.encode_chunk_size=null"]
     if args.plain_K is not None:
         if case == "realistic":
