@@ -143,3 +143,15 @@ def test_recipe_key_compiles_the_run_and_reaches_the_eager_weights(tmp_path: Pat
     assert runs["eager"].keys() == runs["compiled"].keys()
     for key, eager in runs["eager"].items():
         torch.testing.assert_close(runs["compiled"][key], eager, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_compile_with_gradient_checkpointing_is_refused_at_load() -> None:
+    """torch.compile fails inside the checkpointed layers' context: the recipe is refused with
+    one line naming the key and the adapters, before anything is built."""
+    from mmviews.config import ConfigError, config_from_dict
+
+    config = tiny_config(image=False)
+    config["adapters"]["text"]["gradient_checkpointing"] = True
+    config["optimisation"]["compile"] = True
+    with pytest.raises(ConfigError, match=r"optimisation\.compile.*gradient_checkpointing \(adapters text\)"):
+        config_from_dict(config, "tiny")

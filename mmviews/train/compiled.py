@@ -24,6 +24,9 @@ SGD steps: embeddings 3.1e-5, weights 1.1e-5 of the largest change; tests/test_t
 holds them to 1e-6, 1e-4 and 1e-4). Compiled dropout draws its masks from inductor's own random
 stream: with dropout on, compiled and eager runs drop different units.
 
+Refused at load (:mod:`mmviews.config`): ``compile`` with an adapter's ``gradient_checkpointing``
+(torch 2.11's compiler rejects the checkpointing's ``context_fn``).
+
 Not covered: sample-keyed dropout (``optimisation.sample_keyed_dropout``) reads its keys from a
 context the compiled graph does not see as an input, so it is not known to stay free of
 recompilations; measure with ``mmviews bench train --compile`` before relying on it.
