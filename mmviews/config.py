@@ -129,6 +129,9 @@ class OptimisationConfig:
     # the plain step, which keeps the activations of all K samples for backward.
     encode_chunk_size: int | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    # torch.compile of every adapter's backbone and head, in place (mmviews.train.compiled):
+    # the same parameter names and checkpoints; the first step of a shape compiles.
+    compile: bool = False
 
 
 @dataclass
@@ -387,6 +390,11 @@ def _check_values(config: TrainConfig, source: str) -> None:
     need(o.max_grad_norm is None or o.max_grad_norm > 0, "optimisation.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
     need(o.encode_chunk_size is None or o.encode_chunk_size >= 1, "optimisation.encode_chunk_size",
          f"must be a number of samples >= 1 (or null: no chunking), got {o.encode_chunk_size}")
+    # torch.compile (2.11) fails on the checkpointing's context_fn (mmviews.modalities.checkpointing)
+    checkpointed = sorted(m for m, a in config.adapters.items() if isinstance(a, dict) and a.get("gradient_checkpointing"))
+    need(not (o.compile and checkpointed), "optimisation.compile",
+         f"cannot be combined with gradient_checkpointing (adapters {', '.join(checkpointed)}): torch.compile "
+         "rejects the checkpointing's context; turn one of them off")
     need(0 <= config.objective.teacher_momentum < 1, "objective.teacher_momentum", f"must be in [0, 1), got {config.objective.teacher_momentum}")
     need(e.every_epochs >= 0, "evaluation.every_epochs", f"must be >= 0, got {e.every_epochs}")
     need(out.log_every >= 1, "output.log_every", f"must be >= 1, got {out.log_every}")

