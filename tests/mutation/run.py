@@ -28,9 +28,11 @@ over all mutants less the ones ``modules.toml`` lists as equivalent (with their 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -46,6 +48,8 @@ WORK_ROOT = REPO / ".mutation"
 ALSO_COPY = ["recipes", "data_cards", "README.md", "docs", "setup.py", "MANIFEST.in", "constraints"]
 # mutmut's outcome names that count as the mutant detected.
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+# Outcomes of mutants that were not run to the end (a time limit, Ctrl-C).
+UNCHECKED = {"not checked", "check was interrupted by user"}
 
 
 @dataclass
@@ -61,7 +65,10 @@ class ModuleScore:
 
     @property
     def counted(self) -> int:
-        return sum(1 for name in self.status_by_mutant if name not in self.equivalent)
+        """The mutants run (all but the equivalent ones and those a time limit left unchecked)."""
+        return sum(
+            1 for name, s in self.status_by_mutant.items() if s not in UNCHECKED and name not in self.equivalent
+        )
 
     @property
     def detected(self) -> int:
@@ -73,8 +80,13 @@ class ModuleScore:
 
     def undetected(self) -> list[str]:
         return sorted(
-            name for name, s in self.status_by_mutant.items() if s not in DETECTED and name not in self.equivalent
+            name for name, s in self.status_by_mutant.items()
+            if s not in DETECTED | UNCHECKED and name not in self.equivalent
         )
+
+    @property
+    def unchecked(self) -> int:
+        return sum(1 for s in self.status_by_mutant.values() if s in UNCHECKED)
 
 
 def load_mapping() -> dict[str, dict]:
@@ -135,7 +147,7 @@ def toml_list(items: list[str]) -> str:
     return "[" + ", ".join(json.dumps(item) for item in items) + "]"
 
 
-def write_config(work: Path, module: str, tests: list[str], max_children: int) -> None:
+def write_config(work: Path, module: str, tests: list[str]) -> None:
     base = (REPO / "pyproject.toml").read_text()
     if "[tool.mutmut]" in base:
         raise SystemExit("pyproject.toml already has a [tool.mutmut] section; tests/mutation/run.py writes its own")
@@ -169,16 +181,34 @@ def mutmut_env() -> dict[str, str]:
     return env
 
 
-def run_module(module: str, tests: list[str], max_children: int, log) -> Path:
+def run_module(module: str, tests: list[str], max_children: int, time_limit: float | None, log) -> Path:
     work = WORK_ROOT / module.replace("/", "__")
     work.mkdir(parents=True, exist_ok=True)
     sync_copy(work)
-    write_config(work, module, tests, max_children)
+    write_config(work, module, tests)
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     print(f"[{module}] mutmut run in {work.relative_to(REPO)} with {' '.join(tests)}", file=log, flush=True)
-    result = subprocess.run(command, cwd=work, env=mutmut_env(), stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        raise SystemExit(f"{module}: mutmut run exited {result.returncode} (log: {getattr(log, 'name', 'stdout')})")
+    # A session of its own, so that whatever mutmut leaves running after a time limit (its
+    # forked workers, the tests' subprocesses) can be ended as a group.
+    process = subprocess.Popen(command, cwd=work, env=mutmut_env(), stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        returncode = process.wait(timeout=time_limit)
+    except subprocess.TimeoutExpired:
+        # mutmut stops on Ctrl-C and keeps the results of the mutants it finished; the rest
+        # stay "not checked" and a rerun goes on from there.
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        print(f"{module}: stopped after the time limit of {time_limit:.0f} s", file=sys.stderr)
+        return work
+    if returncode != 0:
+        raise SystemExit(f"{module}: mutmut run exited {returncode} (log: {getattr(log, 'name', 'stderr')})")
     return work
 
 
@@ -209,13 +239,15 @@ def read_score(module: str, tests: list[str], equivalent: dict[str, str], work: 
 def report(score: ModuleScore) -> str:
     lines = [
         f"{score.module}: {score.detected}/{score.counted} killed = {score.score:.1f} %"
-        + (f" ({len(score.equivalent)} equivalent left out)" if score.equivalent else ""),
+        + (f" ({len(score.equivalent)} equivalent left out)" if score.equivalent else "")
+        + (f"; {score.unchecked} of {len(score.status_by_mutant)} mutants NOT CHECKED (time limit): "
+           "the score is over the checked ones" if score.unchecked else ""),
         f"  tests: {' '.join(score.tests)}",
     ]
     for status in ("timeout", "segfault"):
         if names := score.names_with(status):
             lines.append(f"  {status} (counted as killed): {len(names)}")
-    for status in ("survived", "no tests", "suspicious", "not checked", "skipped"):
+    for status in ("survived", "no tests", "suspicious", "skipped"):
         if names := score.names_with(status):
             lines.append(f"  {status}: {len(names)}")
             for name in names:
@@ -231,12 +263,12 @@ def table(scores: list[ModuleScore]) -> str:
     """Rows for the score table of tests/README.md."""
     today = date.today().isoformat()
     rows = [
-        "| module | mutants | killed | survived | no tests | equivalent | score | tests | date |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| module | mutants | checked | killed | survived | no tests | equivalent | score | tests | date |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for score in scores:
         rows.append(
-            f"| `{score.module}` | {score.counted} | {score.detected} | {len(score.names_with('survived'))} "
+            f"| `{score.module}` | {len(score.status_by_mutant)} | {score.counted} | {score.detected} | {len(score.names_with('survived'))} "
             f"| {len(score.names_with('no tests'))} | {len(score.equivalent)} | {score.score:.1f} % "
             f"| {', '.join('`' + Path(t).name + '`' for t in score.tests)} | {today} |"
         )
@@ -256,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", metavar="FILE", help="mutmut's output goes here (default: stderr)")
     parser.add_argument("--diffs", action="store_true", help="print each surviving mutant's change")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="stop each module's run after SECONDS, keep what was checked (a rerun goes on)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the results of the last runs without running anything")
     args = parser.parse_args(argv)
 
     modules = [str(Path(m)) for m in args.modules]
@@ -279,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     log = open(args.log, "a") if args.log else sys.stderr
     scores = []
     for module, (tests, equivalent) in plan.items():
-        work = run_module(module, tests, args.max_children, log)
+        if args.report_only:
+            work = WORK_ROOT / module.replace("/", "__")
+            if not (work / "mutants" / (module + ".meta")).is_file():
+                raise SystemExit(f"{module}: no results yet in {work.relative_to(REPO)}")
+        else:
+            work = run_module(module, tests, args.max_children, args.time_limit, log)
         score = read_score(module, tests, equivalent, work, args.diffs)
         print(report(score), flush=True)
         scores.append(score)
