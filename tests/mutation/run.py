@@ -147,7 +147,13 @@ def toml_list(items: list[str]) -> str:
     return "[" + ", ".join(json.dumps(item) for item in items) + "]"
 
 
-def write_config(work: Path, module: str, tests: list[str]) -> None:
+def deselected_for(module: str, mapping: dict[str, dict]) -> list[str]:
+    """Test ids the table leaves out of a module's mutant runs (slow end-to-end tests whose
+    every run would cost a mutant a training)."""
+    return list(mapping.get(module, {}).get("deselect", []))
+
+
+def write_config(work: Path, module: str, tests: list[str], deselect: list[str]) -> None:
     base = (REPO / "pyproject.toml").read_text()
     if "[tool.mutmut]" in base:
         raise SystemExit("pyproject.toml already has a [tool.mutmut] section; tests/mutation/run.py writes its own")
@@ -158,7 +164,8 @@ def write_config(work: Path, module: str, tests: list[str]) -> None:
         f"only_mutate = {toml_list([module])}",
         f"pytest_add_cli_args_test_selection = {toml_list(tests)}",
         # xdist off (mutmut runs pytest in its own process), no cache folder in the copy.
-        'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider"]',
+        "pytest_add_cli_args = "
+        + toml_list(["-p", "no:xdist", "-p", "no:cacheprovider"] + [f"--deselect={test}" for test in deselect]),
         f"also_copy = {toml_list(ALSO_COPY)}",
         # The work folder sits inside the repository's git work tree: mutmut's git-based change
         # detection would compare against the repository, not the copy.
@@ -171,6 +178,13 @@ def write_config(work: Path, module: str, tests: list[str]) -> None:
         target.write_text(text)
 
 
+def mutmut_command() -> list[str]:
+    """mutmut's own script beside this Python (``python -m mutmut`` loads its main module twice
+    and warns about it)."""
+    script = Path(sys.executable).parent / "mutmut"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "mutmut"]
+
+
 def mutmut_env() -> dict[str, str]:
     env = dict(os.environ)
     # mutmut puts mutants/ first on sys.path itself; a PYTHONPATH naming the repository would
@@ -181,12 +195,13 @@ def mutmut_env() -> dict[str, str]:
     return env
 
 
-def run_module(module: str, tests: list[str], max_children: int, time_limit: float | None, log) -> Path:
+def run_module(module: str, tests: list[str], deselect: list[str], max_children: int, time_limit: float | None,
+               log) -> Path:
     work = WORK_ROOT / module.replace("/", "__")
     work.mkdir(parents=True, exist_ok=True)
     sync_copy(work)
-    write_config(work, module, tests)
-    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+    write_config(work, module, tests, deselect)
+    command = mutmut_command() + ["run", "--max-children", str(max_children)]
     print(f"[{module}] mutmut run in {work.relative_to(REPO)} with {' '.join(tests)}", file=log, flush=True)
     # A session of its own, so that whatever mutmut leaves running after a time limit (its
     # forked workers, the tests' subprocesses) can be ended as a group.
@@ -195,13 +210,12 @@ def run_module(module: str, tests: list[str], max_children: int, time_limit: flo
     try:
         returncode = process.wait(timeout=time_limit)
     except subprocess.TimeoutExpired:
-        # mutmut stops on Ctrl-C and keeps the results of the mutants it finished; the rest
-        # stay "not checked" and a rerun goes on from there.
+        # mutmut saves each mutant's result as it comes, so ending it loses only the mutant in
+        # flight; the rest stay "not checked" and a rerun goes on from there. It does not always
+        # stop on Ctrl-C (seen with a worker running), hence the kill after a short wait.
         process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
@@ -229,7 +243,7 @@ def read_score(module: str, tests: list[str], equivalent: dict[str, str], work: 
     if with_diffs:
         for name in score.undetected():
             shown = subprocess.run(
-                [sys.executable, "-m", "mutmut", "show", name],
+                mutmut_command() + ["show", name],
                 cwd=work, env=mutmut_env(), capture_output=True, text=True,
             )
             score.diff_by_mutant[name] = shown.stdout.strip()
@@ -320,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
             if not (work / "mutants" / (module + ".meta")).is_file():
                 raise SystemExit(f"{module}: no results yet in {work.relative_to(REPO)}")
         else:
-            work = run_module(module, tests, args.max_children, args.time_limit, log)
-        score = read_score(module, tests, equivalent, work, args.diffs)
+            work = run_module(module, tests, deselected_for(module, mapping), args.max_children, args.time_limit, log)
+        score = read_score(module, tests + [f"not {test}" for test in deselected_for(module, mapping)], equivalent,
+                           work, args.diffs)
         print(report(score), flush=True)
         scores.append(score)
 
