@@ -226,6 +226,15 @@ def run_module(module: str, tests: list[str], deselect: list[str], max_children:
     return work
 
 
+# Run in a module's work folder: the unified diff of each mutant named on stdin, as JSON.
+SHOW_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+names = json.load(sys.stdin)
+print(json.dumps({name: get_diff_for_mutant(name, path=sys.argv[1]) for name in names}))
+"""
+
+
 def read_score(module: str, tests: list[str], equivalent: dict[str, str], work: Path, with_diffs: bool) -> ModuleScore:
     from mutmut.stats import status_by_exit_code
 
@@ -240,13 +249,13 @@ def read_score(module: str, tests: list[str], equivalent: dict[str, str], work: 
     unknown = sorted(set(equivalent) - set(exit_codes))
     if unknown:
         print(f"{MAPPING.name}: {module}: equivalent mutants that no longer exist: {', '.join(unknown)}", file=sys.stderr)
-    if with_diffs:
-        for name in score.undetected():
-            shown = subprocess.run(
-                mutmut_command() + ["show", name],
-                cwd=work, env=mutmut_env(), capture_output=True, text=True,
-            )
-            score.diff_by_mutant[name] = shown.stdout.strip()
+    if with_diffs and score.undetected():
+        # One process for all the diffs (``mutmut show`` per mutant costs a start each).
+        shown = subprocess.run(
+            [sys.executable, "-c", SHOW_DIFFS, module], input=json.dumps(score.undetected()),
+            cwd=work, env=mutmut_env(), capture_output=True, text=True, check=True,
+        )
+        score.diff_by_mutant = json.loads(shown.stdout)
     return score
 
 
