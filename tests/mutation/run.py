@@ -282,6 +282,16 @@ def report(score: ModuleScore) -> str:
     return "\n".join(lines)
 
 
+def test_cell(tests: list[str]) -> str:
+    """``a.py``, ``b.py``, not ``b.py::slow_test`` (a deselected test keeps its ``not``)."""
+    cells = []
+    for test in tests:
+        negated = test.startswith("not ")
+        name = Path(test.removeprefix("not ")).name
+        cells.append(("not " if negated else "") + f"`{name}`")
+    return ", ".join(cells)
+
+
 def table(scores: list[ModuleScore]) -> str:
     """Rows for the score table of tests/README.md."""
     today = date.today().isoformat()
@@ -293,7 +303,7 @@ def table(scores: list[ModuleScore]) -> str:
         rows.append(
             f"| `{score.module}` | {len(score.status_by_mutant)} | {score.counted} | {score.detected} | {len(score.names_with('survived'))} "
             f"| {len(score.names_with('no tests'))} | {len(score.equivalent)} | {score.score:.1f} % "
-            f"| {', '.join('`' + Path(t).name + '`' for t in score.tests)} | {today} |"
+            f"| {test_cell(score.tests)} | {today} |"
         )
     return "\n".join(rows) + "\n"
 
