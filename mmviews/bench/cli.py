@@ -40,4 +40,6 @@ def run(args: argparse.Namespace) -> int:
     options = parser.parse_args(args.options)
     if args.verb == "train" and options.sharded:  # real processes of their own
         module = importlib.import_module("mmviews.bench.sharded")
+    elif args.verb == "train" and options.against_sentence_transformers:
+        module = importlib.import_module("mmviews.bench.text_step")
     return int(module.run(options) or 0)

@@ -187,3 +187,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def run(args: argparse.Namespace) -> int:
+    """``mmviews bench train --against-sentence-transformers K...``: :func:`compare_text_steps`, reported
+    as ``mmviews bench train`` reports."""
+    from mmviews.bench.report import environment, write_report
+    from mmviews.bench.train import _argv_of
+
+    if args.device != "cpu":
+        raise SystemExit("bench train: --against-sentence-transformers runs on --device cpu")
+    steps, warmup = args.steps or 3, 1 if args.warmup is None else args.warmup
+    model = args.text_model or default_text_model()
+    text_steps = compare_text_steps(model, args.against_sentence_transformers, args.text_tokens, steps, warmup,
+                                    args.threads)
+    result = {"environment": environment(details=True),
+              "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
+                                   *map(str, args.against_sentence_transformers), *_argv_of(args)]),
+              "cases": [], "comparisons": [], "text_steps": text_steps}
+    write_report(result, format_text_steps(text_steps), args.out)
+    return 0

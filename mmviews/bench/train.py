@@ -98,7 +98,6 @@ from mmviews.bench.common import (cuda_peak_mib, middle, reset_cuda_peak, rss_hi
                                    verb_main)
 from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.bench.report import environment, write_report
-from mmviews.bench.text_step import compare_text_steps, default_text_model, format_text_steps
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
@@ -880,8 +879,8 @@ def run(args: argparse.Namespace) -> int:
         estimate = estimate_case(cases[0], args)
         atomic_write_text(args.out, json.dumps({"estimate": dataclasses.asdict(estimate)}))
         return 0
-    if args.against_sentence_transformers:
-        return _run_text_steps(args)
+    if args.against_sentence_transformers:  # mmviews.bench.cli hands this to mmviews.bench.text_step.run
+        raise SystemExit("bench train: --against-sentence-transformers runs through mmviews bench train")
     comparisons = []
     if _compared(args) and not args.no_compare:  # each step in its own process: its peak memory is its own
         rows = []
@@ -901,22 +900,6 @@ def run(args: argparse.Namespace) -> int:
     found = [r for r in rows
              if r["sync_debug"] and (r["sync_debug"]["first_error"] or r["sync_debug"]["synchronisations"])]
     return 1 if args.sync_debug == "error" and found else 0
-
-
-def _run_text_steps(args: argparse.Namespace) -> int:
-    """``--against-sentence-transformers``: :func:`mmviews.bench.text_step.compare_text_steps`."""
-    if args.device != "cpu":
-        raise SystemExit("bench train: --against-sentence-transformers runs on --device cpu")
-    steps, warmup = args.steps or 3, 1 if args.warmup is None else args.warmup
-    model = args.text_model or default_text_model()
-    text_steps = compare_text_steps(model, args.against_sentence_transformers, args.text_tokens, steps, warmup,
-                                    args.threads)
-    result = {"environment": environment(details=True),
-              "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
-                                   *map(str, args.against_sentence_transformers), *_argv_of(args)]),
-              "cases": [], "comparisons": [], "text_steps": text_steps}
-    write_report(result, format_text_steps(text_steps), args.out)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
