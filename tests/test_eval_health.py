@@ -156,7 +156,10 @@ def test_log_checks_collapse_alignment_and_mi_bound() -> None:
     collapsed = rows_with(8, pos_sim=0.96, neg_sim=0.95, mi_lower_bound=-0.1)
     found = training_warnings(collapsed)
     assert kinds(found) == ["collapse", "MI lower bound <= 0"]
-    assert training_warnings(rows_with(1, pos_sim=0.11, neg_sim=0.1))[0].startswith("no alignment")
+    assert training_warnings(rows_with(3, pos_sim=0.11, neg_sim=0.1))[0].startswith("no alignment")
+    # a health warning is not judged on one or two logged steps (a tiny run's log)
+    assert training_warnings(rows_with(2, pos_sim=0.11, neg_sim=0.1)) == []
+    assert [w for r in rows_with(2, pos_sim=0.11, neg_sim=0.1) for w in LiveHealth(total_steps=2).check(r)] == []
     live = LiveHealth(total_steps=10)
     new = [live.check(r) for r in collapsed]
     assert [len(n) for n in new] == [0, 0, 0, 0, 2, 0, 0, 0]  # from step 5 on, each kind once
@@ -201,6 +204,13 @@ def test_evaluation_checks_rank_retrieval_and_probe() -> None:
     assert any("effective rank is 1.10" in w for w in found)
     chance = [w for w in found if w.startswith("retrieval at chance")]
     assert len(chance) == 1 and "text_0->audio_0" in chance[0] and "chance 256.5" in chance[0]
+    assert chance[0].startswith("retrieval at chance in 1 of 2 directions: ") and "audio_0->text_0" not in chance[0]
+    # every direction at chance: still one warning (one hint), three named, the rest counted
+    pairs = [f"v{i}->w{i}" for i in range(5)]
+    all_at_chance = {**{f"test/retrieval/{p}/MeanR": 60.0 for p in pairs}, **{f"test/retrieval/{p}/n": 128.0 for p in pairs}}
+    (line,) = [w for w in evaluation_warnings(all_at_chance, None) if w.startswith("retrieval at chance")]
+    assert line.startswith("retrieval at chance in 5 of 5 directions: v0->w0 mean rank 60.0 of 128 (chance 64.5)")
+    assert "v2->w2" in line and "v3->w3" not in line and ", and 2 more" in line
     below = [w for w in found if w.startswith("probe below random init")]
     assert len(below) == 2 and any("linear/class/acc is 0.4000" in w for w in below) and any("mae" in w for w in below)
 

@@ -87,6 +87,10 @@ ALIGNMENT_GAP = 0.02
 MIN_ERANK = 2.0
 MAX_UNIFORMITY = -0.5
 CHANCE_RANK_FRACTION = 0.8
+# Retrieval directions named in the one 'retrieval at chance' warning (the others are counted).
+RETRIEVAL_EXAMPLES = 3
+# The log checks judge at least this many logged steps (a tiny run's one or two rows are noise).
+MIN_LOGGED_ROWS = 3
 DIVERGENCE_RISE = 0.05
 PROBE_MARGIN = 0.01  # accuracy, top-1 and R^2: absolute; MAE: relative
 LIVE_START_FRACTION = 0.5
@@ -162,8 +166,9 @@ def _quarter(rows: Sequence[Mapping[str, Any]]) -> int:
 
 
 def training_findings(rows: Sequence[Mapping[str, Any]], where: str | None = None) -> list[tuple[str, str]]:
-    """``[(diagnosis, message without hint)]`` from the training log's rows."""
-    if not rows:
+    """``[(diagnosis, message without hint)]`` from the training log's rows; nothing from fewer
+    than :data:`MIN_LOGGED_ROWS` rows (one or two logged steps say nothing about a trend)."""
+    if len(rows) < MIN_LOGGED_ROWS:
         return []
     n, n_head = _quarter(rows), max(1, len(rows) // 10)
     # the head is short: a diverging loss jumps within a few steps (quickstart at lr 1.0: 25.9 to 37.7 at step 3)
@@ -281,13 +286,20 @@ def evaluation_findings(trained: Mapping[str, Any] | None, random_init: Mapping[
                                   "embeddings crowd together)"))
         if erank is not None or unif is not None:
             break  # the test split when there is one
+    directions, at_chance = 0, []
     for key in sorted(trained):
         if "/retrieval/" in key and key.endswith("/MeanR"):
             n, mean_rank = _finite(trained.get(key[: -len("MeanR")] + "n")), _finite(trained[key])
-            if n is not None and mean_rank is not None and n >= 2 and mean_rank >= CHANCE_RANK_FRACTION * (n + 1) / 2:
+            if n is None or mean_rank is None or n < 2:
+                continue
+            directions += 1
+            if mean_rank >= CHANCE_RANK_FRACTION * (n + 1) / 2:
                 pair = key.split("/retrieval/")[1].rsplit("/", 1)[0]
-                out.append((NO_ALIGNMENT, f"retrieval at chance: {pair} mean rank {mean_rank:.1f} of {int(n)} "
-                                          f"(chance {(n + 1) / 2:.1f})"))
+                at_chance.append(f"{pair} mean rank {mean_rank:.1f} of {int(n)} (chance {(n + 1) / 2:.1f})")
+    if at_chance:  # one warning for all directions: the same diagnosis, the same hint
+        shown = ", ".join(at_chance[:RETRIEVAL_EXAMPLES])
+        more = f", and {len(at_chance) - RETRIEVAL_EXAMPLES} more" if len(at_chance) > RETRIEVAL_EXAMPLES else ""
+        out.append((NO_ALIGNMENT, f"retrieval at chance in {len(at_chance)} of {directions} directions: {shown}{more}"))
     for split in ("test", "val"):
         pos, neg = (_finite(trained.get(f"{split}/diag/sim_{k}_mean")) for k in ("pos", "neg"))
         if pos is not None and neg is not None:
