@@ -263,3 +263,20 @@ def test_compile_comparison_plumbing(tmp_path: Path) -> None:
     assert slower["break_even_steps"] is None
     table = bench.format_table({"environment": {"threads": 2}, "cases": [], "comparisons": [c, slower]})
     assert "compile time 40.0 s" in table and "pays after 200 steps" in table and "never (not faster)" in table
+
+
+@pytest.mark.parametrize("flag,module", [(("--sharded",), "mmviews.bench.sharded"),
+                                         (("--against-sentence-transformers", "8"), "mmviews.bench.text_step")])
+def test_sharded_and_text_step_runs_go_to_their_own_module(tmp_path: Path, monkeypatch, flag, module) -> None:
+    """`mmviews bench train FLAG` runs FLAG's own module; `python -m mmviews.bench.train FLAG`
+    refuses it in one line instead of running the plain bench."""
+    import importlib
+
+    from mmviews.bench.cli import run as bench_command
+
+    called = []
+    monkeypatch.setattr(importlib.import_module(module), "run", lambda options: called.append(options) or 0)
+    assert bench_command(argparse.Namespace(verb="train", options=[*flag, "--output", str(tmp_path / "o.json")])) == 0
+    assert len(called) == 1
+    with pytest.raises(SystemExit, match=f"{flag[0]} runs through the command"):
+        bench.run(_args(tmp_path, *flag))

@@ -872,6 +872,11 @@ def base_sizes_inputs() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The command (mmviews.bench.cli) hands these two to modules of their own, which build on this
+    # one; reached here (python -m mmviews.bench.train) they are refused, never ignored.
+    for flag, asked in (("--sharded", args.sharded), ("--against-sentence-transformers", args.against_sentence_transformers)):
+        if asked:
+            raise SystemExit(f"bench train: {flag} runs through the command: mmviews bench train {flag} ...")
     _check_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -882,8 +887,6 @@ def run(args: argparse.Namespace) -> int:
         estimate = estimate_case(cases[0], args)
         atomic_write_text(args.out, json.dumps({"estimate": dataclasses.asdict(estimate)}))
         return 0
-    if args.against_sentence_transformers:  # mmviews.bench.cli hands this to mmviews.bench.text_step.run
-        raise SystemExit("bench train: --against-sentence-transformers runs through mmviews bench train")
     comparisons = []
     if _compared(args) and not args.no_compare:  # each step in its own process: its peak memory is its own
         rows = []
