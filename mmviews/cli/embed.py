@@ -25,12 +25,12 @@ an existing file is replaced only with ``--overwrite``.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
 from mmviews.export.onnx_runtime import RECIPE_FILE, OnnxEncoder, is_onnx_folder
+from mmviews.fileio import atomic_save
 
 __all__ = ["add_arguments", "dataset_split_names", "embedding_table", "run", "write_embeddings"]
 
@@ -160,20 +160,15 @@ def dataset_split_names(data: Any) -> dict[str, str | None]:
 
 
 def write_embeddings(columns: dict[str, list[Any]], view_names: list[str], output: Path) -> int:
-    """Write :func:`embedding_table`'s columns to the Parquet file ``output`` (temporary name,
-    then renamed), the views' vectors as float32 lists; returns the number of rows."""
+    """Write :func:`embedding_table`'s columns to the Parquet file ``output`` (atomically:
+    :func:`mmviews.fileio.atomic_save`), the views' vectors as float32 lists; returns the number of rows."""
     import datasets
 
     table = datasets.Dataset.from_dict(columns)
     features = table.features.copy()
     features.update({name: datasets.List(datasets.Value("float32")) for name in view_names})
     table = table.cast(features)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    try:
-        table.to_parquet(str(tmp))
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_save(output, table.to_parquet)
     return len(table)
 
 
