@@ -6,6 +6,7 @@ tests few."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,8 @@ def test_recipe_key_compiles_the_run_and_reaches_the_eager_weights(tmp_path: Pat
         assert done.returncode == 0, done.stderr[-2000:]
         made = compiled_graphs() - before
         assert (made > 0) == (flag == "true"), f"{name} run made {made} graphs"
+        results = json.loads((tmp_path / name / "results.json").read_text())  # says what ran
+        assert results["compile"] is (flag == "true") and results["mixed_precision"] == "no"
         runs[name] = load_weights(tmp_path / name / "encoder")
     assert runs["eager"].keys() == runs["compiled"].keys()
     for key, eager in runs["eager"].items():

@@ -464,7 +464,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         # an evaluation run again (reevaluate) keeps the wall time of the training
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
-        "sharding": "fsdp" if p.sharded else "none",
+        "sharding": "fsdp" if p.sharded else "none", "mixed_precision": accelerator.mixed_precision,
+        "compile": bool(o.compile),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
         "data_skipped": _data_left_out(accelerator, parts),
         DATA_LOSSES_KEY: losses.to_dict(), ABSENT_MODALITIES_KEY: absent,
