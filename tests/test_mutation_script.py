@@ -5,6 +5,7 @@ step with the repository, and its score counts what it says. mutmut itself is no
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import tomllib
@@ -71,3 +72,18 @@ def test_list_names_the_modules_and_their_tests_without_running() -> None:
     ]
     bad = subprocess.run([sys.executable, str(SCRIPT), "--list", "setup.py"], capture_output=True, text=True)
     assert bad.returncode != 0 and "setup.py: not a module of the mmviews package" in bad.stderr
+
+
+def test_rerun_survivors_takes_every_undetected_mutant_of_the_last_run(tmp_path, monkeypatch) -> None:
+    stats = pytest.importorskip("mutmut.stats", reason="the `mutation` extra installs mutmut")
+    code_of = {status: code for code, status in stats.status_by_exit_code.items()}
+    module = "mmviews/m.py"
+    meta = tmp_path / module.replace("/", "__") / "mutants" / (module + ".meta")
+    meta.parent.mkdir(parents=True)
+    exit_codes = {"k": code_of["killed"], "s": code_of["survived"], "n": code_of["no tests"], "u": None,
+                  "t": code_of["timeout"]}
+    meta.write_text(json.dumps({"exit_code_by_key": exit_codes}))
+    monkeypatch.setattr(runner, "WORK_ROOT", tmp_path)
+    assert runner.undetected_in_last_run(module) == ["n", "s", "u"]
+    with pytest.raises(SystemExit, match="no earlier run"):
+        runner.undetected_in_last_run("mmviews/other.py")

@@ -195,13 +195,30 @@ def mutmut_env() -> dict[str, str]:
     return env
 
 
+def undetected_in_last_run(module: str) -> list[str]:
+    """The mutants of the module's last run that no test detected (survived, no tests, unchecked).
+
+    mutmut reruns a mutant on its own only when its function's code changed; after new guards
+    were written for a module, these are the mutants worth running again.
+    """
+    from mutmut.stats import status_by_exit_code
+
+    meta = WORK_ROOT / module.replace("/", "__") / "mutants" / (module + ".meta")
+    if not meta.is_file():
+        raise SystemExit(f"{module}: no earlier run to take survivors from ({meta} is missing)")
+    exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(name for name, code in exit_codes.items()
+                  if code is None or status_by_exit_code[code] not in DETECTED)
+
+
 def run_module(module: str, tests: list[str], deselect: list[str], max_children: int, time_limit: float | None,
-               log) -> Path:
+               log, mutants: list[str] | None = None) -> Path:
     work = WORK_ROOT / module.replace("/", "__")
     work.mkdir(parents=True, exist_ok=True)
     sync_copy(work)
     write_config(work, module, tests, deselect)
-    command = mutmut_command() + ["run", "--max-children", str(max_children)]
+    # Named mutants (names or fnmatch patterns) are run again even where a result is on record.
+    command = mutmut_command() + ["run", "--max-children", str(max_children), *(mutants or [])]
     print(f"[{module}] mutmut run in {work.relative_to(REPO)} with {' '.join(tests)}", file=log, flush=True)
     # A session of its own, so that whatever mutmut leaves running after a time limit (its
     # forked workers, the tests' subprocesses) can be ended as a group.
@@ -323,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS",
                         help="stop each module's run after SECONDS, keep what was checked (a rerun goes on)")
+    parser.add_argument("--mutants", nargs="+", metavar="NAME",
+                        help="run only these mutants (names or patterns such as 'mmviews.data.prepare.x__prepare_parquet*'), "
+                             "again where a result is on record")
+    parser.add_argument("--rerun-survivors", action="store_true",
+                        help="run again every mutant that the module's last run did not detect (after writing guards)")
     parser.add_argument("--report-only", action="store_true",
                         help="print the results of the last runs without running anything")
     args = parser.parse_args(argv)
@@ -353,7 +375,13 @@ def main(argv: list[str] | None = None) -> int:
             if not (work / "mutants" / (module + ".meta")).is_file():
                 raise SystemExit(f"{module}: no results yet in {work.relative_to(REPO)}")
         else:
-            work = run_module(module, tests, deselected_for(module, mapping), args.max_children, args.time_limit, log)
+            named = list(args.mutants or [])
+            if args.rerun_survivors:
+                named += undetected_in_last_run(module)
+                if not named:
+                    print(f"{module}: every mutant of the last run was detected; nothing to rerun", file=sys.stderr)
+            work = (WORK_ROOT / module.replace("/", "__")) if args.rerun_survivors and not named else run_module(
+                module, tests, deselected_for(module, mapping), args.max_children, args.time_limit, log, named)
         score = read_score(module, tests + [f"not {test}" for test in deselected_for(module, mapping)], equivalent,
                            work, args.diffs)
         print(report(score), flush=True)
