@@ -249,11 +249,19 @@ class IPMC(MultiViewObjective):
 
     def critic_step(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Train the critics ``critic_steps`` times on the (detached) batch; returns metrics
-        (none when there is no critic, i.e. ``beta = 0``)."""
+        (none when there is no critic, i.e. ``beta = 0``).
+
+        Under torch.distributed every rank trains its critic on the whole global batch (every
+        rank's, gathered): the critic's random draws (the gradient penalty's shuffle and
+        interpolation weights) are then those of one process over the same batch, and so is what
+        they take from the random stream, which the memory bank's sampling draws from next. On
+        local batches each rank drew for K / N samples, and from the next bank sample on the run
+        parted from the one-process run."""
         u = self._units(z)
         self.build(u.shape[1], u.shape[2])
         if self.critic is None or self.critic_steps == 0:
             return {}
+        u = distributed.gather_no_grad(u.contiguous())
         return train_critic(self.critic, self.critic_optimizer, u, self.critic_steps, self.gp_weight)
 
     def distribution_loss(self, z: torch.Tensor) -> torch.Tensor:
