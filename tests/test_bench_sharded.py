@@ -35,3 +35,34 @@ def test_held_bytes_counts_parameters_gradients_and_optimizer_state():
     table = format_sharded([{"case": "c", "setups": [{"processes": 1, "sharding": "none", **row}],
                              "ratios": {"parameters_sharded_over_unsharded": 0.5}}])
     assert "1 process, sharding none" in table and "parameters 0.500" in table
+
+
+def test_each_setup_is_estimated_for_its_process_count_and_sharding(monkeypatch):
+    """The sharded bench asks --check's estimate for each setup's own process count and sharding
+    (a fresh process: the hidden --estimate-processes and a --set of the sharding), on the
+    workers' thread count, and prints estimate / peak beside the measured peak."""
+    import mmviews.bench.train as bench_train
+    from mmviews.bench import sharded
+
+    asked = []
+
+    def fake_estimate(case, argv):
+        asked.append((case, argv))
+        return type("E", (), {"step": 300 * 2**20})()
+
+    monkeypatch.setattr(bench_train, "estimate_in_subprocess", fake_estimate)
+    monkeypatch.setattr(bench_train, "estimate_parts_mb", lambda estimate: {"step": estimate.step / 2**20})
+    monkeypatch.setattr(sharded, "measure_setup", lambda argv, n, sharding: {
+        "processes": n, "sharding": sharding, "parameters": 2**20 // n, "gradients": 2**20, "optimizer_state": 2**21,
+        "step_s": 1.0, "peak_memory_mb": 250.0 if sharding == "fsdp" else 400.0})
+    result = sharded.run_sharded("finetune-small", ["--device", "cpu"])
+    assert [argv[argv.index("--estimate-processes") + 1] for _, argv in asked] == ["1", "2", "2"]
+    assert [argv[argv.index("--set") + 1] for _, argv in asked] == [
+        "distributed.sharding=none", "distributed.sharding=none", "distributed.sharding=fsdp"]
+    assert all(argv[argv.index("--threads") + 1] == "1" for _, argv in asked)  # the workers' default
+    assert [row["estimate_over_peak"] for row in result["setups"]] == [0.75, 0.75, 1.2]
+    table = format_sharded([result])
+    assert "est/peak" in table and "    1.20" in table.splitlines()[3]
+    # base-sizes has no estimate (too slow to measure on full-size backbones): no column
+    asked.clear()
+    assert "est/peak" not in format_sharded([sharded.run_sharded("base-sizes", [])]) and not asked

@@ -11,6 +11,11 @@ the median step time. The table gives these per process (rank 0's; the shards of
 differ by at most one row of a tensor) and the ratios sharded / unsharded at two processes
 (memory: about 1/2; step time: what the gathers and reduce-scatters cost).
 
+Beside them, for the cases ``mmviews train --check`` can estimate (not ``base-sizes``), each
+setup's training-step estimate (:func:`mmviews.train.memory.estimate_memory` for that process
+count and sharding, made in a fresh process as a user's ``--check`` is) against rank 0's measured
+peak: its resident-set high-water mark on CPU, ``torch.cuda.max_memory_reserved`` on CUDA.
+
 The ``base-sizes`` case is ``finetune-small`` with the full-size random-weight backbones of
 :func:`mmviews.modalities.presets.realistic_config` (BERT-base, HuBERT-base, open_clip
 ViT-B/32) at K = 4 samples and the small inputs: the static memory of real backbone sizes
@@ -60,6 +65,7 @@ def held_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, int]:
 def _worker(args: argparse.Namespace, out: Path) -> None:
     """One process of a measured setup: build the case, prepare it as ``mmviews train`` does,
     run the steps, write rank 0's figures to ``out``."""
+    from mmviews.bench.common import rss_high_water_bytes
     from mmviews.bench.train import _batches, build_case
     from mmviews.train.distributed import process_state
     from mmviews.train.step import train_step
@@ -82,13 +88,18 @@ def _worker(args: argparse.Namespace, out: Path) -> None:
                 torch.cuda.synchronize()
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
+        # the peak of the training steps, before the extra backward below
+        if accelerator.device.type == "cuda":
+            peak_mb = torch.cuda.max_memory_reserved(accelerator.device) / 2**20
+        else:
+            peak_mb = rss_high_water_bytes() / 2**20
         held = held_bytes(accelerator.unwrap_model(p.model), p.optimizer)
         # Gradients are cleared after each step: count them after a backward without the step.
         z, _ = p.model(next(batches))
         z.float().sum().backward()
         held["gradients"] = local_bytes([q.grad for q in accelerator.unwrap_model(p.model).parameters()])
         if accelerator.is_main_process:
-            out.write_text(json.dumps({"step_s": statistics.median(times), "sharded": p.sharded,
+            out.write_text(json.dumps({"step_s": statistics.median(times), "sharded": p.sharded, "peak_memory_mb": peak_mb,
                                        "num_processes": accelerator.num_processes, **held}))
         accelerator.wait_for_everyone()
     import torch.distributed as dist
@@ -130,9 +141,29 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:9.1f}"
 
 
+def estimate_setup(case: str, argv: list[str], processes: int, sharding: str) -> dict[str, Any]:
+    """The training-step estimate of ``mmviews train --check`` for ``processes`` processes and
+    ``sharding``, made in a fresh process, on the workers' thread count."""
+    from mmviews.bench.train import estimate_in_subprocess, estimate_parts_mb
+
+    threads = [] if "--threads" in argv else ["--threads", "1"]  # the workers' default (main below)
+    estimate = estimate_in_subprocess(case, [*argv, *threads, "--set", f"distributed.sharding={sharding}",
+                                             "--estimate-processes", str(processes)])
+    return {"estimated_memory_mb": estimate.step / 2**20, "estimate": estimate_parts_mb(estimate)}
+
+
 def run_sharded(case: str, argv: list[str]) -> dict[str, Any]:
-    """The three setups of ``case`` and their ratios."""
-    rows = [measure_setup([*argv, "--case", case], n, sharding) for n, sharding in SETUPS]
+    """The three setups of ``case`` and their ratios (with ``--check``'s estimate of each, where
+    the case has one)."""
+    from mmviews.bench.train import has_estimate
+
+    rows = []
+    for n, sharding in SETUPS:
+        row = measure_setup([*argv, "--case", case], n, sharding)
+        if has_estimate(case):
+            row.update(estimate_setup(case, argv, n, sharding))
+            row["estimate_over_peak"] = row["estimated_memory_mb"] / row["peak_memory_mb"]
+        rows.append(row)
     unsharded, sharded = rows[1], rows[2]
     held = ("parameters", "gradients", "optimizer_state")
     ratios = {f"{k}_sharded_over_unsharded": sharded[k] / unsharded[k] if unsharded[k] else None for k in held}
@@ -143,12 +174,16 @@ def run_sharded(case: str, argv: list[str]) -> dict[str, Any]:
 def format_sharded(results: list[dict[str, Any]]) -> str:
     lines = []
     for result in results:
+        estimated = any("estimated_memory_mb" in row for row in result["setups"])
         lines.append(f"case {result['case']}: per process (rank 0), MiB        parameters  gradients  optimiser"
-                     "    step s")
+                     "    step s" + ("   peak  estimate  est/peak" if estimated else ""))
         for row in result["setups"]:
             what = f"{row['processes']} process{'es' if row['processes'] > 1 else ''}, sharding {row['sharding']}"
-            lines.append(f"  {what:<46}{_mb(row['parameters'])}  {_mb(row['gradients'])}  "
-                         f"{_mb(row['optimizer_state'])}  {row['step_s']:8.3f}")
+            line = (f"  {what:<46}{_mb(row['parameters'])}  {_mb(row['gradients'])}  "
+                    f"{_mb(row['optimizer_state'])}  {row['step_s']:8.3f}")
+            if "estimated_memory_mb" in row:
+                line += f" {row['peak_memory_mb']:6.0f}  {row['estimated_memory_mb']:8.0f}  {row['estimate_over_peak']:8.2f}"
+            lines.append(line)
         r = result["ratios"]
         lines.append("  sharded / unsharded at 2 processes: " + ", ".join(
             f"{k.split('_sharded')[0]} {v:.3f}" for k, v in r.items() if v is not None))

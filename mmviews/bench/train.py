@@ -561,17 +561,21 @@ def estimate_case(case: str, args: argparse.Namespace) -> MemoryEstimate:
     """The estimate ``mmviews train --check`` makes for ``case``, in this process (run it in a
     process of its own: its measurements leave memory behind)."""
     parts = build_case(case, args, for_check=True)
-    return estimate_memory(parts, 1, parts.config.optimisation.encode_chunk_size, on_host=args.device == "cpu")
+    processes = getattr(args, "estimate_processes", None) or 1
+    return estimate_memory(parts, processes, parts.config.optimisation.encode_chunk_size, on_host=args.device == "cpu")
 
 
-def estimate_in_subprocess(case: str, args: argparse.Namespace) -> MemoryEstimate:
+def estimate_in_subprocess(case: str, args: argparse.Namespace | list[str]) -> MemoryEstimate:
     """:func:`estimate_case` in a fresh interpreter, as a user's ``mmviews train --check`` is
     made: the measured process never runs the estimate's trial steps. It runs on as many torch
-    threads as this process (each thread's pool and arenas are part of the resident set)."""
+    threads as this process (each thread's pool and arenas are part of the resident set).
+    ``args``: the bench's parsed options, or their command-line words (extra hidden options such
+    as ``--estimate-processes`` included)."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-estimate-") as tmp:
         out = Path(tmp) / "estimate.json"
-        threads = [] if args.threads is not None else ["--threads", str(torch.get_num_threads())]
-        command = [sys.executable, "-m", "mmviews.bench.train", *_argv_of(args), *threads, "--case", case,
+        argv = list(args) if isinstance(args, list) else _argv_of(args)
+        threads = [] if "--threads" in argv else ["--threads", str(torch.get_num_threads())]
+        command = [sys.executable, "-m", "mmviews.bench.train", *argv, *threads, "--case", case,
                    "--estimate-only", "--output", str(out)]
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
         if done.returncode != 0 or not out.is_file():
@@ -754,6 +758,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compare", action="store_true", help=argparse.SUPPRESS)
     # internal: the process that makes a case's --check estimate (see estimate_in_subprocess)
     parser.add_argument("--estimate-only", action="store_true", help=argparse.SUPPRESS)
+    # internal: with --estimate-only, the process count the estimate is for (the sharded bench's setups)
+    parser.add_argument("--estimate-processes", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--output", "--out", dest="out", type=Path, default=Path("bench-train.json"),
                         help="JSON output path (--out: the same)")
 
