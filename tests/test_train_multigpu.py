@@ -323,3 +323,28 @@ def test_every_adapter_can_join_the_collectives_with_no_present_view(kind, monke
     assert seen == (["backbone", "head"] if has_batchnorm else ["head"]), seen
     z.sum().backward()  # the zero-row pass is in the graph: every head parameter gets a gradient
     assert all(p.grad is not None for p in adapter.head.parameters())
+
+
+@pytest.mark.parametrize("kind", ["feature_sequence", "small_cnn", "audio_cnn", "flow_cnn", "text", "hf_audio",
+                                  "open_clip"])
+def test_a_sharded_adapter_with_no_present_view_runs_its_backbone_and_head(kind, monkeypatch):
+    """Sharded (FSDP2) adapters gather their parameters in every forward, backbone and head: a
+    rank with no present view of the modality runs both on zero rows (simulated here: every
+    module counts as taking part in collectives), and the backward reaches every parameter, so
+    that the gradients' reduce-scatter runs on this rank too."""
+    import mmviews.modalities.base as base
+    from mmviews.modalities import build_adapter
+    from mmviews.modalities.presets import example_inputs, tiny_config
+
+    monkeypatch.setattr(base, "runs_collectives", lambda module: True)
+    config = {**tiny_config(kind), "vocab": "synthetic"} if kind == "text" else tiny_config(kind)
+    adapter = build_adapter(config).train()
+    seen: list[str] = []
+    adapter.backbone.register_forward_hook(lambda *_: seen.append("backbone"))
+    adapter.head.register_forward_hook(lambda *_: seen.append("head"))
+    z = adapter.embed_present(example_inputs(kind, 3), base.PresentItems((), 3), check_inputs=False)
+    assert z.shape == (3, adapter.config.embed_dim) and not bool(z.any())
+    assert seen == ["backbone", "head"], seen
+    z.sum().backward()
+    trainable = [p for p in adapter.parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None for p in adapter.head.parameters())

@@ -7,10 +7,12 @@ runs in ONE launch of two real gloo ranks (``tests/train_series.py``, one run af
 as in ``test_train_distributed.py``. Variants: MV-DHEL under AdamW and under plain SGD (no
 momentum, lr 0.1: a gradient-scale error shows in the weights), each with the plain and the
 cached step; SGD with a clipping norm small enough to clip every step (a per-shard norm in
-place of the global one changes the update); geometric PVC; ER with an EMA teacher (sharded
-like the student); IPMC with its memory bank (drawing 16 of 32 rows), view filter and critic
-(its critic trains on the gathered global batch, so its random draws, and the bank's after
-them, are the one-process run's). Text views only, no BatchNorm (gloo has no SyncBatchNorm),
+place of the global one changes the update); geometric PVC (SGD plain, AdamW cached); ER with
+an EMA teacher (sharded like the student); IPMC (AdamW plain, SGD cached) with its memory bank
+(drawing 16 of 32 rows), view filter and critic (its critic trains on the gathered global
+batch, so its random draws, and the bank's after them, are the one-process run's); MV-DHEL with
+an image view missing from most samples, so that in some steps one process has images and the
+other none. Text views (and that image view) only, no BatchNorm (gloo has no SyncBatchNorm),
 dropout off.
 """
 
@@ -27,6 +29,8 @@ import train_series
 from test_train_distributed import check_same_training
 from test_train_utils import load_weights, own_accelerate_state, run_ranks, tiny_config, write_recipe
 
+from mmviews.modalities.presets import tiny_config as adapter_preset
+
 TRAIN_SERIES = Path(__file__).resolve().parent / "train_series.py"
 SGD = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "max_grad_norm": None}
 IPMC = {"name": "ipmc", "params": {"beta": 0.1, "view_filter_k": 1, "warmup_epochs": 1, "memory_bank_size": 32,
@@ -39,15 +43,28 @@ VARIANTS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
     "mv_dhel-sgd-cached": (None, {**SGD, "encode_chunk_size": 3}),
     "mv_dhel-sgd-clipped": (None, {**SGD, "max_grad_norm": 0.05}),
     "geometric_pvc-sgd": ({"name": "geometric_pvc", "params": {"temperature": 0.2}}, SGD),
+    "geometric_pvc-adamw-cached": ({"name": "geometric_pvc", "params": {"temperature": 0.2}}, {"encode_chunk_size": 3}),
     "ipmc-adamw": (IPMC, {}),
+    "ipmc-sgd-cached": (IPMC, {**SGD, "encode_chunk_size": 3}),
     "er-ema-teacher-sgd": ({"name": "er", "params": {"temperature": 0.2}, "ema_teacher": True}, SGD),
+    "mv_dhel-missing-image-sgd": (None, SGD),
 }
+# Variants with an image view that is mostly missing: in some steps one process's share of the
+# batch has no image while the other's has some (checked below), so the process without one
+# must still run the sharded image adapter's gathers and reductions.
+MISSING_IMAGE = {"mv_dhel-missing-image-sgd": 0.9}
 RESUMED = "mv_dhel-adamw"  # checkpoints of this variant resume on the other process count
 
 
 def _recipe(folder: Path, name: str) -> Path:
     objective, optimisation = VARIANTS[name]
-    raw = tiny_config(image=False, batch_norm=False, dropout=0.0, num_samples=32, batch_size=16, epochs=2)
+    raw = tiny_config(image=name in MISSING_IMAGE, batch_norm=False, dropout=0.0, num_samples=32, batch_size=16,
+                      epochs=2)
+    if name in MISSING_IMAGE:
+        raw["data"]["options"]["missing_rate"] = {"image": MISSING_IMAGE[name]}
+        # a tiny ViT (LayerNorm): a CNN's BatchNorm statistics would differ between one process
+        # and two (each process's own rows) whatever the sharding
+        raw["adapters"]["image"] = {**adapter_preset("open_clip"), "head": raw["adapters"]["text"]["head"]}
     raw["cpu"] = True
     if objective is not None:
         raw["objective"] = objective
@@ -149,3 +166,23 @@ def test_sharded_equality_check_fails_on_the_break(trained, name):
     variant = BROKEN[name][1]
     with pytest.raises(AssertionError):
         check_same_training(trained["folder"] / f"one-{variant}", trained["folder"] / f"broken-{name}", steps=4)
+
+
+@pytest.mark.parametrize("name", sorted(MISSING_IMAGE))
+def test_missing_views_on_one_process_only_happened(trained, name):
+    """The missing-image variant's equality above means something: in some step one process's
+    half of the global batch had no image while the other's had some (Accelerate splits each
+    global batch of the sampler into contiguous halves)."""
+    from mmviews.config import load_config
+    from mmviews.train.trainer import build_run
+
+    parts = build_run(load_config(trained["recipes"][name]), with_eval=False)
+    dataset = parts.datasets["train"]
+    present_per_half = []
+    for epoch in range(2):
+        parts.sampler.set_epoch(epoch)
+        for batch in parts.sampler:
+            half = len(batch) // 2
+            present_per_half.append([sum(dataset[i]["modalities"]["image"] is not None for i in part)
+                                     for part in (batch[:half], batch[half:])])
+    assert any(min(counts) == 0 < max(counts) for counts in present_per_half), present_per_half

@@ -354,18 +354,43 @@ class SequenceInputCheck(InputCheck):
 HostPreprocessor = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
-def runs_collectives(module: nn.Module) -> bool:
-    """Whether a training forward of ``module`` (in its current modes) takes part in collectives:
-    it holds a :class:`torch.nn.SyncBatchNorm` in training mode and a process group of more than
-    one process is initialised. Every process must then run that forward (and its backward) as
-    often as the others, even with no rows of its own: a process that skips it leaves the
-    others waiting in the collective (a hang under NCCL)."""
+def plain_zeros_like(parameter: torch.Tensor, *shape: int) -> torch.Tensor:
+    """Zeros of ``shape`` with ``parameter``'s dtype and device, as a plain tensor: outside a
+    forward, a sharded (FSDP2) parameter is a DTensor, and its ``new_zeros`` would be one too,
+    which plain tensors cannot be mixed with."""
+    return torch.zeros(shape, dtype=parameter.dtype, device=parameter.device)
+
+
+def _process_group_of_several() -> bool:
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def syncs_batch_norm(module: nn.Module) -> bool:
+    """Whether ``module`` holds a :class:`torch.nn.SyncBatchNorm` in training mode whose process
+    group has more than one process: its training forward shares batch statistics across them."""
+    import torch.distributed as dist
+
+    if not _process_group_of_several():
         return False
     return any(isinstance(m, nn.SyncBatchNorm) and m.training
                and dist.get_world_size(m.process_group or dist.group.WORLD) > 1 for m in module.modules())
+
+
+def runs_collectives(module: nn.Module) -> bool:
+    """Whether a forward of ``module`` (in its current modes) takes part in collectives on a
+    process group of more than one process: it holds a SyncBatchNorm in training mode
+    (:func:`syncs_batch_norm`), or a module sharded by FSDP2 (``distributed.sharding: fsdp``:
+    every forward gathers its parameters, every backward reduce-scatters their gradients). Every
+    process must then run that forward (and its backward) as often as the others, even with no
+    rows of its own: a process that skips it leaves the others waiting in the collective (a hang
+    under NCCL)."""
+    if not _process_group_of_several():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules()) or syncs_batch_norm(module)
 
 
 def subset_inputs(
@@ -555,11 +580,11 @@ class Adapter(nn.Module):
         return F.normalize(self._head(features), dim=-1)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1 and self.head.training and not runs_collectives(self.head):
+        if x.shape[0] == 1 and self.head.training and not syncs_batch_norm(self.head):
             # BatchNorm has no batch statistics for one row (e.g. the only present view
             # of a modality in a batch): use its running statistics for this call. Dropout
             # stays on (a chunk of one row drops as the whole batch does). A SyncBatchNorm
-            # across processes keeps training mode (runs_collectives above): its statistics are
+            # across processes keeps training mode (syncs_batch_norm above): its statistics are
             # those of every process's rows, and in eval mode this process would skip its collective.
             norms = [m for m in self.head.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
             for m in norms:
@@ -599,7 +624,7 @@ class Adapter(nn.Module):
         like = next(self.head.parameters())
         if items.all:
             return self.project(self.features(inputs, None, check_inputs=check_inputs))
-        out = like.new_zeros(items.total, self.config.embed_dim)
+        out = plain_zeros_like(like, items.total, self.config.embed_dim)
         if items.none:
             if not runs_collectives(self):
                 return out
@@ -612,17 +637,35 @@ class Adapter(nn.Module):
         return out.index_put((rows,), z.to(out.dtype))
 
     def join_collectives(self, inputs: Mapping[str, Any], batch_size: int) -> torch.Tensor:
-        """A forward on zero rows, ``[0, embed_dim]``, through the parts of the adapter that take
-        part in collectives: the backbone when it does (e.g. a CNN with SyncBatchNorm, on zero
-        rows of ``inputs``), else the head alone on zero features (transformer backbones have no
-        BatchNorm, and not all of them accept an empty batch)."""
+        """A forward that yields zero rows, ``[0, embed_dim]``, through the parts of the adapter
+        that take part in collectives, connected to the graph so that their backward runs too.
+
+        - The backbone takes part (SyncBatchNorm, or sharded): a backbone with BatchNorm (the
+          CNNs) runs on zero rows of ``inputs``, which its BatchNorm layers accept without
+          touching their statistics; any other (transformers, which do not all accept an empty
+          batch) runs on the first row of ``inputs`` (an absent item's zero-filled slot, which
+          the collator always writes) and its output is cut to zero rows: its gradients are
+          zeros, but its parameters' gathers and gradient reductions run.
+        - Else the head alone on zero features."""
         like = next(self.head.parameters())
-        if runs_collectives(self.backbone):
-            empty = torch.zeros(0, dtype=torch.long, device=like.device)
-            features = self.features(subset_inputs(inputs, empty, batch_size, ()), None, check_inputs=False)
+        if not runs_collectives(self.backbone):
+            return self.project(plain_zeros_like(like, 0, self.feature_dim))
+        norms = [m for m in self.backbone.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if norms:
+            rows, host_rows = torch.zeros(0, dtype=torch.long, device=like.device), ()
         else:
-            features = like.new_zeros(0, self.feature_dim)
-        return self.project(features)
+            rows, host_rows = torch.zeros(1, dtype=torch.long, device=like.device), (0,)
+        # A plain BatchNorm joins no collective: in eval mode for this pass, so that zero rows do
+        # not count as a batch (num_batches_tracked) on this process only.
+        local_norms = [m for m in norms if m.training and not isinstance(m, nn.SyncBatchNorm)]
+        for m in local_norms:
+            m.eval()
+        try:
+            features = self.features(subset_inputs(inputs, rows, batch_size, host_rows), None, check_inputs=False)
+        finally:
+            for m in local_norms:
+                m.train()
+        return self.project(features)[:0]
 
     def preprocessing_signature(self) -> dict[str, Any]:
         """JSON-able description of everything besides the backbone weights that decides

@@ -29,7 +29,7 @@ from mmviews.data.batch import ViewBatch
 from mmviews.fileio import atomic_write_text, is_folder_name, read_json_object
 from mmviews.hub import is_repo_id, snapshot_folder, upload_folder
 
-from .base import Adapter, HostPreprocessor, InputCheck, build_adapter
+from .base import Adapter, HostPreprocessor, InputCheck, build_adapter, plain_zeros_like
 from .cache import FeatureCache
 from .dropout import dropout_rows, row_keys_for
 
@@ -309,7 +309,7 @@ class MultiViewEncoder(nn.Module):
         # Only present rows reach the head (absent ones would shift its BatchNorm statistics).
         rows = torch.tensor(items.positions, dtype=torch.long)
         z = adapter.project(feats[rows.to(feats.device)].to(param.device, param.dtype))
-        out = param.new_zeros(items.total, adapter.config.embed_dim)
+        out = plain_zeros_like(param, items.total, adapter.config.embed_dim)
         return out.index_put((rows.to(out.device),), z.to(out.dtype))
 
     def param_groups(self, backbone_lr: float, head_lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
