@@ -354,6 +354,22 @@ def _fsdp_clip_local_norm() -> tuple[Any, str, Any]:
         return norm
 
     return Accelerator, "clip_grad_norm_", clip_local
+def _ipmc_critic_on_local_batch() -> tuple[Any, str, Any]:
+    """IPMC under torch.distributed: each process trains its critic on its own slice of the
+    batch (gradients averaged), so its random draws differ from one process's over the batch."""
+    from mmviews.objectives.ipmc.critic import train_critic
+    from mmviews.objectives.ipmc.loss import IPMC
+
+    def critic_step_local(self: Any, z: Any) -> dict:
+        u = self._units(z)
+        self.build(u.shape[1], u.shape[2])
+        if self.critic is None or self.critic_steps == 0:
+            return {}
+        return train_critic(self.critic, self.critic_optimizer, u, self.critic_steps, self.gp_weight)
+
+    return IPMC, "critic_step", critic_step_local
+
+
 def _compile_static_shapes() -> tuple[Any, str, Any]:
     """Compiled steps with ``dynamic=False``: every new input size recompiles."""
     import mmviews.train.compiled as compiled
@@ -369,6 +385,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "population_std_over_seeds": _population_std_over_seeds,
     "fsdp_skip_gradient_reduction": _fsdp_skip_gradient_reduction,
     "fsdp_clip_local_norm": _fsdp_clip_local_norm,
+    "ipmc_critic_on_local_batch": _ipmc_critic_on_local_batch,
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
     "scale_loss": _scale_loss,

@@ -77,7 +77,8 @@ def _recipe(folder: Path, name: str) -> Path:
 # Breaks of tests/mutations.py, each applied to one more run of the 2-process launch (after the
 # intact runs; undone after its run): name -> (break, variant whose check must then fail).
 BROKEN = {"no-gradient-reduction": ("fsdp_skip_gradient_reduction", "mv_dhel-sgd"),
-          "clip-local-norm": ("fsdp_clip_local_norm", "mv_dhel-sgd-clipped")}
+          "clip-local-norm": ("fsdp_clip_local_norm", "mv_dhel-sgd-clipped"),
+          "ipmc-critic-on-local-batch": ("ipmc_critic_on_local_batch", "ipmc-adamw")}
 
 
 def _series(runs: dict[str, list[str]]) -> list[str]:
@@ -161,8 +162,9 @@ def test_sharded_checkpoints_hold_full_tensors_and_resume_on_the_other_process_c
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_sharded_equality_check_fails_on_the_break(trained, name):
     """Mutation tests (tests/README.md): gradients never reduce-scattered into the shards,
-    clipping by each process's own shards' norm instead of the global
-    norm (SGD clipped every step): :func:`check_same_training` reports both."""
+    clipping by each process's own shards' norm instead of the global norm (SGD clipped every
+    step), IPMC's critic trained on each process's own slice: :func:`check_same_training`
+    reports each."""
     variant = BROKEN[name][1]
     with pytest.raises(AssertionError):
         check_same_training(trained["folder"] / f"one-{variant}", trained["folder"] / f"broken-{name}", steps=4)
