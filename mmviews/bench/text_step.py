@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -76,26 +77,32 @@ def mmviews_config(model: Path, K: int, tokens: int) -> Any:
 
 
 def timed_steps(step: Callable[[], Any], steps: int, warmup: int) -> dict[str, Any]:
-    """``step()`` called ``warmup`` times untimed, then ``steps`` times with the wall clock and
-    the process's CPU time (user + system of every thread: :func:`time.process_time`) read
-    around each call. On a machine shared with other work the wall clock counts the time the
-    process waited for a core; the CPU time counts only the work done (and threads spinning
-    while they wait for each other), so it moves much less with the machine's load."""
+    """``step()`` called ``warmup`` times untimed, then ``steps`` times with the wall clock, the
+    process's CPU time (user and system, every thread) and its page faults read around each
+    call. On a machine shared with other work the wall clock counts the time the process waited
+    for a core; the CPU time counts the work done (and the time threads spin while waiting for
+    each other), so it moves much less with the machine's load; page faults (the first touch of
+    memory the process got from the kernel, counted whatever the load) show allocations that
+    were not reused."""
     for _ in range(warmup):
         step()
-    wall, cpu, results = [], [], []
+    timed: dict[str, list[Any]] = {"wall": [], "cpu": [], "system": [], "page_faults": [], "results": []}
     for _ in range(steps):
-        wall_0, cpu_0 = time.perf_counter(), time.process_time()
-        results.append(step())
-        wall.append(time.perf_counter() - wall_0)
-        cpu.append(time.process_time() - cpu_0)
-    return {"wall": wall, "cpu": cpu, "results": results}
+        usage_0, wall_0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        timed["results"].append(step())
+        wall_1, usage_1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        timed["wall"].append(wall_1 - wall_0)
+        timed["system"].append(usage_1.ru_stime - usage_0.ru_stime)
+        timed["cpu"].append(usage_1.ru_utime - usage_0.ru_utime + timed["system"][-1])
+        timed["page_faults"].append(usage_1.ru_minflt + usage_1.ru_majflt - usage_0.ru_minflt - usage_0.ru_majflt)
+    return timed
 
 
 def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[str, Any]) -> dict[str, Any]:
     """One side's row: median wall and CPU seconds per step, every step's, the setup both sides
     must share (threads, attention kernel, dropout, weight decay) and the peak RSS."""
     return {"side": side, "K": K, "tokens": tokens, "step_s": middle(timed["wall"]), "cpu_s": middle(timed["cpu"]),
+            "system_s": middle(timed["system"]), "page_faults": middle(timed["page_faults"]),
             "steps_s": timed["wall"], "steps_cpu_s": timed["cpu"], "threads": torch.get_num_threads(), **setup,
             "peak_rss_mb": rss_high_water_bytes() / 2**20}
 
@@ -187,6 +194,7 @@ def merge_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One side's rows of several rounds as one row: the median of the round medians (wall and
     CPU), every step's seconds, the largest peak RSS; the setup is the first round's."""
     merged = {**rows[0], "step_s": middle([r["step_s"] for r in rows]), "cpu_s": middle([r["cpu_s"] for r in rows]),
+              "system_s": middle([r["system_s"] for r in rows]), "page_faults": middle([r["page_faults"] for r in rows]),
               "rounds_step_s": [r["step_s"] for r in rows], "rounds_cpu_s": [r["cpu_s"] for r in rows],
               "steps_s": [t for r in rows for t in r["steps_s"]], "steps_cpu_s": [t for r in rows for t in r["steps_cpu_s"]],
               "peak_rss_mb": max(r["peak_rss_mb"] for r in rows)}
@@ -231,8 +239,9 @@ def format_text_steps(result: dict[str, Any]) -> str:
     lines = [f"plain text step vs sentence-transformers: {Path(result['model']).name}, {result['tokens']} tokens, "
              f"{result['threads']} threads, median of {result['steps']} steps, one process per step kind, "
              f"{result['rounds']} round(s) in turn",
-             f"{'side':<23}{'K':>5}{'wall s':>9}{'CPU s':>9}{'peak RSS MB':>13}"]
-    lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['cpu_s']:>9.2f}{r['peak_rss_mb']:>13.0f}"
+             f"{'side':<23}{'K':>5}{'wall s':>9}{'CPU s':>9}{'of it system':>14}{'page faults':>13}{'peak RSS MB':>13}"]
+    lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['cpu_s']:>9.2f}{r['system_s']:>14.2f}"
+              f"{r['page_faults']:>13.0f}{r['peak_rss_mb']:>13.0f}"
               for r in result["rows"]]
     lines += [f"K = {r['K']}: mmviews / sentence-transformers: step time {r['step_time_ratio']:.2f}x "
               f"(CPU time {r['cpu_time_ratio']:.2f}x), peak RSS {r['peak_rss_ratio']:.2f}x" for r in result["ratios"]]
