@@ -98,13 +98,28 @@ def timed_steps(step: Callable[[], Any], steps: int, warmup: int) -> dict[str, A
     return timed
 
 
-def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[str, Any]) -> dict[str, Any]:
+def count_ops(step: Callable[[], Any]) -> dict[str, Any]:
+    """One more ``step()`` under :mod:`torch.profiler`: its aten operator calls, by name and in
+    all, and the floating-point operations of those whose count the profiler knows (matrix
+    products, convolutions): counts that, unlike times, do not depend on the machine's load, so
+    two sides can be compared op for op on a busy machine."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as profiler:
+        step()
+    events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
+    calls = {e.key: e.count for e in sorted(events, key=lambda e: -e.count)}
+    return {"aten_calls": sum(calls.values()), "gflop": sum(e.flops for e in events) / 1e9, "calls_by_op": calls}
+
+
+def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[str, Any],
+             ops: dict[str, Any] | None) -> dict[str, Any]:
     """One side's row: median wall and CPU seconds per step, every step's, the setup both sides
     must share (threads, attention kernel, dropout, weight decay) and the peak RSS."""
     return {"side": side, "K": K, "tokens": tokens, "step_s": middle(timed["wall"]), "cpu_s": middle(timed["cpu"]),
             "system_s": middle(timed["system"]), "page_faults": middle(timed["page_faults"]),
             "steps_s": timed["wall"], "steps_cpu_s": timed["cpu"], "threads": torch.get_num_threads(), **setup,
-            "peak_rss_mb": rss_high_water_bytes() / 2**20}
+            "peak_rss_mb": rss_high_water_bytes() / 2**20, "ops": ops}
 
 
 def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -116,7 +131,7 @@ def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) 
             "trainable_parameters": sum(p.numel() for g in optimizer.param_groups for p in g["params"])}
 
 
-def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
+def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int, ops: bool = False) -> dict[str, Any]:
     """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup``: ``mmviews bench
     train``'s :func:`~mmviews.bench.train.timed_step` (the batch drawn, collated and tokenised,
     then :func:`mmviews.train.step.train_step`'s calls), prepared as ``mmviews train`` prepares
@@ -126,20 +141,25 @@ def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> di
     from mmviews.train.trainer import _accelerator, _prepare
 
     config = mmviews_config(model, K, tokens)
-    parts = realistic_parts(config, K * (steps + warmup + 1),
+    parts = realistic_parts(config, K * (steps + warmup + 2),
                             {"words": TEXT_WORDS, "audio_seconds": 0.01, "image_size": 8, "flow_frames": 1})
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as run_dir:
         p = _prepare(_accelerator(config, Path(run_dir), []), parts)
         p.model.train()
         batches, sync = _batches(p, parts), synchroniser(p.accelerator.device)
-        timed = timed_steps(lambda: timed_step(p, batches, config.optimisation.max_grad_norm, sync), steps, warmup)
+        def step() -> dict[str, float]:
+            return timed_step(p, batches, config.optimisation.max_grad_norm, sync)
+
+        timed = timed_steps(step, steps, warmup)
         backbone = p.accelerator.unwrap_model(p.model).adapters["text"].backbone
-        row = side_row("mmviews", K, tokens, timed, backbone_setup(backbone, p.optimizer))
+        row = side_row("mmviews", K, tokens, timed, backbone_setup(backbone, p.optimizer),
+                       count_ops(step) if ops else None)
     row["phase_s"] = {name: middle([phases[name] for phases in timed["results"]]) for name in timed["results"][0]}
     return row
 
 
-def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
+def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warmup: int,
+                              ops: bool = False) -> dict[str, Any]:
     """``steps`` timed sentence-transformers steps (tokenise, MultipleNegativesRankingLoss on K
     pairs, backward, AdamW without weight decay, as the mmviews recipe has none) after
     ``warmup``."""
@@ -151,7 +171,7 @@ def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warm
     st.train()
     loss_fn = losses.MultipleNegativesRankingLoss(st)
     optimizer = torch.optim.AdamW(st.parameters(), lr=2e-5, weight_decay=0.0)
-    texts = iter(random_texts(K * (steps + warmup)))
+    texts = iter(random_texts(K * (steps + warmup + 1)))
 
     def step() -> None:
         batch = [next(texts) for _ in range(K)]
@@ -164,19 +184,20 @@ def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warm
             raise FloatingPointError("bench train (sentence-transformers): a non-finite loss")
 
     timed = timed_steps(step, steps, warmup)
-    row = side_row("sentence-transformers", K, tokens, timed, backbone_setup(st[0].auto_model, optimizer))
+    row = side_row("sentence-transformers", K, tokens, timed, backbone_setup(st[0].auto_model, optimizer),
+                   count_ops(step) if ops else None)
     row["phase_s"] = None
     return row
 
 
 def side_in_subprocess(side: str, model: Path, K: int, tokens: int, steps: int, warmup: int,
-                       threads: int) -> dict[str, Any]:
+                       threads: int, ops: bool = False) -> dict[str, Any]:
     """One side's row, measured in a fresh interpreter on ``threads`` torch threads."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as tmp:
         out = Path(tmp) / "row.json"
         command = [sys.executable, "-m", "mmviews.bench.text_step", "--side", side, "--text-model", str(model),
                    "--K", str(K), "--text-tokens", str(tokens), "--steps", str(steps), "--warmup", str(warmup),
-                   "--threads", str(threads), "--output", str(out)]
+                   "--threads", str(threads), "--output", str(out), *(["--count-ops"] if ops else [])]
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"bench train: the {side} text step failed (exit status {done.returncode}): "
@@ -204,7 +225,7 @@ def merge_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, steps: int = 3, warmup: int = 1,
-                       threads: int | None = None, rounds: int = 1) -> dict[str, Any]:
+                       threads: int | None = None, rounds: int = 1, ops: bool = False) -> dict[str, Any]:
     """For each K, both sides in turn (:func:`round_order`, each run in its own process), and
     the mmviews / sentence-transformers ratios of their median wall and CPU seconds per step and
     of their peak RSS."""
@@ -223,7 +244,7 @@ def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, step
     for K in Ks:
         measured: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         for side in round_order(rounds):
-            measured[side].append(side_in_subprocess(side, model, K, tokens, steps, warmup, threads))
+            measured[side].append(side_in_subprocess(side, model, K, tokens, steps, warmup, threads, ops))
         pair = {side: merge_rounds(side_rows) for side, side_rows in measured.items()}
         rows += pair.values()
         ours, theirs = pair["mmviews"], pair["sentence-transformers"]
@@ -243,6 +264,9 @@ def format_text_steps(result: dict[str, Any]) -> str:
     lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['cpu_s']:>9.2f}{r['system_s']:>14.2f}"
               f"{r['page_faults']:>13.0f}{r['peak_rss_mb']:>13.0f}"
               for r in result["rows"]]
+    lines += [f"{r['side']} K = {r['K']}: {r['ops']['aten_calls']} aten calls, {r['ops']['gflop']:.1f} GFLOP per step "
+              f"(most called: " + ", ".join(f"{name} {n}" for name, n in list(r["ops"]["calls_by_op"].items())[:4]) + ")"
+              for r in result["rows"] if r.get("ops")]
     lines += [f"K = {r['K']}: mmviews / sentence-transformers: step time {r['step_time_ratio']:.2f}x "
               f"(CPU time {r['cpu_time_ratio']:.2f}x), peak RSS {r['peak_rss_ratio']:.2f}x" for r in result["ratios"]]
     return "\n".join(lines)
@@ -259,10 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--count-ops", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     measure_side = mmviews_row if args.side == "mmviews" else sentence_transformers_row
-    row = measure_side(args.text_model, args.K, args.text_tokens, args.steps, args.warmup)
+    row = measure_side(args.text_model, args.K, args.text_tokens, args.steps, args.warmup, args.count_ops)
     args.output.write_text(json.dumps(row))
     return 0
 
@@ -282,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     steps, warmup = args.steps or 3, 1 if args.warmup is None else args.warmup
     model = args.text_model or default_text_model()
     text_steps = compare_text_steps(model, args.against_sentence_transformers, args.text_tokens, steps, warmup,
-                                    args.threads, args.rounds)
+                                    args.threads, args.rounds, args.count_ops)
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
                                    *map(str, args.against_sentence_transformers), *_argv_of(args)]),

@@ -746,6 +746,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --against-sentence-transformers: the two sides' processes run in turn this many "
                         "times per K (A B, B A, ...); medians over the rounds (default 1)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="with --against-sentence-transformers: one more step of each side under torch.profiler: "
+                        "its aten calls and GFLOP (counts, which the machine's load does not change)")
     parser.add_argument("--plain-K", type=int, default=None, metavar="K",
                         help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
                         "against (default: the same K)")
