@@ -114,3 +114,16 @@ def test_timed_steps_count_the_page_faults_of_fresh_memory() -> None:
     assert min(fresh["page_faults"]) >= 0.9 * pages, fresh["page_faults"]
     assert max(reused["page_faults"]) < 0.05 * pages, reused["page_faults"]
     assert all(cpu >= system >= 0 for cpu, system in zip(fresh["cpu"], fresh["system"]))
+
+
+def test_table_gives_wall_and_cpu_ratios_and_the_op_counts() -> None:
+    row = {"K": 8, "step_s": 2.0, "cpu_s": 3.0, "system_s": 0.5, "page_faults": 1000, "peak_rss_mb": 100.0}
+    rows = [{**row, "side": "mmviews", "ops": {"aten_calls": 70, "gflop": 2.5, "calls_by_op": {"aten::mm": 7}}},
+            {**row, "side": "sentence-transformers", "step_s": 4.0, "cpu_s": 2.0, "ops": None}]
+    result = {"model": "/m/all-MiniLM-L6-v2", "tokens": 32, "threads": 2, "steps": 3, "rounds": 2, "rows": rows,
+              "ratios": [{"K": 8, "step_time_ratio": 0.5, "cpu_time_ratio": 1.5, "peak_rss_ratio": 1.0}]}
+    table = text_step.format_text_steps(result)
+    assert "2 round(s) in turn" in table and "mmviews K = 8: 70 aten calls, 2.5 GFLOP per step" in table
+    assert "step time 0.50x (CPU time 1.50x), peak RSS 1.00x" in table
+    assert [line.split()[:6] for line in table.splitlines()[2:4]] == [
+        ["mmviews", "8", "2.00", "3.00", "0.50", "1000"], ["sentence-transformers", "8", "4.00", "2.00", "0.50", "1000"]]
