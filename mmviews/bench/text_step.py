@@ -317,7 +317,9 @@ def run(args: argparse.Namespace) -> int:
                                     args.threads, args.rounds, args.count_ops)
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
-                                   *map(str, args.against_sentence_transformers), *_argv_of(args)]),
+                                   *map(str, args.against_sentence_transformers), "--text-tokens", str(args.text_tokens),
+                                   "--rounds", str(args.rounds), *(["--count-ops"] if args.count_ops else []),
+                                   *_argv_of(args)]),
               "cases": [], "comparisons": [], "text_steps": text_steps}
     write_report(result, format_text_steps(text_steps), args.out)
     return 0
