@@ -119,14 +119,13 @@ def count_ops(step: Callable[[], Any]) -> dict[str, Any]:
     return {"aten_calls": sum(calls.values()), "gflop": sum(e.flops for e in events) / 1e9, "calls_by_op": calls}
 
 
-def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[str, Any],
-             ops: dict[str, Any] | None) -> dict[str, Any]:
+def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[str, Any]) -> dict[str, Any]:
     """One side's row: median wall and CPU seconds per step, every step's, the setup both sides
     must share (threads, attention kernel, dropout, weight decay) and the peak RSS."""
     return {"side": side, "K": K, "tokens": tokens, "step_s": middle(timed["wall"]), "cpu_s": middle(timed["cpu"]),
             "system_s": middle(timed["system"]), "page_faults": middle(timed["page_faults"]),
             "steps_s": timed["wall"], "steps_cpu_s": timed["cpu"], "threads": torch.get_num_threads(), **setup,
-            "peak_rss_mb": rss_high_water_bytes() / 2**20, "ops": ops}
+            "peak_rss_mb": rss_high_water_bytes() / 2**20}
 
 
 def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -159,8 +158,8 @@ def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int, ops: 
 
         timed = timed_steps(step, steps, warmup)
         backbone = p.accelerator.unwrap_model(p.model).adapters["text"].backbone
-        row = side_row("mmviews", K, tokens, timed, backbone_setup(backbone, p.optimizer),
-                       count_ops(step) if ops else None)
+        row = side_row("mmviews", K, tokens, timed, backbone_setup(backbone, p.optimizer))
+        row["ops"] = count_ops(step) if ops else None  # after the peak RSS was read: the profiler's memory is not the step's
     row["phase_s"] = {name: middle([phases[name] for phases in timed["results"]]) for name in timed["results"][0]}
     return row
 
@@ -191,8 +190,8 @@ def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warm
             raise FloatingPointError("bench train (sentence-transformers): a non-finite loss")
 
     timed = timed_steps(step, steps, warmup)
-    row = side_row("sentence-transformers", K, tokens, timed, backbone_setup(st[0].auto_model, optimizer),
-                   count_ops(step) if ops else None)
+    row = side_row("sentence-transformers", K, tokens, timed, backbone_setup(st[0].auto_model, optimizer))
+    row["ops"] = count_ops(step) if ops else None
     row["phase_s"] = None
     return row
 
