@@ -749,6 +749,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count-ops", action="store_true",
                         help="with --against-sentence-transformers: one more step of each side under torch.profiler: "
                         "its aten calls and GFLOP (counts, which the machine's load does not change)")
+    parser.add_argument("--hold-freed-memory", action="store_true",
+                        help="with --against-sentence-transformers: both sides' processes with glibc's malloc keeping "
+                        "freed memory (MALLOC_MMAP_MAX_=0, no heap trimming): no page faults for activations")
     parser.add_argument("--plain-K", type=int, default=None, metavar="K",
                         help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
                         "against (default: the same K)")
