@@ -134,17 +134,37 @@ def test_collapse_messages_and_the_view_mean_rank() -> None:
         (health.COLLAPSE, "collapse: the val embeddings' effective rank is 1.25 (near 1: one direction)")]
     # the fused embedding's rank wins over the views' mean
     assert findings({"test/diag/erank/fused": 8.0, "test/diag/erank/view_mean": 1.25}) == []
+    # exactly at the thresholds: not flagged (an effective rank below 2, a uniformity loss above -0.5)
+    assert findings({"test/diag/erank/fused": 2.0, "test/diag/unif": -0.5}) == []
+
+
+@pytest.mark.parametrize("test_split", [{"test/diag/erank/fused": 12.0}, {"test/diag/unif": -3.5}])
+def test_one_collapse_figure_of_the_test_split_makes_it_the_judged_split(test_split: dict[str, float]) -> None:
+    # the validation split collapsed, but the test split (with its rank or its uniformity alone) is judged
+    assert findings({**test_split, "val/diag/erank/fused": 1.1, "val/diag/unif": -0.2}) == []
 
 
 def test_retrieval_at_chance_needs_two_pairs_and_a_recorded_n() -> None:
-    # 2 pairs: chance mean rank 1.5, flagged from 0.8 of it (1.2)
+    # 2 pairs: chance mean rank 1.5
     assert findings({"test/retrieval/a->b/MeanR": 1.5, "test/retrieval/a->b/n": 2.0}) == [
         (health.NO_ALIGNMENT, "retrieval at chance in 1 of 1 directions: a->b mean rank 1.5 of 2 (chance 1.5)")]
+    # 9 pairs: chance 5, flagged from 0.8 of it, 4.0 exactly
+    assert findings({"test/retrieval/a->b/MeanR": 4.0, "test/retrieval/a->b/n": 9.0})
+    assert not findings({"test/retrieval/a->b/MeanR": 3.99, "test/retrieval/a->b/n": 9.0})
+    # only retrieval's mean rank is judged
+    assert findings({"test/ranking/a->b/MeanR": 9.0, "test/ranking/a->b/n": 9.0}) == []
     assert findings({"test/retrieval/a->b/MeanR": 1.0, "test/retrieval/a->b/n": 1.0}) == []  # one pair: always rank 1
     assert findings({"test/retrieval/a->b/MeanR": 50.0}) == []  # no n: no chance level
-    # a direction without n is not counted among the directions
-    assert findings({"test/retrieval/a->b/MeanR": 60.0, "test/retrieval/a->b/n": 100.0,
-                     "test/retrieval/b->a/MeanR": 60.0})[0][1].startswith("retrieval at chance in 1 of 1 directions")
+    # a direction without n (here the first in order) is not counted, and the others still are
+    assert findings({"test/retrieval/a->b/MeanR": 60.0, "test/retrieval/b->a/MeanR": 60.0,
+                     "test/retrieval/b->a/n": 100.0})[0][1].startswith("retrieval at chance in 1 of 1 directions: b->a ")
+
+
+def test_a_view_name_with_a_slash_is_named_whole() -> None:
+    # a modality is named by the recipe (a column map's key), and nothing forbids a '/' in it
+    assert findings({"test/retrieval/ecg/lead1_0->text_0/MeanR": 8.0, "test/retrieval/ecg/lead1_0->text_0/n": 9.0}) == [
+        (health.NO_ALIGNMENT, "retrieval at chance in 1 of 1 directions: ecg/lead1_0->text_0 mean rank 8.0 of 9 "
+                              "(chance 5.0)")]
 
 
 @pytest.mark.parametrize("count,tail", [(3, ""), (4, ", and 1 more")])
