@@ -50,6 +50,13 @@ evaluation: {{tasks: {tasks}}}
     return build_run(load_config(recipe), source=str(recipe))
 
 
+def error_of(check: preflight.Check, parts: Any) -> str:
+    """The one-line message of the ConfigError ``check`` raises on ``parts`` (recipe ``r.yaml``)."""
+    with pytest.raises(ConfigError) as raised:
+        check(parts, "r.yaml")
+    return str(raised.value)
+
+
 def first_value(sample: dict[str, Any]) -> float:
     return float(torch.as_tensor(sample["modalities"]["rows"])[0, 0])
 
@@ -104,9 +111,7 @@ def test_the_checks_run_in_order_and_run_checks_takes_its_own_list(tmp_path: Pat
 # ---------------------------------------------------------------------------------------------
 def test_a_label_no_sample_carries_names_a_task_without_one(tmp_path: Path, splits_root: Path) -> None:
     parts = built(tmp_path, splits_root, split_options="{test: {labels: {}}}")
-    with pytest.raises(ConfigError) as raised:
-        preflight.check_evaluation_labels(parts, "r.yaml")
-    assert str(raised.value) == (
+    assert error_of(preflight.check_evaluation_labels, parts) == (
         "r.yaml: key 'evaluation.tasks.0' = 'linear:class': task 'linear' reads the label 'class', which the samples "
         "of split 'test' do not carry; they carry no labels: use a task without a label, e.g. 'retrieval', or map the "
         "label to a dataset column (data.options.labels: {class: <column>})")
@@ -119,9 +124,7 @@ def test_a_recipe_without_tasks_checks_no_labels(tmp_path: Path, splits_root: Pa
 
 def test_a_modality_missing_from_a_split_names_the_view_and_the_split(tmp_path: Path, splits_root: Path) -> None:
     parts = built(tmp_path, splits_root, split_options="{valid: {columns: {other: seq}}}")
-    with pytest.raises(ConfigError) as raised:
-        preflight.check_view_modalities(parts, "r.yaml")
-    assert str(raised.value) == (
+    assert error_of(preflight.check_view_modalities, parts) == (
         "r.yaml: key 'views.0.modality' = 'rows': the samples of split 'valid (evaluation)' have no modality 'rows'; "
         "they have ['other']: use one of them, or map a dataset column to it (data.options.columns: {rows: <column>})")
 
@@ -129,9 +132,7 @@ def test_a_modality_missing_from_a_split_names_the_view_and_the_split(tmp_path: 
 def test_a_vector_column_for_a_sequence_adapter_gets_the_shape_hint(tmp_path: Path, splits_root: Path) -> None:
     parts = built(tmp_path, splits_root, split_options="{test: {columns: {rows: vec}}}")
     parts.encoder.train()
-    with pytest.raises(ConfigError) as raised:
-        preflight.check_batches_forward(parts, "r.yaml")
-    message = str(raised.value)
+    message = error_of(preflight.check_batches_forward, parts)
     assert message.startswith("r.yaml: key 'adapters.rows' (type 'feature_sequence'): the 'rows' inputs of a batch of "
                               "split 'test (evaluation)' (values [2, 2]")
     assert message.endswith(
@@ -140,8 +141,7 @@ def test_a_vector_column_for_a_sequence_adapter_gets_the_shape_hint(tmp_path: Pa
         "[1, 2]), or map an [L, D] column in data.options.columns")
     assert parts.encoder.training  # the check puts the encoder back in the mode it found
     parts.encoder.eval()
-    with pytest.raises(ConfigError):
-        preflight.check_batches_forward(parts, "r.yaml")
+    assert error_of(preflight.check_batches_forward, parts) == message
     assert not parts.encoder.training
 
 
