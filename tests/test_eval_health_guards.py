@@ -119,6 +119,11 @@ def test_rows_without_values_are_not_judged() -> None:
     assert [d for d, _ in training_findings(rows)] == [health.NO_ALIGNMENT]
 
 
+def test_no_alignment_at_a_gap_of_exactly_0_02() -> None:
+    # 0.02 - 0.0 is exactly 0.02 in binary floating point
+    assert [d for d, _ in training_findings(rows_of(8, pos_sim=0.02, neg_sim=0.0))] == [health.NO_ALIGNMENT]
+
+
 # ---------------------------------------------------------------------------------------------
 # The final evaluation's findings, whole, and the split they judge
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +197,10 @@ def test_held_out_alignment_message_and_split() -> None:
     # a gap of 0.019 is flagged, 0.021 is not
     assert findings(on("test", {"diag/sim_pos_mean": 0.519, "diag/sim_neg_mean": 0.5}))
     assert not findings(on("test", {"diag/sim_pos_mean": 0.521, "diag/sim_neg_mean": 0.5}))
+    # exactly 0.02 (0.02 - 0.0 is exact in binary floating point): flagged
+    assert findings(on("test", {"diag/sim_pos_mean": 0.02, "diag/sim_neg_mean": 0.0}))
+    # one of the two similarities alone: nothing to compare
+    assert findings({"test/diag/sim_pos_mean": 0.3}) == findings({"test/diag/sim_neg_mean": 0.3}) == []
     # a collapse (negative similarity 0.8 and above) is the rank's and uniformity's to flag
     assert findings(on("test", {"diag/sim_pos_mean": 0.8, "diag/sim_neg_mean": 0.8})) == []
     assert findings(on("test", {"diag/sim_pos_mean": 0.79, "diag/sim_neg_mean": 0.79}))
@@ -208,9 +217,23 @@ def test_probe_message_and_what_is_not_judged() -> None:
     assert findings({"test/linear/class/acc": 0.4}, {"test/linear/class/acc": None}) == []
     assert findings({"train/linear/class/acc": 0.4}, {"train/linear/class/acc": 0.5}) == []  # training split
     assert findings({"test/linear/class/loss": 0.9}, {"test/linear/class/loss": 0.1}) == []  # not a probe score
+    # exactly at the margin (0.5 - 0.01 and 0.5 + 1 % of 0.5 are exact here): not flagged
+    assert findings({"test/linear/class/acc": 0.49, "test/regression/s/mae": 0.505},
+                    {"test/linear/class/acc": 0.5, "test/regression/s/mae": 0.5}) == []
     # MAE: 1 % of the baseline's value
     assert findings({"test/regression/s/mae": 0.5 * 1.011}, {"test/regression/s/mae": 0.5})
     assert not findings({"test/regression/s/mae": 0.5 * 1.009}, {"test/regression/s/mae": 0.5})
+
+
+def test_the_probes_among_all_of_a_runs_metrics() -> None:
+    """A run's metrics hold chance levels, diagnostics, probes without a baseline and MAEs
+    judged by their R^2, in sorted order before the probes that are judged: each is passed
+    over, and the ones after it are still judged."""
+    trained = {"chance/test/linear/class/acc": 0.25, "test/diag/unif": -3.0, "test/knn/class/top1": 0.3,
+               "test/linear/class/acc": 0.4, "test/regression/latent/mae": 0.9, "test/regression/latent/r2": 0.5}
+    random_init = {"test/linear/class/acc": 0.5, "test/regression/latent/mae": 0.1, "test/regression/latent/r2": 0.9}
+    assert [m.split(" is ")[0] for _, m in findings(trained, random_init)] == [
+        "probe below random init: test/linear/class/acc", "probe below random init: test/regression/latent/r2"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,10 +288,37 @@ def test_live_check_looks_every_other_step_and_at_the_last() -> None:
     assert warning.startswith("no alignment at step 53 (mean of the last 13 logged steps)")
 
 
+def test_live_check_every_third_step_counts_from_the_first_look() -> None:
+    # 122 steps: first look at step 61, then every (122 - 61 + 1) // 20 = 3 steps: 64, not 62
+    live = LiveHealth(total_steps=122)
+    for step in range(1, 62):
+        assert live.check({"step": step, "loss": 30.0 - 0.1 * step}) == []
+    assert live.check({"step": 62, "loss": 23.0, "pos_sim": 0.3, "neg_sim": 0.3}) == []
+    assert live.check({"step": 63, "loss": 23.0}) == []
+    (warning,) = live.check({"step": 64, "loss": 23.0})
+    assert warning.startswith("no alignment at step 64 (mean of the last 16 logged steps)")
+
+
+@pytest.mark.parametrize("total_steps,every", [(76, 1), (78, 2)])
+def test_live_check_spacing_at_the_step_count_where_it_changes(total_steps: int, every: int) -> None:
+    # 76 steps: first look at 38, (76 - 38 + 1) // 20 = 1; 78 steps: first look at 39, 40 // 20 = 2
+    live = LiveHealth(total_steps=total_steps)
+    assert (live.first_step, live.every) == (total_steps // 2, every)
+
+
 def test_live_check_of_a_one_step_run() -> None:
     live = LiveHealth(total_steps=0)  # no steps known: treated as one, checked from step 1
-    assert (live.first_step, live.every) == (1, 1)
+    assert (live.total_steps, live.first_step, live.every) == (1, 1, 1)
     assert LiveHealth(total_steps=40, start_fraction=0.25).first_step == 10
+    assert LiveHealth(total_steps=1, start_fraction=1.0).first_step == 1  # the one step is checked
+
+
+def test_a_row_without_a_step_is_kept_but_not_judged() -> None:
+    live = LiveHealth(total_steps=1)
+    assert [w for _ in range(3) for w in live.check({"loss": 10.0, "pos_sim": 0.3, "neg_sim": 0.3})] == []
+    assert len(live.rows) == 3
+    (warning,) = live.check({"step": 1, "loss": 10.0, "pos_sim": 0.3, "neg_sim": 0.3})
+    assert warning.startswith("no alignment at step 1 (mean of the last 1 logged steps)")
 
 
 def test_live_hint_stays_with_the_first_diagnosis_until_a_more_basic_one() -> None:
