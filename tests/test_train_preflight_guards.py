@@ -21,13 +21,15 @@ SEQUENCE_ADAPTER = "{type: feature_sequence, input_dim: 2}"
 @pytest.fixture(scope="module")
 def splits_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """train, valid and test splits, 8 rows each: ``seq`` a [3, 2] sequence, ``vec`` a [2]
-    vector, ``label`` a class; each split's first ``seq`` row starts with the split's number
-    (0, 1, 2), so that a test can tell which split's samples it got."""
+    vector, ``label`` a class, ``nan`` a [3, 2] sequence with a NaN in its first row; each
+    split's first ``seq`` row starts with the split's number (0, 1, 2), so that a test can tell
+    which split's samples it got."""
     import datasets
 
     def rows(first: float) -> datasets.Dataset:
         seq = [[[first, 1.0]] * 3] + [[[0.5, 1.0]] * 3] * 7
-        return datasets.Dataset.from_dict({"vec": [[0.0, 1.0]] * 8, "seq": seq, "label": [0, 1] * 4})
+        nan = [[[float("nan"), 1.0]] * 3] + [[[0.5, 1.0]] * 3] * 7
+        return datasets.Dataset.from_dict({"vec": [[0.0, 1.0]] * 8, "seq": seq, "nan": nan, "label": [0, 1] * 4})
 
     root = tmp_path_factory.mktemp("preflight_splits") / "disk"
     datasets.DatasetDict({"train": rows(0.0), "valid": rows(1.0), "test": rows(2.0)}).save_to_disk(str(root))
@@ -143,6 +145,17 @@ def test_a_vector_column_for_a_sequence_adapter_gets_the_shape_hint(tmp_path: Pa
     parts.encoder.eval()
     assert error_of(preflight.check_batches_forward, parts) == message
     assert not parts.encoder.training
+
+
+def test_a_training_batch_the_adapters_input_check_rejects_names_the_training_split(tmp_path: Path,
+                                                                                   splits_root: Path) -> None:
+    """The training batch goes through the encoder's host preparation (the adapters' input checks),
+    as the trainer's loader does: a NaN there is the training split's, not the adapter's."""
+    parts = built(tmp_path, splits_root, split_options="{train: {columns: {rows: nan}}}")
+    assert error_of(preflight.check_batches_forward, parts) == (
+        "r.yaml: key 'data.train_split' = 'train': a batch of its first 2 samples cannot be collated: modality "
+        # the first sample's 3 NaNs (one per row), in each of its 2 views; 2 samples x 2 views = 4 rows
+        "'rows': feature_sequence adapter: 6 non-finite value(s) (NaN/inf) in inputs['values'] of shape (4, 3, 2)")
 
 
 def test_describe_inputs_lists_tensors_and_lists() -> None:
