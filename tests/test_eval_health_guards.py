@@ -119,9 +119,22 @@ def test_rows_without_values_are_not_judged() -> None:
     assert [d for d, _ in training_findings(rows)] == [health.NO_ALIGNMENT]
 
 
-def test_no_alignment_at_a_gap_of_exactly_0_02() -> None:
-    # 0.02 - 0.0 is exactly 0.02 in binary floating point
-    assert [d for d, _ in training_findings(rows_of(8, pos_sim=0.02, neg_sim=0.0))] == [health.NO_ALIGNMENT]
+def test_log_checks_at_their_exact_thresholds() -> None:
+    def flagged(rows: list[dict[str, float]]) -> list[str]:
+        return [d for d, _ in training_findings(rows)]
+
+    # a gap of exactly 0.02 (0.02 - 0.0 is exact in binary floating point): no alignment
+    assert flagged(rows_of(8, pos_sim=0.02, neg_sim=0.0)) == [health.NO_ALIGNMENT]
+    # neg_sim exactly 0.8 with a gap of 0.05: collapse
+    assert flagged(rows_of(8, pos_sim=0.85, neg_sim=0.8)) == [health.COLLAPSE]
+    # an MI bound of exactly 0 nats: at chance
+    assert flagged(rows_of(8, pos_sim=0.5, neg_sim=0.1, mi_lower_bound=0.0)) == [health.NO_ALIGNMENT]
+    # the loss rose by exactly 5 % (10 -> 10.5; 10.5 - 10 and 0.05 * 10 are both 0.5): not yet a divergence
+    assert flagged([{"step": s, "loss": 10.0 if s == 1 else 10.5} for s in range(1, 9)]) == []
+
+
+def test_one_similarity_alone_is_not_judged() -> None:
+    assert training_findings(rows_of(8, pos_sim=0.3)) == training_findings(rows_of(8, neg_sim=0.95)) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,6 +367,9 @@ def test_chance_level_recorded_capped_and_unknown() -> None:
     assert health.chance_level("test/retrieval/a->b/R@x", metrics) is None
     assert health.chance_level("test/retrieval/a->b/mAP", metrics) is None
     assert health.chance_level("test/retrieval/z->y/R@1", metrics) is None  # no pairs
+    one_pair = {"test/retrieval/a->b/n": 1.0}  # one pair: found at rank 1 by any embedding
+    assert health.chance_level("test/retrieval/a->b/R@1", one_pair) == health.chance_level(
+        "test/retrieval/a->b/MeanR", one_pair) == 1.0
     assert health.chance_level("test/diag/sim_pos_mean", metrics) is None  # no negative similarity recorded
     assert health.is_chance_key("chance/test/linear/class/acc") and not health.is_chance_key("test/chance/acc")
 
