@@ -182,3 +182,21 @@ def test_shape_hint_for_vectors_given_to_a_sequence_adapter(adapter_type: str) -
 ])
 def test_no_shape_hint_otherwise(adapter_type: str, inputs: Any) -> None:
     assert preflight._shape_hint("rows", adapter_type, inputs) == ""
+
+
+def test_an_empty_split_is_passed_over_and_the_next_one_checked(tmp_path: Path) -> None:
+    """A split with no samples has nothing to check; the split after it still is checked (here
+    the test split, whose samples lack the audio of a view)."""
+    from test_train_utils import tiny_config, write_recipe
+
+    raw = tiny_config(text=False, num_samples=8, batch_size=4)
+    raw["views"] = [{"modality": "image"}, {"modality": "image"}, {"modality": "audio"}]  # no augmentation to import
+    raw["data"].update(val_split="valid", test_split="test")
+    raw["data"]["split_options"] = {"valid": {"num_samples": 0}, "test": {"num_samples": 4, "modalities": ["image"]}}
+    parts = build_run(load_config(write_recipe(tmp_path / "r.yaml", raw)))
+    assert [len(dataset) for _, _, dataset, _ in preflight._splits(parts)] == [8, 8, 0, 4]
+    assert error_of(preflight.check_view_modalities, parts).startswith(
+        "r.yaml: key 'views.2.modality' = 'audio': the samples of split 'test (evaluation)' have no modality 'audio'")
+    collated = error_of(preflight.check_batches_forward, parts)
+    assert collated.startswith("r.yaml: key 'data.test_split' = 'test': a batch of its first 2 samples cannot be "
+                               "collated: ") and "sample 0 has no modality 'audio'" in collated
