@@ -123,7 +123,8 @@ def check_batches_forward(parts: RunParts, source: str) -> None:
                 raise ConfigError(f"{source}: key '{key}' = {_split_name(split)!r}: a batch of its first "
                                   f"{len(samples)} samples cannot be collated: {error}") from error
             for modality, inputs in batch.inputs.items():
-                adapter_type = str(parts.config.adapters.get(modality, {}).get("type", "?"))
+                # a validated recipe has an adapter, with a type, for every view's modality
+                adapter_type = str(parts.config.adapters[modality]["type"])
                 try:
                     with torch.no_grad():  # as training encodes it: only the present views reach the adapter
                         encoder.adapters[modality].embed_present(inputs, batch.present_items(modality),
