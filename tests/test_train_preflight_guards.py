@@ -158,6 +158,30 @@ def test_a_training_batch_the_adapters_input_check_rejects_names_the_training_sp
         "'rows': feature_sequence adapter: 6 non-finite value(s) (NaN/inf) in inputs['values'] of shape (4, 3, 2)")
 
 
+def test_an_evaluation_batch_is_checked_by_the_adapter_itself(tmp_path: Path, splits_root: Path) -> None:
+    """An evaluation loader's batch has no host preparation: the adapter's own input check runs
+    on it (a NaN would otherwise pass the check and spoil the final evaluation)."""
+    parts = built(tmp_path, splits_root, split_options="{test: {columns: {rows: nan}}}")
+    assert error_of(preflight.check_batches_forward, parts) == (
+        "r.yaml: key 'adapters.rows' (type 'feature_sequence'): the 'rows' inputs of a batch of split 'test "
+        # one view per sample in evaluation: the first sample's 3 NaNs, in a [2, 3, 2] batch (and a length each)
+        "(evaluation)' (values [2, 3, 2], lengths [2]) fail in the adapter: feature_sequence adapter: 3 non-finite value(s) "
+        "(NaN/inf) in inputs['values'] of shape (2, 3, 2)")
+
+
+def test_an_adapter_error_without_a_message_is_named_by_its_type(tmp_path: Path, splits_root: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = built(tmp_path, splits_root)
+
+    def fail_without_message(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError()
+
+    monkeypatch.setattr(parts.encoder.adapters["rows"], "embed_present", fail_without_message)
+    assert error_of(preflight.check_batches_forward, parts) == (
+        "r.yaml: key 'adapters.rows' (type 'feature_sequence'): the 'rows' inputs of a batch of split 'train' "
+        "(values [4, 3, 2], lengths [4]) fail in the adapter: RuntimeError")
+
+
 def test_describe_inputs_lists_tensors_and_lists() -> None:
     inputs = {"values": torch.zeros(4, 3, 2), "text": ["a", "b"], "mask": None}
     assert preflight._describe_inputs(inputs) == "values [4, 3, 2], text: list of 2"
