@@ -131,6 +131,18 @@ def test_a_modality_missing_from_a_split_names_the_view_and_the_split(tmp_path: 
         "they have ['other']: use one of them, or map a dataset column to it (data.options.columns: {rows: <column>})")
 
 
+def test_a_bare_string_view_and_a_mistyped_modality(tmp_path: Path, splits_root: Path) -> None:
+    parts = built(tmp_path, splits_root, views="[rows, rows]", split_options="{valid: {columns: {other: seq}}}")
+    assert error_of(preflight.check_view_modalities, parts).startswith(
+        "r.yaml: key 'views.0' = 'rows': the samples of split 'valid (evaluation)' have no modality 'rows'; they have "
+        "['other']")
+    parts = built(tmp_path, splits_root, views="[{modality: row, copies: 2}]", adapters=f"{{row: {SEQUENCE_ADAPTER}}}")
+    assert error_of(preflight.check_view_modalities, parts) == (
+        "r.yaml: key 'views.0.modality' = 'row': the samples of split 'train' have no modality 'row' (did you mean "
+        "'rows'?); they have ['rows']: use one of them, or map a dataset column to it (data.options.columns: "
+        "{row: <column>})")
+
+
 def test_a_vector_column_for_a_sequence_adapter_gets_the_shape_hint(tmp_path: Path, splits_root: Path) -> None:
     parts = built(tmp_path, splits_root, split_options="{test: {columns: {rows: vec}}}")
     parts.encoder.train()

@@ -73,10 +73,12 @@ def check_view_modalities(parts: RunParts, source: str) -> None:
             continue
         have = sorted(first[0]["modalities"])
         for i, entry in enumerate(entries):
-            modality = entry.get("modality") if isinstance(entry, dict) else None
-            if modality is not None and modality not in have:
+            # a bare string entry is the view's modality itself (ViewSpec.from_config)
+            bare = isinstance(entry, str)
+            modality, key = (entry, f"views.{i}") if bare else (entry.get("modality"), f"views.{i}.modality")
+            if modality not in have:  # a view entry always names one (ViewSpec.from_config checked them)
                 raise ConfigError(
-                    f"{source}: key 'views.{i}.modality' = {modality!r}: the samples of split {split!r} have no "
+                    f"{source}: key '{key}' = {modality!r}: the samples of split {split!r} have no "
                     f"modality {modality!r}{did_you_mean(modality, have)}; they have {have}: use one of them, or map "
                     f"a dataset column to it (data.options.columns: {{{modality}: <column>}})")
 
