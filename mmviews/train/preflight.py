@@ -32,6 +32,8 @@ Check = Callable[[RunParts, str], None]
 
 #: Samples per checked batch: enough for a batch, few enough to take a moment on any encoder.
 CHECK_BATCH_SAMPLES = 2
+#: What :func:`_splits` appends to the name of a split read through an evaluation loader.
+EVALUATION_SUFFIX = " (evaluation)"
 
 
 def _splits(parts: RunParts) -> Iterator[tuple[str, str, Any, Callable[[list[Any]], Any]]]:
@@ -46,7 +48,12 @@ def _splits(parts: RunParts) -> Iterator[tuple[str, str, Any, Callable[[list[Any
     for role, loader in parts.eval_loaders.items():
         if loader is not None and role in keys and _indexable(loader.dataset):
             key, name = keys[role]
-            yield f"{name} (evaluation)", key, loader.dataset, loader.collate_fn
+            yield f"{name}{EVALUATION_SUFFIX}", key, loader.dataset, loader.collate_fn
+
+
+def _split_name(split: str) -> str:
+    """The split's own name (the value of its recipe key), without :data:`EVALUATION_SUFFIX`."""
+    return split.removesuffix(EVALUATION_SUFFIX)
 
 
 def _indexable(dataset: Any) -> bool:
@@ -66,10 +73,12 @@ def check_view_modalities(parts: RunParts, source: str) -> None:
             continue
         have = sorted(first[0]["modalities"])
         for i, entry in enumerate(entries):
-            modality = entry.get("modality") if isinstance(entry, dict) else None
-            if modality is not None and modality not in have:
+            # a bare string entry is the view's modality itself (ViewSpec.from_config)
+            bare = isinstance(entry, str)
+            modality, key = (entry, f"views.{i}") if bare else (entry.get("modality"), f"views.{i}.modality")
+            if modality not in have:  # a view entry always names one (ViewSpec.from_config checked them)
                 raise ConfigError(
-                    f"{source}: key 'views.{i}.modality' = {modality!r}: the samples of split {split!r} have no "
+                    f"{source}: key '{key}' = {modality!r}: the samples of split {split!r} have no "
                     f"modality {modality!r}{did_you_mean(modality, have)}; they have {have}: use one of them, or map "
                     f"a dataset column to it (data.options.columns: {{{modality}: <column>}})")
 
@@ -113,10 +122,11 @@ def check_batches_forward(parts: RunParts, source: str) -> None:
                 if collate is parts.collator:
                     batch = prepare(batch)
             except (ValueError, KeyError, TypeError, RuntimeError) as error:
-                raise ConfigError(f"{source}: key '{key}' = {split.split(' ')[0]!r}: a batch of its first "
+                raise ConfigError(f"{source}: key '{key}' = {_split_name(split)!r}: a batch of its first "
                                   f"{len(samples)} samples cannot be collated: {error}") from error
             for modality, inputs in batch.inputs.items():
-                adapter_type = str(parts.config.adapters.get(modality, {}).get("type", "?"))
+                # a validated recipe has an adapter, with a type, for every view's modality
+                adapter_type = str(parts.config.adapters[modality]["type"])
                 try:
                     with torch.no_grad():  # as training encodes it: only the present views reach the adapter
                         encoder.adapters[modality].embed_present(inputs, batch.present_items(modality),
@@ -138,7 +148,7 @@ def check_evaluation_labels(parts: RunParts, source: str) -> None:
         return
     tasks = parse_tasks(config.evaluation.tasks)
     for split, key, dataset, _ in _splits(parts):
-        first = _first_samples(dataset, 1) if "(evaluation)" in split else []
+        first = _first_samples(dataset, 1) if split.endswith(EVALUATION_SUFFIX) else []
         if not first:
             continue
         carried = sorted((first[0].get("labels") or {}))
@@ -150,7 +160,7 @@ def check_evaluation_labels(parts: RunParts, source: str) -> None:
             value = (f"e.g. {works[0]!r}" if works else "a task without a label, e.g. 'retrieval'")
             raise ConfigError(
                 f"{source}: key 'evaluation.tasks.{i}' = {spec!r}: task {task.kind!r} reads the label "
-                f"{task.label!r}, which the samples of split {split.split(' ')[0]!r} do not carry"
+                f"{task.label!r}, which the samples of split {_split_name(split)!r} do not carry"
                 f"{did_you_mean(task.label, carried)}; they carry {carried or 'no labels'}: use {value}, or map the "
                 f"label to a dataset column (data.options.labels: {{{task.label}: <column>}})")
 

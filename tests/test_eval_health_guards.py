@@ -1,0 +1,391 @@
+"""Unit guards of mmviews.eval.health: the whole one-line warnings and hints a user reads, the
+split each check judges, the settings a recipe gives the hints, and the live check's schedule.
+
+Every expected message below is written from the documented wording and the numbers of the
+input (means of the rows named in the comment), not copied from a run."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmviews.config import load_config, resolve_recipe
+from mmviews.eval import health
+from mmviews.eval.health import HealthSettings, LiveHealth, evaluation_warnings, run_warnings, training_findings
+
+END_OF_8 = " at the end of training (mean of the last 2 logged steps)"  # 8 rows: the last quarter is 2
+
+
+def rows_of(n: int, loss: float = 10.0, **values: float) -> list[dict[str, float]]:
+    """``n`` log rows with a constant loss and the given constant values."""
+    return [{"step": s, "loss": loss, **values} for s in range(1, n + 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# HealthSettings.from_config: the recipe's values reach the hints
+# ---------------------------------------------------------------------------------------------
+def test_settings_from_the_quickstart_recipe() -> None:
+    config = load_config(resolve_recipe("quickstart"))  # lr 2e-3, mv_dhel at temperature 0.2, max_grad_norm 5
+    assert HealthSettings.from_config(config) == HealthSettings(lr=0.002, objective="mv_dhel", temperature=0.2,
+                                                                max_grad_norm=5.0)
+
+
+def test_settings_without_temperature_or_clipping_are_none() -> None:
+    config = load_config(resolve_recipe("quickstart"), ["objective.params={}", "optimisation.max_grad_norm=null",
+                                                        "objective.name=geometric_pvc", "optimisation.lr=0.3"])
+    settings = HealthSettings.from_config(config)
+    assert settings == HealthSettings(lr=0.3, objective="geometric_pvc", temperature=None, max_grad_norm=None)
+    # ... and the hints then name the keys without a value
+    assert health.hint(health.COLLAPSE, settings) == (
+        "hint: lower optimisation.lr (now 0.3), or the objective's temperature (objective.params.temperature); an "
+        "objective with a uniformity term (mv_dhel) resists collapse")
+
+
+# ---------------------------------------------------------------------------------------------
+# The hints, whole, with and without the run's settings
+# ---------------------------------------------------------------------------------------------
+def test_hints_without_settings_name_the_keys_only() -> None:
+    empty = HealthSettings()
+    assert health.hint(health.DIVERGENCE, empty) == \
+        "hint: lower optimisation.lr, or clip the gradients (optimisation.max_grad_norm)"
+    assert health.hint(health.COLLAPSE, empty) == (
+        "hint: lower optimisation.lr, or the objective's temperature (objective.params.temperature); an objective "
+        "with a uniformity term (mv_dhel) resists collapse")
+    assert health.hint(health.NO_ALIGNMENT, empty) == (
+        "hint: check that the views share information (natural views of one sample, or augmented copies that keep "
+        "what you want to learn); train longer, or raise optimisation.lr")
+    assert health.hint(health.BELOW_RANDOM, empty) == (
+        "hint: choose views that share the information this task needs (training made it worse for this task)")
+
+
+def test_hints_with_settings_give_the_values() -> None:
+    settings = HealthSettings(lr=0.5, objective="mv_dhel", temperature=0.1, max_grad_norm=2.0)
+    assert health.hint(health.DIVERGENCE, settings) == \
+        "hint: lower optimisation.lr (now 0.5), e.g. 0.05, or clip the gradients harder (optimisation.max_grad_norm, now 2)"
+    # an MV-DHEL run is not told to switch to MV-DHEL
+    assert health.hint(health.COLLAPSE, settings) == \
+        "hint: lower optimisation.lr (now 0.5), or the objective's temperature (objective.params.temperature, now 0.1)"
+    assert health.hint(health.NO_ALIGNMENT, settings).endswith("; train longer, or raise optimisation.lr (now 0.5)")
+
+
+def test_evaluation_warnings_use_the_runs_settings() -> None:
+    (warning,) = evaluation_warnings({"test/diag/erank/fused": 1.5}, None, HealthSettings(lr=0.04))
+    assert warning == ("collapse: the test embeddings' effective rank is 1.50 (near 1: one direction); hint: lower "
+                       "optimisation.lr (now 0.04), or the objective's temperature (objective.params.temperature); an "
+                       "objective with a uniformity term (mv_dhel) resists collapse")
+
+
+# ---------------------------------------------------------------------------------------------
+# The training log's findings, whole
+# ---------------------------------------------------------------------------------------------
+def test_log_findings_whole_messages() -> None:
+    assert training_findings(rows_of(8, pos_sim=0.96, neg_sim=0.95, mi_lower_bound=-0.25)) == [
+        (health.COLLAPSE, f"collapse{END_OF_8}: positive and negative similarity are both high and close (pos_sim "
+                          "0.96, neg_sim 0.95)"),
+        (health.NO_ALIGNMENT, f"MI lower bound <= 0{END_OF_8} (-0.25 nats): the loss is at chance"),
+    ]
+    assert training_findings(rows_of(8, pos_sim=0.11, neg_sim=0.1)) == [
+        (health.NO_ALIGNMENT, f"no alignment{END_OF_8}: on the training batches, the views of a sample are no closer "
+                              "than different samples (pos_sim 0.110, neg_sim 0.100: gap 0.010, chance 0)")]
+
+
+def test_divergence_compares_the_first_tenth_with_the_last_quarter() -> None:
+    # 20 rows: the head is rows 1-2 (mean 11), the tail rows 16-20 (mean 20); row 3 and row 15
+    # are far off, so a head or a tail one row longer gives other numbers
+    losses = [10.0, 12.0] + [30.0] * 13 + [20.0] * 5
+    rows = [{"step": s, "loss": loss, "pos_sim": 0.5, "neg_sim": 0.1} for s, loss in enumerate(losses, 1)]
+    assert training_findings(rows) == [(health.DIVERGENCE, "divergence at the end of training (mean of the last 5 "
+                                        "logged steps): the training loss rose from 11 (mean of the first 2 logged "
+                                        "steps) to 20")]
+
+
+def test_divergence_is_relative_to_the_heads_magnitude_for_a_negative_loss() -> None:
+    def diverged(head: float, tail: float) -> bool:
+        rows = [{"step": s, "loss": head if s == 1 else tail} for s in range(1, 9)]
+        return [d for d, _ in training_findings(rows)] == [health.DIVERGENCE]
+
+    assert not diverged(-10.0, -10.2)  # the loss fell
+    assert not diverged(-10.0, -9.6)  # rose by 0.4, within 5 % of 10
+    assert diverged(-10.0, -9.4)  # rose by 0.6
+
+
+def test_rows_without_values_are_not_judged() -> None:
+    """Missing, None and non-finite values are left out of the means: a log without the
+    similarity columns says nothing about alignment."""
+    rows = [{"step": s, "loss": 10.0 - s, "pos_sim": None, "neg_sim": float("nan"), "mi_lower_bound": "n/a"}
+            for s in range(1, 9)]
+    assert training_findings(rows) == []
+    # a finite value among the missing ones is the mean (rows 7-8: pos 0.3 only in row 8)
+    rows[-1].update(pos_sim=0.3, neg_sim=0.3)
+    assert [d for d, _ in training_findings(rows)] == [health.NO_ALIGNMENT]
+
+
+def test_log_checks_at_their_exact_thresholds() -> None:
+    def flagged(rows: list[dict[str, float]]) -> list[str]:
+        return [d for d, _ in training_findings(rows)]
+
+    # a gap of exactly 0.02 (0.02 - 0.0 is exact in binary floating point): no alignment
+    assert flagged(rows_of(8, pos_sim=0.02, neg_sim=0.0)) == [health.NO_ALIGNMENT]
+    # neg_sim exactly 0.8 with a gap of 0.05: collapse
+    assert flagged(rows_of(8, pos_sim=0.85, neg_sim=0.8)) == [health.COLLAPSE]
+    # an MI bound of exactly 0 nats: at chance
+    assert flagged(rows_of(8, pos_sim=0.5, neg_sim=0.1, mi_lower_bound=0.0)) == [health.NO_ALIGNMENT]
+    # the loss rose by exactly 5 % (10 -> 10.5; 10.5 - 10 and 0.05 * 10 are both 0.5): not yet a divergence
+    assert flagged([{"step": s, "loss": 10.0 if s == 1 else 10.5} for s in range(1, 9)]) == []
+
+
+def test_one_similarity_alone_is_not_judged() -> None:
+    assert training_findings(rows_of(8, pos_sim=0.3)) == training_findings(rows_of(8, neg_sim=0.95)) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The final evaluation's findings, whole, and the split they judge
+# ---------------------------------------------------------------------------------------------
+def findings(trained: dict[str, float], random_init: dict[str, float] | None = None) -> list[tuple[str, str]]:
+    return health.evaluation_findings(trained, random_init)
+
+
+def test_collapse_messages_and_the_view_mean_rank() -> None:
+    assert findings({"test/diag/unif": -0.2}) == [
+        (health.COLLAPSE, "collapse: the test uniformity loss is -0.20 (> -0.5: the embeddings crowd together)")]
+    # without a fused embedding, the mean of the views' effective ranks is judged
+    assert findings({"val/diag/erank/view_mean": 1.25}) == [
+        (health.COLLAPSE, "collapse: the val embeddings' effective rank is 1.25 (near 1: one direction)")]
+    # the fused embedding's rank wins over the views' mean
+    assert findings({"test/diag/erank/fused": 8.0, "test/diag/erank/view_mean": 1.25}) == []
+    # exactly at the thresholds: not flagged (an effective rank below 2, a uniformity loss above -0.5)
+    assert findings({"test/diag/erank/fused": 2.0, "test/diag/unif": -0.5}) == []
+
+
+@pytest.mark.parametrize("test_split", [{"test/diag/erank/fused": 12.0}, {"test/diag/unif": -3.5}])
+def test_one_collapse_figure_of_the_test_split_makes_it_the_judged_split(test_split: dict[str, float]) -> None:
+    # the validation split collapsed, but the test split (with its rank or its uniformity alone) is judged
+    assert findings({**test_split, "val/diag/erank/fused": 1.1, "val/diag/unif": -0.2}) == []
+
+
+def test_retrieval_at_chance_needs_two_pairs_and_a_recorded_n() -> None:
+    # 2 pairs: chance mean rank 1.5
+    assert findings({"test/retrieval/a->b/MeanR": 1.5, "test/retrieval/a->b/n": 2.0}) == [
+        (health.NO_ALIGNMENT, "retrieval at chance in 1 of 1 directions: a->b mean rank 1.5 of 2 (chance 1.5)")]
+    # 9 pairs: chance 5, flagged from 0.8 of it, 4.0 exactly
+    assert findings({"test/retrieval/a->b/MeanR": 4.0, "test/retrieval/a->b/n": 9.0})
+    assert not findings({"test/retrieval/a->b/MeanR": 3.99, "test/retrieval/a->b/n": 9.0})
+    # only retrieval's mean rank is judged
+    assert findings({"test/ranking/a->b/MeanR": 9.0, "test/ranking/a->b/n": 9.0}) == []
+    assert findings({"test/retrieval/a->b/MeanR": 1.0, "test/retrieval/a->b/n": 1.0}) == []  # one pair: always rank 1
+    assert findings({"test/retrieval/a->b/MeanR": 50.0}) == []  # no n: no chance level
+    # a direction without n (here the first in order) is not counted, and the others still are
+    assert findings({"test/retrieval/a->b/MeanR": 60.0, "test/retrieval/b->a/MeanR": 60.0,
+                     "test/retrieval/b->a/n": 100.0})[0][1].startswith("retrieval at chance in 1 of 1 directions: b->a ")
+
+
+def test_a_view_name_with_a_slash_is_named_whole() -> None:
+    # a modality is named by the recipe (a column map's key), and nothing forbids a '/' in it
+    assert findings({"test/retrieval/ecg/lead1_0->text_0/MeanR": 8.0, "test/retrieval/ecg/lead1_0->text_0/n": 9.0}) == [
+        (health.NO_ALIGNMENT, "retrieval at chance in 1 of 1 directions: ecg/lead1_0->text_0 mean rank 8.0 of 9 "
+                              "(chance 5.0)")]
+
+
+@pytest.mark.parametrize("count,tail", [(3, ""), (4, ", and 1 more")])
+def test_retrieval_names_three_directions_and_counts_the_rest(count: int, tail: str) -> None:
+    pairs = [f"v{i}->w{i}" for i in range(count)]
+    trained = {**{f"test/retrieval/{p}/MeanR": 5.0 for p in pairs}, **{f"test/retrieval/{p}/n": 9.0 for p in pairs}}
+    named = ", ".join(f"v{i}->w{i} mean rank 5.0 of 9 (chance 5.0)" for i in range(3))
+    assert findings(trained) == [
+        (health.NO_ALIGNMENT, f"retrieval at chance in {count} of {count} directions: {named}{tail}")]
+
+
+def test_held_out_alignment_message_and_split() -> None:
+    unaligned = {"diag/sim_pos_mean": 0.31, "diag/sim_neg_mean": 0.3}
+    aligned = {"diag/sim_pos_mean": 0.5, "diag/sim_neg_mean": 0.3}
+
+    def on(split: str, values: dict[str, float]) -> dict[str, float]:
+        return {f"{split}/{k}": v for k, v in values.items()}
+
+    message = ("no alignment on the held-out {} split: the views of a sample are no closer than different samples "
+               "(sim_pos_mean 0.310, sim_neg_mean 0.300: gap 0.010, chance 0)")
+    assert findings(on("test", unaligned)) == [(health.NO_ALIGNMENT, message.format("test"))]
+    assert findings(on("val", unaligned)) == [(health.NO_ALIGNMENT, message.format("val"))]
+    assert findings({**on("val", unaligned), **on("test", aligned)}) == []  # the test split is judged
+    assert findings({**on("val", aligned), **on("test", unaligned)}) == [(health.NO_ALIGNMENT, message.format("test"))]
+    # a gap of 0.019 is flagged, 0.021 is not
+    assert findings(on("test", {"diag/sim_pos_mean": 0.519, "diag/sim_neg_mean": 0.5}))
+    assert not findings(on("test", {"diag/sim_pos_mean": 0.521, "diag/sim_neg_mean": 0.5}))
+    # exactly 0.02 (0.02 - 0.0 is exact in binary floating point): flagged
+    assert findings(on("test", {"diag/sim_pos_mean": 0.02, "diag/sim_neg_mean": 0.0}))
+    # one of the two similarities alone: nothing to compare
+    assert findings({"test/diag/sim_pos_mean": 0.3}) == findings({"test/diag/sim_neg_mean": 0.3}) == []
+    # a collapse (negative similarity 0.8 and above) is the rank's and uniformity's to flag
+    assert findings(on("test", {"diag/sim_pos_mean": 0.8, "diag/sim_neg_mean": 0.8})) == []
+    assert findings(on("test", {"diag/sim_pos_mean": 0.79, "diag/sim_neg_mean": 0.79}))
+
+
+def test_probe_message_and_what_is_not_judged() -> None:
+    assert findings({"test/linear/class/acc": 0.4}, {"test/linear/class/acc": 0.5}) == [
+        (health.BELOW_RANDOM, "probe below random init: test/linear/class/acc is 0.4000 trained, 0.5000 for the "
+                              "encoder as initialised")]
+    assert findings({"test/regression/s/mae": 0.7}, {"test/regression/s/mae": 0.5}) == [
+        (health.BELOW_RANDOM, "probe below random init: test/regression/s/mae is 0.7000 trained, 0.5000 for the "
+                              "encoder as initialised")]
+    assert findings({"test/linear/class/acc": 0.4}, None) == []  # no baseline: nothing to compare
+    assert findings({"test/linear/class/acc": 0.4}, {"test/linear/class/acc": None}) == []
+    assert findings({"train/linear/class/acc": 0.4}, {"train/linear/class/acc": 0.5}) == []  # training split
+    assert findings({"test/linear/class/loss": 0.9}, {"test/linear/class/loss": 0.1}) == []  # not a probe score
+    # exactly at the margin (0.5 - 0.01 and 0.5 + 1 % of 0.5 are exact here): not flagged
+    assert findings({"test/linear/class/acc": 0.49, "test/regression/s/mae": 0.505},
+                    {"test/linear/class/acc": 0.5, "test/regression/s/mae": 0.5}) == []
+    # MAE: 1 % of the baseline's value
+    assert findings({"test/regression/s/mae": 0.5 * 1.011}, {"test/regression/s/mae": 0.5})
+    assert not findings({"test/regression/s/mae": 0.5 * 1.009}, {"test/regression/s/mae": 0.5})
+
+
+def test_the_probes_among_all_of_a_runs_metrics() -> None:
+    """A run's metrics hold chance levels, diagnostics, probes without a baseline and MAEs
+    judged by their R^2, in sorted order before the probes that are judged: each is passed
+    over, and the ones after it are still judged."""
+    trained = {"chance/test/linear/class/acc": 0.25, "test/diag/unif": -3.0, "test/knn/class/top1": 0.3,
+               "test/linear/class/acc": 0.4, "test/regression/latent/mae": 0.9, "test/regression/latent/r2": 0.5}
+    random_init = {"test/linear/class/acc": 0.5, "test/regression/latent/mae": 0.1, "test/regression/latent/r2": 0.9}
+    assert [m.split(" is ")[0] for _, m in findings(trained, random_init)] == [
+        "probe below random init: test/linear/class/acc", "probe below random init: test/regression/latent/r2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# run_warnings: the log's then the evaluation's, one hint, alignment judged on held-out data
+# ---------------------------------------------------------------------------------------------
+def test_run_warnings_order_hint_and_held_out_alignment() -> None:
+    diverging_unaligned = [{"step": s, "loss": 10.0 if s == 1 else 20.0, "pos_sim": 0.3, "neg_sim": 0.3,
+                            "mi_lower_bound": -1.0} for s in range(1, 9)]
+    probe = ({"test/linear/class/acc": 0.4}, {"test/linear/class/acc": 0.5})
+    settings = HealthSettings(lr=0.1)
+    found = run_warnings(diverging_unaligned, *probe, settings)
+    assert [w.split(" ")[0] for w in found] == ["divergence", "no", "MI", "probe"]
+    assert found[0].endswith("; hint: lower optimisation.lr (now 0.1), e.g. 0.01, or clip the gradients "
+                             "(optimisation.max_grad_norm)")
+    assert all(w.endswith("; likely a consequence of the divergence (see that warning and its hint)") for w in found[1:])
+    # held-out retrieval measured: the log's alignment findings (the gap, the MI bound) are left out, not the divergence
+    held_out = {**probe[0], "test/retrieval/a->b/MeanR": 2.0, "test/retrieval/a->b/n": 100.0}
+    assert [w.split(" ")[0] for w in run_warnings(diverging_unaligned, held_out, probe[1], settings)] == \
+        ["divergence", "probe"]
+
+
+@pytest.mark.parametrize("key,held_out", [
+    ("test/retrieval/a->b/MeanR", True), ("val/retrieval/a->b/MeanR", True), ("val/diag/sim_pos_mean", True),
+    ("test/diag/sim_pos_mean", True), ("train/retrieval/a->b/MeanR", False), ("test/retrieval/a->b/R@1", False),
+    ("test/diag/sim_neg_mean", False), ("test/linear/class/acc", False), ("test/mean_rank", False),
+])
+def test_which_metrics_measure_held_out_alignment(key: str, held_out: bool) -> None:
+    assert health.measures_held_out_alignment({key: 1.0}) is held_out
+
+
+def test_no_metrics_measure_no_alignment() -> None:
+    assert health.measures_held_out_alignment(None) is False and health.measures_held_out_alignment({}) is False
+
+
+# ---------------------------------------------------------------------------------------------
+# The live check: when it looks, and the one hint across the run
+# ---------------------------------------------------------------------------------------------
+def test_live_check_looks_every_other_step_and_at_the_last() -> None:
+    # 102 steps: first look at step 51, then every (102 - 51 + 1) // 20 = 2 steps (51, 53, ...,
+    # 101) and at the last step, 102, which is off that grid
+    live = LiveHealth(total_steps=102)
+    healthy = [{"step": s, "loss": 20.0 - 0.1 * s} for s in range(1, 102)]
+    assert [w for r in healthy for w in live.check(r)] == []
+    (warning,) = live.check({"step": 102, "loss": 9.0, "pos_sim": 0.3, "neg_sim": 0.3})
+    assert warning.startswith("no alignment at step 102 (mean of the last 25 logged steps): on the training batches")
+
+    live = LiveHealth(total_steps=102)
+    for row in healthy[:51]:
+        live.check(row)
+    assert live.check({"step": 52, "loss": 14.8, "pos_sim": 0.3, "neg_sim": 0.3}) == []  # off the grid
+    (warning,) = live.check({"step": 53, "loss": 14.7})  # on it: the row of step 52 is in the tail
+    assert warning.startswith("no alignment at step 53 (mean of the last 13 logged steps)")
+
+
+def test_live_check_every_third_step_counts_from_the_first_look() -> None:
+    # 122 steps: first look at step 61, then every (122 - 61 + 1) // 20 = 3 steps: 64, not 62
+    live = LiveHealth(total_steps=122)
+    for step in range(1, 62):
+        assert live.check({"step": step, "loss": 30.0 - 0.1 * step}) == []
+    assert live.check({"step": 62, "loss": 23.0, "pos_sim": 0.3, "neg_sim": 0.3}) == []
+    assert live.check({"step": 63, "loss": 23.0}) == []
+    (warning,) = live.check({"step": 64, "loss": 23.0})
+    assert warning.startswith("no alignment at step 64 (mean of the last 16 logged steps)")
+
+
+@pytest.mark.parametrize("total_steps,every", [(76, 1), (78, 2)])
+def test_live_check_spacing_at_the_step_count_where_it_changes(total_steps: int, every: int) -> None:
+    # 76 steps: first look at 38, (76 - 38 + 1) // 20 = 1; 78 steps: first look at 39, 40 // 20 = 2
+    live = LiveHealth(total_steps=total_steps)
+    assert (live.first_step, live.every) == (total_steps // 2, every)
+
+
+def test_live_check_of_a_one_step_run() -> None:
+    live = LiveHealth(total_steps=0)  # no steps known: treated as one, checked from step 1
+    assert (live.total_steps, live.first_step, live.every) == (1, 1, 1)
+    assert LiveHealth(total_steps=40, start_fraction=0.25).first_step == 10
+    assert LiveHealth(total_steps=1, start_fraction=1.0).first_step == 1  # the one step is checked
+
+
+def test_a_row_without_a_step_is_kept_but_not_judged() -> None:
+    live = LiveHealth(total_steps=1)
+    assert [w for _ in range(3) for w in live.check({"loss": 10.0, "pos_sim": 0.3, "neg_sim": 0.3})] == []
+    assert len(live.rows) == 3
+    (warning,) = live.check({"step": 1, "loss": 10.0, "pos_sim": 0.3, "neg_sim": 0.3})
+    assert warning.startswith("no alignment at step 1 (mean of the last 1 logged steps)")
+
+
+def test_live_hint_stays_with_the_first_diagnosis_until_a_more_basic_one() -> None:
+    live = LiveHealth(total_steps=12, settings=HealthSettings(lr=0.01))
+    unaligned = [{"step": s, "loss": 10.0, "pos_sim": 0.3, "neg_sim": 0.3} for s in range(1, 7)]
+    first = [w for r in unaligned for w in live.check(r)]
+    assert len(first) == 1 and first[0].endswith("train longer, or raise optimisation.lr (now 0.01)")
+    # the loss then rises: the divergence is the more basic problem and brings its own hint
+    (diverged,) = live.check({"step": 7, "loss": 30.0, "pos_sim": 0.3, "neg_sim": 0.3})
+    assert diverged.startswith("divergence at step 7 (mean of the last 1 logged steps): the training loss rose from "
+                               "10 (mean of the first 1 logged steps) to 30; hint: lower optimisation.lr (now 0.01)")
+    # a collapse after it refers to the divergence
+    # (at step 8 the tail, rows 7-8, still averages to 0.625; rows 8-9 are collapsed)
+    collapsed = [w for s in (8, 9) for w in live.check({"step": s, "loss": 30.0, "pos_sim": 0.95, "neg_sim": 0.95})]
+    assert len(collapsed) == 1 and collapsed[0].startswith("collapse at step 9")
+    assert collapsed[0].endswith("; likely a consequence of the divergence (see that warning and its hint)")
+
+
+def test_with_hints_keeps_an_earlier_primary_over_a_less_basic_finding() -> None:
+    found = [(health.BELOW_RANDOM, "probe below random init: x")]
+    assert health.with_hints(found, None, health.COLLAPSE) == [
+        "probe below random init: x; likely a consequence of the collapse (see that warning and its hint)"]
+    assert health.with_hints(found) == [f"probe below random init: x; {health.hint(health.BELOW_RANDOM, HealthSettings())}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Chance levels
+# ---------------------------------------------------------------------------------------------
+def test_chance_level_recorded_capped_and_unknown() -> None:
+    metrics = {"test/retrieval/a->b/n": 4.0, "chance/test/linear/class/acc": 0.25, "test/retrieval/z->y/n": 0.0}
+    assert health.chance_level("test/linear/class/acc", metrics) == 0.25  # recorded by the evaluation
+    assert health.chance_level("test/retrieval/a->b/R@10", metrics) == 1.0  # 10 of 4 pairs: capped at 1
+    assert health.chance_level("test/retrieval/a->b/R@x", metrics) is None
+    assert health.chance_level("test/retrieval/a->b/mAP", metrics) is None
+    assert health.chance_level("test/retrieval/z->y/R@1", metrics) is None  # no pairs
+    one_pair = {"test/retrieval/a->b/n": 1.0}  # one pair: found at rank 1 by any embedding
+    assert health.chance_level("test/retrieval/a->b/R@1", one_pair) == health.chance_level(
+        "test/retrieval/a->b/MeanR", one_pair) == 1.0
+    assert health.chance_level("test/diag/sim_pos_mean", metrics) is None  # no negative similarity recorded
+    assert health.is_chance_key("chance/test/linear/class/acc") and not health.is_chance_key("test/chance/acc")
+
+
+def test_chance_of_integer_labels_and_targets() -> None:
+    # integer targets are regressed as floats: training mean 2, evaluated [1, 5]
+    assert health.regression_chance([1, 2, 3], [1, 5]) == {"mae": 2.0, "mse": 5.0, "r2": 1.0 - 5.0 / 4.0}
+    # one evaluated target has no variance: no R^2
+    assert health.regression_chance([1.0, 3.0], [5.0]) == {"mae": 3.0, "mse": 9.0}
+    assert health.regression_chance([2.0], [1.0, 3.0]) == {"mae": 1.0, "mse": 1.0, "r2": 0.0}
+    assert health.classification_chance([3], [3, 1]) == 0.5
+
+
+@pytest.mark.parametrize("train,evaluated", [([], [1.0]), ([1.0], []), ([], [])])
+def test_chance_without_labels_is_an_error(train: list, evaluated: list) -> None:
+    with pytest.raises(ValueError, match=r"^regression_chance needs training and evaluated targets$"):
+        health.regression_chance(train, evaluated)
+    with pytest.raises(ValueError, match=r"^classification_chance needs training and evaluated labels$"):
+        health.classification_chance(train, evaluated)
