@@ -306,3 +306,298 @@ class _Failing(_Scores):
 @pytest.mark.parametrize("K", [8, 1024])
 def test_objective_that_cannot_run_on_random_inputs_is_counted_instead(K: int) -> None:
     assert memory.measure_objective_bytes(_Failing(), K, 2, 8) == memory.objective_bytes(_Failing(), K, 2, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# The process's memory, read from the kernel (Linux). References read /proc/self/status here.
+# ---------------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def test_resident_bytes_is_the_processes_resident_set() -> None:
+    low = _status_kib("VmRSS") * 1024
+    reading = memory.resident_bytes()
+    high = _status_kib("VmRSS") * 1024
+    assert low - 4 * MiB <= reading <= high + 4 * MiB, (low, reading, high)
+
+
+def test_trimming_gives_freed_small_blocks_back() -> None:
+    """40,000 blocks of 2 kB (malloc's heap, not mmap: 78 MiB) freed below one kept: the
+    resident set stays up until the allocator is trimmed."""
+    blocks = [bytes(2000) for _ in range(40_000)]
+    kept = blocks[-1]
+    del blocks
+    before = memory.resident_bytes()
+    memory.trim_host_memory()
+    assert before - memory.resident_bytes() > 40 * MiB and len(kept) == 2000
+
+
+def test_resident_peak_is_the_high_water_mark_and_resets_to_the_resident_set() -> None:
+    low = _status_kib("VmHWM") * 1024
+    peak = memory.resident_peak_bytes()
+    assert low <= peak <= _status_kib("VmHWM") * 1024
+    grown = torch.ones(64 * MiB // 4)  # 64 MiB touched (mmap: freed at once)
+    del grown
+    assert memory.resident_peak_bytes() >= memory.resident_bytes() + 60 * MiB
+    start = memory._reset_resident_peak()
+    now = memory.resident_bytes()
+    assert start is not None and abs(start - now) <= 4 * MiB and abs(memory.resident_peak_bytes() - now) <= 4 * MiB
+
+
+def test_memory_readings_where_proc_cannot_be_read(monkeypatch) -> None:
+    """No /proc (not Linux): the resident set falls back to the high-water mark getrusage gives
+    (kilobytes on Linux), the peak is unknown (0) and cannot be reset (None)."""
+    import resource
+
+    def refused(*args, **kwargs):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(memory, "open", refused, raising=False)
+    low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert low <= memory.resident_bytes() <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert memory.resident_peak_bytes() == 0
+    assert memory._reset_resident_peak() is None
+
+
+def test_reset_peak_is_none_when_the_peak_reads_unknown(monkeypatch) -> None:
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 0)
+    assert memory._reset_resident_peak() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Samples, splits, loaders, processes.
+# ---------------------------------------------------------------------------------------------
+def test_sample_bytes_is_the_mean_of_the_first_samples_tensors_and_utf8_text() -> None:
+    """Sample i: i + 1 float32 (4 (i + 1) bytes, one storage shared by two views of it) and i
+    two-byte characters. First 4: (4 + 8 + 12 + 16 + 2 (0 + 1 + 2 + 3)) / 4 = 13 bytes."""
+    def sample(i: int) -> dict:
+        x = torch.zeros(i + 1)
+        return {"x": x, "same": x[:1], "text": "é" * i}
+
+    data = [sample(i) for i in range(6)]
+    assert memory.sample_bytes(data) == 13.0
+    assert memory.sample_bytes(data, count=2) == (4 + 8 + 2) / 2
+    assert memory.sample_bytes(data[:1], count=4) == 4.0  # fewer samples than asked: those there
+    assert memory.sample_bytes([]) == 0.0
+
+
+def test_split_datasets_are_the_training_split_and_each_evaluation_split_once() -> None:
+    train, valid = ["train"], ["valid"]
+    parts = SimpleNamespace(datasets={"train": train}, eval_loaders={
+        "train": SimpleNamespace(dataset=train), "valid": SimpleNamespace(dataset=valid), "test": None,
+        "again": SimpleNamespace(dataset=valid)})
+    found = memory._split_datasets(parts)
+    assert len(found) == 2 and found[0] is train and found[1] is valid
+
+
+@pytest.mark.parametrize("workers,batches", [(0, 0), (1, 2), (3, 6)])
+def test_each_loader_worker_prefetches_two_batches(workers: int, batches: int) -> None:
+    assert memory._prefetched_batches(SimpleNamespace(data=SimpleNamespace(num_workers=workers))) == batches
+
+
+@pytest.mark.parametrize("value,processes", [(None, 1), ("4", 4), ("1", 1), ("0", 1), ("-3", 1), ("two", 1)])
+def test_processes_come_from_the_launchers_world_size(monkeypatch, value: str | None, processes: int) -> None:
+    if value is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", value)
+    assert memory.processes_from_environment() == processes
+
+
+# ---------------------------------------------------------------------------------------------
+# estimate_memory on a tiny built run (K = 8; three training views, two evaluation views; splits
+# of 24, 8 and 16 samples; a linear probe): each part from its source, with the measurements
+# given where the point is the arithmetic around them.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    from test_train_utils import tiny_config, write_recipe
+
+    from mmviews.config import load_config
+    from mmviews.train import build_run
+
+    raw = tiny_config(text=False, batch_size=8, tasks=["linear:class"])
+    raw["data"]["split_options"] = {"train": {"num_samples": 24}, "valid": {"num_samples": 8},
+                                    "test": {"num_samples": 16}}
+    raw["data"]["val_split"] = "valid"
+    return build_run(load_config(write_recipe(tmp_path_factory.mktemp("tiny") / "r.yaml", raw)), 1)
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of distinct storages, counted apart from the module (numel x element size)."""
+    return sum({t.untyped_storage().data_ptr(): t.numel() * t.element_size() for t in tensors}.values())
+
+
+def _not_measured(*args, **kwargs):
+    raise AssertionError("measured although the activations were given")
+
+
+def _given(run, monkeypatch, num_processes: int = 1, chunk: int | None = None, **kwargs) -> MemoryEstimate:
+    """The estimate with the activations given: nothing of the encoder's step is measured."""
+    monkeypatch.setattr(memory, "measure_encoder_step", _not_measured)
+    monkeypatch.setattr(memory, "measure_evaluation_forward", _not_measured)
+    return memory.estimate_memory(run, num_processes, chunk, activations=(1000.0, 10.0), **kwargs)
+
+
+def test_estimate_takes_the_runs_shapes_weights_and_objective(run, monkeypatch) -> None:
+    e = _given(run, monkeypatch, 2, 3, on_host=True)
+    d = run.encoder.embed_dim
+    assert (e.samples_per_device, e.num_processes, e.chunk_size, e.num_views, e.embed_dim) == (4, 2, 3, 3, d)
+    assert (e.activation_fixed, e.activation_per_sample, e.working_fixed, e.working_per_sample) == (1000, 10, 0, 0)
+    assert (e.batch_per_sample, e.prefetched_batches, e.teacher, e.sharded, e.gathered) == (0, 0, 0, False, 0)
+    assert e.parameters == _storage_bytes([*run.encoder.parameters(), *run.encoder.buffers(),
+                                           *run.objective.parameters()])
+    assert e.optimizer == "adamw" and e.optimizer_state == 2 * e.gradients > 0
+    # the objective runs on the embeddings gathered from every process: all K = 8
+    assert e.objective == memory._objective_peak(run.objective, 8, 3, d) > 0
+    # float32 embeddings of the evaluation's 2 views, of every split (24 + 8 + 16 samples)
+    assert e.evaluation == 4 * (24 + 8 + 16) * 2 * d
+    assert (e.evaluation_batch, e.evaluation_forward, e.evaluation_slack) == (0, 0, 0)
+
+
+def test_the_device_is_the_host_unless_told_otherwise(run, monkeypatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("decides by the absence of a CUDA device")
+    monkeypatch.setattr(run.config, "cpu", False)
+    assert _given(run, monkeypatch).on_host is True  # no CUDA device: the host
+    assert _given(run, monkeypatch, on_host=False).on_host is False
+
+
+def test_sample_cache_holds_every_splits_samples(run, monkeypatch) -> None:
+    """data.cache: each of the three splits' samples, as many as the split holds, at the mean
+    size of its first four (counted here with a walker of our own)."""
+    from test_train_memory_evaluation import _bytes
+
+    assert _given(run, monkeypatch).sample_cache == 0
+    monkeypatch.setattr(run.config.data, "cache", True)
+    splits = memory._split_datasets(run)
+    assert [len(ds) for ds in splits] == [24, 8, 16]
+    held = sum(len(ds) * sum(_bytes(ds[i]) for i in range(4)) / 4 for ds in splits)
+    assert _given(run, monkeypatch).sample_cache == int(held) > 0
+
+
+@pytest.mark.parametrize("optimizer,momentum,copies", [("sgd", 0.0, 0), ("sgd", 0.9, 1), ("lars", 0.9, 1)])
+def test_optimizer_state_follows_the_recipes_optimizer(run, monkeypatch, optimizer, momentum, copies) -> None:
+    monkeypatch.setattr(run.config.optimisation, "optimizer", optimizer)
+    monkeypatch.setattr(run.config.optimisation, "momentum", momentum)
+    monkeypatch.setattr(run.config.data, "num_workers", 3)
+    e = _given(run, monkeypatch)
+    assert e.optimizer == optimizer and e.optimizer_state == copies * e.gradients and e.prefetched_batches == 6
+
+
+def test_sharded_parts_are_one_processes_share(run, monkeypatch) -> None:
+    """fsdp on 2 processes: the encoder's parameters, gradients, optimiser state and teacher
+    halved (rounded up); buffers and the objective's parameters whole; the largest unit gathered
+    twice. On one process nothing is sharded."""
+    from mmviews.train.sharding import unit_parameter_bytes
+
+    monkeypatch.setattr(run.config.objective, "ema_teacher", True)
+    whole = _given(run, monkeypatch, 2)
+    monkeypatch.setattr(run.config.distributed, "sharding", "fsdp")
+    assert _given(run, monkeypatch, 1).sharded is False
+    e = _given(run, monkeypatch, 2)
+    kept = _storage_bytes([*run.encoder.buffers(), *run.objective.parameters()])
+    encoder_weights = whole.parameters - kept
+    assert encoder_weights % 2 == 0 and whole.teacher == encoder_weights + _storage_bytes([*run.encoder.buffers()])
+    assert e.sharded and e.parameters == kept + encoder_weights // 2
+    assert e.gradients == whole.gradients // 2 and e.optimizer_state == 2 * e.gradients
+    assert e.teacher == -(-whole.teacher // 2)
+    units = unit_parameter_bytes(run.encoder, run.config.distributed.fsdp_units)
+    assert e.gathered == 2 * max(units) > 0 and e.gathered < 2 * encoder_weights
+
+
+def _step(samples: int, saved: int, peak: int, batch: int, growth: int | None = None,
+          batch_growth: int | None = None) -> memory.EncoderStepMeasurement:
+    return memory.EncoderStepMeasurement(samples, saved, peak, batch, growth, batch_growth)
+
+
+def _measured(run, monkeypatch, steps, reference=None, forward=None, **kwargs):
+    """The estimate from given step measurements (2 and 4 samples), the reference step's (asked
+    sizes recorded) and the evaluation forward's."""
+    asked = []
+
+    def measure(parts, sizes=(2, 4)):
+        asked.append(tuple(sizes))
+        if tuple(sizes) == (2, 4):
+            return steps
+        return [dataclasses.replace(reference, samples=sizes[0])]
+
+    monkeypatch.setattr(memory, "measure_encoder_step", measure)
+    monkeypatch.setattr(memory, "measure_evaluation_forward", lambda parts: forward)
+    return memory.estimate_memory(run, **kwargs), asked
+
+
+STEPS = [_step(2, saved=100, peak=150, batch=20), _step(4, saved=160, peak=260, batch=36)]
+
+
+def test_measured_steps_give_fixed_and_per_sample_costs(run, monkeypatch) -> None:
+    """Saved: 100 and 160 bytes -> 40 + 30 per sample; beyond them at the peak: 50 and 100 ->
+    0 + 25 per sample; the batch 20 and 36 -> 8 per sample. K/N = 4 on 2 processes: no
+    reference step (it would not be larger than the trial's 4 samples)."""
+    e, asked = _measured(run, monkeypatch, STEPS, num_processes=2, on_host=True)
+    assert asked == [(2, 4)]
+    assert (e.activation_fixed, e.activation_per_sample) == (40, 30)
+    assert (e.working_fixed, e.working_per_sample, e.batch_per_sample) == (0, 25, 8)
+    assert e.allocator_slack == 0
+
+
+def test_reference_step_gives_the_slack_and_the_collating_copies(run, monkeypatch) -> None:
+    """K/N = 8 samples: the reference step on 8; its resident set grew 700 bytes beyond a peak of
+    500 of live tensors (slack 200), and collating grew it 96 bytes (12 per sample > 8)."""
+    reference = _step(0, saved=0, peak=500, batch=0, growth=700, batch_growth=96)
+    e, asked = _measured(run, monkeypatch, STEPS, reference, on_host=True)
+    assert asked == [(2, 4), (8,)]
+    assert e.allocator_slack == 200 and e.batch_per_sample == 12
+    # growth below the live tensors: no slack, and the trial's batch cost stays when collating grew less
+    reference = _step(0, saved=0, peak=500, batch=0, growth=300, batch_growth=40)
+    e, _ = _measured(run, monkeypatch, STEPS, reference, on_host=True)
+    assert e.allocator_slack == 0 and e.batch_per_sample == 8
+    # no reading of the resident set (not Linux): neither
+    e, _ = _measured(run, monkeypatch, STEPS, _step(0, 0, 500, 0), on_host=True)
+    assert e.allocator_slack == 0 and e.batch_per_sample == 8
+
+
+@pytest.mark.parametrize("kwargs,sizes", [
+    (dict(chunk_size=5), [(2, 4), (5,)]),  # one chunk of 5 is what the step encodes at once
+    (dict(chunk_size=4), [(2, 4)]),  # no larger than the trial step: not measured again
+    (dict(chunk_size=16), [(2, 4), (8,)]),  # a chunk larger than K/N: K/N
+    (dict(measure_slack=False), [(2, 4)]),
+    (dict(on_host=False), [(2, 4)]),  # a device's allocator: not the host's resident set
+])
+def test_reference_step_size(run, monkeypatch, kwargs: dict, sizes: list) -> None:
+    reference = _step(0, saved=0, peak=500, batch=0, growth=700)
+    e, asked = _measured(run, monkeypatch, STEPS, reference, **{"on_host": True, **kwargs})
+    assert asked == sizes
+    assert e.allocator_slack == (200 if len(sizes) == 2 else 0)
+
+
+def test_reference_step_stays_within_a_gib_of_activations(run, monkeypatch) -> None:
+    """At 200 MiB saved per sample (and none beyond), 1 GiB holds 5 samples: the reference step
+    encodes 5 of the 8, not more; at 128 MiB, 8 fit."""
+    steps = [_step(2, saved=400 * MiB, peak=400 * MiB, batch=0), _step(4, saved=800 * MiB, peak=800 * MiB, batch=0)]
+    _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (5,)]
+    steps = [_step(2, saved=256 * MiB, peak=256 * MiB, batch=0), _step(4, saved=512 * MiB, peak=512 * MiB, batch=0)]
+    _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (8,)]
+
+
+def test_evaluation_forward_parts(run, monkeypatch) -> None:
+    """The evaluation batch's measurement: the batch, the forward's live tensors, and on the host
+    the resident set's growth beyond them as slack (none below them, none on a device)."""
+    forward = memory.EvaluationForwardMeasurement(samples=8, batch=100, peak=200, resident_growth=260)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=forward, on_host=True, measure_slack=False)
+    assert (e.evaluation_batch, e.evaluation_forward, e.evaluation_slack) == (100, 200, 60)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=forward, on_host=False)
+    assert (e.evaluation_batch, e.evaluation_forward, e.evaluation_slack) == (100, 200, 0)
+    lower = dataclasses.replace(forward, resident_growth=150)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=lower, on_host=True, measure_slack=False)
+    assert e.evaluation_slack == 0
+    unknown = dataclasses.replace(forward, resident_growth=None)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=unknown, on_host=True, measure_slack=False)
+    assert (e.evaluation_batch, e.evaluation_slack) == (100, 0)
+    monkeypatch.setattr(run.config.evaluation, "tasks", [])  # no evaluation: nothing measured for it
+    e, _ = _measured(run, monkeypatch, STEPS, forward=forward, on_host=True, measure_slack=False)
+    assert (e.evaluation, e.evaluation_batch, e.evaluation_forward) == (0, 0, 0)
