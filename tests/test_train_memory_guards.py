@@ -601,3 +601,166 @@ def test_evaluation_forward_parts(run, monkeypatch) -> None:
     monkeypatch.setattr(run.config.evaluation, "tasks", [])  # no evaluation: nothing measured for it
     e, _ = _measured(run, monkeypatch, STEPS, forward=forward, on_host=True, measure_slack=False)
     assert (e.evaluation, e.evaluation_batch, e.evaluation_forward) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurements themselves, on the tiny run's encoder (milliseconds per pass).
+# ---------------------------------------------------------------------------------------------
+def _state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _unchanged(module: nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items()) and all(
+        p.grad is None for p in module.parameters())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_encoder_step_measurement_leaves_the_encoder_as_it_was(run, training: bool) -> None:
+    """Weights and BatchNorm statistics as they were, no gradient left, the mode put back."""
+    encoder = run.encoder
+    encoder.train(training)
+    before = _state(encoder)
+    assert any("running_mean" in k for k in before)  # BatchNorm: a training forward would move them
+    memory.measure_encoder_step(run, (2,))
+    assert encoder.training is training and _unchanged(encoder, before)
+    memory.gradient_bytes(run)
+    assert encoder.training is training and _unchanged(encoder, before)
+    memory.measure_evaluation_forward(run, 2)
+    assert encoder.training is training and _unchanged(encoder, before)
+    encoder.train()
+
+
+def _prepared_batch(run, samples: int, collate) -> object:
+    rows = [run.datasets["train"][i] for i in range(samples)]
+    return run.encoder.host_preparation()(collate(rows))
+
+
+def test_encoder_step_measures_its_batch_and_what_autograd_saves(run) -> None:
+    from test_train_memory_evaluation import _bytes
+
+    steps = memory.measure_encoder_step(run, (2, 4))
+    assert [s.samples for s in steps] == [2, 4]
+    for s in steps:
+        assert s.batch == _bytes(_prepared_batch(run, s.samples, run.collator)) > 0
+        # the same forward and backward here, in training mode as the step measures it
+        batch = _prepared_batch(run, s.samples, run.collator)
+        params = {p.untyped_storage().data_ptr() for p in run.encoder.parameters()}
+
+        def step() -> None:
+            z, _ = run.encoder(batch)
+            z.float().square().sum().backward()
+
+        before = _state(run.encoder)
+        saved = memory.saved_activation_bytes(step, params)
+        run.encoder.load_state_dict(before)
+        run.encoder.zero_grad(set_to_none=True)
+        assert s.saved == saved > 0
+        assert s.peak >= s.saved  # what is saved is alive at the peak
+        assert s.resident_growth is not None and s.batch_growth is not None  # Linux: read
+    assert steps[1].saved > steps[0].saved and steps[1].batch > steps[0].batch
+
+
+def test_encoder_step_needs_enough_samples(run) -> None:
+    memory.measure_encoder_step(run, (24,))  # the whole split: enough
+    with pytest.raises(ValueError) as raised:
+        memory.measure_encoder_step(run, (2, 25))
+    assert str(raised.value) == "the training split has 24 samples; measuring activations needs 25"
+
+
+def test_measure_activations_is_the_line_through_the_asked_sizes(run, monkeypatch) -> None:
+    asked = []
+
+    def measure(parts, sizes=(2, 4)):
+        asked.append(tuple(sizes))
+        return [_step(n, saved=7 + 10 * n, peak=0, batch=0) for n in sizes]
+
+    monkeypatch.setattr(memory, "measure_encoder_step", measure)
+    assert memory.measure_activations(run, (3, 5)) == (7.0, 10.0) and asked == [(3, 5)]
+    assert memory.measure_activations(run) == (7.0, 10.0) and asked[-1] == (2, 4)
+
+
+def test_gradients_are_those_of_the_parameters_one_backward_reaches(run) -> None:
+    """Every trainable parameter of the tiny encoder is used: all get a gradient; one frozen
+    adapter's parameters get none."""
+    trainable = _storage_bytes([p for p in run.encoder.parameters() if p.requires_grad])
+    assert memory.gradient_bytes(run) == trainable > 0
+    frozen = list(run.encoder.adapters["audio"].parameters())
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+        assert memory.gradient_bytes(run) == trainable - _storage_bytes(frozen)
+        assert memory.gradient_bytes(run, samples=4) == trainable - _storage_bytes(frozen)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def test_evaluation_forward_is_one_evaluation_batch_without_gradients(run) -> None:
+    """data.eval_batch_size samples (or as asked) of the training split, collated with the
+    evaluation's views (2, not the training's 3), encoded in eval mode without autograd."""
+    loader = run.eval_loaders["train"]
+    forward = memory.measure_evaluation_forward(run, 6)
+    assert forward.samples == 6
+    assert forward.batch == _bytes_of(_prepared_batch(run, 6, loader.collate_fn)) > 0
+    assert forward.batch < _bytes_of(_prepared_batch(run, 6, run.collator))  # 2 views, not 3
+    assert forward.resident_growth is not None and forward.peak > 0
+    d = run.encoder.embed_dim
+    assert forward.peak >= 6 * 2 * d * 4  # the embeddings at least
+    default = memory.measure_evaluation_forward(run)
+    assert default.samples == min(run.config.data.eval_batch_size or run.config.data.batch_size, 24)
+    assert memory.measure_evaluation_forward(run, 100).samples == 24  # no more than the split holds
+
+
+def _bytes_of(batch) -> int:
+    from test_train_memory_evaluation import _bytes
+
+    return _bytes(batch)
+
+
+def test_no_evaluation_loader_no_evaluation_forward(run, monkeypatch) -> None:
+    monkeypatch.setattr(run, "eval_loaders", {"train": None})
+    assert memory.measure_evaluation_forward(run) is None
+    monkeypatch.setattr(run, "eval_loaders", {})
+    assert memory.measure_evaluation_forward(run) is None
+
+
+class _Recording(nn.Module):
+    """An objective that records its inputs, moves its own state (a memory bank, a gradient) and
+    keeps a 4 MiB tensor alive until its output goes."""
+
+    def __init__(self, takes_extras: bool) -> None:
+        super().__init__()
+        self.takes_index = self.takes_teacher = takes_extras
+        self.register_buffer("bank", torch.zeros(4))
+        self.weight = nn.Parameter(torch.ones(1))
+        self.seen: list[dict] = []
+
+    def compute(self, z, mask, index=None, teacher=None):
+        self.seen.append(dict(z=z.detach().clone(), grad=z.requires_grad, mask=mask, index=index, teacher=teacher,
+                              teacher_storage=None if teacher is None else teacher.untyped_storage().data_ptr(),
+                              z_storage=z.untyped_storage().data_ptr()))
+        self.bank.add_(1)
+        return SimpleNamespace(loss=(z.square() * self.weight).sum(), held=torch.ones(MiB))
+
+
+@pytest.mark.parametrize("takes_extras", [True, False])
+def test_objective_peak_runs_on_unit_embeddings_and_puts_the_state_back(takes_extras: bool) -> None:
+    """K = 4, M = 2, d = 8: the embeddings (128 bytes) and their gradient are alive with the
+    objective's 4 MiB; the rest (norms, index, teacher, scalars) is well under 64 KiB."""
+    objective = _Recording(takes_extras)
+    peak = memory._objective_peak(objective, 4, 2, 8)
+    assert 4 * MiB + 2 * 4 * 4 * 2 * 8 <= peak <= 4 * MiB + 64 * 1024
+    (seen,) = objective.seen
+    z = seen["z"]
+    assert z.shape == (4, 2, 8) and seen["grad"] and seen["mask"] is None
+    assert torch.allclose(z.norm(dim=-1), torch.ones(4, 2))
+    if takes_extras:
+        assert torch.equal(seen["index"], torch.arange(4))
+        assert torch.equal(seen["teacher"], z) and not seen["teacher"].requires_grad
+        assert seen["teacher_storage"] != seen["z_storage"]  # a copy, not the embeddings themselves
+    else:
+        assert seen["index"] is None and seen["teacher"] is None
+    assert torch.equal(objective.bank, torch.zeros(4)) and objective.weight.grad is None
+    memory._objective_peak(objective, 4, 2, 8)
+    assert torch.equal(objective.seen[1]["z"], z)  # the same random embeddings each time
