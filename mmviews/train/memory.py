@@ -651,7 +651,7 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     if on_host is None:
         on_host = config.cpu or not torch.cuda.is_available()
     K, M = parts.sampler.batch_size, len(parts.view_spec)
-    d = int(getattr(encoder, "embed_dim", 0)) or int(config.encoder.get("embed_dim", 128))
+    d = int(encoder.embed_dim)  # a MultiViewEncoder's: every adapter's embed_dim
     objective_params = list(objective.parameters())
     parameters = tensor_bytes([*encoder.parameters(), *encoder.buffers(), *objective_params])
     teacher = tensor_bytes([*encoder.parameters(), *encoder.buffers()]) if uses_teacher(config, objective) else 0
