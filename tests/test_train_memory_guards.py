@@ -774,3 +774,56 @@ def test_encoder_step_is_measured_under_the_recipes_mixed_precision(run, monkeyp
     monkeypatch.setattr(run.config.optimisation, "mixed_precision", precision)
     (half,) = memory.measure_encoder_step(run, (4,))
     assert 0.4 * full.saved < half.saved < 0.6 * full.saved, (half.saved, full.saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# Live tensors of a step counted by hand: two 512 x 512 linear layers (1 MiB of weights each)
+# on 2 samples of 512 float32 features (4 KiB per activation).
+# ---------------------------------------------------------------------------------------------
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(512, 512), nn.Linear(512, 512)
+
+    def host_preparation(self):
+        return lambda batch: batch
+
+    def forward(self, x: torch.Tensor):
+        return self.second(self.first(x)), None
+
+
+def _two_layer_parts() -> SimpleNamespace:
+    torch.manual_seed(0)
+    config = SimpleNamespace(optimisation=SimpleNamespace(mixed_precision="no"))
+    return SimpleNamespace(encoder=_TwoLayers(), datasets={"train": [torch.randn(512) for _ in range(4)]},
+                           collator=torch.stack, config=config)
+
+
+def test_live_tensors_leave_out_parameter_views_and_gradients_accumulated_in_place() -> None:
+    """Forward: the layers' transposed weights are views of the parameters (nothing allocated).
+    Backward into existing .grad tensors: each weight's gradient (1 MiB) is made, added in place
+    and freed before the next layer's; the peak holds one of them, not two, nor the weights."""
+    model = _TwoLayers()
+    x = torch.randn(2, 512)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    live = memory.LiveTensorBytes()
+    with live:
+        z, _ = model(x)
+        z.square().sum().backward()
+        del z
+    assert MiB <= live.peak < MiB + 64 * 1024, live.peak
+    assert live.live == 0  # the gradients went into the .grad tensors made before
+
+
+def test_encoder_step_counts_by_hand() -> None:
+    """Saved for backward: the input and the first layer's output (each [2, 512] float32, 4 KiB)
+    and the embeddings the square keeps (4 KiB); the weights, also saved, are left out. The
+    batch: 4 KiB. At the peak: one weight's gradient (1 MiB, the .grad tensors exist before the
+    pass) beside those. The gradients gone afterwards."""
+    parts = _two_layer_parts()
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.samples, step.saved, step.batch) == (2, 3 * 4096, 4096)
+    assert MiB <= step.peak < MiB + 64 * 1024, step.peak
+    assert all(p.grad is None for p in parts.encoder.parameters())
+    assert memory.gradient_bytes(parts) == 2 * (512 * 512 + 512) * 4
