@@ -577,10 +577,16 @@ def test_reference_step_size(run, monkeypatch, kwargs: dict, sizes: list) -> Non
 def test_reference_step_stays_within_a_gib_of_activations(run, monkeypatch) -> None:
     """At 200 MiB saved per sample (and none beyond), 1 GiB holds 5 samples: the reference step
     encodes 5 of the 8, not more; at 128 MiB, 8 fit."""
-    steps = [_step(2, saved=400 * MiB, peak=400 * MiB, batch=0), _step(4, saved=800 * MiB, peak=800 * MiB, batch=0)]
+    # 150 MiB saved and 50 MiB beyond them per sample: 200 MiB, 5 samples in 1 GiB
+    steps = [_step(2, saved=300 * MiB, peak=400 * MiB, batch=0), _step(4, saved=600 * MiB, peak=800 * MiB, batch=0)]
     _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
     assert asked == [(2, 4), (5,)]
-    steps = [_step(2, saved=256 * MiB, peak=256 * MiB, batch=0), _step(4, saved=512 * MiB, peak=512 * MiB, batch=0)]
+    # 96 + 32 = 128 MiB per sample: 8
+    steps = [_step(2, saved=192 * MiB, peak=256 * MiB, batch=0), _step(4, saved=384 * MiB, peak=512 * MiB, batch=0)]
+    _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (8,)]
+    # nothing per sample (the trial steps measured alike): no bound from the bytes, K/N = 8
+    steps = [_step(2, saved=64, peak=96, batch=0), _step(4, saved=64, peak=96, batch=0)]
     _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
     assert asked == [(2, 4), (8,)]
 
@@ -828,3 +834,81 @@ def test_encoder_step_counts_by_hand() -> None:
     assert MiB <= step.peak < MiB + 64 * 1024, step.peak
     assert all(p.grad is None for p in parts.encoder.parameters())
     assert memory.gradient_bytes(parts) == 2 * (512 * 512 + 512) * 4
+
+
+def test_baseline_and_framework_are_never_negative(run, monkeypatch) -> None:
+    """Readings below the parameters' bytes (baseline) and a resident set that shrank after the
+    trial steps (framework): both 0, not negative."""
+    readings = iter([1000, 900])
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings))
+    e = _given(run, monkeypatch)
+    assert e.parameters > 1000 and (e.baseline, e.framework) == (0, 0)
+
+
+def test_resident_readings_become_the_steps_growths(monkeypatch) -> None:
+    """With the readings given (reset at 1000 bytes each time), the growths are the high-water
+    mark's rise above them: exact, never negative, None where the mark cannot be reset."""
+    parts = _two_layer_parts()
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: 1000)
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1700)
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.resident_growth, step.batch_growth) == (700, 700)
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 900)
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.resident_growth, step.batch_growth) == (0, 0)
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: None)
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.resident_growth, step.batch_growth) == (None, None)
+
+
+def _two_layer_eval_parts(precision: str = "no") -> SimpleNamespace:
+    parts = _two_layer_parts()
+    parts.config = SimpleNamespace(optimisation=SimpleNamespace(mixed_precision=precision),
+                                   data=SimpleNamespace(eval_batch_size=2, batch_size=4))
+    parts.eval_loaders = {"train": None, "test": SimpleNamespace(collate_fn=torch.stack)}
+    return parts
+
+
+def test_evaluation_forward_counts_by_hand(monkeypatch) -> None:
+    """data.eval_batch_size = 2 samples: the batch 4 KiB; without gradients each layer's output
+    (4 KiB) is alive while the next is computed: 8 KiB at the peak. The resident set's rise
+    beyond the batch (readings given: reset at 1000, mark at 1000 + 4096 + 300) is the growth."""
+    parts = _two_layer_eval_parts()
+    forward = memory.measure_evaluation_forward(parts)
+    assert (forward.samples, forward.batch, forward.peak) == (2, 4096, 2 * 4096)
+    assert memory.measure_evaluation_forward(parts, 1).samples == 1
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: 1000)
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1000 + 4096 + 300)
+    assert memory.measure_evaluation_forward(parts).resident_growth == 300
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1000)
+    assert memory.measure_evaluation_forward(parts).resident_growth == 0
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: None)
+    assert memory.measure_evaluation_forward(parts).resident_growth is None
+
+
+def test_evaluation_forward_of_an_empty_split_is_none() -> None:
+    parts = _two_layer_eval_parts()
+    parts.datasets = {"train": []}
+    assert memory.measure_evaluation_forward(parts) is None
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_evaluation_forward_is_measured_under_the_recipes_mixed_precision(precision: str) -> None:
+    """Under autocast the layers run on 2-byte copies of their weights (512 KiB each): the
+    float32 forward's 8 KiB peak becomes more than one such copy."""
+    forward = memory.measure_evaluation_forward(_two_layer_eval_parts(precision))
+    assert forward.peak > 512 * 1024
+
+
+def test_resident_set_fallback_on_macos_is_in_bytes(monkeypatch) -> None:
+    """macOS's getrusage reports the high-water mark in bytes (Linux's in kilobytes)."""
+    import resource
+    import sys
+
+    def refused(*args, **kwargs):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(memory, "open", refused, raising=False)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert low <= memory.resident_bytes() <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
