@@ -679,6 +679,7 @@ def test_measure_activations_is_the_line_through_the_asked_sizes(run, monkeypatc
     asked = []
 
     def measure(parts, sizes=(2, 4)):
+        assert parts is run  # the run's own encoder and training split
         asked.append(tuple(sizes))
         return [_step(n, saved=7 + 10 * n, peak=0, batch=0) for n in sizes]
 
