@@ -520,13 +520,18 @@ def _measured(run, monkeypatch, steps, reference=None, forward=None, **kwargs):
     asked = []
 
     def measure(parts, sizes=(2, 4)):
+        assert parts is run
         asked.append(tuple(sizes))
         if tuple(sizes) == (2, 4):
             return steps
         return [dataclasses.replace(reference, samples=sizes[0])]
 
+    def evaluation_forward(parts):
+        assert parts is run
+        return forward
+
     monkeypatch.setattr(memory, "measure_encoder_step", measure)
-    monkeypatch.setattr(memory, "measure_evaluation_forward", lambda parts: forward)
+    monkeypatch.setattr(memory, "measure_evaluation_forward", evaluation_forward)
     return memory.estimate_memory(run, **kwargs), asked
 
 
