@@ -673,11 +673,12 @@ def test_encoder_step_measures_its_batch_and_what_autograd_saves(run) -> None:
     assert steps[1].saved > steps[0].saved and steps[1].batch > steps[0].batch
 
 
-def test_encoder_step_needs_enough_samples(run) -> None:
-    memory.measure_encoder_step(run, (24,))  # the whole split: enough
+def test_encoder_step_needs_enough_samples() -> None:
+    parts = _two_layer_parts()  # 4 samples
+    assert memory.measure_encoder_step(parts, (4,))[0].samples == 4  # the whole split: enough
     with pytest.raises(ValueError) as raised:
-        memory.measure_encoder_step(run, (2, 25))
-    assert str(raised.value) == "the training split has 24 samples; measuring activations needs 25"
+        memory.measure_encoder_step(parts, (2, 5))
+    assert str(raised.value) == "the training split has 4 samples; measuring activations needs 5"
 
 
 def test_measure_activations_is_the_line_through_the_asked_sizes(run, monkeypatch) -> None:
