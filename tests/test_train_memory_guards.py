@@ -15,6 +15,7 @@ from torch import nn
 
 import mmviews.train.memory as memory
 from mmviews.train.memory import GB, MemoryEstimate
+from test_train_memory import _storage_bytes  # distinct storages counted apart from the module
 
 MiB = 2**20
 
@@ -424,11 +425,6 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                                     "test": {"num_samples": 16}}
     raw["data"]["val_split"] = "valid"
     return build_run(load_config(write_recipe(tmp_path_factory.mktemp("tiny") / "r.yaml", raw)), 1)
-
-
-def _storage_bytes(tensors) -> int:
-    """Bytes of distinct storages, counted apart from the module (numel x element size)."""
-    return sum({t.untyped_storage().data_ptr(): t.numel() * t.element_size() for t in tensors}.values())
 
 
 def _not_measured(*args, **kwargs):
