@@ -915,3 +915,18 @@ def test_resident_set_fallback_on_macos_is_in_bytes(monkeypatch) -> None:
     monkeypatch.setattr(sys, "platform", "darwin")
     low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert low <= memory.resident_bytes() <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+class _FailingSecondLayer(_TwoLayers):
+    def forward(self, x: torch.Tensor):
+        raise RuntimeError("out of memory")
+
+
+def test_a_failed_measurement_leaves_no_gradient_behind() -> None:
+    """The pass fails after its zero gradients were made: they are cleared all the same, and the
+    encoder is back in its mode."""
+    parts = _two_layer_parts()
+    parts.encoder = _FailingSecondLayer().eval()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        memory.measure_encoder_step(parts, (2,))
+    assert all(p.grad is None for p in parts.encoder.parameters()) and not parts.encoder.training
