@@ -516,7 +516,7 @@ def _measured(run, monkeypatch, steps, reference=None, forward=None, **kwargs):
     asked = []
 
     def measure(parts, sizes=(2, 4)):
-        assert parts is run
+        assert parts is run and all(type(n) is int for n in sizes), sizes  # whole samples of the run
         asked.append(tuple(sizes))
         if tuple(sizes) == (2, 4):
             return steps
@@ -543,6 +543,10 @@ def test_measured_steps_give_fixed_and_per_sample_costs(run, monkeypatch) -> Non
     assert (e.activation_fixed, e.activation_per_sample) == (40, 30)
     assert (e.working_fixed, e.working_per_sample, e.batch_per_sample) == (0, 25, 8)
     assert e.allocator_slack == 0
+    # peaks no higher than what is saved (the saved tensors are the peak): no working memory at all
+    flat = [_step(2, saved=100, peak=100, batch=20), _step(4, saved=160, peak=150, batch=36)]
+    e, _ = _measured(run, monkeypatch, flat, num_processes=2, on_host=True)
+    assert (e.working_fixed, e.working_per_sample) == (0, 0)
 
 
 def test_reference_step_gives_the_slack_and_the_collating_copies(run, monkeypatch) -> None:
