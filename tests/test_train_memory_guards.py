@@ -934,3 +934,18 @@ def test_a_failed_measurement_leaves_no_gradient_behind() -> None:
     with pytest.raises(RuntimeError, match="out of memory"):
         memory.measure_encoder_step(parts, (2,))
     assert all(p.grad is None for p in parts.encoder.parameters()) and not parts.encoder.training
+
+
+def test_reference_step_stays_within_its_sample_cap(run, monkeypatch) -> None:
+    """SLACK_REFERENCE_SAMPLES caps the reference step (128; set to 6 here, below K/N = 8)."""
+    monkeypatch.setattr(memory, "SLACK_REFERENCE_SAMPLES", 6)
+    _, asked = _measured(run, monkeypatch, STEPS, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (6,)]
+
+
+def test_a_run_without_evaluation_loaders(run, monkeypatch) -> None:
+    """A run built without its evaluation (build_run(..., with_eval=False)): no loader, no
+    evaluation part, nothing measured for it."""
+    monkeypatch.setattr(run, "eval_loaders", {})
+    e = _given(run, monkeypatch)
+    assert (e.evaluation, e.evaluation_batch, e.evaluation_forward) == (0, 0, 0) and e.num_views == 3
