@@ -7,6 +7,7 @@ In-process and tiny: well under a second in all, apart from the one tiny run bui
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -503,6 +504,11 @@ def test_sharded_parts_are_one_processes_share(run, monkeypatch) -> None:
     assert e.teacher == -(-whole.teacher // 2)
     units = unit_parameter_bytes(run.encoder, run.config.distributed.fsdp_units)
     assert e.gathered == 2 * max(units) > 0 and e.gathered < 2 * encoder_weights
+    # on 5 processes the shares do not divide evenly: each process holds the larger, whole share
+    five = _given(run, monkeypatch, 5)
+    assert [x % 5 > 0 for x in (encoder_weights, whole.gradients, whole.teacher)] == [True, True, True]
+    assert five.parameters == kept + math.ceil(encoder_weights / 5)
+    assert five.gradients == math.ceil(whole.gradients / 5) and five.teacher == math.ceil(whole.teacher / 5)
 
 
 def _step(samples: int, saved: int, peak: int, batch: int, growth: int | None = None,
