@@ -549,6 +549,10 @@ def test_measured_steps_give_fixed_and_per_sample_costs(run, monkeypatch) -> Non
     assert (e.activation_fixed, e.activation_per_sample) == (40, 30)
     assert (e.working_fixed, e.working_per_sample, e.batch_per_sample) == (0, 25, 8)
     assert e.allocator_slack == 0
+    # beyond the saved tensors 70 and 90 bytes at the peak: 50 fixed + 10 per sample
+    beyond = [_step(2, saved=100, peak=170, batch=20), _step(4, saved=160, peak=250, batch=36)]
+    e, _ = _measured(run, monkeypatch, beyond, num_processes=2, on_host=True)
+    assert (e.working_fixed, e.working_per_sample) == (50, 10)
     # peaks no higher than what is saved (the saved tensors are the peak): no working memory at all
     flat = [_step(2, saved=100, peak=100, batch=20), _step(4, saved=160, peak=150, batch=36)]
     e, _ = _measured(run, monkeypatch, flat, num_processes=2, on_host=True)
