@@ -278,7 +278,10 @@ def test_objective_beyond_the_measured_size_is_extrapolated_from_two_smaller_one
     largest K / 2^j <= 512 and half of it; at 512 and below, measured at K itself."""
     asked = []
 
-    def peak(objective, K, M, d):
+    objective = _Scores()
+
+    def peak(measured, K, M, d):
+        assert measured is objective and (M, d) == (2, 8)  # the objective and the shapes asked about
         asked.append(K)
         return 24 * K + 40 * K * K
 
@@ -286,7 +289,7 @@ def test_objective_beyond_the_measured_size_is_extrapolated_from_two_smaller_one
     assert memory.OBJECTIVE_MEASURED_K == 512
     for K, measured in ((512, [512]), (100, [100]), (513, [128, 256]), (1024, [256, 512]), (3000, [187, 375])):
         asked.clear()
-        assert memory.measure_objective_bytes(_Scores(), K, 2, 8) == 24 * K + 40 * K * K, K
+        assert memory.measure_objective_bytes(objective, K, 2, 8) == 24 * K + 40 * K * K, K
         assert asked == measured, K
 
 
@@ -305,9 +308,12 @@ class _Failing(_Scores):
         raise RuntimeError("needs real inputs")
 
 
-@pytest.mark.parametrize("K", [8, 1024])
-def test_objective_that_cannot_run_on_random_inputs_is_counted_instead(K: int) -> None:
-    assert memory.measure_objective_bytes(_Failing(), K, 2, 8) == memory.objective_bytes(_Failing(), K, 2, 8)
+@pytest.mark.parametrize("K,counted", [
+    (8, 2 * 4 * 8 * 2 * 8 + 2 * 100),  # embeddings and gradient; two score blocks of its 100-byte budget
+    (1024, 2 * 4 * 1024 * 2 * 8 + 2 * 100),
+])
+def test_objective_that_cannot_run_on_random_inputs_is_counted_instead(K: int, counted: int) -> None:
+    assert memory.measure_objective_bytes(_Failing(100 / MiB), K, 2, 8) == counted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,6 +448,8 @@ def _given(run, monkeypatch, num_processes: int = 1, chunk: int | None = None, *
 def test_estimate_takes_the_runs_shapes_weights_and_objective(run, monkeypatch) -> None:
     e = _given(run, monkeypatch, 2, 3, on_host=True)
     d = run.encoder.embed_dim
+    assert e.lines()[0].startswith("estimated peak memory per device (cached step, encode_chunk_size 3; K = 8 samples, "
+                                   "M = 3 views, N = 2 processes, 4 samples per device; resident set of the process): ")
     assert (e.samples_per_device, e.num_processes, e.chunk_size, e.num_views, e.embed_dim) == (4, 2, 3, 3, d)
     assert (e.activation_fixed, e.activation_per_sample, e.working_fixed, e.working_per_sample) == (1000, 10, 0, 0)
     assert (e.batch_per_sample, e.prefetched_batches, e.teacher, e.sharded, e.gathered) == (0, 0, 0, False, 0)
