@@ -238,6 +238,15 @@ def test_live_tensor_bytes_follows_allocations_and_frees() -> None:
     assert live.live == 0  # released when the last tensor of each storage goes
 
 
+def test_live_tensor_bytes_of_a_block_that_allocates_nothing_is_zero() -> None:
+    made_before = torch.zeros(8)
+    live = memory.LiveTensorBytes()
+    with live:
+        made_before.add_(1)  # in place: no allocation
+        made_before[:4].mul_(2)  # a view, in place
+    assert (live.peak, live.live) == (0, 0)
+
+
 def test_live_tensor_bytes_leaves_meta_tensors_out() -> None:
     live = memory.LiveTensorBytes()
     with live:
@@ -721,6 +730,7 @@ def test_gradients_are_those_of_the_parameters_one_backward_reaches(run) -> None
     try:
         for p in frozen:
             p.requires_grad_(False)
+            p.grad = torch.zeros_like(p)  # stale gradients from before the freeze are not this backward's
         assert memory.gradient_bytes(run) == trainable - _storage_bytes(frozen)
         assert memory.gradient_bytes(run, samples=4) == trainable - _storage_bytes(frozen)
     finally:
