@@ -61,7 +61,7 @@ def device_cached_step() -> MemoryEstimate:
     2 x 4 x 8 x 2 x 2^16 = 8 MiB; one chunk's activations 2 + 1 x 4 = 6 MiB, working 0.5 x 4 =
     2 MiB. Host parts (16 + 4 + 4 MiB) not counted. Step: weights 1 + 2 + 2 = 5, batch 1 x 8 = 8,
     embeddings 8 and the larger of the encoder's 8 and the objective's 3: 29 MiB. Evaluation:
-    5 - 2 + 20 extracted + 1 + 2 + 3 for one batch = 29 MiB... + 1: see the figures below."""
+    5 - 2 + 21 extracted + 1 + 2 + 3 for one batch = 30 MiB."""
     return _estimate(samples_per_device=8, num_views=2, embed_dim=2**16, num_processes=1, chunk_size=4,
                      parameters=1 * MiB, gradients=2 * MiB, optimizer_state=2 * MiB, teacher=0,
                      activation_fixed=2 * MiB, activation_per_sample=1 * MiB, objective=3 * MiB, optimizer="sgd",
@@ -127,8 +127,7 @@ def test_the_report_ends_with_the_advice_when_a_budget_is_given() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The advice for a budget, on an estimate counted in whole GiB: K/N = 8, host 1 GiB, weights
-# 1 + 1 + 2 = 4 GiB, 1 GiB of activations per sample, objective 1 GiB, [8, 2, 2^25] embeddings
-# and gradient = 2 x 4 x 8 x 2 x 2^25 bytes = 4 GiB... see budget_estimate.
+# 1 + 1 + 2 = 4 GiB, 1 GiB of activations per sample, objective 1 GiB (see budget_estimate).
 # ---------------------------------------------------------------------------------------------
 def budget_estimate(chunk: int | None = None) -> MemoryEstimate:
     """Plain step: 1 + 4 + 8 x 1 + 1 = 14 GiB. Cached step with chunk C: 1 + 4 + 0.5 (embeddings
