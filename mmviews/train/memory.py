@@ -329,7 +329,9 @@ class LiveTensorBytes(TorchDispatchMode):
     """While active, counts the bytes of the tensors that torch operations allocate and that are
     still alive (each storage once, released when its last tensor goes), and their peak
     :attr:`peak`: the working memory of a forward and backward, without the allocator's slack
-    or an operation's internal scratch buffers. Tensors made before it started are not counted."""
+    or an operation's internal scratch buffers. Tensors made before it started are not counted,
+    nor views of them or results written into them in place (a weight's transpose, a gradient
+    accumulated into ``.grad``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -343,11 +345,14 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        # An output on an input's storage (a view, an in-place result) allocated nothing: without
+        # this, a parameter's transposed view or a gradient accumulated in place would count.
+        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 storage = t.untyped_storage()
                 key = id(storage)
-                if key in self._alive:
+                if key in self._alive or key in inputs:
                     continue
                 nbytes = storage.nbytes()
                 self._alive[key] = weakref.finalize(storage, self._release, key, nbytes)
@@ -651,7 +656,7 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     if on_host is None:
         on_host = config.cpu or not torch.cuda.is_available()
     K, M = parts.sampler.batch_size, len(parts.view_spec)
-    d = int(getattr(encoder, "embed_dim", 0)) or int(config.encoder.get("embed_dim", 128))
+    d = int(encoder.embed_dim)  # a MultiViewEncoder's: every adapter's embed_dim
     objective_params = list(objective.parameters())
     parameters = tensor_bytes([*encoder.parameters(), *encoder.buffers(), *objective_params])
     teacher = tensor_bytes([*encoder.parameters(), *encoder.buffers()]) if uses_teacher(config, objective) else 0

@@ -1,0 +1,978 @@
+"""Unit guards of mmviews.train.memory, part by part: the report ``mmviews train --check`` prints
+(every line, its figures and units), the advice for a budget, the byte counting helpers, the
+extrapolations and the readings of the process's memory. Every figure is counted by hand from
+inputs chosen so that it is exact (whole MiB or GiB), not copied from a run of the code.
+In-process and tiny: well under a second in all, apart from the one tiny run built at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import mmviews.train.memory as memory
+from mmviews.train.memory import GB, MemoryEstimate
+from test_train_memory import _storage_bytes  # distinct storages counted apart from the module
+
+MiB = 2**20
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes as printed: binary units, GiB from a tenth of a GiB up, MiB below it.
+# ---------------------------------------------------------------------------------------------
+def test_sizes_print_in_binary_units_switching_at_a_tenth_of_a_gib() -> None:
+    assert memory._gb(3 * GB) == "3.00 GiB"
+    assert memory._gb(5 * MiB) == "5.0 MiB"
+    assert memory._gb(1.5 * MiB) == "1.5 MiB"
+    # 0.1 GiB = 107374182.4 bytes: the first whole byte at or above it prints in GiB, the one below in MiB
+    assert memory._gb(107374183) == "0.10 GiB"
+    assert memory._gb(107374182) == "102.4 MiB"
+    assert memory._gb(0) == "0.0 MiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# The report, line by line. Two estimates cover every optional line: a plain step on the host
+# (N = 2, sharded, teacher, sample cache, framework state, slack, prefetching workers) and a
+# cached step on a device (N = 1, the host parts shown but not counted, an evaluation).
+# ---------------------------------------------------------------------------------------------
+def _estimate(**fields) -> MemoryEstimate:
+    return MemoryEstimate(**fields)
+
+
+def host_plain_step() -> MemoryEstimate:
+    """K = 32 on N = 2 processes, 16 samples each. Host: 16 + 8 + 4 = 28 MiB; weights: 1 + 2 + 4 +
+    3 teacher + 6 gathered = 16 MiB; batch 0.25 MiB x 16 x (1 + 2 prefetched) = 12 MiB; encoder:
+    2 + 0.5 x 16 = 10 MiB saved, 1 + 0.25 x 16 = 5 MiB working, 5 MiB slack; objective 7 MiB.
+    Step 28 + 16 + 12 + 20 + 7 = 83 MiB; the evaluation (nothing extracted) 28 + 16 - 2 = 42 MiB."""
+    return _estimate(samples_per_device=16, num_views=3, embed_dim=8, num_processes=2, chunk_size=None,
+                     parameters=1 * MiB, gradients=2 * MiB, optimizer_state=4 * MiB, teacher=3 * MiB,
+                     activation_fixed=2 * MiB, activation_per_sample=0.5 * MiB, objective=7 * MiB, optimizer="adamw",
+                     working_fixed=1 * MiB, working_per_sample=0.25 * MiB, batch_per_sample=0.25 * MiB,
+                     prefetched_batches=2, baseline=16 * MiB, sample_cache=4 * MiB, on_host=True,
+                     allocator_slack=5 * MiB, framework=8 * MiB, sharded=True, gathered=6 * MiB)
+
+
+def device_cached_step() -> MemoryEstimate:
+    """K = 8 on one device, chunks of 4: [8, 2, 2^16] float32 embeddings and their gradient are
+    2 x 4 x 8 x 2 x 2^16 = 8 MiB; one chunk's activations 2 + 1 x 4 = 6 MiB, working 0.5 x 4 =
+    2 MiB. Host parts (16 + 4 + 4 MiB) not counted. Step: weights 1 + 2 + 2 = 5, batch 1 x 8 = 8,
+    embeddings 8 and the larger of the encoder's 8 and the objective's 3: 29 MiB. Evaluation:
+    5 - 2 + 21 extracted + 1 + 2 + 3 for one batch = 30 MiB."""
+    return _estimate(samples_per_device=8, num_views=2, embed_dim=2**16, num_processes=1, chunk_size=4,
+                     parameters=1 * MiB, gradients=2 * MiB, optimizer_state=2 * MiB, teacher=0,
+                     activation_fixed=2 * MiB, activation_per_sample=1 * MiB, objective=3 * MiB, optimizer="sgd",
+                     working_fixed=0.0, working_per_sample=0.5 * MiB, batch_per_sample=1 * MiB, prefetched_batches=0,
+                     baseline=16 * MiB, sample_cache=4 * MiB, evaluation=21 * MiB, evaluation_batch=1 * MiB,
+                     evaluation_forward=2 * MiB, evaluation_slack=3 * MiB, on_host=False, framework=4 * MiB)
+
+
+def test_the_report_of_a_plain_step_on_the_host_line_by_line() -> None:
+    e = host_plain_step()
+    assert (e.step, e.evaluating, e.total) == (83 * MiB, 42 * MiB, 83 * MiB)
+    assert e.lines() == [
+        "estimated peak memory per device (plain step; K = 32 samples, M = 3 views, N = 2 processes, "
+        "16 samples per device; resident set of the process): 83.0 MiB",
+        "  process baseline  16.0 MiB (measured: interpreter, libraries, datasets)",
+        "  framework state   8.0 MiB (measured: what the process keeps once it has run a step: kernels, their caches)",
+        "  sample cache      4.0 MiB (data.cache: every split's samples)",
+        "  parameters        1.0 MiB",
+        "  gradients         2.0 MiB",
+        "  optimiser state   4.0 MiB (adamw)",
+        "  gathered units    6.0 MiB (distributed.sharding: fsdp: the parameters, gradients and optimiser state "
+        "above are 1/2 each; the largest unit held whole, twice)",
+        "  EMA teacher       3.0 MiB",
+        "  batch             12.0 MiB (0.250 MiB per sample x 16, and 2 prefetched by the loader's workers)",
+        "  activations       10.0 MiB (0.50 MiB per sample (measured) x 16)",
+        "  backward working  5.0 MiB (0.25 MiB per sample (measured) x 16)",
+        "  objective         7.0 MiB (measured: loss and backward on [K, M, d] embeddings)",
+        "  allocator slack   5.0 MiB (measured: a reference step's resident-set growth beyond its tensors)",
+    ]
+
+
+def test_the_report_of_a_cached_step_on_a_device_line_by_line() -> None:
+    """Step: 5 + 8 + 8 + max(6 + 2, 3) = 29 MiB; evaluation: 5 - 2 + 21 + (1 + 2 + 3) = 30 MiB, the
+    larger: the estimate."""
+    e = device_cached_step()
+    assert (e.step, e.evaluating, e.total) == (29 * MiB, 30 * MiB, 30 * MiB)
+    not_counted = " (host memory, not in the total)"
+    assert e.lines() == [
+        "estimated peak memory per device (cached step, encode_chunk_size 4; K = 8 samples, M = 2 views, "
+        "N = 1 process, 8 samples per device; device memory): 30.0 MiB",
+        "  process baseline  16.0 MiB (measured: interpreter, libraries, datasets)" + not_counted,
+        "  framework state   4.0 MiB (measured: what the process keeps once it has run a step: kernels, "
+        "their caches)" + not_counted,
+        "  sample cache      4.0 MiB (data.cache: every split's samples)" + not_counted,
+        "  parameters        1.0 MiB",
+        "  gradients         2.0 MiB",
+        "  optimiser state   2.0 MiB (sgd)",
+        "  batch             8.0 MiB (1.000 MiB per sample x 8)",
+        "  activations       14.0 MiB (1.00 MiB per sample (measured) x 4 + [K/N, M, d] embeddings and gradient "
+        "8.0 MiB)",
+        "  backward working  2.0 MiB (0.50 MiB per sample (measured) x 4)",
+        "  objective         3.0 MiB (measured: loss and backward on [K, M, d] embeddings)",
+        "  evaluation        21.0 MiB extracted embeddings + 6.0 MiB for one evaluation batch encoded (measured); "
+        "evaluation peak 30.0 MiB, the training step's 29.0 MiB: the estimate is the larger",
+    ]
+
+
+def test_the_report_ends_with_the_advice_when_a_budget_is_given() -> None:
+    e = host_plain_step()
+    lines = e.lines(budget_gb=1.0)
+    assert lines[:-1] == e.lines() and lines[-1] == "fits the budget of 1 GiB per device (83.0 MiB estimated)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The advice for a budget, on an estimate counted in whole GiB: K/N = 8, host 1 GiB, weights
+# 1 + 1 + 2 = 4 GiB, 1 GiB of activations per sample, objective 1 GiB (see budget_estimate).
+# ---------------------------------------------------------------------------------------------
+def budget_estimate(chunk: int | None = None) -> MemoryEstimate:
+    """Plain step: 1 + 4 + 8 x 1 + 1 = 14 GiB. Cached step with chunk C: 1 + 4 + 0.5 (embeddings
+    [8, 2, 2^22] and gradient: 2 x 4 x 8 x 2 x 2^22 bytes) + max(C, 1): 6.5, 7.5, 9.5, 13.5 GiB for
+    C = 1, 2, 4, 8. The evaluation's peak (1 + 4 - 1 = 4 GiB) never decides."""
+    return _estimate(samples_per_device=8, num_views=2, embed_dim=2**22, num_processes=1, chunk_size=chunk,
+                     parameters=1 * GB, gradients=1 * GB, optimizer_state=2 * GB, teacher=0, activation_fixed=0.0,
+                     activation_per_sample=1.0 * GB, objective=1 * GB, optimizer="adamw", baseline=1 * GB)
+
+
+def test_the_chunk_estimates_the_advice_chooses_from() -> None:
+    assert budget_estimate().total == 14 * GB
+    assert [budget_estimate(c).total for c in (1, 2, 4, 8)] == [6.5 * GB, 7.5 * GB, 9.5 * GB, 13.5 * GB]
+
+
+def test_advice_when_the_estimate_fits_exactly_at_the_budget_and_not_one_byte_below() -> None:
+    e = budget_estimate()
+    assert e.advice(14) == "fits the budget of 14 GiB per device (14.00 GiB estimated)"
+    assert e.advice(15.5) == "fits the budget of 15.5 GiB per device (14.00 GiB estimated)"
+    assert e.advice((14 * GB - 1) / GB).startswith("does not fit the budget of 14 GiB per device (14.00 GiB estimated")
+
+
+def test_advice_names_the_largest_chunk_that_fits_and_the_plain_steps_estimate() -> None:
+    """From a cached step of chunk 8 (13.5 GiB) the advice quotes the plain step (14 GiB) apart."""
+    assert budget_estimate(8).advice(10) == (
+        "does not fit the budget of 10 GiB per device (13.50 GiB estimated; the plain step 14.00 GiB): set "
+        "optimisation.encode_chunk_size: 4 (estimated 9.50 GiB; the same K negatives, encoders run twice per step; "
+        "adapters' gradient_checkpointing: true lowers the activations per sample further)")
+    assert "encode_chunk_size: 1 (estimated 6.50 GiB;" in budget_estimate().advice(6.5)
+
+
+def test_advice_when_not_even_a_chunk_of_one_fits() -> None:
+    """Chunk 1 is 6.5 GiB; the process and the weights alone 1 + 4 = 5 GiB."""
+    assert budget_estimate().advice(6) == (
+        "does not fit the budget of 6 GiB per device: even with optimisation.encode_chunk_size 1 the estimate is "
+        "6.50 GiB (the process, weights, gradients and optimiser state alone take 5.00 GiB); fine-tune fewer "
+        "parameters (finetune.mode, LoRA), use more devices, or a smaller K")
+
+
+def test_chunk_search_tries_powers_of_two_from_one_up_to_k_over_n() -> None:
+    e = budget_estimate()
+    assert e.largest_chunk_within(6.5 * GB) == 1 and e.largest_chunk_within(6.5 * GB - 1) is None
+    assert e.largest_chunk_within(13.5 * GB) == 8 and e.largest_chunk_within(10**15) == 8  # never past K/N
+    assert e.largest_chunk_within(9.5 * GB) == 4 and e.largest_chunk_within(9.5 * GB - 1) == 2
+    # K/N = 1: the only chunk is 1
+    assert dataclasses.replace(e, samples_per_device=1).largest_chunk_within(10**15) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting bytes.
+# ---------------------------------------------------------------------------------------------
+def test_tensor_bytes_counts_each_storage_once_and_whole() -> None:
+    weights = torch.zeros(10)  # 40 bytes
+    other = torch.zeros(3, dtype=torch.float64)  # 24 bytes
+    assert memory.tensor_bytes([weights, weights[2:5], weights.view(2, 5), other]) == 64
+    assert memory.tensor_bytes([weights[2:5]]) == 40  # a slice holds its whole storage
+    assert memory.tensor_bytes([]) == 0
+
+
+@dataclasses.dataclass
+class _Batch:
+    values: torch.Tensor
+    names: list[str]
+
+
+def test_leaves_are_found_in_mappings_sequences_and_dataclasses() -> None:
+    a, b, c, d = (torch.zeros(i + 1) for i in range(4))
+    obj = {"x": a, "nested": [b, ("text", c)], "batch": _Batch(d, ["one", "two"]), "kind": _Batch, "n": 3}
+    assert [t.numel() for t in memory.tensors_in(obj)] == [1, 2, 3, 4]  # the dataclass type itself is not walked
+    assert list(memory.leaves_in(obj, str)) == ["text", "one", "two"]
+    assert list(memory.leaves_in("alone", str)) == ["alone"]
+
+
+@pytest.mark.parametrize("optimizer,momentum,copies", [
+    ("adamw", 0.0, 2), ("adamw", 0.9, 2), ("lars", 0.0, 1), ("lars", 0.9, 1), ("sgd", 0.9, 1), ("sgd", 0.01, 1),
+    ("sgd", 0.0, 0), ("other", 0.9, 0)])
+def test_optimizer_state_is_two_moments_for_adamw_one_buffer_for_momentum(optimizer: str, momentum: float,
+                                                                         copies: int) -> None:
+    assert memory.optimizer_state_bytes(optimizer, 1000, momentum) == copies * 1000
+
+
+def test_saved_activations_are_distinct_storages_without_the_excluded() -> None:
+    x = torch.ones(4, requires_grad=True)  # 16 bytes
+    # exp saves its output (16 bytes); x * x saves x twice (one storage)
+    assert memory.saved_activation_bytes(lambda: x.exp().sum().backward(), set()) == 16
+    assert memory.saved_activation_bytes(lambda: (x * x).sum().backward(), set()) == 16
+    excluded = {x.untyped_storage().data_ptr()}
+    assert memory.saved_activation_bytes(lambda: (x * x).sum().backward(), excluded) == 0
+    assert memory.saved_activation_bytes(lambda: (x * x.exp()).sum().backward(), excluded) == 16
+
+
+def test_live_tensor_bytes_follows_allocations_and_frees() -> None:
+    before = torch.zeros(1000)  # made before: not counted
+    live = memory.LiveTensorBytes()
+    with live:
+        a = torch.zeros(256)  # 1024 bytes
+        b = torch.zeros(512)  # 2048
+        b.add_(1)  # in place: the same storage
+        view = b[:10]  # a view: no new storage
+        del a
+        c = torch.zeros(128)  # 512 after 1024 went
+        doubled = before * 2  # 4000: a new tensor from one made before
+        assert live.live == 2048 + 512 + 4000
+        del doubled
+    assert live.peak == 2048 + 512 + 4000 and live.live == 2048 + 512
+    del view, b, c
+    assert live.live == 0  # released when the last tensor of each storage goes
+
+
+def test_live_tensor_bytes_of_a_block_that_allocates_nothing_is_zero() -> None:
+    made_before = torch.zeros(8)
+    live = memory.LiveTensorBytes()
+    with live:
+        made_before.add_(1)  # in place: no allocation
+        made_before[:4].mul_(2)  # a view, in place
+    assert (live.peak, live.live) == (0, 0)
+
+
+def test_live_tensor_bytes_leaves_meta_tensors_out() -> None:
+    live = memory.LiveTensorBytes()
+    with live:
+        torch.empty(10**6, device="meta").add_(1)
+        kept = torch.zeros(4)
+    assert live.peak == 16 and kept.numel() == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines through measurements.
+# ---------------------------------------------------------------------------------------------
+def test_linear_goes_through_the_first_and_last_points() -> None:
+    assert memory._linear([(2, 100.0), (4, 160.0)]) == (40.0, 30.0)
+    assert memory._linear([(2, 100.0), (3, 1000.0), (4, 160.0)]) == (40.0, 30.0)  # the middle one ignored
+    assert memory._linear([(2, 100.0), (6, 60.0)]) == (100.0, 0.0)  # never a negative cost per sample
+    assert memory._linear([(2, 10.0), (4, 60.0)]) == (0.0, 25.0)  # nor a negative fixed cost
+
+
+class _Scores(nn.Module):
+    def __init__(self, score_budget_mb: float | None = None) -> None:
+        super().__init__()
+        if score_budget_mb is not None:
+            self.score_budget_mb = score_budget_mb
+
+
+def test_objective_bytes_counted_from_shapes() -> None:
+    """K = 4, M = 2, d = 8: embeddings and gradient 2 x 4 x 64 = 512 bytes; scores 4 x 8^2 = 256
+    bytes each, two blocks, capped by score_budget_mb when it is less."""
+    assert memory.objective_bytes(_Scores(), 4, 2, 8) == 512 + 2 * 256
+    assert memory.objective_bytes(_Scores(float("inf")), 4, 2, 8) == 512 + 2 * 256
+    assert memory.objective_bytes(_Scores(100 / MiB), 4, 2, 8) == 512 + 2 * 100
+    assert memory.objective_bytes(_Scores(256 / MiB), 4, 2, 8) == 512 + 2 * 256
+    assert memory.objective_bytes(_Scores(1.0), 4, 2, 8) == 512 + 2 * 256
+
+
+def test_objective_beyond_the_measured_size_is_extrapolated_from_two_smaller_ones(monkeypatch) -> None:
+    """A peak that is exactly b K + c K^2 (b = 24, c = 40) is extrapolated exactly, from the
+    largest K / 2^j <= 512 and half of it; at 512 and below, measured at K itself."""
+    asked = []
+
+    objective = _Scores()
+
+    def peak(measured, K, M, d):
+        assert measured is objective and (M, d) == (2, 8)  # the objective and the shapes asked about
+        asked.append(K)
+        return 24 * K + 40 * K * K
+
+    monkeypatch.setattr(memory, "_objective_peak", peak)
+    assert memory.OBJECTIVE_MEASURED_K == 512
+    for K, measured in ((512, [512]), (100, [100]), (513, [128, 256]), (1024, [256, 512]), (3000, [187, 375])):
+        asked.clear()
+        assert memory.measure_objective_bytes(objective, K, 2, 8) == 24 * K + 40 * K * K, K
+        assert asked == measured, K
+
+
+def test_objective_extrapolation_never_goes_negative(monkeypatch) -> None:
+    """A peak falling with K (a measurement's noise) gives no negative growth: c = 0, and the
+    cost per sample of the larger point (4000 / 512) carries on linearly."""
+    monkeypatch.setattr(memory, "_objective_peak", lambda o, K, M, d: 8000 if K == 256 else 4000)
+    assert memory.measure_objective_bytes(_Scores(), 1024, 2, 8) == int((8000 / 256) * 1024)
+    monkeypatch.setattr(memory, "_objective_peak", lambda o, K, M, d: K * K if K == 256 else 10 * K * K)
+    # c = (10 x 512 - 256) / 256 = 19; b = 256 / 256 ... = 1 - 19 x 256 < 0: 0
+    assert memory.measure_objective_bytes(_Scores(), 1024, 2, 8) == 19 * 1024 * 1024
+
+
+class _Failing(_Scores):
+    def compute(self, z, mask, index=None, teacher=None):
+        raise RuntimeError("needs real inputs")
+
+
+@pytest.mark.parametrize("K,counted", [
+    (8, 2 * 4 * 8 * 2 * 8 + 2 * 100),  # embeddings and gradient; two score blocks of its 100-byte budget
+    (1024, 2 * 4 * 1024 * 2 * 8 + 2 * 100),
+])
+def test_objective_that_cannot_run_on_random_inputs_is_counted_instead(K: int, counted: int) -> None:
+    assert memory.measure_objective_bytes(_Failing(100 / MiB), K, 2, 8) == counted
+
+
+# ---------------------------------------------------------------------------------------------
+# The process's memory, read from the kernel (Linux). References read /proc/self/status here.
+# ---------------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def test_resident_bytes_is_the_processes_resident_set() -> None:
+    low = _status_kib("VmRSS") * 1024
+    reading = memory.resident_bytes()
+    high = _status_kib("VmRSS") * 1024
+    assert low - 4 * MiB <= reading <= high + 4 * MiB, (low, reading, high)
+
+
+def test_trimming_gives_freed_small_blocks_back() -> None:
+    """40,000 blocks of 2 kB (malloc's heap, not mmap: 78 MiB) freed below one kept: the
+    resident set stays up until the allocator is trimmed."""
+    blocks = [bytes(2000) for _ in range(40_000)]
+    kept = blocks[-1]
+    del blocks
+    before = memory.resident_bytes()
+    memory.trim_host_memory()
+    assert before - memory.resident_bytes() > 40 * MiB and len(kept) == 2000
+
+
+def test_resident_peak_is_the_high_water_mark_and_resets_to_the_resident_set() -> None:
+    low = _status_kib("VmHWM") * 1024
+    peak = memory.resident_peak_bytes()
+    assert low <= peak <= _status_kib("VmHWM") * 1024
+    # reset: the mark comes down to the resident set now (earlier work in this process set it higher)
+    start = memory._reset_resident_peak()
+    now = memory.resident_bytes()
+    assert start is not None and abs(start - now) <= 4 * MiB and abs(memory.resident_peak_bytes() - now) <= 4 * MiB
+    grown = torch.ones(64 * MiB // 4)  # 64 MiB touched (mmap: freed at once)
+    del grown
+    assert memory.resident_peak_bytes() >= start + 60 * MiB
+
+
+def test_memory_readings_where_proc_cannot_be_read(monkeypatch) -> None:
+    """No /proc (not Linux): the resident set falls back to the high-water mark getrusage gives
+    (kilobytes on Linux), the peak is unknown (0) and cannot be reset (None)."""
+    import resource
+
+    def refused(*args, **kwargs):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(memory, "open", refused, raising=False)
+    low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert low <= memory.resident_bytes() <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert memory.resident_peak_bytes() == 0
+    assert memory._reset_resident_peak() is None
+
+
+def test_reset_peak_is_none_when_the_peak_reads_unknown(monkeypatch) -> None:
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 0)
+    assert memory._reset_resident_peak() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Samples, splits, loaders, processes.
+# ---------------------------------------------------------------------------------------------
+def test_sample_bytes_is_the_mean_of_the_first_samples_tensors_and_utf8_text() -> None:
+    """Sample i: i + 1 float32 (4 (i + 1) bytes, one storage shared by two views of it) and i
+    two-byte characters. First 4: (4 + 8 + 12 + 16 + 2 (0 + 1 + 2 + 3)) / 4 = 13 bytes."""
+    def sample(i: int) -> dict:
+        x = torch.zeros(i + 1)
+        return {"x": x, "same": x[:1], "text": "é" * i}
+
+    data = [sample(i) for i in range(6)]
+    assert memory.sample_bytes(data) == 13.0
+    assert memory.sample_bytes(data, count=2) == (4 + 8 + 2) / 2
+    assert memory.sample_bytes(data[:1], count=4) == 4.0  # fewer samples than asked: those there
+    assert memory.sample_bytes([]) == 0.0
+
+
+def test_split_datasets_are_the_training_split_and_each_evaluation_split_once() -> None:
+    train, valid = ["train"], ["valid"]
+    parts = SimpleNamespace(datasets={"train": train}, eval_loaders={
+        "train": SimpleNamespace(dataset=train), "valid": SimpleNamespace(dataset=valid), "test": None,
+        "again": SimpleNamespace(dataset=valid)})
+    found = memory._split_datasets(parts)
+    assert len(found) == 2 and found[0] is train and found[1] is valid
+
+
+@pytest.mark.parametrize("workers,batches", [(0, 0), (1, 2), (3, 6)])
+def test_each_loader_worker_prefetches_two_batches(workers: int, batches: int) -> None:
+    assert memory._prefetched_batches(SimpleNamespace(data=SimpleNamespace(num_workers=workers))) == batches
+
+
+@pytest.mark.parametrize("value,processes", [(None, 1), ("4", 4), ("1", 1), ("0", 1), ("-3", 1), ("two", 1)])
+def test_processes_come_from_the_launchers_world_size(monkeypatch, value: str | None, processes: int) -> None:
+    if value is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", value)
+    assert memory.processes_from_environment() == processes
+
+
+# ---------------------------------------------------------------------------------------------
+# estimate_memory on a tiny built run (K = 8; three training views, two evaluation views; splits
+# of 24, 8 and 16 samples; a linear probe): each part from its source, with the measurements
+# given where the point is the arithmetic around them.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    from test_train_utils import tiny_config, write_recipe
+
+    from mmviews.config import load_config
+    from mmviews.train import build_run
+
+    raw = tiny_config(text=False, batch_size=8, tasks=["linear:class"])
+    raw["data"]["split_options"] = {"train": {"num_samples": 24}, "valid": {"num_samples": 8},
+                                    "test": {"num_samples": 16}}
+    raw["data"]["val_split"] = "valid"
+    return build_run(load_config(write_recipe(tmp_path_factory.mktemp("tiny") / "r.yaml", raw)), 1)
+
+
+def _not_measured(*args, **kwargs):
+    raise AssertionError("measured although the activations were given")
+
+
+def _given(run, monkeypatch, num_processes: int = 1, chunk: int | None = None, **kwargs) -> MemoryEstimate:
+    """The estimate with the activations given: nothing of the encoder's step is measured."""
+    monkeypatch.setattr(memory, "measure_encoder_step", _not_measured)
+    monkeypatch.setattr(memory, "measure_evaluation_forward", _not_measured)
+    return memory.estimate_memory(run, num_processes, chunk, activations=(1000.0, 10.0), **kwargs)
+
+
+def test_estimate_takes_the_runs_shapes_weights_and_objective(run, monkeypatch) -> None:
+    e = _given(run, monkeypatch, 2, 3, on_host=True)
+    d = run.encoder.embed_dim
+    assert e.lines()[0].startswith("estimated peak memory per device (cached step, encode_chunk_size 3; K = 8 samples, "
+                                   "M = 3 views, N = 2 processes, 4 samples per device; resident set of the process): ")
+    assert (e.samples_per_device, e.num_processes, e.chunk_size, e.num_views, e.embed_dim) == (4, 2, 3, 3, d)
+    assert (e.activation_fixed, e.activation_per_sample, e.working_fixed, e.working_per_sample) == (1000, 10, 0, 0)
+    assert (e.batch_per_sample, e.prefetched_batches, e.teacher, e.sharded, e.gathered) == (0, 0, 0, False, 0)
+    assert e.parameters == _storage_bytes([*run.encoder.parameters(), *run.encoder.buffers(),
+                                           *run.objective.parameters()])
+    assert e.optimizer == "adamw" and e.optimizer_state == 2 * e.gradients > 0
+    # the objective runs on the embeddings gathered from every process: all K = 8
+    assert e.objective == memory._objective_peak(run.objective, 8, 3, d) > 0
+    # float32 embeddings of the evaluation's 2 views, of every split (24 + 8 + 16 samples)
+    assert e.evaluation == 4 * (24 + 8 + 16) * 2 * d
+    assert (e.evaluation_batch, e.evaluation_forward, e.evaluation_slack) == (0, 0, 0)
+
+
+def test_the_device_is_the_host_unless_told_otherwise(run, monkeypatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("decides by the absence of a CUDA device")
+    monkeypatch.setattr(run.config, "cpu", False)
+    assert _given(run, monkeypatch).on_host is True  # no CUDA device: the host
+    assert _given(run, monkeypatch, on_host=False).on_host is False
+
+
+def test_sample_cache_holds_every_splits_samples(run, monkeypatch) -> None:
+    """data.cache: each of the three splits' samples, as many as the split holds, at the mean
+    size of its first four (counted here with a walker of our own)."""
+    from test_train_memory_evaluation import _bytes
+
+    assert _given(run, monkeypatch).sample_cache == 0
+    monkeypatch.setattr(run.config.data, "cache", True)
+    splits = memory._split_datasets(run)
+    assert [len(ds) for ds in splits] == [24, 8, 16]
+    held = sum(len(ds) * sum(_bytes(ds[i]) for i in range(4)) / 4 for ds in splits)
+    assert _given(run, monkeypatch).sample_cache == int(held) > 0
+
+
+@pytest.mark.parametrize("optimizer,momentum,copies", [("sgd", 0.0, 0), ("sgd", 0.9, 1), ("lars", 0.9, 1)])
+def test_optimizer_state_follows_the_recipes_optimizer(run, monkeypatch, optimizer, momentum, copies) -> None:
+    monkeypatch.setattr(run.config.optimisation, "optimizer", optimizer)
+    monkeypatch.setattr(run.config.optimisation, "momentum", momentum)
+    monkeypatch.setattr(run.config.data, "num_workers", 3)
+    e = _given(run, monkeypatch)
+    assert e.optimizer == optimizer and e.optimizer_state == copies * e.gradients and e.prefetched_batches == 6
+
+
+def test_sharded_parts_are_one_processes_share(run, monkeypatch) -> None:
+    """fsdp on 2 processes: the encoder's parameters, gradients, optimiser state and teacher
+    halved (rounded up); buffers and the objective's parameters whole; the largest unit gathered
+    twice. On one process nothing is sharded."""
+    from mmviews.train.sharding import unit_parameter_bytes
+
+    monkeypatch.setattr(run.config.objective, "ema_teacher", True)
+    whole = _given(run, monkeypatch, 2)
+    monkeypatch.setattr(run.config.distributed, "sharding", "fsdp")
+    assert _given(run, monkeypatch, 1).sharded is False
+    e = _given(run, monkeypatch, 2)
+    kept = _storage_bytes([*run.encoder.buffers(), *run.objective.parameters()])
+    encoder_weights = whole.parameters - kept
+    assert encoder_weights % 2 == 0 and whole.teacher == encoder_weights + _storage_bytes([*run.encoder.buffers()])
+    assert e.sharded and e.parameters == kept + encoder_weights // 2
+    assert e.gradients == whole.gradients // 2 and e.optimizer_state == 2 * e.gradients
+    assert e.teacher == -(-whole.teacher // 2)
+    units = unit_parameter_bytes(run.encoder, run.config.distributed.fsdp_units)
+    assert e.gathered == 2 * max(units) > 0 and e.gathered < 2 * encoder_weights
+    # on 5 processes the shares do not divide evenly: each process holds the larger, whole share
+    five = _given(run, monkeypatch, 5)
+    assert [x % 5 > 0 for x in (encoder_weights, whole.gradients, whole.teacher)] == [True, True, True]
+    assert five.parameters == kept + math.ceil(encoder_weights / 5)
+    assert five.gradients == math.ceil(whole.gradients / 5) and five.teacher == math.ceil(whole.teacher / 5)
+
+
+def _step(samples: int, saved: int, peak: int, batch: int, growth: int | None = None,
+          batch_growth: int | None = None) -> memory.EncoderStepMeasurement:
+    return memory.EncoderStepMeasurement(samples, saved, peak, batch, growth, batch_growth)
+
+
+def _measured(run, monkeypatch, steps, reference=None, forward=None, **kwargs):
+    """The estimate from given step measurements (2 and 4 samples), the reference step's (asked
+    sizes recorded) and the evaluation forward's."""
+    asked = []
+
+    def measure(parts, sizes=(2, 4)):
+        assert parts is run and all(type(n) is int for n in sizes), sizes  # whole samples of the run
+        asked.append(tuple(sizes))
+        if tuple(sizes) == (2, 4):
+            return steps
+        return [dataclasses.replace(reference, samples=sizes[0])]
+
+    def evaluation_forward(parts):
+        assert parts is run
+        return forward
+
+    monkeypatch.setattr(memory, "measure_encoder_step", measure)
+    monkeypatch.setattr(memory, "measure_evaluation_forward", evaluation_forward)
+    return memory.estimate_memory(run, **kwargs), asked
+
+
+STEPS = [_step(2, saved=100, peak=150, batch=20), _step(4, saved=160, peak=260, batch=36)]
+
+
+def test_measured_steps_give_fixed_and_per_sample_costs(run, monkeypatch) -> None:
+    """Saved: 100 and 160 bytes -> 40 + 30 per sample; beyond them at the peak: 50 and 100 ->
+    0 + 25 per sample; the batch 20 and 36 -> 8 per sample. K/N = 4 on 2 processes: no
+    reference step (it would not be larger than the trial's 4 samples)."""
+    e, asked = _measured(run, monkeypatch, STEPS, num_processes=2, on_host=True)
+    assert asked == [(2, 4)]
+    assert (e.activation_fixed, e.activation_per_sample) == (40, 30)
+    assert (e.working_fixed, e.working_per_sample, e.batch_per_sample) == (0, 25, 8)
+    assert e.allocator_slack == 0
+    # beyond the saved tensors 70 and 90 bytes at the peak: 50 fixed + 10 per sample
+    beyond = [_step(2, saved=100, peak=170, batch=20), _step(4, saved=160, peak=250, batch=36)]
+    e, _ = _measured(run, monkeypatch, beyond, num_processes=2, on_host=True)
+    assert (e.working_fixed, e.working_per_sample) == (50, 10)
+    # peaks no higher than what is saved (the saved tensors are the peak): no working memory at all
+    flat = [_step(2, saved=100, peak=100, batch=20), _step(4, saved=160, peak=150, batch=36)]
+    e, _ = _measured(run, monkeypatch, flat, num_processes=2, on_host=True)
+    assert (e.working_fixed, e.working_per_sample) == (0, 0)
+
+
+def test_reference_step_gives_the_slack_and_the_collating_copies(run, monkeypatch) -> None:
+    """K/N = 8 samples: the reference step on 8; its resident set grew 700 bytes beyond a peak of
+    500 of live tensors (slack 200), and collating grew it 96 bytes (12 per sample > 8)."""
+    reference = _step(0, saved=0, peak=500, batch=0, growth=700, batch_growth=96)
+    e, asked = _measured(run, monkeypatch, STEPS, reference, on_host=True)
+    assert asked == [(2, 4), (8,)]
+    assert e.allocator_slack == 200 and e.batch_per_sample == 12
+    # growth below the live tensors: no slack, and the trial's batch cost stays when collating grew less
+    reference = _step(0, saved=0, peak=500, batch=0, growth=300, batch_growth=40)
+    e, _ = _measured(run, monkeypatch, STEPS, reference, on_host=True)
+    assert e.allocator_slack == 0 and e.batch_per_sample == 8
+    # no reading of the resident set (not Linux): neither
+    e, _ = _measured(run, monkeypatch, STEPS, _step(0, 0, 500, 0), on_host=True)
+    assert e.allocator_slack == 0 and e.batch_per_sample == 8
+
+
+@pytest.mark.parametrize("kwargs,sizes", [
+    (dict(chunk_size=5), [(2, 4), (5,)]),  # one chunk of 5 is what the step encodes at once
+    (dict(chunk_size=4), [(2, 4)]),  # no larger than the trial step: not measured again
+    (dict(chunk_size=16), [(2, 4), (8,)]),  # a chunk larger than K/N: K/N
+    (dict(measure_slack=False), [(2, 4)]),
+    (dict(on_host=False), [(2, 4)]),  # a device's allocator: not the host's resident set
+])
+def test_reference_step_size(run, monkeypatch, kwargs: dict, sizes: list) -> None:
+    reference = _step(0, saved=0, peak=500, batch=0, growth=700)
+    e, asked = _measured(run, monkeypatch, STEPS, reference, **{"on_host": True, **kwargs})
+    assert asked == sizes
+    assert e.allocator_slack == (200 if len(sizes) == 2 else 0)
+
+
+def test_reference_step_stays_within_a_gib_of_activations(run, monkeypatch) -> None:
+    """At 200 MiB saved per sample (and none beyond), 1 GiB holds 5 samples: the reference step
+    encodes 5 of the 8, not more; at 128 MiB, 8 fit."""
+    # 150 MiB saved and 50 MiB beyond them per sample: 200 MiB, 5 samples in 1 GiB
+    steps = [_step(2, saved=300 * MiB, peak=400 * MiB, batch=0), _step(4, saved=600 * MiB, peak=800 * MiB, batch=0)]
+    _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (5,)]
+    # 96 + 32 = 128 MiB per sample: 8
+    steps = [_step(2, saved=192 * MiB, peak=256 * MiB, batch=0), _step(4, saved=384 * MiB, peak=512 * MiB, batch=0)]
+    _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (8,)]
+    # nothing per sample (the trial steps measured alike): no bound from the bytes, K/N = 8
+    steps = [_step(2, saved=64, peak=96, batch=0), _step(4, saved=64, peak=96, batch=0)]
+    _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (8,)]
+
+
+def test_evaluation_forward_parts(run, monkeypatch) -> None:
+    """The evaluation batch's measurement: the batch, the forward's live tensors, and on the host
+    the resident set's growth beyond them as slack (none below them, none on a device)."""
+    forward = memory.EvaluationForwardMeasurement(samples=8, batch=100, peak=200, resident_growth=260)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=forward, on_host=True, measure_slack=False)
+    assert (e.evaluation_batch, e.evaluation_forward, e.evaluation_slack) == (100, 200, 60)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=forward, on_host=False)
+    assert (e.evaluation_batch, e.evaluation_forward, e.evaluation_slack) == (100, 200, 0)
+    lower = dataclasses.replace(forward, resident_growth=150)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=lower, on_host=True, measure_slack=False)
+    assert e.evaluation_slack == 0
+    unknown = dataclasses.replace(forward, resident_growth=None)
+    e, _ = _measured(run, monkeypatch, STEPS, forward=unknown, on_host=True, measure_slack=False)
+    assert (e.evaluation_batch, e.evaluation_slack) == (100, 0)
+    monkeypatch.setattr(run.config.evaluation, "tasks", [])  # no evaluation: nothing measured for it
+    e, _ = _measured(run, monkeypatch, STEPS, forward=forward, on_host=True, measure_slack=False)
+    assert (e.evaluation, e.evaluation_batch, e.evaluation_forward) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurements themselves, on the tiny run's encoder (milliseconds per pass).
+# ---------------------------------------------------------------------------------------------
+def _state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _unchanged(module: nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items()) and all(
+        p.grad is None for p in module.parameters())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_encoder_step_measurement_leaves_the_encoder_as_it_was(run, training: bool) -> None:
+    """Weights and BatchNorm statistics as they were, no gradient left, the mode put back."""
+    encoder = run.encoder
+    encoder.train(training)
+    before = _state(encoder)
+    assert any("running_mean" in k for k in before)  # BatchNorm: a training forward would move them
+    memory.measure_encoder_step(run, (2,))
+    assert encoder.training is training and _unchanged(encoder, before)
+    memory.gradient_bytes(run)
+    assert encoder.training is training and _unchanged(encoder, before)
+    memory.measure_evaluation_forward(run, 2)
+    assert encoder.training is training and _unchanged(encoder, before)
+    encoder.train()
+
+
+def _prepared_batch(run, samples: int, collate) -> object:
+    rows = [run.datasets["train"][i] for i in range(samples)]
+    return run.encoder.host_preparation()(collate(rows))
+
+
+def test_encoder_step_measures_its_batch_and_what_autograd_saves(run) -> None:
+    from test_train_memory_evaluation import _bytes
+
+    steps = memory.measure_encoder_step(run, (2, 4))
+    assert [s.samples for s in steps] == [2, 4]
+    for s in steps:
+        assert s.batch == _bytes(_prepared_batch(run, s.samples, run.collator)) > 0
+        # the same forward and backward here, in training mode as the step measures it
+        batch = _prepared_batch(run, s.samples, run.collator)
+        params = {p.untyped_storage().data_ptr() for p in run.encoder.parameters()}
+
+        def step() -> None:
+            z, _ = run.encoder(batch)
+            z.float().square().sum().backward()
+
+        before = _state(run.encoder)
+        saved = memory.saved_activation_bytes(step, params)
+        run.encoder.load_state_dict(before)
+        run.encoder.zero_grad(set_to_none=True)
+        assert s.saved == saved > 0
+        assert s.peak >= s.saved  # what is saved is alive at the peak
+        assert s.resident_growth is not None and s.batch_growth is not None  # Linux: read
+    assert steps[1].saved > steps[0].saved and steps[1].batch > steps[0].batch
+
+
+def test_encoder_step_needs_enough_samples() -> None:
+    parts = _two_layer_parts()  # 4 samples
+    assert memory.measure_encoder_step(parts, (4,))[0].samples == 4  # the whole split: enough
+    with pytest.raises(ValueError) as raised:
+        memory.measure_encoder_step(parts, (2, 5))
+    assert str(raised.value) == "the training split has 4 samples; measuring activations needs 5"
+
+
+def test_measure_activations_is_the_line_through_the_asked_sizes(run, monkeypatch) -> None:
+    asked = []
+
+    def measure(parts, sizes=(2, 4)):
+        assert parts is run  # the run's own encoder and training split
+        asked.append(tuple(sizes))
+        return [_step(n, saved=7 + 10 * n, peak=0, batch=0) for n in sizes]
+
+    monkeypatch.setattr(memory, "measure_encoder_step", measure)
+    assert memory.measure_activations(run, (3, 5)) == (7.0, 10.0) and asked == [(3, 5)]
+    assert memory.measure_activations(run) == (7.0, 10.0) and asked[-1] == (2, 4)
+
+
+def test_gradients_are_those_of_the_parameters_one_backward_reaches(run) -> None:
+    """Every trainable parameter of the tiny encoder is used: all get a gradient; one frozen
+    adapter's parameters get none."""
+    trainable = _storage_bytes([p for p in run.encoder.parameters() if p.requires_grad])
+    assert memory.gradient_bytes(run) == trainable > 0
+    frozen = list(run.encoder.adapters["audio"].parameters())
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+            p.grad = torch.zeros_like(p)  # stale gradients from before the freeze are not this backward's
+        assert memory.gradient_bytes(run) == trainable - _storage_bytes(frozen)
+        assert memory.gradient_bytes(run, samples=4) == trainable - _storage_bytes(frozen)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def test_evaluation_forward_is_one_evaluation_batch_without_gradients(run) -> None:
+    """data.eval_batch_size samples (or as asked) of the training split, collated with the
+    evaluation's views (2, not the training's 3), encoded in eval mode without autograd."""
+    loader = run.eval_loaders["train"]
+    forward = memory.measure_evaluation_forward(run, 6)
+    assert forward.samples == 6
+    assert forward.batch == _bytes_of(_prepared_batch(run, 6, loader.collate_fn)) > 0
+    assert forward.batch < _bytes_of(_prepared_batch(run, 6, run.collator))  # 2 views, not 3
+    assert forward.resident_growth is not None and forward.peak > 0
+    d = run.encoder.embed_dim
+    assert forward.peak >= 6 * 2 * d * 4  # the embeddings at least
+    default = memory.measure_evaluation_forward(run)
+    assert default.samples == min(run.config.data.eval_batch_size or run.config.data.batch_size, 24)
+    assert memory.measure_evaluation_forward(run, 100).samples == 24  # no more than the split holds
+
+
+def _bytes_of(batch) -> int:
+    from test_train_memory_evaluation import _bytes
+
+    return _bytes(batch)
+
+
+def test_no_evaluation_loader_no_evaluation_forward(run, monkeypatch) -> None:
+    monkeypatch.setattr(run, "eval_loaders", {"train": None})
+    assert memory.measure_evaluation_forward(run) is None
+    monkeypatch.setattr(run, "eval_loaders", {})
+    assert memory.measure_evaluation_forward(run) is None
+
+
+class _Recording(nn.Module):
+    """An objective that records its inputs, moves its own state (a memory bank, a gradient) and
+    keeps a 4 MiB tensor alive until its output goes."""
+
+    def __init__(self, takes_extras: bool) -> None:
+        super().__init__()
+        self.takes_index = self.takes_teacher = takes_extras
+        self.register_buffer("bank", torch.zeros(4))
+        self.weight = nn.Parameter(torch.ones(1))
+        self.seen: list[dict] = []
+
+    def compute(self, z, mask, index=None, teacher=None):
+        self.seen.append(dict(z=z.detach().clone(), grad=z.requires_grad, mask=mask, index=index, teacher=teacher,
+                              teacher_storage=None if teacher is None else teacher.untyped_storage().data_ptr(),
+                              z_storage=z.untyped_storage().data_ptr()))
+        self.bank.add_(1)
+        return SimpleNamespace(loss=(z.square() * self.weight).sum(), held=torch.ones(MiB))
+
+
+@pytest.mark.parametrize("takes_extras", [True, False])
+def test_objective_peak_runs_on_unit_embeddings_and_puts_the_state_back(takes_extras: bool) -> None:
+    """K = 4, M = 2, d = 8: the embeddings (128 bytes) and their gradient are alive with the
+    objective's 4 MiB; the rest (norms, index, teacher, scalars) is well under 64 KiB."""
+    objective = _Recording(takes_extras)
+    peak = memory._objective_peak(objective, 4, 2, 8)
+    assert 4 * MiB + 2 * 4 * 4 * 2 * 8 <= peak <= 4 * MiB + 64 * 1024
+    (seen,) = objective.seen
+    z = seen["z"]
+    assert z.shape == (4, 2, 8) and seen["grad"] and seen["mask"] is None
+    assert torch.allclose(z.norm(dim=-1), torch.ones(4, 2))
+    if takes_extras:
+        assert torch.equal(seen["index"], torch.arange(4))
+        assert torch.equal(seen["teacher"], z) and not seen["teacher"].requires_grad
+        assert seen["teacher_storage"] != seen["z_storage"]  # a copy, not the embeddings themselves
+    else:
+        assert seen["index"] is None and seen["teacher"] is None
+    assert torch.equal(objective.bank, torch.zeros(4)) and objective.weight.grad is None
+    memory._objective_peak(objective, 4, 2, 8)
+    assert torch.equal(objective.seen[1]["z"], z)  # the same random embeddings each time
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_encoder_step_is_measured_under_the_recipes_mixed_precision(run, monkeypatch, precision: str) -> None:
+    """Under autocast the convolutions keep 2-byte activations for backward: about half of what
+    the float32 step saves."""
+    (full,) = memory.measure_encoder_step(run, (4,))
+    monkeypatch.setattr(run.config.optimisation, "mixed_precision", precision)
+    (half,) = memory.measure_encoder_step(run, (4,))
+    assert 0.4 * full.saved < half.saved < 0.6 * full.saved, (half.saved, full.saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# Live tensors of a step counted by hand: two 512 x 512 linear layers (1 MiB of weights each)
+# on 2 samples of 512 float32 features (4 KiB per activation).
+# ---------------------------------------------------------------------------------------------
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(512, 512), nn.Linear(512, 512)
+
+    def host_preparation(self):
+        return lambda batch: batch
+
+    def forward(self, x: torch.Tensor):
+        return self.second(self.first(x)), None
+
+
+def _two_layer_parts() -> SimpleNamespace:
+    torch.manual_seed(0)
+    config = SimpleNamespace(optimisation=SimpleNamespace(mixed_precision="no"))
+    return SimpleNamespace(encoder=_TwoLayers(), datasets={"train": [torch.randn(512) for _ in range(4)]},
+                           collator=torch.stack, config=config)
+
+
+def test_live_tensors_leave_out_parameter_views_and_gradients_accumulated_in_place() -> None:
+    """Forward: the layers' transposed weights are views of the parameters (nothing allocated).
+    Backward into existing .grad tensors: each weight's gradient (1 MiB) is made, added in place
+    and freed before the next layer's; the peak holds one of them, not two, nor the weights."""
+    model = _TwoLayers()
+    x = torch.randn(2, 512)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    live = memory.LiveTensorBytes()
+    with live:
+        z, _ = model(x)
+        z.square().sum().backward()
+        del z
+    assert MiB <= live.peak < MiB + 64 * 1024, live.peak
+    assert live.live == 0  # the gradients went into the .grad tensors made before
+
+
+def test_encoder_step_counts_by_hand() -> None:
+    """Saved for backward: the input and the first layer's output (each [2, 512] float32, 4 KiB)
+    and the embeddings the square keeps (4 KiB); the weights, also saved, are left out. The
+    batch: 4 KiB. At the peak: one weight's gradient (1 MiB, the .grad tensors exist before the
+    pass) beside those. The gradients gone afterwards."""
+    parts = _two_layer_parts()
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.samples, step.saved, step.batch) == (2, 3 * 4096, 4096)
+    assert MiB <= step.peak < MiB + 64 * 1024, step.peak
+    assert all(p.grad is None for p in parts.encoder.parameters())
+    assert memory.gradient_bytes(parts) == 2 * (512 * 512 + 512) * 4
+
+
+def test_baseline_and_framework_are_never_negative(run, monkeypatch) -> None:
+    """Readings below the parameters' bytes (baseline) and a resident set that shrank after the
+    trial steps (framework): both 0, not negative."""
+    readings = iter([1000, 900])
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings))
+    e = _given(run, monkeypatch)
+    assert e.parameters > 1000 and (e.baseline, e.framework) == (0, 0)
+
+
+def test_resident_readings_become_the_steps_growths(monkeypatch) -> None:
+    """With the readings given (reset at 1000 bytes each time), the growths are the high-water
+    mark's rise above them: exact, never negative, None where the mark cannot be reset."""
+    parts = _two_layer_parts()
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: 1000)
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1700)
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.resident_growth, step.batch_growth) == (700, 700)
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 900)
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.resident_growth, step.batch_growth) == (0, 0)
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: None)
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    assert (step.resident_growth, step.batch_growth) == (None, None)
+
+
+def _two_layer_eval_parts(precision: str = "no") -> SimpleNamespace:
+    parts = _two_layer_parts()
+    parts.config = SimpleNamespace(optimisation=SimpleNamespace(mixed_precision=precision),
+                                   data=SimpleNamespace(eval_batch_size=2, batch_size=4))
+    parts.eval_loaders = {"train": None, "test": SimpleNamespace(collate_fn=torch.stack)}
+    return parts
+
+
+def test_evaluation_forward_counts_by_hand(monkeypatch) -> None:
+    """data.eval_batch_size = 2 samples: the batch 4 KiB; without gradients each layer's output
+    (4 KiB) is alive while the next is computed: 8 KiB at the peak. The resident set's rise
+    beyond the batch (readings given: reset at 1000, mark at 1000 + 4096 + 300) is the growth."""
+    parts = _two_layer_eval_parts()
+    forward = memory.measure_evaluation_forward(parts)
+    assert (forward.samples, forward.batch, forward.peak) == (2, 4096, 2 * 4096)
+    assert memory.measure_evaluation_forward(parts, 1).samples == 1
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: 1000)
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1000 + 4096 + 300)
+    assert memory.measure_evaluation_forward(parts).resident_growth == 300
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1000)
+    assert memory.measure_evaluation_forward(parts).resident_growth == 0
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: None)
+    assert memory.measure_evaluation_forward(parts).resident_growth is None
+
+
+def test_evaluation_forward_of_an_empty_split_is_none() -> None:
+    parts = _two_layer_eval_parts()
+    parts.datasets = {"train": []}
+    assert memory.measure_evaluation_forward(parts) is None
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_evaluation_forward_is_measured_under_the_recipes_mixed_precision(precision: str) -> None:
+    """Under autocast the layers run on 2-byte copies of their weights (512 KiB each): the
+    float32 forward's 8 KiB peak becomes more than one such copy."""
+    forward = memory.measure_evaluation_forward(_two_layer_eval_parts(precision))
+    assert forward.peak > 512 * 1024
+
+
+def test_resident_set_fallback_on_macos_is_in_bytes(monkeypatch) -> None:
+    """macOS's getrusage reports the high-water mark in bytes (Linux's in kilobytes)."""
+    import resource
+    import sys
+
+    def refused(*args, **kwargs):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(memory, "open", refused, raising=False)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert low <= memory.resident_bytes() <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+class _FailingSecondLayer(_TwoLayers):
+    def forward(self, x: torch.Tensor):
+        raise RuntimeError("out of memory")
+
+
+def test_a_failed_measurement_leaves_no_gradient_behind() -> None:
+    """The pass fails after its zero gradients were made: they are cleared all the same, and the
+    encoder is back in its mode."""
+    parts = _two_layer_parts()
+    parts.encoder = _FailingSecondLayer().eval()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        memory.measure_encoder_step(parts, (2,))
+    assert all(p.grad is None for p in parts.encoder.parameters()) and not parts.encoder.training
+
+
+def test_reference_step_stays_within_its_sample_cap(run, monkeypatch) -> None:
+    """SLACK_REFERENCE_SAMPLES caps the reference step (128; set to 6 here, below K/N = 8)."""
+    monkeypatch.setattr(memory, "SLACK_REFERENCE_SAMPLES", 6)
+    _, asked = _measured(run, monkeypatch, STEPS, _step(0, 0, 0, 0), on_host=True)
+    assert asked == [(2, 4), (6,)]
+
+
+def test_a_run_without_evaluation_loaders(run, monkeypatch) -> None:
+    """A run built without its evaluation (build_run(..., with_eval=False)): no loader, no
+    evaluation part, nothing measured for it."""
+    monkeypatch.setattr(run, "eval_loaders", {})
+    e = _given(run, monkeypatch)
+    assert (e.evaluation, e.evaluation_batch, e.evaluation_forward) == (0, 0, 0) and e.num_views == 3
