@@ -85,5 +85,6 @@ def test_rerun_survivors_takes_every_undetected_mutant_of_the_last_run(tmp_path,
     meta.write_text(json.dumps({"exit_code_by_key": exit_codes}))
     monkeypatch.setattr(runner, "WORK_ROOT", tmp_path)
     assert runner.undetected_in_last_run(module) == ["n", "s", "u"]
+    assert runner.undetected_in_last_run(module, {"s": "no behaviour change"}) == ["n", "u"]
     with pytest.raises(SystemExit, match="no earlier run"):
         runner.undetected_in_last_run("mmviews/other.py")

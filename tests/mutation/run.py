@@ -195,8 +195,9 @@ def mutmut_env() -> dict[str, str]:
     return env
 
 
-def undetected_in_last_run(module: str) -> list[str]:
-    """The mutants of the module's last run that no test detected (survived, no tests, unchecked).
+def undetected_in_last_run(module: str, equivalent: dict[str, str] | None = None) -> list[str]:
+    """The mutants of the module's last run that no test detected (survived, no tests,
+    unchecked), less the ``equivalent`` ones (no test can detect them).
 
     mutmut reruns a mutant on its own only when its function's code changed; after new guards
     were written for a module, these are the mutants worth running again.
@@ -208,7 +209,7 @@ def undetected_in_last_run(module: str) -> list[str]:
         raise SystemExit(f"{module}: no earlier run to take survivors from ({meta} is missing)")
     exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
     return sorted(name for name, code in exit_codes.items()
-                  if code is None or status_by_exit_code[code] not in DETECTED)
+                  if (code is None or status_by_exit_code[code] not in DETECTED) and name not in (equivalent or {}))
 
 
 def run_module(module: str, tests: list[str], deselect: list[str], max_children: int, time_limit: float | None,
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             named = list(args.mutants or [])
             if args.rerun_survivors:
-                named += undetected_in_last_run(module)
+                named += undetected_in_last_run(module, equivalent)
                 if not named:
                     print(f"{module}: every mutant of the last run was detected; nothing to rerun", file=sys.stderr)
             work = (WORK_ROOT / module.replace("/", "__")) if args.rerun_survivors and not named else run_module(
