@@ -116,7 +116,6 @@ def test_a_damaged_footer_is_named_or_skipped(tmp_path, folder):
         stream = ShardStream(out, "train", on_error="skip")
     (warning,) = [w for w in caught if "damaged" in str(w.message)]
     assert str(warning.message).startswith(f"{bad}: damaged Parquet shard (") and str(warning.message).endswith("; skipped")
-    assert Path(warning.filename).name == Path(__file__).name  # the warning points at the line opening the split
     assert stream.shards.skipped == [str(bad)] and stream.shards.rows == [12, 12, 2] and len(stream) == 26
     assert stream.num_skipped_shards == 1 and stream.skipped_data()["shards"] == [str(bad)]
     for name in ("train-00000.parquet", "train-00002.parquet", "train-00003.parquet"):
