@@ -368,3 +368,30 @@ def test_hf_rows_name_a_row_whose_array_has_another_shape(tmp_path):
     with pytest.raises(ValueError) as info:
         rows.row(1)
     assert str(info.value) == f"{tmp_path / 'src'} row 1, column 'vec': shape [2] differs from the column's [3]"
+
+
+def test_sentiment_rows_of_a_one_sample_split(tmp_path):
+    """Sequences as float32 [len, D] (an absent one with 0 steps: a null Array2D would read back
+    as NaN), token ids as a list, the class label as int64 and the others as float32."""
+    import datasets
+    from test_data_pickle import mmsa_split
+    from test_data_pickle import write as write_pickle
+
+    pkl = write_pickle(tmp_path / "mosi.pkl", {"train": mmsa_split(1), "valid": mmsa_split(1), "test": mmsa_split(1)})
+    modalities = ["text", "audio", "vision", "text_ids", "raw_text"]
+    ds = build_dataset("mosi", root=str(pkl), split="train", modalities=modalities)
+    sample = ds[0]
+    assert sample["modalities"]["vision"] is None  # the first sample has no vision steps (mmsa_split)
+    rows = shards.sentiment_split_rows(ds)
+    assert rows.count == 1 and rows.shapes == {}
+    assert dict(rows.features) == {
+        INDEX_COLUMN: datasets.Value("int64"), "id": datasets.Value("string"),
+        "text": datasets.Array2D(shape=(None, 768), dtype="float32"), "audio": datasets.Array2D(shape=(None, 5), dtype="float32"),
+        "vision": datasets.Array2D(shape=(None, 20), dtype="float32"), "text_ids": datasets.List(datasets.Value("int64")),
+        "raw_text": datasets.Value("string"), "sentiment": datasets.Value("float32"), "class": datasets.Value("int64")}
+    row = rows.row(0)
+    assert row[INDEX_COLUMN] == 0 and row["id"] == str(sample["id"]) and row["raw_text"] == sample["modalities"]["raw_text"]
+    assert np.array_equal(row["text"], sample["modalities"]["text"].numpy()) and row["audio"].shape == (4, 5)
+    assert row["vision"].shape == (0, 20) and row["vision"].dtype == np.float32
+    assert row["text_ids"] == sample["modalities"]["text_ids"]["input_ids"].tolist()
+    assert (row["sentiment"], row["class"]) == (sample["labels"]["sentiment"], sample["labels"]["class"])
