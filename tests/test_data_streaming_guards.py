@@ -24,8 +24,9 @@ import torch
 from mmviews.data import build_dataset
 from mmviews.data.shards import INDEX_COLUMN, SHARDS_META, SplitRows, write_shards
 from mmviews.data.streaming import (
-    DEFAULT_SHUFFLE_BUFFER, ParquetShardDataset, RowDecoder, ShardFiles, ShardStream, StreamLoader, first_samples,
-    is_shard_folder, streamed_epoch_batches)
+    DEFAULT_SHUFFLE_BUFFER, ParquetShardDataset, RowDecoder, ShardFiles, ShardStream, StreamLoader, _DecodeRows,
+    first_samples, is_shard_folder, streamed_epoch_batches)
+from mmviews.notices import MMViewsWarning
 
 TRAIN_SHARDS = [12, 12, 12, 2]  # the short last shard prepare writes
 VALID_ROWS = 10  # shards of 4, 4 and 2
@@ -112,7 +113,7 @@ def test_a_damaged_footer_is_named_or_skipped(tmp_path, folder):
     message = str(info.value)
     assert message.startswith(f"{bad}: damaged Parquet shard (") and "\n" not in message
     assert message.endswith("); remove or rewrite it, or set data.options.on_error: skip")
-    with pytest.warns(UserWarning) as caught:
+    with pytest.warns(MMViewsWarning) as caught:
         stream = ShardStream(out, "train", on_error="skip")
     (warning,) = [w for w in caught if "damaged" in str(w.message)]
     assert str(warning.message).startswith(f"{bad}: damaged Parquet shard (") and str(warning.message).endswith("; skipped")
@@ -179,6 +180,22 @@ def test_whole_reads_keep_the_short_last_batch(folder):
     mapped = ParquetShardDataset(folder, "valid")
     assert len(mapped) == 10 and [s["index"] for s in first_samples(mapped, 16)] == list(range(10))
     assert [s["index"] for s in first_samples(mapped, 2)] == [0, 1]
+
+
+def test_first_samples_of_a_split_without_rows_is_an_empty_list(tmp_path, folder):
+    """A foreign Parquet folder whose only shard holds no row: no sample, as a list (what map-style gives)."""
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    table = pq.read_table(folder / "valid" / "valid-00000.parquet")
+    pq.write_table(table.slice(0, 0), tmp_path / "empty" / "train" / "part-0.parquet")
+    stream = ShardStream(tmp_path / "empty", "train", columns={"vec": "vec"})
+    assert len(stream) == 0 and first_samples(stream, 4) == []
+
+
+def test_the_loaders_dataset_decodes_the_raw_rows_it_is_given():
+    rows = _DecodeRows(decoder(kinds={"vec": "array"}))
+    row = {INDEX_COLUMN: 2, "id": "r2", "vec": [1.0, -1.0]}
+    assert rows[row]["index"] == 2 and rows[row]["modalities"]["vec"].tolist() == [1.0, -1.0]
+    assert [s["id"] for s in rows.__getitems__([row, {**row, "id": "r3"}])] == ["r2", "r3"]
 
 
 def test_state_dict_is_the_position(folder):
@@ -302,10 +319,11 @@ def test_a_value_that_cannot_be_decoded_is_named_by_row_and_column():
     assert str(info.value) == (f"/shards row mmviews_index=5, column 'vec': shape [1, 3] differs from the column's [L, 2] "
                                f"recorded in {SHARDS_META}")
     skipping = decoder(kinds={"vec": "array"}, array_shapes={"vec": [2]}, on_error="skip")
-    with pytest.warns(UserWarning) as caught:
+    with pytest.warns(MMViewsWarning) as caught:
         sample = skipping({INDEX_COLUMN: 6, "id": "r6", "vec": [1.0]})
         skipping({INDEX_COLUMN: 7, "vec": [1.0, 2.0, 3.0]})
     assert sample["modalities"]["vec"] is None and skipping.num_skipped == 2
+    assert all(w.category is MMViewsWarning for w in caught)  # the user's data: mmviews' own warning class
     assert [str(w.message) for w in caught] == [
         f"/shards row mmviews_index=6 (id 'r6'), column 'vec': shape [1] differs from the column's [2] recorded in {SHARDS_META}; marked absent",
         f"/shards row mmviews_index=7, column 'vec': shape [3] differs from the column's [2] recorded in {SHARDS_META}; marked absent"]
