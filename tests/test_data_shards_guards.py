@@ -350,6 +350,12 @@ def test_hf_rows_encode_each_column_kind(tmp_path):
     assert rows.features["audio"] == rows.features["blob_audio"] == datasets.Value("binary")
     assert rows.features["sentence"] == datasets.Value("string")
     assert rows.features["vec"] == datasets.List(datasets.List(datasets.Value("float32"), length=3), length=1)
+    # A column that holds no numbers is named (its modality taken for an array by its type).
+    tags = datasets.Dataset.from_dict({"tags": [["a"], ["b", "c"]]})
+    tags.save_to_disk(str(tmp_path / "tags"))
+    with pytest.raises(ValueError) as info:
+        shards.hf_split_rows(build_dataset("hf", root=str(tmp_path / "tags"), split="train", columns={"tags": "tags"}))
+    assert str(info.value).startswith("column 'tags': cannot store Value('string') as a numeric array")
     # An audio column of file paths: the file's bytes.
     paths = build_dataset("hf", root=str(tmp_path / "src"), split="train", columns={"audio": "path_audio"})
     assert shards.hf_split_rows(paths).row(1) == {INDEX_COLUMN: 1, "path_audio": sound_file.read_bytes(), "label": 0}
@@ -377,7 +383,9 @@ def test_sentiment_rows_of_a_one_sample_split(tmp_path):
     from test_data_pickle import mmsa_split
     from test_data_pickle import write as write_pickle
 
-    pkl = write_pickle(tmp_path / "mosi.pkl", {"train": mmsa_split(1), "valid": mmsa_split(1), "test": mmsa_split(1)})
+    train = mmsa_split(1)
+    train["text_bert"][0, 1, :] = 0  # no token: absent token ids
+    pkl = write_pickle(tmp_path / "mosi.pkl", {"train": train, "valid": mmsa_split(1), "test": mmsa_split(1)})
     modalities = ["text", "audio", "vision", "text_ids", "raw_text"]
     ds = build_dataset("mosi", root=str(pkl), split="train", modalities=modalities)
     sample = ds[0]
@@ -391,7 +399,8 @@ def test_sentiment_rows_of_a_one_sample_split(tmp_path):
         "raw_text": datasets.Value("string"), "sentiment": datasets.Value("float32"), "class": datasets.Value("int64")}
     row = rows.row(0)
     assert row[INDEX_COLUMN] == 0 and row["id"] == str(sample["id"]) and row["raw_text"] == sample["modalities"]["raw_text"]
-    assert np.array_equal(row["text"], sample["modalities"]["text"].numpy()) and row["audio"].shape == (4, 5)
+    assert np.array_equal(row["audio"], sample["modalities"]["audio"].numpy()) and row["audio"].shape == (4, 5)
+    assert sample["modalities"]["text"] is None and row["text"].shape == (0, 768)  # no token: no text steps either
     assert row["vision"].shape == (0, 20) and row["vision"].dtype == np.float32
-    assert row["text_ids"] == sample["modalities"]["text_ids"]["input_ids"].tolist()
+    assert sample["modalities"]["text_ids"] is None and row["text_ids"] is None
     assert (row["sentiment"], row["class"]) == (sample["labels"]["sentiment"], sample["labels"]["class"])
