@@ -307,6 +307,9 @@ def test_decoded_values_of_each_kind():
     assert empty["index"] == -1 and empty["modalities"] == {"ids": None, "seq": None, "text": None, "vec": None}
     assert d({"ids": None, "seq": float("nan"), "text": "a", "vec": None, "id": "x7"})["modalities"]["seq"] is None
     assert d({"ids": None, "seq": None, "text": "a", "vec": None, "id": "x7"})["id"] == "x7"
+    # Token ids are int64 (what embedding layers index with) whatever integer type a column holds.
+    narrow = d({"ids": np.array([5, 6], np.int32), "seq": None, "text": None, "vec": None})["modalities"]["ids"]
+    assert narrow["input_ids"].dtype == torch.int64 and narrow["input_ids"].tolist() == [5, 6]
 
 
 def test_a_value_that_cannot_be_decoded_is_named_by_row_and_column():
