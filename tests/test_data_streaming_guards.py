@@ -439,3 +439,88 @@ def test_a_foreign_parquet_folder_infers_its_columns(tmp_path, folder):
     assert str(info.value) == (f"{tmp_path / 'foreign'}: no modality columns (no column is named image, audio or text): "
                                "name the columns to read, modality -> column (columns: ['blob', 'caption', 'vec'])")
     assert ShardStream(tmp_path / "foreign", "train", columns={"vec": "vec"}).label_columns == {}
+
+
+# --------------------------------------------------------------------------- video rows
+
+
+def jpeg(value: int, gray: bool = False, size: tuple[int, int] = (8, 10)) -> bytes:
+    import cv2
+
+    image = np.full(size if gray else (*size, 3), value, np.uint8)
+    return cv2.imencode(".jpg", image)[1].tobytes()
+
+
+def video_decoder(on_error: str = "raise", flow: bool = True, audio: bool = True, size=(8, 10)) -> RowDecoder:
+    return RowDecoder("/v", "video", {}, {}, {"class": "class"}, on_error, sample_rate=8000,
+                      video={"num_frames": 4, "size": size, "flow": flow, "audio": audio, "max_audio_seconds": 0.2})
+
+
+RAMP = np.linspace(-0.5, 0.5, 8000, dtype=np.float32)  # one second at 8 kHz
+
+
+def video_row(frames: int = 6, track: np.ndarray | None = RAMP) -> dict:
+    """A clip of ``frames`` solid frames (gray 40 * k), flow x alternating +20 / -20 px (stored as
+    255 / 0), flow y -20 px (0), 10 fps, and an audio track."""
+    from mmviews.data.shards import flac_bytes
+
+    return {INDEX_COLUMN: 0, "id": "Jump/a.mp4", "class": 1, "fps": 10.0,
+            "frames": [jpeg(40 * k) for k in range(frames)],
+            "flow_x": [jpeg(255 if k % 2 else 0, gray=True) for k in range(frames - 1)],
+            "flow_y": [jpeg(0, gray=True) for _ in range(frames - 1)],
+            "audio": None if track is None else flac_bytes(track, 8000)}
+
+
+def test_video_rows_take_the_middle_window_its_flow_and_audio():
+    sample = video_decoder()(video_row())
+    mods = sample["modalities"]
+    assert sample["labels"] == {"class": 1} and sample["id"] == "Jump/a.mp4"
+    # 4 frames from the middle of 6: frames 1-4.
+    assert mods["video"].shape == (4, 3, 8, 10)
+    assert np.allclose(mods["video"].mean(dim=(1, 2, 3)).numpy(), [40 / 255, 80 / 255, 120 / 255, 160 / 255], atol=2 / 255)
+    # The flow of the pairs (1, 2), (2, 3), (3, 4): x = +20, -20, +20 px; y = -20 px.
+    assert mods["flow"].shape == (3, 2, 8, 10)
+    assert np.allclose(mods["flow"][:, 0].mean(dim=(1, 2)).numpy(), [20, -20, 20], atol=0.5)
+    assert np.allclose(mods["flow"][:, 1].numpy(), -20, atol=0.5)
+    # 0.2 s of audio centred on the frames' window (0.1 s to 0.5 s: centre 0.3 s): samples 1600-3200.
+    assert mods["audio"].shape == (1600,) and np.abs(mods["audio"].numpy() - RAMP[1600:3200]).max() <= 2.0 ** -23
+    resized = video_decoder(size=(4, 5))(video_row())["modalities"]
+    assert resized["video"].shape == (4, 3, 4, 5) and resized["flow"].shape == (3, 2, 4, 5)
+
+
+def test_a_short_clip_repeats_its_last_frame_and_its_audio_window_fits_the_track():
+    mods = video_decoder()(video_row(frames=2, track=RAMP[:2000]))["modalities"]
+    assert np.allclose(mods["video"].mean(dim=(1, 2, 3)).numpy(), [0, 40 / 255, 40 / 255, 40 / 255], atol=2 / 255)
+    assert np.allclose(mods["flow"][0, 0].numpy(), -20, atol=0.5)  # the one pair (0, 1): its stored flow
+    assert torch.count_nonzero(mods["flow"][1:]) == 0  # a repeated frame does not move
+    # The window (samples 800-2400: 0.2 s centred on 0 s to 0.4 s) shifted back inside the 2000-sample track.
+    assert np.abs(mods["audio"].numpy() - RAMP[400:2000]).max() <= 2.0 ** -23
+    whole = video_decoder()(video_row(track=RAMP[:1000]))["modalities"]["audio"]
+    assert np.abs(whole.numpy() - RAMP[:1000]).max() <= 2.0 ** -23  # a track shorter than the window: all of it
+    assert video_decoder()(video_row(track=None))["modalities"]["audio"] is None
+    bare = video_decoder(flow=False, audio=False)(video_row())
+    assert list(bare["modalities"]) == ["video"]
+
+
+def test_video_values_that_cannot_be_decoded_are_named_by_column():
+    where = "/v row mmviews_index=0 (id 'Jump/a.mp4'), column"
+    with pytest.raises(ValueError) as info:
+        video_decoder()({**video_row(), "frames": []})
+    assert str(info.value) == f"{where} 'frames': no frames"
+    with pytest.raises(ValueError) as info:
+        video_decoder()({**video_row(), "frames": [b"not a jpeg"] * 6})
+    assert str(info.value) == f"{where} 'frames': cannot decode JPEG image"
+    with pytest.raises(ValueError) as info:
+        video_decoder()({**video_row(), "flow_x": [], "flow_y": []})
+    assert str(info.value) == f"{where} 'flow_x': the shards hold no flow (prepared with --flow none)"
+    with pytest.raises(ValueError) as info:
+        video_decoder()({**video_row(), "flow_x": video_row()["flow_x"][:2]})  # fewer flow images than frame pairs
+    assert str(info.value).startswith(f"{where} 'flow_x': ")
+    with pytest.raises(ValueError) as info:
+        video_decoder()({**video_row(), "audio": b"not audio"})
+    assert str(info.value).startswith(f"{where} 'audio': cannot decode audio (")
+    skipping = video_decoder(on_error="skip")
+    with pytest.warns(MMViewsWarning) as caught:
+        mods = skipping({**video_row(), "frames": None, "flow_x": [], "audio": b"not audio"})["modalities"]
+    assert mods == {"video": None, "flow": None, "audio": None} and skipping.num_skipped == 3
+    assert [str(w.message).split(": ")[0] for w in caught] == [f"{where} 'frames'", f"{where} 'flow_x'", f"{where} 'audio'"]
