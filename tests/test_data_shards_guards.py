@@ -404,3 +404,43 @@ def test_sentiment_rows_of_a_one_sample_split(tmp_path):
     assert row["vision"].shape == (0, 20) and row["vision"].dtype == np.float32
     assert sample["modalities"]["text_ids"] is None and row["text_ids"] is None
     assert (row["sentiment"], row["class"]) == (sample["labels"]["sentiment"], sample["labels"]["class"])
+
+
+def test_hf_rows_of_image_and_audio_folders_hold_the_files_bytes(tmp_path):
+    """imagefolder / audiofolder sources give a path and no bytes: the shard holds the file's bytes
+    (and the image's file name, not the path of the machine that wrote it)."""
+    for label, value in (("cat", 30), ("dog", 220)):
+        (tmp_path / "img" / "train" / label).mkdir(parents=True)
+        (tmp_path / "img" / "train" / label / f"{label}.png").write_bytes(png_bytes(value, (3, 4)))
+        (tmp_path / "aud" / "train" / label).mkdir(parents=True)
+        (tmp_path / "aud" / "train" / label / f"{label}.wav").write_bytes(wav_bytes(100 + value))
+    images = shards.hf_split_rows(build_dataset("hf", root=tmp_path / "img", split="train", format="imagefolder"))
+    assert [images.row(i)["image"] for i in range(2)] == [
+        {"bytes": png_bytes(30, (3, 4)), "path": "cat.png"}, {"bytes": png_bytes(220, (3, 4)), "path": "dog.png"}]
+    sounds = shards.hf_split_rows(build_dataset("hf", root=tmp_path / "aud", split="train", format="audiofolder"))
+    assert [sounds.row(i)["audio"] for i in range(2)] == [wav_bytes(130), wav_bytes(320)]
+
+
+def test_hf_audio_arrays_without_a_rate_are_taken_at_16_khz(tmp_path):
+    import datasets
+
+    wave = np.linspace(-0.25, 0.25, 160, dtype=np.float32)
+    feats = datasets.Features({"audio": {"array": datasets.List(datasets.Value("float32"))}})
+    datasets.Dataset.from_dict({"audio": [{"array": wave}]}, features=feats).save_to_disk(str(tmp_path / "src"))
+    rows = shards.hf_split_rows(build_dataset("hf", root=str(tmp_path / "src"), split="train", columns={"audio": "audio"}))
+    back, rate = sf.read(io.BytesIO(rows.row(0)["audio"]), dtype="float32")
+    assert rate == shards.AUDIO_RATE == 16000 and np.abs(back - wave).max() <= 2.0 ** -23
+
+
+def test_hf_audio_structs_of_bytes_or_path(tmp_path):
+    """An audio column stored as {bytes, path} (as Parquet exports of datasets' Audio() hold it):
+    the bytes where present, else the file's."""
+    import datasets
+
+    (tmp_path / "a.wav").write_bytes(wav_bytes(140))
+    feats = datasets.Features({"audio": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}})
+    datasets.Dataset.from_dict({"audio": [{"bytes": None, "path": str(tmp_path / "a.wav")},
+                                          {"bytes": wav_bytes(150), "path": "elsewhere.wav"}]},
+                               features=feats).save_to_disk(str(tmp_path / "src"))
+    rows = shards.hf_split_rows(build_dataset("hf", root=str(tmp_path / "src"), split="train", columns={"audio": "audio"}))
+    assert [rows.row(i)["audio"] for i in range(2)] == [wav_bytes(140), wav_bytes(150)]
