@@ -301,6 +301,7 @@ def test_decoded_values_of_each_kind():
     mods = sample["modalities"]
     assert torch.equal(mods["ids"]["input_ids"], torch.tensor([5, 6, 7])) and mods["ids"]["input_ids"].dtype == torch.int64
     assert torch.equal(mods["ids"]["attention_mask"], torch.ones(3, dtype=torch.long))
+    assert mods["ids"]["attention_mask"].dtype == torch.int64
     assert mods["seq"].dtype == torch.float32 and mods["seq"].tolist() == [[1.0, 2.0]]
     assert mods["text"] == "12" and mods["vec"].shape == (2, 2)
     empty = d({"ids": [], "seq": np.zeros((0, 2)), "text": None, "vec": None})
@@ -439,6 +440,29 @@ def test_a_foreign_parquet_folder_infers_its_columns(tmp_path, folder):
     assert str(info.value) == (f"{tmp_path / 'foreign'}: no modality columns (no column is named image, audio or text): "
                                "name the columns to read, modality -> column (columns: ['blob', 'caption', 'vec'])")
     assert ShardStream(tmp_path / "foreign", "train", columns={"vec": "vec"}).label_columns == {}
+
+
+def test_foreign_audio_columns_are_waveforms_by_type_or_by_name(tmp_path):
+    """An ``Audio()`` column (datasets' metadata in the schema) or a binary one is a waveform under
+    any modality name; any column read as the modality ``audio`` is one too (file paths). The
+    Audio() column is read as its {bytes, path} storage (datasets would need torchcodec for it)."""
+    from test_data_hf import wav_bytes
+
+    (tmp_path / "a.wav").write_bytes(wav_bytes(60))
+    snd = pa.array([{"bytes": wav_bytes(70), "path": None}], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    table = pa.table({"snd": snd, "blob": pa.array([wav_bytes(80)], pa.binary()), "where": [str(tmp_path / "a.wav")]})
+    hf_meta = {"info": {"features": {"snd": {"_type": "Audio"}, "blob": {"dtype": "binary", "_type": "Value"},
+                                     "where": {"dtype": "string", "_type": "Value"}}}}
+    (tmp_path / "foreign" / "train").mkdir(parents=True)
+    pq.write_table(table.replace_schema_metadata({"huggingface": json.dumps(hf_meta)}),
+                   tmp_path / "foreign" / "train" / "part-0.parquet")
+    columns = {"voice": "snd", "clip": "blob", "audio": "where"}
+    for reader in (ShardStream, ParquetShardDataset):  # an Audio() column is read without torchcodec
+        opened = reader(tmp_path / "foreign", "train", columns=columns, sample_rate=8000)
+        assert opened.kinds == {"voice": "waveform", "clip": "waveform", "audio": "waveform"}
+        mods = first_samples(opened, 1)[0]["modalities"]
+        assert [tuple(mods[m].shape) for m in ("voice", "clip", "audio")] == [(70,), (80,), (60,)]
+    assert ShardStream(tmp_path / "foreign", "train", columns={"text": "where"}).kinds == {"text": "text"}
 
 
 # --------------------------------------------------------------------------- video rows
