@@ -364,12 +364,14 @@ def test_hf_rows_encode_each_column_kind(tmp_path):
 def test_hf_rows_name_a_row_whose_array_has_another_shape(tmp_path):
     import datasets
 
-    feats = datasets.Features({"vec": datasets.List(datasets.Value("float32"), length=3)})
-    source = datasets.Dataset.from_dict({"vec": [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]}, features=feats)
+    feats = datasets.Features({"vec": datasets.List(datasets.Value("float32"), length=3), "flag": datasets.Value("bool")})
+    source = datasets.Dataset.from_dict({"vec": [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]], "flag": [True, False]}, features=feats)
     source.save_to_disk(str(tmp_path / "src"))
-    ds = build_dataset("hf", root=str(tmp_path / "src"), split="train", columns={"vec": "vec"})
+    ds = build_dataset("hf", root=str(tmp_path / "src"), split="train", columns={"vec": "vec", "flag": "flag"})
     rows = shards.hf_split_rows(ds)
-    ds.ds = datasets.Dataset.from_dict({"vec": [[0.0, 1.0, 2.0], [0.0, 1.0]]})  # a row of another length
+    flags = [rows.row(i)["flag"] for i in range(2)]  # numbers of any numeric type are stored as float32
+    assert flags == [1.0, 0.0] and all(type(f) is float for f in flags)
+    ds.ds = datasets.Dataset.from_dict({"vec": [[0.0, 1.0, 2.0], [0.0, 1.0]], "flag": [True, True]})  # a row of another length
     assert rows.row(0)["vec"] == [0.0, 1.0, 2.0]
     with pytest.raises(ValueError) as info:
         rows.row(1)
