@@ -548,3 +548,7 @@ def test_video_values_that_cannot_be_decoded_are_named_by_column():
         mods = skipping({**video_row(), "frames": None, "flow_x": [], "audio": b"not audio"})["modalities"]
     assert mods == {"video": None, "flow": None, "audio": None} and skipping.num_skipped == 3
     assert [str(w.message).split(": ")[0] for w in caught] == [f"{where} 'frames'", f"{where} 'flow_x'", f"{where} 'audio'"]
+    # Frames that cannot be read leave the audio window where the clip starts (0.2 s around 0 s to 0.4 s).
+    with pytest.warns(MMViewsWarning, match="column 'frames': no frames"):
+        audio = video_decoder(on_error="skip", flow=False)({**video_row(), "frames": []})["modalities"]["audio"]
+    assert np.abs(audio.numpy() - RAMP[800:2400]).max() <= 2.0 ** -23
