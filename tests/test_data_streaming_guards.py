@@ -70,6 +70,7 @@ def test_shard_files_and_row_counts(folder):
     files = ShardFiles(folder, "train")
     assert files.files == [str(folder / "train" / f"train-{k:05d}.parquet") for k in range(4)]
     assert files.rows == TRAIN_SHARDS and files.total == 38 and files.skipped == []
+    assert ShardFiles(f"{folder}/", "train").files == files.files  # a root given with a trailing slash
     assert is_shard_folder(folder) and not is_shard_folder(folder / "train")
     with pytest.raises(KeyError) as info:
         ShardFiles(folder, "test")
@@ -261,6 +262,29 @@ def test_batches_are_moved_to_the_device(folder):
     loader = StreamLoader(stream, 4, lambda samples: torch.tensor(indices(samples)), shuffle_buffer=0)
     assert loader.to(torch.device("cpu")) is loader and loader.device == torch.device("cpu")
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def worker_seed(samples: list) -> int:
+    """A collate function that gives the seed of the process it runs in (a loader worker)."""
+    return torch.initial_seed()
+
+
+def test_loader_seeds_come_from_the_recipe_seed_and_epoch_only(folder):
+    """The workers' seeds depend on the seed and the epoch, not on the training RNG, and a pass
+    over the stream leaves the training RNG where it was (a resumed run draws the same dropout)."""
+    stream = ShardStream(folder, "valid")
+    loader = StreamLoader(stream, 10, worker_seed, seed=4, shuffle_buffer=0, drop_last=False, num_workers=1)
+    torch.manual_seed(1)
+    first = list(loader)
+    torch.manual_seed(2)
+    assert list(loader) == first
+    loader.set_epoch(1)
+    assert list(loader) != first
+    assert list(StreamLoader(stream, 10, worker_seed, seed=5, shuffle_buffer=0, drop_last=False, num_workers=1)) != first
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    [b for b in StreamLoader(stream, 4, as_list, seed=4)]
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_a_stream_that_ends_early_names_the_process(tmp_path, folder):
