@@ -91,6 +91,10 @@ def test_shards_of_an_fsspec_url_are_named_by_url(folder):
         memory.pipe(f"/guards/valid/valid-{k:05d}.parquet", (folder / "valid" / f"valid-{k:05d}.parquet").read_bytes())
     files = ShardFiles("memory://guards", "valid")
     assert files.files == [f"memory:///guards/valid/valid-{k:05d}.parquet" for k in range(2)] and files.rows == [4, 4]
+    # A URL is read without a local folder or record (the columns named, their kinds from the schema).
+    stream = ShardStream("memory://guards", "valid", columns={"vec": "vec"})
+    assert stream.meta is None and stream.kinds == {"vec": "array"} and len(stream) == 8
+    assert [s["index"] for s in first_samples(stream, 8)] == list(range(8))
 
 
 def test_min_rows_per_process_and_epoch_length(folder):
@@ -414,6 +418,22 @@ def test_options_that_cannot_be_read_are_refused(folder, tmp_path):
         ShardStream(folder, "valid", fold=2)
     assert str(info.value) == (f"{folder}: the shards hold the splits of fold None, not fold 2 "
                                "(write them with `mmviews prepare ... --format parquet --fold 2`)")
+    # The options of video shards: no columns, the store's flow only, the fold they were written with.
+    video = tmp_path / "video"
+    shutil.copytree(folder, video)
+    meta = json.loads((video / SHARDS_META).read_text())
+    meta["source"] = {**meta["source"], "kind": "video", "options": {"fold": 1}}
+    (video / SHARDS_META).write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as info:
+        ShardStream(video, "valid", columns={"video": "vec"})
+    assert str(info.value) == (f"{video}: shards of a video folder give the modalities video, flow and audio; use the "
+                               "options num_frames, size, flow, audio instead of columns")
+    with pytest.raises(ValueError) as info:
+        ShardStream(video, "valid", fold=1, flow="precomputed")
+    assert str(info.value) == (f"{video}: shards hold the store's Farneback flow: flow must be None or 'farneback', "
+                               "got 'precomputed'")
+    with pytest.raises(ValueError, match=f"^{video}: the shards hold the splits of fold 1, not fold 3 "):
+        ShardStream(video, "valid", fold=3)
 
 
 def test_the_first_rows_are_decoded_when_a_split_is_opened(tmp_path, folder):
@@ -461,6 +481,7 @@ def test_a_foreign_parquet_folder_infers_its_columns(tmp_path, folder):
     data.remove_columns(["image", "audio", "text", "label"]).to_parquet(str(tmp_path / "foreign" / "train" / "part-0.parquet"))
     with pytest.raises(ValueError) as info:
         ShardStream(tmp_path / "foreign", "train")
+    assert getattr(info.value, "option", None) == "columns"  # what `prepare` turns into its --columns flag
     assert str(info.value) == (f"{tmp_path / 'foreign'}: no modality columns (no column is named image, audio or text): "
                                "name the columns to read, modality -> column (columns: ['blob', 'caption', 'vec'])")
     assert ShardStream(tmp_path / "foreign", "train", columns={"vec": "vec"}).label_columns == {}
