@@ -156,6 +156,35 @@ def test_epoch_length_and_the_poorest_process(folder):
     assert len(StreamLoader(stream, 39, as_list, drop_last=False)) == 1  # a whole read needs no full batch
 
 
+def collating_process(samples: list) -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_loader_defaults(folder):
+    import os
+
+    stream = ShardStream(folder, "train")
+    loader = StreamLoader(stream, 4, collating_process)
+    state = loader.state_dict()
+    assert (state["seed"], state["rank"], state["world"], state["shuffle_buffer"]) == (0, 0, 1, 1000)
+    assert len(loader) == 9 and set(loader) == {os.getpid()}  # full batches only, collated in this process
+
+
+def test_epochs_are_shuffled_differently_and_reproducibly(folder):
+    stream = ShardStream(folder, "train")
+
+    def epoch(e: int) -> list[int]:
+        loader = StreamLoader(stream, 4, as_list, seed=3, shuffle_buffer=8)
+        loader.set_epoch(e)
+        return [i for b in loader for i in indices(b)]
+
+    first, second = epoch(0), epoch(1)
+    assert len(first) == len(second) == 36 and len(set(first)) == 36 and set(first) <= set(range(38))
+    assert first != second and first != sorted(first) and epoch(0) == first
+
+
 def test_processes_draw_disjoint_rows_of_the_same_count(folder):
     stream = ShardStream(folder, "train")
     drawn = [[i for b in StreamLoader(stream, 4, as_list, world=2, rank=r, seed=1, shuffle_buffer=8) for i in indices(b)]
@@ -291,6 +320,29 @@ def test_loader_seeds_come_from_the_recipe_seed_and_epoch_only(folder):
     assert torch.equal(torch.get_rng_state(), before)
 
 
+def test_a_stream_whose_every_row_group_is_damaged_names_it(tmp_path, folder):
+    """on_error: skip with nothing readable left: the epoch cannot be filled again; one line, no hang."""
+    out = tmp_path / "damaged"
+    (out / "valid").mkdir(parents=True)
+    shutil.copy(folder / SHARDS_META, out / SHARDS_META)
+    shard = out / "valid" / "valid-00000.parquet"
+    shutil.copy(folder / "valid" / "valid-00000.parquet", shard)
+    group = pq.ParquetFile(shard).metadata.row_group(0)
+    (column,) = [group.column(k) for k in range(group.num_columns) if group.column(k).path_in_schema.startswith("vec")]
+    data = bytearray(shard.read_bytes())
+    for k in range(column.data_page_offset + 8, column.data_page_offset + 48):  # inside the data, footer intact
+        data[k] ^= 0x5A
+    shard.write_bytes(bytes(data))
+    with pytest.warns(MMViewsWarning):
+        stream = ShardStream(out, "valid", on_error="skip")
+        loader = StreamLoader(stream, 2, as_list)
+        assert len(loader) == 2  # what the footer promises
+        with pytest.raises(ValueError) as info:
+            [b for b in loader]
+    assert str(info.value) == ("the streamed split has no readable row left: every row group read in this epoch was "
+                               "damaged and left out (on_error: skip)")
+
+
 def test_a_stream_that_ends_early_names_the_process(tmp_path, folder):
     """Shards changed under a run (a shard rewritten shorter): the epoch promised by the footers
     cannot be drawn; one line naming the process, never a shorter epoch."""
@@ -378,6 +430,7 @@ def test_modality_info_of_each_kind():
                                  "text": {"kind": "text"}, "ids": {"kind": "tokens"},
                                  "seq": {"kind": "sequence", "shape": (None, 5)}}
     assert decoder(kinds={"img": "image"}).modality_info() == {"img": {"kind": "image"}}
+    assert decoder(kinds={"snd": "waveform"}).modality_info()["snd"]["sample_rate"] == 16000  # the default rate
     video = RowDecoder("/v", "video", {}, {}, {}, sample_rate=16000,
                        video={"num_frames": 4, "size": (8, 10), "flow": True, "audio": True})
     assert video.modality_info() == {"video": {"kind": "video", "shape": (4, 3, 8, 10)},
