@@ -540,6 +540,25 @@ def test_a_foreign_parquet_folder_infers_its_columns(tmp_path, folder):
     assert ShardStream(tmp_path / "foreign", "train", columns={"vec": "vec"}).label_columns == {}
 
 
+def test_a_damaged_image_read_map_style_is_named_by_row_and_column(tmp_path):
+    """The map-style reader leaves images encoded for mmviews to decode: a damaged one is named."""
+    import datasets
+
+    from test_data_hf import png_bytes
+
+    feats = datasets.Features({"image": datasets.Image()})
+    images = [{"bytes": png_bytes(10), "path": None}, {"bytes": b"\x89PNG broken", "path": None}]
+    (tmp_path / "foreign" / "train").mkdir(parents=True)
+    datasets.Dataset.from_dict({"image": images}, features=feats).to_parquet(str(tmp_path / "foreign" / "train" / "a.parquet"))
+    mapped = ParquetShardDataset(tmp_path / "foreign", check_rows=1)  # the train split by default
+    assert mapped.split == "train" and mapped[0]["modalities"]["image"].shape == (3, 6, 6)
+    with pytest.raises(ValueError) as info:
+        mapped[1]
+    assert str(info.value).startswith(f"{tmp_path / 'foreign'} row mmviews_index=None, column 'image': <image bytes>: "
+                                      "cannot read image (")
+    assert ShardStream(tmp_path / "foreign", check_rows=1).split == "train"
+
+
 def test_foreign_audio_columns_are_waveforms_by_type_or_by_name(tmp_path):
     """An ``Audio()`` column (datasets' metadata in the schema) or a binary one is a waveform under
     any modality name; any column read as the modality ``audio`` is one too (file paths). The
