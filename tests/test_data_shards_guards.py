@@ -447,3 +447,72 @@ def test_hf_audio_structs_of_bytes_or_path(tmp_path):
                                features=feats).save_to_disk(str(tmp_path / "src"))
     rows = shards.hf_split_rows(build_dataset("hf", root=str(tmp_path / "src"), split="train", columns={"audio": "audio"}))
     assert [rows.row(i)["audio"] for i in range(2)] == [wav_bytes(140), wav_bytes(150)]
+
+
+def crafted_store(path: Path, clips: dict, failed: dict | None = None) -> Path:
+    """A video store in the on-disk format ``mmviews prepare`` writes (manifest.json and each
+    clip's JPEG files), made by hand: every stored file holds its own name, so a shard that
+    copies the wrong file is seen."""
+    import mmviews.data.video_store as video_store
+
+    manifest = {"kind": video_store.STORE_KIND, "version": video_store.STORE_VERSION, "options": {"size": 0},
+                "clips": {}, "failed": failed or {}}
+    for k, (rel, entry) in enumerate(clips.items()):
+        folder = path / f"clip{k}"
+        folder.mkdir(parents=True)
+        names = [f"img_{i:05d}.jpg" for i in range(1, entry["frames"] + 1)]
+        names += [f"flow_{axis}_{i:05d}.jpg" for axis in "xy" for i in range(1, entry.get("flows", 0) + 1)]
+        for name in names:
+            (folder / name).write_bytes(f"{rel}/{name}".encode())
+        manifest["clips"][rel] = {"dir": f"clip{k}", **entry}
+    (path / video_store.MANIFEST).write_text(json.dumps(manifest))
+    return path
+
+
+def test_video_rows_copy_the_stores_files_of_the_listed_clips(tmp_path):
+    """The rows of a split are the clips its list names (the fold and split lists given), each
+    with every stored frame and flow image in order; a clip the store failed is skipped (None)."""
+    import datasets
+
+    from mmviews.data.video_store import VideoStore
+
+    root, lists = tmp_path / "ucf", tmp_path / "lists"
+    for name in ("Jump", "Run"):
+        (root / name).mkdir(parents=True)
+    lists.mkdir()
+    (lists / "classInd.txt").write_text("1 Run\n2 Jump\n")  # not the folders' sorted order
+    (lists / "trainlist01.txt").write_text("Run/b.mp4 1\n")
+    (lists / "trainlist02.txt").write_text("Jump/a.mp4 2\nRun/bad.mp4 1\nRun/b.mp4 1\n")
+    (lists / "testlist02.txt").write_text("Run/b.mp4\n")
+    store = VideoStore(crafted_store(tmp_path / "ucf.mmstore", {  # where prepare puts the store of ucf
+        "Jump/a.mp4": {"format": "jpeg", "frames": 3, "flows": 2, "fps": 25},
+        "Run/b.mp4": {"format": "jpeg", "frames": 2, "fps": 10}},  # stored without flow (--flow none)
+        failed={"Run/bad.mp4": "cannot decode"}))
+    rows = shards.video_split_rows(root, "train", 2, store, dataset="ucf101", splits_dir=lists)
+    assert rows.count == 3
+    first = rows.row(0)
+    assert {k: first[k] for k in (INDEX_COLUMN, "id", "class", "fps", "audio")} == {
+        INDEX_COLUMN: 0, "id": "Jump/a.mp4", "class": 1, "fps": 25.0, "audio": None}  # no video file: no track
+    assert first["frames"] == [f"Jump/a.mp4/img_{i:05d}.jpg".encode() for i in (1, 2, 3)]
+    assert first["flow_x"] == [f"Jump/a.mp4/flow_x_{i:05d}.jpg".encode() for i in (1, 2)]
+    assert first["flow_y"] == [f"Jump/a.mp4/flow_y_{i:05d}.jpg".encode() for i in (1, 2)]
+    assert rows.row(1) is None  # the clip the store could not decode
+    last = rows.row(2)
+    assert (last["id"], last["class"], last["flow_x"], last["flow_y"]) == ("Run/b.mp4", 0, [], [])
+    test = shards.video_split_rows(root, "test", 2, store, dataset="ucf101", splits_dir=lists)
+    assert test.count == 1 and test.row(0)["id"] == "Run/b.mp4"
+    assert shards.video_split_rows(root, "train", 1, store, dataset="ucf101", splits_dir=lists).count == 1
+    # HMDB-51's lists beside UCF-101's: the dataset named says which are read (and its class order: sorted).
+    (lists / "Jump_test_split2.txt").write_text("a.mp4 2\n")
+    hmdb = shards.video_split_rows(root, "test", 2, store, dataset="hmdb51", splits_dir=lists)
+    assert hmdb.count == 1 and (hmdb.row(0)["id"], hmdb.row(0)["class"]) == ("Jump/a.mp4", 0)
+    binary = datasets.Sequence(datasets.Value("binary"))
+    assert dict(rows.features) == {
+        INDEX_COLUMN: datasets.Value("int64"), "id": datasets.Value("string"), "class": datasets.Value("int64"),
+        "fps": datasets.Value("float32"), "frames": binary, "flow_x": binary, "flow_y": binary,
+        "audio": datasets.Value("binary")}
+    arrays = VideoStore(crafted_store(tmp_path / "npy-store", {"Run/b.mp4": {"format": "npy", "frames": 2, "fps": 10}}))
+    with pytest.raises(ValueError) as info:
+        shards.video_split_rows(root, "test", 2, arrays, dataset="ucf101", splits_dir=lists).row(0)
+    assert str(info.value) == (f"{tmp_path / 'npy-store'}: Parquet shards copy the store's JPEG files; this store holds "
+                               "npy arrays (prepare the store with --format jpeg first)")
