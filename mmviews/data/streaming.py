@@ -4,7 +4,8 @@
 ``<split>/*.parquet`` files) reads a shard folder written by ``mmviews prepare ... --format
 parquet`` (:mod:`mmviews.data.shards`) or any Parquet folder of that layout, into the sample dicts
 of the source: the same decoded tensors as the map-style source (video frames, flow and audio
-window of :class:`~mmviews.data.video.VideoFolder`; sentiment sequences; hf images, audio, text).
+window of :class:`~mmviews.data.video.VideoFolder`; sentiment sequences; hf images, audio, text; a
+``datasets`` ``Audio()`` column is read as the bytes it stores, so no torchcodec is needed).
 ``columns``/``labels`` map modality and label names to columns, as for the other ``hf`` formats;
 shards of video folders take the video options instead (``num_frames``, ``size``, ``flow``,
 ``audio``, ``sample_rate``, ``max_audio_seconds``, and ``fold``, checked against the fold written).
