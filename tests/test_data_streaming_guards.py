@@ -639,6 +639,8 @@ def test_a_short_clip_repeats_its_last_frame_and_its_audio_window_fits_the_track
     whole = video_decoder()(video_row(track=RAMP[:1000]))["modalities"]["audio"]
     assert np.abs(whole.numpy() - RAMP[:1000]).max() <= 2.0 ** -23  # a track shorter than the window: all of it
     assert video_decoder()(video_row(track=None))["modalities"]["audio"] is None
+    single = video_decoder()(video_row(track=RAMP[:1]))["modalities"]["audio"]  # a one-sample track: that sample
+    assert single.shape == (1,) and abs(float(single[0]) - float(RAMP[0])) <= 2.0 ** -23
     bare = video_decoder(flow=False, audio=False)(video_row())
     assert list(bare["modalities"]) == ["video"]
 
