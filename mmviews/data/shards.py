@@ -39,7 +39,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -414,8 +414,3 @@ def dataset_card(meta: dict[str, Any]) -> str:
               "`data.streaming: true` to stream) or with `datasets.load_dataset(\"parquet\", data_files=\"<split>/*.parquet\")`.",
               f"Options used: `{json.dumps(src.get('options', {}))}`.", ""]
     return "\n".join(lines)
-
-
-def iter_shard_files(folder: Path, split: str) -> Iterable[Path]:
-    """The split's shard files, in order."""
-    return sorted((folder / split).glob("*.parquet"))

@@ -4,7 +4,8 @@
 ``<split>/*.parquet`` files) reads a shard folder written by ``mmviews prepare ... --format
 parquet`` (:mod:`mmviews.data.shards`) or any Parquet folder of that layout, into the sample dicts
 of the source: the same decoded tensors as the map-style source (video frames, flow and audio
-window of :class:`~mmviews.data.video.VideoFolder`; sentiment sequences; hf images, audio, text).
+window of :class:`~mmviews.data.video.VideoFolder`; sentiment sequences; hf images, audio, text; a
+``datasets`` ``Audio()`` column is read as the bytes it stores, so no torchcodec is needed).
 ``columns``/``labels`` map modality and label names to columns, as for the other ``hf`` formats;
 shards of video folders take the video options instead (``num_frames``, ``size``, ``flow``,
 ``audio``, ``sample_rate``, ``max_audio_seconds``, and ``fold``, checked against the fold written).
@@ -362,6 +363,12 @@ class ShardSource:
                 raise KeyError(f"{self.root}: split {split!r} has no column {col!r} (for label {name!r}); columns: {sorted(self.features)}")
         self.columns, self.label_columns, self.kinds = dict(columns), dict(labels), kinds
         self.image_columns = [col for m, col in columns.items() if isinstance(self.features[col], datasets.Image)]
+        # datasets encodes and decodes Audio() values through torchcodec, which mmviews does not
+        # require: such a column is read as what it stores, {bytes, path}, and decoded by mmviews.
+        self.audio_columns = [col for col, f in self.features.items() if isinstance(f, datasets.Audio)]
+        audio_storage = {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
+        self.features = datasets.Features({col: audio_storage if col in self.audio_columns else f
+                                           for col, f in self.features.items()})
         size_t = (size, size) if isinstance(size, int) else tuple(size)
         image_t = (image_size, image_size) if isinstance(image_size, int) else image_size
         video = {"num_frames": int(num_frames), "size": size_t, "flow": flow is not None, "audio": bool(audio),
@@ -465,6 +472,8 @@ class ParquetShardDataset(ShardSource, Dataset):
         ds = row_groups.load_map_style(self.shards.files, split, self.features, self.on_error, self._skip_token)
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
+        for col in self.audio_columns:
+            ds = ds.cast_column(col, datasets.Audio(decode=False))
         self.ds = ds
 
     def __len__(self) -> int:
