@@ -182,3 +182,88 @@ def test_onnx_embeds_the_exports_evaluation_views(onnx_exports, tmp_path: Path, 
                     torch.testing.assert_close(torch.tensor(table[row]["image_0"]), z[k, 0], rtol=0, atol=1e-4)
                     row += 1
     assert row == table.num_rows > 0
+
+
+# ---------------------------------------------------------------- the torch path's checks and its line
+
+
+@pytest.fixture(scope="module")
+def bf16_untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained run (image, augmented image and audio views; 8 samples) whose recipe sets bf16
+    autocast and CPU."""
+    raw = tiny_config(text=False, num_samples=8)
+    raw["optimisation"]["mixed_precision"] = "bf16"
+    raw["cpu"] = True
+    return untrained_run(tmp_path_factory.mktemp("embed-bf16") / "run", raw)
+
+
+@pytest.mark.parametrize("output,message", [
+    ("e.csv", "--output {tmp}/e.csv: give a .parquet file"),
+    ("taken.parquet", "--output {tmp}/taken.parquet exists: choose another file, or --overwrite to replace it"),
+    ("no/e.parquet", "--output {tmp}/no/e.parquet: folder {tmp}/no does not exist"),
+])
+def test_the_output_is_checked_first(tmp_path: Path, capsys, output: str, message: str) -> None:
+    """Before the run is even looked at (here there is none)."""
+    (tmp_path / "taken.parquet").write_text("mine")
+    rc, _, err = cli(capsys, "embed", str(tmp_path / "missing"), "quickstart", "--output", str(tmp_path / output))
+    assert rc == 2 and one_line_error(err) == "mmviews embed: error: " + message.format(tmp=tmp_path)
+    assert (tmp_path / "taken.parquet").read_text() == "mine"
+
+
+def test_a_missing_run_is_named(tmp_path: Path, capsys) -> None:
+    rc, _, err = cli(capsys, "embed", str(tmp_path / "missing"), "quickstart", "--output", str(tmp_path / "e.parquet"))
+    assert rc == 2 and one_line_error(err) == (f"mmviews embed: error: {tmp_path / 'missing'} does not exist: give a "
+                                               "run folder, a checkpoint folder or an ONNX export")
+
+
+def test_a_bad_device_is_named_before_the_run_is_loaded(tmp_path: Path, capsys) -> None:
+    """An empty folder is no run; the device is named first (loading takes seconds)."""
+    rc, _, err = cli(capsys, "embed", str(tmp_path), "quickstart", "--output", str(tmp_path / "e.parquet"),
+                     "--device", "nowhere")
+    assert rc == 2 and one_line_error(err) == ("mmviews embed: error: --device 'nowhere' is not a device (e.g. cpu, "
+                                               "cuda, cuda:1)")
+
+
+def test_data_without_a_modality_of_the_views_is_named(bf16_untrained: Path, tmp_path: Path, capsys) -> None:
+    recipe = yaml.safe_load((bf16_untrained / "config.yaml").read_text())
+    recipe["data"]["options"]["modalities"] = ["image"]  # the same data, without its audio
+    data = tmp_path / "image-only.yaml"
+    data.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    rc, _, err = cli(capsys, "embed", str(bf16_untrained), str(data), "--output", str(tmp_path / "e.parquet"))
+    assert rc == 2 and one_line_error(err) == (
+        f"mmviews embed: error: {data}: the train split has the modalities ['image'], but the run's views read "
+        "['image', 'audio'] (missing ['audio']): give data with the modalities the run was trained on")
+    assert "embeddings (" not in err and not (tmp_path / "e.parquet").exists()
+
+
+@pytest.mark.parametrize("options,precision", [((), "bf16"), (("--precision", "no"), "no")])
+def test_the_runs_precision_unless_told_and_the_line_printed(bf16_untrained: Path, tmp_path: Path, capsys,
+                                                             options, precision: str) -> None:
+    """The vectors are the encoder's under that autocast (bf16 differs from float32 in the 3rd
+    digit); the file's vectors are float32; the printed line says what was written."""
+    import datasets
+
+    from mmviews.config import load_config
+    from mmviews.data.loaders import build_eval_loaders, eval_view_config
+    from mmviews.modalities.multiview import MultiViewEncoder
+
+    out = tmp_path / "e.parquet"
+    out.write_text("replaced with --overwrite")
+    rc, printed, err = cli(capsys, "embed", str(bf16_untrained), str(bf16_untrained / "config.yaml"),
+                           "--output", str(out), "--overwrite", *options)
+    assert rc == 0, err
+    table = datasets.Dataset.from_parquet(str(out))
+    assert printed.splitlines()[-1] == (f"wrote {table.num_rows} samples x 2 views (image_0, audio_0; precision "
+                                        f"{precision}) to {out}")
+    assert table.features["image_0"] == datasets.List(datasets.Value("float32"))
+    config = load_config(bf16_untrained / "config.yaml")
+    encoder = MultiViewEncoder.from_pretrained(bf16_untrained / "encoder").eval()
+    batch = next(iter(build_eval_loaders(config.data, eval_view_config(config.views), config.seed)["train"]))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        z, _ = encoder(batch)
+    got = torch.tensor(table[: batch.num_samples]["image_0"])
+    torch.testing.assert_close(got, z[:, 0].float(), rtol=0, atol=1e-6)
+    if precision == "bf16":
+        with torch.no_grad():
+            full, _ = encoder(batch)
+        assert (got - full[:, 0]).abs().max() > 1e-4  # the autocast did change the numbers
