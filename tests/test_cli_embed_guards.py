@@ -267,3 +267,12 @@ def test_the_runs_precision_unless_told_and_the_line_printed(bf16_untrained: Pat
         with torch.no_grad():
             full, _ = encoder(batch)
         assert (got - full[:, 0]).abs().max() > 1e-4  # the autocast did change the numbers
+
+
+def test_a_model_from_outside_the_recipe_needs_the_flag(tmp_path: Path, capsys) -> None:
+    from test_cli_eval_guards import check_remote_models_need_the_flag, remote_model_run
+
+    run, missing = remote_model_run(tmp_path)
+    check_remote_models_need_the_flag(capsys, "embed", run, missing, "quickstart", "--output",
+                                      str(tmp_path / "e.parquet"))
+    assert not (tmp_path / "e.parquet").exists()

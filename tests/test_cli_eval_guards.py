@@ -12,6 +12,10 @@ import json
 import shutil
 from pathlib import Path
 
+# open_clip: the remote-model guards build an open_clip adapter. Imported with the module so that
+# a mutation run, which forks a process per mutant from the one that collected the tests, pays
+# its import (seconds) once rather than per mutant.
+import open_clip  # noqa: F401
 import pytest
 import torch
 from crafted_files import cli, one_line_error, untrained_run
@@ -213,3 +217,31 @@ def test_without_tasks_in_the_recipe_retrieval_and_diagnostics_are_evaluated(tmp
     _, report = _report(out)
     assert report["meta"]["tasks"] == "retrieval, diagnostics"
     assert "No training log" not in (run / "eval-1" / "summary.md").read_text()  # none asked for, none missing
+
+
+def remote_model_run(folder: Path) -> tuple[Path, Path]:
+    """``(run, missing)``: an untrained run whose saved image adapter names an open_clip model
+    in the folder ``missing`` (``local-dir:``, outside the recipe; the folder does not exist)."""
+    run = untrained_run(folder / "run", tiny_config(text=False, num_samples=8))
+    missing = folder / "no_such_model_dir"
+    (run / "encoder" / "image" / "config.json").write_text(
+        json.dumps({"type": "open_clip", "model": f"local-dir:{missing}", "embed_dim": 16}))
+    return run, missing
+
+
+def check_remote_models_need_the_flag(capsys, command: str, run: Path, missing: Path, *args: str) -> None:
+    """Without ``--allow-remote-models`` the model is refused, naming the file and the flag; with
+    it, the name reaches open_clip (which finds no such folder)."""
+    rc, _, err = cli(capsys, command, str(run), *args)
+    assert rc == 2 and one_line_error(err) == (
+        f"mmviews {command}: error: {run / 'encoder' / 'image' / 'config.json'}: model='local-dir:{missing}' loads a "
+        "model configuration and weights from outside the recipe; refused unless asked for on the command line "
+        "(--allow-remote-models)")
+    rc, _, err = cli(capsys, command, str(run), *args, "--allow-remote-models")
+    line = one_line_error(err)
+    assert rc == 2 and "--allow-remote-models" not in line and str(missing) in line, line
+
+
+def test_a_model_from_outside_the_recipe_needs_the_flag(tmp_path: Path, capsys) -> None:
+    run, missing = remote_model_run(tmp_path)
+    check_remote_models_need_the_flag(capsys, "eval", run, missing)
