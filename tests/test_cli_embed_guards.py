@@ -149,10 +149,28 @@ def test_onnx_names_the_modality_without_a_graph(onnx_exports, tmp_path: Path, c
         "(audio: no ONNX export is defined for adapter type 'audio_cnn')")
 
 
-@pytest.mark.parametrize("options", [(), ("--precision", "no", "--device", "cpu")])
-def test_onnx_embeds_the_exports_evaluation_views(onnx_exports, tmp_path: Path, capsys, options) -> None:
+def test_onnx_names_each_modality_without_a_graph_with_its_reason(onnx_exports, tmp_path: Path, capsys) -> None:
+    """audio was left out with a reason; video (a view the recipe was changed to evaluate) was never exported."""
+    run, _, no_audio = onnx_exports
+    export = shutil.copytree(no_audio, tmp_path / "export")
+    recipe = yaml.safe_load((export / "config.yaml").read_text())
+    recipe["adapters"]["video"] = {"type": "small_cnn", "channels": [8]}
+    recipe["evaluation"]["views"] = [{"modality": "image"}, {"modality": "video"}, {"modality": "audio"}]
+    (export / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    rc, _, err = cli(capsys, "embed", str(export), str(run / "config.yaml"), "--output", str(tmp_path / "e.parquet"))
+    assert rc == 2
+    assert one_line_error(err) == (
+        f"mmviews embed: error: {export}: the views need modalities ['audio', 'video'] that have no ONNX graph "
+        "(audio: no ONNX export is defined for adapter type 'audio_cnn'; video: not in the export)")
+
+
+@pytest.mark.parametrize("options,data_folder", [((), False), (("--precision", "no", "--device", "cpu"), True)])
+def test_onnx_embeds_the_exports_evaluation_views(onnx_exports, tmp_path: Path, capsys, options,
+                                                  data_folder: bool) -> None:
     """The export's own recipe says which views (image only, although the data has audio); the
-    data comes from the dataset folder or recipe given; the vectors are the torch encoder's."""
+    data comes from the recipe given, or from a dataset folder read with the export's own data
+    section (the synthetic data reads nothing from its folder: the same rows); the vectors are
+    the torch encoder's."""
     import datasets
 
     from mmviews.config import load_config
@@ -161,7 +179,8 @@ def test_onnx_embeds_the_exports_evaluation_views(onnx_exports, tmp_path: Path, 
 
     run, export, _ = onnx_exports
     out = tmp_path / "e.parquet"
-    rc, printed, err = cli(capsys, "embed", str(export), str(run / "config.yaml"), "--output", str(out), *options)
+    data = tmp_path if data_folder else run / "config.yaml"
+    rc, printed, err = cli(capsys, "embed", str(export), str(data), "--output", str(out), *options)
     assert rc == 0, err
     table = datasets.Dataset.from_parquet(str(out))
     assert printed.splitlines()[-1] == (f"wrote {table.num_rows} samples x 1 views (image_0; onnxruntime, float32) "
@@ -276,3 +295,20 @@ def test_a_model_from_outside_the_recipe_needs_the_flag(tmp_path: Path, capsys) 
     check_remote_models_need_the_flag(capsys, "embed", run, missing, "quickstart", "--output",
                                       str(tmp_path / "e.parquet"))
     assert not (tmp_path / "e.parquet").exists()
+
+
+def test_the_data_section_of_a_dataset_folder_or_of_a_recipe(tmp_path: Path) -> None:
+    """A folder is read with the run's own data section, its root replaced; a recipe (a name in
+    recipes/ here) gives its own data section."""
+    from mmviews.cli.embed import _data_section
+    from mmviews.config import load_config
+
+    run = untrained_run(tmp_path / "run", tiny_config(text=False, num_samples=8))
+    config = load_config(run / "config.yaml")
+    data = _data_section(str(tmp_path), config)
+    assert data.root == str(tmp_path)
+    assert (data.name, data.options["num_samples"], data.eval_batch_size) == ("synthetic", 8, 64)
+    quickstart = yaml.safe_load((Path(__file__).parents[1] / "recipes" / "quickstart.yaml").read_text())["data"]
+    data = _data_section("quickstart", config)
+    assert (data.name, data.options["modalities"], data.val_split) == (
+        "synthetic", quickstart["options"]["modalities"], quickstart["val_split"])
