@@ -5,6 +5,7 @@ process (the options it refuses, a modality without a graph, and the rows it wri
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,51 @@ from torch.utils.data import DataLoader, Subset
 
 from mmviews.cli.embed import dataset_split_names, embedding_table
 from mmviews.data.batch import ViewBatch, ViewInfo
+
+
+def _parser() -> argparse.ArgumentParser:
+    from mmviews.cli.embed import add_arguments
+
+    parser = argparse.ArgumentParser(prog="mmviews embed")
+    add_arguments(parser)
+    return parser
+
+
+def test_options_and_their_defaults() -> None:
+    args = _parser().parse_args(["RUN", "DATA", "-o", "e.parquet"])
+    assert vars(args) == {"run": "RUN", "data": "DATA", "output": "e.parquet", "overwrite": False, "precision": "run",
+                          "device": None, "allow_remote_models": False}
+    args = _parser().parse_args(["RUN", "DATA", "--output", "e.parquet", "--overwrite", "--precision", "bf16",
+                                 "--device", "cpu", "--allow-remote-models"])
+    assert vars(args) == {"run": "RUN", "data": "DATA", "output": "e.parquet", "overwrite": True, "precision": "bf16",
+                          "device": "cpu", "allow_remote_models": True}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["RUN", "DATA"], "the following arguments are required: --output/-o"),
+    (["RUN", "DATA", "-o", "e.parquet", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+])
+def test_a_missing_output_or_unknown_precision_is_refused(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        _parser().parse_args(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_help_says_what_each_option_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mmviews embed --help`` on a terminal wide enough that argparse wraps nothing."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    text = " ".join(_parser().format_help().split())
+    for said in ("run run folder or checkpoint folder",
+                 "DATA_OR_RECIPE a recipe (YAML path or name in recipes/) whose data section to embed, or a dataset "
+                 "folder read with the run's data section",
+                 "--output FILE, -o FILE Parquet file to write (.parquet)",
+                 "--overwrite replace FILE if it exists",
+                 "--precision {run,no,bf16,fp16} autocast of the encoder's forward (default: the run's "
+                 "optimisation.mixed_precision)",
+                 "--device DEVICE where the encoder runs (default: the run's)",
+                 "--allow-remote-models allow adapters to build open_clip models named 'hf-hub:...' or "
+                 "'local-dir:...'"):
+        assert said in text, said
 
 
 def _loader(ids: list[int], collate_fn=collate) -> DataLoader:

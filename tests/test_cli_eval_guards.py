@@ -67,7 +67,11 @@ def test_the_help_states_each_default(monkeypatch: pytest.MonkeyPatch) -> None:
                  "--precision {run,no,bf16,fp16} autocast of the encoder's forward (default 'run': the run's "
                  "optimisation.mixed_precision, as its training-time evaluation; 'no': float32)",
                  "--seed SEED seed of the probes (default: the run's seed)",
-                 f"training log with columns step,loss,... (default: the run folder's {LOG_FILE})"):
+                 f"training log with columns step,loss,... (default: the run folder's {LOG_FILE})",
+                 "--device DEVICE where the encoder and probes run, e.g. cpu, cuda (default: the run's: CUDA when "
+                 "present and the recipe did not set cpu: true)",
+                 "--allow-remote-models allow adapters to build open_clip models named 'hf-hub:...' or "
+                 "'local-dir:...'"):
         assert said in text, said
 
 
