@@ -110,6 +110,12 @@ def test_the_runs_device_is_cuda_when_present_unless_the_recipe_says_cpu() -> No
     assert run_device(False, "cpu") == "cpu" and run_device(True, "cpu:0") == "cpu:0"
 
 
+def test_where_torch_finds_cuda_the_run_evaluates_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torch reports decides (on this CPU machine it is told that CUDA is present)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert (run_device(False), run_device(True), run_device(True, "cuda:1")) == ("cuda", "cpu", "cuda:1")
+
+
 def test_a_requested_device_must_be_one() -> None:
     with pytest.raises(ValueError) as refused:
         run_device(False, "no-such-device")
