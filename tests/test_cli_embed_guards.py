@@ -14,6 +14,8 @@ import pytest
 import torch
 import yaml
 from crafted_files import cli, one_line_error, untrained_run
+# (imports open_clip with this module: see there)
+from test_cli_eval_guards import check_remote_models_need_the_flag, remote_model_run
 from test_eval_extract import VIEWS, Enc, Toy, collate
 from test_train_utils import tiny_config
 from torch.utils.data import DataLoader, Subset
@@ -153,8 +155,8 @@ def test_a_split_with_other_labels_is_refused() -> None:
 @pytest.fixture(scope="module")
 def onnx_exports(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """``(run, export, export_without_audio)``: an untrained run (image, augmented image and audio
-    views; 10 samples, 4 with audio missing), its ONNX export whose recipe evaluates the image
-    view only, and an export made where the audio adapter had no ONNX export."""
+    views; 10 samples, 4 with audio missing), its ONNX export whose recipe evaluates two image
+    views only, and an export made where the audio adapter had no ONNX export."""
     pytest.importorskip("onnxruntime")
     import mmviews.export.onnx as onnx_export
     from mmviews.cli import main
@@ -169,7 +171,7 @@ def onnx_exports(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, 
         assert main(["export", str(run), "--format", "onnx", "--output", str(tmp / "no-audio")]) == 0
     image_only = shutil.copytree(tmp / "no-audio", tmp / "image-only")
     recipe = yaml.safe_load((image_only / "config.yaml").read_text())
-    recipe["evaluation"]["views"] = [{"modality": "image"}]
+    recipe["evaluation"]["views"] = [{"modality": "image", "copies": 2}]
     (image_only / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     return run, image_only, tmp / "no-audio"
 
@@ -229,13 +231,13 @@ def test_onnx_embeds_the_exports_evaluation_views(onnx_exports, tmp_path: Path, 
     rc, printed, err = cli(capsys, "embed", str(export), str(data), "--output", str(out), *options)
     assert rc == 0, err
     table = datasets.Dataset.from_parquet(str(out))
-    assert printed.splitlines()[-1] == (f"wrote {table.num_rows} samples x 1 views (image_0; onnxruntime, float32) "
-                                        f"to {out}")
+    assert printed.splitlines()[-1] == (f"wrote {table.num_rows} samples x 2 views (image_0, image_1; onnxruntime, "
+                                        f"float32) to {out}")
     views = [name for name in table.column_names if name.startswith(("image", "audio"))]
-    assert views == ["image_0"]  # not the data's audio, not the training's augmented copy
+    assert views == ["image_0", "image_1"]  # not the data's audio, not the training's augmented copy
     config = load_config(run / "config.yaml")
     encoder = MultiViewEncoder.from_pretrained(run / "encoder").eval()
-    loaders = build_eval_loaders(config.data, [{"modality": "image"}], config.seed)
+    loaders = build_eval_loaders(config.data, [{"modality": "image", "copies": 2}], config.seed)
     names = {"train": config.data.train_split, "val": config.data.val_split, "test": config.data.test_split}
     row = 0
     with torch.no_grad():
@@ -244,7 +246,8 @@ def test_onnx_embeds_the_exports_evaluation_views(onnx_exports, tmp_path: Path, 
                 z, _ = encoder(batch)
                 for k in range(batch.num_samples):
                     assert (table[row]["split"], table[row]["sample_id"]) == (names[key], int(batch.index[k]))
-                    torch.testing.assert_close(torch.tensor(table[row]["image_0"]), z[k, 0], rtol=0, atol=1e-4)
+                    for m, name in enumerate(views):
+                        torch.testing.assert_close(torch.tensor(table[row][name]), z[k, m], rtol=0, atol=1e-4)
                     row += 1
     assert row == table.num_rows > 0
 
@@ -255,10 +258,11 @@ def test_onnx_embeds_the_exports_evaluation_views(onnx_exports, tmp_path: Path, 
 @pytest.fixture(scope="module")
 def bf16_untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained run (image, augmented image and audio views; 8 samples) whose recipe sets bf16
-    autocast and CPU."""
+    autocast and CPU, and has no validation split."""
     raw = tiny_config(text=False, num_samples=8)
     raw["optimisation"]["mixed_precision"] = "bf16"
     raw["cpu"] = True
+    raw["data"]["val_split"] = None  # a split the recipe lacks: no loader, no rows
     return untrained_run(tmp_path_factory.mktemp("embed-bf16") / "run", raw)
 
 
@@ -289,14 +293,20 @@ def test_a_bad_device_is_named_before_the_run_is_loaded(tmp_path: Path, capsys) 
                                                "cuda, cuda:1)")
 
 
-def test_data_without_a_modality_of_the_views_is_named(bf16_untrained: Path, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_data_without_a_modality_of_the_views_is_named(bf16_untrained: Path, tmp_path: Path, capsys, split) -> None:
+    """The same data without its audio, in every split or (after a split the recipe lacks) in the test split only."""
     recipe = yaml.safe_load((bf16_untrained / "config.yaml").read_text())
-    recipe["data"]["options"]["modalities"] = ["image"]  # the same data, without its audio
+    if split == "train":
+        recipe["data"]["options"]["modalities"] = ["image"]
+    else:
+        recipe["data"]["val_split"] = None
+        recipe["data"].setdefault("split_options", {}).setdefault("test", {})["modalities"] = ["image"]
     data = tmp_path / "image-only.yaml"
     data.write_text(yaml.safe_dump(recipe, sort_keys=False))
     rc, _, err = cli(capsys, "embed", str(bf16_untrained), str(data), "--output", str(tmp_path / "e.parquet"))
     assert rc == 2 and one_line_error(err) == (
-        f"mmviews embed: error: {data}: the train split has the modalities ['image'], but the run's views read "
+        f"mmviews embed: error: {data}: the {split} split has the modalities ['image'], but the run's views read "
         "['image', 'audio'] (missing ['audio']): give data with the modalities the run was trained on")
     assert "embeddings (" not in err and not (tmp_path / "e.parquet").exists()
 
@@ -335,8 +345,6 @@ def test_the_runs_precision_unless_told_and_the_line_printed(bf16_untrained: Pat
 
 
 def test_a_model_from_outside_the_recipe_needs_the_flag(tmp_path: Path, capsys) -> None:
-    from test_cli_eval_guards import check_remote_models_need_the_flag, remote_model_run
-
     run, missing = remote_model_run(tmp_path)
     check_remote_models_need_the_flag(capsys, "embed", run, missing, "quickstart", "--output",
                                       str(tmp_path / "e.parquet"))
