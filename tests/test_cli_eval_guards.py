@@ -138,6 +138,19 @@ def test_options_are_checked_before_the_run_is_loaded(tmp_path: Path, capsys) ->
     assert rc == 2 and "--device 'nowhere' is not a device" in one_line_error(err)
 
 
+def test_a_checkpoint_cannot_name_its_runs_own_evaluation(tmp_path: Path, capsys) -> None:
+    """The rule looks at the checkpoint's run folder (checked before anything is loaded: the
+    checkpoint here is only its marker file)."""
+    from mmviews.run import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, TRAIN_STATE_FILE
+
+    checkpoint = tmp_path / CHECKPOINTS_DIR / f"{CHECKPOINT_PREFIX}00000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / TRAIN_STATE_FILE).write_text("{}")
+    rc, _, err = cli(capsys, "eval", str(checkpoint), "--output", str(tmp_path / "eval"))
+    assert rc == 2 and f"--output {tmp_path / 'eval'} is the run's own evaluation" in one_line_error(err)
+    assert not (tmp_path / "eval").exists()
+
+
 def test_a_missing_run_is_named(tmp_path: Path, capsys) -> None:
     rc, _, err = cli(capsys, "eval", str(tmp_path / "gone"))
     assert rc == 2
