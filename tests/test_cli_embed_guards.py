@@ -83,6 +83,12 @@ def test_the_split_column_holds_the_datasets_names_of_the_splits() -> None:
     assert columns["split"] == ["fit", "fit", "val", "heldout"]
 
 
+def test_no_split_at_all_is_named() -> None:
+    with pytest.raises(ValueError) as refused:
+        embedding_table(Enc(), {"train": None, "val": None, "test": None})
+    assert str(refused.value) == "the data section names no split to embed (train_split, val_split, test_split)"
+
+
 def test_a_missing_split_before_others_leaves_the_others_rows() -> None:
     columns, _ = embedding_table(Enc(), {"train": None, "val": None, "test": _loader([2, 4, 6])})
     assert columns["split"] == ["test"] * 3 and columns["sample_id"] == [2, 4, 6]
@@ -311,11 +317,13 @@ def test_data_without_a_modality_of_the_views_is_named(bf16_untrained: Path, tmp
     assert "embeddings (" not in err and not (tmp_path / "e.parquet").exists()
 
 
-@pytest.mark.parametrize("options,precision", [((), "bf16"), (("--precision", "no"), "no")])
+@pytest.mark.parametrize("options,precision,data_folder", [((), "bf16", False), (("--precision", "no"), "no", True)])
 def test_the_runs_precision_unless_told_and_the_line_printed(bf16_untrained: Path, tmp_path: Path, capsys,
-                                                             options, precision: str) -> None:
+                                                             options, precision: str, data_folder: bool) -> None:
     """The vectors are the encoder's under that autocast (bf16 differs from float32 in the 3rd
-    digit); the file's vectors are float32; the printed line says what was written."""
+    digit); the file's vectors are float32; the printed line says what was written. The data:
+    the run's recipe, or a dataset folder read with the run's data section (the synthetic data
+    reads nothing from it: the same rows)."""
     import datasets
 
     from mmviews.config import load_config
@@ -324,8 +332,9 @@ def test_the_runs_precision_unless_told_and_the_line_printed(bf16_untrained: Pat
 
     out = tmp_path / "e.parquet"
     out.write_text("replaced with --overwrite")
-    rc, printed, err = cli(capsys, "embed", str(bf16_untrained), str(bf16_untrained / "config.yaml"),
-                           "--output", str(out), "--overwrite", *options)
+    data = tmp_path if data_folder else bf16_untrained / "config.yaml"
+    rc, printed, err = cli(capsys, "embed", str(bf16_untrained), str(data), "--output", str(out), "--overwrite",
+                           *options)
     assert rc == 0, err
     table = datasets.Dataset.from_parquet(str(out))
     assert printed.splitlines()[-1] == (f"wrote {table.num_rows} samples x 2 views (image_0, audio_0; precision "
@@ -366,3 +375,18 @@ def test_the_data_section_of_a_dataset_folder_or_of_a_recipe(tmp_path: Path) -> 
     data = _data_section("quickstart", config)
     assert (data.name, data.options["modalities"], data.val_split) == (
         "synthetic", quickstart["options"]["modalities"], quickstart["val_split"])
+
+
+def test_the_encoder_stays_on_the_cpu_asked_for_where_cuda_is_present(bf16_untrained: Path, onnx_exports,
+                                                                       tmp_path: Path, capsys,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe's ``cpu: true``, or ``--device cpu``, keeps the encoder on the CPU although
+    torch reports CUDA (told so here: this machine has none, so a move to CUDA would fail)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rc, _, err = cli(capsys, "embed", str(bf16_untrained), str(bf16_untrained / "config.yaml"),
+                     "--output", str(tmp_path / "a.parquet"))
+    assert rc == 0, err
+    run, _, _ = onnx_exports  # its recipe leaves cpu unset
+    rc, _, err = cli(capsys, "embed", str(run), str(run / "config.yaml"), "--output", str(tmp_path / "b.parquet"),
+                     "--device", "cpu")
+    assert rc == 0, err
