@@ -54,11 +54,15 @@ def test_a_value_outside_the_choices_is_refused(option: str, value: str, capsys)
     assert stopped.value.code == 2 and f"argument {option}: invalid" in capsys.readouterr().err
 
 
-def test_the_help_states_each_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What ``mmviews eval --help`` tells a user about the defaults (on a terminal wide enough
-    that argparse wraps nothing, as one line)."""
+def one_line_help(parser: argparse.ArgumentParser, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``--help`` as one line, on a terminal wide enough that argparse wraps nothing."""
     monkeypatch.setenv("COLUMNS", "1000")
-    text = " ".join(_parser().format_help().split())
+    return " ".join(parser.format_help().split())
+
+
+def test_the_help_states_each_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``mmviews eval --help`` tells a user about the defaults."""
+    text = one_line_help(_parser(), monkeypatch)
     for said in ("run run folder or checkpoint folder",
                  "--tasks TASKS [TASKS ...] evaluation tasks, e.g. linear knn msa:mosi retrieval diagnostics "
                  "(default: the run's evaluation.tasks, else 'retrieval diagnostics')",
