@@ -272,3 +272,20 @@ def check_remote_models_need_the_flag(capsys, command: str, run: Path, missing: 
 def test_a_model_from_outside_the_recipe_needs_the_flag(tmp_path: Path, capsys) -> None:
     run, missing = remote_model_run(tmp_path)
     check_remote_models_need_the_flag(capsys, "eval", run, missing)
+
+
+def test_the_encoder_stays_on_the_cpu_asked_for_where_cuda_is_present(run: Path, tmp_path: Path, capsys,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device cpu``, or the recipe's ``cpu: true``, keeps the evaluation on the CPU although
+    torch reports CUDA (told so here: this machine has none, so a move to CUDA would fail)."""
+    import yaml
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rc, _, err = cli(capsys, "eval", str(run), "--device", "cpu", "--output", str(tmp_path / "a"))
+    assert rc == 0, err
+    on_cpu = shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("eval*"))
+    recipe = yaml.safe_load((on_cpu / "config.yaml").read_text())
+    recipe["cpu"] = True
+    (on_cpu / "config.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    rc, _, err = cli(capsys, "eval", str(on_cpu), "--output", str(tmp_path / "b"))
+    assert rc == 0, err
