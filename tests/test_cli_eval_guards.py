@@ -232,6 +232,7 @@ def test_options_override_the_runs_settings(run: Path, tmp_path: Path, capsys) -
     meta = report["meta"]
     assert (meta["precision"], meta["seed"], meta["fuse"], meta["tasks"]) == ("no", 9, "concat", "knn:class")
     assert "test/knn/class/top1" in report["metrics"] and not any("retrieval" in key for key in report["metrics"])
+    assert meta["n_val"] > 0  # the validation split was read (it picks the probes' settings)
     assert f"No training log at {tmp_path / 'no-log.csv'}" in (folder / "summary.md").read_text()
     assert set(read_manifest(run)["created"]) == before  # a folder outside the run is not the run's
 
