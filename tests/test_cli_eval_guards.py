@@ -66,12 +66,14 @@ def test_the_help_states_each_default(monkeypatch: pytest.MonkeyPatch) -> None:
     for said in ("run run folder or checkpoint folder",
                  "--tasks TASKS [TASKS ...] evaluation tasks, e.g. linear knn msa:mosi retrieval diagnostics "
                  "(default: the run's evaluation.tasks, else 'retrieval diagnostics')",
-                 "report folder (default: a new <run folder>/eval-N, printed; never the run's own eval/)",
+                 "--output OUTPUT, --out OUTPUT, -o OUTPUT report folder (default: a new <run folder>/eval-N, "
+                 "printed; never the run's own eval/) --fuse",
                  "--fuse {concat,mean} how views are fused for probes (default: the run's evaluation.fuse)",
                  "--precision {run,no,bf16,fp16} autocast of the encoder's forward (default 'run': the run's "
                  "optimisation.mixed_precision, as its training-time evaluation; 'no': float32)",
                  "--seed SEED seed of the probes (default: the run's seed)",
-                 f"training log with columns step,loss,... (default: the run folder's {LOG_FILE})",
+                 f"--log-csv LOG_CSV training log with columns step,loss,... (default: the run folder's {LOG_FILE}) "
+                 "--seed",
                  "--device DEVICE where the encoder and probes run, e.g. cpu, cuda (default: the run's: CUDA when "
                  "present and the recipe did not set cpu: true)",
                  "--allow-remote-models allow adapters to build open_clip models named 'hf-hub:...' or "
