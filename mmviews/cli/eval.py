@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.run)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a run folder or a checkpoint folder")
-    run_dir = run_dir_of(path) if is_checkpoint(path) else path if path.is_dir() else path.parent
+    # (a file is refused by load_run below; only a folder is a run)
+    run_dir = run_dir_of(path) if is_checkpoint(path) else path
     if args.output is not None:
         check_output(Path(args.output), run_dir)  # before the (slow) loading
     if args.device is not None:
