@@ -1,0 +1,268 @@
+"""Unit guards of :mod:`mmviews.data.prepare` (``mmviews prepare``), in this process.
+
+What a user relies on, part by part: the options and their defaults (the reference page
+``docs/prepare.md`` shows ``mmviews prepare --help`` as it prints), the ``--columns``/``--labels``
+pairs, an hf reader's error said in the command's terms (the flag or the recipe key), the printed
+summary (nested keys indented, long lists cut to their first items with a count), the one-line
+errors with exit status 2, and what the sentiment, video and Parquet paths print and write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_data_sentiment_guards import small_split, write_pickle
+
+from mmviews.cli import command_parser
+from mmviews.data import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    prepare.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def run(capsys, *argv: str, **hooks) -> tuple[int, str, str]:
+    rc = prepare.run(parse(*argv), **hooks)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_the_options_page_shows_what_prepare_help_prints(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    _, parser = command_parser("prepare")
+    printed = parser.format_help()
+    shown = printed[printed.index("positional arguments:"):]
+    page = (ROOT / "docs" / "prepare.md").read_text()
+    block = re.search(r"^## Options\n.*?^```\n(.*?)^```", page, re.S | re.M)
+    assert block is not None, "docs/prepare.md: no ``` block under '## Options'"
+    assert block.group(1) == shown
+
+
+def test_defaults_without_flags():
+    args = parse("ucf101", "data/UCF-101")
+    assert (args.dataset, args.path, args.out, args.layout, args.overwrite, args.fold, args.splits_dir) == (
+        "ucf101", "data/UCF-101", None, "auto", False, 1, None)
+    assert (args.workers, args.size, args.format, args.jpeg_quality, args.flow, args.on_error, args.check_only,
+            args.num_frames) == (os.cpu_count() or 1, 128, "jpeg", 90, "farneback", "skip", False, 8)
+    assert (args.shard_size_mb, args.shard_rows, args.columns, args.labels, args.splits, args.recipe, args.samples,
+            args.json) == (256.0, None, None, None, None, None, 8, False)
+    assert parse("synthetic").path is None
+    # every spelling of the output flag
+    assert parse("mosi", "a.pkl", "-o", "x").out == parse("mosi", "a.pkl", "--out", "x").out == \
+        parse("mosi", "a.pkl", "--output", "x").out == "x"
+
+
+def test_every_choice_is_accepted_and_others_refused(capsys):
+    for dataset in ("hf", "hmdb51", "mosei", "mosi", "sims", "synthetic", "ucf101"):
+        assert parse(dataset).dataset == dataset
+    for flag, values in (("--layout", ("auto", "mmsa", "mult")), ("--format", ("jpeg", "npy", "parquet")),
+                         ("--flow", ("farneback", "none")), ("--on-error", ("skip", "raise"))):
+        for value in values:
+            assert getattr(parse("ucf101", flag, value), flag[2:].replace("-", "_")) == value
+        with pytest.raises(SystemExit):
+            parse("ucf101", flag, "other")
+    with pytest.raises(SystemExit):
+        parse("imagenet")
+    typed = parse("ucf101", "--fold", "2", "--workers", "0", "--size", "0", "--jpeg-quality", "75", "--num-frames", "16",
+                  "--shard-size-mb", "0.5", "--shard-rows", "3", "--samples", "0", "--overwrite", "--check-only",
+                  "--json", "--splits-dir", "lists", "--columns", "image=img", "--labels", "class=y", "--splits",
+                  "train", "--recipe", "r.yaml")
+    assert (typed.fold, typed.workers, typed.size, typed.jpeg_quality, typed.num_frames, typed.shard_size_mb,
+            typed.shard_rows, typed.samples) == (2, 0, 0, 75, 16, 0.5, 3, 0)
+    assert (typed.overwrite, typed.check_only, typed.json, typed.splits_dir, typed.columns, typed.labels,
+            typed.splits, typed.recipe) == (True, True, True, "lists", "image=img", "class=y", "train", "r.yaml")
+    capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- --columns / --labels pairs
+
+
+def test_pairs_are_name_column_with_spaces_and_empty_parts_ignored():
+    assert prepare._pairs(None, "--columns") is None
+    assert prepare._pairs(" image = img ,, audio=wav,", "--columns") == {"image": "img", "audio": "wav"}
+    assert prepare._pairs("text=a=b", "--columns") == {"text": "a=b"}  # split at the first '='
+
+
+@pytest.mark.parametrize("text", ["image", "=img", "image=", " =img", "image= ", "a=b,c"])
+def test_a_pair_without_both_names_is_refused_naming_the_flag(text):
+    with pytest.raises(ValueError) as info:
+        prepare._pairs(text, "--labels")
+    assert str(info.value) == f"--labels takes name=column pairs separated by commas, got {text!r}"
+
+
+# --------------------------------------------------------------------------- hf errors in the command's terms
+
+
+def tagged(error: Exception, option: str | None) -> Exception:
+    error.option = option  # type: ignore[attr-defined]
+    return error
+
+
+def hf_args(**given) -> argparse.Namespace:
+    args = parse("hf", "data/mine")
+    for key, value in given.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_an_hf_error_names_the_flag_that_sets_its_option():
+    for option, flag in (("columns", "--columns MODALITY=COLUMN,..."), ("labels", "--labels NAME=COLUMN,..."),
+                         ("split", "--splits")):
+        out = prepare._in_flags(tagged(ValueError("no column 'x'"), option), hf_args(), set())
+        assert type(out) is ValueError and str(out) == f"{flag}: no column 'x'" and out.option == option
+    # a split given by --splits is the flag's even with a recipe
+    out = prepare._in_flags(tagged(KeyError("no split 'dev'"), "split"), hf_args(splits="dev", recipe="r.yaml"), set())
+    assert type(out) is KeyError and out.args[0] == "--splits: no split 'dev'"
+
+
+def test_an_hf_error_of_a_recipe_option_names_the_recipe_key():
+    args = hf_args(recipe="r.yaml")
+    out = prepare._in_flags(tagged(ValueError("no column 'x'"), "columns"), args, {"columns", "format"})
+    assert str(out) == "key 'data.options.columns' of r.yaml (or --columns MODALITY=COLUMN,...): no column 'x'"
+    assert out.option == "columns"
+    out = prepare._in_flags(tagged(ValueError("not an image folder"), "format"), args, {"format"})
+    assert str(out) == "key 'data.options.format' of r.yaml: not an image folder"
+    out = prepare._in_flags(tagged(KeyError("no split 'dev'"), "split"), args, set())
+    assert out.args[0] == "key 'data.train_split/val_split/test_split' of r.yaml (or --splits): no split 'dev'"
+    # the recipe's option overridden by the flag: the flag is named
+    out = prepare._in_flags(tagged(ValueError("no column 'x'"), "labels"), args, {"columns"})
+    assert str(out) == "--labels NAME=COLUMN,...: no column 'x'"
+
+
+def test_an_hf_error_of_no_flag_or_key_is_left_as_it_is():
+    for option in (None, "root", "image_size"):
+        error = tagged(ValueError("bad"), option)
+        assert prepare._in_flags(error, hf_args(recipe="r.yaml"), set()) is error
+    error = ValueError("untagged")
+    assert prepare._in_flags(error, hf_args(), set()) is error
+
+
+# --------------------------------------------------------------------------- the printed summary
+
+
+def test_long_lists_show_their_first_five_and_where_the_rest_are():
+    shown = prepare._named([f"c{i}" for i in range(7)], 7, "r.json")
+    assert list(shown) == ["c0", "c1", "c2", "c3", "c4", "... and 2 more: all in r.json"] and shown.total == 7
+    shown = prepare._named([f"c{i}" for i in range(5)], 5, "r.json")
+    assert list(shown) == ["c0", "c1", "c2", "c3", "c4"] and shown.total == 5
+    shown = prepare._named(["c0"], 40, "r.json")  # fewer items given than counted
+    assert list(shown) == ["c0", "... and 39 more: all in r.json"] and shown.total == 40
+
+
+def test_the_summary_prints_nested_keys_indented_and_lists_with_their_count(capsys):
+    summary = {"dataset": "x", "nested": {"a": 1, "deeper": {"b": [1, 2]}, "empty": {}}, "empty": {},
+               "named": prepare._named([f"c{i}" for i in range(8)], 8, "r.json"), "plain": list(range(12)),
+               "none": []}
+    prepare._print_summary(summary, as_json=False)
+    assert capsys.readouterr().out.splitlines() == [
+        "dataset: x", "nested:", "  a: 1", "  deeper:", "    b: [1, 2]", "  empty: {}", "empty: {}",
+        "named: 8", "  - c0", "  - c1", "  - c2", "  - c3", "  - c4", "  - ... and 3 more: all in r.json",
+        "plain: 12", *[f"  - {i}" for i in range(10)], "none: 0"]
+
+
+def test_json_summary_is_indented_and_prints_paths_as_text(capsys):
+    summary = {"store": Path("/data/x.mmstore"), "counts": {"train": 2}}
+    prepare._print_summary(summary, as_json=True)
+    out = capsys.readouterr().out
+    assert out == json.dumps({"store": "/data/x.mmstore", "counts": {"train": 2}}, indent=2) + "\n"
+
+
+# --------------------------------------------------------------------------- run: errors and synthetic
+
+
+def test_synthetic_prints_its_shapes_and_needs_nothing(capsys):
+    from mmviews.data.synthetic import SyntheticMultimodal
+
+    info = SyntheticMultimodal(1).modality_info()
+    rc, out, err = run(capsys, "synthetic", "--json")
+    assert rc == 0 and err == ""
+    assert json.loads(out) == {"dataset": "synthetic", "note": "generated on the fly; nothing to prepare",
+                               "modalities": {m: list(v["shape"]) if "shape" in v else v["kind"]
+                                              for m, v in info.items()}}
+    assert json.loads(out)["modalities"]["text"] == "text"  # no shape: its kind
+    rc, out, _ = run(capsys, "synthetic")
+    assert rc == 0 and out.splitlines()[:3] == ["dataset: synthetic", "note: generated on the fly; nothing to prepare",
+                                                "modalities:"]
+    # a namespace without the optional flags (a caller's own) is enough
+    assert prepare.run(argparse.Namespace(dataset="synthetic", json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["dataset"] == "synthetic"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("mosi",), "mosi needs PATH (see data_cards/mosi.md)"),
+    (("ucf101", "{tmp}/absent"), "{tmp}/absent does not exist (see data_cards/ucf101.md for how to obtain it)"),
+    (("mosi", "{tmp}", "--recipe", "r.yaml"),
+     "--recipe reads the data options of an hf recipe (mmviews prepare hf ROOT --recipe R); mosi takes its options "
+     "as flags (mmviews prepare --help)"),
+    (("hf", "{tmp}"), "mmviews prepare hf checks a dataset through the command line (mmviews.cli.prepare)"),
+    (("hf", "{tmp}", "--format", "parquet", "--recipe", "r.yaml"),
+     "--recipe is read by the command line (mmviews.cli.prepare)"),
+    (("hf", "{tmp}", "--format", "parquet", "--columns", "image"),
+     "--columns takes name=column pairs separated by commas, got 'image'"),
+])
+def test_an_error_is_one_line_with_status_2(capsys, tmp_path, argv, message):
+    rc, out, err = run(capsys, *(a.format(tmp=tmp_path) for a in argv))
+    assert (rc, out, err) == (2, "", f"mmviews prepare: error: {message.format(tmp=tmp_path)}\n")
+
+
+# --------------------------------------------------------------------------- sentiment
+
+
+def tiny_sentiment(n: int) -> dict:
+    """A split of ``n`` samples of one step and one feature per modality (MMSA keys)."""
+    ones = np.ones((n, 1, 1))
+    return {"text": ones, "audio": ones, "vision": ones, "regression_labels": np.zeros(n)}
+
+
+def test_sentiment_prints_each_split_and_the_warnings_of_its_card(capsys, tmp_path):
+    data = {s: small_split(n, seed=k) for k, (s, n) in enumerate((("train", 3), ("valid", 2), ("test", 2)))}
+    data["train"]["audio"][0, 0, 0] = np.nan
+    pkl = write_pickle(tmp_path / "mosi.pkl", data)
+    rc, out, err = run(capsys, "mosi", str(pkl), "--json")
+    assert rc == 0 and "converting mosi.pkl" in err  # the conversion's progress bar
+    store = f"{pkl}.mmstore"
+    shapes = "text (4, 3), audio (5, 2), vision (6, 2)"
+    assert json.loads(out) == {
+        "dataset": "mosi", "source": str(pkl), "store": store, "layout": "mmsa", "split variant": "unknown",
+        "train": f"3 samples; {shapes}; labels ['sentiment']; non-finite set to 0: 1",
+        "valid": f"2 samples; {shapes}; labels ['sentiment']; non-finite set to 0: 0",
+        "test": f"2 samples; {shapes}; labels ['sentiment']; non-finite set to 0: 0",
+        "warnings": [f"{pkl}: split sizes (train, valid, test) = (3, 2, 2) match no published mosi file "
+                     "(mmsa: (1284, 229, 686)); the copy may be incomplete or a different release",
+                     f"{pkl}: feature dims (text, audio, vision) = (3, 2, 2), the card lists (768, 5, 20) for the MMSA "
+                     "mosi files (a different feature extraction?)"]}
+    assert Path(store, "meta.json").is_file()
+    # the store exists: replaced only with --overwrite
+    rc, out, err = run(capsys, "mosi", str(pkl))
+    assert (rc, out, err) == (2, "", f"mmviews prepare: error: {store} exists; pass overwrite=True (--overwrite) to "
+                                     "replace it\n")
+    rc, _, err = run(capsys, "mosi", str(pkl), "--overwrite")
+    assert rc == 0, err
+    # --layout reaches the reader; a KeyError's message is printed without quotes
+    rc, out, err = run(capsys, "mosi", str(pkl), "--layout", "mult", "--out", str(tmp_path / "m"))
+    keys = "['audio', 'audio_lengths', 'id', 'raw_text', 'regression_labels', 'text', 'text_bert', 'vision', " \
+           "'vision_lengths']"
+    assert (rc, out, err) == (2, "", f"mmviews prepare: error: {pkl} [train]: missing key 'labels'; keys present: "
+                                     f"{keys}\n")
+
+
+def test_sentiment_names_the_published_split_it_matches(capsys, tmp_path):
+    sizes = {"train": 1284, "valid": 229, "test": 686}
+    pkl = write_pickle(tmp_path / "mosi.pkl", {s: tiny_sentiment(n) for s, n in sizes.items()})
+    rc, out, err = run(capsys, "mosi", str(pkl), "--out", str(tmp_path / "st"), "--json")
+    summary = json.loads(out)
+    assert rc == 0 and summary["split variant"] == "mmsa" and summary["store"] == str(tmp_path / "st")
+    assert [w for w in summary["warnings"] if "split sizes" in w] == []
