@@ -266,3 +266,116 @@ def test_sentiment_names_the_published_split_it_matches(capsys, tmp_path):
     summary = json.loads(out)
     assert rc == 0 and summary["split variant"] == "mmsa" and summary["store"] == str(tmp_path / "st")
     assert [w for w in summary["warnings"] if "split sizes" in w] == []
+
+
+# --------------------------------------------------------------------------- video
+
+
+MISSING = [f"Jump/v_Jump_{k}.avi" for k in range(4, 10)]  # listed for training, not on disk
+
+
+@pytest.fixture(scope="module")
+def ucf(tmp_path_factory) -> tuple[Path, Path]:
+    """``(UCF-101 folder, its split lists)``: class Jump with 3 clips of 3 frames and an unreadable
+    ``v_Jump_bad.avi``; the lists in a folder of another name (found only through
+    ``--splits-dir``). Fold 1: clips 0, 1 and 6 missing ones for training, clip 2 for test; fold 2:
+    clip 2 for training, clips 0 and 1 for test."""
+    from test_data_video_prepare import write_ucf_lists
+    from test_data_video_store import make_folder
+
+    data = tmp_path_factory.mktemp("ucf")
+    root = make_folder(data / "UCF-101", {"Jump": [3, 3, 3]}, bad="Jump/v_Jump_bad.avi")
+    lists = data / "my-lists"
+    write_ucf_lists(lists, ["Jump/v_Jump_0.avi", "Jump/v_Jump_1.avi", *MISSING], ["Jump/v_Jump_2.avi"], ["Jump"])
+    (lists / "trainlist02.txt").write_text("Jump/v_Jump_2.avi 1\n")
+    (lists / "testlist02.txt").write_text("Jump/v_Jump_0.avi\nJump/v_Jump_1.avi\n")
+    return root, lists
+
+
+def test_video_check_only_prints_and_indexes_every_split_of_the_fold(capsys, tmp_path, ucf):
+    root, lists = ucf
+    index = tmp_path / "index.json"
+    rc, out, err = run(capsys, "ucf101", str(root), "--splits-dir", str(lists), "--check-only", "--out", str(index),
+                       "--json")
+    assert rc == 1, err  # missing and unreadable clips: problems
+    summary = json.loads(out)
+    written = json.loads(index.read_text())
+    unreadable = written["scan"]["unreadable"]
+    assert len(unreadable) == 1 and unreadable[0].startswith(f"{root / 'Jump' / 'v_Jump_bad.avi'}: ")
+    assert summary == {
+        "dataset": "ucf101", "root": str(root), "train (fold 1)": "8 clips listed, 6 missing",
+        "test (fold 1)": "1 clips listed, 0 missing", "split lists": str(lists),
+        "clips on disk": "4 in 1 classes (card: 13320)", "clips with an audio track": 0,
+        "missing (listed, not on disk)": [f"train: {rel}" for rel in MISSING[:5]] + [f"... and 1 more: all in {index}"],
+        "unreadable": unreadable, "index": str(index),
+        "problems": ["train: 6 listed clips missing", "1 unreadable clips"]}
+    assert written["dataset"] == "ucf101" and written["fold"] == 1 and written["splits_dir"] == str(lists)
+    assert written["splits"] == {"train": {"clips": 8, "missing": MISSING}, "test": {"clips": 1, "missing": []}}
+    assert written["scan"] == {"classes": 1, "clips": 4, "with_audio": 0, "unreadable": unreadable}
+    # another fold, and the default index beside the folder (nothing written inside it)
+    rc, out, err = run(capsys, "ucf101", str(root), "--splits-dir", str(lists), "--check-only", "--fold", "2", "--json")
+    default = root.with_name("UCF-101.mmviews-index.json")
+    summary = json.loads(out)
+    assert rc == 1 and summary["index"] == str(default) and summary["problems"] == ["1 unreadable clips"]
+    assert (summary["train (fold 2)"], summary["test (fold 2)"]) == ("1 clips listed, 0 missing",
+                                                                     "2 clips listed, 0 missing")
+    assert json.loads(default.read_text())["fold"] == 2 and sorted(p.name for p in root.iterdir()) == ["Jump"]
+    default.unlink()
+
+
+def test_video_store_prints_and_reports_everything_it_left_out(capsys, tmp_path, ucf):
+    from mmviews.data.video_store import REPORT_FILE, read_manifest
+
+    root, lists = ucf
+    store = tmp_path / "store"
+    common = ("ucf101", str(root), "--splits-dir", str(lists), "--out", str(store), "--workers", "0", "--size", "16",
+              "--num-frames", "4")
+    rc, out, err = run(capsys, *common, "--jpeg-quality", "50", "--json")
+    assert rc == 1, err
+    report_path = store / REPORT_FILE
+    report = json.loads(report_path.read_text())
+    bad = "Jump/v_Jump_bad.avi"
+    failed = report["failed"]
+    assert list(failed) == [bad] and failed[bad].startswith(f"{root / bad}: ")
+    clips = [f"Jump/v_Jump_{k}.avi" for k in range(3)]
+    assert report == {"dataset": "ucf101", "root": str(root.resolve()), "splits_dir": str(lists), "fold": 1,
+                      "store": str(store), "missing": {"train": MISSING, "test": []}, "failed": failed,
+                      "truncated": {}, "short": {rel: {"decoded": 3, "needed": 4} for rel in clips}, "num_frames": 4}
+    summary = json.loads(out)
+    assert isinstance(summary.pop("seconds"), float)
+    assert summary == {
+        "dataset": "ucf101", "root": str(root), "train (fold 1)": "8 clips listed, 6 missing",
+        "test (fold 1)": "1 clips listed, 0 missing", "split lists": str(lists), "clips on disk": "4 (card: 13320)",
+        "store": str(store), "prepared now": 3, "already in the store": 0, "clips with an audio track": 0,
+        "missing (listed, not on disk)": [f"train: {rel}" for rel in MISSING[:5]] + [f"... and 1 more: all in {report_path}"],
+        "unreadable (skipped)": [failed[bad]], "truncated (stored as decoded)": [],
+        "short (fewer than --num-frames 4 frames)": [f"{rel}: 3 frames" for rel in clips],
+        "report": str(report_path), "problems": ["train: 6 listed clips missing", "1 unreadable clips"]}
+    assert read_manifest(store)["options"] == {"format": "jpeg", "size": 16, "flow": "farneback", "jpeg_quality": 50}
+    # a rerun resumes: nothing prepared again
+    rc, out, _ = run(capsys, *common, "--jpeg-quality", "50", "--json")
+    assert (json.loads(out)["prepared now"], json.loads(out)["already in the store"]) == (0, 3)
+    # --overwrite starts over with the new options
+    rc, out, err = run(capsys, *common, "--overwrite", "--format", "npy", "--flow", "none", "--json")
+    assert rc == 1 and json.loads(out)["prepared now"] == 3, err
+    assert read_manifest(store)["options"] == {"format": "npy", "size": 16, "flow": None, "jpeg_quality": None}
+    # --on-error raise: the unreadable clip stops the command with one line naming it
+    rc, out, err = run(capsys, *common, "--overwrite", "--on-error", "raise", "--flow", "none")
+    last = err.splitlines()[-1] + "\n"  # after the progress bar
+    assert rc == 2 and out == "" and last.startswith(f"mmviews prepare: error: cannot read {root / bad}: ")
+    assert last.endswith("(prepare stopped: on_error='raise'; finished clips are kept, a rerun resumes)\n")
+
+
+def test_video_store_without_out_goes_beside_the_folder(capsys, tmp_path):
+    from test_data_video_prepare import write_ucf_lists
+    from test_data_video_store import make_folder
+
+    root = make_folder(tmp_path / "UCF-101", {"Run": [2, 2]})
+    write_ucf_lists(tmp_path / "ucfTrainTestlist", ["Run/v_Run_0.avi"], ["Run/v_Run_1.avi"], ["Run"])
+    rc, out, err = run(capsys, "ucf101", str(root), "--workers", "0", "--size", "8", "--flow", "none",
+                       "--num-frames", "2", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["store"] == str(tmp_path / "UCF-101.mmstore") and summary["problems"] == []
+    assert summary["short (fewer than --num-frames 2 frames)"] == []  # 2 frames: enough
+    assert summary["split lists"] == str(tmp_path / "ucfTrainTestlist")
