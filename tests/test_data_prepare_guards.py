@@ -379,3 +379,179 @@ def test_video_store_without_out_goes_beside_the_folder(capsys, tmp_path):
     assert summary["store"] == str(tmp_path / "UCF-101.mmstore") and summary["problems"] == []
     assert summary["short (fewer than --num-frames 2 frames)"] == []  # 2 frames: enough
     assert summary["split lists"] == str(tmp_path / "ucfTrainTestlist")
+
+
+# --------------------------------------------------------------------------- Parquet shards
+
+
+def shards_record(out: Path) -> dict:
+    from mmviews.data.shards import SHARDS_META
+
+    record = json.loads((out / SHARDS_META).read_text())
+    return {k: record[k] for k in ("source", "columns", "labels", *(["shapes"] if "shapes" in record else []))}
+
+
+def summary_of(out: str) -> dict:
+    summary = json.loads(out)
+    assert isinstance(summary.pop("seconds"), float)
+    return summary
+
+
+def test_sentiment_shards_hold_every_modality_and_label_of_the_copy(capsys, tmp_path):
+    data = {s: small_split(n, seed=k) for k, (s, n) in enumerate((("train", 3), ("valid", 2), ("test", 2)))}
+    pkl = write_pickle(tmp_path / "mosi.pkl", data)
+    rc, out, err = run(capsys, "mosi", str(pkl), "--format", "parquet", "--shard-rows", "2", "--json")
+    assert rc == 0, err
+    default = tmp_path / "mosi.pkl-parquet"  # beside the pickle
+    assert summary_of(out) == {"dataset": "mosi", "source": str(pkl), "shards": str(default),
+                               "train": "3 rows in 2 shards (0 samples skipped)",
+                               "valid": "2 rows in 1 shards (0 samples skipped)",
+                               "test": "2 rows in 1 shards (0 samples skipped)", "written now": 7}
+    assert shards_record(default) == {
+        "source": {"dataset": "mosi", "root": str(pkl.resolve()), "kind": "sentiment", "options": {"layout": "auto"}},
+        "columns": {"text": "sequence", "audio": "sequence", "vision": "sequence", "text_ids": "tokens",
+                    "raw_text": "text"},
+        "labels": {"sentiment": "sentiment", "class": "class"}}
+    # a copy without token ids or raw text, with CH-SIMS' per-modality labels: only what it has, the
+    # splits asked (the first of them opened first), each row its own shard at a tiny --shard-size-mb
+    data = {s: small_split(2, text_bert=False, raw_text=False, seed=k) for k, s in enumerate(("train", "valid", "test"))}
+    for split in data.values():
+        split["regression_labels_T"] = np.zeros(2)
+    pkl = write_pickle(tmp_path / "sims.pkl", data)
+    out_dir = tmp_path / "sims-shards"
+    rc, out, err = run(capsys, "sims", str(pkl), "--format", "parquet", "--splits", "test,valid", "--shard-size-mb",
+                       "0.000001", "--output", str(out_dir), "--json")
+    assert rc == 0, err
+    assert summary_of(out) == {"dataset": "sims", "source": str(pkl), "shards": str(out_dir),
+                               "test": "2 rows in 2 shards (0 samples skipped)",
+                               "valid": "2 rows in 2 shards (0 samples skipped)", "written now": 4}
+    record = shards_record(out_dir)
+    assert record["columns"] == {"text": "sequence", "audio": "sequence", "vision": "sequence"}
+    assert record["labels"] == {"sentiment": "sentiment", "sentiment_T": "sentiment_T", "class": "class"}
+    # another source into the same folder: refused unless --overwrite
+    first = str(tmp_path / "mosi.pkl")
+    rc, _, err = run(capsys, "mosi", first, "--format", "parquet", "--output", str(out_dir))
+    assert rc == 2 and f"{out_dir} holds shards of another source or options" in err
+    rc, _, err = run(capsys, "mosi", first, "--format", "parquet", "--output", str(out_dir), "--overwrite")
+    assert rc == 0, err
+    assert shards_record(out_dir)["source"]["dataset"] == "mosi"
+    # --layout reaches the reader (of a pickle not converted yet)
+    fresh = write_pickle(tmp_path / "fresh.pkl", data)
+    rc, _, err = run(capsys, "sims", str(fresh), "--format", "parquet", "--layout", "mult", "--output", str(tmp_path / "m"))
+    assert rc == 2 and "[train]: missing key 'labels'" in err
+
+
+def test_video_shards_are_made_from_the_store_beside_the_folder(capsys, tmp_path, ucf):
+    from mmviews.data.video_store import default_store_path, read_manifest
+
+    root, lists = ucf
+    out_dir = tmp_path / "shards"
+    rc, out, err = run(capsys, "ucf101", str(root), "--format", "parquet", "--splits-dir", str(lists), "--fold", "2",
+                       "--workers", "0", "--size", "16", "--jpeg-quality", "50", "--output", str(out_dir), "--json")
+    assert rc == 1, err  # the unreadable clip is a problem
+    store = default_store_path(root)
+    summary = summary_of(out)
+    unreadable = summary["unreadable (skipped)"]
+    assert len(unreadable) == 1 and unreadable[0].startswith(f"{root / 'Jump' / 'v_Jump_bad.avi'}: ")
+    assert summary == {"dataset": "ucf101", "source": str(root), "shards": str(out_dir), "store": str(store),
+                       "unreadable (skipped)": unreadable, "problems": ["1 unreadable clips"],
+                       "train": "1 rows in 1 shards (0 samples skipped)",
+                       "test": "2 rows in 1 shards (0 samples skipped)", "written now": 3}
+    options = {"format": "jpeg", "size": 16, "flow": "farneback", "jpeg_quality": 50}
+    assert read_manifest(store)["options"] == options
+    assert shards_record(out_dir) == {
+        "source": {"dataset": "ucf101", "root": str(root.resolve()), "kind": "video", "options": {"fold": 2, **options}},
+        "columns": {"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"},
+        "labels": {"class": "class"}}
+    # the splits asked only; --on-error raise reaches the store
+    rc, out, err = run(capsys, "ucf101", str(root), "--format", "parquet", "--splits-dir", str(lists), "--fold", "2",
+                       "--workers", "0", "--size", "16", "--jpeg-quality", "50", "--splits", "test",
+                       "--output", str(tmp_path / "test-only"), "--json")
+    assert rc == 1 and [k for k in json.loads(out) if "rows in" in str(json.loads(out)[k])] == ["test"], err
+    rc, out, err = run(capsys, "ucf101", str(root), "--format", "parquet", "--splits-dir", str(lists), "--fold", "2",
+                       "--workers", "0", "--size", "16", "--jpeg-quality", "50", "--on-error", "raise", "--output",
+                       str(tmp_path / "raise"))
+    assert rc == 2 and "cannot read" in err and "v_Jump_bad.avi" in err
+    # the store's options are the flags': other ones are refused
+    rc, out, err = run(capsys, "ucf101", str(root), "--format", "parquet", "--splits-dir", str(lists), "--fold", "2",
+                       "--workers", "0", "--size", "16", "--flow", "none", "--output", str(tmp_path / "other"))
+    assert rc == 2 and f"{store} was prepared with options" in err
+
+
+def image_dict(root: Path, sizes: dict[str, int]) -> Path:
+    import datasets
+    from test_data_prepare_splits import hf_split
+
+    datasets.DatasetDict({s: hf_split(n, 10 * k) for k, (s, n) in enumerate(sizes.items())}).save_to_disk(str(root))
+    return root
+
+
+def test_hf_shards_take_the_folders_splits_and_the_flags_over_the_recipe(capsys, tmp_path):
+    root = image_dict(tmp_path / "dict", {"validation": 2, "train": 3})
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--json")
+    assert rc == 0, err
+    default = tmp_path / "dict-parquet"
+    assert summary_of(out) == {"dataset": "hf", "source": str(root), "shards": str(default),
+                               "train": "3 rows in 1 shards (0 samples skipped)",  # the DatasetDict's, sorted
+                               "validation": "2 rows in 1 shards (0 samples skipped)", "written now": 5}
+    assert shards_record(default) == {
+        "source": {"dataset": "hf", "root": str(root.resolve()), "kind": "hf",
+                   "options": {"columns": {"image": "image"}, "labels": {"class": "label"}}},
+        "columns": {"image": "image"}, "labels": {"class": "label"}}
+    # the recipe's splits and options, the flags winning over them
+    asked: list[str] = []
+
+    def recipe_data(recipe: str) -> dict:
+        asked.append(recipe)
+        return {"options": {"columns": {"image": "nope"}, "labels": {"class": "label"}}, "splits": ["validation"]}
+
+    out_dir = tmp_path / "recipe"
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--recipe", "r.yaml", "--columns", "image=image",
+                       "--labels", "y=label", "--output", str(out_dir), "--json", recipe_data=recipe_data)
+    assert rc == 0 and asked == ["r.yaml"], err
+    assert [k for k in summary_of(out) if k in ("train", "validation")] == ["validation"]
+    assert shards_record(out_dir)["labels"] == {"y": "label"}
+    # a recipe option the flags leave alone is named by its key
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--recipe", "r.yaml", "--output", str(out_dir),
+                       recipe_data=recipe_data)
+    assert (rc, out) == (2, "") and err == (
+        f"mmviews prepare: error: key 'data.options.columns' of r.yaml (or --columns MODALITY=COLUMN,...): {root}: "
+        "split 'validation' has no column 'nope' (for 'image'); columns: ['image', 'label']\n")
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--recipe", "r.yaml", "--splits", "dev",
+                       "--columns", "image=image", "--output", str(out_dir), recipe_data=recipe_data)
+    assert rc == 2 and err.startswith(f"mmviews prepare: error: --splits: {root}: no split 'dev'; available: "
+                                      "['train', 'validation']")
+
+
+def test_hf_shards_of_a_flat_image_folder_are_one_train_split(capsys, tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "flat"
+    root.mkdir()
+    for i in range(2):
+        Image.fromarray(np.full((4, 5, 3), 40 * i, np.uint8)).save(root / f"{i}.png")
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--labels", "", "--json")
+    assert rc == 0, err
+    assert summary_of(out)["train"] == "2 rows in 1 shards (0 samples skipped)"
+
+
+def test_hf_splits_whose_arrays_differ_in_shape_are_refused(capsys, tmp_path):
+    import datasets
+
+    def split(width: int) -> datasets.Dataset:
+        features = datasets.Features({"emb": datasets.List(datasets.Value("float32"), length=width),
+                                      "label": datasets.Value("int64")})
+        return datasets.Dataset.from_dict({"emb": [[1.0] * width] * 2, "label": [0, 1]}, features=features)
+
+    root = tmp_path / "arrays"
+    datasets.DatasetDict({"train": split(3), "test": split(2)}).save_to_disk(str(root))
+    capsys.readouterr()  # the library's own progress bars
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--columns", "features=emb", "--splits",
+                       "train,test", "--output", str(tmp_path / "o"))
+    assert (rc, out) == (2, "") and err == (
+        f"mmviews prepare: error: {root}: split 'test' stores its array columns with the shapes {{'emb': [2]}}, "
+        "split 'train' with {'emb': [3]}: write the splits to separate --output folders\n")
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--columns", "features=emb", "--splits", "train",
+                       "--output", str(tmp_path / "one"))
+    assert rc == 0, err
+    assert shards_record(tmp_path / "one")["shapes"] == {"emb": [3]}
