@@ -673,3 +673,16 @@ def test_the_builders_need_a_root_and_pass_on_split_dataset_and_options(tmp_path
         ds = build_dataset("sims", root=pkl, split="valid", modalities=("raw_text",))
     assert (ds.split, ds.dataset, ds.modalities, len(ds)) == ("valid", "sims", ("raw_text",), 2)
     assert ds[1]["labels"]["class"] == 0  # sentiment 0 under CH-SIMS' rule
+
+
+def test_features_are_float32_and_the_store_is_memory_mapped_whatever_its_files_hold(tmp_path):
+    data = three_splits()
+    data["train"]["text_bert"][1, 1] = [1, 0, 0, 0]  # sample 1: exactly one token
+    _, out = store_of(tmp_path, data)
+    np.save(out / "train" / "audio.npy", np.load(out / "train" / "audio.npy").astype(np.float64))  # edited since
+    ds = S.SentimentStoreDataset(out, "train", modalities=("audio", "text_ids"))
+    item = ds[1]
+    assert item["modalities"]["audio"].dtype == torch.float32
+    assert item["modalities"]["text_ids"]["input_ids"].tolist() == [int(data["train"]["text_bert"][1, 0, 0])]
+    arrays = ds._open()
+    assert all(isinstance(arrays[name], np.memmap) for name in ("text", "audio", "vision", "text_ids"))

@@ -18,6 +18,7 @@ each split once as float32 ``.npy`` files that :class:`SentimentStoreDataset` op
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -497,19 +498,17 @@ def open_sentiment(path: str | os.PathLike[str], split: str = "train", dataset: 
     return SentimentStoreDataset(store, split, modalities, dataset=dataset)
 
 
-def _sentiment_builder(dataset: str) -> Callable[..., Dataset]:
-    """``build_dataset`` entry for one of the sentiment datasets (``root`` is required)."""
-
-    def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
-        if root is None:
-            raise dataset_error(ValueError, f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by "
-                                f"`mmviews prepare {dataset}` (see data_cards/{dataset}.md)", "root")
-        return open_sentiment(root, split=split, dataset=dataset, **options)
-
-    return build
+def _build_sentiment(dataset: str, *, root: Any, split: str, **options: Any) -> Dataset:
+    """``build_dataset``'s builder of one of the sentiment datasets (it always passes ``root`` and
+    ``split``; a ``root`` of None is refused). A function of the module rather than a closure made
+    at import, so that it runs (and is tested) as called."""
+    if root is None:
+        raise dataset_error(ValueError, f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by "
+                            f"`mmviews prepare {dataset}` (see data_cards/{dataset}.md)", "root")
+    return open_sentiment(root, split=split, dataset=dataset, **options)
 
 
 for _name, _desc in (("mosi", "CMU-MOSI features (MMSA or MulT pickle, or a prepared store)"),
                      ("mosei", "CMU-MOSEI features (MMSA or MulT pickle, or a prepared store)"),
                      ("sims", "CH-SIMS features (MMSA pickle or a prepared store)")):
-    register_dataset(_name, _desc)(_sentiment_builder(_name))
+    register_dataset(_name, _desc)(functools.partial(_build_sentiment, _name))
