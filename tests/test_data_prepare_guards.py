@@ -146,8 +146,8 @@ def test_an_hf_error_of_no_flag_or_key_is_left_as_it_is():
     for option in (None, "root", "image_size"):
         error = tagged(ValueError("bad"), option)
         assert prepare._in_flags(error, hf_args(recipe="r.yaml"), set()) is error
-    error = ValueError("untagged")
-    assert prepare._in_flags(error, hf_args(), set()) is error
+    for error in (ValueError("untagged"), ValueError(), KeyError()):  # with or without a message
+        assert prepare._in_flags(error, hf_args(), set()) is error
 
 
 # --------------------------------------------------------------------------- the printed summary
@@ -279,7 +279,8 @@ def ucf(tmp_path_factory) -> tuple[Path, Path]:
     """``(UCF-101 folder, its split lists)``: class Jump with 3 clips of 3 frames and an unreadable
     ``v_Jump_bad.avi``; the lists in a folder of another name (found only through
     ``--splits-dir``). Fold 1: clips 0, 1 and 6 missing ones for training, clip 2 for test; fold 2:
-    clip 2 for training, clips 0 and 1 for test."""
+    clip 2 for training, clips 0 and 1 for test; fold 3: clip 0, and the unreadable one for test.
+    Tests that make the store beside the folder make it with ``--size 16 --jpeg-quality 50``."""
     from test_data_video_prepare import write_ucf_lists
     from test_data_video_store import make_folder
 
@@ -289,6 +290,8 @@ def ucf(tmp_path_factory) -> tuple[Path, Path]:
     write_ucf_lists(lists, ["Jump/v_Jump_0.avi", "Jump/v_Jump_1.avi", *MISSING], ["Jump/v_Jump_2.avi"], ["Jump"])
     (lists / "trainlist02.txt").write_text("Jump/v_Jump_2.avi 1\n")
     (lists / "testlist02.txt").write_text("Jump/v_Jump_0.avi\nJump/v_Jump_1.avi\n")
+    (lists / "trainlist03.txt").write_text("Jump/v_Jump_0.avi 1\n")
+    (lists / "testlist03.txt").write_text("Jump/v_Jump_bad.avi\n")
     return root, lists
 
 
@@ -364,6 +367,16 @@ def test_video_store_prints_and_reports_everything_it_left_out(capsys, tmp_path,
     last = err.splitlines()[-1] + "\n"  # after the progress bar
     assert rc == 2 and out == "" and last.startswith(f"mmviews prepare: error: cannot read {root / bad}: ")
     assert last.endswith("(prepare stopped: on_error='raise'; finished clips are kept, a rerun resumes)\n")
+
+
+def test_video_check_counts_the_clips_a_store_beside_the_folder_marks_unreadable(capsys, tmp_path, ucf):
+    root, lists = ucf
+    common = ("ucf101", str(root), "--splits-dir", str(lists), "--fold", "3", "--json")
+    rc, _, err = run(capsys, *common, "--workers", "0", "--size", "16", "--jpeg-quality", "50")  # the store, beside
+    assert rc == 1 and root.with_name("UCF-101.mmstore").is_dir(), err
+    rc, out, err = run(capsys, *common, "--check-only", "--out", str(tmp_path / "index.json"))
+    assert rc == 1, err  # the unreadable clip
+    assert json.loads(out)["test (fold 3)"] == "1 clips listed, 0 missing"  # listed, not left out as in training
 
 
 def test_video_store_without_out_goes_beside_the_folder(capsys, tmp_path):
