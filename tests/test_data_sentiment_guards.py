@@ -638,6 +638,7 @@ def test_a_pickles_store_is_converted_again_only_when_the_pickle_or_the_dataset_
         assert S.read_store_meta(store)["dataset"] == "mosi"
         before = converted()
         S.open_sentiment(pkl, "train", store_dir=store)  # no dataset named: the mosi store serves
+        S.open_sentiment(pkl, "train", store_dir=store, dataset="mosi")  # the same dataset: it serves too
         assert converted() == before
         st = pkl.stat()
         os.utime(pkl, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: same size, new mtime
@@ -652,6 +653,17 @@ def test_a_pickles_store_is_converted_again_only_when_the_pickle_or_the_dataset_
         assert S.open_sentiment(pkl, "valid").store == tmp_path / "c.pkl.mmstore"
         with pytest.raises(KeyError, match="missing key 'labels'"):
             S.open_sentiment(pkl, "valid", store_dir=tmp_path / "mult", layout="mult")
+
+
+def test_the_training_split_and_the_sequences_are_opened_unless_told_otherwise(tmp_path):
+    pkl, out = store_of(tmp_path)
+    for ds in (S.SentimentStoreDataset(out), S.open_sentiment(out)):
+        assert (ds.split, len(ds), ds.modalities) == ("train", 3, ("text", "audio", "vision"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = S.open_sentiment(pkl, store_dir=tmp_path / "other")
+    assert (ds.split, len(ds)) == ("train", 3)
+    assert S.open_sentiment(out, "test", modalities=("raw_text",)).modalities == ("raw_text",)  # a store folder
 
 
 def test_opening_a_path_that_is_not_there_names_it(tmp_path):
