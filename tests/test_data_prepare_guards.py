@@ -568,3 +568,25 @@ def test_hf_splits_whose_arrays_differ_in_shape_are_refused(capsys, tmp_path):
                        "--output", str(tmp_path / "one"))
     assert rc == 0, err
     assert shards_record(tmp_path / "one")["shapes"] == {"emb": [3]}
+
+
+def test_more_than_five_problems_of_a_kind_point_at_the_file_that_lists_them_all(capsys, tmp_path):
+    from test_data_video_prepare import write_ucf_lists
+    from test_data_video_store import make_folder
+
+    root = make_folder(tmp_path / "UCF-101", {"Run": [2] * 6})
+    for k in range(6):
+        (root / "Run" / f"v_Run_bad{k}.avi").write_bytes(b"not a video")
+    write_ucf_lists(tmp_path / "ucfTrainTestlist", ["Run/v_Run_0.avi"], ["Run/v_Run_1.avi"], ["Run"])
+    index = tmp_path / "index.json"
+    rc, out, err = run(capsys, "ucf101", str(root), "--check-only", "--out", str(index), "--json")
+    assert rc == 1, err
+    assert json.loads(out)["unreadable"][-1] == f"... and 1 more: all in {index}"
+    rc, out, err = run(capsys, "ucf101", str(root), "--out", str(tmp_path / "store"), "--workers", "0", "--size", "8",
+                       "--flow", "none", "--num-frames", "3", "--json")
+    summary = json.loads(out)
+    report = tmp_path / "store" / "prepare-report.json"
+    assert rc == 1 and summary["problems"] == ["6 unreadable clips"], err
+    assert summary["unreadable (skipped)"][-1] == f"... and 1 more: all in {report}"
+    assert summary["short (fewer than --num-frames 3 frames)"] == [
+        *(f"Run/v_Run_{k}.avi: 2 frames" for k in range(5)), f"... and 1 more: all in {report}"]
