@@ -430,6 +430,33 @@ def test_a_split_without_token_ids_or_raw_text_stores_neither(tmp_path):
     meta = S.read_store_meta(out)
     assert not meta["splits"]["train"]["has_text_ids"] and not meta["splits"]["train"]["has_raw_text"]
     assert not (out / "train" / "text_ids.npy").exists() and not (out / "train" / "raw_text.json").exists()
+    for missing in ("raw_text", "text_ids"):
+        with pytest.raises(KeyError) as info:
+            S.SentimentStoreDataset(out, "train", modalities=(missing,))
+        assert message(info) == (f"{out} [train]: modalities [{missing!r}] not in the store "
+                                 "(available: ['audio', 'text', 'vision'])")
+
+
+def test_the_stores_parent_folders_are_made_and_an_interrupted_conversion_is_redone(tmp_path, monkeypatch):
+    pkl = write_pickle(tmp_path / "x.pkl", three_splits())
+    out = tmp_path / "a" / "b" / "store"
+    calls = []
+
+    def fail_on_the_fourth_array(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 4:
+            raise OSError("disk full")
+        return real(*args, **kwargs)
+
+    real = S._write_npy
+    monkeypatch.setattr(S, "_write_npy", fail_on_the_fourth_array)
+    with pytest.raises(OSError, match="disk full"):
+        S.convert_sentiment_pickle(pkl, out, progress=False)
+    partial = out.with_name("store.partial")
+    assert not out.exists() and (partial / ".mmviews-partial").is_file() and (partial / "train" / "text.npy").is_file()
+    monkeypatch.setattr(S, "_write_npy", real)
+    S.convert_sentiment_pickle(pkl, out, progress=False)
+    assert not partial.exists() and S.read_store_meta(out)["splits"]["valid"]["num_samples"] == 2
 
 
 def test_the_conversion_shows_a_bar_counting_arrays_unless_told_not_to(tmp_path, capsys):
