@@ -699,7 +699,7 @@ def test_opening_a_path_that_is_not_there_names_it(tmp_path):
     assert message(info) == f"no such file or store: {tmp_path / 'gone.pkl'}"
 
 
-def test_the_builders_need_a_root_and_pass_on_split_dataset_and_options(tmp_path):
+def test_each_sentiment_builder_needs_a_root_and_passes_on_split_dataset_and_options(tmp_path):
     for dataset in ("mosi", "mosei", "sims"):
         with pytest.raises(ValueError) as info:
             build_dataset(dataset)
