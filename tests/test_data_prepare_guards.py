@@ -201,6 +201,28 @@ def test_synthetic_prints_its_shapes_and_needs_nothing(capsys):
     assert json.loads(capsys.readouterr().out)["dataset"] == "synthetic"
 
 
+def test_hf_is_checked_by_the_command_lines_check_and_its_problems_set_the_status(capsys, tmp_path):
+    seen: list[argparse.Namespace] = []
+
+    def check_hf(args: argparse.Namespace) -> dict:
+        seen.append(args)
+        return {"dataset": "hf", "root": args.path, "problems": problems}
+
+    for problems, status in (([], 0), (["split 'test' row 0: unreadable"], 1)):
+        rc, out, err = run(capsys, "hf", str(tmp_path), "--samples", "3", "--json", check_hf=check_hf)
+        assert (rc, err) == (status, "") and json.loads(out) == {"dataset": "hf", "root": str(tmp_path),
+                                                                 "problems": problems}
+    assert [(a.path, a.samples) for a in seen] == [(str(tmp_path), 3)] * 2
+
+
+def test_a_callers_namespace_needs_only_the_options_its_dataset_reads(capsys, tmp_path):
+    pkl = write_pickle(tmp_path / "mosi.pkl", {s: tiny_sentiment(2) for s in ("train", "valid", "test")})
+    args = argparse.Namespace(dataset="mosi", path=str(pkl), out=str(tmp_path / "st"), layout="auto", overwrite=False,
+                              json=True)  # no --format, --recipe
+    assert prepare.run(args) == 0
+    assert json.loads(capsys.readouterr().out)["store"] == str(tmp_path / "st")
+
+
 @pytest.mark.parametrize("argv, message", [
     (("mosi",), "mosi needs PATH (see data_cards/mosi.md)"),
     (("ucf101", "{tmp}/absent"), "{tmp}/absent does not exist (see data_cards/ucf101.md for how to obtain it)"),
