@@ -351,12 +351,26 @@ def test_video_check_only_prints_and_indexes_every_split_of_the_fold(capsys, tmp
 def test_video_store_prints_and_reports_everything_it_left_out(capsys, tmp_path, ucf):
     from mmviews.data.video_store import REPORT_FILE, read_manifest
 
+    from mmviews.data import video_store
+
     root, lists = ucf
     store = tmp_path / "store"
     common = ("ucf101", str(root), "--splits-dir", str(lists), "--out", str(store), "--workers", "0", "--size", "16",
               "--num-frames", "4")
-    rc, out, err = run(capsys, *common, "--jpeg-quality", "50", "--json")
+    in_this_process: list[str] = []
+
+    def record(root_: str, rel: str, *args, **kwargs):
+        in_this_process.append(rel)
+        return prepare_clip(root_, rel, *args, **kwargs)
+
+    prepare_clip = video_store._prepare_clip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(video_store, "_prepare_clip", record)
+        rc, out, err = run(capsys, *common, "--jpeg-quality", "50", "--json")
     assert rc == 1, err
+    assert sorted(in_this_process) == ["Jump/v_Jump_0.avi", "Jump/v_Jump_1.avi", "Jump/v_Jump_2.avi",
+                                       "Jump/v_Jump_bad.avi"]  # --workers 0: no worker process
+    assert read_manifest(store)["dataset"] == "ucf101"
     report_path = store / REPORT_FILE
     report = json.loads(report_path.read_text())
     bad = "Jump/v_Jump_bad.avi"
@@ -436,7 +450,7 @@ def test_sentiment_shards_hold_every_modality_and_label_of_the_copy(capsys, tmp_
     data = {s: small_split(n, seed=k) for k, (s, n) in enumerate((("train", 3), ("valid", 2), ("test", 2)))}
     pkl = write_pickle(tmp_path / "mosi.pkl", data)
     rc, out, err = run(capsys, "mosi", str(pkl), "--format", "parquet", "--shard-rows", "2", "--json")
-    assert rc == 0, err
+    assert rc == 0 and "converting mosi.pkl" in err, err  # the pickle's conversion shows its progress
     default = tmp_path / "mosi.pkl-parquet"  # beside the pickle
     assert summary_of(out) == {"dataset": "mosi", "source": str(pkl), "shards": str(default),
                                "train": "3 rows in 2 shards (0 samples skipped)",
@@ -493,7 +507,7 @@ def test_video_shards_are_made_from_the_store_beside_the_folder(capsys, tmp_path
                        "train": "1 rows in 1 shards (0 samples skipped)",
                        "test": "2 rows in 1 shards (0 samples skipped)", "written now": 3}
     options = {"format": "jpeg", "size": 16, "flow": "farneback", "jpeg_quality": 50}
-    assert read_manifest(store)["options"] == options
+    assert read_manifest(store)["options"] == options and read_manifest(store)["dataset"] == "ucf101"
     assert shards_record(out_dir) == {
         "source": {"dataset": "ucf101", "root": str(root.resolve()), "kind": "video", "options": {"fold": 2, **options}},
         "columns": {"frames": "jpeg_frames", "flow_x": "flow_images", "flow_y": "flow_images", "audio": "flac_track"},
@@ -556,6 +570,15 @@ def test_hf_shards_take_the_folders_splits_and_the_flags_over_the_recipe(capsys,
                        "--columns", "image=image", "--output", str(out_dir), recipe_data=recipe_data)
     assert rc == 2 and err.startswith(f"mmviews prepare: error: --splits: {root}: no split 'dev'; available: "
                                       "['train', 'validation']")
+
+
+def test_a_source_format_from_the_recipe_is_named_by_its_key(capsys, tmp_path):
+    root = image_dict(tmp_path / "dict", {"train": 2})
+    capsys.readouterr()
+    rc, out, err = run(capsys, "hf", str(root), "--format", "parquet", "--recipe", "r.yaml", "--output",
+                       str(tmp_path / "o"), recipe_data=lambda recipe: {"options": {"format": "tiff"}, "splits": []})
+    assert (rc, out, err) == (2, "", "mmviews prepare: error: key 'data.options.format' of r.yaml: format must be auto, "
+                                     "disk, imagefolder or audiofolder, got 'tiff'\n")
 
 
 def test_hf_shards_of_a_flat_image_folder_are_one_train_split(capsys, tmp_path):
