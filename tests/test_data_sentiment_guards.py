@@ -377,6 +377,9 @@ def test_arrays_are_written_in_chunks_with_non_finite_values_counted_and_zeroed(
     back = np.load(tmp_path / "a.npy")
     assert back.dtype == np.float32
     assert np.array_equal(back, np.where(np.isfinite(arr), arr, 0.0).astype(np.float32))
+    objects = arr.astype(object)  # features kept as Python floats (an object array) are converted too
+    assert S._write_npy(tmp_path / "o.npy", objects, np.float32, chunk=4) == 3
+    assert np.array_equal(np.load(tmp_path / "o.npy"), back)
     ints = np.arange(10).reshape(5, 2)
     assert S._write_npy(tmp_path / "i.npy", ints, np.int64, chunk=3) == 0
     assert np.array_equal(np.load(tmp_path / "i.npy"), ints)
