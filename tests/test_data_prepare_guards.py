@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -449,8 +450,20 @@ def summary_of(out: str) -> dict:
 def test_sentiment_shards_hold_every_modality_and_label_of_the_copy(capsys, tmp_path):
     data = {s: small_split(n, seed=k) for k, (s, n) in enumerate((("train", 3), ("valid", 2), ("test", 2)))}
     pkl = write_pickle(tmp_path / "mosi.pkl", data)
-    rc, out, err = run(capsys, "mosi", str(pkl), "--format", "parquet", "--shard-rows", "2", "--json")
+    from mmviews.data import sentiment
+
+    conversions: list[str | None] = []
+
+    def count(path, out, dataset=None, **kwargs):
+        conversions.append(dataset)
+        return convert(path, out, dataset=dataset, **kwargs)
+
+    convert = sentiment.convert_sentiment_pickle
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sentiment, "convert_sentiment_pickle", count)
+        rc, out, err = run(capsys, "mosi", str(pkl), "--format", "parquet", "--shard-rows", "2", "--json")
     assert rc == 0 and "converting mosi.pkl" in err, err  # the pickle's conversion shows its progress
+    assert conversions == ["mosi"]  # once, as the dataset named
     default = tmp_path / "mosi.pkl-parquet"  # beside the pickle
     assert summary_of(out) == {"dataset": "mosi", "source": str(pkl), "shards": str(default),
                                "train": "3 rows in 2 shards (0 samples skipped)",
@@ -461,6 +474,10 @@ def test_sentiment_shards_hold_every_modality_and_label_of_the_copy(capsys, tmp_
         "columns": {"text": "sequence", "audio": "sequence", "vision": "sequence", "text_ids": "tokens",
                     "raw_text": "text"},
         "labels": {"sentiment": "sentiment", "class": "class"}}
+    import pyarrow.parquet as pq
+
+    stored = pq.read_schema(default / "train" / "train-00000.parquet").names
+    assert {"text", "audio", "vision", "text_ids", "raw_text", "sentiment", "class"} <= set(stored)
     # a copy without token ids or raw text, with CH-SIMS' per-modality labels: only what it has, the
     # splits asked (the first of them opened first), each row its own shard at a tiny --shard-size-mb
     data = {s: small_split(2, text_bert=False, raw_text=False, seed=k) for k, s in enumerate(("train", "valid", "test"))}
@@ -477,6 +494,14 @@ def test_sentiment_shards_hold_every_modality_and_label_of_the_copy(capsys, tmp_
     record = shards_record(out_dir)
     assert record["columns"] == {"text": "sequence", "audio": "sequence", "vision": "sequence"}
     assert record["labels"] == {"sentiment": "sentiment", "sentiment_T": "sentiment_T", "class": "class"}
+    # one split asked: its own modalities (this copy has raw text in its test split only)
+    data["test"]["raw_text"] = ["a", "b"]
+    pkl = write_pickle(tmp_path / "uneven.pkl", data)
+    rc, out, err = run(capsys, "sims", str(pkl), "--format", "parquet", "--splits", "test", "--output",
+                       str(tmp_path / "test-only"))
+    assert rc == 0, err
+    assert shards_record(tmp_path / "test-only")["columns"] == {"text": "sequence", "audio": "sequence",
+                                                                "vision": "sequence", "raw_text": "text"}
     # another source into the same folder: refused unless --overwrite
     first = str(tmp_path / "mosi.pkl")
     rc, _, err = run(capsys, "mosi", first, "--format", "parquet", "--output", str(out_dir))
@@ -493,11 +518,25 @@ def test_sentiment_shards_hold_every_modality_and_label_of_the_copy(capsys, tmp_
 def test_video_shards_are_made_from_the_store_beside_the_folder(capsys, tmp_path, ucf):
     from mmviews.data.video_store import default_store_path, read_manifest
 
+    from mmviews.data import video_store
+
     root, lists = ucf
+    shutil.rmtree(default_store_path(root), ignore_errors=True)  # another test's store: every clip is prepared here
     out_dir = tmp_path / "shards"
-    rc, out, err = run(capsys, "ucf101", str(root), "--format", "parquet", "--splits-dir", str(lists), "--fold", "2",
-                       "--workers", "0", "--size", "16", "--jpeg-quality", "50", "--output", str(out_dir), "--json")
+    in_this_process: list[str] = []
+
+    def record(root_: str, rel: str, *args, **kwargs):
+        in_this_process.append(rel)
+        return prepare_clip(root_, rel, *args, **kwargs)
+
+    prepare_clip = video_store._prepare_clip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(video_store, "_prepare_clip", record)
+        rc, out, err = run(capsys, "ucf101", str(root), "--format", "parquet", "--splits-dir", str(lists), "--fold",
+                           "2", "--workers", "0", "--size", "16", "--jpeg-quality", "50", "--output", str(out_dir),
+                           "--json")
     assert rc == 1, err  # the unreadable clip is a problem
+    assert len(in_this_process) == 4  # --workers 0: every clip in this process
     store = default_store_path(root)
     summary = summary_of(out)
     unreadable = summary["unreadable (skipped)"]
