@@ -318,6 +318,20 @@ def test_reading_a_pickle_returns_its_layout_sizes_and_splits(tmp_path):
         S.read_sentiment_pickle(p, layout="mult")
 
 
+def test_errors_of_a_pickle_name_the_file(tmp_path):
+    p = write_pickle(tmp_path / "odd.pkl", {"train": {"x": 1}})
+    with pytest.raises(ValueError) as info:
+        S.read_sentiment_pickle(p)
+    assert message(info) == (f"{p}: split 'train' has neither 'regression_labels' (MMSA layout) nor 'labels' "
+                             "(MulT layout); keys: ['x']")
+    broken = three_splits()
+    broken["valid"]["audio_lengths"] = np.array([1])
+    p = write_pickle(tmp_path / "broken.pkl", broken)
+    with pytest.raises(ValueError) as info:
+        S.read_sentiment_pickle(p)
+    assert message(info) == f"{p} [valid]: 'audio_lengths' has 1 entries but 'audio' has 2 samples"
+
+
 def test_a_wrong_layout_or_a_missing_split_names_the_option_at_fault(tmp_path):
     p = write_pickle(tmp_path / "a.pkl", {"train": small_split(3), "test": small_split(2)})
     with pytest.raises(ValueError) as info:
@@ -373,16 +387,13 @@ def test_feature_dims_are_compared_with_the_card_for_mmsa_files_only(tmp_path):
 def test_arrays_are_written_in_chunks_with_non_finite_values_counted_and_zeroed(tmp_path):
     arr = np.arange(30, dtype=np.float64).reshape(5, 2, 3)
     arr[0, 0, 0], arr[4, 1, 2], arr[2, 1, 1] = np.nan, -np.inf, np.inf
-    assert S._write_npy(tmp_path / "a.npy", arr, np.float32, chunk=2) == 3
+    assert S._write_npy(tmp_path / "a.npy", arr, chunk=2) == 3
     back = np.load(tmp_path / "a.npy")
     assert back.dtype == np.float32
     assert np.array_equal(back, np.where(np.isfinite(arr), arr, 0.0).astype(np.float32))
     objects = arr.astype(object)  # features kept as Python floats (an object array) are converted too
-    assert S._write_npy(tmp_path / "o.npy", objects, np.float32, chunk=4) == 3
+    assert S._write_npy(tmp_path / "o.npy", objects, chunk=4) == 3
     assert np.array_equal(np.load(tmp_path / "o.npy"), back)
-    ints = np.arange(10).reshape(5, 2)
-    assert S._write_npy(tmp_path / "i.npy", ints, np.int64, chunk=3) == 0
-    assert np.array_equal(np.load(tmp_path / "i.npy"), ints)
 
 
 def store_of(tmp_path: Path, data: dict | None = None, name: str = "x.pkl", **kwargs) -> tuple[Path, Path]:

@@ -242,17 +242,17 @@ def read_sentiment_pickle(path: str | os.PathLike[str], dataset: str | None = No
     return {"layout": layout, "variant": variant, "dataset": dataset, "sizes": sizes}, out
 
 
-def _write_npy(path: Path, arr: np.ndarray, dtype: Any, chunk: int = 512) -> int:
-    """Write ``arr`` as ``dtype`` through a memory map in chunks; returns the non-finite count."""
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=arr.shape)
+def _write_npy(path: Path, arr: np.ndarray, chunk: int = 512) -> int:
+    """Write ``arr`` as float32 through a memory map in chunks of rows, its non-finite values
+    set to 0; returns how many there were."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=arr.shape)
     bad = 0
     for s in range(0, arr.shape[0], chunk):
-        block = np.asarray(arr[s : s + chunk], dtype=np.float64 if np.issubdtype(dtype, np.floating) else None)
-        if np.issubdtype(dtype, np.floating):
-            finite = np.isfinite(block)
-            if not finite.all():
-                bad += int((~finite).sum())
-                block = np.where(finite, block, 0.0)
+        block = np.asarray(arr[s : s + chunk], dtype=np.float64)
+        finite = np.isfinite(block)
+        if not finite.all():
+            bad += int((~finite).sum())
+            block = np.where(finite, block, 0.0)
         out[s : s + chunk] = block
     out.flush()
     del out
@@ -300,7 +300,7 @@ def convert_sentiment_pickle(path: str | os.PathLike[str], out_dir: str | os.Pat
                               "has_raw_text": part["raw_text"] is not None, "nonfinite_set_to_zero": {}}
         for m in list(part["features"]):
             arr = part["features"].pop(m)
-            bad = _write_npy(d / f"{m}.npy", arr, np.float32)
+            bad = _write_npy(d / f"{m}.npy", arr)
             np.save(d / f"{m}_lengths.npy", part["lengths"][m])
             sm["modalities"][m] = {"shape": list(arr.shape)}
             sm["nonfinite_set_to_zero"][m] = bad
