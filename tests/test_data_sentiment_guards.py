@@ -21,6 +21,7 @@ import torch
 
 from mmviews.data import build_dataset
 from mmviews.data import sentiment as S
+from mmviews.notices import MMViewsWarning
 
 
 
@@ -193,6 +194,22 @@ def test_an_mmsa_split_gives_its_labels_lengths_ids_and_text():
     assert np.array_equal(out["text_ids"], raw["text_bert"][:, :2, :])
     assert out["ids"] == ["clip$_$0", "clip$_$1", "clip$_$2"] and out["raw_text"] == ["s0 café", "s1 café", "s2 café"]
     assert all(out["features"][m] is raw[m] for m in S.SEQUENCE_MODALITIES)  # no copy of the big arrays
+
+
+def test_labels_of_any_array_form_become_one_float_per_sample():
+    """Column vectors (N, 1) and object arrays of Python numbers, as pickles made by other tools hold them."""
+    raw = small_split(3)
+    raw["regression_labels"] = np.array([[-1.0], [0], [1]], dtype=object)
+    raw["regression_labels_T"] = np.array([[0.5], [0.5], [0.5]])
+    raw["classification_labels"] = np.array([0, 1, 2], dtype=object)
+    labels = normalise(raw)["labels"]
+    assert {k: (v.dtype, v.tolist()) for k, v in labels.items()} == {
+        "sentiment": (np.float64, [-1.0, 0.0, 1.0]), "sentiment_T": (np.float64, [0.5] * 3),
+        "class_original": (np.float64, [0.0, 1.0, 2.0])}
+    raw["labels"] = np.array([[[1]], [[2]], [[3]]], dtype=object)
+    labels = normalise(raw, layout="mult")["labels"]
+    assert (labels["sentiment"].dtype, labels["sentiment"].tolist()) == (np.float64, [1.0, 2.0, 3.0])
+    S.check_finite_labels({"sentiment": np.array([1, 2], dtype=object)}, "f")  # finite: nothing raised
 
 
 def test_without_length_keys_every_step_counts_and_text_follows_its_token_mask():
@@ -368,9 +385,9 @@ def test_feature_dims_are_compared_with_the_card_for_mmsa_files_only(tmp_path):
         warnings.simplefilter("always")
         S.read_sentiment_pickle(p, dataset="sims")
     dims = [w for w in caught if "feature dims" in str(w.message)]
-    assert [(str(w.message), outside_the_module(w.filename)) for w in dims] == [
+    assert [(str(w.message), w.category, outside_the_module(w.filename)) for w in dims] == [
         (f"{p}: feature dims (text, audio, vision) = (3, 2, 2), the card lists (768, 33, 709) for the MMSA sims files "
-         "(a different feature extraction?)", True)]
+         "(a different feature extraction?)", MMViewsWarning, True)]
     mult = {s: {"text": np.ones((2, 3, 3)), "audio": np.ones((2, 3, 2)), "vision": np.ones((2, 3, 2)),
                 "labels": np.zeros((2, 1, 1))} for s in S.SPLITS}
     for data, dataset in ((mult, "sims"), (three_splits(), None)):
