@@ -206,6 +206,8 @@ def test_labels_of_any_array_form_become_one_float_per_sample():
     assert {k: (v.dtype, v.tolist()) for k, v in labels.items()} == {
         "sentiment": (np.float64, [-1.0, 0.0, 1.0]), "sentiment_T": (np.float64, [0.5] * 3),
         "class_original": (np.float64, [0.0, 1.0, 2.0])}
+    raw["audio_lengths"] = np.array([[1], [2], [3]])  # lengths as a column too
+    assert normalise(raw)["lengths"]["audio"].tolist() == [1, 2, 3]
     raw["labels"] = np.array([[[1]], [[2]], [[3]]], dtype=object)
     labels = normalise(raw, layout="mult")["labels"]
     assert (labels["sentiment"].dtype, labels["sentiment"].tolist()) == (np.float64, [1.0, 2.0, 3.0])
@@ -249,6 +251,8 @@ def test_a_mult_split_is_left_padded_with_row_ids():
     assert {m: v.tolist() for m, v in out["lengths"].items()} == {m: [1, 2] for m in S.SEQUENCE_MODALITIES}
     assert {k: v.tolist() for k, v in out["labels"].items()} == {"sentiment": [0.5, -2.0]}
     assert out["ids"] == ["v_1_2", "w_3_4"]
+    raw["id"] = raw["id"].reshape(2, 1, 3)  # rows kept nested one level deeper: flattened the same
+    assert normalise(raw, layout="mult")["ids"] == ["v_1_2", "w_3_4"]
 
 
 def broken(change) -> dict:
