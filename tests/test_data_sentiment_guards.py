@@ -200,7 +200,7 @@ def test_labels_of_any_array_form_become_one_float_per_sample():
     """Column vectors (N, 1) and object arrays of Python numbers, as pickles made by other tools hold them."""
     raw = small_split(3)
     raw["regression_labels"] = np.array([[-1.0], [0], [1]], dtype=object)
-    raw["regression_labels_T"] = np.array([[0.5], [0.5], [0.5]])
+    raw["regression_labels_T"] = np.array([[0.5], [0.5], [0.5]], dtype=object)
     raw["classification_labels"] = np.array([0, 1, 2], dtype=object)
     labels = normalise(raw)["labels"]
     assert {k: (v.dtype, v.tolist()) for k, v in labels.items()} == {
