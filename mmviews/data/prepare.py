@@ -67,30 +67,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the .pkl file (mosi/mosei/sims), the video folder, or your dataset folder (hf)")
     parser.add_argument("--output", "--out", "-o", dest="out", default=None,
                         help="where to write the store, index or Parquet shard folder (default: next to PATH)")
-    parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout")
+    parser.add_argument("--layout", default="auto", choices=["auto", "mmsa", "mult"], help="pickle layout (default %(default)s: read from the keys)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing store (video: removes only the outputs its manifest lists)")
-    parser.add_argument("--fold", type=int, default=1, help="video split fold to check (1-3)")
+    parser.add_argument("--fold", type=int, default=1, help="video split fold to check (1-3; default %(default)s)")
     parser.add_argument("--splits-dir", default=None,
                         help="video: the folder of the split lists (default: found beside PATH; the recipe key is "
                              "data.options.splits_dir)")
     video = parser.add_argument_group("video (ucf101, hmdb51)")
     video.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="worker processes extracting clips (default: one per CPU; 0: in this process)")
-    video.add_argument("--size", type=int, default=128, help="short side of the stored frames in px (0: as decoded)")
+    video.add_argument("--size", type=int, default=128, help="short side of the stored frames in px (default %(default)s; 0: as decoded)")
     video.add_argument("--format", default="jpeg", choices=["jpeg", "npy", "parquet"],
-                       help="frames and flow as JPEG files or uint8 .npy arrays; parquet: sharded Parquet files "
-                            "for streaming (any dataset; the video store is made first, as JPEG)")
-    video.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality (1-100)")
-    video.add_argument("--flow", default="farneback", choices=["farneback", "none"], help="optical flow to store")
+                       help="frames and flow as JPEG files or uint8 .npy arrays (default %(default)s); parquet: sharded "
+                            "Parquet files for streaming (any dataset; the video store is made first, as JPEG)")
+    video.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality (1-100; default %(default)s)")
+    video.add_argument("--flow", default="farneback", choices=["farneback", "none"], help="optical flow to store (default %(default)s)")
     video.add_argument("--on-error", default="skip", choices=["skip", "raise"],
-                       help="an unreadable video: report it and go on (skip) or stop (raise)")
+                       help="an unreadable video: report it and go on (skip) or stop (raise); default %(default)s")
     video.add_argument("--check-only", action="store_true", help="only check the folder and write its index (no store)")
     video.add_argument("--num-frames", type=int, default=8,
                        help="frames one view needs (the recipe's data.options.num_frames): clips with fewer are "
-                            "listed as short")
+                            "listed as short (default %(default)s)")
     shards = parser.add_argument_group("parquet shards (--format parquet)")
-    shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB")
+    shards.add_argument("--shard-size-mb", type=float, default=256.0, help="target size of one shard in MB (default %(default)s)")
     shards.add_argument("--shard-rows", type=int, default=None,
                         help="at most this many rows per shard (equal shards split evenly between processes)")
     shards.add_argument("--columns", default=None,
@@ -102,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hf.add_argument("--recipe", default=None,
                     help="read the data options (columns, labels, format, splits) from this recipe (with --format parquet: "
                          "the columns, labels and splits written; --columns/--labels/--splits win over it)")
-    hf.add_argument("--samples", type=int, default=8, help="rows decoded per split (default 8; 0: every row)")
+    hf.add_argument("--samples", type=int, default=8, help="rows decoded per split (default %(default)s; 0: every row)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 

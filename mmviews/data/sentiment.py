@@ -18,6 +18,7 @@ each split once as float32 ``.npy`` files that :class:`SentimentStoreDataset` op
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -241,17 +242,17 @@ def read_sentiment_pickle(path: str | os.PathLike[str], dataset: str | None = No
     return {"layout": layout, "variant": variant, "dataset": dataset, "sizes": sizes}, out
 
 
-def _write_npy(path: Path, arr: np.ndarray, dtype: Any, chunk: int = 512) -> int:
-    """Write ``arr`` as ``dtype`` through a memory map in chunks; returns the non-finite count."""
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=arr.shape)
+def _write_npy(path: Path, arr: np.ndarray, chunk: int = 512) -> int:
+    """Write ``arr`` as float32 through a memory map in chunks of rows, its non-finite values
+    set to 0; returns how many there were."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=arr.shape)
     bad = 0
     for s in range(0, arr.shape[0], chunk):
-        block = np.asarray(arr[s : s + chunk], dtype=np.float64 if np.issubdtype(dtype, np.floating) else None)
-        if np.issubdtype(dtype, np.floating):
-            finite = np.isfinite(block)
-            if not finite.all():
-                bad += int((~finite).sum())
-                block = np.where(finite, block, 0.0)
+        block = np.asarray(arr[s : s + chunk], dtype=np.float64)
+        finite = np.isfinite(block)
+        if not finite.all():
+            bad += int((~finite).sum())
+            block = np.where(finite, block, 0.0)
         out[s : s + chunk] = block
     out.flush()
     del out
@@ -299,7 +300,7 @@ def convert_sentiment_pickle(path: str | os.PathLike[str], out_dir: str | os.Pat
                               "has_raw_text": part["raw_text"] is not None, "nonfinite_set_to_zero": {}}
         for m in list(part["features"]):
             arr = part["features"].pop(m)
-            bad = _write_npy(d / f"{m}.npy", arr, np.float32)
+            bad = _write_npy(d / f"{m}.npy", arr)
             np.save(d / f"{m}_lengths.npy", part["lengths"][m])
             sm["modalities"][m] = {"shape": list(arr.shape)}
             sm["nonfinite_set_to_zero"][m] = bad
@@ -497,19 +498,17 @@ def open_sentiment(path: str | os.PathLike[str], split: str = "train", dataset: 
     return SentimentStoreDataset(store, split, modalities, dataset=dataset)
 
 
-def _sentiment_builder(dataset: str) -> Callable[..., Dataset]:
-    """``build_dataset`` entry for one of the sentiment datasets (``root`` is required)."""
-
-    def build(root: Any = None, split: str = "train", **options: Any) -> Dataset:
-        if root is None:
-            raise dataset_error(ValueError, f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by "
-                                f"`mmviews prepare {dataset}` (see data_cards/{dataset}.md)", "root")
-        return open_sentiment(root, split=split, dataset=dataset, **options)
-
-    return build
+def _build_sentiment(dataset: str, *, root: Any, split: str, **options: Any) -> Dataset:
+    """``build_dataset``'s builder of one of the sentiment datasets (it always passes ``root`` and
+    ``split``; a ``root`` of None is refused). A function of the module rather than a closure made
+    at import, so that it runs (and is tested) as called."""
+    if root is None:
+        raise dataset_error(ValueError, f"{dataset}: pass root= the MMSA/MulT .pkl file or a store made by "
+                            f"`mmviews prepare {dataset}` (see data_cards/{dataset}.md)", "root")
+    return open_sentiment(root, split=split, dataset=dataset, **options)
 
 
 for _name, _desc in (("mosi", "CMU-MOSI features (MMSA or MulT pickle, or a prepared store)"),
                      ("mosei", "CMU-MOSEI features (MMSA or MulT pickle, or a prepared store)"),
                      ("sims", "CH-SIMS features (MMSA pickle or a prepared store)")):
-    register_dataset(_name, _desc)(_sentiment_builder(_name))
+    register_dataset(_name, _desc)(functools.partial(_build_sentiment, _name))
