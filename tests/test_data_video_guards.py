@@ -1,0 +1,401 @@
+"""Unit guards of :mod:`mmviews.data.video`: split lists, the frame and audio windows, the
+dataset's options and errors, and what one sample holds (frames, flow, audio) by source.
+
+Small in-process checks (tiny folders, a few frames of 8x8 pixels) that pin the behaviour a user
+relies on: which clips a split lists, which frames a window takes (the short-clip boundary at
+``num_frames`` and one frame below it), the exact one-line errors naming the option or file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mmviews.data import build_dataset
+from mmviews.data.video import (
+    UNREADABLE,
+    VideoFolder,
+    audio_window_start,
+    clip_window,
+    encode_flow_image,
+    find_splits_dir,
+    parse_split,
+    resize_flow,
+    resize_frames,
+)
+from mmviews.notices import MMViewsWarning
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_frames(folder: Path, values: list[int], size: tuple[int, int] = (8, 8)) -> None:
+    """``img_00001.jpg ...``: frame i a flat grey of ``values[i]`` (flat: JPEG keeps it to +-1)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, v in enumerate(values, start=1):
+        Image.fromarray(np.full((*size, 3), v, np.uint8)).save(folder / f"img_{i:05d}.jpg", quality=100)
+
+
+def write_flow_xy(folder: Path, us: list[float], v: float, size: tuple[int, int] = (8, 8)) -> None:
+    """``flow_x_/flow_y_0000k.jpg``: flow k is a flat ``(us[k-1], v)`` pixels."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, u in enumerate(us, start=1):
+        Image.fromarray(np.full(size, encode_flow_image(np.array(u)), np.uint8)).save(folder / f"flow_x_{i:05d}.jpg",
+                                                                                   quality=100)
+        Image.fromarray(np.full(size, encode_flow_image(np.array(v)), np.uint8)).save(folder / f"flow_y_{i:05d}.jpg",
+                                                                                  quality=100)
+
+
+def frames_folder(tmp_path: Path, n_frames: int, classes: tuple[str, ...] = ("wave",)) -> tuple[Path, Path]:
+    """An HMDB-51 style folder (empty video files; one train clip per class) and its frames:
+    frame i of class c is grey ``10 * i + 1`` (+ 100 for the second class)."""
+    root, frames = tmp_path / "hmdb", tmp_path / "frames"
+    for k, cls in enumerate(classes):
+        (root / cls).mkdir(parents=True)
+        (root / cls / "clip1.avi").write_bytes(b"")
+        (root / f"{cls}_test_split1.txt").write_text("clip1.avi 1\n")
+        write_frames(frames / cls / "clip1", [10 * i + 1 + 100 * k for i in range(n_frames)])
+    return root, frames
+
+
+def grey_levels(video: torch.Tensor) -> list[int]:
+    """Per-frame mean of a ``[T, 3, H, W]`` video in [0, 1], as 0..255 levels."""
+    return [round(float(v)) for v in video.mean(dim=(1, 2, 3)) * 255]
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def test_clip_window_takes_the_middle_frames():
+    # (n - T) // 2 frames before the window: an odd remainder leaves the extra frame after it
+    assert clip_window(10, 4).tolist() == [3, 4, 5, 6]
+    assert clip_window(9, 4).tolist() == [2, 3, 4, 5]
+    assert clip_window(4, 4).tolist() == [0, 1, 2, 3]
+    assert clip_window(5, 4).tolist() == [0, 1, 2, 3]
+
+
+def test_clip_window_short_clip_repeats_its_last_frame_at_the_boundary():
+    # num_frames frames: no repeat; one frame fewer: the last one repeated once
+    assert clip_window(8, 8).tolist() == list(range(8))
+    assert clip_window(7, 8).tolist() == [0, 1, 2, 3, 4, 5, 6, 6]
+    assert clip_window(1, 3).tolist() == [0, 0, 0]
+    assert clip_window(3, 5).dtype.kind == "i"
+
+
+def test_audio_window_is_centred_on_the_frames():
+    # frames from 2.0 s, 10 frames at 5 fps last 2 s: centre 3.0 s; an odd length puts the
+    # extra sample after the centre (first = centre - n // 2)
+    first, n = audio_window_start(2.0, 10, 5.0, 1.0, 8001)
+    assert (first, n) == (3 * 8001 - 4000, 8001)
+    assert isinstance(first, int) and isinstance(n, int)
+    assert audio_window_start(0.0, 8, 4.0, 0.5, 16000) == (16000 - 4000, 8000)
+
+
+# --------------------------------------------------------------------------- split lists
+
+
+def ucf_lists(folder: Path, fold: int = 1) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"trainlist{fold:02d}.txt").write_text("Jump/a.avi 1\n")
+    (folder / f"testlist{fold:02d}.txt").write_text("Jump/b.avi\n")
+
+
+def test_find_splits_dir_looks_in_order_and_only_for_its_own_lists(tmp_path):
+    root = tmp_path / "UCF-101"
+    root.mkdir()
+    assert find_splits_dir(root, "ucf101") == root  # nothing anywhere: the root (parse_split names the files)
+    ucf_lists(tmp_path / "ucfTrainTestlist")  # next to the root, as the archive unpacks
+    assert find_splits_dir(root, "ucf101") == tmp_path / "ucfTrainTestlist"
+    assert find_splits_dir(root, None) == tmp_path / "ucfTrainTestlist"
+    assert find_splits_dir(root, "hmdb51") == root  # not HMDB-51's lists
+    ucf_lists(root / "splits")
+    assert find_splits_dir(root, "ucf101") == root / "splits"
+    ucf_lists(root / "ucfTrainTestlist")
+    assert find_splits_dir(root, "ucf101") == root / "ucfTrainTestlist"
+    ucf_lists(root)
+    assert find_splits_dir(root, "ucf101") == root
+    # HMDB-51: its own archive folder, looked for inside and next to the root
+    data = tmp_path / "data"
+    hmdb = data / "hmdb51"
+    hmdb.mkdir(parents=True)
+    (data / "testTrainMulti_7030_splits").mkdir()
+    (data / "testTrainMulti_7030_splits" / "wave_test_split1.txt").write_text("a.avi 1\n")
+    assert find_splits_dir(hmdb, "hmdb51") == data / "testTrainMulti_7030_splits"
+    assert find_splits_dir(hmdb, None) == data / "testTrainMulti_7030_splits"
+    (hmdb / "testTrainMulti_7030_splits").mkdir()
+    (hmdb / "testTrainMulti_7030_splits" / "wave_test_split1.txt").write_text("a.avi 1\n")
+    assert find_splits_dir(hmdb, "hmdb51") == hmdb / "testTrainMulti_7030_splits"
+    assert find_splits_dir(hmdb, "ucf101") == hmdb
+    # a plain file with the folder's name is no folder
+    other = tmp_path / "elsewhere" / "other"
+    other.mkdir(parents=True)
+    (other / "splits").write_text("")
+    assert find_splits_dir(other, "ucf101") == other
+
+
+def test_parse_split_all_takes_every_video_of_every_class_folder(tmp_path):
+    root = tmp_path / "root"
+    for rel in ("Run/b.AVI", "Run/a.mp4", "Jump/c.mkv", "Jump/notes.txt", "Jump/d.avi"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"")
+    (root / "top.avi").write_bytes(b"")  # not in a class folder
+    assert parse_split(root, root, "all", 1) == [("Jump", "Jump/c.mkv"), ("Jump", "Jump/d.avi"),
+                                                 ("Run", "Run/a.mp4"), ("Run", "Run/b.AVI")]
+
+
+def test_parse_split_ucf_lists(tmp_path):
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "trainlist02.txt").write_text("Jump\\v_Jump_g01.avi 1\n\n   \nRun/v_Run_g02.avi 2\n")
+    (lists / "testlist02.txt").write_text("  Run/v_Run_g03.avi  \n")
+    assert parse_split(tmp_path, lists, "train", 2, "ucf101") == [("Jump", "Jump/v_Jump_g01.avi"),
+                                                                  ("Run", "Run/v_Run_g02.avi")]
+    assert parse_split(tmp_path, lists, "test", 2) == [("Run", "Run/v_Run_g03.avi")]
+    # HMDB-51 never reads UCF-101's lists
+    with pytest.raises(FileNotFoundError) as err:
+        parse_split(tmp_path, lists, "train", 2, "hmdb51")
+    assert str(err.value) == (f"no split list for split 'train' fold 2 in {lists}: expected *_test_split2.txt (HMDB-51) "
+                              "(splits_dir= / --splits-dir names the folder); use split='all' to take every clip")
+
+
+def test_parse_split_hmdb_lists(tmp_path):
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "wave_test_split1.txt").write_text("w1.avi 1\nw2.avi 2\nw3.avi 0\nlonely\n\nw4.avi 1 extra\n")
+    (lists / "brush_hair_test_split1.txt").write_text("b1.avi 2 \nb2.avi 1\n")
+    (lists / "wave_test_split2.txt").write_text("w9.avi 1\n")
+    assert parse_split(tmp_path, lists, "train", 1, "hmdb51") == [("brush_hair", "brush_hair/b2.avi"),
+                                                                  ("wave", "wave/w1.avi"), ("wave", "wave/w4.avi")]
+    assert parse_split(tmp_path, lists, "test", 1) == [("brush_hair", "brush_hair/b1.avi"), ("wave", "wave/w2.avi")]
+    assert parse_split(tmp_path, lists, "train", 2, "hmdb51") == [("wave", "wave/w9.avi")]
+    with pytest.raises(FileNotFoundError) as err:
+        parse_split(tmp_path, lists, "train", 1, "ucf101")  # UCF-101 never reads HMDB-51's lists
+    assert str(err.value) == (f"no split list for split 'train' fold 1 in {lists}: expected trainlist01.txt (UCF-101) "
+                              "(splits_dir= / --splits-dir names the folder); use split='all' to take every clip")
+
+
+def test_parse_split_errors_name_the_split_and_both_list_kinds(tmp_path):
+    with pytest.raises(ValueError) as err:
+        parse_split(tmp_path, tmp_path, "val", 1)
+    assert str(err.value) == "video folders have splits 'train', 'test' (official lists) or 'all', got 'val'"
+    assert err.value.option == "split"
+    with pytest.raises(FileNotFoundError) as err:
+        parse_split(tmp_path, tmp_path, "test", 3)
+    assert str(err.value) == (f"no split list for split 'test' fold 3 in {tmp_path}: expected testlist03.txt (UCF-101) "
+                              "or *_test_split3.txt (HMDB-51) (splits_dir= / --splits-dir names the folder); "
+                              "use split='all' to take every clip")
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("options, message, option", [
+    ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip', got 'ignore'", "on_error"),
+    ({"decode": "fast"}, "decode must be 'seek' or 'full', got 'fast'", "decode"),
+    ({"flow": "tvl1"}, "flow must be None, 'precomputed' or 'farneback', got 'tvl1'", "flow"),
+    ({"flow": "precomputed"}, "flow='precomputed' needs flow_root", "flow_root"),
+    ({"flow": "farneback", "num_frames": 1}, "flow needs num_frames >= 2", "num_frames"),
+])
+def test_option_errors_name_the_option(tmp_path, options, message, option):
+    root, _ = frames_folder(tmp_path, 3)
+    with pytest.raises(ValueError) as err:
+        VideoFolder(root, store=False, **options)
+    assert str(err.value) == message and err.value.option == option
+
+
+def test_folder_and_split_errors(tmp_path):
+    with pytest.raises(FileNotFoundError) as err:
+        VideoFolder(tmp_path / "nowhere")
+    assert str(err.value) == f"no such video folder: {tmp_path / 'nowhere'}"
+    root, frames = frames_folder(tmp_path, 3)
+    with pytest.raises(ValueError) as err:
+        VideoFolder(root, splits_dir=tmp_path / "lists")
+    assert str(err.value) == f"splits_dir {tmp_path / 'lists'}: no such folder" and err.value.option == "splits_dir"
+    (root / "wave_test_split1.txt").write_text("clip1.avi 2\n")  # no train clip left
+    with pytest.raises(ValueError) as err:
+        VideoFolder(root, "train", store=False)
+    assert str(err.value) == f"{root}: split 'train' (fold 1) lists no clips" and err.value.option == "split"
+    # a split list naming a class that has no folder
+    (root / "jump_test_split1.txt").write_text("j.avi 1\n")
+    with pytest.raises(ValueError) as err:
+        VideoFolder(root, "train", store=False)
+    assert str(err.value) == f"{root}: split lists name classes without a folder: ['jump']"
+    with pytest.raises(ValueError) as err:
+        build_dataset("hmdb51", split="train")
+    assert str(err.value) == "hmdb51: pass root= the folder of class folders (see data_cards/hmdb51.md)"
+    assert err.value.option == "root"
+
+
+def test_defaults_and_what_the_dataset_reports(tmp_path):
+    root, frames = frames_folder(tmp_path, 3)
+    ds = VideoFolder(root, frames_root=frames)
+    assert (ds.num_frames, ds.size, ds.sample_rate, ds.max_audio_seconds) == (8, (112, 112), 16000, 5.0)
+    assert (ds.audio, ds.flow, ds.on_error, ds.decode, ds.split) == (True, None, "raise", "seek", "train")
+    assert ds.store is None and ds.num_skipped == 0 and ds.num_stale == 0 and not ds.drops_unreadable_samples
+    assert ds.modality_info() == {"video": {"kind": "video", "shape": (8, 3, 112, 112)},
+                                  "audio": {"kind": "waveform", "shape": (None,), "sample_rate": 16000}}
+    assert ds.source_note == f"video folder {root}: 1 clips, split lists from {root}"
+    ds = build_dataset("hmdb51", root=root, split="all", size=(6, 10), num_frames=3, audio=False, sample_rate=8000,
+                       flow_root=frames, on_error="skip", max_audio_seconds=2)
+    assert ds.flow == "precomputed" and ds.flow_root == frames and ds.drops_unreadable_samples
+    assert ds.modality_info() == {"video": {"kind": "video", "shape": (3, 3, 6, 10)},
+                                  "flow": {"kind": "flow", "shape": (2, 2, 6, 10)}}
+    assert ds.source_note == f"hmdb51 {root}: 1 clips, every clip (split 'all')" and ds.splits_dir is None
+    assert (ds.sample_rate, ds.max_audio_seconds) == (8000, 2.0)
+    assert isinstance(ds.sample_rate, int) and isinstance(ds.max_audio_seconds, float)
+
+
+def test_ucf_class_order_is_class_ind_by_number(tmp_path):
+    root = tmp_path / "ucf"
+    names = ["Zebra", "Apple", "Mango"]
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / "clip.avi").write_bytes(b"")
+    lists = tmp_path / "ucfTrainTestlist"
+    lists.mkdir()
+    # numbered 1, 2, 10: by number Zebra, Apple, Mango (as text "10" would sort before "2")
+    (lists / "classInd.txt").write_text("2 Apple\n\n10 Mango\n1 Zebra\n")
+    (lists / "trainlist01.txt").write_text("Mango/m.avi\nZebra/z.avi\n")
+    ds = VideoFolder(root, dataset="ucf101", store=False)
+    assert ds.classes == ["Zebra", "Apple", "Mango"] and ds.class_to_index == {"Zebra": 0, "Apple": 1, "Mango": 2}
+    # HMDB-51 has no class index: the class folders, sorted by name
+    ds = VideoFolder(root, dataset="hmdb51", split="all", store=False)
+    assert ds.classes == ["Apple", "Mango", "Zebra"]
+
+
+# --------------------------------------------------------------------------- samples from frame images
+
+
+def test_frames_root_sample_takes_the_middle_window(tmp_path):
+    root, frames = frames_folder(tmp_path, 7, classes=("brush", "wave"))
+    ds = VideoFolder(root, num_frames=4, size=8, frames_root=frames, audio=False, store=False)
+    assert [rel for _, rel in ds.clips] == ["brush/clip1.avi", "wave/clip1.avi"]
+    sample = ds[1]
+    assert sample["index"] == 1 and sample["id"] == "wave/clip1.avi" and sample["labels"] == {"class": 1}
+    assert set(sample["modalities"]) == {"video"} and UNREADABLE not in sample
+    video = sample["modalities"]["video"]
+    assert video.shape == (4, 3, 8, 8) and video.dtype == torch.float32
+    # 7 frames, window 4: frames 1..4 (0-based), grey 10 * i + 1 + 100
+    levels = grey_levels(video)
+    assert all(abs(a - b) <= 1 for a, b in zip(levels, [111, 121, 131, 141], strict=True)), levels
+    # a clip one frame shorter than the window repeats its last frame; at the window, none
+    ds = VideoFolder(root, num_frames=8, size=8, frames_root=frames, audio=False, store=False)
+    levels = grey_levels(ds[0]["modalities"]["video"])
+    assert all(abs(a - b) <= 1 for a, b in zip(levels, [1, 11, 21, 31, 41, 51, 61, 61], strict=True)), levels
+    ds = VideoFolder(root, num_frames=7, size=8, frames_root=frames, audio=False, store=False)
+    levels = grey_levels(ds[0]["modalities"]["video"])
+    assert all(abs(a - b) <= 1 for a, b in zip(levels, [1, 11, 21, 31, 41, 51, 61], strict=True)), levels
+
+
+def test_frames_are_resized_into_zero_one(tmp_path):
+    root, frames = tmp_path / "hmdb", tmp_path / "frames"
+    (root / "wave").mkdir(parents=True)
+    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    write_frames(frames / "wave" / "clip1", [255, 255, 0], size=(4, 6))
+    ds = VideoFolder(root, num_frames=3, size=(8, 12), frames_root=frames, audio=False, store=False)
+    video = ds[0]["modalities"]["video"]
+    assert video.shape == (3, 3, 8, 12)
+    assert float(video.max()) <= 1.0 and float(video.min()) >= 0.0 and float(video[0].min()) > 0.99
+
+
+def test_missing_frames_raise_or_skip_naming_the_folder(tmp_path):
+    root, frames = frames_folder(tmp_path, 3)
+    empty = frames / "wave" / "clip1"
+    for f in empty.iterdir():
+        f.unlink()
+    ds = VideoFolder(root, num_frames=2, size=8, frames_root=frames, flow_root=frames, store=False)
+    with pytest.raises(FileNotFoundError) as err:
+        ds[0]
+    assert str(err.value) == f"{empty}: no img_*.jpg frames"
+    ds = VideoFolder(root, num_frames=2, size=8, frames_root=frames, flow_root=frames, store=False, on_error="skip")
+    with pytest.warns(MMViewsWarning) as caught:
+        sample = ds[0]
+    # both the frames and the flow were unreadable: two warnings, both counted, one message each
+    flow_message = f"{empty}: no flow_x_*.jpg / flow_y_*.jpg or flow_*.jpg images"
+    assert [str(w.message) for w in caught] == [
+        f"skipped unreadable {m} (sample left out of its batch; data.options.on_error: skip)"
+        for m in (f"{empty}: no img_*.jpg frames", flow_message)]
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+    assert ds.num_skipped == 2
+    assert sample[UNREADABLE] == f"{empty}: no img_*.jpg frames; {flow_message}"
+    assert sample["modalities"] == {"video": None, "flow": None, "audio": None}
+
+
+# --------------------------------------------------------------------------- flow images
+
+
+def test_flow_xy_images_follow_the_frame_window(tmp_path):
+    root, frames = frames_folder(tmp_path, 8)
+    flows = tmp_path / "flow"
+    # 7 flows (8 frames): u = 2 * k px for flow k (1-based), v = -5 px
+    write_flow_xy(flows / "wave" / "clip1", [2.0 * k for k in range(1, 8)], -5.0, size=(4, 4))
+    ds = VideoFolder(root, num_frames=4, size=8, frames_root=frames, flow_root=flows, audio=False, store=False)
+    flow = ds[0]["modalities"]["flow"]
+    assert flow.shape == (3, 2, 8, 8)
+    # window of 8 frames, 4 taken: frames 2..5 (0-based) -> flows 2, 3, 4 (0-based) = u 6, 8, 10;
+    # upscaled from 4 to 8 px, displacements double
+    assert torch.allclose(flow[:, 0].mean(dim=(1, 2)), torch.tensor([12.0, 16.0, 20.0]), atol=0.5)
+    assert torch.allclose(flow[:, 1], torch.full((3, 8, 8), -10.0), atol=0.5)
+
+
+def test_flow_short_clip_repeats_the_last_flow(tmp_path):
+    root, frames = frames_folder(tmp_path, 3)
+    flows = tmp_path / "flow"
+    write_flow_xy(flows / "wave" / "clip1", [3.0, 7.0], 1.0)
+    ds = VideoFolder(root, num_frames=5, size=8, frames_root=frames, flow_root=flows, audio=False, store=False)
+    u = ds[0]["modalities"]["flow"][:, 0].mean(dim=(1, 2))
+    assert torch.allclose(u, torch.tensor([3.0, 7.0, 7.0, 7.0]), atol=0.3)
+
+
+def test_three_channel_flow_images(tmp_path):
+    root, frames = frames_folder(tmp_path, 5)
+    d = tmp_path / "flow" / "wave" / "clip1"
+    d.mkdir(parents=True)
+    for k in range(1, 5):  # flow k: u = k px (red), v = -k px (green), blue unused
+        img = np.zeros((8, 8, 3), np.uint8)
+        img[..., 0], img[..., 1], img[..., 2] = encode_flow_image(np.array(float(k))), encode_flow_image(
+            np.array(-float(k))), 255
+        Image.fromarray(img).save(d / f"flow_{k:05d}.jpg", quality=100)
+    ds = VideoFolder(root, num_frames=3, size=8, frames_root=frames, flow_root=tmp_path / "flow", audio=False,
+                     store=False)
+    flow = ds[0]["modalities"]["flow"]
+    # 5 frames, window 3: frames 1..3 -> flows 1, 2 (0-based) = u 2, 3; v = -2, -3
+    assert flow.shape == (2, 2, 8, 8)
+    assert torch.allclose(flow[:, 0].mean(dim=(1, 2)), torch.tensor([2.0, 3.0]), atol=0.5)
+    assert torch.allclose(flow[:, 1].mean(dim=(1, 2)), torch.tensor([-2.0, -3.0]), atol=0.5)
+
+
+def test_farneback_flow_from_frame_images_and_none_without_frames(tmp_path):
+    root, frames = tmp_path / "hmdb", tmp_path / "frames"
+    (root / "wave").mkdir(parents=True)
+    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    d = frames / "wave" / "clip1"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    texture = np.kron(rng.integers(0, 256, (12, 12, 3)), np.ones((4, 4, 1))).astype(np.uint8)
+    for i in range(4):  # the texture moves 1 px right per frame
+        Image.fromarray(np.ascontiguousarray(texture[8:40, 8 - i:40 - i])).save(d / f"img_{i + 1:05d}.jpg",
+                                                                                 quality=100)
+    ds = VideoFolder(root, num_frames=4, size=32, frames_root=frames, flow="farneback", audio=False, store=False)
+    flow = ds[0]["modalities"]["flow"]
+    assert flow.shape == (3, 2, 32, 32)
+    assert abs(float(flow[:, 0, 8:24, 8:24].median()) - 1.0) < 0.3
+    assert abs(float(flow[:, 1, 8:24, 8:24].median())) < 0.3
+
+
+# --------------------------------------------------------------------------- resizing
+
+
+def test_resize_frames_and_flow():
+    x = torch.rand(2, 3, 4, 6)
+    assert resize_frames(x, (4, 6)) is x  # already that size: untouched
+    y = resize_frames(torch.full((2, 3, 4, 6), 0.25), (8, 12))
+    assert y.shape == (2, 3, 8, 12) and torch.allclose(y, torch.full_like(y, 0.25))
+    flow = torch.stack([torch.full((4, 6), 1.0), torch.full((4, 6), -2.0)])[None].repeat(3, 1, 1, 1)
+    assert resize_flow(flow, (4, 6)) is flow
+    out = resize_flow(flow, (8, 18))  # heights x2, widths x3: u (x) scaled by 3, v (y) by 2
+    assert out.shape == (3, 2, 8, 18)
+    assert torch.allclose(out[:, 0], torch.full((3, 8, 18), 3.0)) and torch.allclose(out[:, 1], torch.full((3, 8, 18), -4.0))
