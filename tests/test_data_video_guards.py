@@ -8,6 +8,8 @@ relies on: which clips a split lists, which frames a window takes (the short-cli
 
 from __future__ import annotations
 
+import shutil
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,9 @@ from mmviews.data.video import (
     parse_split,
     resize_flow,
     resize_frames,
+    scan_video_folder,
 )
+from mmviews.data.video_store import MANIFEST, default_store_path, prepare_video_store
 from mmviews.notices import MMViewsWarning
 
 # --------------------------------------------------------------------------- helpers
@@ -399,3 +403,238 @@ def test_resize_frames_and_flow():
     out = resize_flow(flow, (8, 18))  # heights x2, widths x3: u (x) scaled by 3, v (y) by 2
     assert out.shape == (3, 2, 8, 18)
     assert torch.allclose(out[:, 0], torch.full((3, 8, 18), 3.0)) and torch.allclose(out[:, 1], torch.full((3, 8, 18), -4.0))
+
+
+# --------------------------------------------------------------------------- samples from video files
+
+FPS = 10  # not the 25 fps a reader falls back to, so that a window placed at the wrong rate shows
+RATE = 16000
+
+
+def write_clip(path: Path, n_frames: int, audio: bool = True) -> np.ndarray:
+    """An mpeg4 video at 10 fps (frame i a flat grey 20 * i + 10) with, when ``audio``, a mono
+    PCM track at 16 kHz of the same length: a chirp, so that any two windows differ. PCM is
+    stored as written: the track reads back as ``returned / 32768`` exactly."""
+    import av
+
+    n = n_frames * RATE // FPS
+    t = np.arange(n) / RATE
+    wave = (12000 * np.sin(2 * np.pi * (300 * t + 900 * t**2))).astype(np.int16)
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("mpeg4", rate=FPS)
+        video.width, video.height, video.pix_fmt = 32, 32, "yuv420p"
+        if audio:
+            sound = out.add_stream("pcm_s16le", rate=RATE)
+            sound.layout = "mono"
+        for i in range(n_frames):
+            img = np.full((32, 32, 3), 20 * i + 10, np.uint8)
+            for packet in video.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+            lo, hi = i * RATE // FPS, (i + 1) * RATE // FPS  # interleaved with the frames, as real files are
+            if audio:
+                frame = av.AudioFrame.from_ndarray(wave[None, lo:hi].copy(), format="s16", layout="mono")
+                frame.sample_rate, frame.pts, frame.time_base = RATE, lo, Fraction(1, RATE)
+                for packet in sound.encode(frame):
+                    out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        if audio:
+            for packet in sound.encode():
+                out.mux(packet)
+    return wave
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, object]:
+    """``ucf/`` (Jump: 10 frames with audio; Run: 10 frames silent) with its npy store (no flow,
+    short side 16 px), and ``broken/``: the same two clips without a store, plus an unreadable one."""
+    base = tmp_path_factory.mktemp("clips")
+    root = base / "ucf"
+    (root / "Jump").mkdir(parents=True)
+    (root / "Run").mkdir()
+    wave = write_clip(root / "Jump" / "loud.avi", 10)
+    write_clip(root / "Run" / "quiet.avi", 10, audio=False)
+    prepare_video_store(root, image_format="npy", size=16, flow=None, workers=0, progress=False)
+    broken = base / "broken"
+    shutil.copytree(root, broken)
+    (broken / "Run" / "bad.avi").write_bytes(b"this is not a video")
+    return {"root": root, "broken": broken, "wave": wave, "store": default_store_path(root)}
+
+
+def lists(folder: Path, train: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainlist01.txt").write_text("".join(f"{rel}\n" for rel in train))
+    return folder
+
+
+def test_video_sample_frames_and_audio_window(clips):
+    root, wave = clips["root"], clips["wave"]
+    for store in (False, True):  # decoded from the video, or read from the store: the same window
+        ds = VideoFolder(root, "all", num_frames=4, size=16, max_audio_seconds=0.5, store=store)
+        assert (ds.store is not None) == store
+        sample = ds[0]
+        assert sample["id"] == "Jump/loud.avi" and sample["labels"] == {"class": 0} and UNREADABLE not in sample
+        # 10 frames, window 4: frames 3..6 (grey 70, 90, 110, 130; mpeg4 keeps a flat frame within a few levels)
+        levels = grey_levels(sample["modalities"]["video"])
+        assert all(abs(a - b) <= 4 for a, b in zip(levels, [70, 90, 110, 130], strict=True)), (store, levels)
+        # frames from 0.3 s for 0.4 s: audio centred on 0.5 s, 0.5 s long -> samples 4000..12000
+        audio = sample["modalities"]["audio"]
+        assert audio.shape == (8000,) and audio.dtype == torch.float32
+        assert torch.equal(audio, torch.from_numpy(wave[4000:12000] / 32768).float()), store
+        assert ds[1]["modalities"]["audio"] is None  # no audio track: absent
+
+
+def test_audio_window_shifted_inside_the_track(clips):
+    root, wave = clips["root"], clips["wave"]
+    ds = VideoFolder(root, "all", num_frames=2, size=16, max_audio_seconds=5.0, store=False, decode="full")
+    audio = ds[0]["modalities"]["audio"]
+    assert torch.equal(audio, torch.from_numpy(wave / 32768).float())  # the whole 1 s track, not 5 s
+
+
+def test_missing_and_unreadable_videos(clips, tmp_path):
+    broken = clips["broken"]
+    ds = VideoFolder(broken, splits_dir=lists(tmp_path / "a", ["Run/bad.avi"]), size=16, store=False)
+    with pytest.raises(ValueError) as err:
+        ds[0]
+    # PyAV's own error type, named as a ValueError with the file (it must survive a DataLoader worker)
+    assert type(err.value) is ValueError and str(err.value).startswith(f"{broken / 'Run/bad.avi'}: cannot read (")
+    assert err.value.__cause__ is not None and type(err.value.__cause__).__name__ in str(err.value)
+    ds = VideoFolder(broken, splits_dir=lists(tmp_path / "b", ["Run/gone.avi"]), size=16, store=False)
+    with pytest.raises(FileNotFoundError) as err:
+        ds[0]
+    assert str(err.value) == f"{broken / 'Run/gone.avi'}: listed in the split but missing"
+    ds = VideoFolder(broken, splits_dir=lists(tmp_path / "c", ["Run/bad.avi"]), size=16, store=False, on_error="skip")
+    with pytest.warns(MMViewsWarning) as caught:
+        sample = ds[0]
+    assert len(caught) == 1 and ds.num_skipped == 1  # the audio of a sample left out is not read
+    message = sample[UNREADABLE]
+    assert message.startswith(f"{broken / 'Run/bad.avi'}: cannot read (") and message.endswith(")")
+    assert str(caught[0].message) == (f"skipped unreadable {message} (sample left out of its batch; "
+                                      "data.options.on_error: skip)")
+
+
+def test_audio_of_a_clip_read_from_frame_images_needs_its_video(clips, tmp_path):
+    root = tmp_path / "ucf"
+    (root / "Jump").mkdir(parents=True)
+    write_frames(tmp_path / "frames" / "Jump" / "loud", [10, 20, 30])
+    ds = VideoFolder(root, splits_dir=lists(tmp_path / "l", ["Jump/loud.avi"]), num_frames=2, size=8,
+                     frames_root=tmp_path / "frames", on_error="skip")
+    with pytest.warns(MMViewsWarning):
+        sample = ds[0]
+    assert sample[UNREADABLE] == f"{root / 'Jump/loud.avi'}: missing (needed for its audio track)"
+    assert sample["modalities"]["video"] is not None and sample["modalities"]["audio"] is None
+    shutil.copy(clips["root"] / "Jump" / "loud.avi", root / "Jump" / "loud.avi")
+    # the frames come from the images (3 of them, at the default 25 fps): window 0..1, audio
+    # centred on 0.04 s and shifted to the start of the track
+    sample = VideoFolder(root, splits_dir=tmp_path / "l", num_frames=2, size=8, frames_root=tmp_path / "frames",
+                         max_audio_seconds=0.25)[0]
+    assert torch.equal(sample["modalities"]["audio"], torch.from_numpy(clips["wave"][:4000] / 32768).float())
+
+
+def test_audio_present_anywhere(clips, tmp_path):
+    root, broken = clips["root"], clips["broken"]
+    ds = VideoFolder(broken, splits_dir=lists(tmp_path / "a", ["Run/bad.avi", "Run/quiet.avi", "Jump/loud.avi"]),
+                     size=16, store=False)
+    assert ds.modality_present_anywhere("audio") is True  # after an unreadable and a silent clip
+    assert ds.modality_present_anywhere("video") is None
+    ds = VideoFolder(broken, splits_dir=lists(tmp_path / "b", ["Run/quiet.avi", "Run/bad.avi"]), size=16, store=False)
+    assert ds.modality_present_anywhere("audio") is False
+    ds = VideoFolder(broken, splits_dir=tmp_path / "a", size=16, store=False, audio=False)
+    assert ds.modality_present_anywhere("audio") is None
+    # from the store's record: the silent clip's entry, then the loud one's, videos not opened
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    for video in copy.glob("*/*.avi"):
+        video.write_bytes(b"unreadable now")
+    store = clips["store"]
+    for expected, train in ((True, ["Run/quiet.avi", "Jump/loud.avi"]), (False, ["Run/quiet.avi"])):
+        ds = VideoFolder(copy, splits_dir=lists(tmp_path / f"s{expected}", train), size=16, store=store)
+        # the changed videos are no longer the store's (their entries are stale) ...
+        with pytest.warns(MMViewsWarning, match="changed after the store"):
+            assert ds.modality_present_anywhere("audio") is False
+        ds = VideoFolder(root, splits_dir=tmp_path / f"s{expected}", size=16, store=store)
+        for video in copy.glob("*/*.avi"):
+            video.unlink()
+        # ... but a store entry whose video is gone is all there is
+        ds.root = copy
+        assert ds.modality_present_anywhere("audio") is expected
+        shutil.copytree(root, copy, dirs_exist_ok=True)
+        for video in copy.glob("*/*.avi"):
+            video.write_bytes(b"unreadable now")
+
+
+def test_store_read_failure_names_the_store_folder(clips, tmp_path):
+    root = tmp_path / "ucf"
+    shutil.copytree(clips["root"], root)
+    store = tmp_path / "store"
+    shutil.copytree(clips["store"], store)
+    (store / "clips" / "Jump" / "loud" / "frames.npy").unlink()
+    ds = VideoFolder(root, "all", num_frames=2, size=16, store=store)
+    with pytest.raises(FileNotFoundError, match="frames.npy"):  # the store's own file, not the video
+        ds[0]
+    ds = VideoFolder(root, "all", num_frames=2, size=16, store=store, on_error="skip")
+    with pytest.warns(MMViewsWarning, match="frames.npy"):
+        assert str(store / "clips" / "Jump" / "loud") in ds[0][UNREADABLE]
+
+
+def test_stale_store_entry_warns_once_and_counts_each(clips, tmp_path):
+    root = tmp_path / "ucf"
+    shutil.copytree(clips["root"], root)
+    store = clips["store"]
+    ds = VideoFolder(root, "all", num_frames=2, size=16, store=store, audio=False)
+    assert ds[0]["modalities"]["video"] is not None and ds.num_stale == 0  # a copy: same content, not stale
+    for video in root.glob("*/*.avi"):
+        write_clip(video, 12)  # the user replaced the videos
+    with pytest.warns(MMViewsWarning) as caught:
+        ds[0], ds[1], ds[0]
+    assert ds.num_stale == 3
+    assert [str(w.message) for w in caught] == [
+        f"{root / 'Jump/loud.avi'} changed after the store {store} was made: decoding it instead "
+        "(rerun `mmviews prepare` to update the store)"]
+    assert caught[0].filename == __file__
+    assert ds[1]["modalities"]["video"].shape == (2, 3, 16, 16)  # decoded from the new video
+
+
+def test_store_size_warning_at_the_boundary(clips):
+    root, store = clips["root"], clips["store"]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        VideoFolder(root, "all", size=16, store=store)  # stored at 16 px: enough
+        VideoFolder(root, "all", size=(16, 40), store=store)  # the short side counts
+    with pytest.warns(MMViewsWarning) as caught:
+        VideoFolder(root, "all", size=(17, 17), store=store)
+    assert [str(w.message) for w in caught] == [
+        f"the store {store} holds frames with a short side of 16 px, smaller than size=(17, 17): they are upscaled "
+        "(prepare again with --size 17 or more for sharp frames)"]
+    assert caught[0].filename == __file__
+
+
+def test_clips_the_store_found_unreadable_are_left_out(clips, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(clips["broken"], broken)
+    summary = prepare_video_store(broken, image_format="npy", size=16, flow=None, workers=0, progress=False)
+    message = summary["failed"]["Run/bad.avi"]
+    ds = VideoFolder(broken, "all", size=16)
+    assert [rel for _, rel in ds.clips] == ["Jump/loud.avi", "Run/quiet.avi"]
+    assert ds.excluded == {"Run/bad.avi": f"failed: {message}"}
+    assert ds.excluded_list == str(default_store_path(broken) / MANIFEST)
+    assert VideoFolder(clips["broken"], "all", size=16).excluded == {}  # no store: nothing known
+    with pytest.raises(ValueError) as err:
+        VideoFolder(broken, splits_dir=lists(tmp_path / "l", ["Run/bad.avi"]), size=16)
+    assert str(err.value) == (f"{broken}: every clip of split 'train' (fold 1) is listed as unreadable in "
+                              f"{default_store_path(broken) / MANIFEST}") and err.value.option == "split"
+    # frame images given: the store is not used, nothing is left out
+    assert VideoFolder(broken, "all", size=16, frames_root=tmp_path).store is None
+
+
+def test_scan_video_folder(clips):
+    broken = clips["broken"]
+    (broken / "Run" / "notes.txt").write_text("not a clip")
+    summary = scan_video_folder(broken)
+    assert {k: summary[k] for k in ("classes", "clips", "with_audio")} == {"classes": 2, "clips": 3, "with_audio": 1}
+    [line] = summary["unreadable"]
+    assert line.startswith(f"{broken / 'Run/bad.avi'}: ") and "Error" in line.split(": ")[1]
+    assert scan_video_folder(broken, extensions=(".mp4",)) == {"classes": 0, "clips": 0, "with_audio": 0,
+                                                                "unreadable": []}
