@@ -747,7 +747,7 @@ class VideoStore:
         Consecutive frames read the stored flow ``idx[t]``; a repeated frame (a clip shorter than
         the window) gives zero flow.
         """
-        if not entry.get("flows") and len(idx) > 1 and np.any(idx[1:] == idx[:-1] + 1):
+        if not entry.get("flows") and np.any(idx[1:] == idx[:-1] + 1):  # no pair at all: nothing to read
             raise ValueError(f"{self.folder(entry)}: the store holds no flow (prepared with flow=None)")
         d = self.folder(entry)
 
