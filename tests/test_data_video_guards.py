@@ -242,6 +242,8 @@ def test_defaults_and_what_the_dataset_reports(tmp_path):
     assert ds.modality_info() == {"video": {"kind": "video", "shape": (8, 3, 112, 112)},
                                   "audio": {"kind": "waveform", "shape": (None,), "sample_rate": 16000}}
     assert ds.source_note == f"video folder {root}: 1 clips, split lists from {root}"
+    ds = build_dataset("hmdb51", root=root, frames_root=frames)  # the registered builder: train by default
+    assert (ds.root, ds.split, ds.dataset) == (root, "train", "hmdb51")
     ds = build_dataset("hmdb51", root=root, split="all", size=(6, 10), num_frames=3, audio=False, sample_rate=8000,
                        flow_root=frames, on_error="skip", max_audio_seconds=2)
     assert ds.flow == "precomputed" and ds.flow_root == frames and ds.drops_unreadable_samples

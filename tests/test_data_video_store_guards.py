@@ -301,3 +301,175 @@ def test_reading_flow_from_a_store_without_flow(tmp_path):
             store.read_flow(entry, np.array(idx))
         assert str(err.value) == f"{store.folder(entry)}: the store holds no flow (prepared with flow=None)"
 
+
+
+# --------------------------------------------------------------------------- options and sizes
+
+
+def test_store_options_defaults_and_bounds():
+    from mmviews.data.video_store import store_options
+
+    assert store_options() == {"format": "jpeg", "size": 128, "flow": "farneback", "jpeg_quality": 90}
+    assert store_options("npy", 0, None, 0) == {"format": "npy", "size": 0, "flow": None, "jpeg_quality": None}
+    assert store_options(jpeg_quality=1)["jpeg_quality"] == 1 and store_options(jpeg_quality=100)["jpeg_quality"] == 100
+    for args, message in [
+        (("png",), "image format must be one of ('jpeg', 'npy'), got 'png'"),
+        (("jpeg", 128, "tvl1"), "flow must be None or one of ('farneback',), got 'tvl1'"),
+        (("jpeg", -1), "size (short side in pixels, 0 = as decoded) must be >= 0, got -1"),
+        (("jpeg", 128, None, 0), "jpeg_quality must be in 1..100, got 0"),
+        (("jpeg", 128, None, 101), "jpeg_quality must be in 1..100, got 101"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            store_options(*args)
+        assert str(err.value) == message
+
+
+def test_output_size_scales_the_short_side_down_only():
+    from mmviews.data.video_store import _output_size
+
+    assert _output_size(48, 64, 16) == (16, 21)  # 64 * 16 / 48 = 21.3
+    assert _output_size(64, 48, 16) == (21, 16)
+    assert _output_size(30, 50, 20) == (20, 33)  # 33.3
+    assert _output_size(30, 51, 20) == (20, 34)  # 34.0
+    assert _output_size(48, 64, 48) == (48, 64)  # the short side already at size: as is
+    assert _output_size(48, 64, 47) == (47, 63)  # one pixel below: scaled (62.67)
+    assert _output_size(48, 64, 100) == (48, 64)  # never upscaled
+    assert _output_size(48, 64, 0) == (48, 64)  # 0: as decoded
+
+
+def test_paths_of_a_store_and_its_clips():
+    from mmviews.data.video_store import clip_dir_name, default_store_path
+
+    assert default_store_path("/data/UCF-101") == Path("/data/UCF-101.mmstore")
+    assert default_store_path("/data/UCF-101/") == Path("/data/UCF-101.mmstore")
+    assert clip_dir_name("Jump/v_Jump_g01_c01.avi") == "clips/Jump/v_Jump_g01_c01"
+    assert clip_dir_name("Jump/sub/clip.v2.mp4") == "clips/Jump/clip.v2"
+
+
+# --------------------------------------------------------------------------- manifest and journal
+
+
+def write_store_manifest(store: Path, **fields) -> None:
+    store.mkdir(parents=True, exist_ok=True)
+    (store / MANIFEST).write_text(json.dumps({"kind": STORE_KIND, "version": 1, **fields}))
+
+
+def test_read_manifest_merges_the_journal(tmp_path):
+    from mmviews.data.video_store import JOURNAL, _append_journal, read_manifest
+
+    kept = {"frames": 9, "declared_frames": 9}
+    write_store_manifest(tmp_path, min_frames=10, clips={"A/a.avi": kept}, failed={"B/b.avi": "old", "C/c.avi": "bad"})
+    _append_journal(tmp_path, "clips", "B/b.avi", {"frames": 12, "declared_frames": 20})  # repaired, truncated
+    _append_journal(tmp_path, "failed", "D/d.avi", "cannot read")
+    assert json.loads((tmp_path / JOURNAL).read_text().splitlines()[0]) == {
+        "key": "clips", "rel": "B/b.avi", "value": {"frames": 12, "declared_frames": 20}}
+    with open(tmp_path / JOURNAL, "a") as f:
+        f.write('{"key": "other", "rel": "E/e.avi", "value": 1}\n')  # foreign lines are ignored ...
+        f.write('{"key": "clips", "rel": 5, "value": {}}\n')
+        f.write('{"key": "clips", "rel": "F/f.avi"}\n')
+        f.write('["clips", "G/g.avi", {}]\n')
+        f.write('{"key": "failed", "rel": "H/h.avi", "value": "x"}\n')
+        f.write('{"key": "clips", "rel": "C/c.av')  # ... and so is a torn last line
+    manifest = read_manifest(tmp_path)
+    assert manifest["clips"] == {"A/a.avi": kept, "B/b.avi": {"frames": 12, "declared_frames": 20}}
+    assert manifest["failed"] == {"C/c.avi": "bad", "D/d.avi": "cannot read", "H/h.avi": "x"}
+    # the bad-clip lists are derived again, with the store's min_frames
+    assert manifest["truncated"] == {"B/b.avi": {"declared": 20, "decoded": 12}}
+    assert manifest["short"] == {"A/a.avi": {"decoded": 9, "needed": 10}}
+    write_store_manifest(tmp_path, clips={"A/a.avi": {"frames": 7}})  # no min_frames: the recipes' 8
+    assert read_manifest(tmp_path)["short"] == {"A/a.avi": {"decoded": 7, "needed": 8}}
+    (tmp_path / JOURNAL).write_bytes(b"\xff\xfe not text")
+    assert read_manifest(tmp_path)["clips"] == {"A/a.avi": {"frames": 7}}  # as written, no journal read
+    (tmp_path / JOURNAL).unlink()
+    manifest = read_manifest(tmp_path)  # no journal: the manifest as written (nothing derived again)
+    assert "short" not in manifest and manifest["clips"] == {"A/a.avi": {"frames": 7}}
+
+
+def test_read_manifest_of_what_is_not_a_store(tmp_path):
+    from mmviews.data.video_store import read_manifest
+
+    assert read_manifest(tmp_path) is None
+    for text in ("{not json", "[1, 2]", json.dumps({"kind": "other"}), json.dumps({"version": 1})):
+        (tmp_path / MANIFEST).write_text(text)
+        assert read_manifest(tmp_path) is None, text
+    (tmp_path / MANIFEST).unlink()
+    (tmp_path / MANIFEST).mkdir()
+    assert read_manifest(tmp_path) is None
+
+
+def test_known_bad_clips(tmp_path):
+    from mmviews.data.video_store import known_bad_clips
+
+    assert known_bad_clips(tmp_path) == {}
+    write_store_manifest(tmp_path, clips={}, failed={"B/b.avi": "B/b.avi: InvalidDataError: bad", "A/a.avi": "gone"})
+    assert known_bad_clips(tmp_path) == {"B/b.avi": "failed: B/b.avi: InvalidDataError: bad", "A/a.avi": "failed: gone"}
+    write_store_manifest(tmp_path, clips={}, failed=["A/a.avi"])  # not a map: nothing known
+    assert known_bad_clips(tmp_path) == {}
+    write_store_manifest(tmp_path, clips={})
+    assert known_bad_clips(tmp_path) == {}
+
+
+def test_video_store_refuses_other_folders_and_versions(tmp_path):
+    with pytest.raises(ValueError) as err:
+        VideoStore(tmp_path)
+    assert str(err.value) == (f"{tmp_path} is not a mmviews video store (no {MANIFEST} of kind {STORE_KIND!r}); "
+                              "make one with `mmviews prepare ucf101|hmdb51 ROOT --out STORE`")
+    write_store_manifest(tmp_path, version=2, options={}, clips={})
+    with pytest.raises(ValueError) as err:
+        VideoStore(tmp_path)
+    assert str(err.value) == (f"{tmp_path}: video store version 2, this mmviews reads 1; rebuild it with "
+                              "`mmviews prepare ... --overwrite`")
+    write_store_manifest(tmp_path, options={"flow": "farneback"}, clips={"A/a.avi": {"frames": 3}})
+    store = VideoStore(tmp_path)
+    assert store.has_flow and store.clips == {"A/a.avi": {"frames": 3}} and store.options == {"flow": "farneback"}
+
+
+# --------------------------------------------------------------------------- staleness
+
+
+def test_source_matches_by_size_then_time_then_fingerprint(tmp_path):
+    from mmviews.data.video_store import source_fingerprint, source_matches
+
+    video = tmp_path / "a.avi"
+    video.write_bytes(bytes(range(256)) * 8)
+    st = video.stat()
+    entry = {"source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns}
+    assert source_matches(entry, video)  # same size and time: no hashing needed
+    assert not source_matches({**entry, "source_size": st.st_size + 1}, video)
+    assert not source_matches(entry, tmp_path / "gone.avi")
+    copied = {**entry, "source_mtime_ns": st.st_mtime_ns - 1}  # a copy: new time
+    assert not source_matches(copied, video)  # an older entry without a fingerprint: by time only
+    assert source_matches({**copied, "source_fingerprint": source_fingerprint(video)}, video)
+    assert not source_matches({**copied, "source_fingerprint": f"{st.st_size}:0"}, video)
+
+
+def test_lookup_checks_each_copied_video_once(tmp_path, monkeypatch):
+    root = make_folder(tmp_path / "ucf", {"Jump": [3]})
+    prepare_video_store(root, image_format="npy", size=16, flow=None, workers=0, progress=False)
+    store = VideoStore.find(root)
+    video = root / "Jump" / "v_Jump_0.avi"
+    entry = store.clips["Jump/v_Jump_0.avi"]
+    assert store.lookup("Jump/v_Jump_9.avi", video) == (None, False)  # not in the store: nothing stale
+    assert store.lookup("Jump/v_Jump_0.avi", tmp_path / "gone.avi") == (entry, False)  # the store is all there is
+    assert store.lookup("Jump/v_Jump_0.avi", video) == (entry, False)
+    hashed = []
+    real = video_store_module().source_fingerprint
+    monkeypatch.setattr(video_store_module(), "source_fingerprint", lambda p: hashed.append(p) or real(p))
+    assert store.lookup("Jump/v_Jump_0.avi", video) == (entry, False) and hashed == []  # same time: not hashed
+    os.utime(video, ns=(entry["source_mtime_ns"] + 10**9, entry["source_mtime_ns"] + 10**9))  # copied
+    for _ in range(3):
+        assert store.lookup("Jump/v_Jump_0.avi", video) == (entry, False)
+    assert hashed == [video]  # hashed once per process
+    data = bytearray(video.read_bytes())
+    data[100] ^= 0xFF  # same size, same (new) time, other content: not re-hashed, taken as the copy
+    video.write_bytes(bytes(data))
+    os.utime(video, ns=(entry["source_mtime_ns"] + 2 * 10**9,) * 2)  # its time moves with the edit
+    assert store.lookup("Jump/v_Jump_0.avi", video) == (None, True)
+    video.write_bytes(bytes(data) + b"x")
+    assert store.lookup("Jump/v_Jump_0.avi", video) == (None, True)  # another size: stale without hashing
+
+
+def video_store_module():
+    import mmviews.data.video_store as module
+
+    return module

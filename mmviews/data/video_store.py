@@ -266,7 +266,8 @@ def _output_size(height: int, width: int, size: int) -> tuple[int, int]:
     short = min(height, width)
     if size <= 0 or short <= size:
         return height, width
-    return max(1, round(height * size / short)), max(1, round(width * size / short))
+    # both sides are at least the short side, so neither rounds below size (>= 1)
+    return round(height * size / short), round(width * size / short)
 
 
 def _init_worker(parent_pid: int | None = None) -> None:
