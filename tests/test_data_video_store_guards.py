@@ -473,3 +473,203 @@ def video_store_module():
     import mmviews.data.video_store as module
 
     return module
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def test_prepare_writes_the_entries_and_the_summary(tmp_path):
+    import cv2
+    from test_data_video import write_clip as write_clip_with_audio
+
+    from mmviews.data.video_io import read_video_frames
+    from mmviews.data.video_store import JOURNAL, read_manifest, source_fingerprint, store_options
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [5], "Run": [3]})  # 48 x 64 px, 25 fps
+    (root / "Talk").mkdir()
+    write_clip_with_audio(root / "Talk" / "v_Talk_0.mp4", n_frames=4, audio=True)  # 32 x 48 px, 10 fps
+    store = tmp_path / "store"
+    summary = prepare_video_store(root, store, dataset="ucf101", image_format="npy", size=16, workers=0,
+                                  progress=False, min_frames=4)
+    assert isinstance(summary["seconds"], float) and summary["seconds"] >= 0
+    assert summary == {"store": str(store), "clips": 3, "already_done": 0, "prepared": 3, "failed": {},
+                       "truncated": {}, "short": {"Run/v_Run_0.avi": {"decoded": 3, "needed": 4}}, "with_audio": 1,
+                       "seconds": summary["seconds"]}
+    options = store_options("npy", 16)
+    manifest = json.loads((store / MANIFEST).read_text())
+    assert {k: manifest[k] for k in ("kind", "version", "dataset", "source_root", "options", "min_frames")} == {
+        "kind": STORE_KIND, "version": 1, "dataset": "ucf101", "source_root": str(root.resolve()),
+        "options": options, "min_frames": 4}
+    assert time.strptime(manifest["updated"], "%Y-%m-%dT%H:%M:%S")
+    assert not (store / JOURNAL).exists()  # the final manifest holds everything
+    video = root / "Jump" / "v_Jump_0.avi"
+    st = video.stat()
+    entry = manifest["clips"]["Jump/v_Jump_0.avi"]
+    assert entry == {"dir": "clips/Jump/v_Jump_0", "frames": 5, "declared_frames": 5, "flows": 4, "height": 16,
+                     "width": 21, "fps": 25.0, "audio": False, "source_size": st.st_size,
+                     "source_mtime_ns": st.st_mtime_ns, "source_fingerprint": source_fingerprint(video),
+                     "source_height": 48, "source_width": 64, "format": "npy", "options": options}
+    assert json.loads((store / entry["dir"] / CLIP_ENTRY).read_text()) == entry
+    talk = manifest["clips"]["Talk/v_Talk_0.mp4"]
+    assert (talk["fps"], talk["audio"], talk["height"], talk["width"]) == (10.0, True, 16, 24)
+    # the frames: decoded, resized with area averaging; the flow: 4 pairs, uint8
+    frames = np.load(store / entry["dir"] / "frames.npy")
+    decoded, _ = read_video_frames(video)
+    expected = np.stack([cv2.resize(f, (21, 16), interpolation=cv2.INTER_AREA) for f in decoded])
+    assert frames.dtype == np.uint8 and np.array_equal(frames, expected)
+    flow = np.load(store / entry["dir"] / "flow.npy")
+    assert flow.shape == (4, 2, 16, 21) and flow.dtype == np.uint8
+    assert read_manifest(store) == manifest
+
+    # a rerun does nothing; a copy of the dataset (new times, same bytes) is current, its time recorded once
+    summary = prepare_video_store(root, store, image_format="npy", size=16, workers=0, progress=False, min_frames=4)
+    assert (summary["already_done"], summary["prepared"], summary["with_audio"]) == (3, 0, 1)
+    os.utime(video, ns=(st.st_mtime_ns + 10**9, st.st_mtime_ns + 10**9))
+    summary = prepare_video_store(root, store, image_format="npy", size=16, workers=0, progress=False, min_frames=4)
+    assert (summary["already_done"], summary["prepared"]) == (3, 0)
+    assert json.loads((store / entry["dir"] / CLIP_ENTRY).read_text()) == {**entry, "source_mtime_ns": st.st_mtime_ns
+                                                                            + 10**9}
+
+
+def test_prepare_without_flow_as_decoded_jpeg(tmp_path):
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+    store = tmp_path / "store"
+    prepare_video_store(root, store, size=0, flow=None, jpeg_quality=100, workers=0, progress=False)
+    entry = json.loads((store / "clips/Jump/v_Jump_0" / CLIP_ENTRY).read_text())
+    assert (entry["flows"], entry["height"], entry["width"], entry["format"]) == (0, 48, 64, "jpeg")
+    assert sorted(p.name for p in (store / "clips/Jump/v_Jump_0").iterdir()) == [CLIP_ENTRY, "img_00001.jpg",
+                                                                                 "img_00002.jpg"]
+    store2 = tmp_path / "store2"
+    prepare_video_store(root, store2, size=0, flow=None, jpeg_quality=1, workers=0, progress=False)
+    # the quality is the one asked for: 1 makes far smaller files than 100
+    assert (store2 / "clips/Jump/v_Jump_0/img_00001.jpg").stat().st_size * 3 < (
+        store / "clips/Jump/v_Jump_0/img_00001.jpg").stat().st_size
+
+
+def test_prepare_refusals_name_what_is_wrong(tmp_path):
+    from mmviews.data.video_store import LOCK_FILE
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+    cases = [
+        (dict(root=tmp_path / "none"), f"no such video folder: {tmp_path / 'none'}"),
+        (dict(on_error="ignore"), "on_error must be 'skip' or 'raise', got 'ignore'"),
+        (dict(min_frames=0), "min_frames (frames one view needs) must be >= 1, got 0"),
+        (dict(out=root / "store"), f"store {root / 'store'} is inside the video folder {root}, where it would be taken "
+                                   f"for a class folder; choose another --out (default {tmp_path / 'ucf.mmstore'})"),
+        (dict(out=root), f"store {root} is inside the video folder {root}, where it would be taken "
+                         f"for a class folder; choose another --out (default {tmp_path / 'ucf.mmstore'})"),
+    ]
+    (tmp_path / "file").write_text("")
+    cases.append((dict(out=tmp_path / "file"), f"{tmp_path / 'file'} exists and is not a folder"))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "thesis.tex").write_text("")
+    cases.append((dict(out=tmp_path / "full"), f"{tmp_path / 'full'} is not a mmviews video store (no {MANIFEST} of "
+                  f"kind {STORE_KIND!r}) and is not empty: refusing to write into it; choose another --out"))
+    for kwargs, message in cases:
+        kwargs = {"root": root, "out": tmp_path / "store", **kwargs}
+        with pytest.raises((ValueError, FileNotFoundError)) as err:
+            prepare_video_store(kwargs.pop("root"), kwargs.pop("out"), workers=0, progress=False, **kwargs)
+        assert str(err.value) == message
+    assert not (tmp_path / "store").exists()
+    empty = tmp_path / "empty"
+    (empty / "Jump").mkdir(parents=True)
+    (empty / "Jump" / "notes.txt").write_text("")
+    with pytest.raises(ValueError) as err:
+        prepare_video_store(empty, tmp_path / "store", workers=0, progress=False)
+    assert str(err.value) == f"{empty}: no videos in class folders (expected {empty}/<class>/<clip>.avi)"
+    (root / "Jump" / "v_Jump_0.mp4").write_bytes(b"")
+    with pytest.raises(ValueError) as err:
+        prepare_video_store(root, tmp_path / "store", workers=0, progress=False)
+    assert str(err.value) == (f"{root}: Jump/v_Jump_0.avi and Jump/v_Jump_0.mp4 would share the store folder "
+                              "clips/Jump/v_Jump_0")
+    (root / "Jump" / "v_Jump_0.mp4").unlink()
+
+    (tmp_path / "fresh").mkdir()  # an empty folder is fine, and min_frames=1 is
+    assert prepare_video_store(root, tmp_path / "fresh", workers=0, progress=False, min_frames=1)["prepared"] == 1
+    with pytest.raises(ValueError) as err:
+        prepare_video_store(root, tmp_path / "fresh", size=64, workers=0, progress=False)
+    assert str(err.value) == (f"{tmp_path / 'fresh'} was prepared with options {{'format': 'jpeg', 'size': 128, "
+                              "'flow': 'farneback', 'jpeg_quality': 90}, not {'format': 'jpeg', 'size': 64, 'flow': "
+                              "'farneback', 'jpeg_quality': 90}: pass --overwrite to rebuild it with the new ones, "
+                              "or choose another --out")
+    import fcntl
+
+    with open(tmp_path / "fresh" / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another prepare at work
+        with pytest.raises(ValueError) as err:
+            prepare_video_store(root, tmp_path / "fresh", workers=0, progress=False)
+        assert str(err.value) == f"{tmp_path / 'fresh'}: another mmviews prepare is writing this store"
+    # released by the prepare that held it: the next one runs
+    assert prepare_video_store(root, tmp_path / "fresh", workers=0, progress=False)["already_done"] == 1
+    assert prepare_video_store(root, tmp_path / "fresh", workers=0, progress=False)["already_done"] == 1
+    (tmp_path / "fresh" / "clips" / "Jump" / "v_Jump_1").mkdir()
+    write_video_like = root / "Jump" / "v_Jump_1.avi"
+    write_video_like.write_bytes((root / "Jump" / "v_Jump_0.avi").read_bytes())
+    with pytest.raises(ValueError) as err:
+        prepare_video_store(root, tmp_path / "fresh", workers=0, progress=False)
+    assert str(err.value) == (f"{tmp_path / 'fresh' / 'clips/Jump/v_Jump_1'} exists but was not written by mmviews "
+                              f"(no {CLIP_ENTRY}): move it away or choose another --out")
+
+
+def test_prepare_reports_unreadable_videos(tmp_path, capsys):
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]}, bad="Jump/v_Jump_5.avi")
+    summary = prepare_video_store(root, tmp_path / "s1", workers=0, progress=False)
+    message = summary["failed"]["Jump/v_Jump_5.avi"]
+    assert message.startswith(f"{root / 'Jump/v_Jump_5.avi'}: ") and "Error: " in message
+    assert capsys.readouterr().err.splitlines() == [f"warning: skipped unreadable video {message}"]
+    with pytest.raises(ValueError) as err:
+        prepare_video_store(root, tmp_path / "s2", workers=0, progress=False, on_error="raise")
+    assert str(err.value) == (f"cannot read {message} (prepare stopped: on_error='raise'; finished clips are kept, "
+                              "a rerun resumes)")
+    assert json.loads((tmp_path / "s2" / MANIFEST).read_text())["failed"] == {"Jump/v_Jump_5.avi": message}
+
+
+def test_prepare_shows_progress_named_after_the_dataset(tmp_path, capsys):
+    root = make_folder(tmp_path / "UCF-101", {"Jump": [2]})
+    prepare_video_store(root, tmp_path / "s1", dataset="ucf101", workers=0, progress=True)
+    assert "preparing ucf101: 100%" in capsys.readouterr().err
+    prepare_video_store(root, tmp_path / "s2", workers=0, progress=True)
+    err = capsys.readouterr().err
+    assert "preparing UCF-101: 100%" in err and "1/1" in err and "clip/s" in err
+    prepare_video_store(root, tmp_path / "s3", workers=0, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_prepare_removes_an_interrupted_prepares_temporary_folders(tmp_path):
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+    store = tmp_path / "store"
+    prepare_video_store(root, store, workers=0, progress=False)
+    tmp = store / "clips" / "Jump" / f"{TMP_PREFIX}v_Jump_1.999"
+    tmp.mkdir()
+    (tmp / "img_00001.jpg").write_bytes(b"")
+    prepare_video_store(root, store, workers=0, progress=False)
+    assert not tmp.exists()
+    tmp.mkdir()
+    (tmp / "mine.txt").write_text("")
+    with pytest.raises(ValueError, match=r"holds files mmviews did not write \(\['mine.txt'\]\)"):
+        prepare_video_store(root, store, workers=0, progress=False)
+    assert (tmp / "mine.txt").is_file()
+
+
+def test_journal_keeps_finished_clips_between_manifest_saves(tmp_path, monkeypatch):
+    """Clip by clip, each finished clip is in the journal at once, while manifest.json is only
+    rewritten every _MANIFEST_SAVE_S seconds (and at the end)."""
+    from mmviews.data.video_store import read_manifest
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [2, 2, 2]})
+    store = tmp_path / "store"
+    seen = []
+
+    def before_commit(rel: str) -> None:
+        written = json.loads((store / MANIFEST).read_text())
+        seen.append((rel, sorted(written["clips"]), sorted(read_manifest(store)["clips"])))
+
+    prepare_video_store(root, store, workers=0, progress=False, before_commit=before_commit)
+    rels = [f"Jump/v_Jump_{k}.avi" for k in range(3)]
+    assert seen == [(rels[0], [], []), (rels[1], [], rels[:1]), (rels[2], [], rels[:2])]
+    seen.clear()
+    monkeypatch.setattr(video_store_module(), "_MANIFEST_SAVE_S", -1.0)  # save after every clip
+    prepare_video_store(root, tmp_path / "store2", workers=0, progress=False,
+                        before_commit=lambda rel: seen.append(sorted(json.loads((tmp_path / "store2" / MANIFEST).read_text())["clips"])))
+    assert seen == [[], rels[:1], rels[:2]]
+    assert sorted(json.loads((tmp_path / "store2" / MANIFEST).read_text())["clips"]) == rels
