@@ -640,3 +640,52 @@ def test_scan_video_folder(clips):
     assert line.startswith(f"{broken / 'Run/bad.avi'}: ") and "Error" in line.split(": ")[1]
     assert scan_video_folder(broken, extensions=(".mp4",)) == {"classes": 0, "clips": 0, "with_audio": 0,
                                                                 "unreadable": []}
+
+
+def test_frame_images_are_taken_as_25_fps_for_the_audio_window(clips, tmp_path):
+    root = tmp_path / "ucf"
+    (root / "Jump").mkdir(parents=True)
+    shutil.copy(clips["root"] / "Jump" / "loud.avi", root / "Jump" / "loud.avi")
+    write_frames(tmp_path / "frames" / "Jump" / "loud", [5 * i for i in range(30)], size=(4, 4))
+    ds = VideoFolder(root, "all", num_frames=2, size=4, frames_root=tmp_path / "frames", max_audio_seconds=0.25)
+    # 30 images, window 2: frames 14, 15 from 14 / 25 s; centred on 0.6 s -> samples 7600..11600
+    assert torch.equal(ds[0]["modalities"]["audio"], torch.from_numpy(clips["wave"][7600:11600] / 32768).float())
+
+
+@pytest.mark.parametrize("decode", ["seek", "full"])
+def test_decode_option_picks_the_reader(clips, monkeypatch, decode):
+    """``decode="seek"`` decodes only around the window (never the whole video); ``"full"``
+    decodes every frame. Both give the same frames."""
+    from mmviews.data import video_io
+
+    full_decodes = []
+    real = video_io.read_video_frames
+    monkeypatch.setattr(video_io, "read_video_frames", lambda path: full_decodes.append(path) or real(path))
+    ds = VideoFolder(clips["root"], "all", num_frames=4, size=16, audio=False, store=False, decode=decode)
+    levels = grey_levels(ds[0]["modalities"]["video"])
+    assert all(abs(a - b) <= 4 for a, b in zip(levels, [70, 90, 110, 130], strict=True)), levels
+    assert len(full_decodes) == (decode == "full")
+
+
+def test_resize_flow_is_bilinear_on_pixel_centres():
+    # u = the x coordinate on 4 columns, upscaled to 8: output column c samples x = (c + 0.5) / 2 - 0.5
+    # (pixel centres, clamped to the edge columns), then the displacement doubles with the width
+    u = torch.arange(4.0).view(1, 1, 1, 4).expand(1, 1, 3, 4)
+    flow = torch.cat([u, torch.zeros(1, 1, 3, 4)], dim=1)
+    out = resize_flow(flow, (3, 8))
+    expected = [2 * min(max((c + 0.5) / 2 - 0.5, 0.0), 3.0) for c in range(8)]
+    assert torch.allclose(out[0, 0, 1], torch.tensor(expected), atol=1e-6), out[0, 0, 1]
+    assert torch.equal(out[:, 1], torch.zeros(1, 3, 8))
+
+
+def test_resize_frames_antialiases_when_shrinking():
+    # a one-pixel checkerboard shrunk 3x: plain bilinear would pick single pixels (0 or 1);
+    # antialiased, each output pixel averages its 3 x 3 block and beyond, near the mean 0.5
+    board = ((torch.arange(9).view(9, 1) + torch.arange(9).view(1, 9)) % 2).float()
+    out = resize_frames(board.expand(1, 3, 9, 9).contiguous(), (3, 3))
+    assert out.shape == (1, 3, 3, 3) and float((out - 0.5).abs().max()) < 0.2
+
+
+def test_scan_shows_progress_named_after_the_folder(clips, capsys):
+    scan_video_folder(clips["root"])
+    assert "scanning ucf: 100%" in capsys.readouterr().err
