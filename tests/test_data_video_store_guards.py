@@ -673,3 +673,101 @@ def test_journal_keeps_finished_clips_between_manifest_saves(tmp_path, monkeypat
                         before_commit=lambda rel: seen.append(sorted(json.loads((tmp_path / "store2" / MANIFEST).read_text())["clips"])))
     assert seen == [[], rels[:1], rels[:2]]
     assert sorted(json.loads((tmp_path / "store2" / MANIFEST).read_text())["clips"]) == rels
+
+
+# --------------------------------------------------------------------------- one clip
+
+
+def prepare_one(root: Path, rel: str, store: Path, **options):
+    from mmviews.data.video_store import _prepare_clip, store_options
+
+    (store / "clips" / rel.split("/")[0]).mkdir(parents=True, exist_ok=True)
+    return _prepare_clip(str(root), rel, str(store), store_options(**options), None)
+
+
+def test_clip_is_written_to_a_temporary_folder_then_renamed(tmp_path):
+    root = make_folder(tmp_path / "ucf", {"Jump": [1, 3]})
+    store = tmp_path / "store"
+    seen = []
+
+    def before_commit(rel: str) -> None:  # the finished clip, not yet in place
+        seen.append(sorted(p.name for p in (store / "clips" / "Jump").iterdir()))
+        folder = store / "clips" / "Jump" / f"{TMP_PREFIX}{Path(rel).stem}.{os.getpid()}"
+        seen.append(sorted(p.name for p in folder.iterdir()))
+
+    prepare_video_store(root, store, image_format="npy", size=0, workers=0, progress=False, before_commit=before_commit)
+    assert seen == [[f"{TMP_PREFIX}v_Jump_0.{os.getpid()}"], [CLIP_ENTRY, "flow.npy", "frames.npy"],
+                    [f"{TMP_PREFIX}v_Jump_1.{os.getpid()}", "v_Jump_0"], [CLIP_ENTRY, "flow.npy", "frames.npy"]]
+    # one frame: no flow pair, an empty flow array of the frame size
+    entry = json.loads((store / "clips/Jump/v_Jump_0" / CLIP_ENTRY).read_text())
+    assert (entry["frames"], entry["declared_frames"], entry["flows"]) == (1, 1, 0)
+    flow = np.load(store / "clips/Jump/v_Jump_0/flow.npy")
+    assert flow.shape == (0, 2, 48, 64) and flow.dtype == np.uint8
+
+
+def test_prepare_clip_clears_a_stale_temporary_folder_of_its_own_process(tmp_path):
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+    store = tmp_path / "store"
+    stale = store / "clips" / "Jump" / f"{TMP_PREFIX}v_Jump_0.{os.getpid()}"
+    stale.mkdir(parents=True)
+    (stale / "img_00007.jpg").write_bytes(b"left by a killed worker")
+    rel, entry, message = prepare_one(root, "Jump/v_Jump_0.avi", store, image_format="npy", size=0)
+    assert (rel, message) == ("Jump/v_Jump_0.avi", None) and entry["frames"] == 2
+    assert sorted(p.name for p in (store / "clips" / "Jump").iterdir()) == ["v_Jump_0"]
+
+
+def test_prepare_clip_reports_a_video_without_a_video_stream_by_name(tmp_path):
+    import av
+
+    root = tmp_path / "ucf"
+    (root / "Jump").mkdir(parents=True)
+    with av.open(str(root / "Jump" / "sound.mkv"), "w") as out:  # an audio track alone
+        stream = out.add_stream("pcm_s16le", rate=8000)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        for packet in [*stream.encode(frame), *stream.encode()]:
+            out.mux(packet)
+    store = tmp_path / "store"
+    for name, message in [("sound.mkv", "ValueError: no video stream")]:
+        assert prepare_one(root, f"Jump/{name}", store) == (f"Jump/{name}", None, f"{root / 'Jump' / name}: {message}")
+        assert list((store / "clips" / "Jump").iterdir()) == []  # nothing half-written left
+
+
+def test_prepare_clip_that_cannot_create_its_folder_stops(tmp_path):
+    from mmviews.data.video_store import StoreWriteError, _prepare_clip, store_options
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+    store = tmp_path / "store"
+    (store / "clips").mkdir(parents=True)
+    (store / "clips" / "Jump").write_text("a file where the class folder goes")
+    with pytest.raises(StoreWriteError) as err:
+        _prepare_clip(str(root), "Jump/v_Jump_0.avi", str(store), store_options(), None)
+    tmp = store / "clips" / "Jump" / f"{TMP_PREFIX}v_Jump_0.{os.getpid()}"
+    assert str(err.value).startswith(f"{tmp}: cannot create (")
+
+
+def test_container_without_a_frame_count_records_none(tmp_path):
+    from test_data_video_store import write_video
+
+    root = tmp_path / "ucf"
+    (root / "Jump").mkdir(parents=True)
+    write_video(root / "Jump" / "v.mkv", 4)  # Matroska states no frame count
+    rel, entry, _ = prepare_one(root, "Jump/v.mkv", tmp_path / "store", image_format="npy", size=0)
+    assert entry["declared_frames"] is None and entry["frames"] == 4
+
+
+def test_clear_names_at_most_five_foreign_names_and_sub_folders(jpeg_store):
+    _, store = jpeg_store
+    clip = store / "clips" / "Jump" / "v_Jump_0"
+    (clip / "sub").mkdir()
+    for name in ("f.txt", "e.txt", "d.txt", "c.txt", "b.txt"):
+        (clip / name).write_text("")
+    with pytest.raises(ValueError) as err:
+        clear_video_store(store)
+    assert str(err.value) == (f"{clip}: holds files mmviews did not write (['b.txt', 'c.txt', 'd.txt', 'e.txt', "
+                              "'f.txt']); nothing deleted, move them away first")
+    for name in ("f.txt", "e.txt", "d.txt", "c.txt", "b.txt"):
+        (clip / name).unlink()
+    with pytest.raises(ValueError, match=r"\(\['sub'\]\)"):  # a folder is not one of our files
+        clear_video_store(store)
