@@ -97,6 +97,15 @@ def test_init_worker_limits_opencv_threads_and_ties_the_worker_to_its_parent(res
         cv2.setNumThreads(threads)
 
 
+def reached_in_this_process(monkeypatch, platform: str) -> None:
+    """Tie the test process to its own (living) parent as well: mutation testing (mutmut) runs
+    a test against a function's mutants only where the test reaches the function in its own
+    process, not only in the forked children below."""
+    monkeypatch.setattr(sys, "platform", platform)
+    _die_with_parent(os.getppid())
+    monkeypatch.undo()
+
+
 def forked(body, stderr_to: Path) -> int:
     """Run ``body()`` in a forked child (stderr into ``stderr_to``) and return its pid; the child
     exits 3 if ``body`` returns or raises."""
@@ -129,9 +138,10 @@ def exit_status(pid: int, within: float) -> int | None:
 
 
 @pytest.mark.parametrize("platform", [pytest.param("linux", marks=linux_only), "darwin"])
-def test_worker_whose_parent_is_already_gone_exits_at_once(tmp_path, platform):
+def test_worker_whose_parent_is_already_gone_exits_at_once(tmp_path, platform, monkeypatch, restore_death_signal):
     """A worker started for a prepare that died before it (its recorded parent is not its parent
     any more) exits with status 1 and no traceback, whether the kernel or a thread watches."""
+    reached_in_this_process(monkeypatch, platform)
 
     def worker() -> None:
         sys.platform = platform
@@ -154,9 +164,10 @@ def process_ended(pid: int) -> bool:
 
 @pytest.mark.parametrize("platform", [pytest.param("linux", marks=linux_only), "darwin"])
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process states from /proc")
-def test_worker_ends_when_its_prepare_is_killed(tmp_path, platform):
+def test_worker_ends_when_its_prepare_is_killed(tmp_path, platform, monkeypatch, restore_death_signal):
     """A prepare (forked) starts a worker (forked from it) that ties itself to its parent; the
     prepare is SIGKILLed: the worker ends within seconds (the watch thread polls each second)."""
+    reached_in_this_process(monkeypatch, platform)
     read_end, write_end = os.pipe()
 
     def prepare() -> None:
