@@ -285,7 +285,7 @@ def _die_with_parent(parent_pid: int) -> None:
         try:
             import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
+            libc = ctypes.CDLL(None)
             pr_set_pdeathsig = 1
             if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0:
                 if os.getppid() != parent_pid:  # the parent died before prctl took effect
