@@ -255,6 +255,9 @@ def test_clear_finds_clip_folders_the_manifest_missed_and_keeps_the_users(jpeg_s
     (store / "clips" / "Jump" / "mine").mkdir()  # the user's folder, neither ours nor a clip
     (store / "clips" / "Jump" / "mine" / "notes.txt").write_text("mine")
     (store / "clips" / "README").write_text("mine too")
+    notes = [f"note-{k:02d}.txt" for k in range(30)]  # files beside the class folders: skipped, not an end
+    for name in notes:
+        (store / "clips" / name).write_text("")
     (store / "clips" / f"{TMP_PREFIX}file").write_text("not a folder")
     # the unlisted clip is cleaned by the names its own entry gives: a stray frame name is refused
     unlisted = store / listed["dir"]
@@ -264,7 +267,8 @@ def test_clear_finds_clip_folders_the_manifest_missed_and_keeps_the_users(jpeg_s
     (unlisted / "img_00005.jpg").unlink()
     assert clear_video_store(store) == 3  # both clips and the temporary folder
     assert files_under(store) == {"clips", "clips/Jump", "clips/Jump/mine", "clips/Jump/mine/notes.txt",
-                                  "clips/README", f"clips/{TMP_PREFIX}file", ".mmviews-lock"}
+                                  "clips/README", f"clips/{TMP_PREFIX}file", ".mmviews-lock",
+                                  *(f"clips/{name}" for name in notes)}
 
 
 def test_clear_removes_empty_class_folders_and_the_store_files(jpeg_store):
@@ -307,7 +311,7 @@ def test_reading_flow_from_a_store_without_flow(tmp_path):
     # a clip of one frame repeated, or a single frame: no flow needed, zero flow
     assert np.array_equal(store.read_flow(entry, np.array([0, 0, 0])), np.zeros((2, 2, h, w), np.float32))
     assert store.read_flow(entry, np.array([2])).shape == (0, 2, h, w)
-    for idx in ([0, 1], [1, 2, 2], [0, 0, 1]):  # any consecutive pair needs the stored flow
+    for idx in ([0, 1], [1, 2, 2], [0, 0, 1], [0, 2, 3]):  # any consecutive pair needs the stored flow
         with pytest.raises(ValueError) as err:
             store.read_flow(entry, np.array(idx))
         assert str(err.value) == f"{store.folder(entry)}: the store holds no flow (prepared with flow=None)"
@@ -782,3 +786,29 @@ def test_clear_names_at_most_five_foreign_names_and_sub_folders(jpeg_store):
         (clip / name).unlink()
     with pytest.raises(ValueError, match=r"\(\['sub'\]\)"):  # a folder is not one of our files
         clear_video_store(store)
+
+
+def test_jpeg_and_npy_stores_hold_the_same_flow(tmp_path):
+    """Flow pair t of a JPEG store is ``flow_x/y_{t + 1}``: read back it matches the exact npy
+    store's pair t (up to JPEG loss), and not its neighbours (the texture moves down every other
+    frame, so consecutive pairs differ)."""
+    root = make_folder(tmp_path / "ucf", {"Jump": [6]})
+    prepare_video_store(root, tmp_path / "npy", image_format="npy", size=0, workers=0, progress=False)
+    prepare_video_store(root, tmp_path / "jpeg", size=0, jpeg_quality=100, workers=0, progress=False)
+    npy, jpeg = VideoStore(tmp_path / "npy"), VideoStore(tmp_path / "jpeg")
+    rel = "Jump/v_Jump_0.avi"
+    idx = np.arange(6)
+    exact, lossy = npy.read_flow(npy.clips[rel], idx), jpeg.read_flow(jpeg.clips[rel], idx)
+    assert exact.shape == lossy.shape == (5, 2, 48, 64)
+    stored = np.load(tmp_path / "npy" / npy.clips[rel]["dir"] / "flow.npy")
+    assert np.array_equal(exact, stored * np.float32(40 / 255) - 20)  # the stored levels, in pixels
+    step = 40 / 255
+    error = np.abs(lossy - exact).mean(axis=(1, 2, 3))
+    assert np.all(error < 2 * step), error
+    shifted = np.abs(lossy[1:] - exact[:-1]).mean(axis=(1, 2, 3))
+    assert np.all(shifted > 2 * error[1:]), (shifted, error)
+    frames_npy, frames_jpeg = npy.read_frames(npy.clips[rel], idx), jpeg.read_frames(jpeg.clips[rel], idx)
+    assert frames_npy.shape == frames_jpeg.shape == (6, 48, 64, 3)
+    # each JPEG frame is nearest to its own exact frame (the texture pans 1 px a frame)
+    distance = np.abs(frames_jpeg[:, None].astype(float) - frames_npy[None]).mean(axis=(2, 3, 4))
+    assert distance.argmin(axis=1).tolist() == list(range(6)), distance
