@@ -445,17 +445,18 @@ def write_clip(path: Path, n_frames: int, audio: bool = True) -> np.ndarray:
     return wave
 
 
-@pytest.fixture(scope="module")
-def clips(tmp_path_factory) -> dict[str, object]:
-    """``ucf/`` (Jump: 10 frames with audio; Run: 10 frames silent) with its npy store (no flow,
-    short side 16 px), and ``broken/``: the same two clips without a store, plus an unreadable one."""
-    base = tmp_path_factory.mktemp("clips")
+def make_clips(base: Path, store: bool = False) -> dict[str, Path | np.ndarray]:
+    """``ucf/`` (Jump: 10 frames with audio; Run: 10 frames silent), with its npy store (no flow,
+    short side 16 px) when ``store``, and ``broken/``: the same two clips without a store, plus an
+    unreadable one. Made inside each test (not a shared fixture): the work is then part of the
+    test's own time, which mutmut's per-mutant time limit is computed from."""
     root = base / "ucf"
     (root / "Jump").mkdir(parents=True)
     (root / "Run").mkdir()
     wave = write_clip(root / "Jump" / "loud.avi", 10)
     write_clip(root / "Run" / "quiet.avi", 10, audio=False)
-    prepare_video_store(root, image_format="npy", size=16, flow=None, workers=0, progress=False)
+    if store:
+        prepare_video_store(root, image_format="npy", size=16, flow=None, workers=0, progress=False)
     broken = base / "broken"
     shutil.copytree(root, broken)
     (broken / "Run" / "bad.avi").write_bytes(b"this is not a video")
@@ -468,7 +469,8 @@ def lists(folder: Path, train: list[str]) -> Path:
     return folder
 
 
-def test_video_sample_frames_and_audio_window(clips):
+def test_video_sample_frames_and_audio_window(tmp_path):
+    clips = make_clips(tmp_path / "clips", store=True)
     root, wave = clips["root"], clips["wave"]
     for store in (False, True):  # decoded from the video, or read from the store: the same window
         ds = VideoFolder(root, "all", num_frames=4, size=16, max_audio_seconds=0.5, store=store)
@@ -485,14 +487,16 @@ def test_video_sample_frames_and_audio_window(clips):
         assert ds[1]["modalities"]["audio"] is None  # no audio track: absent
 
 
-def test_audio_window_shifted_inside_the_track(clips):
+def test_audio_window_shifted_inside_the_track(tmp_path):
+    clips = make_clips(tmp_path / "clips")
     root, wave = clips["root"], clips["wave"]
     ds = VideoFolder(root, "all", num_frames=2, size=16, max_audio_seconds=5.0, store=False, decode="full")
     audio = ds[0]["modalities"]["audio"]
     assert torch.equal(audio, torch.from_numpy(wave / 32768).float())  # the whole 1 s track, not 5 s
 
 
-def test_missing_and_unreadable_videos(clips, tmp_path):
+def test_missing_and_unreadable_videos(tmp_path):
+    clips = make_clips(tmp_path / "clips")
     broken = clips["broken"]
     ds = VideoFolder(broken, splits_dir=lists(tmp_path / "a", ["Run/bad.avi"]), size=16, store=False)
     with pytest.raises(ValueError) as err:
@@ -514,7 +518,8 @@ def test_missing_and_unreadable_videos(clips, tmp_path):
                                       "data.options.on_error: skip)")
 
 
-def test_audio_of_a_clip_read_from_frame_images_needs_its_video(clips, tmp_path):
+def test_audio_of_a_clip_read_from_frame_images_needs_its_video(tmp_path):
+    clips = make_clips(tmp_path / "clips")
     root = tmp_path / "ucf"
     (root / "Jump").mkdir(parents=True)
     write_frames(tmp_path / "frames" / "Jump" / "loud", [10, 20, 30])
@@ -532,7 +537,8 @@ def test_audio_of_a_clip_read_from_frame_images_needs_its_video(clips, tmp_path)
     assert torch.equal(sample["modalities"]["audio"], torch.from_numpy(clips["wave"][:4000] / 32768).float())
 
 
-def test_audio_present_anywhere(clips, tmp_path):
+def test_audio_present_anywhere(tmp_path):
+    clips = make_clips(tmp_path / "clips", store=True)
     root, broken = clips["root"], clips["broken"]
     ds = VideoFolder(broken, splits_dir=lists(tmp_path / "a", ["Run/bad.avi", "Run/quiet.avi", "Jump/loud.avi"]),
                      size=16, store=False)
@@ -564,7 +570,8 @@ def test_audio_present_anywhere(clips, tmp_path):
             video.write_bytes(b"unreadable now")
 
 
-def test_store_read_failure_names_the_store_folder(clips, tmp_path):
+def test_store_read_failure_names_the_store_folder(tmp_path):
+    clips = make_clips(tmp_path / "clips", store=True)
     root = tmp_path / "ucf"
     shutil.copytree(clips["root"], root)
     store = tmp_path / "store"
@@ -578,7 +585,8 @@ def test_store_read_failure_names_the_store_folder(clips, tmp_path):
         assert str(store / "clips" / "Jump" / "loud") in ds[0][UNREADABLE]
 
 
-def test_stale_store_entry_warns_once_and_counts_each(clips, tmp_path):
+def test_stale_store_entry_warns_once_and_counts_each(tmp_path):
+    clips = make_clips(tmp_path / "clips", store=True)
     root = tmp_path / "ucf"
     shutil.copytree(clips["root"], root)
     store = clips["store"]
@@ -595,7 +603,8 @@ def test_stale_store_entry_warns_once_and_counts_each(clips, tmp_path):
     assert ds[1]["modalities"]["video"].shape == (2, 3, 16, 16)  # decoded from the new video
 
 
-def test_store_size_warning_at_the_boundary(clips):
+def test_store_size_warning_at_the_boundary(tmp_path):
+    clips = make_clips(tmp_path / "clips", store=True)
     root, store = clips["root"], clips["store"]
     import warnings
 
@@ -610,7 +619,8 @@ def test_store_size_warning_at_the_boundary(clips):
         "(prepare again with --size 17 or more for sharp frames)"]
 
 
-def test_clips_the_store_found_unreadable_are_left_out(clips, tmp_path):
+def test_clips_the_store_found_unreadable_are_left_out(tmp_path):
+    clips = make_clips(tmp_path / "clips")
     broken = tmp_path / "broken"
     shutil.copytree(clips["broken"], broken)
     summary = prepare_video_store(broken, image_format="npy", size=16, flow=None, workers=0, progress=False)
@@ -628,7 +638,8 @@ def test_clips_the_store_found_unreadable_are_left_out(clips, tmp_path):
     assert VideoFolder(broken, "all", size=16, frames_root=tmp_path).store is None
 
 
-def test_scan_video_folder(clips):
+def test_scan_video_folder(tmp_path):
+    clips = make_clips(tmp_path / "clips")
     broken = clips["broken"]
     (broken / "Run" / "notes.txt").write_text("not a clip")
     summary = scan_video_folder(broken)
@@ -639,7 +650,8 @@ def test_scan_video_folder(clips):
                                                                 "unreadable": []}
 
 
-def test_frame_images_are_taken_as_25_fps_for_the_audio_window(clips, tmp_path):
+def test_frame_images_are_taken_as_25_fps_for_the_audio_window(tmp_path):
+    clips = make_clips(tmp_path / "clips")
     root = tmp_path / "ucf"
     (root / "Jump").mkdir(parents=True)
     shutil.copy(clips["root"] / "Jump" / "loud.avi", root / "Jump" / "loud.avi")
@@ -650,7 +662,8 @@ def test_frame_images_are_taken_as_25_fps_for_the_audio_window(clips, tmp_path):
 
 
 @pytest.mark.parametrize("decode", ["seek", "full"])
-def test_decode_option_picks_the_reader(clips, monkeypatch, decode):
+def test_decode_option_picks_the_reader(tmp_path, monkeypatch, decode):
+    clips = make_clips(tmp_path / "clips")
     """``decode="seek"`` decodes only around the window (never the whole video); ``"full"``
     decodes every frame. Both give the same frames."""
     from mmviews.data import video_io
@@ -683,6 +696,7 @@ def test_resize_frames_antialiases_when_shrinking():
     assert out.shape == (1, 3, 3, 3) and float((out - 0.5).abs().max()) < 0.2
 
 
-def test_scan_shows_progress_named_after_the_folder(clips, capsys):
+def test_scan_shows_progress_named_after_the_folder(tmp_path, capsys):
+    clips = make_clips(tmp_path / "clips")
     scan_video_folder(clips["root"])
     assert "scanning ucf: 100%" in capsys.readouterr().err
