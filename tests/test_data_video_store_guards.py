@@ -812,3 +812,33 @@ def test_jpeg_and_npy_stores_hold_the_same_flow(tmp_path):
     # each JPEG frame is nearest to its own exact frame (the texture pans 1 px a frame)
     distance = np.abs(frames_jpeg[:, None].astype(float) - frames_npy[None]).mean(axis=(2, 3, 4))
     assert distance.argmin(axis=1).tolist() == list(range(6)), distance
+
+
+def test_stale_clip_folder_is_cleared_by_its_entrys_names_only(tmp_path):
+    """A clip whose video changed is redone: its old folder is removed, but only when it holds
+    nothing but the files its entry names (a stray frame name is the user's: refused, kept)."""
+    from test_data_video_store import write_video
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [3]})
+    store = tmp_path / "store"
+    prepare_video_store(root, store, size=16, workers=0, progress=False)
+    write_video(root / "Jump" / "v_Jump_0.avi", 5, seed=9)  # the user replaced the video
+    clip = store / "clips" / "Jump" / "v_Jump_0"
+    (clip / "img_00009.jpg").write_bytes(b"the user's")
+    with pytest.raises(ValueError) as err:
+        prepare_video_store(root, store, size=16, workers=0, progress=False)
+    assert str(err.value) == (f"{clip}: holds files mmviews did not write (['img_00009.jpg']); nothing deleted, "
+                              "move them away first")
+    assert (clip / "img_00009.jpg").read_bytes() == b"the user's" and (clip / "img_00003.jpg").is_file()
+    (clip / "img_00009.jpg").unlink()
+    assert prepare_video_store(root, store, size=16, workers=0, progress=False)["prepared"] == 1
+    assert json.loads((clip / CLIP_ENTRY).read_text())["frames"] == 5
+
+
+def test_source_that_cannot_be_hashed_does_not_match(tmp_path):
+    from mmviews.data.video_store import source_matches
+
+    folder = tmp_path / "a.avi"  # a folder where the video was: its size can be read, its bytes not
+    folder.mkdir()
+    entry = {"source_size": folder.stat().st_size, "source_mtime_ns": 0, "source_fingerprint": "0:x"}
+    assert source_matches(entry, folder) is False
