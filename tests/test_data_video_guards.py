@@ -375,22 +375,42 @@ def test_flow_short_clip_repeats_the_last_flow(tmp_path):
     assert torch.allclose(u, torch.tensor([3.0, 7.0, 7.0, 7.0]), atol=0.3)
 
 
-def test_three_channel_flow_images(tmp_path):
-    root, frames = frames_folder(tmp_path, 5)
+@pytest.mark.parametrize("n_frames, num_frames, flows", [
+    (5, 3, [2, 3]),  # frames 1..3 (0-based) -> flows 2, 3 (1-based)
+    (9, 4, [3, 4, 5]),  # frames 2..5: the odd frame left over goes after the window
+    (3, 5, [1, 2, 2, 2]),  # a clip shorter than the window: its last flow repeated
+])
+def test_three_channel_flow_images(tmp_path, n_frames, num_frames, flows):
+    root, frames = frames_folder(tmp_path, n_frames)
     d = tmp_path / "flow" / "wave" / "clip1"
     d.mkdir(parents=True)
-    for k in range(1, 5):  # flow k: u = k px (red), v = -k px (green), blue unused
+    for k in range(1, n_frames):  # flow k: u = k px (red), v = -k px (green), blue unused
         img = np.zeros((8, 8, 3), np.uint8)
         img[..., 0], img[..., 1], img[..., 2] = encode_flow_image(np.array(float(k))), encode_flow_image(
             np.array(-float(k))), 255
         Image.fromarray(img).save(d / f"flow_{k:05d}.jpg", quality=100)
-    ds = VideoFolder(root, num_frames=3, size=8, frames_root=frames, flow_root=tmp_path / "flow", audio=False,
+    ds = VideoFolder(root, num_frames=num_frames, size=8, frames_root=frames, flow_root=tmp_path / "flow", audio=False,
                      store=False)
     flow = ds[0]["modalities"]["flow"]
-    # 5 frames, window 3: frames 1..3 -> flows 1, 2 (0-based) = u 2, 3; v = -2, -3
-    assert flow.shape == (2, 2, 8, 8)
-    assert torch.allclose(flow[:, 0].mean(dim=(1, 2)), torch.tensor([2.0, 3.0]), atol=0.5)
-    assert torch.allclose(flow[:, 1].mean(dim=(1, 2)), torch.tensor([-2.0, -3.0]), atol=0.5)
+    assert flow.shape == (num_frames - 1, 2, 8, 8)
+    assert torch.allclose(flow[:, 0].mean(dim=(1, 2)), torch.tensor(flows, dtype=torch.float32), atol=0.5)
+    assert torch.allclose(flow[:, 1].mean(dim=(1, 2)), -torch.tensor(flows, dtype=torch.float32), atol=0.5)
+
+
+def test_builder_of_each_video_dataset(tmp_path):
+    """The registry's ucf101 / hmdb51 entries (made by _video_builder at import, so called here
+    directly): root required, split 'train' by default, the dataset's name and options passed on."""
+    from mmviews.data.video import _video_builder
+
+    root, frames = frames_folder(tmp_path, 3)
+    build = _video_builder("hmdb51")
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value) == "hmdb51: pass root= the folder of class folders (see data_cards/hmdb51.md)"
+    assert err.value.option == "root"
+    ds = build(root, frames_root=frames, num_frames=3)
+    assert (ds.root, ds.split, ds.dataset, ds.num_frames, ds.frames_root) == (root, "train", "hmdb51", 3, frames)
+    assert build(root, "all", frames_root=frames).split == "all"
 
 
 def test_farneback_flow_from_frame_images_and_none_without_frames(tmp_path):
