@@ -812,6 +812,7 @@ def test_jpeg_and_npy_stores_hold_the_same_flow(tmp_path):
     # each JPEG frame is nearest to its own exact frame (the texture pans 1 px a frame)
     distance = np.abs(frames_jpeg[:, None].astype(float) - frames_npy[None]).mean(axis=(2, 3, 4))
     assert distance.argmin(axis=1).tolist() == list(range(6)), distance
+    assert distance.diagonal().max() < 12  # JPEG loss only (colours in the right order)
 
 
 def test_stale_clip_folder_is_cleared_by_its_entrys_names_only(tmp_path):
@@ -842,3 +843,57 @@ def test_source_that_cannot_be_hashed_does_not_match(tmp_path):
     folder.mkdir()
     entry = {"source_size": folder.stat().st_size, "source_mtime_ns": 0, "source_fingerprint": "0:x"}
     assert source_matches(entry, folder) is False
+
+
+def test_truncated_videos_are_named_on_stderr(tmp_path, capsys):
+    from test_data_video_prepare import cut_avi
+    from test_data_video_store import write_video
+
+    root = tmp_path / "ucf"
+    (root / "Jump").mkdir(parents=True)
+    silent, broken = root / "Jump" / "silent.avi", root / "Jump" / "broken.avi"
+    write_video(silent, 30, size=(48, 64))
+    cut_avi(silent, 0.5, mid_frame=False)  # decoding just stops early
+    write_video(broken, 30, size=(48, 64))
+    cut_avi(broken, 0.5, mid_frame=True)  # decoding stops on the cut frame, with an error
+    summary = prepare_video_store(root, tmp_path / "store", image_format="npy", size=0, flow=None, workers=0,
+                                  progress=False)
+    cut = summary["truncated"]
+    assert set(cut) == {"Jump/silent.avi", "Jump/broken.avi"} and "error" in cut["Jump/broken.avi"]
+    assert "error" not in cut["Jump/silent.avi"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: truncated video {broken}: the container states 30 frames, {cut['Jump/broken.avi']['decoded']} "
+        f"decode ({cut['Jump/broken.avi']['error']}); stored as decoded, listed under 'truncated'",
+        f"warning: truncated video {silent}: the container states 30 frames, {cut['Jump/silent.avi']['decoded']} "
+        "decode; stored as decoded, listed under 'truncated'"]
+
+
+def test_a_store_write_failure_after_decoding_stops_the_prepare(tmp_path, monkeypatch):
+    """Writing the arrays (after the video decoded) fails: the prepare stops with that error (a
+    full disk is not an unreadable video), leaving no temporary folder."""
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        prepare_video_store(root, tmp_path / "store", image_format="npy", workers=0, progress=False)
+    assert sorted(p.name for p in (tmp_path / "store" / "clips" / "Jump").iterdir()) == []
+
+
+def test_progress_counts_the_clips_already_done(tmp_path, capsys):
+    from test_data_video_store import write_video
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+    store = tmp_path / "deep" / "er" / "store"  # made with its parents
+    prepare_video_store(root, store, size=16, workers=0, progress=False)
+    write_video(root / "Jump" / "v_Jump_1.avi", 2)
+    (store / "clips" / "Jump" / f"{TMP_PREFIX}notes").write_text("a file, not a clip folder: left alone")
+    capsys.readouterr()
+    summary = prepare_video_store(root, store, size=16, workers=0, progress=True)
+    err = capsys.readouterr().err
+    assert " 1/2 " in err and " 2/2 " in err  # starts at the clip already done
+    assert (summary["already_done"], summary["prepared"]) == (1, 1)
+    assert summary["seconds"] == round(summary["seconds"], 2)
+    assert (store / "clips" / "Jump" / f"{TMP_PREFIX}notes").is_file()
