@@ -747,3 +747,28 @@ def test_scan_shows_progress_named_after_the_folder(tmp_path, capsys):
     clips = make_clips(tmp_path / "clips")
     scan_video_folder(clips["root"])
     assert "scanning ucf: 100%" in capsys.readouterr().err
+
+
+def test_frames_stay_within_zero_one_exactly(tmp_path):
+    root, frames = tmp_path / "hmdb", tmp_path / "frames"
+    (root / "wave").mkdir(parents=True)
+    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    write_frames(frames / "wave" / "clip1", [255, 255], size=(9, 9))
+    ds = VideoFolder(root, num_frames=2, size=9, frames_root=frames, audio=False, store=False)
+    assert torch.equal(ds[0]["modalities"]["video"], torch.ones(2, 3, 9, 9))  # 255 is 1.0, not 255 / 256
+    # shrinking 9 -> 3 px sums weights that round to a hair above 1 (1 + 2**-23): clamped back
+    ds = VideoFolder(root, num_frames=2, size=3, frames_root=frames, audio=False, store=False)
+    assert float(ds[0]["modalities"]["video"].max()) == 1.0
+
+
+def test_grey_frame_images_give_three_channels(tmp_path):
+    root, frames = tmp_path / "hmdb", tmp_path / "frames"
+    (root / "wave").mkdir(parents=True)
+    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    d = frames / "wave" / "clip1"
+    d.mkdir(parents=True)
+    for i in range(1, 4):
+        Image.fromarray(np.full((8, 8), 51 * i, np.uint8)).save(d / f"img_{i:05d}.jpg", quality=100)  # mode L
+    video = VideoFolder(root, num_frames=3, size=8, frames_root=frames, audio=False, store=False)[0]["modalities"]["video"]
+    assert video.shape == (3, 3, 8, 8)
+    assert torch.allclose(video, torch.tensor([0.2, 0.4, 0.6]).view(3, 1, 1, 1).expand(3, 3, 8, 8), atol=1 / 255)
