@@ -772,3 +772,36 @@ def test_grey_frame_images_give_three_channels(tmp_path):
     video = VideoFolder(root, num_frames=3, size=8, frames_root=frames, audio=False, store=False)[0]["modalities"]["video"]
     assert video.shape == (3, 3, 8, 8)
     assert torch.allclose(video, torch.tensor([0.2, 0.4, 0.6]).view(3, 1, 1, 1).expand(3, 3, 8, 8), atol=1 / 255)
+
+
+def test_farneback_flow_comes_from_the_store_when_it_has_one(tmp_path):
+    clips = make_clips(tmp_path / "clips")
+    root = clips["root"]
+    prepare_video_store(root, image_format="npy", size=16, workers=0, progress=False)  # with Farneback flow
+    stored = default_store_path(root) / "clips" / "Jump" / "loud" / "flow.npy"
+    marker = np.full(np.load(stored).shape, 200, np.uint8)  # 200 -> 200 * 40 / 255 - 20 = 11.37 px everywhere
+    np.save(stored, marker)
+    write_clip(root / "Run" / "late.avi", 10)  # added after the store was made: not in it
+    ds = VideoFolder(root, "all", num_frames=4, size=16, flow="farneback", audio=False)
+    flow = ds[0]["modalities"]["flow"]
+    assert flow.shape == (3, 2, 16, 16) and torch.allclose(flow, torch.full_like(flow, 200 * 40 / 255 - 20))
+    late = ds[1]["modalities"]["flow"]  # computed from its decoded frames (flat frames: no motion)
+    assert ds.clips[1][1] == "Run/late.avi" and late.shape == (3, 2, 16, 16) and float(late.abs().max()) < 1
+    stored.unlink()
+    with pytest.raises(FileNotFoundError, match="flow.npy"):  # the store's own file is named
+        ds[0]
+    # a store without flow: computed from the frames it holds
+    clips = make_clips(tmp_path / "again", store=True)  # store made with flow=None
+    ds = VideoFolder(clips["root"], "all", num_frames=4, size=16, flow="farneback", audio=False)
+    flow = ds[0]["modalities"]["flow"]
+    assert flow.shape == (3, 2, 16, 16) and float(flow.abs().max()) < 1
+
+
+def test_farneback_flow_of_an_unreadable_video_is_not_a_second_failure(tmp_path):
+    clips = make_clips(tmp_path / "clips")
+    ds = VideoFolder(clips["broken"], splits_dir=lists(tmp_path / "l", ["Run/bad.avi"]), num_frames=4, size=16,
+                     flow="farneback", store=False, on_error="skip")
+    with pytest.warns(MMViewsWarning) as caught:
+        sample = ds[0]
+    assert len(caught) == 1 and ds.num_skipped == 1 and "; " not in sample[UNREADABLE]
+    assert sample["modalities"] == {"video": None, "flow": None, "audio": None}
