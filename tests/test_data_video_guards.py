@@ -746,7 +746,8 @@ def test_resize_frames_antialiases_when_shrinking():
 def test_scan_shows_progress_named_after_the_folder(tmp_path, capsys):
     clips = make_clips(tmp_path / "clips")
     scan_video_folder(clips["root"])
-    assert "scanning ucf: 100%" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "scanning ucf: 100%" in err and " 2/2 " in err and "clip/s]" in err
 
 
 def test_frames_stay_within_zero_one_exactly(tmp_path):

@@ -260,7 +260,7 @@ class VideoFolder(Dataset):
 
         for _, rel in self.clips:
             path = self.root / rel
-            entry = self._store_entry(rel, path) if self.store is not None else None
+            entry = self._store_entry(rel, path)  # None without a store
             if entry is not None:
                 if entry.get("audio"):
                     return True
