@@ -861,6 +861,10 @@ def test_truncated_videos_are_named_on_stderr(tmp_path, capsys):
     cut = summary["truncated"]
     assert set(cut) == {"Jump/silent.avi", "Jump/broken.avi"} and "error" in cut["Jump/broken.avi"]
     assert "error" not in cut["Jump/silent.avi"]
+    import av
+
+    error_type = cut["Jump/broken.avi"]["error"].split(":", 1)[0]  # PyAV's error, by its class name
+    assert issubclass(getattr(av.error, error_type), av.error.FFmpegError), error_type
     assert capsys.readouterr().err.splitlines() == [
         f"warning: truncated video {broken}: the container states 30 frames, {cut['Jump/broken.avi']['decoded']} "
         f"decode ({cut['Jump/broken.avi']['error']}); stored as decoded, listed under 'truncated'",
@@ -897,3 +901,21 @@ def test_progress_counts_the_clips_already_done(tmp_path, capsys):
     assert (summary["already_done"], summary["prepared"]) == (1, 1)
     assert summary["seconds"] == round(summary["seconds"], 2)
     assert (store / "clips" / "Jump" / f"{TMP_PREFIX}notes").is_file()
+
+
+def test_an_opencv_write_error_stops_the_prepare_naming_the_file(tmp_path, monkeypatch):
+    import cv2
+
+    from mmviews.data.video_store import StoreWriteError
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [2]})
+
+    def refuse(path, *args):
+        raise cv2.error("the encoder refused")
+
+    monkeypatch.setattr(cv2, "imwrite", refuse)
+    with pytest.raises(StoreWriteError) as err:
+        prepare_video_store(root, tmp_path / "store", workers=0, progress=False)
+    tmp = tmp_path / "store" / "clips" / "Jump" / f"{TMP_PREFIX}v_Jump_0.{os.getpid()}"
+    assert str(err.value) == f"{tmp / 'img_00001.jpg'}: cannot write (the encoder refused)"  # the first file
+    assert not tmp.exists()
