@@ -710,18 +710,33 @@ def test_frame_images_are_taken_as_25_fps_for_the_audio_window(tmp_path):
 
 @pytest.mark.parametrize("decode", ["seek", "full"])
 def test_decode_option_picks_the_reader(tmp_path, monkeypatch, decode):
+    """``decode="seek"`` decodes only around the window (never the whole video or track);
+    ``"full"`` decodes every frame and the whole track. Both give the same frames and samples."""
     clips = make_clips(tmp_path / "clips")
-    """``decode="seek"`` decodes only around the window (never the whole video); ``"full"``
-    decodes every frame. Both give the same frames."""
     from mmviews.data import video_io
 
     full_decodes = []
     real = video_io.read_video_frames
     monkeypatch.setattr(video_io, "read_video_frames", lambda path: full_decodes.append(path) or real(path))
-    ds = VideoFolder(clips["root"], "all", num_frames=4, size=16, audio=False, store=False, decode=decode)
-    levels = grey_levels(ds[0]["modalities"]["video"])
+    track = video_io.read_audio_track(clips["root"] / "Jump" / "loud.avi", 8000)  # the reference, read first
+    real_track = video_io.read_audio_track
+    monkeypatch.setattr(video_io, "read_audio_track", lambda *a, **k: full_decodes.append(a[0]) or real_track(*a, **k))
+    ds = VideoFolder(clips["root"], "all", num_frames=4, size=16, sample_rate=8000, max_audio_seconds=0.5, store=False,
+                     decode=decode)
+    sample = ds[0]["modalities"]
+    levels = grey_levels(sample["video"])
     assert all(abs(a - b) <= 4 for a, b in zip(levels, [70, 90, 110, 130], strict=True)), levels
-    assert len(full_decodes) == (decode == "full")
+    # at 8 kHz: frames from 0.3 s, audio centred on 0.5 s, 0.5 s long -> samples 2000..6000
+    assert torch.equal(sample["audio"], torch.from_numpy(track[2000:6000]))
+    assert len(full_decodes) == (2 if decode == "full" else 0)  # frames and audio decoded whole, or neither
+
+
+def test_audio_window_of_one_sample_and_of_none(tmp_path):
+    clips = make_clips(tmp_path / "clips")
+    one = VideoFolder(clips["root"], "all", num_frames=4, size=16, max_audio_seconds=1 / 16000, store=False)
+    assert one[0]["modalities"]["audio"].shape == (1,)
+    none = VideoFolder(clips["root"], "all", num_frames=4, size=16, max_audio_seconds=0, store=False)
+    assert none[0]["modalities"]["audio"] is None  # no samples: absent, not an empty waveform
 
 
 def test_resize_flow_is_bilinear_on_pixel_centres():
