@@ -275,9 +275,15 @@ def test_ucf_class_order_is_class_ind_by_number(tmp_path):
     (lists / "trainlist01.txt").write_text("Mango/m.avi\nZebra/z.avi\n")
     ds = VideoFolder(root, dataset="ucf101", store=False)
     assert ds.classes == ["Zebra", "Apple", "Mango"] and ds.class_to_index == {"Zebra": 0, "Apple": 1, "Mango": 2}
-    # HMDB-51 has no class index: the class folders, sorted by name
+    # HMDB-51 has no class index (one in the folder it reads is not its): the class folders, sorted by name
+    (root / "classInd.txt").write_text("1 Zebra\n2 Apple\n3 Mango\n")
     ds = VideoFolder(root, dataset="hmdb51", split="all", store=False)
     assert ds.classes == ["Apple", "Mango", "Zebra"]
+    # a split list naming classes without a folder: the first five, sorted
+    (lists / "trainlist01.txt").write_text("".join(f"C{k}/c.avi\n" for k in range(7, 0, -1)))
+    with pytest.raises(ValueError) as err:
+        VideoFolder(root, dataset="ucf101", store=False)
+    assert str(err.value) == f"{root}: split lists name classes without a folder: ['C1', 'C2', 'C3', 'C4', 'C5']"
 
 
 # --------------------------------------------------------------------------- samples from frame images
@@ -664,6 +670,27 @@ def test_store_size_warning_at_the_boundary(tmp_path):
         f"the store {store} holds frames with a short side of 16 px, smaller than size=(17, 17): they are upscaled "
         "(prepare again with --size 17 or more for sharp frames)"]
     assert not from_mmviews(caught[0])
+
+
+def test_which_store_a_dataset_reads(tmp_path):
+    import json
+
+    clips = make_clips(tmp_path / "clips", store=True)
+    root, store = clips["root"], clips["store"]
+    assert VideoFolder(root, "all", size=16).store.path == store  # True (the default): <root>.mmstore, found
+    assert VideoFolder(root, "all", store=None).store is None and VideoFolder(root, "all", store=False).store is None
+    other = tmp_path / "other.mmstore"
+    shutil.copytree(store, other)
+    assert VideoFolder(root, "all", size=16, store=str(other)).store.path == other  # a path names one
+    # a store of frames as decoded (size 0) is never reported as too small
+    manifest = json.loads((other / MANIFEST).read_text())
+    manifest["options"]["size"] = 0
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        VideoFolder(root, "all", size=64, store=other)
 
 
 def test_clips_the_store_found_unreadable_are_left_out(tmp_path):
