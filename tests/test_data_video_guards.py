@@ -141,6 +141,12 @@ def test_find_splits_dir_looks_in_order_and_only_for_its_own_lists(tmp_path):
     (hmdb / "testTrainMulti_7030_splits" / "wave_test_split1.txt").write_text("a.avi 1\n")
     assert find_splits_dir(hmdb, "hmdb51") == hmdb / "testTrainMulti_7030_splits"
     assert find_splits_dir(hmdb, "ucf101") == hmdb
+    # a dataset's lists found only in its own archive folder: HMDB-51's list in UCF-101's folder is neither's
+    mixed = tmp_path / "mixed" / "root"
+    mixed.mkdir(parents=True)
+    (mixed / "ucfTrainTestlist").mkdir()
+    (mixed / "ucfTrainTestlist" / "wave_test_split1.txt").write_text("a.avi 1\n")
+    assert find_splits_dir(mixed, "ucf101") == mixed and find_splits_dir(mixed, "hmdb51") == mixed
     # a plain file with the folder's name is no folder
     other = tmp_path / "elsewhere" / "other"
     other.mkdir(parents=True)
@@ -260,6 +266,22 @@ def test_defaults_and_what_the_dataset_reports(tmp_path):
     assert ds.source_note == f"hmdb51 {root}: 1 clips, every clip (split 'all')" and ds.splits_dir is None
     assert (ds.sample_rate, ds.max_audio_seconds) == (8000, 2.0)
     assert isinstance(ds.sample_rate, int) and isinstance(ds.max_audio_seconds, float)
+
+
+def test_each_dataset_reads_its_own_lists_side_by_side(tmp_path):
+    data = tmp_path / "data"
+    hmdb = data / "hmdb51"
+    (hmdb / "wave").mkdir(parents=True)
+    (data / "ucfTrainTestlist").mkdir()
+    (data / "ucfTrainTestlist" / "trainlist01.txt").write_text("wave/u.avi\n")
+    (data / "testTrainMulti_7030_splits").mkdir()
+    (data / "testTrainMulti_7030_splits" / "wave_test_split1.txt").write_text("h.avi 1\n")
+    ds = VideoFolder(hmdb, dataset="hmdb51", store=False)
+    assert ds.splits_dir == data / "testTrainMulti_7030_splits" and ds.clips == [("wave", "wave/h.avi")]
+    # both kinds of list in the folder given: the dataset's own are read
+    (data / "ucfTrainTestlist" / "wave_test_split1.txt").write_text("h2.avi 1\n")
+    ds = VideoFolder(hmdb, dataset="hmdb51", splits_dir=data / "ucfTrainTestlist", store=False)
+    assert ds.clips == [("wave", "wave/h2.avi")]
 
 
 def test_ucf_class_order_is_class_ind_by_number(tmp_path):
@@ -682,7 +704,8 @@ def test_which_store_a_dataset_reads(tmp_path):
     other = tmp_path / "other.mmstore"
     shutil.copytree(store, other)
     assert VideoFolder(root, "all", size=16, store=str(other)).store.path == other  # a path names one
-    # a store of frames as decoded (size 0) is never reported as too small
+    assert VideoFolder(root, "all", size=16).excluded_list is None  # nothing left out: no list named
+    # a store of frames as decoded (size 0) is never reported as too small; one of 1 px is
     manifest = json.loads((other / MANIFEST).read_text())
     manifest["options"]["size"] = 0
     (other / MANIFEST).write_text(json.dumps(manifest))
@@ -691,6 +714,10 @@ def test_which_store_a_dataset_reads(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         VideoFolder(root, "all", size=64, store=other)
+    manifest["options"]["size"] = 1
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.warns(MMViewsWarning, match="short side of 1 px, smaller than size=\\(2, 2\\)"):
+        VideoFolder(root, "all", size=2, store=other)
 
 
 def test_clips_the_store_found_unreadable_are_left_out(tmp_path):
