@@ -55,6 +55,15 @@ def write_flow_xy(folder: Path, us: list[float], v: float, size: tuple[int, int]
                                                                                    quality=100)
 
 
+def one_clip_folder(tmp_path: Path) -> tuple[Path, Path]:
+    """An HMDB-51 style folder listing one train clip, ``wave/clip1.avi`` (no video file: its
+    frames come from images), and where its frame images go (``frames/wave/clip1``, not made)."""
+    root = tmp_path / "hmdb"
+    (root / "wave").mkdir(parents=True)
+    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    return root, tmp_path / "frames"
+
+
 def frames_folder(tmp_path: Path, n_frames: int, classes: tuple[str, ...] = ("wave",)) -> tuple[Path, Path]:
     """An HMDB-51 style folder (empty video files; one train clip per class) and its frames:
     frame i of class c is grey ``10 * i + 1`` (+ 100 for the second class)."""
@@ -333,9 +342,7 @@ def test_frames_root_sample_takes_the_middle_window(tmp_path):
 
 
 def test_frames_are_resized_into_zero_one(tmp_path):
-    root, frames = tmp_path / "hmdb", tmp_path / "frames"
-    (root / "wave").mkdir(parents=True)
-    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    root, frames = one_clip_folder(tmp_path)
     write_frames(frames / "wave" / "clip1", [255, 255, 0], size=(4, 6))
     ds = VideoFolder(root, num_frames=3, size=(8, 12), frames_root=frames, audio=False, store=False)
     video = ds[0]["modalities"]["video"]
@@ -442,9 +449,7 @@ def test_builder_of_each_video_dataset(tmp_path):
 
 
 def test_farneback_flow_from_frame_images_and_none_without_frames(tmp_path):
-    root, frames = tmp_path / "hmdb", tmp_path / "frames"
-    (root / "wave").mkdir(parents=True)
-    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    root, frames = one_clip_folder(tmp_path)
     d = frames / "wave" / "clip1"
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -820,9 +825,7 @@ def test_scan_shows_progress_named_after_the_folder(tmp_path, capsys):
 
 
 def test_frames_stay_within_zero_one_exactly(tmp_path):
-    root, frames = tmp_path / "hmdb", tmp_path / "frames"
-    (root / "wave").mkdir(parents=True)
-    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    root, frames = one_clip_folder(tmp_path)
     write_frames(frames / "wave" / "clip1", [255, 255], size=(9, 9))
     ds = VideoFolder(root, num_frames=2, size=9, frames_root=frames, audio=False, store=False)
     assert torch.equal(ds[0]["modalities"]["video"], torch.ones(2, 3, 9, 9))  # 255 is 1.0, not 255 / 256
@@ -832,9 +835,7 @@ def test_frames_stay_within_zero_one_exactly(tmp_path):
 
 
 def test_grey_frame_images_give_three_channels(tmp_path):
-    root, frames = tmp_path / "hmdb", tmp_path / "frames"
-    (root / "wave").mkdir(parents=True)
-    (root / "wave_test_split1.txt").write_text("clip1.avi 1\n")
+    root, frames = one_clip_folder(tmp_path)
     d = frames / "wave" / "clip1"
     d.mkdir(parents=True)
     for i in range(1, 4):
