@@ -260,7 +260,7 @@ class VideoFolder(Dataset):
 
         for _, rel in self.clips:
             path = self.root / rel
-            entry = self._store_entry(rel, path) if self.store is not None else None
+            entry = self._store_entry(rel, path)  # None without a store
             if entry is not None:
                 if entry.get("audio"):
                     return True
@@ -303,9 +303,11 @@ class VideoFolder(Dataset):
             mods["flow"] = None
         if self.audio:
             mods["audio"] = None
-        frames_np: np.ndarray | None = None
-        fps = 25.0
-        start_time = 0.0
+        # Set by the frame reading below; when it fails the sample is left out before its audio
+        # (the only reader of start_time) and frames_np is None.
+        frames_np: np.ndarray | None
+        fps = 25.0  # frame images carry no rate: taken as 25 fps for the audio window
+        start_time: float
         entry = self._store_entry(rel, path)
         source = path if self.frames_root is None else self.frames_root / cls / stem  # named when reading fails
         failures: list[str] = []  # with on_error="skip": what could not be read

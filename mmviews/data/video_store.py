@@ -266,7 +266,8 @@ def _output_size(height: int, width: int, size: int) -> tuple[int, int]:
     short = min(height, width)
     if size <= 0 or short <= size:
         return height, width
-    return max(1, round(height * size / short)), max(1, round(width * size / short))
+    # both sides are at least the short side, so neither rounds below size (>= 1)
+    return round(height * size / short), round(width * size / short)
 
 
 def _init_worker(parent_pid: int | None = None) -> None:
@@ -284,7 +285,7 @@ def _die_with_parent(parent_pid: int) -> None:
         try:
             import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
+            libc = ctypes.CDLL(None)
             pr_set_pdeathsig = 1
             if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0:
                 if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -747,7 +748,7 @@ class VideoStore:
         Consecutive frames read the stored flow ``idx[t]``; a repeated frame (a clip shorter than
         the window) gives zero flow.
         """
-        if not entry.get("flows") and len(idx) > 1 and np.any(idx[1:] == idx[:-1] + 1):
+        if not entry.get("flows") and np.any(idx[1:] == idx[:-1] + 1):  # no pair at all: nothing to read
             raise ValueError(f"{self.folder(entry)}: the store holds no flow (prepared with flow=None)")
         d = self.folder(entry)
 
