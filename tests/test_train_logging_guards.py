@@ -282,6 +282,13 @@ class RecordingTracker(GeneralTracker):
     def finish(self) -> None:
         self.ended = True
 
+    # what log_report calls on MLflow's tracker and on W&B's run
+    def log_artifact(self, path: str, folder: str | None) -> None:
+        self.logged.append(({"artifact": path, "folder": folder}, None))
+
+    def save(self, path: str, base_path: str, policy: str) -> None:
+        self.logged.append(({"save": path, "base_path": base_path, "policy": policy}, None))
+
 
 class Clock:
     """``time.perf_counter`` under the test's control (the rate and the times in the row)."""
@@ -447,6 +454,31 @@ def test_each_tracker_gets_the_names_it_accepts(tmp_path: Path, monkeypatch: pyt
     logger.to_trackers({"test/retrieval/a->b/R@1": 0.5}, step=2)
     assert plain.logged == [({"test/retrieval/a->b/R@1": 0.5}, 2)]
     assert strict.logged == [({"test/retrieval/a-_b/R_at_1": 0.5}, 2)]
+
+
+def test_the_report_and_the_evaluations_plots_go_to_the_trackers_that_keep_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accelerate_state) -> None:
+    run = tmp_path / "run"
+    for name in ("report.md", "results.json", "eval/plots/b.png", "eval/plots/a.png", "eval_random/c.png",
+                 "eval/summary.md", "other/d.png"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+    mlflow, wandb, plain = RecordingTracker("mlflow"), RecordingTracker("wandb"), RecordingTracker("plain")
+    logger, _ = step_logger(run, monkeypatch, trackers=[plain])
+    logger.accelerator.trackers += [mlflow, wandb]
+    logger.trackers = ["plain", "mlflow"]
+    logger.log_report()
+    shown = ["report.md", "results.json", "eval/plots/a.png", "eval/plots/b.png", "eval_random/c.png"]
+    assert [values for values, _ in mlflow.logged] == [
+        {"artifact": str(run / name), "folder": None if "/" not in name else name.rsplit("/", 1)[0]} for name in shown]
+    assert plain.logged == [] and wandb.logged == []
+    mlflow.logged.clear()
+    (run / "report.md").unlink()  # a file the run did not write is left out
+    logger.trackers = ["wandb"]
+    logger.log_report()
+    assert [values for values, _ in wandb.logged] == [
+        {"save": str(run / name), "base_path": str(run), "policy": "now"} for name in shown[1:]]
+    assert mlflow.logged == []
 
 
 def test_without_trackers_the_evaluation_goes_nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
