@@ -337,3 +337,57 @@ def test_the_results_logger_is_silenced_once(monkeypatch: pytest.MonkeyPatch) ->
     quiet_results_logger()
     assert logger.propagate is False
     assert [type(h) for h in logger.handlers] == [logging.NullHandler]
+
+
+# --------------------------------------------------------------------------- what the command prints of a summary
+
+
+def summary_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                    **summary: object) -> tuple[int, str]:
+    """``mmviews train`` with :func:`mmviews.train.train` replaced by one that returns ``summary``
+    (the keys train() documents): the exit status and what was printed. What ends in which line
+    (a failed run, warnings, data left out) without building a run that fails in each way."""
+    recipe = image_recipe(tmp_path)
+    full = {"steps": 4, "final_loss": 0.5, "wall_time_s": 3.25, "eval": None, **summary}
+    monkeypatch.setattr(train_command, "train", lambda *args, **kwargs: full)
+    rc, out, err = cli(capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
+    assert err == ""
+    return rc, out
+
+
+def test_a_failed_run_says_why_and_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = summary_printed(tmp_path, monkeypatch, capsys, status="failed", final_loss=None,
+                              reason="non-finite values (written as null): final_loss")
+    assert rc == 1
+    assert out == (f"run folder: {tmp_path / 'run'}  (steps 4, final loss n/a, 3.2 s; FAILED: non-finite values "
+                   "(written as null): final_loss)\n")
+
+
+def test_warnings_and_the_data_left_out_follow_the_run_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = summary_printed(
+        tmp_path, monkeypatch, capsys, status="ok", warnings=["collapse: rank 1.0; hint: lower the lr"],
+        data_skipped={"train": {"shards": ["a.parquet"]}},
+        data_losses={"train": {"split": "train", "skipped_in_training": 3}},
+        headline=[{"metric": "test/knn/class/acc", "trained": 0.5, "random_init": None, "chance": None}],
+        eval={"test/knn/class/acc": 0.5})
+    assert rc == 0
+    assert out.splitlines() == [
+        f"run folder: {tmp_path / 'run'}  (steps 4, final loss 0.5000, 3.2 s)",
+        "test metrics:", "  test/knn/class/acc  trained 0.5000",
+        "warning: collapse: rank 1.0; hint: lower the lr",
+        "data left out (data.options.on_error: skip): split 'train': 1 unreadable shard(s) (a.parquet)",
+        "data left out: split 'train' (train): 3 dropped from training batches (unreadable when read)",
+        f"report: {tmp_path / 'run' / 'report.md'}"]
+
+
+@pytest.mark.parametrize("status, expected", [("ok", 0), ("failed", 1)])
+def test_the_other_processes_print_nothing_and_share_the_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str], status: str,
+                                                                 expected: int) -> None:
+    monkeypatch.setenv("RANK", "1")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "rank0-wrote-this").write_text("")  # rank 0 judges the folder, not this process
+    rc, out = summary_printed(tmp_path, monkeypatch, capsys, status=status, reason="r")
+    assert (rc, out) == (expected, "")
