@@ -391,3 +391,29 @@ def test_the_other_processes_print_nothing_and_share_the_status(tmp_path: Path, 
     (tmp_path / "run" / "rank0-wrote-this").write_text("")  # rank 0 judges the folder, not this process
     rc, out = summary_printed(tmp_path, monkeypatch, capsys, status=status, reason="r")
     assert (rc, out) == (expected, "")
+
+
+# --------------------------------------------------------------------------- the options' reference page
+
+
+def option_rows(parser: argparse.ArgumentParser) -> list[str]:
+    """The parser's options as the reference page's table rows (how the option is typed, its help)."""
+    import html
+
+    rows = []
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        value = action.metavar or action.dest.upper()
+        typed = (", ".join(action.option_strings) + ("" if action.nargs == 0 else f" {value}")
+                 if action.option_strings else f"[{value}]")
+        rows.append(f"| `{typed}` | {html.escape(action.help, quote=False)} |")
+    return rows
+
+
+def test_the_options_page_describes_each_option_as_the_help_does() -> None:
+    parser = argparse.ArgumentParser(prog="mmviews train")
+    train_command.add_arguments(parser)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "train-options.md").read_text()
+    table = [line for line in page.splitlines() if line.startswith("| `")]
+    assert table == option_rows(parser)
