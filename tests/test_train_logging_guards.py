@@ -130,6 +130,15 @@ def test_a_tracker_package_counts_as_installed_when_any_of_its_modules_is(monkey
     assert not tracker_installed("aim")
 
 
+@pytest.mark.parametrize("present, available", [({"tensorboardX"}, True), ({"tensorboard"}, True), (set(), False)])
+def test_tensorboard_or_tensorboardx_makes_tensorboard_available(monkeypatch: pytest.MonkeyPatch, present: set[str],
+                                                                  available: bool) -> None:
+    find_spec = logging_module.importlib.util.find_spec
+    monkeypatch.setattr(logging_module.importlib.util, "find_spec",
+                        lambda name: find_spec("json") if name in present else None)
+    assert tensorboard_available() is available
+
+
 def test_tensorboard_available_finds_tensorboard() -> None:
     pytest.importorskip("tensorboard")  # the mmviews[tensorboard] extra, installed in CI
     assert tensorboard_available() and tracker_installed("tensorboard")
@@ -510,7 +519,8 @@ class IdAccelerator:
 def test_the_ids_of_the_mlflow_and_wandb_runs_are_kept_for_a_resume(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     record_tracker_runs(IdAccelerator(mlflow="m1", wandb="w2"), ["tensorboard", "mlflow", "wandb"], tmp_path)
-    assert json.loads((tmp_path / "logs" / "tracker_runs.json").read_text()) == {"mlflow": "m1", "wandb": "w2"}
+    # JSON a person reads too (indented), not one long line
+    assert (tmp_path / "logs" / "tracker_runs.json").read_text() == '{\n  "mlflow": "m1",\n  "wandb": "w2"\n}'
     record_tracker_runs(IdAccelerator(), ["tensorboard"], tmp_path / "other")
     assert not (tmp_path / "other").exists()  # nothing to keep: no file
 
