@@ -417,3 +417,35 @@ def test_the_options_page_describes_each_option_as_the_help_does() -> None:
     page = (Path(__file__).resolve().parents[1] / "docs" / "train-options.md").read_text()
     table = [line for line in page.splitlines() if line.startswith("| `")]
     assert table == option_rows(parser)
+
+
+# --------------------------------------------------------------------------- --check on a video folder
+
+
+def test_check_of_a_video_folder_says_what_it_read_and_what_the_data_lacks(video_folder: Path, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The UCF-101-style folder of ``test_train_video_errors``: two known-bad training clips, one
+    test clip, and no clip with audio while the recipe has an audio view."""
+    from test_train_video_errors import video_recipe
+
+    recipe = write_recipe(tmp_path / "video.yaml", video_recipe(video_folder, "skip"))
+    with own_accelerate_state():
+        rc, out, err = cli(capsys, "train", str(recipe), "--check", "--output", str(tmp_path / "run"))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == (f"data: ucf101 {video_folder}: 7 clips, split lists from {video_folder / 'ucfTrainTestlist'}")
+    assert lines[1] == f"{recipe}: OK (3 views: video_0, video_1, audio_0; objective mv_dhel; 7 training samples)"
+    warned = [line for line in lines if line.startswith("warning: ")]
+    assert [line.split(" known to be unreadable")[0] for line in warned[:2]] == [
+        "warning: left out 2 sample(s) of split 'train'", "warning: left out 1 sample(s) of split 'test'"]
+    assert warned[2] == ("warning: modality 'audio' is absent from every sample of split 'train': its view(s) audio_0 "
+                         "are masked 100 % and learn nothing; remove them from the recipe key 'views' (and its "
+                         "adapter), or use data that has audio")
+    assert len(warned) == 3
+
+
+@pytest.fixture(scope="module")
+def video_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from test_train_video_errors import folder
+
+    return folder.__wrapped__(tmp_path_factory)
