@@ -586,12 +586,12 @@ def test_headline_lines_align_the_metrics_beside_random_init_and_chance() -> Non
 
 
 def test_data_left_out_lines_name_shards_row_groups_values_and_the_rest() -> None:
-    skipped = {"train": {"shards": ["a.parquet", "b.parquet"], "row_groups": ["c.parquet#2"],
+    skipped = {"train": {"shards": ["a.parquet", "b.parquet"], "row_groups": ["c.parquet#2", "e.parquet#0"],
                          "rows_in_skipped_row_groups": 7, "values_marked_absent": 3, "late": 2, "none": 0},
                "test": {"row_groups": ["d.parquet#0"]}, "val": {}}
     assert data_left_out_lines(skipped) == [
-        "split 'train': 2 unreadable shard(s) (a.parquet, b.parquet); 1 damaged row group(s), 7 rows "
-        "(c.parquet#2); 3 value(s) that could not be decoded, marked absent; late: 2",
+        "split 'train': 2 unreadable shard(s) (a.parquet, b.parquet); 2 damaged row group(s), 7 rows "
+        "(c.parquet#2, e.parquet#0); 3 value(s) that could not be decoded, marked absent; late: 2",
         "split 'test': 1 damaged row group(s), 0 rows (d.parquet#0)",
         "split 'val': "]
 
@@ -621,11 +621,15 @@ def summary_of(**changes: Any) -> dict[str, Any]:
 
 
 def test_results_and_report_of_a_run_without_evaluation(tmp_path: Path) -> None:
-    summary = summary_of()
+    summary = summary_of(device=torch.device("cpu"), encoder=tmp_path / "run" / "encoder")
     write_results(tmp_path, summary)
     assert summary["warnings"] == []  # added to the caller's dict
-    results = json.loads((tmp_path / "results.json").read_text())
+    text = (tmp_path / "results.json").read_text()
+    results = json.loads(text)
     assert results["status"] == "ok" and results["steps"] == 4 and results["warnings"] == []
+    # values JSON has no type for are written as their text; indented for a person to read
+    assert results["device"] == "cpu" and results["encoder"] == str(tmp_path / "run" / "encoder")
+    assert text == json.dumps(results, indent=2)
     assert (tmp_path / "report.md").read_text() == "\n".join([
         "# Run report: tiny", "", "- objective: mv_dhel", "- optimiser steps: 4 (2 epochs, 64 samples)",
         "- final training loss: 1.2346", "- wall time: 12.3 s on 2 process(es), cpu", ""])
@@ -657,6 +661,14 @@ def test_results_and_report_of_a_failed_run_with_warnings_and_evaluation(tmp_pat
         "| val/loss | n/a |  |  |  |",
         "", "Full evaluation report: [eval/summary.md](eval/summary.md); random-initialisation baseline: "
             "[eval_random/summary.md](eval_random/summary.md)", ""]
+
+
+def test_a_probe_below_its_random_init_is_warned_about(tmp_path: Path) -> None:
+    summary = summary_of(eval={"test/linear/class/acc": 0.3}, eval_random={"test/linear/class/acc": 0.6})
+    write_results(tmp_path, summary)
+    (warning,) = summary["warnings"]
+    assert warning.startswith("probe below random init: test/linear/class/acc is 0.3000 trained, 0.6000 for the "
+                              "encoder as initialised")
 
 
 def test_the_report_without_a_baseline_links_the_evaluation_only(tmp_path: Path) -> None:
