@@ -687,3 +687,10 @@ def test_the_report_marks_the_metrics_where_lower_is_better(tmp_path: Path, metr
     write_results(tmp_path, summary_of(eval={metric: 0.5}, eval_random={metric: 0.25}))
     (row,) = [line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith(f"| {metric} |")]
     assert row.split(" | ")[3] == "+0.2500" + (" (lower is better)" if lower else "")
+
+
+@pytest.mark.parametrize("name, lower", [("loss", True), ("mae", True), ("RMSE", True), ("acc", False),
+                                         ("regression/y/mae", True), ("linear/class/acc", False)])
+def test_lower_is_better_judges_the_last_part_of_any_name(name: str, lower: bool) -> None:
+    """The model card passes names without their split (``linear/class/acc``), some of one part."""
+    assert logging_module._lower_is_better(name) is lower
