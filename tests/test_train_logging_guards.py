@@ -65,6 +65,8 @@ def test_a_fresh_log_removes_a_stale_file_and_writes_the_first_rows_columns(tmp_
     # a later row: its extra column is ignored, its missing one left empty; floats in 6 significant digits
     logger.log({"step": 2, "loss": 1234567.0, "new": 1.0})
     assert path.read_text().splitlines() == ["step,epoch,loss", "1,0.25,0.666667", "2,,1.23457e+06"]
+    logger.log({"step": 1234567, "epoch": "late", "loss": 0.5})  # ints and text as they are
+    assert path.read_text().splitlines()[-1] == "1234567,late,0.5"
 
 
 def test_the_first_row_enters_the_run_manifest(tmp_path: Path) -> None:
@@ -96,6 +98,8 @@ def test_a_resume_whose_last_row_has_no_loss_has_no_last_loss(tmp_path: Path) ->
     path = tmp_path / "metrics.csv"
     write_log(path, [(1, 0.25, 4.0), (2, 0.5, "")])
     assert CSVLogger(path, resume_step=2).last_loss is None
+    write_log(path, [(1, 0.25, 4.0), (2, 0.5, ""), (3, 0.75, 2.5)])  # only the last kept row counts
+    assert CSVLogger(path, resume_step=3).last_loss == 2.5
 
 
 def test_a_resume_without_a_log_or_with_an_empty_one_starts_a_new_one(tmp_path: Path) -> None:
@@ -221,9 +225,11 @@ def test_init_kwargs_without_mlflow_or_wandb_are_empty_and_write_nothing(tmp_pat
 
 
 def test_wandb_writes_under_the_runs_logs_and_a_resume_reopens_its_run(tmp_path: Path) -> None:
+    fresh = tmp_path / "not" / "yet"  # the run folder itself may not exist yet
+    assert tracker_init_kwargs(["wandb"], fresh, resumed=False) == {"wandb": {"dir": str(fresh / "logs")}}
+    assert (fresh / "logs").is_dir()
     logs = tmp_path / "logs"
     assert tracker_init_kwargs(["wandb"], tmp_path, resumed=False) == {"wandb": {"dir": str(logs)}}
-    assert logs.is_dir()
     (logs / "tracker_runs.json").write_text(json.dumps({"wandb": "run-7"}))
     assert tracker_init_kwargs(["wandb"], tmp_path, resumed=True) == {
         "wandb": {"dir": str(logs), "id": "run-7", "resume": "allow"}}
@@ -279,8 +285,8 @@ class RecordingTracker(GeneralTracker):
         self.ended = False
 
     @property
-    def tracker(self) -> "RecordingTracker":
-        return self
+    def tracker(self) -> "TrackerRun":
+        return TrackerRun(self)  # what get_tracker(name, unwrap=True) gives: the tracker's own run object
 
     def store_init_configuration(self, values: dict) -> None:
         self.config = dict(values)
@@ -294,6 +300,14 @@ class RecordingTracker(GeneralTracker):
     # what log_report calls on MLflow's tracker and on W&B's run
     def log_artifact(self, path: str, folder: str | None) -> None:
         self.logged.append(({"artifact": path, "folder": folder}, None))
+
+
+
+class TrackerRun:
+    """The run object behind a :class:`RecordingTracker` (W&B's ``wandb.Run``: ``save``)."""
+
+    def __init__(self, tracker: RecordingTracker) -> None:
+        self.logged = tracker.logged
 
     def save(self, path: str, base_path: str, policy: str) -> None:
         self.logged.append(({"save": path, "base_path": base_path, "policy": policy}, None))
@@ -694,3 +708,19 @@ def test_the_report_marks_the_metrics_where_lower_is_better(tmp_path: Path, metr
 def test_lower_is_better_judges_the_last_part_of_any_name(name: str, lower: bool) -> None:
     """The model card passes names without their split (``linear/class/acc``), some of one part."""
     assert logging_module._lower_is_better(name) is lower
+
+
+def test_tensorboard_writes_under_the_recipes_name(tmp_path: Path, accelerate_state) -> None:
+    """``<run>/logs/<recipe name>/``: the project is the recipe's name (TensorBoard, a real tracker)."""
+    pytest.importorskip("tensorboard")  # the mmviews[tensorboard] extra, installed in CI
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    accelerator = Accelerator(cpu=True, log_with=["tensorboard"], project_config=ProjectConfiguration(
+        project_dir=str(tmp_path), logging_dir=str(tmp_path / "logs")))
+    logger = StepLogger(accelerator, logger_config("my-recipe"), tmp_path, trackers=["tensorboard"], total_steps=2,
+                        batches_per_epoch=2, poly_view_bound=False, state=TrainState(), resumed=False, started=0.0)
+    accelerator.end_training()
+    logger.close()
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["my-recipe"]
+    assert list((tmp_path / "logs" / "my-recipe").rglob("events.out.tfevents.*"))
