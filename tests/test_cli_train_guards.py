@@ -454,20 +454,6 @@ def video_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --------------------------------------------------------------------------- what run() wraps around the command
 
 
-def test_the_remote_models_flag_holds_for_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """With ``--allow-remote-models`` a ``local-dir:`` open_clip name reaches open_clip (which then
-    finds no such folder) instead of being refused (the refusal itself: test_security.py)."""
-    from test_security import TINY_CLIP_OVERRIDES, _open_clip_recipe
-
-    missing = tmp_path / "no_such_model_dir"
-    recipe = _open_clip_recipe(tmp_path, {"type": "open_clip", "model": f"local-dir:{missing}",
-                                          "model_overrides": TINY_CLIP_OVERRIDES})
-    with own_accelerate_state():
-        rc, _, err = cli(capsys, "train", str(recipe), "--check", "--allow-remote-models")
-    line = one_line_error(err)
-    assert rc == 2 and "no_such_model_dir" in line and "refused unless asked for" not in line, line
-
-
 def test_processes_leave_together_only_after_a_normal_end(finished_run: tuple[Path, Path, str],
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
