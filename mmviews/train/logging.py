@@ -322,7 +322,7 @@ def read_eval_metrics(eval_dir: Path) -> dict[str, float] | None:
 
 def _lower_is_better(metric: str) -> bool:
     leaf = metric.rsplit("/", 1)[-1].lower()
-    return leaf in {"mae", "mse", "rmse", "loss"} or leaf.startswith("mae")
+    return leaf in {"mse", "rmse", "loss"} or leaf.startswith("mae")  # mae, mae_7 (MSA)
 
 
 def _finite_or_none(value: Any, key: str, bad: list[str]) -> Any:
