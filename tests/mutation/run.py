@@ -213,11 +213,19 @@ def undetected_in_last_run(module: str, equivalent: dict[str, str] | None = None
 
 
 def run_module(module: str, tests: list[str], deselect: list[str], max_children: int, time_limit: float | None,
-               log, mutants: list[str] | None = None) -> Path:
+               log, mutants: list[str] | None = None, refresh_stats: bool = False) -> Path:
     work = WORK_ROOT / module.replace("/", "__")
     work.mkdir(parents=True, exist_ok=True)
     sync_copy(work)
     write_config(work, module, tests, deselect)
+    # A mutant can make a command write where the tests run (e.g. `--check` turned into a real
+    # run writes runs/<recipe>/ under mutants/); left there, it fails the next clean test run.
+    shutil.rmtree(work / "mutants" / "runs", ignore_errors=True)
+    if refresh_stats:
+        # mutmut records which functions a test reaches only when it first sees the test: a test
+        # edited since keeps its old record. Removing the record makes mutmut collect it again
+        # (the mutants' results are kept).
+        (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     # Named mutants (names or fnmatch patterns) are run again even where a result is on record.
     command = mutmut_command() + ["run", "--max-children", str(max_children), *(mutants or [])]
     print(f"[{module}] mutmut run in {work.relative_to(REPO)} with {' '.join(tests)}", file=log, flush=True)
@@ -345,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these mutants (names or patterns such as 'mmviews.data.prepare.x__prepare_parquet*'), "
                              "again where a result is on record")
     parser.add_argument("--rerun-survivors", action="store_true",
-                        help="run again every mutant that the module's last run did not detect (after writing guards)")
+                        help="run again every mutant that the module's last run did not detect (after writing guards), "
+                             "with which test reaches which function recorded afresh")
     parser.add_argument("--report-only", action="store_true",
                         help="print the results of the last runs without running anything")
     args = parser.parse_args(argv)
@@ -382,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not named:
                     print(f"{module}: every mutant of the last run was detected; nothing to rerun", file=sys.stderr)
             work = (WORK_ROOT / module.replace("/", "__")) if args.rerun_survivors and not named else run_module(
-                module, tests, deselected_for(module, mapping), args.max_children, args.time_limit, log, named)
+                module, tests, deselected_for(module, mapping), args.max_children, args.time_limit, log, named,
+                refresh_stats=args.rerun_survivors)
         score = read_score(module, tests + [f"not {test}" for test in deselected_for(module, mapping)], equivalent,
                            work, args.diffs)
         print(report(score), flush=True)
