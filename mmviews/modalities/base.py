@@ -644,8 +644,8 @@ class Adapter(nn.Module):
           CNNs) runs on zero rows of ``inputs``, which its BatchNorm layers accept without
           touching their statistics; any other (transformers, which do not all accept an empty
           batch) runs on the first row of ``inputs`` (an absent item's zero-filled slot, which
-          the collator always writes) and its output is cut to zero rows: its gradients are
-          zeros, but its parameters' gathers and gradient reductions run.
+          the collator always writes) and its features are cut to zero rows before the head:
+          its gradients are zeros, but its parameters' gathers and gradient reductions run.
         - Else the head alone on zero features."""
         like = next(self.head.parameters())
         if not runs_collectives(self.backbone):
@@ -665,7 +665,8 @@ class Adapter(nn.Module):
         finally:
             for m in local_norms:
                 m.train()
-        return self.project(features)[:0]
+        # cut before the head: a SyncBatchNorm in the head must not count the placeholder row
+        return self.project(features[:0])
 
     def preprocessing_signature(self) -> dict[str, Any]:
         """JSON-able description of everything besides the backbone weights that decides
