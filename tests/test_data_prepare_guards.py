@@ -10,10 +10,12 @@ errors with exit status 2, and what the sentiment, video and Parquet paths print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -349,24 +351,30 @@ def test_video_check_only_prints_and_indexes_every_split_of_the_fold(capsys, tmp
     default.unlink()
 
 
+@contextlib.contextmanager
+def clips_prepared_here() -> Iterator[list[str]]:
+    """The relative paths of the clips prepared in this process (``--workers 0``) while inside."""
+    from mmviews.data import video_store
+
+    prepare_clip, prepared = video_store._prepare_clip, []
+
+    def record(root: str, rel: str, *args, **kwargs):
+        prepared.append(rel)
+        return prepare_clip(root, rel, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(video_store, "_prepare_clip", record)
+        yield prepared
+
+
 def test_video_store_prints_and_reports_everything_it_left_out(capsys, tmp_path, ucf):
     from mmviews.data.video_store import REPORT_FILE, read_manifest
-
-    from mmviews.data import video_store
 
     root, lists = ucf
     store = tmp_path / "store"
     common = ("ucf101", str(root), "--splits-dir", str(lists), "--out", str(store), "--workers", "0", "--size", "16",
               "--num-frames", "4")
-    in_this_process: list[str] = []
-
-    def record(root_: str, rel: str, *args, **kwargs):
-        in_this_process.append(rel)
-        return prepare_clip(root_, rel, *args, **kwargs)
-
-    prepare_clip = video_store._prepare_clip
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(video_store, "_prepare_clip", record)
+    with clips_prepared_here() as in_this_process:
         rc, out, err = run(capsys, *common, "--jpeg-quality", "50", "--json")
     assert rc == 1, err
     assert sorted(in_this_process) == ["Jump/v_Jump_0.avi", "Jump/v_Jump_1.avi", "Jump/v_Jump_2.avi",
@@ -518,20 +526,10 @@ def test_sentiment_shards_hold_every_modality_and_label_of_the_copy(capsys, tmp_
 def test_video_shards_are_made_from_the_store_beside_the_folder(capsys, tmp_path, ucf):
     from mmviews.data.video_store import default_store_path, read_manifest
 
-    from mmviews.data import video_store
-
     root, lists = ucf
     shutil.rmtree(default_store_path(root), ignore_errors=True)  # another test's store: every clip is prepared here
     out_dir = tmp_path / "shards"
-    in_this_process: list[str] = []
-
-    def record(root_: str, rel: str, *args, **kwargs):
-        in_this_process.append(rel)
-        return prepare_clip(root_, rel, *args, **kwargs)
-
-    prepare_clip = video_store._prepare_clip
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(video_store, "_prepare_clip", record)
+    with clips_prepared_here() as in_this_process:
         rc, out, err = run(capsys, "ucf101", str(root), "--format", "parquet", "--splits-dir", str(lists), "--fold",
                            "2", "--workers", "0", "--size", "16", "--jpeg-quality", "50", "--output", str(out_dir),
                            "--json")
