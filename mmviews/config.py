@@ -229,6 +229,10 @@ class TrainConfig:
     # torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG (mmviews.train.distributed):
     # bitwise repeatable runs, and resumed runs equal to uninterrupted ones, on CUDA too; slower.
     deterministic: bool = False
+    # whether glibc's malloc keeps the memory a step frees for the next step (no page faults for
+    # large activations; the resident set stays at the step's peak): "auto" holds it when
+    # mmviews's command owns the process and trains on the CPU (mmviews.train.host_memory)
+    host_memory: Literal["auto", "hold", "system"] = "auto"
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog=f"mmviews bench {args.verb}", description=help_text)
     module.add_arguments(parser)
     options = parser.parse_args(args.options)
+    options.owns_process = getattr(args, "owns_process", False)  # the mmviews program (mmviews.cli.main)
     if args.verb == "train" and options.sharded:  # real processes of their own
         module = importlib.import_module("mmviews.bench.sharded")
     elif args.verb == "train" and options.against_sentence_transformers:

@@ -187,7 +187,10 @@ def rss_high_water_bytes(reset: bool = False) -> int:
 
 def verb_main(verb: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
               run: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
-    """``python -m mmviews.bench.VERB [options]``: parse ``argv`` with the verb's options and run it."""
+    """``python -m mmviews.bench.VERB [options]``: parse ``argv`` with the verb's options and run it
+    (``argv`` None: the process is the bench's own, see :func:`mmviews.cli.main`)."""
     parser = argparse.ArgumentParser(prog=f"mmviews bench {verb}", description=description)
     add_arguments(parser)
-    return int(run(parser.parse_args(argv)) or 0)
+    args = parser.parse_args(argv)
+    args.owns_process = argv is None
+    return int(run(args) or 0)

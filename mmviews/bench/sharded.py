@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-output", type=Path, required=True)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    args.owns_process = True  # a worker process of this bench's own (host_memory applies as in mmviews train)
     args.case = args.case[0]
     args.steps, args.warmup = _steps_of(args.case, args)
     torch.set_num_threads(args.threads or 1)

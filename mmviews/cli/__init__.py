@@ -80,6 +80,11 @@ def _top_level_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``mmviews`` command. With ``argv`` None (the ``mmviews`` program, ``python -m
+    mmviews.cli``) the process is the command's own: process-wide settings such as
+    ``host_memory: auto`` apply (``args.owns_process``); a call with an argument list, from a
+    program of yours, leaves them to you."""
+    owns_process = argv is None
     argv = [*(sys.argv[1:] if argv is None else argv)]
     top = _top_level_parser()
     if not argv or argv[0] in ("-h", "--help"):
@@ -104,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
+    args.owns_process = owns_process
     try:
         with contextlib.nullcontext() if args.debug else one_line_warnings(f"mmviews {name}"):
             return int(module.run(args) or 0)

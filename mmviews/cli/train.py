@@ -41,6 +41,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import torch
+
 from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
@@ -60,6 +62,7 @@ from mmviews.run import (
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.distributed import accelerate_launch
+from mmviews.train.host_memory import configure_host_memory
 from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
@@ -175,6 +178,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     # a tracker the recipe names but this environment lacks would otherwise surface only after
     # the datasets and models are built (train() resolves the trackers after build_run)
     check_trackers_installed(config, str(recipe))
+    # before the run's memory is allocated, --check included: its estimate measures the allocator the run has
+    configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
+                          on_cpu=config.cpu or not torch.cuda.is_available())
     if args.check:
         with _overrides_named(str(recipe), args.overrides):
             parts = build_run(config, source=str(recipe))

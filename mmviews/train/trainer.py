@@ -77,6 +77,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from mmviews.config import TrainConfig
@@ -97,6 +98,7 @@ from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_chec
 from mmviews.train.compiled import compile_encoder
 from mmviews.train.distributed import check_launch, configure_determinism, process_group_kwargs, process_state
 from mmviews.train.evaluation import run_evaluation
+from mmviews.train.host_memory import configure_host_memory, host_memory_state
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.logging import (
     RESULTS_LOGGER,
@@ -343,6 +345,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
     configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
+    # called from a program: only an explicit "hold" (mmviews's command applied "auto" already)
+    configure_host_memory(config.host_memory, owns_process=False, on_cpu=config.cpu or not torch.cuda.is_available())
     with launcher_fsdp_hidden():  # mmviews shards itself (mmviews.train.sharding), on CPU and GPU alike
         num_processes = process_state(config).num_processes
     check_launch(num_processes, config)  # a launch that asked for N processes and got fewer stops here
@@ -465,7 +469,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "sharding": "fsdp" if p.sharded else "none", "mixed_precision": accelerator.mixed_precision,
-        "compile": bool(o.compile),
+        "compile": bool(o.compile), "host_memory": host_memory_state(),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
         "data_skipped": _data_left_out(accelerator, parts),
         DATA_LOSSES_KEY: losses.to_dict(), ABSENT_MODALITIES_KEY: absent,
