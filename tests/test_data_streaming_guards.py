@@ -216,6 +216,18 @@ def test_whole_reads_keep_the_short_last_batch(folder):
     assert [s["index"] for s in first_samples(mapped, 2)] == [0, 1]
 
 
+def test_first_samples_of_no_rows_is_an_empty_list_and_a_negative_count_is_refused(folder):
+    """A count of 0 reads nothing from either reader (a streamed split once gave every row: 0 rows
+    per batch meant no limit); a negative count is refused by name, not read as "all but"."""
+    stream, mapped = ShardStream(folder, "train"), ParquetShardDataset(folder, "train")
+    for split in (stream, mapped):
+        assert first_samples(split, 0) == []
+        with pytest.raises(ValueError) as info:
+            first_samples(split, -1)
+        assert str(info.value) == "first_samples: count must be >= 0 samples, got -1"
+    assert [s["index"] for s in first_samples(stream, 1)] == [0]
+
+
 def test_first_samples_of_a_split_without_rows_is_an_empty_list(tmp_path, folder):
     """A foreign Parquet folder whose only shard holds no row: no sample, as a list (what map-style gives)."""
     (tmp_path / "empty" / "train").mkdir(parents=True)

@@ -519,7 +519,12 @@ def first_samples(dataset: Any, count: int) -> list[dict[str, Any]]:
     ``dataset[i]`` for a map-style split; a streamed split (:class:`ShardStream`) cannot be
     indexed: its first rows in shard order are read through the stream as training reads them,
     one unshuffled batch of a :class:`StreamLoader`. The checks use it (``mmviews train
-    --check``'s measured batch, ``mmviews prepare hf --recipe``)."""
+    --check``'s measured batch, ``mmviews prepare hf --recipe``). A ``count`` of 0 gives ``[]``
+    from either reader; a negative one is a ValueError."""
+    if count < 0:
+        raise ValueError(f"first_samples: count must be >= 0 samples, got {count}")
+    if count == 0:  # a StreamLoader batch of 0 rows would never be full: it would read the whole split
+        return []
     if getattr(dataset, "streamed", False):
         return next(iter(StreamLoader(dataset, count, _keep_samples, drop_last=False)), [])
     return [dataset[i] for i in range(min(count, len(dataset)))]
