@@ -257,6 +257,26 @@ def test_first_samples_of_a_split_without_rows_is_an_empty_list(tmp_path, folder
     assert len(stream) == 0 and first_samples(stream, 4) == []
 
 
+def test_a_shard_without_rows_adds_nothing_to_either_reader(tmp_path, folder):
+    """A 0-row shard among others (a foreign writer's empty part file) is read as nothing by both
+    readers, map-style as streamed (``datasets``' Parquet reader fails on it: it is not given it);
+    a split whose every shard is empty has no rows either way."""
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    empty = pq.read_table(out / "valid" / "valid-00001.parquet").slice(0, 0)
+    pq.write_table(empty, out / "valid" / "valid-00001.parquet")
+    kept = [0, 1, 2, 3, 8, 9]  # shards of 4, 0 and 2 rows
+    assert [s["index"] for s in first_samples(ShardStream(out, "valid"), 16)] == kept
+    mapped = ParquetShardDataset(out, "valid")
+    assert len(mapped) == 6 and [s["index"] for s in first_samples(mapped, 16)] == kept
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    pq.write_table(empty, tmp_path / "empty" / "train" / "part-0.parquet")
+    pq.write_table(empty, tmp_path / "empty" / "train" / "part-1.parquet")
+    for split in (ShardStream(tmp_path / "empty", "train", columns={"vec": "vec"}),
+                  ParquetShardDataset(tmp_path / "empty", "train", columns={"vec": "vec"})):
+        assert len(split) == 0 and first_samples(split, 4) == []
+
+
 def test_the_loaders_dataset_decodes_the_raw_rows_it_is_given():
     rows = _DecodeRows(decoder(kinds={"vec": "array"}))
     row = {INDEX_COLUMN: 2, "id": "r2", "vec": [1.0, -1.0]}

@@ -471,7 +471,13 @@ class ParquetShardDataset(ShardSource, Dataset):
         import datasets
 
         ShardSource.__init__(self, root, split, **options)
-        ds = row_groups.load_map_style(self.shards.files, split, self.features, self.on_error, self._skip_token)
+        # A shard of 0 rows holds nothing, and datasets' Parquet reader fails on it (its batch size
+        # comes from the row groups): it is left out, as it adds nothing to a stream.
+        files = [f for f, rows in zip(self.shards.files, self.shards.rows) if rows > 0]
+        if files:
+            ds = row_groups.load_map_style(files, split, self.features, self.on_error, self._skip_token)
+        else:
+            ds = datasets.Dataset.from_dict({col: [] for col in self.features}, features=self.features, split=split)
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
         for col in self.audio_columns:
