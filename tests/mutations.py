@@ -142,9 +142,8 @@ def _write_shards_in_place() -> tuple[Any, str, Any]:
 
 def _read_rows_with_parquet_builder() -> tuple[Any, str, Any]:
     """Streamed rows read through ``datasets``' Parquet builder (``load_dataset("parquet",
-    streaming=True)``) instead of :mod:`mmviews.data.row_groups`, and shuffled with ``datasets``'
-    default buffer input (10 shards read at once by threads; mmviews feeds it one shard at a
-    time): every pass over the shards then ends with a 5 s sleep."""
+    streaming=True)``) instead of :mod:`mmviews.data.row_groups`: with the default shuffle buffer
+    (10 shards read at once by threads) every pass over the shards then ends with a 5 s sleep."""
     from mmviews.data.streaming import ShardSource
 
     def rows(self: Any, files: Any) -> Any:
@@ -153,8 +152,6 @@ def _read_rows_with_parquet_builder() -> tuple[Any, str, Any]:
         ds = datasets.load_dataset("parquet", data_files={self.split: list(files)}, split=self.split, streaming=True)
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
-        default_shuffle = ds.shuffle
-        ds.shuffle = lambda seed, buffer_size, **one_shard_at_a_time: default_shuffle(seed=seed, buffer_size=buffer_size)
         return ds
 
     return ShardSource, "_rows", rows
