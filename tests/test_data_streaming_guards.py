@@ -185,26 +185,6 @@ def test_epochs_are_shuffled_differently_and_reproducibly(folder):
     assert first != second and first != sorted(first) and epoch(0) == first
 
 
-def test_a_buffer_of_one_row_reads_whole_shards_in_a_shuffled_shard_order(folder):
-    """``data.shuffle_buffer: 1`` shuffles no row: each epoch reads the shards whole, one after the
-    other, in an order drawn from the seed and the epoch (``datasets`` 5 interleaves up to 10
-    shards into the buffer unless told to feed it one shard at a time: rows 0, 12, 24, 36, 1, ...
-    came out)."""
-    stream = ShardStream(folder, "train")
-    starts = np.cumsum([0, *TRAIN_SHARDS])
-    shards = [list(range(starts[k], starts[k + 1])) for k in range(len(TRAIN_SHARDS))]
-    shard_of = {row: k for k, rows in enumerate(shards) for row in rows}
-    orders = []
-    for epoch in range(4):
-        loader = StreamLoader(stream, 2, as_list, seed=3, shuffle_buffer=1)  # 19 batches of 2: every row
-        loader.set_epoch(epoch)
-        drawn = [i for b in loader for i in indices(b)]
-        order = [k for n, k in enumerate(shard_of[i] for i in drawn) if n == 0 or shard_of[drawn[n - 1]] != k]
-        assert sorted(order) == [0, 1, 2, 3] and drawn == [i for k in order for i in shards[k]]
-        orders.append(order)
-    assert len({tuple(o) for o in orders}) > 1 and orders != [[0, 1, 2, 3]] * 4  # the shard order is shuffled
-
-
 def test_processes_draw_disjoint_rows_of_the_same_count(folder):
     stream = ShardStream(folder, "train")
     drawn = [[i for b in StreamLoader(stream, 4, as_list, world=2, rank=r, seed=1, shuffle_buffer=8) for i in indices(b)]

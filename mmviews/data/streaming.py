@@ -17,9 +17,7 @@ epoch is formed (:class:`StreamLoader`):
 
 - **Shuffling**: shard order shuffled and a shuffle buffer of ``data.shuffle_buffer`` rows, both
   seeded by the recipe seed and the epoch (``IterableDataset.shuffle`` + ``set_epoch``): the same
-  order on every run. The buffer is fed one shard at a time, the shards whole in the shuffled
-  order (not ``datasets`` 5's default of 10 shards read round-robin), so a buffer of 1 row
-  shuffles no row and 0 shuffles nothing (shards in file order).
+  order on every run.
 - **Processes**: ``datasets.distributed.split_dataset_by_node``. When the shard count is a multiple
   of the number of processes N, each process reads its own shards; otherwise every process reads
   every shard and keeps one row in N. Either way each row goes to exactly one process.
@@ -509,25 +507,11 @@ class ShardStream(ShardSource):
             self._all_rows = self._rows(self.shards.files)
         ds = self._all_rows
         if shuffle_buffer > 0:
-            ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer, **_one_shard_at_a_time(ds))
+            ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer)
         if world > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world)
         ds.set_epoch(epoch)
         return ds
-
-
-def _one_shard_at_a_time(ds: Any) -> dict[str, int]:
-    """``IterableDataset.shuffle``'s option that feeds the buffer from one shard at a time.
-
-    ``datasets`` 5 fills the buffer from up to 10 shards read round-robin by default, so that even
-    a buffer of one row interleaves the shards (rows 0, 12, 24, 36, 1, ... of 4 shards of 12).
-    The streamed epoch reads whole shards in the shuffled shard order, through the buffer, as
-    ``datasets`` before 5 does without the option (the same draws whatever its version)."""
-    import inspect
-
-    if "max_buffer_input_shards" in inspect.signature(type(ds).shuffle).parameters:
-        return {"max_buffer_input_shards": 1}
-    return {}
 
 
 def _keep_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
