@@ -185,6 +185,23 @@ def test_epochs_are_shuffled_differently_and_reproducibly(folder):
     assert first != second and first != sorted(first) and epoch(0) == first
 
 
+def test_a_buffer_of_one_row_mixes_the_shards_and_none_reads_them_whole_in_file_order(folder):
+    """What the data card says of ``shuffle_buffer``: 0 reads the shards whole, in file order; with
+    ``datasets`` 5 a buffer of even 1 row is filled from several shards in turn, so consecutive
+    rows come from different shards (a source written in class order still gives mixed batches)."""
+    import datasets
+
+    stream = ShardStream(folder, "train")
+    starts = np.cumsum([0, *TRAIN_SHARDS])
+    shard_of = {row: k for k in range(len(TRAIN_SHARDS)) for row in range(starts[k], starts[k + 1])}
+    unshuffled = [i for b in StreamLoader(stream, 2, as_list, seed=3, shuffle_buffer=0) for i in indices(b)]
+    assert unshuffled == list(range(len(unshuffled)))
+    if int(datasets.__version__.split(".")[0]) < 5:
+        return  # one shard at a time: nothing more to claim
+    drawn = [i for b in StreamLoader(stream, 2, as_list, seed=3, shuffle_buffer=1) for i in indices(b)]
+    assert len({shard_of[i] for i in drawn[:len(TRAIN_SHARDS)]}) == len(TRAIN_SHARDS), drawn[:8]
+
+
 def test_processes_draw_disjoint_rows_of_the_same_count(folder):
     stream = ShardStream(folder, "train")
     drawn = [[i for b in StreamLoader(stream, 4, as_list, world=2, rank=r, seed=1, shuffle_buffer=8) for i in indices(b)]

@@ -17,7 +17,10 @@ epoch is formed (:class:`StreamLoader`):
 
 - **Shuffling**: shard order shuffled and a shuffle buffer of ``data.shuffle_buffer`` rows, both
   seeded by the recipe seed and the epoch (``IterableDataset.shuffle`` + ``set_epoch``): the same
-  order on every run.
+  order on every run. ``datasets`` 5 fills the buffer from up to 10 shards read in turn, so rows
+  of different shards mix even with a small buffer (a source written in class order, such as
+  sorted video shards, gives mixed batches); ``datasets`` 3 and 4 fill it one shard at a time.
+  ``shuffle_buffer: 0`` turns both off: the shards in file order, each read whole.
 - **Processes**: ``datasets.distributed.split_dataset_by_node``. When the shard count is a multiple
   of the number of processes N, each process reads its own shards; otherwise every process reads
   every shard and keeps one row in N. Either way each row goes to exactly one process.
