@@ -11,10 +11,11 @@ import torch
 from mmviews.data import CorruptFileError, UnsafePickleError, ViewSetCollator, ViewSpec, build_dataset, safe_load_pickle
 from mmviews.data.sentiment import SplitSizeWarning, check_split_sizes, convert_sentiment_pickle, read_sentiment_pickle
 
-rng = np.random.default_rng(0)
 
-
-def mmsa_split(n, sims=False, La=12, Lv=10, Lt=8):
+def mmsa_split(n, sims=False, La=12, Lv=10, Lt=8, seed=0):
+    """An MMSA split of ``n`` samples drawn from a generator of its own, seeded by ``seed`` and the
+    other arguments: the same arguments give the same split whatever ran before."""
+    rng = np.random.default_rng([seed, n, La, Lv, Lt, int(sims)])
     audio = rng.normal(size=(n, La, 5))
     audio[0, 0, 0] = -np.inf
     bert = np.stack([rng.integers(1000, 2000, size=(n, Lt)).astype(float), np.zeros((n, Lt)), np.zeros((n, Lt))], 1)
@@ -31,6 +32,21 @@ def mmsa_split(n, sims=False, La=12, Lv=10, Lt=8):
         for s in "TAV":
             d[f"regression_labels_{s}"] = rng.uniform(-1, 1, size=n)
     return d
+
+
+def test_mmsa_split_depends_only_on_its_arguments():
+    """The helper other test files build their pickles with: the same arguments give the same
+    split whatever was drawn before (it once drew from one generator of this module, so a split's
+    lengths depended on the tests that ran first); another seed gives another split."""
+    first = mmsa_split(5, sims=True)
+    mmsa_split(3)
+    again = mmsa_split(5, sims=True)
+    assert first.keys() == again.keys()
+    for key, value in first.items():
+        assert np.array_equal(np.asarray(value), np.asarray(again[key])), key
+    other = mmsa_split(5, sims=True, seed=1)
+    assert not np.array_equal(other["audio_lengths"], first["audio_lengths"]) or \
+        not np.array_equal(other["regression_labels"], first["regression_labels"])
 
 
 def write(path, obj):
@@ -121,6 +137,8 @@ def test_sims_per_modality_labels(tmp_path):
 
 
 def test_mult_layout_left_padding(tmp_path):
+    rng = np.random.default_rng(0)
+
     def split(n):
         v = np.zeros((n, 6, 3))
         a = np.zeros((n, 6, 4))

@@ -717,6 +717,36 @@ def test_a_pickles_store_is_converted_again_only_when_the_pickle_or_the_dataset_
             S.open_sentiment(pkl, "valid", store_dir=tmp_path / "mult", layout="mult")
 
 
+def test_the_layout_asked_for_is_the_layout_read_or_refused_by_name(tmp_path):
+    """A pickle whose splits hold the keys of both layouts reads as MMSA by default (its
+    ``regression_labels``) and as MulT when asked (its ``labels``). A pickle's store holding
+    another layout than the one asked for is converted again (it once served the stored one
+    silently); ``auto`` takes the stored one. A store folder cannot be converted: asked for
+    another layout than it holds, it is refused with one line naming the option and both layouts."""
+    data = three_splits()
+    for k, split in enumerate(data.values()):
+        split["labels"] = (np.arange(len(split["regression_labels"])) + 10.0 * (k + 1)).reshape(-1, 1, 1)
+    pkl = write_pickle(tmp_path / "both.pkl", data)
+    store = tmp_path / "store"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mmsa = S.open_sentiment(pkl, "train", store_dir=store)
+        assert (mmsa.meta["layout"], mmsa[1]["labels"]["sentiment"]) == ("mmsa", 0.0)
+        mult = S.open_sentiment(pkl, "train", store_dir=store, layout="mult")
+        assert (mult.meta["layout"], mult[1]["labels"]["sentiment"]) == ("mult", 11.0)
+        assert S.read_store_meta(store)["layout"] == "mult"
+        assert S.open_sentiment(pkl, "valid", store_dir=store)[1]["labels"]["sentiment"] == 21.0  # auto: the store serves
+        assert S.open_sentiment(pkl, "valid", store_dir=store, layout="mmsa")[1]["labels"]["sentiment"] == 0.0
+    assert S.open_sentiment(store, "train", layout="mmsa").meta["layout"] == "mmsa"
+    assert S.open_sentiment(store, "train", layout="auto").meta["layout"] == "mmsa"
+    with pytest.raises(ValueError) as info:
+        S.open_sentiment(store, "train", layout="mult")
+    assert info.value.option == "layout"
+    assert message(info) == (f"{store}: this store holds the 'mmsa' layout of its pickle, not the 'mult' asked for "
+                             "(option layout): open it with layout 'auto' or 'mmsa', or prepare the pickle again "
+                             "with --layout mult")
+
+
 def test_the_training_split_and_the_sequences_are_opened_unless_told_otherwise(tmp_path):
     pkl, out = store_of(tmp_path)
     for ds in (S.SentimentStoreDataset(out), S.open_sentiment(out)):

@@ -185,6 +185,23 @@ def test_epochs_are_shuffled_differently_and_reproducibly(folder):
     assert first != second and first != sorted(first) and epoch(0) == first
 
 
+def test_a_buffer_of_one_row_mixes_the_shards_and_none_reads_them_whole_in_file_order(folder):
+    """What the data card says of ``shuffle_buffer``: 0 reads the shards whole, in file order; with
+    ``datasets`` 5 a buffer of even 1 row is filled from several shards in turn, so consecutive
+    rows come from different shards (a source written in class order still gives mixed batches)."""
+    import datasets
+
+    stream = ShardStream(folder, "train")
+    starts = np.cumsum([0, *TRAIN_SHARDS])
+    shard_of = {row: k for k in range(len(TRAIN_SHARDS)) for row in range(starts[k], starts[k + 1])}
+    unshuffled = [i for b in StreamLoader(stream, 2, as_list, seed=3, shuffle_buffer=0) for i in indices(b)]
+    assert unshuffled == list(range(len(unshuffled)))
+    if int(datasets.__version__.split(".")[0]) < 5:
+        return  # one shard at a time: nothing more to claim
+    drawn = [i for b in StreamLoader(stream, 2, as_list, seed=3, shuffle_buffer=1) for i in indices(b)]
+    assert len({shard_of[i] for i in drawn[:len(TRAIN_SHARDS)]}) == len(TRAIN_SHARDS), drawn[:8]
+
+
 def test_processes_draw_disjoint_rows_of_the_same_count(folder):
     stream = ShardStream(folder, "train")
     drawn = [[i for b in StreamLoader(stream, 4, as_list, world=2, rank=r, seed=1, shuffle_buffer=8) for i in indices(b)]
@@ -216,6 +233,18 @@ def test_whole_reads_keep_the_short_last_batch(folder):
     assert [s["index"] for s in first_samples(mapped, 2)] == [0, 1]
 
 
+def test_first_samples_of_no_rows_is_an_empty_list_and_a_negative_count_is_refused(folder):
+    """A count of 0 reads nothing from either reader (a streamed split once gave every row: 0 rows
+    per batch meant no limit); a negative count is refused by name, not read as "all but"."""
+    stream, mapped = ShardStream(folder, "train"), ParquetShardDataset(folder, "train")
+    for split in (stream, mapped):
+        assert first_samples(split, 0) == []
+        with pytest.raises(ValueError) as info:
+            first_samples(split, -1)
+        assert str(info.value) == "first_samples: count must be >= 0 samples, got -1"
+    assert [s["index"] for s in first_samples(stream, 1)] == [0]
+
+
 def test_first_samples_of_a_split_without_rows_is_an_empty_list(tmp_path, folder):
     """A foreign Parquet folder whose only shard holds no row: no sample, as a list (what map-style gives)."""
     (tmp_path / "empty" / "train").mkdir(parents=True)
@@ -223,6 +252,26 @@ def test_first_samples_of_a_split_without_rows_is_an_empty_list(tmp_path, folder
     pq.write_table(table.slice(0, 0), tmp_path / "empty" / "train" / "part-0.parquet")
     stream = ShardStream(tmp_path / "empty", "train", columns={"vec": "vec"})
     assert len(stream) == 0 and first_samples(stream, 4) == []
+
+
+def test_a_shard_without_rows_adds_nothing_to_either_reader(tmp_path, folder):
+    """A 0-row shard among others (a foreign writer's empty part file) is read as nothing by both
+    readers, map-style as streamed (``datasets``' Parquet reader fails on it: it is not given it);
+    a split whose every shard is empty has no rows either way."""
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    empty = pq.read_table(out / "valid" / "valid-00001.parquet").slice(0, 0)
+    pq.write_table(empty, out / "valid" / "valid-00001.parquet")
+    kept = [0, 1, 2, 3, 8, 9]  # shards of 4, 0 and 2 rows
+    assert [s["index"] for s in first_samples(ShardStream(out, "valid"), 16)] == kept
+    mapped = ParquetShardDataset(out, "valid")
+    assert len(mapped) == 6 and [s["index"] for s in first_samples(mapped, 16)] == kept
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    pq.write_table(empty, tmp_path / "empty" / "train" / "part-0.parquet")
+    pq.write_table(empty, tmp_path / "empty" / "train" / "part-1.parquet")
+    for split in (ShardStream(tmp_path / "empty", "train", columns={"vec": "vec"}),
+                  ParquetShardDataset(tmp_path / "empty", "train", columns={"vec": "vec"})):
+        assert len(split) == 0 and first_samples(split, 4) == []
 
 
 def test_the_loaders_dataset_decodes_the_raw_rows_it_is_given():

@@ -477,11 +477,18 @@ def open_sentiment(path: str | os.PathLike[str], split: str = "train", dataset: 
 
     For a pickle ``x.pkl`` the store goes to ``store_dir`` (default ``x.pkl.mmstore``) and is
     rebuilt only when the pickle's size or mtime changed, or when it was converted as another
-    ``dataset`` (each dataset checks its own card and has its own ``class`` rule). A store
-    directory prepared as another dataset is refused with one line naming both.
+    ``dataset`` (each dataset checks its own card and has its own ``class`` rule) or from another
+    ``layout`` than one asked for (``auto`` takes the stored one). A store directory prepared as
+    another dataset or layout is refused with one line naming both.
     """
     path = Path(path)
     if path.is_dir():
+        stored = read_store_meta(path).get("layout")
+        if layout not in ("auto", stored):
+            # A store folder keeps no link to a pickle it could be converted from again.
+            raise dataset_error(ValueError, f"{path}: this store holds the {stored!r} layout of its pickle, not the "
+                                f"{layout!r} asked for (option layout): open it with layout 'auto' or {stored!r}, "
+                                f"or prepare the pickle again with --layout {layout}", "layout")
         return SentimentStoreDataset(path, split, modalities, dataset=dataset)
     if not path.exists():
         raise FileNotFoundError(f"no such file or store: {path}")
@@ -493,6 +500,7 @@ def open_sentiment(path: str | os.PathLike[str], split: str = "train", dataset: 
         stale = not (src.get("size") == st.st_size and src.get("mtime") == st.st_mtime)
         # converted (by mmviews) for another dataset: converted again, checked against this one's card
         stale = stale or dataset not in (None, meta.get("dataset"))
+        stale = stale or layout not in ("auto", meta.get("layout"))  # converted as another layout than asked
     if stale:
         convert_sentiment_pickle(path, store, dataset=dataset, layout=layout, overwrite=True, progress=progress)
     return SentimentStoreDataset(store, split, modalities, dataset=dataset)

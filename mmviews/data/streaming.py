@@ -17,7 +17,10 @@ epoch is formed (:class:`StreamLoader`):
 
 - **Shuffling**: shard order shuffled and a shuffle buffer of ``data.shuffle_buffer`` rows, both
   seeded by the recipe seed and the epoch (``IterableDataset.shuffle`` + ``set_epoch``): the same
-  order on every run.
+  order on every run. ``datasets`` 5 fills the buffer from up to 10 shards read in turn, so rows
+  of different shards mix even with a small buffer (a source written in class order, such as
+  sorted video shards, gives mixed batches); ``datasets`` 3 and 4 fill it one shard at a time.
+  ``shuffle_buffer: 0`` turns both off: the shards in file order, each read whole.
 - **Processes**: ``datasets.distributed.split_dataset_by_node``. When the shard count is a multiple
   of the number of processes N, each process reads its own shards; otherwise every process reads
   every shard and keeps one row in N. Either way each row goes to exactly one process.
@@ -469,7 +472,13 @@ class ParquetShardDataset(ShardSource, Dataset):
         import datasets
 
         ShardSource.__init__(self, root, split, **options)
-        ds = row_groups.load_map_style(self.shards.files, split, self.features, self.on_error, self._skip_token)
+        # A shard of 0 rows holds nothing, and datasets' Parquet reader fails on it (its batch size
+        # comes from the row groups): it is left out, as it adds nothing to a stream.
+        files = [f for f, rows in zip(self.shards.files, self.shards.rows) if rows > 0]
+        if files:
+            ds = row_groups.load_map_style(files, split, self.features, self.on_error, self._skip_token)
+        else:
+            ds = datasets.Dataset.from_dict({col: [] for col in self.features}, features=self.features, split=split)
         for col in self.image_columns:
             ds = ds.cast_column(col, datasets.Image(decode=False))
         for col in self.audio_columns:
@@ -519,7 +528,12 @@ def first_samples(dataset: Any, count: int) -> list[dict[str, Any]]:
     ``dataset[i]`` for a map-style split; a streamed split (:class:`ShardStream`) cannot be
     indexed: its first rows in shard order are read through the stream as training reads them,
     one unshuffled batch of a :class:`StreamLoader`. The checks use it (``mmviews train
-    --check``'s measured batch, ``mmviews prepare hf --recipe``)."""
+    --check``'s measured batch, ``mmviews prepare hf --recipe``). A ``count`` of 0 gives ``[]``
+    from either reader; a negative one is a ValueError."""
+    if count < 0:
+        raise ValueError(f"first_samples: count must be >= 0 samples, got {count}")
+    if count == 0:  # a StreamLoader batch of 0 rows would never be full: it would read the whole split
+        return []
     if getattr(dataset, "streamed", False):
         return next(iter(StreamLoader(dataset, count, _keep_samples, drop_last=False)), [])
     return [dataset[i] for i in range(min(count, len(dataset)))]
