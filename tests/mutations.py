@@ -415,6 +415,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "eval_fuse_ignores_recipe": lambda: _eval_fuse_ignores_recipe(),
     "eval_output_unresolved": lambda: _eval_output_unresolved(),
     "check_first_split_only": lambda: _check_first_split_only(),
+    "check_skips_streamed_splits": lambda: _check_skips_streamed_splits(),
     "move_alignment_threshold": lambda: _move_alignment_threshold(),
     "round_stream_epoch_up": _round_stream_epoch_up,
     "average_rows_per_process": _average_rows_per_process,
@@ -702,6 +703,21 @@ def _check_first_split_only() -> tuple[Any, str, Any]:
 
     splits = preflight._splits
     return preflight, "_splits", lambda parts: itertools.islice(splits(parts), 1)
+
+
+def _check_skips_streamed_splits() -> tuple[Any, str, Any]:
+    """``mmviews train --check`` leaves out the evaluation loaders of streamed splits (the old
+    behaviour): a streamed training split is checked for the training collator only, never for
+    the labels the final evaluation reads."""
+    import mmviews.train.preflight as preflight
+
+    splits = preflight._splits
+
+    def map_style_evaluation_only(parts: Any) -> Any:
+        return (entry for entry in splits(parts)
+                if not (entry[0].endswith(preflight.EVALUATION_SUFFIX) and getattr(entry[2], "streamed", False)))
+
+    return preflight, "_splits", map_style_evaluation_only
 
 
 def _move_alignment_threshold() -> tuple[Any, str, Any]:
