@@ -414,6 +414,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "eval_in_float32": lambda: _eval_in_float32(),
     "eval_fuse_ignores_recipe": lambda: _eval_fuse_ignores_recipe(),
     "eval_output_unresolved": lambda: _eval_output_unresolved(),
+    "eval_plots_ignore_recipe": lambda: _eval_plots_ignore_recipe(),
     "check_first_split_only": lambda: _check_first_split_only(),
     "check_skips_streamed_splits": lambda: _check_skips_streamed_splits(),
     "move_alignment_threshold": lambda: _move_alignment_threshold(),
@@ -680,6 +681,20 @@ def _eval_fuse_ignores_recipe() -> tuple[Any, str, Any]:
 
     evaluate = eval_command.evaluate_encoder
     return eval_command, "evaluate_encoder", lambda *args, **kwargs: evaluate(*args, **{**kwargs, "fuse": "concat"})
+
+
+def _eval_plots_ignore_recipe() -> tuple[Any, str, Any]:
+    """``mmviews eval`` draws every plot whatever the run's ``evaluation.plots`` or a ``--set``
+    of it says (the old behaviour: the report's default)."""
+    import mmviews.cli.eval as eval_command
+
+    evaluate = eval_command.evaluate_encoder
+
+    def always_plotted(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("plots", None)
+        return evaluate(*args, **kwargs)
+
+    return eval_command, "evaluate_encoder", always_plotted
 
 
 def _eval_output_unresolved() -> tuple[Any, str, Any]:

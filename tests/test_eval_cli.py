@@ -1,7 +1,9 @@
 """``mmviews eval RUN``: the recipe's ``evaluation.fuse`` is the fusion the probes use unless
-``--fuse`` overrides it, and the rule about report folders looks at where a folder really is: a
-path through a link to the run, or with ``..`` in it, that names the run's own ``eval/`` is
-refused, and a new folder inside the run reached that way is recorded as the run's."""
+``--fuse`` overrides it, the report's plots are those of the training's evaluation when the
+recipe's ``evaluation.plots`` (or ``--set evaluation.plots=...``) is true and none when false,
+and the rule about report folders looks at where a folder really is: a path through a link to
+the run, or with ``..`` in it, that names the run's own ``eval/`` is refused, and a new folder
+inside the run reached that way is recorded as the run's."""
 
 from __future__ import annotations
 
@@ -93,6 +95,20 @@ def test_eval_draws_the_plots_of_the_training_evaluation_as_the_recipe_says(plot
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert ("Plots not drawn (evaluation.plots: false)." in summary) == (not plots)
     assert "report written to" in out
+
+
+@pytest.mark.parametrize("case", ["recipe-false", "set-false"])
+def test_plots_guard_fails_when_eval_ignores_the_setting(plotted_runs: dict[bool, Path], tmp_path: Path, capsys,
+                                                         monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Mutation test: with every plot drawn whatever the setting (the old behaviour), the guard
+    above fails for the recipe's ``false`` and for ``--set evaluation.plots=false``."""
+    from mutations import apply_break
+
+    apply_break("eval_plots_ignore_recipe", monkeypatch.setattr)
+    recipe_plots, options = (False, ()) if case == "recipe-false" else (True, ("--set", "evaluation.plots=false"))
+    with pytest.raises(AssertionError):
+        test_eval_draws_the_plots_of_the_training_evaluation_as_the_recipe_says(plotted_runs, tmp_path, capsys,
+                                                                                recipe_plots, options, False)
 
 
 @pytest.mark.parametrize("name", ["eval", "eval_random", "eval_epoch_2"])
