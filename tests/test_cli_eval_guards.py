@@ -259,6 +259,11 @@ def test_a_set_overrides_the_runs_evaluation_and_flags_win_over_it(run: Path, tm
     assert (report["meta"]["fuse"], report["meta"]["tasks"]) == ("mean", "retrieval")
     # with the run's tasks, fusion and seed, the plots alone changed: the baseline still stands beside the numbers
     assert "test metrics, trained vs random init:" in out.splitlines()
+    # the evaluation views are the loaders' own: an override of them builds the loaders again
+    rc, out, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "views"), "--tasks", "knn:class",
+                       "--set", "evaluation.views=[{modality: audio}]")
+    assert rc == 0, err
+    assert _report(out)[1]["meta"]["eval_num_views"] == 1  # the run's evaluation views are 2 (image, audio)
 
 
 def test_a_sets_bad_value_is_named_by_the_set(run: Path, tmp_path: Path, capsys) -> None:

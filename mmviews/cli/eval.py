@@ -1,8 +1,9 @@
 """``mmviews eval RUN_OR_CHECKPOINT``: evaluate a trained encoder and write its report.
 
-As :func:`mmviews.run.load_run` does, it loads ``encoder(batch) -> (z [K, M, d], mask [K, M])``
-and the run's resolved :class:`~mmviews.config.TrainConfig` (with any ``--set`` below applied),
-and builds unshuffled loaders of the ``"train"``, ``"val"`` and ``"test"`` splits (or None); then
+:func:`mmviews.run.load_run` gives ``(encoder, config, loaders)``: ``encoder(batch) ->
+(z [K, M, d], mask [K, M])``, the run's resolved :class:`~mmviews.config.TrainConfig` (with any
+``--set`` below applied) and unshuffled loaders of the ``"train"``, ``"val"`` and ``"test"``
+splits (or None); then
 :func:`mmviews.eval.evaluate_encoder` writes the report. Its ``meta`` carries the objective
 and the number of views M the encoder was trained with (``mmviews compare`` reads them).
 
@@ -43,8 +44,7 @@ from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.eval.health import HealthSettings, evaluation_warnings
 from mmviews.modalities.base import allow_remote_models
-from mmviews.run import (CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_trained_encoder, record_run_outputs,
-                         run_dir_of)
+from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
 from mmviews.train.logging import headline_lines, headline_metrics, read_eval_metrics
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.run)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a run folder or a checkpoint folder")
-    # (a file is refused by load_trained_encoder below; only a folder is a run)
+    # (a file is refused by load_run below; only a folder is a run)
     run_dir = run_dir_of(path) if is_checkpoint(path) else path
     if args.output is not None:
         check_output(Path(args.output), run_dir)  # before the (slow) loading
@@ -146,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
         run_device(False, args.device)  # likewise
     check_overrides(args.overrides)  # likewise
     with allow_remote_models(args.allow_remote_models):
-        encoder, run_config = load_trained_encoder(path)
-        config = evaluation_config(run_dir, run_config, args.overrides)
+        encoder, run_config, loaders = load_run(path)
+    config = evaluation_config(run_dir, run_config, args.overrides)
+    if config.evaluation.views != run_config.evaluation.views:  # the only overridable key the loaders read
         loaders = eval_loaders(config)
     tasks = args.tasks or config.evaluation.tasks or DEFAULT_TASKS
     out = Path(args.output) if args.output else default_output(run_dir)
