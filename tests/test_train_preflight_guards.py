@@ -1,7 +1,7 @@
 """Unit guards of mmviews.train.preflight (``mmviews train RECIPE --check``), in process on a
-real built run (:func:`mmviews.train.build_run` of a tiny saved DatasetDict): which splits are
-checked, with which samples and collators and under which recipe key, and the whole one-line
-messages of the checks."""
+real built run (:func:`mmviews.train.build_run` of a tiny saved DatasetDict, and of the same
+written as Parquet shards and streamed): which splits are checked, with which samples and
+collators and under which recipe key, and the whole one-line messages of the checks."""
 
 from __future__ import annotations
 
