@@ -414,7 +414,9 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "eval_in_float32": lambda: _eval_in_float32(),
     "eval_fuse_ignores_recipe": lambda: _eval_fuse_ignores_recipe(),
     "eval_output_unresolved": lambda: _eval_output_unresolved(),
+    "eval_plots_ignore_recipe": lambda: _eval_plots_ignore_recipe(),
     "check_first_split_only": lambda: _check_first_split_only(),
+    "check_skips_streamed_splits": lambda: _check_skips_streamed_splits(),
     "move_alignment_threshold": lambda: _move_alignment_threshold(),
     "round_stream_epoch_up": _round_stream_epoch_up,
     "average_rows_per_process": _average_rows_per_process,
@@ -681,6 +683,20 @@ def _eval_fuse_ignores_recipe() -> tuple[Any, str, Any]:
     return eval_command, "evaluate_encoder", lambda *args, **kwargs: evaluate(*args, **{**kwargs, "fuse": "concat"})
 
 
+def _eval_plots_ignore_recipe() -> tuple[Any, str, Any]:
+    """``mmviews eval`` draws every plot whatever the run's ``evaluation.plots`` or a ``--set``
+    of it says (the old behaviour: the report's default)."""
+    import mmviews.cli.eval as eval_command
+
+    evaluate = eval_command.evaluate_encoder
+
+    def always_plotted(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("plots", None)
+        return evaluate(*args, **kwargs)
+
+    return eval_command, "evaluate_encoder", always_plotted
+
+
 def _eval_output_unresolved() -> tuple[Any, str, Any]:
     """``mmviews eval --output`` compares the folder with the run's as written, not where they
     are: a path through a link to the run (or with ``..``) reaches its own ``eval/``."""
@@ -702,6 +718,21 @@ def _check_first_split_only() -> tuple[Any, str, Any]:
 
     splits = preflight._splits
     return preflight, "_splits", lambda parts: itertools.islice(splits(parts), 1)
+
+
+def _check_skips_streamed_splits() -> tuple[Any, str, Any]:
+    """``mmviews train --check`` leaves out the evaluation loaders of streamed splits (the old
+    behaviour): a streamed training split is checked for the training collator only, never for
+    the labels the final evaluation reads."""
+    import mmviews.train.preflight as preflight
+
+    splits = preflight._splits
+
+    def map_style_evaluation_only(parts: Any) -> Any:
+        return (entry for entry in splits(parts)
+                if not (entry[0].endswith(preflight.EVALUATION_SUFFIX) and getattr(entry[2], "streamed", False)))
+
+    return preflight, "_splits", map_style_evaluation_only
 
 
 def _move_alignment_threshold() -> tuple[Any, str, Any]:

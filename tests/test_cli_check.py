@@ -261,16 +261,17 @@ def three_splits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _split_recipe(tmp_path: Path, root: Path, faulty: str, fault: str) -> Path:
+def _split_recipe(tmp_path: Path, root: Path, faulty: str, fault: str, streaming: bool = False) -> Path:
     """Two views of ``seq`` through a sequence adapter and a linear probe of ``class``; the split
-    ``faulty`` (valid or test) gets ``fault``'s options: another modality, a vector column, or its
-    label under another name."""
+    ``faulty`` gets ``fault``'s options: another modality, a vector column, or its label under
+    another name. ``streaming``: ``root`` is a Parquet shard folder, read as ``data.streaming: true``."""
     split_fault = {"modality": "{columns: {other: seq}}", "shape": "{columns: {rows: vec}}",
                    "label": "{labels: {grade: label}}"}[fault]
     recipe = tmp_path / f"{faulty}-{fault}.yaml"
     recipe.write_text(f"""name: splits
 data: {{name: hf, root: {root}, options: {{columns: {{rows: seq}}, labels: {{class: label}}}}, train_split: train,
-        val_split: valid, test_split: test, batch_size: 4, split_options: {{{faulty}: {split_fault}}}}}
+        val_split: valid, test_split: test, batch_size: 4, split_options: {{{faulty}: {split_fault}}},
+        streaming: {str(streaming).lower()}}}
 views: [{{modality: rows, copies: 2}}]
 adapters: {{rows: {SEQUENCE_ADAPTER}}}
 evaluation: {{tasks: ['linear:class']}}
@@ -311,3 +312,51 @@ def test_split_check_fails_when_only_the_first_split_is_checked(capsys, tmp_path
     with pytest.raises(AssertionError):
         test_check_finds_a_fault_of_one_evaluation_split(capsys, tmp_path, three_splits, "test", "label",
                                                          "of split '{split}' do not carry")
+
+
+# ---------------------------------------------------------------------------------------------
+# A streamed run (data.streaming: true) is checked through its streams: its training split's
+# labels (which the final evaluation's probes train on) and its evaluation splits, as above.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def three_streamed_splits(three_splits: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``three_splits`` written as a Parquet shard folder (``mmviews prepare hf --format parquet``)."""
+    from test_data_shards import prepare
+
+    out = tmp_path_factory.mktemp("hf_three_streamed") / "shards"
+    r = prepare("hf", str(three_splits), "--format", "parquet", "--columns", "seq=seq,vec=vec", "--labels",
+                "label=label", "--output", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def test_check_passes_on_a_sound_streamed_run(capsys, tmp_path: Path, three_streamed_splits: Path) -> None:
+    recipe = _split_recipe(tmp_path, three_streamed_splits, "valid", "label", streaming=True)
+    recipe.write_text(recipe.read_text().replace("split_options: {valid: {labels: {grade: label}}}", "split_options: {}"))
+    rc, out, err = cli(capsys, "train", str(recipe), "--check")
+    assert rc == 0 and "OK" in out, err
+
+
+@pytest.mark.parametrize("faulty", ["train", "valid", "test"])
+def test_check_finds_a_label_a_streamed_split_lacks(capsys, tmp_path: Path, three_streamed_splits: Path,
+                                                    faulty: str) -> None:
+    """The label fault of one split, the others sound: the same one line as a map-style split's."""
+    recipe = _split_recipe(tmp_path, three_streamed_splits, faulty, "label", streaming=True)
+    rc, out, err = cli(capsys, "train", str(recipe), "--check")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert (f"key 'evaluation.tasks.0' = 'linear:class': task 'linear' reads the label 'class', which the samples of "
+            f"split '{faulty}' do not carry; they carry ['grade']: use e.g. 'linear:grade', or map the label to a "
+            "dataset column (data.options.labels: {class: <column>})") in line, line
+
+
+def test_streamed_label_check_fails_when_streamed_splits_are_skipped(capsys, tmp_path: Path,
+                                                                       three_streamed_splits: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation test: with the streamed evaluation splits left out (as before), the training
+    split's missing label goes unseen."""
+    from mutations import apply_break
+
+    apply_break("check_skips_streamed_splits", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_check_finds_a_label_a_streamed_split_lacks(capsys, tmp_path, three_streamed_splits, "train")

@@ -34,16 +34,18 @@ def _parser() -> argparse.ArgumentParser:
 def test_options_default_to_the_runs_settings() -> None:
     args = _parser().parse_args(["RUN"])
     assert vars(args) == {"run": "RUN", "tasks": None, "output": None, "fuse": None, "precision": "run",
-                          "device": None, "log_csv": None, "seed": None, "allow_remote_models": False}
+                          "device": None, "log_csv": None, "seed": None, "overrides": [], "allow_remote_models": False}
 
 
 @pytest.mark.parametrize("spelling", ["--output", "--out", "-o"])
 def test_every_spelling_of_the_output_option(spelling: str) -> None:
     args = _parser().parse_args(["RUN", spelling, "somewhere", "--tasks", "linear:class", "retrieval",
                                  "--fuse", "mean", "--precision", "fp16", "--seed", "7", "--device", "cpu",
-                                 "--log-csv", "log.csv", "--allow-remote-models"])
+                                 "--log-csv", "log.csv", "--allow-remote-models", "--set", "evaluation.plots=false",
+                                 "--set", "evaluation.fuse=concat"])
     assert vars(args) == {"run": "RUN", "tasks": ["linear:class", "retrieval"], "output": "somewhere", "fuse": "mean",
                           "precision": "fp16", "device": "cpu", "log_csv": "log.csv", "seed": 7,
+                          "overrides": ["evaluation.plots=false", "evaluation.fuse=concat"],
                           "allow_remote_models": True}
 
 
@@ -77,7 +79,9 @@ def test_the_help_states_each_default(monkeypatch: pytest.MonkeyPatch) -> None:
                  "--device DEVICE where the encoder and probes run, e.g. cpu, cuda (default: the run's: CUDA when "
                  "present and the recipe did not set cpu: true)",
                  "--allow-remote-models allow adapters to build open_clip models named 'hf-hub:...' or "
-                 "'local-dir:...'"):
+                 "'local-dir:...'",
+                 "--set KEY=VALUE override a key of the run's evaluation section, e.g. --set evaluation.plots=false "
+                 "(evaluation.* keys only; repeatable; VALUE is YAML)"):
         assert said in text, said
 
 
@@ -142,6 +146,20 @@ def test_options_are_checked_before_the_run_is_loaded(tmp_path: Path, capsys) ->
     assert rc == 2 and f"--output {tmp_path / 'eval'} is the run's own evaluation" in one_line_error(err)
     rc, _, err = cli(capsys, "eval", str(tmp_path), "--device", "nowhere")
     assert rc == 2 and "--device 'nowhere' is not a device" in one_line_error(err)
+    rc, _, err = cli(capsys, "eval", str(tmp_path), "--set", "evaluation.plot=false")
+    assert rc == 2 and ("--set 'evaluation.plot=false': unknown key 'evaluation.plot' (did you mean 'plots'?)"
+                        in one_line_error(err))
+
+
+@pytest.mark.parametrize("override", ["optimisation.lr=0.1", "data.root=elsewhere", "seed=3", "evaluation={}"])
+def test_a_set_outside_the_evaluation_section_is_refused(tmp_path: Path, capsys, override: str) -> None:
+    """The encoder and the data are the run's: only how it is evaluated may change (checked
+    before the run is loaded: the folder here is empty)."""
+    rc, _, err = cli(capsys, "eval", str(tmp_path), "--set", override)
+    assert rc == 2
+    assert one_line_error(err) == (
+        f"mmviews eval: error: --set {override!r}: mmviews eval overrides keys of the run's evaluation section only "
+        "(e.g. --set evaluation.plots=false); the encoder, the data and the other settings are the run's")
 
 
 def test_a_checkpoint_cannot_name_its_runs_own_evaluation(tmp_path: Path, capsys) -> None:
@@ -216,13 +234,43 @@ def test_the_runs_settings_are_used_and_recorded(run: Path, tmp_path: Path, caps
     assert any(line.startswith("warning: ") for line in lines)  # an untrained run retrieves at chance
 
 
-@pytest.mark.parametrize("option", [("--seed", "6"), ("--fuse", "concat"), ("--tasks", "knn:class", "retrieval")])
+@pytest.mark.parametrize("option", [("--seed", "6"), ("--fuse", "concat"), ("--tasks", "knn:class", "retrieval"),
+                                    ("--set", "evaluation.fuse=concat"),
+                                    ("--set", "evaluation.tasks=[knn:class, retrieval]"),
+                                    ("--set", "evaluation.views=[{modality: audio}, {modality: image}]")])
 def test_the_baseline_is_left_out_when_the_evaluation_differs(run: Path, tmp_path: Path, capsys, option) -> None:
     rc, out, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "out"), *option)
     assert rc == 0, err
     assert "test metrics:" in out.splitlines() and "random init" not in out
     # the health checks still judge the numbers (an untrained encoder retrieves at chance)
     assert any(line.startswith("warning: retrieval at chance") for line in out.splitlines()), out
+
+
+def test_a_set_overrides_the_runs_evaluation_and_flags_win_over_it(run: Path, tmp_path: Path, capsys) -> None:
+    rc, out, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "set"), "--set", "evaluation.fuse=concat",
+                       "--set", "evaluation.tasks=[knn:class]", "--set", "evaluation.plots=false")
+    assert rc == 0, err
+    _, report = _report(out)
+    assert (report["meta"]["fuse"], report["meta"]["tasks"], report["meta"]["plots"]) == ("concat", "knn:class", [])
+    rc, out, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "flags"), "--set", "evaluation.fuse=concat",
+                       "--fuse", "mean", "--set", "evaluation.tasks=[knn:class]", "--tasks", "retrieval")
+    assert rc == 0, err
+    _, report = _report(out)
+    assert (report["meta"]["fuse"], report["meta"]["tasks"]) == ("mean", "retrieval")
+    # with the run's tasks, fusion and seed, the plots alone changed: the baseline still stands beside the numbers
+    assert "test metrics, trained vs random init:" in out.splitlines()
+    # the evaluation views are the loaders' own: an override of them builds the loaders again
+    rc, out, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "views"), "--tasks", "knn:class",
+                       "--set", "evaluation.views=[{modality: audio}]")
+    assert rc == 0, err
+    assert _report(out)[1]["meta"]["eval_num_views"] == 1  # the run's evaluation views are 2 (image, audio)
+
+
+def test_a_sets_bad_value_is_named_by_the_set(run: Path, tmp_path: Path, capsys) -> None:
+    rc, _, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "out"), "--set", "evaluation.fuse=max")
+    line = one_line_error(err)
+    assert rc == 2 and line.startswith("mmviews eval: error: --set 'evaluation.fuse=max': key 'evaluation.fuse'"), line
+    assert not (tmp_path / "out").exists()
 
 
 def test_options_override_the_runs_settings(run: Path, tmp_path: Path, capsys) -> None:

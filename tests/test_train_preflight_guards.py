@@ -1,7 +1,7 @@
 """Unit guards of mmviews.train.preflight (``mmviews train RECIPE --check``), in process on a
-real built run (:func:`mmviews.train.build_run` of a tiny saved DatasetDict): which splits are
-checked, with which samples and collators and under which recipe key, and the whole one-line
-messages of the checks."""
+real built run (:func:`mmviews.train.build_run` of a tiny saved DatasetDict, and of the same
+written as Parquet shards and streamed): which splits are checked, with which samples and
+collators and under which recipe key, and the whole one-line messages of the checks."""
 
 from __future__ import annotations
 
@@ -38,13 +38,14 @@ def splits_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def built(tmp_path: Path, root: Path, *, val_split: str | None = "valid", options: str = "",
           split_options: str = "{}", tasks: str = "['linear:class']", views: str = "[{modality: rows, copies: 2}]",
-          adapters: str = f"{{rows: {SEQUENCE_ADAPTER}}}") -> Any:
-    """The built run of a recipe over ``root`` (``options`` adds to the dataset's options)."""
+          adapters: str = f"{{rows: {SEQUENCE_ADAPTER}}}", data: str = "") -> Any:
+    """The built run of a recipe over ``root`` (``options`` adds to the dataset's options,
+    ``data`` to the ``data`` section)."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"""name: preflight
 data: {{name: hf, root: {root}, options: {{columns: {{rows: seq}}, labels: {{class: label}}{options}}},
         train_split: train, val_split: {val_split or 'null'}, test_split: test, batch_size: 4,
-        split_options: {split_options}}}
+        split_options: {split_options}{data}}}
 views: {views}
 adapters: {adapters}
 evaluation: {{tasks: {tasks}}}
@@ -86,16 +87,36 @@ def test_a_recipe_without_a_validation_split_checks_the_others(tmp_path: Path, s
     assert [name for name, _, _, _ in preflight._splits(parts)] == ["train", "train (evaluation)", "test (evaluation)"]
 
 
-def test_indexable_means_map_style_and_not_streamed() -> None:
-    class Streamed(list):
-        streamed = True
+@pytest.fixture(scope="module")
+def streamed_root(splits_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``splits_root`` as a Parquet shard folder (``mmviews prepare hf --format parquet``), for
+    ``data.streaming: true``."""
+    from test_data_shards import prepare
 
-    class Unindexable:
-        streamed = False
+    out = tmp_path_factory.mktemp("preflight_streamed") / "shards"
+    r = prepare("hf", str(splits_root), "--format", "parquet", "--columns", "seq=seq,vec=vec,nan=nan",
+                "--labels", "label=label", "--output", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
 
-    assert preflight._indexable([1, 2]) and preflight._indexable(torch.zeros(3))
-    assert not preflight._indexable(Streamed([1, 2]))  # has __getitem__, but streamed
-    assert not preflight._indexable(Unindexable())
+
+def test_a_streamed_run_checks_every_split_through_its_stream(tmp_path: Path, streamed_root: Path) -> None:
+    """Streamed splits cannot be indexed: each is read through its stream, the training split
+    (whose labels the probes train on) under its evaluation loader too."""
+    parts = built(tmp_path, streamed_root, data=", streaming: true")
+    splits = list(preflight._splits(parts))
+    assert [(name, key) for name, key, _, _ in splits] == [
+        ("train", "data.train_split"), ("train (evaluation)", "data.train_split"),
+        ("valid (evaluation)", "data.val_split"), ("test (evaluation)", "data.test_split")]
+    assert all(getattr(dataset, "streamed", False) for _, _, dataset, _ in splits)
+    assert splits[0][2] is parts.datasets["train"] and splits[0][3] is parts.collator
+    for (_, _, dataset, collate), role in zip(splits[1:], ("train", "val", "test")):
+        assert dataset is parts.eval_loaders[role].dataset and collate is parts.eval_loaders[role].collate_fn
+    firsts = [preflight._first_samples(dataset) for _, _, dataset, _ in splits]
+    assert [first_value(samples[0]) for samples in firsts] == [0.0, 0.0, 1.0, 2.0]
+    assert [len(samples) for samples in firsts] == [preflight.CHECK_BATCH_SAMPLES] * 4
+    assert all(samples[0]["labels"] == {"class": 0} for samples in firsts)
+    preflight.run_checks(parts, "r.yaml")  # the default checks pass on a sound streamed recipe
 
 
 def test_the_checks_run_in_order_and_run_checks_takes_its_own_list(tmp_path: Path, splits_root: Path) -> None:

@@ -1,8 +1,9 @@
 """``mmviews eval RUN_OR_CHECKPOINT``: evaluate a trained encoder and write its report.
 
 :func:`mmviews.run.load_run` gives ``(encoder, config, loaders)``: ``encoder(batch) ->
-(z [K, M, d], mask [K, M])``, the run's resolved :class:`~mmviews.config.TrainConfig` and
-unshuffled loaders of the ``"train"``, ``"val"`` and ``"test"`` splits (or None); then
+(z [K, M, d], mask [K, M])``, the run's resolved :class:`~mmviews.config.TrainConfig` (with any
+``--set`` below applied) and unshuffled loaders of the ``"train"``, ``"val"`` and ``"test"``
+splits (or None); then
 :func:`mmviews.eval.evaluate_encoder` writes the report. Its ``meta`` carries the objective
 and the number of views M the encoder was trained with (``mmviews compare`` reads them).
 
@@ -11,7 +12,13 @@ from the run's ``config.yaml`` unless a flag overrides it: the precision of the 
 forward (``optimisation.mixed_precision``, under ``torch.autocast`` as in training, see
 :class:`~mmviews.eval.extract.AutocastEncoder`), the device (``cpu``: CUDA when the run did not
 ask for the CPU and one is present), the tasks, the fusion, the evaluation views and the seed
-of the probes. With the run's tasks, the numbers equal those of ``report.md``.
+of the probes. With the run's tasks, the numbers equal those of ``report.md``. The report is
+drawn as the training's is: its plots only where the run's ``evaluation.plots`` says so.
+
+``--set evaluation.KEY=VALUE`` overrides a key of the run's ``evaluation`` section, as
+``mmviews train --set`` does a recipe's (e.g. ``--set evaluation.plots=false``); the
+dedicated flags (``--tasks``, ``--fuse``) win over it. Other sections are refused: the
+encoder and the data are the run's.
 
 The report goes to a new folder, ``RUN/eval-N`` (the first N from 1 that is free) unless
 ``--output`` names one, and the folder is printed. The terminal gets the headline metrics (the probes and retrieval R@1,
@@ -31,12 +38,13 @@ from pathlib import Path
 
 import torch
 
+from mmviews.config import ConfigError, TrainConfig, apply_overrides, load_config, parse_override
 from mmviews.data.views import ViewSpec
 from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.eval.health import HealthSettings, evaluation_warnings
 from mmviews.modalities.base import allow_remote_models
-from mmviews.run import LOG_FILE, is_checkpoint, load_run, record_run_outputs, run_dir_of
+from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
 from mmviews.train.logging import headline_lines, headline_metrics, read_eval_metrics
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
@@ -66,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-csv", default=None,
                         help=f"training log with columns step,loss,... (default: the run folder's {LOG_FILE})")
     parser.add_argument("--seed", type=int, default=None, help="seed of the probes (default: the run's seed)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the run's evaluation section, e.g. --set evaluation.plots=false "
+                        "(evaluation.* keys only; repeatable; VALUE is YAML)")
     parser.add_argument("--allow-remote-models", action="store_true",
                         help="allow adapters to build open_clip models named 'hf-hub:...' or 'local-dir:...'")
 
@@ -100,6 +111,28 @@ def run_device(cpu: bool, requested: str | None = None) -> str:
     return str(device)
 
 
+#: The recipe section ``--set`` may change: how the run is evaluated, not what is evaluated.
+OVERRIDABLE_SECTION = "evaluation"
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse a ``--set`` outside :data:`OVERRIDABLE_SECTION`, or naming a key the section does not
+    have (a ``ConfigError`` naming the ``--set``); its value is checked with the run's recipe."""
+    for text in overrides:
+        parts, _ = parse_override(text)
+        if parts[0] != OVERRIDABLE_SECTION or len(parts) < 2:
+            raise ConfigError(f"--set {text!r}: mmviews eval overrides keys of the run's {OVERRIDABLE_SECTION} section "
+                              f"only (e.g. --set {OVERRIDABLE_SECTION}.plots=false); the encoder, the data and the "
+                              "other settings are the run's")
+    apply_overrides({}, overrides)  # an unknown key (with its did-you-mean) before the run is loaded
+
+
+def evaluation_config(run_dir: Path, run_config: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """The run's recipe with ``overrides`` applied (checked as ``mmviews train --set`` checks
+    them: an error names the ``--set`` at fault); ``run_config`` itself without any."""
+    return load_config(run_dir / CONFIG_FILE, overrides) if overrides else run_config
+
+
 def run(args: argparse.Namespace) -> int:
     """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
     path = Path(args.run)
@@ -111,8 +144,12 @@ def run(args: argparse.Namespace) -> int:
         check_output(Path(args.output), run_dir)  # before the (slow) loading
     if args.device is not None:
         run_device(False, args.device)  # likewise
+    check_overrides(args.overrides)  # likewise
     with allow_remote_models(args.allow_remote_models):
-        encoder, config, loaders = load_run(path)
+        encoder, run_config, loaders = load_run(path)
+    config = evaluation_config(run_dir, run_config, args.overrides)
+    if config.evaluation.views != run_config.evaluation.views:  # the only overridable key the loaders read
+        loaders = eval_loaders(config)
     tasks = args.tasks or config.evaluation.tasks or DEFAULT_TASKS
     out = Path(args.output) if args.output else default_output(run_dir)
     log_csv = args.log_csv  # an explicit log that is missing gets a note in the report
@@ -137,13 +174,14 @@ def run(args: argparse.Namespace) -> int:
     metrics = evaluate_encoder(
         AutocastEncoder(encoder, precision), loaders["train"], loaders["val"], loaders["test"], tasks,
         out_dir=out, accelerator=accelerator, fuse=fuse, log_csv=log_csv, meta=meta, seed=seed, device=device,
+        plots=config.evaluation.plots,  # as the training's evaluation draws them (mmviews.train.evaluation)
     )
     if accelerator is None or accelerator.is_main_process:
         if out.parent.resolve() == run_dir.resolve():
             record_run_outputs(run_dir)  # the report is part of the run (for --overwrite)
         # the run's random-init baseline sits beside the numbers only where it measured the same thing
-        same_evaluation = (list(tasks) == list(config.evaluation.tasks or []) and fuse == config.evaluation.fuse
-                           and seed == config.seed)
+        same_evaluation = (list(tasks) == list(run_config.evaluation.tasks or []) and fuse == run_config.evaluation.fuse
+                           and seed == run_config.seed and config.evaluation.views == run_config.evaluation.views)
         random_init = read_eval_metrics(run_dir / "eval_random") if same_evaluation else None
         for line in headline_lines(headline_metrics(metrics, random_init)):
             print(line)

@@ -14,6 +14,10 @@ append it to :data:`CHECKS`.
   column where the adapter wants ``[L, D]`` fails there);
 - :func:`check_evaluation_labels`: every label an ``evaluation.tasks`` task reads is carried by
   the samples of the splits it is evaluated on (found otherwise only after the whole run).
+
+Every split is checked with its own first samples, a streamed one (``data.streaming: true``)
+included: those are read through its stream, so a streamed training split whose rows lack the
+label a probe trains on fails here, not after training.
 """
 
 from __future__ import annotations
@@ -38,15 +42,15 @@ EVALUATION_SUFFIX = " (evaluation)"
 
 def _splits(parts: RunParts) -> Iterator[tuple[str, str, Any, Callable[[list[Any]], Any]]]:
     """``(split name, recipe key naming it, dataset, collate)`` of the training split and of each
-    evaluation split (the loaders' own collators). A streamed training split is read through its
-    stream (:func:`~mmviews.data.streaming.first_samples`); evaluation splits that cannot be
-    indexed are left out."""
+    evaluation split (the loaders' own collators). Streamed splits (``data.streaming``) are listed
+    too: the checks read their first samples through the stream
+    (:func:`~mmviews.data.streaming.first_samples`), as their loaders would."""
     data = parts.config.data
     yield data.train_split, "data.train_split", parts.datasets["train"], parts.collator
     keys = {"train": ("data.train_split", data.train_split), "val": ("data.val_split", data.val_split),
             "test": ("data.test_split", data.test_split)}
     for role, loader in parts.eval_loaders.items():
-        if loader is not None and role in keys and _indexable(loader.dataset):
+        if loader is not None and role in keys:
             key, name = keys[role]
             yield f"{name}{EVALUATION_SUFFIX}", key, loader.dataset, loader.collate_fn
 
@@ -56,11 +60,8 @@ def _split_name(split: str) -> str:
     return split.removesuffix(EVALUATION_SUFFIX)
 
 
-def _indexable(dataset: Any) -> bool:
-    return hasattr(dataset, "__getitem__") and not getattr(dataset, "streamed", False)
-
-
 def _first_samples(dataset: Any, n: int = CHECK_BATCH_SAMPLES) -> list[Any]:
+    """The first ``n`` samples: indexed in a map-style split, read through the stream of a streamed one."""
     return first_samples(dataset, n)
 
 
