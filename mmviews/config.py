@@ -229,10 +229,11 @@ class TrainConfig:
     # torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG (mmviews.train.distributed):
     # bitwise repeatable runs, and resumed runs equal to uninterrupted ones, on CUDA too; slower.
     deterministic: bool = False
-    # whether glibc's malloc keeps the memory a step frees for the next step (no page faults for
-    # large activations; the resident set stays at the step's peak): "auto" holds it when
-    # mmviews's command owns the process and trains on the CPU (mmviews.train.host_memory)
-    host_memory: Literal["auto", "hold", "system"] = "auto"
+    # whether glibc's malloc keeps the memory a step frees for the next step instead of giving it
+    # back and faulting it in again: "auto" keeps the heap ("heap") when mmviews's command owns
+    # the process and trains on the CPU; "hold" keeps everything (fastest, may raise the peak);
+    # "system" leaves the allocator alone (mmviews.train.host_memory)
+    host_memory: Literal["auto", "heap", "hold", "system"] = "auto"
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -275,10 +275,10 @@ def test_two_processes_resume_after_the_last_checkpoint_end_as_one_does(tmp_path
     last = list(csv.DictReader((run / "metrics.csv").open()))[-1]
     assert data["status"] == "ok" and math.isclose(data["final_loss"], float(last["loss"]), rel_tol=1e-5)
     assert data["num_processes"] == 2
-    # each rank is the mmviews program's own process, training on the CPU: host_memory auto holds
+    # each rank is the mmviews program's own process, training on the CPU: host_memory auto keeps the heap
     from mmviews.train.host_memory import allocator_set_by_environment, is_glibc
 
-    expected = "system" if not is_glibc() else "environment" if allocator_set_by_environment() else "hold"
+    expected = "system" if not is_glibc() else "environment" if allocator_set_by_environment() else "heap"
     assert data["host_memory"] == expected
     for r in ranks:
         assert "Traceback" not in r.stderr and "warning" not in r.stderr.lower(), r.stderr[-2000:]

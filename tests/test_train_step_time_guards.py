@@ -118,7 +118,7 @@ def test_timed_steps_count_the_page_faults_of_fresh_memory() -> None:
 
 def test_table_gives_wall_and_cpu_ratios_and_the_op_counts() -> None:
     row = {"K": 8, "step_s": 2.0, "cpu_s": 3.0, "system_s": 0.5, "page_faults": 1000, "peak_rss_mb": 100.0}
-    rows = [{**row, "side": "mmviews", "host_memory": "hold",
+    rows = [{**row, "side": "mmviews", "host_memory": "heap",
              "ops": {"aten_calls": 70, "gflop": 2.5, "calls_by_op": {"aten::mm": 7}}},
             {**row, "side": "sentence-transformers", "step_s": 4.0, "cpu_s": 2.0, "ops": None}]
     result = {"model": "/m/all-MiniLM-L6-v2", "tokens": 32, "threads": 2, "steps": 3, "rounds": 2, "rows": rows,
@@ -129,5 +129,5 @@ def test_table_gives_wall_and_cpu_ratios_and_the_op_counts() -> None:
     assert [line.split()[:6] for line in table.splitlines()[2:4]] == [
         ["mmviews", "8", "2.00", "3.00", "0.50", "1000"], ["sentence-transformers", "8", "4.00", "2.00", "0.50", "1000"]]
     # what each side's allocator did (a row without the key: a process mmviews left alone)
-    assert [line.split()[-1] for line in table.splitlines()[2:4]] == ["hold", "system"]
+    assert [line.split()[-1] for line in table.splitlines()[2:4]] == ["heap", "system"]
     assert table.splitlines()[0].endswith("--host-memory auto")

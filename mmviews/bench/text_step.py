@@ -44,7 +44,7 @@ import torch
 
 from mmviews.bench.common import middle, rss_high_water_bytes
 from mmviews.modalities.presets import TINY_WORDS
-from mmviews.train.host_memory import HOST_MEMORY_SETTINGS, configure_host_memory, hold_freed_memory, host_memory_state
+from mmviews.train.host_memory import HOST_MEMORY_SETTINGS, configure_host_memory, host_memory_state, keep_freed_memory
 
 TEXT_WORDS = 60  # words per text: well over 32 tokens, so truncation, never padding, sets the length
 SIDES = ("mmviews", "sentence-transformers")
@@ -238,8 +238,8 @@ def compare_text_steps(model: Path | None, Ks: list[int], tokens: int = 32, step
     """For each K, both sides in turn (:func:`round_order`, each run in its own process), and
     the mmviews / sentence-transformers ratios of their median wall and CPU seconds per step and
     of their peak RSS. ``host_memory``: ``auto``, each side's allocator as its library runs by
-    default (mmviews's process holds freed memory, ``host_memory: auto`` on the CPU;
-    sentence-transformers' has glibc's defaults); ``hold`` or ``system``, both sides so."""
+    default (mmviews's keeps its heap, ``host_memory: auto`` on the CPU; sentence-transformers'
+    has glibc's defaults); ``heap``, ``hold`` or ``system``: both sides so."""
     if host_memory not in HOST_MEMORY_SETTINGS:
         raise SystemExit(f"bench train: --host-memory must be one of {', '.join(HOST_MEMORY_SETTINGS)}, got {host_memory!r}")
     if model is None:
@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.side == "mmviews":  # as mmviews train applies it in its own process on the CPU
         configure_host_memory(args.host_memory, owns_process=True, on_cpu=True)
-    elif args.host_memory == "hold":  # sentence-transformers itself leaves the allocator as it is
-        hold_freed_memory()
+    elif args.host_memory in ("heap", "hold"):  # sentence-transformers itself leaves the allocator as it is
+        keep_freed_memory(args.host_memory)
     measure_side = mmviews_row if args.side == "mmviews" else sentence_transformers_row
     row = measure_side(args.text_model, args.K, args.text_tokens, args.steps, args.warmup, args.count_ops)
     args.output.write_text(json.dumps(row))

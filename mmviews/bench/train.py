@@ -765,11 +765,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count-ops", action="store_true",
                         help="with --against-sentence-transformers: one more step of each side under torch.profiler: "
                         "its aten calls and GFLOP (counts, which the machine's load does not change)")
-    parser.add_argument("--host-memory", choices=("auto", "hold", "system"), default="auto",
+    parser.add_argument("--host-memory", choices=("auto", "heap", "hold", "system"), default="auto",
                         help="with --against-sentence-transformers: glibc's malloc in both sides' processes: auto (each "
-                        "as its library runs it: mmviews's keeps freed memory on the CPU, host_memory: auto; "
-                        "sentence-transformers' has glibc's defaults), hold (both keep freed memory), system (both "
-                        "glibc's defaults). The cases take the recipe key: --set host_memory=system")
+                        "as its library runs it: mmviews's keeps its heap on the CPU, host_memory: auto; "
+                        "sentence-transformers' has glibc's defaults), heap, hold or system (both sides so; see the "
+                        "recipe key host_memory). The cases take the recipe key: --set host_memory=system")
     parser.add_argument("--plain-K", type=int, default=None, metavar="K",
                         help="with --encode-chunk-size / --gradient-checkpointing: K of the plain step compared "
                         "against (default: the same K)")
