@@ -360,3 +360,20 @@ def test_streamed_label_check_fails_when_streamed_splits_are_skipped(capsys, tmp
     apply_break("check_skips_streamed_splits", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_check_finds_a_label_a_streamed_split_lacks(capsys, tmp_path, three_streamed_splits, "train")
+
+
+@pytest.mark.parametrize("state", ["heap", "hold"])
+def test_check_says_when_the_estimate_does_not_bound_the_peak(capsys, monkeypatch, tmp_path: Path, three_splits: Path,
+                                                              state: str) -> None:
+    """``--check`` under ``host_memory: hold`` says that the peak can exceed its estimate (the
+    heap fragments); under ``heap`` it says nothing. The process's allocator is not changed
+    here: the state is what mmviews.cli.train is told the setting resolved to."""
+    import mmviews.cli.train as cli_train
+    from mmviews.train import host_memory
+
+    monkeypatch.setattr(cli_train, "configure_host_memory", lambda setting, **_: state)
+    recipe = _split_recipe(tmp_path, three_splits, "valid", "label")
+    recipe.write_text(recipe.read_text().replace(", split_options: {valid: {labels: {grade: label}}}", ""))
+    rc, out, err = cli(capsys, "train", str(recipe), "--check")
+    assert rc == 0, err
+    assert (f"note: {host_memory.HOLD_NOTE}" in out) is (state == "hold")

@@ -107,3 +107,4 @@ def test_mmviews_train_called_from_a_program_leaves_its_allocator(tmp_path: Path
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((run / "results.json").read_text())["host_memory"] in ("system", "environment")
     assert host_memory._applied is None
+

@@ -62,7 +62,7 @@ from mmviews.run import (
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.distributed import accelerate_launch
-from mmviews.train.host_memory import configure_host_memory
+from mmviews.train.host_memory import HOLD_NOTE, configure_host_memory
 from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
 from mmviews.train.memory import estimate_memory, processes_from_environment
@@ -179,8 +179,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     # the datasets and models are built (train() resolves the trackers after build_run)
     check_trackers_installed(config, str(recipe))
     # before the run's memory is allocated, --check included: its estimate measures the allocator the run has
-    configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
-                          on_cpu=config.cpu or not torch.cuda.is_available())
+    host_memory = configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
+                                        on_cpu=config.cpu or not torch.cuda.is_available())
     if args.check:
         with _overrides_named(str(recipe), args.overrides):
             parts = build_run(config, source=str(recipe))
@@ -194,6 +194,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         estimate = estimate_memory(parts, processes_from_environment(),
                                    getattr(config.optimisation, "encode_chunk_size", None))
         print("\n".join(estimate.lines(args.memory_budget_gb)))
+        if host_memory == "hold":
+            print(f"note: {HOLD_NOTE}")
         for line in data_check_lines(parts):
             print(f"warning: {line}")
         return 0

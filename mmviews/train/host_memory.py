@@ -19,10 +19,10 @@ at K = 128 with glibc's defaults, 0.48-0.50 s keeping the heap, 0.40-0.41 s hold
   ``GLIBC_TUNABLES`` naming ``glibc.malloc``): the user's setting stands.
 - ``heap``: the heap is kept (its free top is given back only beyond 2 GiB) and the ``mmap``
   threshold is fixed at 32 MiB: blocks up to 32 MiB reuse the heap's memory from step to step,
-  larger ones are still mapped and given back. The peak resident set is the same as with glibc's
-  defaults (within 2 % on the quickstart at K = 128 and 512).
+  larger ones are still mapped and given back. The peak resident set is that of glibc's
+  defaults (within the 2-4 % spread of runs on the quickstart at K = 128 and 512).
 - ``hold``: everything from the heap, nothing given back (no ``mmap`` for large blocks): the
-  fastest (1.9-2.2x glibc's defaults on the quickstart), but the heap fragments, and the peak
+  fastest (1.9-2.1x glibc's defaults on the quickstart), but the heap fragments, and the peak
   resident set can rise well beyond the live tensors' (+8 % at K = 128, +42 % at K = 512 on
   the quickstart's plain step), beyond what ``mmviews train --check`` estimates.
 - ``system``: leave the allocator as it is (glibc's defaults, or the environment's).
@@ -57,6 +57,10 @@ MALLOPT_CALLS = {
 }
 
 _applied: str | None = None  # the setting mmviews applied in this process
+#: What ``mmviews train --check`` says under ``host_memory: hold`` (its estimate counts live tensors)
+HOLD_NOTE = ("host_memory: hold serves every block from the heap, which fragments: the peak resident set can exceed "
+             "this estimate (by 42 % on the quickstart's plain step at K = 512); host_memory: heap (the default on "
+             "the CPU) keeps the estimate's peak")
 
 
 def is_glibc() -> bool:
