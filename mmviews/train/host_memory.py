@@ -7,7 +7,7 @@ it exceeds a threshold, and every block above its ``mmap`` threshold (which it r
 MiB) is a mapping of its own, unmapped when freed. The next step gets the memory again from the
 kernel, page by page, zeroed: kernel time and page faults at every step. Measured on
 ``mmviews bench train --case quickstart`` (2 threads, idle 2-core CPU): the step takes 0.74-0.79 s
-at K = 128 with glibc's defaults, 0.48-0.50 s keeping the heap, 0.40-0.41 s holding everything.
+at K = 128 with glibc's defaults, 0.48-0.53 s keeping the heap, 0.40-0.41 s holding everything.
 
 ``host_memory``:
 
