@@ -264,14 +264,19 @@ def check_no_stall(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     the evaluation pass call no ``time.sleep``. (Read through ``datasets``' Parquet builder, the
     default shuffle buffer of 10 shards at once slept 5 s at the end of every pass: that made a
     small streamed run 3.5x slower than map-style.) Sleeps are recorded here, not slept."""
+    import threading
     import time
 
     slept: list[float] = []
+    real_sleep = time.sleep
+    # threads that earlier tests left in this process (a watcher polling every second): theirs
+    # are not the stream's sleeps, and they sleep for real (unslept, a polling loop would spin)
+    earlier_threads = set(threading.enumerate()) - {threading.main_thread()}
 
     def record(seconds: float) -> None:
-        # Not slept, so a loop that polls with sleep spins: keep the first calls, not millions
-        # (whose list pytest would also pretty-print in full when the comparison fails)
-        if len(slept) < 100:
+        if threading.current_thread() in earlier_threads:
+            return real_sleep(seconds)
+        if len(slept) < 100:  # unslept, a loop that polls with sleep spins: keep its first calls
             slept.append(seconds)
 
     monkeypatch.setattr(time, "sleep", record)
