@@ -395,11 +395,13 @@ def _check_values(config: TrainConfig, source: str) -> None:
     need(o.max_grad_norm is None or o.max_grad_norm > 0, "optimisation.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
     need(o.encode_chunk_size is None or o.encode_chunk_size >= 1, "optimisation.encode_chunk_size",
          f"must be a number of samples >= 1 (or null: no chunking), got {o.encode_chunk_size}")
-    # torch.compile (2.11) fails on the checkpointing's context_fn (mmviews.modalities.checkpointing)
+    # torch.compile (2.11) fails on the context_fn with which checkpointing replays sample keys
+    # (mmviews.modalities.checkpointing); without sample-keyed dropout none is passed
     checkpointed = sorted(m for m, a in config.adapters.items() if isinstance(a, dict) and a.get("gradient_checkpointing"))
-    need(not (o.compile and checkpointed), "optimisation.compile",
-         f"cannot be combined with gradient_checkpointing (adapters {', '.join(checkpointed)}): torch.compile "
-         "rejects the checkpointing's context; turn one of them off")
+    need(not (o.compile and checkpointed and o.sample_keyed_dropout), "optimisation.compile",
+         f"cannot be combined with gradient_checkpointing (adapters {', '.join(checkpointed)}) under "
+         "optimisation.sample_keyed_dropout: torch.compile rejects the context that replays the sample keys in the "
+         "recomputation; turn one of the three off")
     need(0 <= config.objective.teacher_momentum < 1, "objective.teacher_momentum", f"must be in [0, 1), got {config.objective.teacher_momentum}")
     need(e.every_epochs >= 0, "evaluation.every_epochs", f"must be >= 0, got {e.every_epochs}")
     need(out.log_every >= 1, "output.log_every", f"must be >= 1, got {out.log_every}")

@@ -417,6 +417,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "eval_plots_ignore_recipe": lambda: _eval_plots_ignore_recipe(),
     "check_first_split_only": lambda: _check_first_split_only(),
     "check_skips_streamed_splits": lambda: _check_skips_streamed_splits(),
+    "checkpoint_with_context_always": lambda: _checkpoint_with_context_always(),
     "move_alignment_threshold": lambda: _move_alignment_threshold(),
     "round_stream_epoch_up": _round_stream_epoch_up,
     "average_rows_per_process": _average_rows_per_process,
@@ -463,6 +464,18 @@ def init_worker_ignoring_parent(parent_pid: int | None = None) -> None:
     import cv2
 
     cv2.setNumThreads(1)
+
+
+def _checkpoint_with_context_always() -> tuple[Any, str, Any]:
+    """The text adapter's checkpointing always passes the sample-key context as ``context_fn``
+    (as it did before), keyed dropout or not: torch.compile cannot compile it."""
+    import mmviews.modalities.text as text
+    from mmviews.modalities.checkpointing import enable_transformers_checkpointing
+
+    def with_context(model: Any, where: str, **_: Any) -> None:
+        enable_transformers_checkpointing(model, where, sample_keyed=True)
+
+    return text, "enable_transformers_checkpointing", with_context
 
 
 def _orphan_prepare_workers() -> tuple[Any, str, Any]:

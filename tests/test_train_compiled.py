@@ -148,13 +148,55 @@ def test_recipe_key_compiles_the_run_and_reaches_the_eager_weights(tmp_path: Pat
         torch.testing.assert_close(runs["compiled"][key], eager, rtol=1e-4, atol=1e-5, msg=key)
 
 
-def test_compile_with_gradient_checkpointing_is_refused_at_load() -> None:
-    """torch.compile fails inside the checkpointed layers' context: the recipe is refused with
-    one line naming the key and the adapters, before anything is built."""
+def test_compile_with_checkpointing_is_refused_only_under_sample_keyed_dropout() -> None:
+    """torch.compile fails on the context that replays sample keys in the checkpointed layers'
+    recomputation: with sample-keyed dropout the recipe is refused with one line naming the key
+    and the adapters, before anything is built; without it the recipe loads."""
     from mmviews.config import ConfigError, config_from_dict
 
     config = tiny_config(image=False)
     config["adapters"]["text"]["gradient_checkpointing"] = True
     config["optimisation"]["compile"] = True
-    with pytest.raises(ConfigError, match=r"optimisation\.compile.*gradient_checkpointing \(adapters text\)"):
+    assert config_from_dict(config, "tiny").optimisation.compile
+    config["optimisation"]["sample_keyed_dropout"] = True
+    with pytest.raises(ConfigError, match=r"optimisation\.compile.*gradient_checkpointing \(adapters text\) under "
+                                          r"optimisation\.sample_keyed_dropout"):
         config_from_dict(config, "tiny")
+
+
+def test_checkpointed_encoder_compiles_and_matches_eager() -> None:
+    """A text adapter with gradient checkpointing compiles (aot_eager: dynamo and autograd's
+    tracing, which reject a checkpoint ``context_fn``, without inductor's minutes) and gives the
+    eager step's embeddings and gradients. Break (``checkpoint_with_context_always``): the
+    checkpointing passes its sample-key context although no dropout is keyed, as it once did."""
+    _check_checkpointed_compile()
+
+
+def test_checkpointed_compile_fails_when_the_context_is_always_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation test (tests/README.md)."""
+    apply_break("checkpoint_with_context_always", monkeypatch.setattr)
+    with pytest.raises(Exception, match="context_fn|BackendCompilerFailed|checkpoint"):
+        _check_checkpointed_compile()
+
+
+def _check_checkpointed_compile() -> None:
+    import torch._dynamo
+
+    torch._dynamo.reset()  # graphs of earlier tests: not this encoder's
+    eager = _text_encoder()
+    eager.adapters["text"].enable_gradient_checkpointing()
+    compiled = copy.deepcopy(eager)
+    compile_encoder(compiled, backend="aot_eager")
+    batch = _batches([12])[0]
+    grads = []
+    for encoder in (eager, compiled):
+        z = encoder.adapters["text"](batch, check_inputs=False)
+        z.square().sum().backward()
+        grads.append((z.detach(), {n: q.grad for n, q in encoder.named_parameters() if q.grad is not None}))
+    (z_eager, g_eager), (z_compiled, g_compiled) = grads
+    torch.testing.assert_close(z_compiled, z_eager, rtol=0, atol=FIRST_STEP_TOLERANCE)
+    # the unused BERT pooler: no gradient in eager mode, a zero one through the compiled graph
+    assert g_eager.keys() <= g_compiled.keys() and len(g_eager) > 0, set(g_eager) ^ set(g_compiled)
+    assert all(not g_compiled[name].any() for name in g_compiled.keys() - g_eager.keys())
+    for name in g_eager:
+        torch.testing.assert_close(g_compiled[name], g_eager[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -9,6 +9,16 @@ forward runs twice per step.
 The transformers and open_clip backbones have their own switch (``gradient_checkpointing_enable``,
 ``set_grad_checkpointing``); :func:`checkpointed` is for the blocks of the CNNs defined here.
 
+Sample-keyed dropout (``optimisation.sample_keyed_dropout``): the recomputation in backward runs
+after the forward's row keys are gone, so checkpointing passes ``checkpoint_context`` as
+``torch.utils.checkpoint``'s ``context_fn`` to run it under the forward's keys.
+:func:`~mmviews.modalities.dropout.enable_sample_keyed_dropout` switches that on
+(:func:`replay_sample_keys`) for the checkpointed transformers layers of the model it converts
+(a block given to :func:`checkpointed` with random layers of its own would need
+``context_fn=checkpoint_context``; the CNN stages here have none). Without
+keyed dropout no ``context_fn`` is passed (torch replays its own random state), which is what
+lets ``torch.compile`` (2.11) compile checkpointed layers: it rejects any ``context_fn``.
+
 BatchNorm: a block's recomputation in backward runs its BatchNorm layers in training mode a
 second time, which would update their running statistics twice per step. :func:`checkpointed`
 lets the recomputation update throw-away copies (the batch statistics, which the output and the
@@ -18,13 +28,14 @@ gradients use, are the same both times), so the running statistics are those of 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .dropout import checkpoint_context
+from .dropout.hf_attention import is_transformers_model
 
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
 
@@ -63,28 +74,45 @@ class _ForwardThenRecompute:
             return self.block(*args)
 
 
-def checkpointed(block: nn.Module, *args: Any) -> Any:
+def checkpointed(block: nn.Module, *args: Any, context_fn: Callable[[], Any] | None = None) -> Any:
     """``block(*args)``, keeping only ``args`` for backward and recomputing the rest then
     (non-reentrant ``torch.utils.checkpoint``; dropout masks are replayed from the saved RNG
-    state). Without gradients (``no_grad``, evaluation) it is a plain call."""
+    state). ``context_fn``: ``checkpoint_context`` under sample-keyed dropout (see the module
+    docstring), else None. Without gradients (``no_grad``, evaluation) it is a plain call."""
     if not torch.is_grad_enabled():
         return block(*args)
-    # checkpoint_context: the recomputation drops what the forward dropped under sample-keyed dropout
-    return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False, context_fn=checkpoint_context)
+    context = {} if context_fn is None else {"context_fn": context_fn}
+    return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False, **context)
 
 
-def enable_transformers_checkpointing(model: nn.Module, where: str) -> None:
+def enable_transformers_checkpointing(model: nn.Module, where: str, *, sample_keyed: bool = False) -> None:
     """transformers' own activation checkpointing of ``model``'s layers (non-reentrant, so that
     it works with frozen inputs and LoRA); a ``ValueError`` naming ``where`` when the model's
-    class has none."""
+    class has none. ``sample_keyed``: the recomputation runs under the forward's sample keys
+    (see the module docstring)."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{where}: {type(model).__name__} does not support gradient checkpointing")
-    # checkpoint_context: the recomputation in backward runs under the forward's sample keys
-    # (optimisation.sample_keyed_dropout), so that it drops what the forward dropped
-    options = {"use_reentrant": False, "context_fn": checkpoint_context}
+    options: dict[str, Any] = {"use_reentrant": False}
+    if sample_keyed:
+        options["context_fn"] = checkpoint_context
     if getattr(model.config, "use_cache", None):  # encoders keep no cache; transformers would say so at every run
         model.config.use_cache = False
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the older name warns there
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+def _transformers_checkpointing_on(model: nn.Module) -> bool:
+    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, flag, False))
+
+
+def replay_sample_keys(model: nn.Module) -> None:
+    """Make the checkpointed transformers layers of ``model`` recompute under the forward's
+    sample keys (their checkpointing enabled again with ``checkpoint_context``). Called by
+    ``enable_sample_keyed_dropout``. The stages of the CNNs here that :func:`checkpointed` wraps
+    hold no random layer (convolution, BatchNorm, ReLU): nothing to replay there."""
+    for name, module in model.named_modules():
+        if is_transformers_model(module) and _transformers_checkpointing_on(module):
+            enable_transformers_checkpointing(module, name or type(module).__name__, sample_keyed=True)

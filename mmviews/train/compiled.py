@@ -24,8 +24,11 @@ SGD steps: embeddings 3.1e-5, weights 1.1e-5 of the largest change; tests/test_t
 holds them to 1e-6, 1e-4 and 1e-4). Compiled dropout draws its masks from inductor's own random
 stream: with dropout on, compiled and eager runs drop different units.
 
-Refused at load (:mod:`mmviews.config`): ``compile`` with an adapter's ``gradient_checkpointing``
-(torch 2.11's compiler rejects the checkpointing's ``context_fn``).
+Activation checkpointing (an adapter's ``gradient_checkpointing``) compiles: the checkpointed
+layers are traced with their recomputation (tests/test_train_compiled.py). Refused at load
+(:mod:`mmviews.config`): ``compile`` with ``gradient_checkpointing`` under
+``optimisation.sample_keyed_dropout``, whose checkpointing replays the sample keys through a
+``context_fn`` that torch 2.11's compiler rejects.
 
 Not covered: sample-keyed dropout (``optimisation.sample_keyed_dropout``) reads its keys from a
 context the compiled graph does not see as an input, so it is not known to stay free of

@@ -307,6 +307,9 @@ def enable_sample_keyed_dropout(model: nn.Module, *, skip: tuple[str, ...] = (),
                          + "\n  - ".join(problems)
                          + "\nturn these off in the adapter's config, or leave sample-keyed dropout off")
     salt_sample_keyed_dropout(model, namespace)
+    from mmviews.modalities.checkpointing import replay_sample_keys  # it builds on this package
+
+    replay_sample_keys(model)  # checkpointed layers recompute under the forward's keys
     return report
 
 
