@@ -471,9 +471,12 @@ def _checkpoint_with_context_always() -> tuple[Any, str, Any]:
     (as it did before), keyed dropout or not: torch.compile cannot compile it."""
     import mmviews.modalities.text as text
     from mmviews.modalities.checkpointing import enable_transformers_checkpointing
+    from mmviews.modalities.dropout import checkpoint_context
+    from mmviews.modalities.dropout.hf_attention import set_transformers_checkpointing
 
-    def with_context(model: Any, where: str, **_: Any) -> None:
-        enable_transformers_checkpointing(model, where, sample_keyed=True)
+    def with_context(model: Any, where: str) -> None:
+        enable_transformers_checkpointing(model, where)
+        set_transformers_checkpointing(model, {"use_reentrant": False, "context_fn": checkpoint_context})
 
     return text, "enable_transformers_checkpointing", with_context
 

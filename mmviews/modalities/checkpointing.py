@@ -12,8 +12,8 @@ The transformers and open_clip backbones have their own switch (``gradient_check
 Sample-keyed dropout (``optimisation.sample_keyed_dropout``): the recomputation in backward runs
 after the forward's row keys are gone, so checkpointing passes ``checkpoint_context`` as
 ``torch.utils.checkpoint``'s ``context_fn`` to run it under the forward's keys.
-:func:`~mmviews.modalities.dropout.enable_sample_keyed_dropout` switches that on
-(:func:`replay_sample_keys`) for the checkpointed transformers layers of the model it converts
+:func:`~mmviews.modalities.dropout.enable_sample_keyed_dropout` switches that on for the
+checkpointed transformers layers of the model it converts
 (a block given to :func:`checkpointed` with random layers of its own would need
 ``context_fn=checkpoint_context``; the CNN stages here have none). Without
 keyed dropout no ``context_fn`` is passed (torch replays its own random state), which is what
@@ -34,8 +34,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .dropout import checkpoint_context
-from .dropout.hf_attention import is_transformers_model
+from .dropout.hf_attention import set_transformers_checkpointing
 
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
 
@@ -85,34 +84,14 @@ def checkpointed(block: nn.Module, *args: Any, context_fn: Callable[[], Any] | N
     return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False, **context)
 
 
-def enable_transformers_checkpointing(model: nn.Module, where: str, *, sample_keyed: bool = False) -> None:
+def enable_transformers_checkpointing(model: nn.Module, where: str) -> None:
     """transformers' own activation checkpointing of ``model``'s layers (non-reentrant, so that
     it works with frozen inputs and LoRA); a ``ValueError`` naming ``where`` when the model's
-    class has none. ``sample_keyed``: the recomputation runs under the forward's sample keys
-    (see the module docstring)."""
+    class has none. No ``context_fn`` (see the module docstring)."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{where}: {type(model).__name__} does not support gradient checkpointing")
     options: dict[str, Any] = {"use_reentrant": False}
-    if sample_keyed:
-        options["context_fn"] = checkpoint_context
     if getattr(model.config, "use_cache", None):  # encoders keep no cache; transformers would say so at every run
         model.config.use_cache = False
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the older name warns there
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+    set_transformers_checkpointing(model, options)
 
-
-def _transformers_checkpointing_on(model: nn.Module) -> bool:
-    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
-    return bool(getattr(model, flag, False))
-
-
-def replay_sample_keys(model: nn.Module) -> None:
-    """Make the checkpointed transformers layers of ``model`` recompute under the forward's
-    sample keys (their checkpointing enabled again with ``checkpoint_context``). Called by
-    ``enable_sample_keyed_dropout``. The stages of the CNNs here that :func:`checkpointed` wraps
-    hold no random layer (convolution, BatchNorm, ReLU): nothing to replay there."""
-    for name, module in model.named_modules():
-        if is_transformers_model(module) and _transformers_checkpointing_on(module):
-            enable_transformers_checkpointing(module, name or type(module).__name__, sample_keyed=True)

@@ -102,6 +102,20 @@ def is_transformers_model(module: nn.Module) -> bool:
     return isinstance(module, PreTrainedModel)
 
 
+def set_transformers_checkpointing(model: nn.Module, options: dict[str, Any]) -> None:
+    """Turn on transformers' activation checkpointing of ``model`` with ``options`` (``torch.utils.checkpoint``'s)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the older name warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+def transformers_checkpointing_on(model: nn.Module) -> bool:
+    """Whether transformers' activation checkpointing of ``model`` is on."""
+    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, flag, False))
+
+
 def _set_attn_implementation(model: nn.Module, name: str) -> None:
     setter = getattr(model, "set_attn_implementation", None)
     if setter is not None:

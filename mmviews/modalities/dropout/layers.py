@@ -38,8 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .hf_attention import attention_dropout, is_transformers_model, switch_to_keyed_attention
-from .keys import SALT_ATTR, active_step_key, keyed_dropout, layer_salt, mix32
+from .hf_attention import (attention_dropout, is_transformers_model, set_transformers_checkpointing,
+                           switch_to_keyed_attention, transformers_checkpointing_on)
+from .keys import SALT_ATTR, active_step_key, checkpoint_context, keyed_dropout, layer_salt, mix32
 
 __all__ = [
     "KeyedDropoutReport",
@@ -307,10 +308,19 @@ def enable_sample_keyed_dropout(model: nn.Module, *, skip: tuple[str, ...] = (),
                          + "\n  - ".join(problems)
                          + "\nturn these off in the adapter's config, or leave sample-keyed dropout off")
     salt_sample_keyed_dropout(model, namespace)
-    from mmviews.modalities.checkpointing import replay_sample_keys  # it builds on this package
-
-    replay_sample_keys(model)  # checkpointed layers recompute under the forward's keys
+    _replay_keys_when_recomputing(model)
     return report
+
+
+def _replay_keys_when_recomputing(model: nn.Module) -> None:
+    """The transformers models of ``model`` whose activation checkpointing is on recompute their
+    layers in backward under the forward's sample keys (``checkpoint_context``), so that the
+    recomputation drops what the forward dropped. (Checkpointing passes no such context without
+    keyed dropout: torch.compile rejects one. The CNN stages that mmviews checkpoints hold no
+    random layer.)"""
+    for module in model.modules():
+        if is_transformers_model(module) and transformers_checkpointing_on(module):
+            set_transformers_checkpointing(module, {"use_reentrant": False, "context_fn": checkpoint_context})
 
 
 def salt_sample_keyed_dropout(model: nn.Module, namespace: str = "") -> None:
