@@ -13,9 +13,8 @@ Sample-keyed dropout (``optimisation.sample_keyed_dropout``): the recomputation 
 after the forward's row keys are gone, so checkpointing passes ``checkpoint_context`` as
 ``torch.utils.checkpoint``'s ``context_fn`` to run it under the forward's keys.
 :func:`~mmviews.modalities.dropout.enable_sample_keyed_dropout` switches that on for the
-checkpointed transformers layers of the model it converts
-(a block given to :func:`checkpointed` with random layers of its own would need
-``context_fn=checkpoint_context``; the CNN stages here have none). Without
+checkpointed transformers layers of the model it converts (the CNN stages given to
+:func:`checkpointed` hold no random layer: nothing to replay there). Without
 keyed dropout no ``context_fn`` is passed (torch replays its own random state), which is what
 lets ``torch.compile`` (2.11) compile checkpointed layers: it rejects any ``context_fn``.
 
@@ -28,7 +27,7 @@ gradients use, are the same both times), so the running statistics are those of 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -73,15 +72,14 @@ class _ForwardThenRecompute:
             return self.block(*args)
 
 
-def checkpointed(block: nn.Module, *args: Any, context_fn: Callable[[], Any] | None = None) -> Any:
+def checkpointed(block: nn.Module, *args: Any) -> Any:
     """``block(*args)``, keeping only ``args`` for backward and recomputing the rest then
     (non-reentrant ``torch.utils.checkpoint``; dropout masks are replayed from the saved RNG
-    state). ``context_fn``: ``checkpoint_context`` under sample-keyed dropout (see the module
-    docstring), else None. Without gradients (``no_grad``, evaluation) it is a plain call."""
+    state; no ``context_fn``: the blocks given here hold no random layer, see the module
+    docstring). Without gradients (``no_grad``, evaluation) it is a plain call."""
     if not torch.is_grad_enabled():
         return block(*args)
-    context = {} if context_fn is None else {"context_fn": context_fn}
-    return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False, **context)
+    return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False)
 
 
 def enable_transformers_checkpointing(model: nn.Module, where: str) -> None:
