@@ -41,8 +41,6 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-import torch
-
 from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
@@ -61,7 +59,7 @@ from mmviews.run import (
     run_dir_of,
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
-from mmviews.train.distributed import accelerate_launch
+from mmviews.train.distributed import accelerate_launch, steps_on_cpu
 from mmviews.train.host_memory import HOLD_NOTE, configure_host_memory
 from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
@@ -180,7 +178,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     check_trackers_installed(config, str(recipe))
     # before the run's memory is allocated, --check included: its estimate measures the allocator the run has
     host_memory = configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
-                                        on_cpu=config.cpu or not torch.cuda.is_available())
+                                        on_cpu=steps_on_cpu(config))
     if args.check:
         with _overrides_named(str(recipe), args.overrides):
             parts = build_run(config, source=str(recipe))

@@ -38,6 +38,11 @@ from mmviews.notices import MMViewsRuntimeWarning
 CUBLAS_WORKSPACE = ":4096:8"
 
 
+def steps_on_cpu(config: TrainConfig) -> bool:
+    """Whether the run's training step runs on the CPU: ``cpu: true``, or no CUDA device."""
+    return config.cpu or not torch.cuda.is_available()
+
+
 def timeout_of(config: TrainConfig) -> datetime.timedelta:
     """``distributed.timeout_s`` as a timedelta; ``ConfigError`` unless positive."""
     seconds = config.distributed.timeout_s

@@ -74,6 +74,7 @@ from torch.utils._pytree import tree_flatten
 
 from mmviews.data.streaming import first_samples
 from mmviews.train.build import RunParts, uses_teacher
+from mmviews.train.distributed import steps_on_cpu
 from mmviews.train.sharding import run_sharding, unit_parameter_bytes
 
 GB = 1024**3
@@ -654,7 +655,7 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     config, encoder, objective = parts.config, parts.encoder, parts.objective
     o = config.optimisation
     if on_host is None:
-        on_host = config.cpu or not torch.cuda.is_available()
+        on_host = steps_on_cpu(config)
     K, M = parts.sampler.batch_size, len(parts.view_spec)
     d = int(encoder.embed_dim)  # a MultiViewEncoder's: every adapter's embed_dim
     objective_params = list(objective.parameters())

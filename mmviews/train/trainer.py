@@ -77,7 +77,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 from mmviews.config import TrainConfig
@@ -96,7 +95,8 @@ from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.compiled import compile_encoder
-from mmviews.train.distributed import check_launch, configure_determinism, process_group_kwargs, process_state
+from mmviews.train.distributed import (check_launch, configure_determinism, process_group_kwargs, process_state,
+                                      steps_on_cpu)
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.host_memory import configure_host_memory, host_memory_state
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
@@ -345,8 +345,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     checkpoint = find_checkpoint(resume) if resume is not None else None
     # Everything that can be wrong with the recipe fails here, before any work.
     configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
-    # called from a program: only an explicit "hold" (mmviews's command applied "auto" already)
-    configure_host_memory(config.host_memory, owns_process=False, on_cpu=config.cpu or not torch.cuda.is_available())
+    # called from a program: only an explicit "heap" or "hold" (mmviews's command applied "auto" already)
+    configure_host_memory(config.host_memory, owns_process=False, on_cpu=steps_on_cpu(config))
     with launcher_fsdp_hidden():  # mmviews shards itself (mmviews.train.sharding), on CPU and GPU alike
         num_processes = process_state(config).num_processes
     check_launch(num_processes, config)  # a launch that asked for N processes and got fewer stops here
