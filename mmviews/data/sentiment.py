@@ -483,7 +483,7 @@ def open_sentiment(path: str | os.PathLike[str], split: str = "train", dataset: 
     """
     path = Path(path)
     if path.is_dir():
-        stored = read_store_meta(path).get("layout")
+        stored = None if layout == "auto" else read_store_meta(path).get("layout")  # auto: whatever it holds
         if layout not in ("auto", stored):
             # A store folder keeps no link to a pickle it could be converted from again.
             raise dataset_error(ValueError, f"{path}: this store holds the {stored!r} layout of its pickle, not the "
