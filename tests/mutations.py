@@ -317,10 +317,10 @@ def _skip_backbone_weights() -> tuple[Any, str, Any]:
 
 def _forget_tracker_runs() -> tuple[Any, str, Any]:
     """A resumed run opens new MLflow / W&B runs (the recorded run ids are ignored)."""
-    import mmviews.train.logging as logging_module
+    import mmviews.train.step_log as step_log_module
 
-    original = logging_module.tracker_init_kwargs
-    return logging_module, "tracker_init_kwargs", lambda trackers, run_dir, resumed: original(trackers, run_dir, False)
+    original = step_log_module.tracker_init_kwargs
+    return step_log_module, "tracker_init_kwargs", lambda trackers, run_dir, resumed: original(trackers, run_dir, False)
 
 
 def _fsdp_skip_gradient_reduction() -> tuple[Any, str, Any]:

@@ -11,7 +11,7 @@ from crafted_files import cli, one_line_error
 
 from mmviews.config import DataConfig
 from mmviews.data.loaders import build_dataset_split
-from mmviews.train.logging import tracker_installed
+from mmviews.train.trackers import tracker_installed
 
 SYNTHETIC_SPLITS = "choose from ['test', 'train', 'valid']"
 

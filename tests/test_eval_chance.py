@@ -40,7 +40,7 @@ def test_regression_chance_predicts_the_training_mean():
 
 
 def test_every_probe_reports_its_chance_in_metrics_summary_and_headline(tmp_path: Path):
-    from mmviews.train.logging import headline_lines, headline_metrics
+    from mmviews.eval.summary import headline_lines, headline_metrics
 
     metrics = evaluate_encoder(
         encoder, loader(150, 0), loader(60, 1), loader(90, 2),
@@ -94,7 +94,7 @@ def test_class_prototypes_classify_across_views_against_an_independent_reference
 
 
 def test_prototype_task_names_query_and_prototype_views(tmp_path: Path):
-    from mmviews.train.logging import headline_metrics
+    from mmviews.eval.summary import headline_metrics
 
     metrics = evaluate_encoder(encoder, loader(90, 0), None, loader(60, 1), ["prototype", "retrieval"])
     # Clusters: every view is its class centre plus noise, so prototypes of one view classify the other

@@ -283,7 +283,7 @@ def test_probes_are_judged_on_the_test_split_else_the_validation_split(splits, j
     (("val",), ["val/linear/class/acc", "val/retrieval/a->b/R@1"]),
 ])
 def test_headline_is_the_test_split_else_the_validation_split(splits, headline) -> None:
-    from mmviews.train.logging import headline_metrics
+    from mmviews.eval.summary import headline_metrics
 
     trained, random_init = {}, {}
     for s in splits:

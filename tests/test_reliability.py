@@ -19,7 +19,7 @@ from mmviews.config import ConfigError, load_config
 from mmviews.data import build_dataset
 from mmviews.data.sentiment import SentimentStoreDataset, convert_sentiment_pickle, open_sentiment, read_sentiment_pickle
 from mmviews.run import RUN_MANIFEST, claim_run_dir, list_checkpoints, read_manifest, record_run_outputs
-from mmviews.train.logging import finalise_summary, write_results
+from mmviews.eval.summary import finalise_summary, write_results
 
 
 # tiny_run: the session fixture of conftest.py (one tiny finished run, copied by each test).

@@ -18,7 +18,7 @@ from test_train_utils import tiny_config
 from mmviews.config import ConfigError, config_from_dict
 from mmviews.train import train
 from mmviews.train.callbacks import TrainCallback
-from mmviews.train.logging import (
+from mmviews.train.trackers import (
     MLFLOW_STORE_DIR,
     TRACKER_RUNS_FILE,
     TRACKERS_DIR,
@@ -83,13 +83,13 @@ def test_default_is_csv_only_and_the_old_switch_still_loads(monkeypatch):
     assert resolve_trackers(config_from_dict(raw)) == []
     raw["output"]["tensorboard"] = True
     config = config_from_dict(raw, "old.yaml")
-    import mmviews.train.logging as logging_module
+    import mmviews.train.trackers as trackers_module
 
-    monkeypatch.setattr(logging_module, "tensorboard_available", lambda: True)
+    monkeypatch.setattr(trackers_module, "tensorboard_available", lambda: True)
     with pytest.warns(FutureWarning, match="'output.tensorboard' is deprecated, use 'output.trackers: \\[tensorboard\\]'"):
         assert resolve_trackers(config, "old.yaml") == ["tensorboard"]
     # Its old meaning: TensorBoard when installed, otherwise a warning and metrics.csv only.
-    monkeypatch.setattr(logging_module, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(trackers_module, "tensorboard_available", lambda: False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert resolve_trackers(config, "old.yaml") == []
@@ -266,7 +266,7 @@ def test_metric_names_are_spelled_as_each_tracker_accepts_them():
     from mlflow.exceptions import MlflowException
     from mlflow.utils.validation import _validate_metric_name
 
-    from mmviews.train.logging import tracker_metric_name
+    from mmviews.train.trackers import tracker_metric_name
 
     name = "test/retrieval/text->image/R@1"
     with pytest.raises(MlflowException):

@@ -1,4 +1,4 @@
-"""Unit guards of :mod:`mmviews.train.logging`, in this process and on tiny inputs: the
+"""Unit guards of :mod:`mmviews.train.trackers`, :mod:`mmviews.train.step_log` and :mod:`mmviews.eval.summary`, in this process and on tiny inputs: the
 ``metrics.csv`` writer (a fresh run, a resumed one), which trackers a recipe turns on and the
 message when one is missing, the recipe as flat hyper-parameters, the trackers' init arguments
 and the ids a resumed run reopens, the per-step row (its columns, its values, which steps are
@@ -19,30 +19,25 @@ import torch
 from accelerate.tracking import GeneralTracker
 from test_train_utils import own_accelerate_state, tiny_config
 
-import mmviews.train.logging as logging_module
+import mmviews.eval.summary as summary_module
+import mmviews.train.step_log as step_log_module
+import mmviews.train.trackers as trackers_module
 from mmviews.config import ConfigError, config_from_dict
 from mmviews.eval.health import HealthSettings
 from mmviews.notices import MMViewsWarning
 from mmviews.objectives import ObjectiveOutput
 from mmviews.run import claim_run_dir, read_manifest
-from mmviews.train.logging import (
-    CSVLogger,
-    StepLogger,
+from mmviews.eval.summary import (data_left_out_lines, data_report_lines, finalise_summary, headline_lines,
+                                  headline_metrics, read_eval_metrics, read_training_log, write_results)
+from mmviews.train.step_log import CSVLogger, StepLogger
+from mmviews.train.trackers import (
     check_trackers_installed,
-    data_left_out_lines,
-    data_report_lines,
-    finalise_summary,
     flat_hparams,
-    headline_lines,
-    headline_metrics,
-    read_eval_metrics,
-    read_training_log,
     record_tracker_runs,
     resolve_trackers,
     tracker_init_kwargs,
     tracker_installed,
     tensorboard_available,
-    write_results,
 )
 from mmviews.train.state import TrainState
 
@@ -128,17 +123,17 @@ def test_read_training_log_reads_rows_and_gives_nothing_for_a_missing_or_unreada
 
 
 def test_a_tracker_package_counts_as_installed_when_any_of_its_modules_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(logging_module._TRACKER_MODULES, "aim", ("no_such_module_mmviews", "json"))
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, "aim", ("no_such_module_mmviews", "json"))
     assert tracker_installed("aim")
-    monkeypatch.setitem(logging_module._TRACKER_MODULES, "aim", ("no_such_module_mmviews",))
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, "aim", ("no_such_module_mmviews",))
     assert not tracker_installed("aim")
 
 
 @pytest.mark.parametrize("present, available", [({"tensorboardX"}, True), ({"tensorboard"}, True), (set(), False)])
 def test_tensorboard_or_tensorboardx_makes_tensorboard_available(monkeypatch: pytest.MonkeyPatch, present: set[str],
                                                                   available: bool) -> None:
-    find_spec = logging_module.importlib.util.find_spec
-    monkeypatch.setattr(logging_module.importlib.util, "find_spec",
+    find_spec = trackers_module.importlib.util.find_spec
+    monkeypatch.setattr(trackers_module.importlib.util, "find_spec",
                         lambda name: find_spec("json") if name in present else None)
     assert tensorboard_available() is available
 
@@ -154,7 +149,7 @@ def test_tensorboard_available_finds_tensorboard() -> None:
                                            ("comet_ml", "pip install comet_ml")])
 def test_a_missing_tracker_is_named_with_what_to_install(monkeypatch: pytest.MonkeyPatch, name: str,
                                                          install: str) -> None:
-    monkeypatch.setitem(logging_module._TRACKER_MODULES, name, ("no_such_module_mmviews",))
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, name, ("no_such_module_mmviews",))
     raw = tiny_config()
     raw["output"]["trackers"] = [name]
     config = config_from_dict(raw)
@@ -170,15 +165,15 @@ def test_a_missing_tracker_is_named_with_what_to_install(monkeypatch: pytest.Mon
 
 def test_trackers_keep_the_recipes_order_without_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("mlflow", "tensorboard", "wandb"):
-        monkeypatch.setitem(logging_module._TRACKER_MODULES, name, ("json",))
+        monkeypatch.setitem(trackers_module._TRACKER_MODULES, name, ("json",))
     raw = tiny_config()
     raw["output"]["trackers"] = ["wandb", "tensorboard", "wandb", "mlflow"]
     assert resolve_trackers(config_from_dict(raw)) == ["wandb", "tensorboard", "mlflow"]
 
 
 def test_the_old_tensorboard_switch_adds_it_once_and_warns_for_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(logging_module._TRACKER_MODULES, "tensorboard", ("json",))
-    monkeypatch.setattr(logging_module, "tensorboard_available", lambda: True)
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, "tensorboard", ("json",))
+    monkeypatch.setattr(trackers_module, "tensorboard_available", lambda: True)
     raw = tiny_config()
     raw["output"].update(trackers=["tensorboard"], tensorboard=True)
     with warnings.catch_warnings(record=True) as caught:
@@ -186,12 +181,12 @@ def test_the_old_tensorboard_switch_adds_it_once_and_warns_for_the_caller(monkey
         assert resolve_trackers(config_from_dict(raw), "old.yaml") == ["tensorboard"]
     (warned,) = caught
     # attributed to the caller, not to mmviews's own line
-    assert warned.category is FutureWarning and warned.filename != logging_module.__file__
+    assert warned.category is FutureWarning and warned.filename != trackers_module.__file__
     assert str(warned.message) == "old.yaml: key 'output.tensorboard' is deprecated, use 'output.trackers: [tensorboard]'"
 
 
 def test_the_old_tensorboard_switch_without_tensorboard_warns_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logging_module, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(trackers_module, "tensorboard_available", lambda: False)
     raw = tiny_config()
     raw["output"]["tensorboard"] = True
     with warnings.catch_warnings(record=True) as caught:
@@ -201,7 +196,7 @@ def test_the_old_tensorboard_switch_without_tensorboard_warns_twice(monkeypatch:
         (MMViewsWarning, "recipe: output.tensorboard is true but TensorBoard is not installed; logging to metrics.csv "
                          "only"),
         (FutureWarning, "recipe: key 'output.tensorboard' is deprecated, use 'output.trackers: [tensorboard]'")]
-    assert logging_module.__file__ not in {w.filename for w in caught}
+    assert trackers_module.__file__ not in {w.filename for w in caught}
 
 
 def test_flat_hparams_are_the_recipes_scalars_under_dotted_keys() -> None:
@@ -339,7 +334,7 @@ def step_logger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, trackers: li
 
     config = logger_config(name, progress_bar=progress_bar, log_every=log_every, grad_accum=grad_accum)
     clock = Clock(1000.0)
-    monkeypatch.setattr(logging_module.time, "perf_counter", clock)
+    monkeypatch.setattr(step_log_module.time, "perf_counter", clock)
     accelerator = Accelerator(cpu=True, log_with=list(trackers) or None)
     logger = StepLogger(accelerator, config, tmp_path, trackers=[t.name for t in trackers], total_steps=total_steps,
                         batches_per_epoch=4, poly_view_bound=poly_view_bound, state=state or TrainState(),
@@ -707,7 +702,7 @@ def test_the_report_marks_the_metrics_where_lower_is_better(tmp_path: Path, metr
                                          ("regression/y/mae", True), ("linear/class/acc", False)])
 def test_lower_is_better_judges_the_last_part_of_any_name(name: str, lower: bool) -> None:
     """The model card passes names without their split (``linear/class/acc``), some of one part."""
-    assert logging_module._lower_is_better(name) is lower
+    assert summary_module._lower_is_better(name) is lower
 
 
 def test_tensorboard_writes_under_the_recipes_name(tmp_path: Path, accelerate_state) -> None:

@@ -43,9 +43,9 @@ from mmviews.data.views import ViewSpec
 from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.eval.health import HealthSettings, evaluation_warnings
+from mmviews.eval.summary import headline_lines, headline_metrics, read_eval_metrics
 from mmviews.modalities.base import allow_remote_models
 from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
-from mmviews.train.logging import headline_lines, headline_metrics, read_eval_metrics
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
 # The run's own evaluations, written by the trainer (report.md links to eval/): never replaced.

@@ -62,7 +62,8 @@ from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.distributed import accelerate_launch, steps_on_cpu
 from mmviews.train.host_memory import HOLD_NOTE, configure_host_memory
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import RESULTS_LOGGER, check_trackers_installed, data_left_out_lines, headline_lines
+from mmviews.eval.summary import RESULTS_LOGGER, data_left_out_lines, headline_lines
+from mmviews.train.trackers import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
 from mmviews.train.preflight import run_checks
 

@@ -4,7 +4,7 @@
   an optional :class:`TrainCallback`; SIGINT/SIGTERM stop it after the current step with a
   checkpoint and raise :class:`TrainingInterrupted` (:mod:`mmviews.train.interrupt`).
 - :func:`build_run`: build and check everything a recipe describes (:mod:`mmviews.train.build`).
-- :mod:`mmviews.train.checkpoint`, :mod:`mmviews.train.logging`, :mod:`mmviews.train.optim`,
+- :mod:`mmviews.train.checkpoint`, :mod:`mmviews.train.step_log`, :mod:`mmviews.train.trackers`, :mod:`mmviews.train.optim`,
   :mod:`mmviews.train.teacher`: the loop's parts; :class:`TrainState`, where the loop is, is
   :mod:`mmviews.train.state`.
 - :func:`estimate_memory`: the estimated peak memory per device of a built run, and the

@@ -3,7 +3,7 @@ resume restores.
 
 It sits below the modules that read or write it: the loop (:mod:`mmviews.train.trainer`), the
 step (:mod:`mmviews.train.step`), callbacks (:mod:`mmviews.train.callbacks`), checkpoints
-(:mod:`mmviews.train.checkpoint`) and logging (:mod:`mmviews.train.logging`); it imports none
+(:mod:`mmviews.train.checkpoint`) and logging (:mod:`mmviews.train.step_log`); it imports none
 of them.
 """
 

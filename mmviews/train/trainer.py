@@ -90,6 +90,8 @@ from mmviews.data.losses import (
     run_datasets,
 )
 from mmviews.eval.health import HealthSettings
+from mmviews.eval.summary import (RESULTS_LOGGER, finalise_summary, headline_lines, headline_metrics, read_eval_metrics,
+                                  write_results)
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
@@ -100,17 +102,8 @@ from mmviews.train.distributed import (check_launch, configure_determinism, proc
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.host_memory import configure_host_memory, host_memory_state
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
-from mmviews.train.logging import (
-    RESULTS_LOGGER,
-    TRACKERS_DIR,
-    StepLogger,
-    finalise_summary,
-    headline_lines,
-    headline_metrics,
-    read_eval_metrics,
-    resolve_trackers,
-    write_results,
-)
+from mmviews.train.step_log import StepLogger
+from mmviews.train.trackers import TRACKERS_DIR, resolve_trackers
 from mmviews.train.model_card import write_model_card
 from mmviews.train.optim import build_optimizer, build_scheduler
 from mmviews.train.state import TrainState
@@ -271,7 +264,7 @@ def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
 
 
 def log_run_end(run_dir: Path, summary: dict[str, Any]) -> None:
-    """The end of a run on the :data:`~mmviews.train.logging.RESULTS_LOGGER` logger, for Python
+    """The end of a run on the :data:`~mmviews.eval.summary.RESULTS_LOGGER` logger, for Python
     callers of :func:`train` (``mmviews train`` prints the same itself): the headline metrics
     (info) and each warning of the health checks (warning, shown even without logging set up)."""
     logger = logging.getLogger(RESULTS_LOGGER)

@@ -32,7 +32,7 @@ from mmviews.eval.report import format_metric
 from mmviews.run import CONFIG_FILE, claim_run_dir, list_checkpoints
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.interrupt import TrainingInterrupted
-from mmviews.train.logging import RESULTS_LOGGER
+from mmviews.eval.summary import RESULTS_LOGGER
 
 
 def image_recipe(folder: Path, *, epochs: int = 1, tasks: list[str] | None = None, checkpoint_every: int = 2) -> Path:

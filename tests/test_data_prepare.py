@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_sentiment_guards import small_split, write_pickle
+from test_data_sentiment import small_split, write_pickle
 
 from mmviews.cli import command_parser
 from mmviews.data import prepare
