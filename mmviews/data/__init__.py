@@ -19,7 +19,9 @@ Typical use (what ``mmviews.train`` does with a recipe's ``data`` and ``views`` 
 
 Datasets: ``list_datasets()`` (name -> description), ``build_dataset(name, root, split,
 **options)``, ``register_dataset(name, description)`` for new ones; ``gaussian_latents`` is the
-1-D Gaussian of the poly-view synthetic setting (:mod:`mmviews.data.gaussian`).
+1-D Gaussian of the poly-view synthetic setting (:mod:`mmviews.data.gaussian`); ``identifiability``
+the latent blocks and invertible mixings of the identifiability benchmark
+(:mod:`mmviews.data.identifiability`).
 
 Every dataset yields *sample dicts* ``{"index", "modalities": {name: value or None},
 "labels": {...}}`` (None = modality absent); the collator stacks them into the
@@ -42,7 +44,7 @@ Augmentations: ``list_augmentations()``, ``get_augmentation(name, **params)``; e
 
 # The dataset modules register their datasets when imported: importing them all here makes
 # every name known to build_dataset after ``import mmviews.data``.
-from mmviews.data import hf as _hf, sentiment as _sentiment, video as _video  # noqa: F401
+from mmviews.data import hf as _hf, identifiability as _identifiability, sentiment as _sentiment, video as _video  # noqa: F401
 from mmviews.data.augment import get_augmentation, list_augmentations, register_augmentation
 from mmviews.data.batch import ViewBatch, ViewInfo
 from mmviews.data.gaussian import GaussianLatents

@@ -2,7 +2,7 @@
 ``list_datasets()``.
 
 Each dataset is registered under its name by the module that defines it (``synthetic.py``,
-``sentiment.py``, ``video.py``, ``hf.py``, ``gaussian.py``); ``mmviews.data`` imports all of
+``sentiment.py``, ``video.py``, ``hf.py``, ``gaussian.py``, ``identifiability.py``); ``mmviews.data`` imports all of
 them, so after ``import mmviews.data`` every name below is known.
 """
 
@@ -64,6 +64,10 @@ def build_dataset(name: str, root: str | Path | None = None, split: str = "train
       (recipe key ``data.streaming``) streamed (:mod:`mmviews.data.streaming`).
     - ``gaussian_latents``: no root. Options: ``num_samples`` (default 65536 train, 4096
       valid / test), ``sigma0``, ``seed`` (see :mod:`mmviews.data.gaussian`).
+    - ``identifiability``: no root. Options: ``num_samples`` (default 2^24 train, 4096 valid /
+      test), ``seed`` (fixes the mixing functions), ``num_modalities``, ``content_dim``,
+      ``style_dim``, ``specific_dim``, ``style_change_prob``, ``statistical_dependence``,
+      ``content_dependent_style``, ``mixing_layers`` (see :mod:`mmviews.data.identifiability`).
 
     An unknown ``name`` raises ``ValueError`` listing the known ones.
     """
