@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +30,7 @@ import yaml
 
 from mmviews.fileio import atomic_write_text, is_folder_name
 from mmviews.registry import did_you_mean
-
-
-class ConfigError(ValueError):
-    """A recipe or override is invalid; the message names the file and the key."""
+from mmviews.schema import FLOAT_LITERAL, ConfigError, build_section
 
 
 # --------------------------------------------------------------------------- sections
@@ -246,126 +242,6 @@ class TrainConfig:
 
 # --------------------------------------------------------------------------- typed loading
 
-# Numbers in exponent notation without a dot ("3e-4"), which YAML 1.1 leaves as strings.
-_FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-# The words YAML 1.1 (PyYAML) reads as False and True, lower case as users write them.
-_YAML_BOOL_SPELLINGS: dict[bool, tuple[str, ...]] = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if tp is type(None):
-        return "null"
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is not None:
-        return getattr(origin, "__name__", str(origin))
-    return getattr(tp, "__name__", str(tp))
-
-
-def _describe(value: Any) -> str:
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
-
-
-def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; returns the value (ints widened to
-    float where a float is expected, nested mappings turned into dataclasses)."""
-
-    def fail(expected: str | None = None) -> ConfigError:
-        return ConfigError(f"{source}: key '{key}': expected {expected or _type_name(tp)}, got {_describe(value)}")
-
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise fail()
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key, source)
-            except ConfigError as error:
-                errors.append(error)
-        if len(errors) == 1:
-            raise errors[0]
-        raise fail()
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if isinstance(value, bool):
-            # YAML 1.1 reads an unquoted no/off/false (yes/on/true) as a bool: `mixed_precision: no`
-            # in a recipe, or `--set optimisation.mixed_precision=no`, means the choice spelled so
-            spelled = [c for c in _YAML_BOOL_SPELLINGS[value] if c in choices]
-            if len(spelled) == 1:
-                return spelled[0]
-        if isinstance(value, bool) or value not in choices:
-            raise fail()
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise fail(f"a mapping (section {tp.__name__})")
-        return _build(tp, value, key, source)
-    if origin in (list, Sequence) or tp is list:
-        if not isinstance(value, list):
-            raise fail("a list")
-        (item_tp,) = typing.get_args(tp) or (Any,)
-        return [_coerce(v, item_tp, f"{key}.{i}", source) for i, v in enumerate(value)]
-    if origin in (dict, Mapping) or tp is dict:
-        if not isinstance(value, Mapping):
-            raise fail("a mapping")
-        key_tp, item_tp = typing.get_args(tp) or (str, Any)
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ConfigError(f"{source}: key '{key}': mapping keys must be strings, got {_describe(k)}")
-            out[k] = _coerce(v, item_tp, f"{key}.{k}", source)
-        return out
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise fail()
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise fail()
-        return value
-    if tp is float:
-        if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
-            return float(value)  # YAML 1.1 reads "1e-3" (no dot) as a string
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail()
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise fail()
-        return value
-    raise TypeError(f"config annotation {tp!r} at {key!r} is not supported")  # a bug here, not in the recipe
-
-
-def _build(cls: type, data: Mapping[str, Any], prefix: str, source: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        where = f"'{prefix}.{unknown[0]}'" if prefix else f"'{unknown[0]}'"
-        raise ConfigError(f"{source}: unknown key {where}{did_you_mean(unknown[0], names)}; "
-                          f"allowed keys{' in ' + repr(prefix) if prefix else ''}: {', '.join(names)}")
-    kwargs = {}
-    for name in names:
-        if name in data:
-            kwargs[name] = _coerce(data[name], hints[name], f"{prefix}.{name}" if prefix else name, source)
-    return cls(**kwargs)
-
 
 def _check_values(config: TrainConfig, source: str) -> None:
     """Range checks that types cannot express."""
@@ -434,7 +310,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as error:
         raise ConfigError(f"--set {text!r}: value is not valid YAML: {error}") from None
-    if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+    if isinstance(value, str) and FLOAT_LITERAL.fullmatch(value.strip()):
         value = float(value)
     return parts, value
 
@@ -505,7 +381,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Train
     """Validate a raw mapping into a :class:`TrainConfig` (``source`` names it in errors)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
-    config = _build(TrainConfig, data, "", source)
+    config = build_section(TrainConfig, data, "", source)
     _check_values(config, source)
     return config
 

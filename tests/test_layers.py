@@ -19,11 +19,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mmviews"
 # Lowest first. A module belongs to the longest prefix listed; the package itself
 # (``mmviews/__init__.py``: the version) is below them all.
 LAYERS: list[tuple[str, ...]] = [
-    ("mmviews.registry", "mmviews.fileio", "mmviews.resources", "mmviews.notices", "mmviews.hub"),
+    ("mmviews.registry", "mmviews.fileio", "mmviews.resources", "mmviews.notices", "mmviews.hub", "mmviews.schema"),
     ("mmviews.objectives",),
     ("mmviews.data",),
     ("mmviews.modalities",),
-    ("mmviews.config", "mmviews.run"),
+    # the evaluation tasks' schema sits with the recipe's: loading a recipe resolves its tasks
+    ("mmviews.config", "mmviews.run", "mmviews.eval.tasks"),
     ("mmviews.eval",),
     ("mmviews.train",),
     ("mmviews.export",),

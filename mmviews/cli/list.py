@@ -106,7 +106,8 @@ def adapter_rows() -> list[tuple[str, str, list[tuple[str, str]]]]:
 
 
 def task_rows() -> list[tuple[str, str, list[tuple[str, str]]]]:
-    from mmviews.eval.evaluate import TASK_FUNCTIONS, TASK_KINDS, TASK_PARAMS, task_description
+    from mmviews.eval.evaluate import TASK_FUNCTIONS
+    from mmviews.eval.tasks import TASK_KINDS, TASK_PARAMS, task_description
 
     return [(kind, task_description(kind), signature_defaults(TASK_FUNCTIONS[kind], only=TASK_PARAMS[kind]))
             for kind in TASK_KINDS]

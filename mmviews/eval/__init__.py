@@ -15,7 +15,8 @@ from mmviews.eval.diagnostics import (
     vmf_kde_entropy,
     vmf_log_normaliser,
 )
-from mmviews.eval.evaluate import EvalTask, evaluate_encoder, parse_tasks
+from mmviews.eval.evaluate import evaluate_encoder
+from mmviews.eval.tasks import EvalTask, parse_tasks
 from mmviews.eval.extract import Embeddings, extract_embeddings, fuse_views
 from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics, weighted_f1
 from mmviews.eval.probes import (

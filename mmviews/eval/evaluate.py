@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
@@ -46,30 +45,8 @@ from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics
 from mmviews.eval.probes import (class_prototype_accuracy, knn_accuracy, linear_probe_classification,
                                  linear_probe_regression)
 from mmviews.eval.retrieval import cross_view_retrieval
+from mmviews.eval.tasks import EvalTask, parse_tasks
 
-TASK_KINDS = ("linear", "knn", "regression", "msa", "retrieval", "prototype", "diagnostics")
-# Spellings other layers use (the trainer's recipes write "linear_probe").
-TASK_ALIASES = {
-    "linear_probe": "linear",
-    "logistic": "linear",
-    "regression_probe": "regression",
-    "ridge": "regression",
-    "diagnostic": "diagnostics",
-    "zero_shot": "prototype",
-    "zeroshot": "prototype",
-}
-# Keyword parameters each task accepts in its dict form (checked before any extraction).
-TASK_PARAMS: dict[str, frozenset[str]] = {
-    "linear": frozenset({"weight_decays", "max_iter"}),
-    "knn": frozenset({"k", "temperature"}),
-    "regression": frozenset({"weight_decays"}),
-    "msa": frozenset({"weight_decays"}),
-    "retrieval": frozenset({"pairs", "ks"}),
-    "prototype": frozenset({"pairs"}),
-    "diagnostics": frozenset({"kappa", "max_samples"}),
-}
-_DEFAULT_LABEL = {"linear": "class", "knn": "class", "regression": "sentiment", "msa": "sentiment",
-                  "prototype": "class"}
 # The function that runs each task kind: its signature holds the defaults of TASK_PARAMS
 # (``mmviews list tasks`` reads them from there).
 TASK_FUNCTIONS: dict[str, Any] = {
@@ -81,70 +58,6 @@ TASK_FUNCTIONS: dict[str, Any] = {
     "prototype": class_prototype_accuracy,
     "diagnostics": representation_diagnostics,
 }
-_TASK_DESCRIPTIONS = {
-    "linear": "logistic-regression probe on a class label (linear:KEY, default label class)",
-    "knn": "weighted kNN accuracy on a class label (knn:KEY, default label class)",
-    "regression": "ridge probe on a score (regression:KEY, default label sentiment): MAE, MSE, R^2",
-    "msa": "ridge probe on sentiment with the MSA metrics (msa:mosi|mosei|sims)",
-    "retrieval": "cross-view retrieval R@k both ways (pairs default: the first view of each modality, all pairs)",
-    "prototype": "zero-shot classification across views: class prototypes of one view's training embeddings "
-                 "classify another view (prototype:KEY, default label class; pairs as retrieval, both ways)",
-    "diagnostics": "alignment, uniformity, effective rank, vMF entropy, similarity histograms",
-}
-
-
-def task_description(kind: str) -> str:
-    """One line on task ``kind`` (one of :data:`TASK_KINDS`)."""
-    return _TASK_DESCRIPTIONS[kind]
-
-
-@dataclass
-class EvalTask:
-    kind: str
-    label: str | None = None
-    dataset: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def needs_train(self) -> bool:
-        return self.kind in ("linear", "knn", "regression", "msa", "prototype")
-
-
-def parse_tasks(tasks: Iterable[str | Mapping[str, Any]] | str) -> list[EvalTask]:
-    """Parses task strings / dicts (see the module docstring) into :class:`EvalTask` objects."""
-    if isinstance(tasks, str):
-        tasks = [tasks]
-    parsed = []
-    for spec in tasks:
-        if isinstance(spec, str):
-            kind, _, arg = spec.partition(":")
-            params: dict[str, Any] = {}
-            label = dataset = None
-            if kind == "msa":
-                dataset = arg or None
-            elif arg:
-                label = arg
-        elif isinstance(spec, Mapping):
-            params = dict(spec)
-            kind = str(params.pop("kind", ""))
-            label = params.pop("label", None)
-            dataset = params.pop("dataset", None)
-        else:
-            raise ValueError(f"an evaluation task must be a string or a mapping, got {spec!r}")
-        kind = TASK_ALIASES.get(kind, kind)
-        if kind not in TASK_KINDS:
-            raise ValueError(f"unknown evaluation task {spec!r}; kinds are {', '.join(TASK_KINDS)}")
-        if kind == "msa" and str(dataset).lower() not in ("mosi", "mosei", "sims"):
-            raise ValueError(f"task {spec!r}: msa needs a dataset among 'mosi', 'mosei', 'sims' (e.g. 'msa:mosi')")
-        unknown = set(params) - TASK_PARAMS[kind]
-        if unknown:
-            raise ValueError(
-                f"task {spec!r}: unknown parameter(s) {sorted(unknown)}; {kind} accepts {sorted(TASK_PARAMS[kind])}"
-            )
-        parsed.append(EvalTask(kind, label or _DEFAULT_LABEL.get(kind), dataset, params))
-    if not parsed:
-        raise ValueError("no evaluation tasks given")
-    return parsed
 
 
 def _label(emb: Embeddings, key: str, split: str) -> torch.Tensor:

@@ -26,7 +26,7 @@ from mmviews.data.loaders import (
     pin_memory_default,
 )
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
-from mmviews.eval.evaluate import parse_tasks
+from mmviews.eval.tasks import parse_tasks
 from mmviews.modalities.dropout import enable_sample_keyed_dropout
 from mmviews.objectives import MultiViewObjective, get_objective, list_objectives, objective_class
 from mmviews.run import build_encoder, eval_loaders
@@ -117,10 +117,7 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
     from accelerate.utils import set_seed
 
     if with_eval and config.evaluation.tasks:
-        try:
-            parse_tasks(config.evaluation.tasks)
-        except ValueError as error:
-            raise ConfigError(f"{source}: key 'evaluation.tasks': {error}") from error
+        parse_tasks(config.evaluation.tasks, source)
     try:
         spec = ViewSpec.from_config(config.views)
     except (ValueError, TypeError, KeyError) as error:

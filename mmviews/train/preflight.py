@@ -28,7 +28,7 @@ import torch
 
 from mmviews.config import ConfigError
 from mmviews.data.streaming import first_samples
-from mmviews.eval.evaluate import parse_tasks
+from mmviews.eval.tasks import parse_tasks
 from mmviews.registry import did_you_mean
 from mmviews.train.build import RunParts
 

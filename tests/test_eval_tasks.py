@@ -1,0 +1,58 @@
+"""The evaluation tasks' schema (``mmviews.eval.tasks``): every entry of ``evaluation.tasks``
+resolves to a typed :class:`EvalTask` or fails with one line naming the entry (and, for a recipe,
+its key path), a did-you-mean hint for a misspelt kind or parameter and the type a parameter
+needed; the table of kinds agrees with the functions that run them."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from mmviews.eval.evaluate import TASK_FUNCTIONS
+from mmviews.eval.tasks import TASK_KINDS, TASK_PARAMS, TASKS, EvalTask, parse_tasks, task_description
+from mmviews.schema import ConfigError
+
+
+def test_mapping_parameters_are_checked_and_kept_typed():
+    knn, retrieval, diagnostics = parse_tasks([{"kind": "knn", "k": 20, "temperature": 1}, {"kind": "retrieval",
+                                              "ks": (1, 5), "pairs": [["text_0", "audio_0"]]},
+                                              {"kind": "diagnostic", "max_samples": None}])
+    assert knn == EvalTask("knn", "class", None, {"k": 20, "temperature": 1.0})
+    assert isinstance(knn.params["temperature"], float)  # an int where a float is expected is widened
+    assert retrieval.params == {"ks": [1, 5], "pairs": [["text_0", "audio_0"]]} and not retrieval.needs_train
+    assert diagnostics.kind == "diagnostics" and diagnostics.params == {"max_samples": None}
+    assert knn.needs_train and parse_tasks("prototype")[0].needs_train
+
+
+def test_a_parameter_of_the_wrong_type_names_the_task_or_the_key_path():
+    with pytest.raises(ValueError, match=r"^task \{'kind': 'knn', 'k': '20'\}: key 'k': expected int, got str '20'$"):
+        parse_tasks([{"kind": "knn", "k": "20"}])
+    with pytest.raises(ConfigError, match=r"^r.yaml: key 'evaluation.tasks.1.ks': expected a list, got int 5$"):
+        parse_tasks(["linear", {"kind": "retrieval", "ks": 5}], "r.yaml")
+    with pytest.raises(ConfigError, match=r"^r.yaml: key 'evaluation.tasks.0.ks.1': expected int, got str 'x'$"):
+        parse_tasks([{"kind": "retrieval", "ks": [1, "x"]}], "r.yaml")
+    with pytest.raises(ValueError, match=r"label must be a string, got 3"):
+        parse_tasks([{"kind": "knn", "label": 3}])
+
+
+def test_misspelt_kinds_and_parameters_get_a_hint():
+    with pytest.raises(ConfigError, match=r"^r.yaml: key 'evaluation.tasks.0': unknown evaluation task 'linaer' "
+                                          r"\(did you mean 'linear'\?\); kinds are linear, knn"):
+        parse_tasks(["linaer"], "r.yaml")
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['temprature'\]; knn accepts \['k', "
+                                         r"'temperature'\] \(did you mean 'temperature'\?\)$"):
+        parse_tasks([{"kind": "knn", "temprature": 0.1}])
+    with pytest.raises(ValueError, match=r"must be a string or a mapping, got 3"):
+        parse_tasks([3])
+    with pytest.raises(ValueError, match="no evaluation tasks given"):
+        parse_tasks([])
+
+
+def test_every_kind_has_a_function_a_description_and_the_function_s_parameters():
+    assert set(TASK_KINDS) == set(TASKS) == set(TASK_FUNCTIONS) == set(TASK_PARAMS)
+    for kind in TASK_KINDS:
+        assert task_description(kind)
+        accepted = set(inspect.signature(TASK_FUNCTIONS[kind]).parameters)
+        # "pairs" chooses the views the function is called on; every other parameter is the function's
+        assert TASK_PARAMS[kind] - {"pairs"} <= accepted, kind
