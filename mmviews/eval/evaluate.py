@@ -13,7 +13,12 @@ Tasks (strings, as in a recipe's ``eval.tasks`` list, or dicts with the same fie
   both ways (``test/prototype/class/audio_0->text_0/acc``: audio queries, text prototypes; with
   more than one pair also ``.../mean/acc`` over every pair and direction); nothing is fitted, so it shows whether the modalities
   share one space;
-- ``"diagnostics"``: alignment, uniformity, ranks, vMF entropy, similarity histograms.
+- ``"diagnostics"``: alignment, uniformity, ranks, vMF entropy, similarity histograms;
+- ``"identifiability"``: for every modality and latent block (``content``, ``style``,
+  ``specific``), the R^2 of predicting the block from the modality's embedding, linear and
+  kernel ridge (``test/identifiability/x1/content/r2_nonlinear``), fitted on the validation split
+  and scored on the test split (on halves of the evaluated split without a validation split);
+  the labels of the ``identifiability`` dataset (:mod:`mmviews.eval.identifiability`).
 
 Dict form: ``{"kind": "knn", "label": "class", "k": 20, "temperature": 0.1}``,
 ``{"kind": "msa", "dataset": "mosei", "label": "sentiment"}``,
@@ -41,6 +46,7 @@ import torch
 from mmviews.eval.diagnostics import representation_diagnostics
 from mmviews.eval.extract import Embeddings, Encoder, extract_embeddings
 from mmviews.eval.health import CHANCE_PREFIX, classification_chance, regression_chance
+from mmviews.eval.identifiability import identifiability_metrics
 from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics
 from mmviews.eval.probes import (class_prototype_accuracy, knn_accuracy, linear_probe_classification,
                                  linear_probe_regression)
@@ -57,6 +63,7 @@ TASK_FUNCTIONS: dict[str, Any] = {
     "retrieval": cross_view_retrieval,
     "prototype": class_prototype_accuracy,
     "diagnostics": representation_diagnostics,
+    "identifiability": identifiability_metrics,
 }
 
 
@@ -216,7 +223,21 @@ def _compute(
             diag, diag_data = representation_diagnostics(ev.views, ev.mask, ev.fused, seed=seed, **task.params)
             metrics.update({f"{split}/diag/{k}": v for k, v in diag.items()})
             data.update(_spectra_by_view_name(diag_data, ev.view_names))
+        elif task.kind == "identifiability":
+            fit, score = (val, ev) if val is not None else _halves(ev)
+            metrics.update(identifiability_metrics(fit, score, split, **task.params))
     return metrics, data
+
+
+def _halves(emb: Embeddings) -> tuple[Embeddings, Embeddings]:
+    """The first and the second half of a split's samples (a fit and a score set)."""
+    half = emb.num_samples // 2
+
+    def part(rows: slice) -> Embeddings:
+        return Embeddings(emb.views[rows], emb.mask[rows], emb.fused[rows], {k: v[rows] for k, v in emb.labels.items()},
+                          emb.view_names, None if emb.index is None else emb.index[rows], emb.view_modalities)
+
+    return part(slice(0, half)), part(slice(half, None))
 
 
 def evaluate_encoder(
@@ -271,8 +292,9 @@ def evaluate_encoder(
     def extract(loader: Any, name: str) -> Embeddings:
         return extract_embeddings(encoder, loader, accelerator, fuse, desc=f"embeddings ({name})", progress=progress)
 
+    needs_val = needs_train or any(t.needs_val for t in parsed)
     train = extract(train_loader, "train") if needs_train else None
-    val = extract(val_loader, "val") if needs_train and val_loader is not None and split == "test" else None
+    val = extract(val_loader, "val") if needs_val and val_loader is not None and split == "test" else None
     ev = extract(eval_loader, split)
 
     is_main = accelerator is None or accelerator.is_main_process

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmviews.eval.health import HealthSettings, chance_level, run_warnings
+from mmviews.eval.identifiability import finding_lines
 from mmviews.eval.report import format_metric
 from mmviews.fileio import atomic_write_text
 from mmviews.run import EVAL_METRICS_FILE, LOG_FILE, REPORT_FILE, RESULTS_FILE
@@ -72,15 +73,16 @@ _HEADLINE_DIAGNOSTICS = ("/diag/align", "/diag/unif", "/diag/erank/fused")
 def headline_metrics(trained: dict[str, Any] | None, random_init: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The metrics a user reads first, trained against randomly initialised encoder:
     ``[{"metric", "trained", "random_init", "chance"}]`` (None where unknown) for the probes
-    (linear, kNN, regression, MSA) and the retrieval R@1 of the evaluated split (test, else
-    val; the mean over the pairs when there are several); the main diagnostics when the run
-    evaluated nothing else."""
+    (linear, kNN, regression, MSA), the retrieval R@1 of the evaluated split (test, else
+    val; the mean over the pairs when there are several) and the identifiability R^2 of the
+    content and specific blocks; the main diagnostics when the run evaluated nothing else."""
     trained, random_init = trained or {}, random_init or {}
     split = "test/" if any(k.startswith("test/") for k in trained) else "val/"
     # retrieval and prototypes: the mean over pairs where there is one (12 directions for 4
     # modalities), else each pair's figure
     keys = [k for k in sorted(trained) if k.startswith(split) and not _has_mean_beside(k, trained) and (
-        any(t in k for t in _HEADLINE_TASKS) or ("/retrieval/" in k and k.endswith("/R@1")))]
+        any(t in k for t in _HEADLINE_TASKS) or ("/retrieval/" in k and k.endswith("/R@1"))
+        or ("/identifiability/" in k and ("/content/" in k or "/specific/" in k)))]
     if not keys:
         keys = [k for k in sorted(trained) if k.startswith(split) and k.endswith(_HEADLINE_DIAGNOSTICS)]
     return [{"metric": k, "trained": trained[k], "random_init": random_init.get(k), "chance": chance_level(k, trained)}
@@ -176,6 +178,7 @@ def write_results(run_dir: Path, summary: dict[str, Any], settings: HealthSettin
         lines += ["## Warnings: did it learn?", "", *(f"- {message}" for message in summary["warnings"]), ""]
     lines += data_report_lines(summary)
     trained, random_ = summary["eval"], summary["eval_random"] or {}
+    lines += finding_lines(trained, random_)
     if trained:
         lines += ["| metric | trained | random init | trained - random | chance |", "|---|---|---|---|---|"]
         for key in sorted(trained):

@@ -34,13 +34,15 @@ class TaskKind:
     """One kind of evaluation task. ``params``: its keyword parameters in the mapping form, each
     with the type its value is checked against (their defaults are the running function's:
     ``mmviews list tasks``). ``default_label``: the label read when the task names none (None:
-    the task reads no label). ``needs_train``: it fits on the training split's embeddings."""
+    the task reads no label). ``needs_train``: it fits on the training split's embeddings.
+    ``needs_val``: it fits on the validation split's (and scores on the evaluated split)."""
 
     name: str
     description: str
     params: Mapping[str, Any] = field(default_factory=dict)
     default_label: str | None = None
     needs_train: bool = False
+    needs_val: bool = False
 
 
 TASKS: dict[str, TaskKind] = {kind.name: kind for kind in (
@@ -59,6 +61,10 @@ TASKS: dict[str, TaskKind] = {kind.name: kind for kind in (
              {"pairs": Sequence[Sequence[str]]}, "class", True),
     TaskKind("diagnostics", "alignment, uniformity, effective rank, vMF entropy, similarity histograms",
              {"kappa": float, "max_samples": int | None}),
+    TaskKind("identifiability", "R^2 of each latent block (content, style, specific) from each modality's embedding, "
+             "linear and RBF kernel ridge, fitted on valid, scored on test (the identifiability dataset's labels)",
+             {"blocks": Sequence[str], "alphas": Sequence[float], "gammas": Sequence[float], "folds": int,
+              "fit_samples": int}, needs_val=True),
 )}
 TASK_KINDS = tuple(TASKS)
 # Keyword parameters each task accepts in its mapping form (checked before any extraction).
@@ -84,6 +90,10 @@ class EvalTask:
     @property
     def needs_train(self) -> bool:
         return TASKS[self.kind].needs_train
+
+    @property
+    def needs_val(self) -> bool:
+        return TASKS[self.kind].needs_val
 
 
 def parse_tasks(tasks: Iterable[str | Mapping[str, Any]] | str, source: str | None = None,
