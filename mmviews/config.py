@@ -172,6 +172,9 @@ class OutputConfig:
     recipes and run folders that have it still load: ``true`` adds TensorBoard when it is
     installed (skipped with a warning otherwise), ``false``/``null`` does nothing; new recipes
     use ``trackers: [tensorboard]``.
+
+    ``auto_resume``: the same command continues the run in its folder from its newest intact
+    checkpoint (a scheduler's or the elastic agent's restart), see :mod:`mmviews.train.resume`.
     """
 
     dir: str | None = None
@@ -182,6 +185,7 @@ class OutputConfig:
                            "trackio"]] = field(default_factory=list)
     tensorboard: bool | None = None  # deprecated: use trackers: [tensorboard]
     progress_bar: bool = True
+    auto_resume: bool = False
 
 
 @dataclass

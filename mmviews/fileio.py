@@ -1,19 +1,43 @@
-"""Atomic file writes, shared by every part of mmviews that saves a file, and the checks every
-reader of a user's folder applies (JSON objects, single folder names).
+"""Atomic, durable file writes, shared by every part of mmviews that saves a file, the error a
+full disk gives, and the checks every reader of a user's folder applies (JSON objects, single
+folder names).
 
 A file is written to a temporary file in the destination folder and moved over the destination
 with ``os.replace`` (atomic on POSIX and Windows), so a crash or an exception leaves either the
 old file or the new one, never half of one, and no temporary file behind. The result gets the
 usual permissions of the process's umask (``mkstemp`` alone would leave 0600).
+
+**Durable commits.** A rename is atomic for the running system, but after a power cut or a
+kernel crash the file system may hold the new name pointing at data never written to the disk
+(the rename reached the journal, the file's pages did not). So every commit is: the new file's
+data flushed (``fsync``), then the rename, then the parent folder flushed (``fsync`` of the
+folder makes the rename itself durable). A folder (a checkpoint, ``encoder/``, an export) is
+committed the same way by :func:`commit_folder`: every file and sub-folder in it flushed, the
+folder renamed, its parent flushed.
+
+**A full disk** (``ENOSPC``, or ``EDQUOT`` when a quota is reached) while writing is turned into
+a :class:`DiskFullError` naming the folder, the bytes the write needed and the bytes free
+(:func:`disk_full`), after the partial temporary file or folder is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+# errno values of a write that failed for want of space: the device is full, or the user's quota is.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+class DiskFullError(OSError):
+    """A write failed because the device (or the user's quota) is full; the message names the
+    folder, the bytes needed and the bytes free."""
 
 
 def _umask_mode() -> int:
@@ -22,25 +46,147 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_save(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
-    """``write(tmp_path)`` fills a temporary file that then replaces ``path`` atomically.
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file's or a folder's data to the disk (a folder: its entries, e.g. a rename in it).
+    Where a folder cannot be opened or flushed (Windows, some network file systems) nothing is
+    done: the rename is then as durable as that file system makes it."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) and hasattr(os, "O_DIRECTORY") else 0)
+    try:
+        fd = os.open(path, flags)
+    except (IsADirectoryError, PermissionError):  # Windows opens no folder
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.EBADF, errno.EROFS):  # a folder that cannot be flushed
+            raise
+    finally:
+        os.close(fd)
+
+
+def temporary_name(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path``'s name is one of :func:`atomic_save`'s temporary files
+    (``.<name>.<random>.tmp``): left behind only when the process was killed mid-write."""
+    name = Path(path).name
+    return name.startswith(".") and name.endswith(".tmp") and name.count(".") >= 3
+
+
+def atomic_save(path: str | os.PathLike[str], write: Callable[[str], None], needed: int | None = None) -> Path:
+    """``write(tmp_path)`` fills a temporary file that then replaces ``path`` atomically and
+    durably (flushed, renamed, parent folder flushed: see the module docstring).
 
     For writers that take a file name (``safetensors.save_file``, ``Figure.savefig``). The
     parent folder is created; if ``write`` raises, the temporary file is removed and ``path``
-    is left as it was.
+    is left as it was; a full disk is a :class:`DiskFullError` (``needed``: the bytes the file
+    needs, when known; else the bytes written before the disk filled).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        write(tmp)
-        os.chmod(tmp, _umask_mode())
+        with disk_full(path.parent, path.name, lambda: needed if needed is not None else _size(tmp)):
+            write(tmp)
+            os.chmod(tmp, _umask_mode())
+            fsync_path(tmp)
         os.replace(tmp, path)
+        fsync_path(path.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _size(path: str | os.PathLike[str]) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def folder_bytes(folder: str | os.PathLike[str]) -> int:
+    """Bytes of the files under ``folder`` (0 when it is gone)."""
+    return sum(_size(p) for p in Path(folder).rglob("*") if p.is_file()) if Path(folder).is_dir() else 0
+
+
+def commit_folder(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
+    """Rename the complete folder ``tmp`` to ``final`` durably: every file and sub-folder of
+    ``tmp`` flushed, then the rename (``final`` must not exist), then the parent folder flushed."""
+    tmp, final = Path(tmp), Path(final)
+    for path in sorted(tmp.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # files before their folder
+        fsync_path(path)
+    fsync_path(tmp)
+    os.replace(tmp, final)
+    fsync_path(final.parent)
+    return final
+
+
+def temporary_folder(final: str | os.PathLike[str]) -> Path:
+    """A new empty folder beside ``final`` named ``.<final's name>.tmp-<random>`` (a name no one
+    else has), to be filled and then committed with :func:`commit_folder`."""
+    final = Path(final)
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+
+
+def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], needed: int | None = None) -> Path:
+    """``write(folder)`` fills a temporary folder beside ``final`` (:func:`temporary_folder`) that
+    then replaces ``final`` durably (:func:`commit_folder`; a ``final`` already there, which the
+    caller wrote before, is renamed away first and deleted after). If ``write`` raises, the
+    temporary folder is removed and ``final`` is left as it was; a full disk is a
+    :class:`DiskFullError` (``needed``: the bytes the folder needs, when known)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_folder(final)
+    try:
+        with disk_full(final.parent, f"{final.name}/", lambda: needed if needed is not None else folder_bytes(tmp)):
+            write(tmp)
+        old = None
+        if final.exists():
+            old = temporary_folder(final)
+            os.replace(final, old / final.name)
+        commit_folder(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def free_bytes(folder: str | os.PathLike[str]) -> int:
+    """Bytes free to this user where ``folder`` (or its nearest existing ancestor) is."""
+    path = Path(folder).absolute()
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` is an ``OSError`` of a full device or quota."""
+    return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
+
+
+@contextlib.contextmanager
+def disk_full(folder: str | os.PathLike[str], what: str, needed: int | Callable[[], int],
+              cleanup: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Around a write into ``folder``: an ``OSError`` of a full device or quota (ENOSPC, EDQUOT)
+    becomes a :class:`DiskFullError` naming ``folder``, ``what`` was written, the bytes it
+    ``needed`` (a number, or a function called after the failure) and the bytes free, once the
+    partial folder ``cleanup`` (if given) is removed. Other errors pass unchanged."""
+    try:
+        yield
+    except OSError as error:
+        if not is_disk_full(error) or isinstance(error, DiskFullError):
+            raise
+        bytes_needed = needed() if callable(needed) else needed
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        free = free_bytes(folder)
+        quota = " (disk quota exceeded)" if error.errno != errno.ENOSPC else ""
+        full = DiskFullError(f"{folder}: no space left{quota} while writing {what}: it needs about {bytes_needed} "
+                             f"bytes, {free} bytes are free; nothing partial was left there")
+        full.errno = error.errno
+        raise full from None
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -50,7 +196,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         with open(tmp, "wb") as f:
             f.write(data)
 
-    return atomic_save(path, write)
+    return atomic_save(path, write, needed=len(data))
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

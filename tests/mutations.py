@@ -218,6 +218,42 @@ def _delete_old_checkpoints_first() -> tuple[Any, str, Any]:
     return trainer, "save_checkpoint", deleting_first
 
 
+def _commit_without_flush() -> tuple[Any, str, Any]:
+    """A folder is committed by its rename alone: no file, no folder flushed (a power cut may
+    leave the new name on files whose data never reached the disk)."""
+    import os
+
+    import mmviews.fileio as fileio
+
+    def rename_only(tmp: Any, final: Any) -> Any:
+        os.replace(tmp, final)
+        return final
+
+    return fileio, "commit_folder", rename_only
+
+
+def _resume_newest_unchecked() -> tuple[Any, str, Any]:
+    """``output.auto_resume`` takes the newest checkpoint without checking its files."""
+    import mmviews.train.resume as resume
+    from mmviews.run import list_checkpoints
+
+    return resume, "newest_intact_checkpoint", lambda run_dir, say=print: (list_checkpoints(run_dir) or [None])[-1]
+
+
+def _keep_leftovers() -> tuple[Any, str, Any]:
+    """Temporary left-overs of a run cut short stay in the run folder."""
+    import mmviews.train.checkpoint as checkpoint
+
+    return checkpoint, "remove_leftovers", lambda run_dir: []
+
+
+def _any_recipe_continues() -> tuple[Any, str, Any]:
+    """``output.auto_resume`` continues a run whatever recipe the command gives."""
+    import mmviews.train.resume as resume
+
+    return resume, "check_same_recipe", lambda config, run_dir: None
+
+
 def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
     """An old checkpoint is deleted under its own name (no rename first): a deletion cut short
     leaves a half-deleted ``checkpoint-N``."""
@@ -388,6 +424,10 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "ipmc_critic_on_local_batch": _ipmc_critic_on_local_batch,
     "key_dropout_by_row": _key_dropout_by_row,
     "skip_restore": _skip_restore,
+    "commit_without_flush": _commit_without_flush,
+    "resume_newest_unchecked": _resume_newest_unchecked,
+    "keep_leftovers": _keep_leftovers,
+    "any_recipe_continues": _any_recipe_continues,
     "scale_loss": _scale_loss,
     "sum_accumulated_gradients": _no_accumulation_scaling,
     "drop_within_view_mask": _drop_within_view_mask,

@@ -19,7 +19,8 @@ deletion cut short. ``--hold-marker FILE`` is created when a hold starts (``--ch
 FILE`` for the checkpoint hold, default the same), so the test waits for a file, not for a
 time. ``--until-signal`` makes the step hold end at the first SIGINT/SIGTERM (after mmviews'
 handler ran), so that the signal arrives at a known step; ``--hold-rank R`` holds on that rank
-only (the others run on until they wait for it in a collective). ``--stop-after-step N`` raises
+only (the others run on until they wait for it in a collective). ``--first-attempt-only``: no hold after torch's elastic agent restarted the workers
+(``TORCHELASTIC_RESTART_COUNT`` > 0), so that a restarted run goes to its end. ``--stop-after-step N`` raises
 :class:`StopAfterStep` after optimiser step N (for a run in the test's own process, see
 :func:`install`, that needs no more steps). ``--break NAME`` applies a break of
 ``tests/mutations.py`` first (the tests that show a guard test fails).
@@ -108,6 +109,8 @@ class ControlCallback(TrainCallback):
         rank = int(os.environ.get("RANK", "0"))
         self.rank0 = rank == 0
         self.holds = opts.hold_rank is None or opts.hold_rank == rank
+        if opts.first_attempt_only and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            self.holds = False
         self.marker = None
         if opts.marker is not None:
             world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -181,6 +184,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ours.add_argument("--hold-after-step", type=int, default=None)
     ours.add_argument("--until-signal", action="store_true")
     ours.add_argument("--hold-rank", type=int, default=None)
+    ours.add_argument("--first-attempt-only", action="store_true")
     ours.add_argument("--hold-after-checkpoint", type=int, default=None)
     ours.add_argument("--hold-after-micro-batch", type=int, default=None)
     ours.add_argument("--hold-in-removal", action="store_true")

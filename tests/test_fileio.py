@@ -1,5 +1,7 @@
-"""Atomic writes (mmviews.fileio): all or nothing, no temporary file left, umask permissions."""
+"""Atomic writes (mmviews.fileio): all or nothing, no temporary file left, umask permissions; a full
+disk is one error naming the folder, the bytes needed and free."""
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -39,3 +41,22 @@ def test_permissions_follow_the_umask(tmp_path: Path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640  # not mkstemp's 0600
+
+
+def test_disk_full_errors_name_folder_needed_and_free(tmp_path, monkeypatch):
+    """Unit: ENOSPC and EDQUOT become one DiskFullError naming the folder, the bytes needed and
+    free; the partial folder is removed; other errors pass unchanged."""
+    from mmviews.fileio import DiskFullError, disk_full
+
+    partial = tmp_path / ".tmp-checkpoint-00000003"
+    partial.mkdir()
+    for code in (errno.ENOSPC, errno.EDQUOT):
+        with pytest.raises(DiskFullError) as caught:
+            with disk_full(tmp_path, "the checkpoint of step 3", 12345, cleanup=partial):
+                raise OSError(code, os.strerror(code))
+        message = str(caught.value)
+        assert message.startswith(f"{tmp_path}: no space left") and "12345 bytes" in message
+        assert " bytes are free" in message and caught.value.errno == code and not partial.exists()
+    with pytest.raises(PermissionError):
+        with disk_full(tmp_path, "x", 1):
+            raise PermissionError(errno.EACCES, "denied")

@@ -49,6 +49,7 @@ from mmviews.eval.report import format_metric
 from mmviews.run import (
     CONFIG_FILE,
     RESULTS_FILE,
+    RunFolderError,
     check_run_dir,
     find_checkpoint,
     has_checkpoint_or_results,
@@ -59,12 +60,13 @@ from mmviews.run import (
     run_dir_of,
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
-from mmviews.train.distributed import accelerate_launch, steps_on_cpu
+from mmviews.train.distributed import CollectiveFailure, accelerate_launch, steps_on_cpu
 from mmviews.train.host_memory import HOLD_NOTE, configure_host_memory
 from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.eval.summary import RESULTS_LOGGER, data_left_out_lines, headline_lines
 from mmviews.train.trackers import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
+from mmviews.train.resume import restart_attempt
 from mmviews.train.preflight import run_checks
 
 
@@ -172,8 +174,16 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         recipe = resolve_recipe(args.recipe)
         config = load_config(recipe, args.overrides)
         run_dir = Path(args.output or config.output.dir or Path("runs") / config.name)
-        if _is_first_process():  # before any work (--check too): new, empty, or a run to --overwrite
-            check_run_dir(run_dir, overwrite=args.overwrite)
+        if _is_first_process():  # before any work (--check too): new, empty, a run to --overwrite or to continue
+            continues = (config.output.auto_resume and not args.overwrite and is_run_dir(run_dir)
+                         and bool(list_checkpoints(run_dir)))
+            try:
+                check_run_dir(run_dir, overwrite=args.overwrite, resume=continues)
+            except RunFolderError as error:
+                if restart_attempt() and not config.output.auto_resume:
+                    error.add_note(f"the elastic agent restarted this process (restart {restart_attempt()}): with "
+                                   "--set output.auto_resume=true a restart continues from the newest checkpoint")
+                raise
     # a tracker the recipe names but this environment lacks would otherwise surface only after
     # the datasets and models are built (train() resolves the trackers after build_run)
     check_trackers_installed(config, str(recipe))
@@ -210,13 +220,17 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         if _is_first_process():
             print(f"mmviews train: {_interrupted_line(stopped, run_dir, args)}", file=sys.stderr, flush=True)
         return stopped.exit_status if isinstance(stopped, TrainingInterrupted) else 128 + signal.SIGINT
+    except CollectiveFailure as error:  # a peer hung or died: this process's one line, with the command that resumes
+        error.add_note(f"resume with: {resume_command(run_dir, args.allow_remote_models)}")
+        raise
     except Exception as error:
         if _stopped_before_first_checkpoint(run_dir):
             error.add_note(f"{run_dir} holds no checkpoint: once fixed, the same command starts it again there")
         elif _is_first_process() and isinstance(worker_error(error), USER_ERRORS) and list_checkpoints(run_dir):
             # e.g. a file that cannot be read: nothing was deleted, the run continues from its last checkpoint
-            error.add_note(f"the latest checkpoint is kept ({list_checkpoints(run_dir)[-1]}); once fixed, continue with "
-                           f"mmviews train --resume {shlex.quote(str(run_dir))}")
+            how = ("run the same command again (output.auto_resume)" if config.output.auto_resume
+                   else f"continue with mmviews train --resume {shlex.quote(str(run_dir))}")
+            error.add_note(f"the latest checkpoint is kept ({list_checkpoints(run_dir)[-1]}); once fixed, {how}")
         raise
     if not _is_first_process():
         return 1 if summary.get("status") == "failed" else 0

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from mmviews.fileio import atomic_write_text, read_json_object
+from mmviews.fileio import atomic_write_text, commit_folder, read_json_object, temporary_folder
 
 __all__ = ["export_hf", "hub_model_card", "prepare_output_folder", "finish_output_folder"]
 
@@ -28,12 +27,12 @@ def prepare_output_folder(output: Path) -> Path:
         raise FileExistsError(f"--output {output} exists: give a new folder")
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
-    return Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))  # a name nobody else has
+    return temporary_folder(output)
 
 
 def finish_output_folder(tmp: Path, output: Path) -> Path:
-    os.replace(tmp, output)
-    return output
+    """The complete export renamed to ``output``, durably (:func:`mmviews.fileio.commit_folder`)."""
+    return commit_folder(tmp, output)
 
 
 def hub_model_card(run: str | os.PathLike[str], config: Any, license: str | None) -> str:

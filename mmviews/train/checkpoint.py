@@ -43,7 +43,7 @@ from torch import nn
 
 from mmviews.config import TrainConfig, save_config
 from mmviews.data.safe_pickle import CorruptFileError
-from mmviews.fileio import atomic_write_text
+from mmviews.fileio import atomic_write_text, commit_folder, disk_full, folder_bytes
 from mmviews.run import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
@@ -61,6 +61,7 @@ from mmviews.run import (
     record_run_outputs,
     verify_checkpoint_file,
 )
+from mmviews.train.resume import remove_leftovers
 from mmviews.train.state import TrainState
 from mmviews.notices import MMViewsWarning
 
@@ -95,22 +96,24 @@ def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool, overwrite: 
     """Main process, before training: claim the run folder (:func:`mmviews.run.claim_run_dir`:
     a fresh run needs a new or empty folder, or ``overwrite`` to replace an mmviews run, of
     which only what it wrote is removed) and write the resolved ``config.yaml``. Temporary
-    checkpoint folders left by a kill are removed."""
+    checkpoint folders and files left by a kill are removed (:func:`mmviews.train.resume.remove_leftovers`)."""
     claim_run_dir(run_dir, overwrite=overwrite, resume=not fresh)
+    removed = remove_leftovers(run_dir)  # mmviews's own temporary names only (mmviews.train.resume)
+    if removed:
+        print(f"mmviews train: removed {len(removed)} temporary left-over(s) of a write cut short: "
+              f"{', '.join(str(p.relative_to(run_dir)) for p in removed)}", flush=True)
     save_config(config, run_dir / CONFIG_FILE)
-    folder = run_dir / CHECKPOINTS_DIR
-    if folder.is_dir():
-        for p in folder.iterdir():
-            if p.name.startswith(TMP_PREFIX):
-                shutil.rmtree(p, ignore_errors=True)
     record_run_outputs(run_dir)
 
 
 def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_last: int, objective: nn.Module,
                     callback: TrainCallback, teacher: EMATeacher | None = None,
                     sharded: tuple[nn.Module, torch.optim.Optimizer] | None = None) -> Path:
-    """``save_state`` into a temporary folder, then rename: a kill mid-write never replaces
-    a complete checkpoint. Every process calls this (each saves its RNG state).
+    """``save_state`` into a temporary folder, then a durable rename
+    (:func:`mmviews.fileio.commit_folder`: files flushed, renamed, parent flushed): a kill or a
+    power cut mid-write never replaces a complete checkpoint. Every process calls this (each
+    saves its RNG state). A full disk (:class:`mmviews.fileio.DiskFullError`) removes the
+    temporary folder and leaves the previous checkpoints as they were.
 
     ``sharded``: the (model, optimiser) of a sharded run (:mod:`mmviews.train.sharding`): their
     shards are gathered and rank 0 writes the full tensors under Accelerate's file names, in the
@@ -118,32 +121,50 @@ def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_las
     folder = run_dir / CHECKPOINTS_DIR
     final = folder / f"{CHECKPOINT_PREFIX}{state.step:08d}"
     tmp = folder / f"{TMP_PREFIX}{state.step:08d}"
+    with disk_full(folder, f"the checkpoint of step {state.step}", 
+                   lambda: checkpoint_bytes(run_dir, tmp, accelerator, objective, teacher), cleanup=tmp):
+        if accelerator.is_main_process:
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        accelerator.wait_for_everyone()
+        if sharded is None:
+            accelerator.save_state(str(tmp))
+        else:
+            _save_sharded_state(accelerator, tmp, *sharded, teacher)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            torch.save(objective.state_dict(), tmp / OBJECTIVE_FILE)
+            if teacher is not None and sharded is None:
+                teacher.save(tmp / TEACHER_FILE)
+            # Written last: its presence marks a complete checkpoint, and it records every file.
+            record = {**state.state_dict(), "files": checkpoint_file_records(tmp)}
+            atomic_write_text(tmp / TRAIN_STATE_FILE, json.dumps(record, indent=1))
     if accelerator.is_main_process:
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    accelerator.wait_for_everyone()
-    if sharded is None:
-        accelerator.save_state(str(tmp))
-    else:
-        _save_sharded_state(accelerator, tmp, *sharded, teacher)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        torch.save(objective.state_dict(), tmp / OBJECTIVE_FILE)
-        if teacher is not None and sharded is None:
-            teacher.save(tmp / TEACHER_FILE)
-        # Written last: its presence marks a complete checkpoint, and it records every file.
-        record = {**state.state_dict(), "files": checkpoint_file_records(tmp)}
-        atomic_write_text(tmp / TRAIN_STATE_FILE, json.dumps(record, indent=1))
         callback.on_checkpoint_written(state, tmp)
         if final.exists():  # same step saved twice (e.g. resumed and re-saved): replace it
             _remove_checkpoint(final)
-        os.replace(tmp, final)
+        commit_folder(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep_last]:
             _remove_checkpoint(old)
         record_run_outputs(run_dir)
     accelerator.wait_for_everyone()
     return final
+
+
+def checkpoint_bytes(run_dir: Path, partial: Path, accelerator: Any, objective: nn.Module,
+                     teacher: EMATeacher | None) -> int:
+    """About the bytes a new checkpoint of the run needs (told when the disk is full): the most of
+    its latest complete checkpoint's, the tensors of the prepared models, optimisers, objective
+    and teacher, and what ``partial`` (the checkpoint being written) already held."""
+    from mmviews.train.memory import tensor_bytes, tensors_in
+
+    found = list_checkpoints(run_dir)
+    state: list[Any] = [objective.state_dict(), teacher.state_dict() if teacher is not None else {}]
+    state += [m.state_dict() for m in getattr(accelerator, "_models", [])]
+    state += [o.state_dict() for o in getattr(accelerator, "_optimizers", [])]
+    in_memory = tensor_bytes([t for t in tensors_in(state) if t.device.type != "meta"])
+    return max(folder_bytes(found[-1]) if found else 0, in_memory, folder_bytes(partial))
 
 
 def _save_sharded_state(accelerator: Any, folder: Path, model: nn.Module, optimizer: Any,

@@ -66,6 +66,44 @@ def process_state(config: TrainConfig) -> Any:
     return PartialState(cpu=config.cpu, **process_group_kwargs(config).to_kwargs())
 
 
+class CollectiveFailure(TimeoutError):
+    """A collective failed because another process stopped answering (hung, stopped, or dead);
+    the message names this process, the step, the timeout and the newest complete checkpoint."""
+
+
+# What the process-group backends say when a peer stops answering (a timeout) or is gone (its
+# sockets closed): gloo's "Timed out waiting 5000ms for recv operation", "Connection closed by
+# peer", NCCL's watchdog "collective operation timeout".
+_TIMED_OUT = ("timed out", "timeout")
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "connection refused")
+
+
+def collective_failure(error: BaseException, timeout_s: float, step: int | None, checkpoint: str | None) -> \
+        CollectiveFailure | None:
+    """The one-line :class:`CollectiveFailure` of ``error`` when it is a collective that failed
+    because a peer hung (past ``timeout_s``) or is gone, else None. ``step``: the last optimiser
+    step this process finished; ``checkpoint``: the newest complete checkpoint (None: none yet)."""
+    import torch.distributed as dist
+
+    text = str(error).lower()
+    if not isinstance(error, (RuntimeError, dist.DistError)):
+        return None
+    if any(word in text for word in _PEER_GONE):
+        what = "another process left (it died or was killed)"
+    elif any(word in text for word in _TIMED_OUT) and ("gloo" in text or "nccl" in text or "operation" in text
+                                                       or isinstance(error, dist.DistError)):
+        what = (f"it waited more than distributed.timeout_s = {timeout_s:g} s for the other processes in a collective "
+                "(one of them hung, was stopped, or died)")
+    else:
+        return None
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    world = (dist.get_world_size() if dist.is_available() and dist.is_initialized()
+             else int(os.environ.get("WORLD_SIZE", "1")))
+    where = f"after step {step}" if step is not None else "before its first step"
+    newest = f"newest complete checkpoint: {checkpoint}" if checkpoint else "no checkpoint yet"
+    return CollectiveFailure(f"process {rank} of {world} stopped {where}: {what}; {newest}")
+
+
 def configure_determinism(enabled: bool) -> None:
     """With ``enabled``, deterministic algorithms for the rest of the process (see the module
     docstring); nothing otherwise (the process's own settings are left as they are). Warns when

@@ -33,6 +33,7 @@ the previous behaviour stays.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import threading
@@ -109,13 +110,16 @@ class StopOnSignal:
             os.write(2, f"\nmmviews train: {name} received: finishing the current step and saving a checkpoint "
                         f"(send it again to abort at once)\n".encode())
 
-    def defer(self, num_processes: int, is_main: bool) -> None:
-        """From now until :meth:`end_of_loop`, the first signal stops the run after the step."""
+    def defer(self, num_processes: int, is_main: bool, timeout: datetime.timedelta | None = None) -> None:
+        """From now until :meth:`end_of_loop`, the first signal stops the run after the step.
+        ``timeout``: the agreement group's (the run's ``distributed.timeout_s``; torch's default
+        for a new group is 30 minutes, whatever the default group's)."""
         self.is_main = is_main
         if num_processes > 1 and self._group is None:
             import torch.distributed as dist
 
-            self._group = dist.new_group(backend="gloo")  # host tensors: never waits for the device
+            # host tensors: never waits for the device
+            self._group = dist.new_group(backend="gloo", **({"timeout": timeout} if timeout is not None else {}))
         self.deferring = True
 
     def requested(self) -> bool:

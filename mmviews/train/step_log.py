@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,7 +22,7 @@ from tqdm.auto import tqdm
 
 from mmviews.config import TrainConfig
 from mmviews.eval.health import HealthSettings, LiveHealth
-from mmviews.fileio import atomic_write_text
+from mmviews.fileio import DiskFullError, atomic_write_text, disk_full
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
 from mmviews.train.state import TrainState
@@ -57,11 +58,19 @@ class CSVLogger:
         new = self.fields is None
         if new:
             self.fields = list(row)
-        with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore", restval="")
-            if new:
-                writer.writeheader()
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.fields, extrasaction="ignore", restval="")
+        if new:
+            writer.writeheader()
+        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        size = self.path.stat().st_size if self.path.exists() else 0
+        try:
+            with disk_full(self.path.parent, self.path.name, len(text.getvalue().encode())):
+                with self.path.open("a", newline="") as f:
+                    f.write(text.getvalue())
+        except DiskFullError:
+            os.truncate(self.path, size)  # no half row: the log stays readable for a resume
+            raise
         if new:
             record_run_outputs(self.path.parent)  # the run's manifest lists the log from its first row
 

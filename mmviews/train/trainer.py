@@ -79,7 +79,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from mmviews.config import TrainConfig
+from mmviews.config import ConfigError, TrainConfig
 from mmviews.data.batch import ViewBatch
 from mmviews.data.losses import (
     ABSENT_MODALITIES_KEY,
@@ -90,22 +90,25 @@ from mmviews.data.losses import (
     run_datasets,
 )
 from mmviews.eval.health import HealthSettings
+from mmviews.fileio import save_folder
 from mmviews.eval.summary import (RESULTS_LOGGER, finalise_summary, headline_lines, headline_metrics, read_eval_metrics,
                                   write_results)
-from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, read_finished_run, record_run_outputs
+from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, list_checkpoints, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run, uses_teacher
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
 from mmviews.train.compiled import compile_encoder
-from mmviews.train.distributed import (check_launch, configure_determinism, process_group_kwargs, process_state,
-                                      steps_on_cpu)
+from mmviews.train.distributed import (check_launch, collective_failure, configure_determinism, process_group_kwargs,
+                                      process_state, steps_on_cpu, timeout_of)
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.host_memory import configure_host_memory, host_memory_state
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
+from mmviews.train.memory import tensor_bytes
 from mmviews.train.step_log import StepLogger
 from mmviews.train.trackers import TRACKERS_DIR, resolve_trackers
 from mmviews.train.model_card import write_model_card
 from mmviews.train.optim import build_optimizer, build_scheduler
+from mmviews.train.resume import auto_resume_checkpoint
 from mmviews.train.state import TrainState
 from mmviews.train.sharding import full_model_state, launcher_fsdp_hidden, run_sharding, shard_encoder, whole_encoder
 from mmviews.train.step import Prepared, train_step, warn_batch_norm
@@ -308,9 +311,19 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
 
     SIGINT and SIGTERM finish the current optimiser step, write a checkpoint and raise
     :class:`~mmviews.train.interrupt.TrainingInterrupted` (:mod:`mmviews.train.interrupt`)."""
+    progress: list[TrainState] = []  # the loop's state, once there is one (for the error below)
     with StopOnSignal() as stop, ExitStack() as on_exit:  # the previous signal handlers come back at the end
-        return _train(config, Path(run_dir), resume, source, callback or TrainCallback(), stop, on_exit,
-                      overwrite=overwrite, resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate)
+        try:
+            return _train(config, Path(run_dir), resume, source, callback or TrainCallback(), stop, on_exit,
+                          overwrite=overwrite, resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate,
+                          progress=progress)
+        except Exception as error:  # a peer that hung or died: one line of ours (the engine's error chained)
+            found = list_checkpoints(run_dir)
+            failure = collective_failure(error, config.distributed.timeout_s, progress[-1].step if progress else None,
+                                         str(found[-1]) if found else None)
+            if failure is None:
+                raise
+            raise failure from error
 
 
 def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
@@ -332,7 +345,7 @@ def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
 
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
            callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
-           resume_ignore_rng: bool, reevaluate: bool) -> dict[str, Any]:
+           resume_ignore_rng: bool, reevaluate: bool, progress: list[TrainState]) -> dict[str, Any]:
     # Setup: build and check the run, the accelerator, the run folder, prepare, resume.
     started = time.perf_counter()
     checkpoint = find_checkpoint(resume) if resume is not None else None
@@ -341,8 +354,13 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     # called from a program: only an explicit "heap" or "hold" (mmviews's command applied "auto" already)
     configure_host_memory(config.host_memory, owns_process=False, on_cpu=steps_on_cpu(config))
     with launcher_fsdp_hidden():  # mmviews shards itself (mmviews.train.sharding), on CPU and GPU alike
-        num_processes = process_state(config).num_processes
+        processes = process_state(config)
+    num_processes = processes.num_processes
     check_launch(num_processes, config)  # a launch that asked for N processes and got fewer stops here
+    if checkpoint is None and config.output.auto_resume:  # the same command continues (mmviews.train.resume)
+        if overwrite:
+            raise ConfigError("--overwrite replaces the run, output.auto_resume continues it: choose one")
+        checkpoint = auto_resume_checkpoint(config, run_dir, processes.is_main_process, num_processes)
     parts = build_run(config, num_processes, source)
     finished = None if checkpoint is None else read_finished_run(
         run_dir, checkpoint, _total_steps(config, len(parts.train_loader))[0], reevaluate)
@@ -368,6 +386,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             print(f"mmviews train: {line}", flush=True)
     p = _prepare(accelerator, parts)
     state, objective, num_views = p.state, parts.objective, len(parts.view_spec)
+    progress.append(state)
 
     random_metrics: dict[str, float] | None = None
     if checkpoint is not None:
@@ -390,7 +409,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     o, out_cfg, eval_cfg = config.optimisation, config.output, config.evaluation
     saved = checkpoint
     # The loop: epochs of micro-batches, each one train_step (mmviews.train.step).
-    stop.defer(accelerator.num_processes, accelerator.is_main_process)  # a signal now stops after the step
+    stop.defer(accelerator.num_processes, accelerator.is_main_process, timeout_of(config))  # a signal now stops after the step
     for epoch in range(state.epoch, o.epochs):
         if state.step >= p.total_steps or stop.agreed:
             break
@@ -441,12 +460,14 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
 
     # The end: the encoder, the final evaluation, results.json and the model card.
     encoder = accelerator.unwrap_model(p.model)
+    # encoder/ is written in a temporary folder and committed durably (mmviews.fileio.save_folder)
     if p.sharded:  # full tensors in encoder/, loadable by one process (collective gather first)
         full = full_model_state(encoder)
         if accelerator.is_main_process:
-            whole_encoder(config, full, source).save_pretrained(run_dir / ENCODER_DIR)
+            save_folder(run_dir / ENCODER_DIR, whole_encoder(config, full, source).save_pretrained,
+                        needed=tensor_bytes(full.values()))
     elif accelerator.is_main_process:
-        encoder.save_pretrained(run_dir / ENCODER_DIR)
+        save_folder(run_dir / ENCODER_DIR, encoder.save_pretrained, needed=tensor_bytes(encoder.state_dict().values()))
     accelerator.wait_for_everyone()
     metrics: dict[str, float] = {}
     if eval_cfg.at_end and eval_cfg.tasks:

@@ -1,0 +1,266 @@
+"""The same command continues a run (``output.auto_resume``, :mod:`mmviews.train.resume`), and a
+run's commits are durable (:mod:`mmviews.fileio`).
+
+- A run stopped after step 3 of 4 (checkpoints at steps 1 and 2), whose newest checkpoint is then
+  damaged and whose folder holds temporary left-overs of mmviews and files of the user's: the same
+  command says which checkpoint it skips and why, continues from step 1, removes only mmviews's
+  own temporary names, and ends on the weights of an uninterrupted run; run again, it says the run
+  has finished (exit status 0); with another recipe it is refused, naming the keys.
+- Every checkpoint, ``encoder/`` and ``results.json`` of a run is committed durably: its files
+  flushed, then the rename, then the parent folder flushed (the calls recorded in that order).
+
+Runs are in the test's process (:func:`test_train_utils.train_in_process`), on the tiny recipe
+without BERT: 4 optimiser steps, a checkpoint after every one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from crafted_files import one_line_error
+from test_train_utils import load_weights, tiny_config, train_in_process, write_recipe
+
+from mmviews.config import load_config
+from mmviews.run import list_checkpoints
+from mmviews.train.resume import checkpoint_fault, recipe_differences, remove_leftovers
+
+CONFIG = tiny_config(num_samples=32, batch_size=16, epochs=2, text=False)
+CONFIG["output"].update(checkpoint_every=1, keep_last=10, auto_resume=True)
+TOTAL = 4
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory) -> Path:
+    return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", CONFIG)
+
+
+class CallRecorder:
+    """Records ``os.fsync`` (by the path of its descriptor) and ``os.replace`` calls, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def install(self, patch: pytest.MonkeyPatch) -> None:
+        fsync, replace = os.fsync, os.replace
+
+        def recording_fsync(fd: int) -> None:
+            self.calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            fsync(fd)
+
+        def recording_replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            self.calls.append(("replace", os.path.abspath(src), os.path.abspath(dst)))
+            replace(src, dst, *args, **kwargs)
+
+        patch.setattr(os, "fsync", recording_fsync)
+        patch.setattr(os, "replace", recording_replace)
+
+    def index(self, call: tuple[str, ...]) -> int:
+        assert call in self.calls, f"{call} was never made"
+        return self.calls.index(call)
+
+
+def check_committed_durably(calls: CallRecorder, tmp: Path, final: Path, files: list[str]) -> None:
+    """``tmp`` renamed to ``final`` after each of ``files`` (paths relative to it) and ``tmp``
+    itself were flushed, and ``final``'s parent flushed after the rename."""
+    renamed = calls.index(("replace", str(tmp), str(final)))
+    for name in [*files, "."]:
+        path = os.path.normpath(tmp / name)
+        flushed = [i for i, call in enumerate(calls.calls) if call == ("fsync", path)]
+        assert flushed and flushed[0] < renamed, f"{path} was not flushed before the rename to {final}"
+    assert any(call == ("fsync", str(final.parent)) for call in calls.calls[renamed + 1:]), \
+        f"{final.parent} was not flushed after the rename to {final}"
+
+
+@pytest.fixture(scope="module")
+def reference(recipe, tmp_path_factory) -> tuple[Path, CallRecorder]:
+    """The uninterrupted run (with auto_resume on a new folder: it simply starts), its
+    ``os.fsync``/``os.replace`` calls recorded."""
+    run = tmp_path_factory.mktemp("ref") / "run"
+    calls = CallRecorder()
+    with pytest.MonkeyPatch.context() as patch:
+        calls.install(patch)
+        r = train_in_process(str(recipe), "--output", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed" not in r.stdout
+    return run, calls
+
+
+def test_checkpoints_encoder_and_results_are_committed_durably(reference):
+    run, calls = reference
+    checkpoints = list_checkpoints(run)
+    assert len(checkpoints) == TOTAL
+    for final in checkpoints:
+        tmp = final.with_name(".tmp-" + final.name)
+        check_committed_durably(calls, tmp, final, sorted(p.name for p in final.iterdir()))
+    encoder_tmp = [Path(c[1]) for c in calls.calls if c[0] == "replace" and c[2] == str(run / "encoder")]
+    assert len(encoder_tmp) == 1 and encoder_tmp[0].name.startswith(".encoder.tmp-")
+    written = sorted(str(p.relative_to(run / "encoder")) for p in (run / "encoder").rglob("*")
+                     if p.name != "README.md")  # the model card is written later, by itself (atomically)
+    check_committed_durably(calls, encoder_tmp[0], run / "encoder", written)
+    results_tmp = [Path(c[1]) for c in calls.calls if c[0] == "replace" and c[2] == str(run / "results.json")]
+    assert results_tmp, "results.json was not written through a temporary file"
+    renamed = calls.index(("replace", str(results_tmp[-1]), str(run / "results.json")))
+    assert calls.calls.index(("fsync", str(results_tmp[-1]))) < renamed
+    assert ("fsync", str(run)) in calls.calls[renamed + 1:]
+
+
+def test_durability_check_fails_when_folders_are_renamed_unflushed(tmp_path, monkeypatch):
+    """The order check above catches a commit that renames without flushing (break
+    ``commit_without_flush``)."""
+    from mutations import apply_break
+
+    import mmviews.fileio as fileio
+
+    tmp, final = tmp_path / ".tmp-x", tmp_path / "x"
+    tmp.mkdir()
+    (tmp / "a.bin").write_bytes(b"a")
+    calls = CallRecorder()
+    calls.install(monkeypatch)
+    fileio.commit_folder(tmp, final)
+    check_committed_durably(calls, tmp, final, ["a.bin"])  # intact: passes
+    final.rename(tmp)
+    apply_break("commit_without_flush", monkeypatch.setattr)
+    calls.calls.clear()
+    fileio.commit_folder(tmp, final)
+    with pytest.raises(AssertionError, match="was not flushed"):
+        check_committed_durably(calls, tmp, final, ["a.bin"])
+
+
+def _stopped_run(recipe: Path, run: Path, after_step: int) -> None:
+    """``mmviews train RECIPE --output RUN`` stopped after optimiser step ``after_step`` (before
+    its checkpoint), in this process (``tests/slow_train.py --stop-after-step``)."""
+    import slow_train
+
+    opts, rest = slow_train.parse(["--stop-after-step", str(after_step), "--", str(recipe), "--output", str(run)])
+    with pytest.MonkeyPatch.context() as patch:
+        slow_train.install(opts, patch.setattr)
+        with pytest.raises(slow_train.StopAfterStep):
+            train_in_process(*rest)
+
+
+def test_same_command_continues_from_the_newest_intact_checkpoint(recipe, reference, tmp_path):
+    run = tmp_path / "run"
+    _stopped_run(recipe, run, after_step=3)
+    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-00000001", "checkpoint-00000002"]
+    damaged = list_checkpoints(run)[-1]
+    with open(damaged / "model.safetensors", "r+b") as f:  # truncated by a crash of the storage
+        f.truncate(100)
+    leftovers, mine = _leftovers(run)
+    r = train_in_process(str(recipe), "--output", str(run))  # the same command
+    check_continued(r, run, damaged, leftovers, mine, resumed_step=1)
+    got, want = load_weights(run / "encoder"), load_weights(reference[0] / "encoder")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+    r = train_in_process(str(recipe), "--output", str(run))  # finished: nothing to do
+    assert r.returncode == 0 and "has already finished" in r.stdout, r.stderr
+
+
+def check_continued(r: Any, run: Path, damaged: Path, leftovers: list[Path], mine: list[Path], resumed_step: int) -> None:
+    """The same command continued from the checkpoint of ``resumed_step``, skipping ``damaged``
+    in one line, removing the ``leftovers`` and none of the user's files (``mine``)."""
+    assert r.returncode == 0, r.stderr[-3000:]
+    skipped = [line for line in r.stdout.splitlines() if "skipping the damaged checkpoint" in line]
+    assert len(skipped) == 1 and str(damaged) in skipped[0] and "100 bytes" in skipped[0], r.stdout
+    resumed = run / "checkpoints" / f"checkpoint-{resumed_step:08d}"
+    assert f"resumed from {resumed} at step {resumed_step} of {TOTAL}" in r.stdout
+    assert f"removed {len(leftovers)} temporary left-over(s)" in r.stdout
+    assert not any(path.exists() for path in leftovers)
+    assert all(path.read_text() == "mine" for path in mine)
+
+
+def _leftovers(run: Path) -> tuple[list[Path], list[Path]]:
+    """Left-overs of a kill (mmviews's temporary names) and the user's own files, which stay."""
+    leftovers = [run / "checkpoints" / ".tmp-checkpoint-00000003", run / ".results.json.k2j4x9q1.tmp",
+                 run / ".encoder.tmp-a8b7c6d5"]
+    for path in leftovers:
+        if path.suffix == ".tmp":
+            path.write_text("{")
+        else:
+            path.mkdir()
+            (path / "model.safetensors").write_bytes(b"half")
+    mine = [run / "checkpoints" / "notes.tmp", run / ".my-notes.tmp", run / "checkpoints" / "tmp-checkpoint-5"]
+    for path in mine:
+        path.write_text("mine")
+    return leftovers, mine
+
+
+@pytest.mark.parametrize("name", ["resume_newest_unchecked", "keep_leftovers"])
+def test_continue_check_fails_when_broken(name, recipe, reference, tmp_path, monkeypatch):
+    """The checks of the test above fail when the newest checkpoint is taken unchecked, or the
+    left-overs are kept (a copy of the reference run, as stopped before its end)."""
+    import shutil
+
+    from mutations import apply_break
+
+    run = shutil.copytree(reference[0], tmp_path / "run")
+    for finished in (run / "results.json", run / "encoder"):
+        shutil.rmtree(finished) if finished.is_dir() else finished.unlink()
+    damaged = list_checkpoints(run)[-1]
+    with open(damaged / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    leftovers, mine = _leftovers(run)
+    apply_break(name, monkeypatch.setattr)
+    r = train_in_process(str(recipe), "--output", str(run))
+    with pytest.raises(AssertionError):
+        check_continued(r, run, damaged, leftovers, mine, resumed_step=TOTAL - 1)
+
+
+def test_a_differing_recipe_is_refused_naming_the_keys(reference, tmp_path, capsys):
+    from crafted_files import cli, copy_run
+
+    run = copy_run(reference[0], tmp_path / "run")
+    changed = dict(CONFIG, seed=1, optimisation={**CONFIG["optimisation"], "lr": 0.1},
+                   output={**CONFIG["output"], "log_every": 2, "keep_last": 3})  # output.* may differ
+    other = write_recipe(tmp_path / "other.yaml", changed)
+    rc, _, err = cli(capsys, "train", str(other), "--output", str(run))
+    line = one_line_error(err)
+    assert rc == 2 and "optimisation.lr, seed" in line and "output." not in line.split("in optimisation.lr")[1][:20], line
+    rc, _, err = cli(capsys, "train", str(other), "--output", str(run), "--overwrite")
+    assert rc == 2 and "choose one" in one_line_error(err)
+
+
+def test_recipe_check_fails_when_any_recipe_continues(reference, tmp_path, capsys, monkeypatch):
+    from crafted_files import cli, copy_run
+    from mutations import apply_break
+
+    run = copy_run(reference[0], tmp_path / "run")
+    other = write_recipe(tmp_path / "other.yaml", dict(CONFIG, seed=1))
+    apply_break("any_recipe_continues", monkeypatch.setattr)
+    rc, _, err = cli(capsys, "train", str(other), "--output", str(run))
+    assert rc == 0 and "error" not in err  # the differing recipe is not refused
+
+
+def test_recipe_differences_and_leftovers_units(tmp_path):
+    config = load_config(write_recipe(tmp_path / "a.yaml", CONFIG))
+    assert recipe_differences(config, config) == []
+    other = load_config(write_recipe(tmp_path / "b.yaml", dict(
+        CONFIG, output={**CONFIG["output"], "dir": "elsewhere", "trackers": ["tensorboard"]},
+        data={**CONFIG["data"], "batch_size": 8})))
+    assert recipe_differences(config, other) == ["data.batch_size"]
+    assert remove_leftovers(tmp_path / "missing") == []
+
+
+def test_checkpoint_fault_names_what_is_wrong(reference, tmp_path):
+    import shutil
+
+    checkpoint = shutil.copytree(list_checkpoints(reference[0])[0], tmp_path / "checkpoint-00000001")
+    assert checkpoint_fault(checkpoint) is None
+    (checkpoint / "objective.pt").unlink()
+    assert "objective.pt is missing" in checkpoint_fault(checkpoint)
+    (checkpoint / "train_state.json").write_text("{")
+    assert "not valid JSON" in checkpoint_fault(checkpoint)
+
+
+def test_every_checkpoint_damaged_is_one_line(reference, tmp_path, capsys):
+    from crafted_files import cli, copy_run
+
+    run = copy_run(reference[0], tmp_path / "run", unfinished=True)
+    for checkpoint in list_checkpoints(run):
+        (checkpoint / "optimizer.bin").write_bytes(b"x")
+    rc, out, err = cli(capsys, "train", str(run / "config.yaml"), "--output", str(run))
+    line = one_line_error(err)
+    assert rc == 2 and f"none of its {TOTAL} checkpoint(s) is intact" in line and "--overwrite" in line
+    assert out.count("skipping the damaged checkpoint") == TOTAL
