@@ -33,6 +33,23 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+#: Why a test marked ``cuda`` (pyproject.toml) is skipped on a machine without a CUDA device.
+NO_CUDA = "no CUDA device"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` skip with the reason :data:`NO_CUDA` where torch sees no CUDA
+    device (``mmviews bench gpu`` runs them on a GPU: ``pytest -m cuda``)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=NO_CUDA))
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny finished run (:func:`crafted_files.train_tiny_run`), trained once per session and

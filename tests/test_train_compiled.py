@@ -29,7 +29,7 @@ EMBEDDING_TOLERANCE = 1e-4
 WEIGHT_TOLERANCE = 1e-4  # relative to the largest weight change of the eager run
 
 
-def _text_encoder() -> MultiViewEncoder:
+def _text_encoder(device: str = "cpu") -> MultiViewEncoder:
     from mmviews.data.synthetic import synthetic_vocabulary
 
     torch.manual_seed(0)
@@ -38,10 +38,10 @@ def _text_encoder() -> MultiViewEncoder:
         "bert_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
                         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
         "head": {"kind": "mlp", "hidden_dim": 32, "batch_norm": True},
-    }})
+    }}).to(device)
 
 
-def _batches(lengths: list[int], rows: int = 8) -> list[dict[str, torch.Tensor]]:
+def _batches(lengths: list[int], rows: int = 8, device: str = "cpu") -> list[dict[str, torch.Tensor]]:
     """One batch ``[rows, length]`` per length of ``lengths``: new token ids and padding each step."""
     g = torch.Generator().manual_seed(1)
     batches = []
@@ -49,7 +49,7 @@ def _batches(lengths: list[int], rows: int = 8) -> list[dict[str, torch.Tensor]]
         ids = torch.randint(5, 60, (rows, length), generator=g)
         real = torch.randint(2, length + 1, (rows,), generator=g)
         mask = (torch.arange(length) < real[:, None]).long()
-        batches.append({"input_ids": ids * mask, "attention_mask": mask})
+        batches.append({"input_ids": (ids * mask).to(device), "attention_mask": mask.to(device)})
     return batches
 
 
@@ -63,7 +63,7 @@ def _steps(encoder: MultiViewEncoder, batches: list[dict[str, torch.Tensor]],
     for batch in batches:
         z = adapter(batch, check_inputs=False)
         z2 = adapter({k: v.flip(0) for k, v in batch.items()}, check_inputs=False).flip(0)
-        loss = F.cross_entropy(z @ z2.T / 0.1, torch.arange(len(z)))
+        loss = F.cross_entropy(z @ z2.T / 0.1, torch.arange(len(z), device=z.device))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -73,15 +73,15 @@ def _steps(encoder: MultiViewEncoder, batches: list[dict[str, torch.Tensor]],
     return embeddings
 
 
-def _check_compiled_matches_eager(lengths: list[int]) -> tuple[list[int], list[float], float]:
-    """Runs the same steps eagerly and compiled; returns the graph counts after each compiled
+def _check_compiled_matches_eager(lengths: list[int], device: str = "cpu") -> tuple[list[int], list[float], float]:
+    """Runs the same steps eagerly and compiled (on ``device``); returns the graph counts after each compiled
     step, the largest embedding difference of each step and the weights' difference relative to
     the eager run's largest weight change."""
-    eager = _text_encoder()
+    eager = _text_encoder(device)
     compiled = copy.deepcopy(eager)
     start = {k: v.detach().clone() for k, v in eager.state_dict().items()}
     assert compile_encoder(compiled) == ["text.backbone", "text.head"]
-    batches = _batches(lengths)
+    batches = _batches(lengths, device=device)
     eager_z = _steps(eager, batches)
     counts: list[int] = []
     compiled_z = _steps(compiled, batches, counts)

@@ -454,7 +454,7 @@ def test_viewbatch_knows_on_the_host_whether_views_are_missing() -> None:
     assert checked.inputs_checked and not moved_partial.inputs_checked
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+@pytest.mark.cuda  # pinned memory needs CUDA
 def test_viewbatch_pin_memory() -> None:  # pragma: no cover - no GPU on the CI machine
     pinned = _batch(torch.ones(2, 2, dtype=torch.bool)).pin_memory()
     assert pinned.mask.is_pinned() and pinned.inputs["x"]["values"].is_pinned() and pinned.all_present is True

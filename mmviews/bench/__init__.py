@@ -1,6 +1,7 @@
-"""Benchmarks: objectives (small batches and at scale), adapters, data, dropout, training steps.
+"""Benchmarks: objectives (small batches and at scale), adapters, data, dropout, training steps,
+and the checks that need a GPU.
 
-Run them with ``mmviews bench {objectives,scale,adapters,data,dropout,train}``; each is its own
+Run them with ``mmviews bench {objectives,scale,adapters,data,dropout,train,gpu}``; each is its own
 module (:mod:`mmviews.bench.objectives`, :mod:`mmviews.bench.scale`, ...), imported by name, so
 this package re-exports nothing. What they share: :mod:`mmviews.bench.common` (timing, memory
 probes, the verbs' entry point), :mod:`mmviews.bench.report` (environment, report writer) and

@@ -17,6 +17,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "data": ("mmviews.bench.data", "throughput of the data pipeline"),
     "dropout": ("mmviews.bench.dropout", "a training step with sample-keyed dropout vs torch's dropout (and eager attention, and none)"),
     "onnx": ("mmviews.bench.export", "embedding time of the ONNX export (onnxruntime) vs the torch adapter, per adapter type"),
+    "gpu": ("mmviews.bench.gpu", "every check only a GPU can answer (CUDA tests, memory estimate, eager vs compiled step), "
+                                 "in at most 8 minutes, to one JSON"),
     "train": ("mmviews.bench.train", "samples/s of a whole training step and where its time goes (data, encoders, loss, backward, optimiser)"),
 }
 
