@@ -89,7 +89,7 @@ def test_list_adapters_and_tasks_show_their_parameters(capsys):
     import dataclasses
 
     from mmviews.modalities import adapter_class, list_adapters
-    from mmviews.modalities.base import AdapterConfig
+    from mmviews.modalities.config import AdapterConfig
 
     entries = _listed(capsys, "adapters")
     common = {field.name for field in dataclasses.fields(AdapterConfig)}

@@ -25,7 +25,7 @@ from mmviews.modalities import (
     register_adapter,
     register_backbone,
 )
-from mmviews.modalities.base import require_tensor
+from mmviews.modalities.inputs import require_tensor
 
 
 @register_backbone("test_tiny_convnet")

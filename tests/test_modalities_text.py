@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mmviews.modalities import TextAdapter, build_adapter
-from mmviews.modalities.base import masked_mean
+from mmviews.modalities.inputs import masked_mean
 from mmviews.modalities.presets import tiny_config
 
 
@@ -175,7 +175,7 @@ def test_text_tokenised_in_collation_encodes_bit_for_bit_like_raw_text(present: 
 def test_token_ids_of_a_larger_batch_are_cut_to_the_present_items() -> None:
     """What forward builds for the present items from collated token ids: the same tensors, of
     the same width, as tokenising those items alone (not the width of the longest absent one)."""
-    from mmviews.modalities.base import subset_inputs
+    from mmviews.modalities.inputs import subset_inputs
 
     adapter = build_adapter(tiny_config("text", max_length=12))
     tokenised = adapter.host_preprocessor()({"text": TEXTS})

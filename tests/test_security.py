@@ -23,7 +23,7 @@ from crafted_files import (
 from test_train_utils import tiny_config, write_recipe
 
 from mmviews.modalities import MultiViewEncoder
-from mmviews.modalities.base import allow_remote_models
+from mmviews.modalities.remote import allow_remote_models
 from mmviews.modalities.presets import TINY_CLIP_OVERRIDES
 from mmviews.run import list_checkpoints
 
@@ -200,7 +200,7 @@ def test_external_open_clip_names_need_the_command_line_flag(tmp_path, capsys):
     line = one_line_error(err)
     assert rc == 2 and "--allow-remote-models" not in line and "no_such_model_dir" in line
     # The permission is scoped to the command.
-    from mmviews.modalities.base import check_model_source
+    from mmviews.modalities.remote import check_model_source
 
     with pytest.raises(ValueError, match="allow-remote-models"):
         check_model_source("hf-hub:org/name", "model")

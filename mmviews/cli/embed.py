@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     # the torch path: the model code is imported here only (the ONNX path runs without it)
     from mmviews.cli.eval import run_device
     from mmviews.data.loaders import build_eval_loaders, eval_view_config
-    from mmviews.modalities.base import allow_remote_models
+    from mmviews.modalities.remote import allow_remote_models
     from mmviews.run import load_run
 
     if args.device is not None:

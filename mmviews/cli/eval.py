@@ -44,7 +44,7 @@ from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.eval.health import HealthSettings, evaluation_warnings
 from mmviews.eval.summary import headline_lines, headline_metrics, read_eval_metrics
-from mmviews.modalities.base import allow_remote_models
+from mmviews.modalities.remote import allow_remote_models
 from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmviews.modalities.base import allow_remote_models
+from mmviews.modalities.remote import allow_remote_models
 
 __all__ = ["add_arguments", "run"]
 

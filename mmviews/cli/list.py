@@ -87,7 +87,7 @@ def augmentation_rows() -> list[tuple[str, str, list[tuple[str, str]]]]:
 
 def adapter_rows() -> list[tuple[str, str, list[tuple[str, str]]]]:
     from mmviews.modalities import ENTRY_POINT_GROUP, adapter_class, list_adapters
-    from mmviews.modalities.base import AdapterConfig
+    from mmviews.modalities.config import AdapterConfig
     from mmviews.modalities.custom import unloaded_entry_points
 
     common = {f.name for f in dataclasses.fields(AdapterConfig)}

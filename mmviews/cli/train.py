@@ -44,7 +44,7 @@ from typing import Iterator
 from mmviews.cli import USER_ERRORS, worker_error
 from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
-from mmviews.modalities.base import allow_remote_models
+from mmviews.modalities.remote import allow_remote_models
 from mmviews.eval.report import format_metric
 from mmviews.run import (
     CONFIG_FILE,

@@ -60,19 +60,9 @@ Flow helpers: :func:`compute_flow`, :func:`encode_flow_uint8`, :func:`decode_flo
 """
 
 from .audio import AudioCNNAdapter, AudioCNNConfig, HFAudioAdapter, HFAudioConfig
-from .base import (
-    Adapter,
-    AdapterConfig,
-    FinetuneConfig,
-    HeadConfig,
-    LoRAConfig,
-    ProjectionHead,
-    adapter_class,
-    build_adapter,
-    list_adapters,
-    register_adapter,
-)
+from .base import Adapter, adapter_class, build_adapter, list_adapters, register_adapter
 from .cache import FeatureCache, backbone_fingerprint
+from .config import AdapterConfig, FinetuneConfig, HeadConfig, LoRAConfig
 from .custom import ENTRY_POINT_GROUP, register_backbone
 from .dropout import SampleKeyedDropout, dropout_step, enable_sample_keyed_dropout
 from .flow import (
@@ -86,6 +76,7 @@ from .flow import (
     decode_flow_uint8,
     encode_flow_uint8,
 )
+from .head import ProjectionHead
 from .image_backbones import HFVisionAdapter, HFVisionConfig, TimmAdapter, TimmConfig, TorchvisionAdapter, TorchvisionConfig
 from .mlp import MLPAdapter, MLPConfig
 from .multiview import MultiViewEncoder

@@ -18,18 +18,17 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from .base import (
-    Adapter,
-    AdapterConfig,
+from .base import Adapter, register_adapter
+from .config import AdapterConfig
+from .hf_backbone import transformers_backbone
+from .inputs import (
     InputCheck,
     SequenceInputCheck,
     input_lengths,
     lengths_to_mask,
     masked_mean,
-    register_adapter,
     require_tensor,
     to_device,
-    transformers_backbone,
 )
 from .checkpointing import checkpointed, enable_transformers_checkpointing
 

@@ -24,7 +24,8 @@ import torch
 
 from mmviews.fileio import atomic_save
 
-from .base import Adapter, subset_inputs
+from .base import Adapter
+from .inputs import subset_inputs
 
 
 def backbone_fingerprint(adapter: Adapter) -> str:

@@ -27,7 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, per_clip, register_adapter, require_tensor, to_device
+from .base import Adapter, register_adapter
+from .config import AdapterConfig
+from .inputs import per_clip, require_tensor, to_device
 from .vision import (
     OpenCLIPTower,
     OpenCLIPVisionConfig,

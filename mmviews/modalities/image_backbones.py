@@ -26,16 +26,10 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import (
-    Adapter,
-    AdapterConfig,
-    InputCheck,
-    per_clip,
-    register_adapter,
-    require_tensor,
-    to_device,
-    transformers_backbone,
-)
+from .base import Adapter, register_adapter
+from .config import AdapterConfig
+from .hf_backbone import transformers_backbone
+from .inputs import InputCheck, per_clip, require_tensor, to_device
 from .checkpointing import enable_transformers_checkpointing
 from .vision import UnitRangeInputCheck, resize_shortest_center_crop, split_frames
 

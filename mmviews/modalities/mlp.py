@@ -17,7 +17,9 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import Adapter, AdapterConfig, InputCheck, SequenceInputCheck, register_adapter, require_tensor, to_device
+from .base import Adapter, register_adapter
+from .config import AdapterConfig
+from .inputs import InputCheck, SequenceInputCheck, require_tensor, to_device
 
 
 @dataclass

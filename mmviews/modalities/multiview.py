@@ -29,7 +29,9 @@ from mmviews.data.batch import ViewBatch
 from mmviews.fileio import atomic_write_text, is_folder_name, read_json_object
 from mmviews.hub import is_repo_id, snapshot_folder, upload_folder
 
-from .base import Adapter, HostPreprocessor, InputCheck, build_adapter, plain_zeros_like
+from .base import Adapter, build_adapter
+from .collectives import plain_zeros_like
+from .inputs import HostPreprocessor, InputCheck
 from .cache import FeatureCache
 from .dropout import dropout_rows, row_keys_for
 

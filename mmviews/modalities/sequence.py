@@ -15,15 +15,14 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import (
-    Adapter,
-    AdapterConfig,
+from .base import Adapter, register_adapter
+from .config import AdapterConfig
+from .inputs import (
     InputCheck,
     SequenceInputCheck,
     input_lengths,
     lengths_to_mask,
     masked_mean,
-    register_adapter,
     require_tensor,
     to_device,
 )

@@ -19,17 +19,10 @@ from torch import nn
 
 from mmviews.data.synthetic import synthetic_vocabulary
 
-from .base import (
-    Adapter,
-    AdapterConfig,
-    HostPreprocessor,
-    InputCheck,
-    check_local_or_hub,
-    masked_mean,
-    register_adapter,
-    require_tensor,
-    to_device,
-)
+from .base import Adapter, register_adapter
+from .config import AdapterConfig
+from .inputs import HostPreprocessor, InputCheck, masked_mean, require_tensor, to_device
+from .remote import check_local_or_hub
 from .checkpointing import enable_transformers_checkpointing
 from .dropout import KEYED_ATTENTION
 

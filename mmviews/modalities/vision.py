@@ -15,16 +15,10 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .base import (
-    Adapter,
-    AdapterConfig,
-    InputCheck,
-    check_model_source,
-    per_clip,
-    register_adapter,
-    require_tensor,
-    to_device,
-)
+from .base import Adapter, register_adapter
+from .config import AdapterConfig
+from .inputs import InputCheck, per_clip, require_tensor, to_device
+from .remote import check_model_source
 from .checkpointing import checkpointed
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -129,7 +123,7 @@ def create_open_clip_visual(config: OpenCLIPVisionConfig, load_weights: bool) ->
 
     Weights: ``config.pretrained`` only (open_clip reads safetensors, or torch files with
     ``weights_only=True``); overrides are checked by :func:`check_open_clip_overrides` and
-    external model names by :func:`~mmviews.modalities.base.check_model_source` first."""
+    external model names by :func:`~mmviews.modalities.remote.check_model_source` first."""
     import open_clip
 
     check_open_clip_overrides(config.model_overrides)
