@@ -247,6 +247,11 @@ class TrainConfig:
 # --------------------------------------------------------------------------- typed loading
 
 
+#: Why fp16 and FSDP sharding do not go together (refused at load, and when the launcher asks for FSDP).
+FSDP_FP16_REFUSAL = ("fp16 is not supported with distributed.sharding: fsdp (Accelerate's gradient scaler does not "
+                     "handle sharded gradients); use bf16")
+
+
 def _check_values(config: TrainConfig, source: str) -> None:
     """Range checks that types cannot express."""
 
@@ -282,6 +287,8 @@ def _check_values(config: TrainConfig, source: str) -> None:
          f"cannot be combined with gradient_checkpointing (adapters {', '.join(checkpointed)}) under "
          "optimisation.sample_keyed_dropout: torch.compile rejects the context that replays the sample keys in the "
          "recomputation; turn one of the three off")
+    need(not (config.distributed.sharding == "fsdp" and o.mixed_precision == "fp16"), "optimisation.mixed_precision",
+         FSDP_FP16_REFUSAL)
     need(0 <= config.objective.teacher_momentum < 1, "objective.teacher_momentum", f"must be in [0, 1), got {config.objective.teacher_momentum}")
     need(e.every_epochs >= 0, "evaluation.every_epochs", f"must be >= 0, got {e.every_epochs}")
     need(out.log_every >= 1, "output.log_every", f"must be >= 1, got {out.log_every}")

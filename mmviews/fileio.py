@@ -221,3 +221,25 @@ def is_folder_name(name: str) -> bool:
     """Whether ``name`` is one path component: not empty, not ``.``/``..``, no separator or NUL
     (a name read from a user's file may then be joined to a folder without leaving it)."""
     return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def check_writable(path: str | os.PathLike[str]) -> Path:
+    """Raise a ``PermissionError`` naming ``path`` (the ``--output`` a command was given, or its
+    default), the folder that refused and the fix, unless this process can create files where
+    ``path`` goes: in ``path`` itself when it is an existing folder, else in its nearest existing
+    ancestor (where it would be created). Tried for real, with a temporary file created and
+    removed at once: ``os.access`` says yes to root on a read-only mount or under ``/sys``, where
+    every write then fails. Returns the folder tried."""
+    path = Path(path)
+    where = path.absolute()
+    while not where.is_dir() and where.parent != where:
+        where = where.parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".mmviews-write-test-")
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise PermissionError(f"cannot write {path}: {where} refuses new files ({reason}); choose a folder this user "
+                              "can write to with --output") from None
+    os.close(fd)
+    os.unlink(probe)
+    return where

@@ -55,7 +55,7 @@ from torch.utils.data import DataLoader, Dataset
 from mmviews.config import ConfigError, TrainConfig, load_config
 from mmviews.data.loaders import build_eval_loaders, eval_view_config
 from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError
-from mmviews.fileio import atomic_write_text, read_json_object
+from mmviews.fileio import atomic_write_text, check_writable, read_json_object
 from mmviews.modalities.multiview import MultiViewEncoder
 
 CONFIG_FILE = "config.yaml"
@@ -82,6 +82,11 @@ LEGACY_OUTPUT_PREFIXES = ("eval_epoch_",)
 
 class RunFolderError(ValueError):
     """A folder cannot be used as (or is not) a run folder; the message names it."""
+
+
+class RunExistsError(RunFolderError):
+    """A new run was asked for in a folder that holds a run worth keeping: training there needs
+    ``--resume`` or ``--overwrite`` (``mmviews train --check`` only notes it)."""
 
 
 # --------------------------------------------------------------------------- run folders
@@ -128,14 +133,6 @@ def _run_outputs(run_dir: Path) -> list[str]:
     return sorted(n for n in present if n in LEGACY_OUTPUTS or n.startswith(LEGACY_OUTPUT_PREFIXES))
 
 
-def _writable_ancestor(path: Path) -> Path:
-    """``path`` or its nearest existing ancestor (where a folder would be created)."""
-    path = path.absolute()
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    return path
-
-
 def has_checkpoint_or_results(run_dir: str | os.PathLike[str]) -> bool:
     """Whether a run folder holds anything a run produced that is worth keeping: a complete
     checkpoint, the trained ``encoder/`` or ``results.json``. A run without any (it stopped
@@ -152,7 +149,7 @@ def check_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, r
     checkpoint, nothing is lost by starting it again); another mmviews run only with
     ``overwrite``; a folder holding anything else, never (whatever ``overwrite`` says).
     ``resume`` needs an mmviews run. In every case the folder (or the ancestor it would be
-    created in) must be writable. Writes nothing.
+    created in) must be writable (tried with a file created and removed at once: nothing else is written).
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -168,11 +165,9 @@ def check_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, r
             raise RunFolderError(f"{run_dir} is not empty and not an mmviews run folder (it holds {shown}); mmviews "
                                  "writes only into a new or empty folder or one of its own runs: choose another --output")
         if not overwrite and has_checkpoint_or_results(run_dir):
-            raise RunFolderError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+            raise RunExistsError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
                                  "or choose another --output (or --overwrite to replace what that run wrote)")
-    where = _writable_ancestor(run_dir)
-    if not os.access(where, os.W_OK | os.X_OK):
-        raise RunFolderError(f"{where} is not writable: cannot write the run folder {run_dir}")
+    check_writable(run_dir)
 
 
 def claim_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, resume: bool = False) -> None:

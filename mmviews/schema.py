@@ -95,7 +95,8 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             if len(spelled) == 1:
                 return spelled[0]
         if isinstance(value, bool) or value not in choices:
-            raise fail()
+            error = fail()
+            raise ConfigError(str(error) + did_you_mean(value, choices)) if isinstance(value, str) else error
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):

@@ -4,11 +4,14 @@ command line run in-process. (No tests here.)"""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from test_train_utils import run_train, tiny_config, write_recipe
 
@@ -48,6 +51,26 @@ def rerecord(checkpoint: Path) -> None:
     state = json.loads(path.read_text())
     state["files"] = checkpoint_file_records(checkpoint)
     path.write_text(json.dumps(state))
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder in which this process really cannot create a file: a read-only folder under
+    ``tmp_path`` for an ordinary user; for root (who writes into any folder of an ordinary file
+    system whatever its mode) ``/sys``, which takes no new file from anyone. Skips the test
+    where neither holds."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    folder = Path("/sys")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder)
+    except OSError:
+        return folder
+    os.close(fd)
+    os.unlink(probe)
+    pytest.skip("no folder here refuses root's writes")
 
 
 def drop_records(checkpoint: Path) -> None:

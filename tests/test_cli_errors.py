@@ -37,6 +37,58 @@ def test_a_bad_argument_exits_2_with_one_line(argv: list[str], message: str, tmp
     assert err.startswith(f"mmviews {argv[0]}: error: ") and err.count("\n") == 1 and message in err, err
 
 
+def test_a_misspelt_command_gets_a_did_you_mean(capsys) -> None:
+    with pytest.raises(SystemExit) as shown:
+        main(["trian"])
+    assert shown.value.code == 2
+    assert "unknown command 'trian' (did you mean 'train'?); choose from" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["zzzz"])
+    assert "unknown command 'zzzz'; choose from" in capsys.readouterr().err
+
+
+def test_a_recipe_error_under_a_launch_is_printed_by_the_first_process_only(tmp_path: Path, capsys,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process of a launch reads the same recipe and fails alike: one line, not one per
+    process (all of them exit with status 2)."""
+    from test_train_utils import tiny_config, write_recipe
+
+    recipe = str(write_recipe(tmp_path / "r.yaml", tiny_config()))
+    argv = ["train", recipe, "--check", "--set", "distributed.sharding=fsdp", "--set", "optimisation.mixed_precision=fp16"]
+    for rank, lines in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("fp16 is not supported with distributed.sharding: fsdp") == lines, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "{recipe}", "--output", "{folder}/run"],
+    ["train", "{recipe}", "--output", "{folder}/run", "--check"],
+    ["export", "{run}", "--format", "hf", "--output", "{folder}/export"],
+    ["export", "{run}", "--format", "onnx", "--output", "{folder}/export"],
+    ["embed", "{run}", "{recipe}", "--output", "{folder}/e.parquet"],
+    ["eval", "{run}", "--output", "{folder}/eval"],
+    ["compare", "{run}", "--output", "{folder}/comparison"],
+])
+def test_an_unwritable_output_names_the_folder_given_and_the_fix(argv: list[str], tiny_run: Path, tmp_path: Path,
+                                                                 capsys) -> None:
+    """Before any work (nothing is computed first): the --output the user gave, the folder that
+    refused, the system's reason and the fix, in one line."""
+    from crafted_files import one_line_error, unwritable_folder
+
+    folder = unwritable_folder(tmp_path)
+    argv = [a.format(recipe=tiny_run / "config.yaml", run=tiny_run, folder=folder) for a in argv]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    line = one_line_error(err)
+    given = argv[argv.index("--output") + 1]
+    assert line.startswith(f"mmviews {argv[0]}: error: cannot write {given}: {folder} refuses new files ("), line
+    assert line.endswith("); choose a folder this user can write to with --output"), line
+    assert "embeddings (" not in err  # refused before the work
+    assert ("--check" in argv) == (": OK (" in out)  # a dry run checks the recipe first
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_an_unknown_option_exits_2(command: str, capsys) -> None:
     with pytest.raises(SystemExit) as shown:

@@ -118,13 +118,14 @@ def test_check_reports_the_views_the_objective_and_the_samples_and_writes_nothin
     assert not run.exists()
 
 
-def test_check_refuses_a_folder_holding_other_files_before_any_work(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_refuses_a_folder_holding_other_files_after_checking_the_recipe(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
     recipe = image_recipe(tmp_path)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     rc, out, err = cli(capsys, "train", str(recipe), "--output", str(tmp_path / "mine"), "--check")
-    assert rc == 2 and "OK" not in out
+    assert rc == 2 and ": OK (" in out
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
     assert one_line_error(err).startswith(f"mmviews train: error: {tmp_path / 'mine'} is not empty and not an mmviews "
                                           "run folder (it holds notes.txt)")
 
@@ -183,8 +184,13 @@ def test_a_resume_into_another_output_folder_is_refused(finished_run: tuple[Path
 def test_a_new_run_into_a_finished_one_needs_overwrite(finished_run: tuple[Path, Path, str],
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     run, recipe, _ = finished_run
-    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(run), "--check")
+    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(run))
     assert rc == 2 and f"{run} already holds a run; continue it with --resume {run}" in one_line_error(err)
+    # a dry run checks the recipe, the data and the memory all the same, and says what training there needs
+    rc, out, err = cli(capsys, "train", str(recipe), "--output", str(run), "--check")
+    assert rc == 0 and ": OK (" in out and "estimated peak memory" in out and not err, err
+    assert out.splitlines()[-1] == (f"note: {run} already holds a run: training there needs --resume {run} "
+                                    "(continue it) or --overwrite (replace what it wrote)")
 
 
 class FailAt(TrainCallback):

@@ -60,3 +60,17 @@ def test_disk_full_errors_name_folder_needed_and_free(tmp_path, monkeypatch):
     with pytest.raises(PermissionError):
         with disk_full(tmp_path, "x", 1):
             raise PermissionError(errno.EACCES, "denied")
+
+
+def test_check_writable_tries_the_nearest_existing_folder_and_leaves_nothing(tmp_path: Path):
+    from crafted_files import unwritable_folder
+
+    from mmviews.fileio import check_writable
+
+    assert check_writable(tmp_path / "a" / "b" / "run") == tmp_path and list(tmp_path.iterdir()) == []
+    (tmp_path / "f.parquet").write_text("x")
+    assert check_writable(tmp_path / "f.parquet") == tmp_path  # an existing file: its folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.parquet"]
+    folder = unwritable_folder(tmp_path)
+    with pytest.raises(PermissionError, match=rf"^cannot write {folder / 'x'}/y: {folder} refuses new files \("):
+        check_writable(folder / "x" / "y")

@@ -89,19 +89,31 @@ def test_compare_with_a_missing_run_folder_says_it_is_missing(tiny_run: Path, tm
     assert rc == 2 and f"{missing}: no such run folder" in line and "mmviews eval" not in line, line
 
 
-def test_check_refuses_an_output_folder_that_train_would_refuse(tiny_run: Path, tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_on_a_folder_train_would_refuse_checks_everything_then_says_why(
+        tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = copy_run(tiny_run, tmp_path / "run")
     recipe = str(run / "config.yaml")
-    rc_check, out_check, err_check = cli(capsys, "train", recipe, "--output", str(run), "--check")
-    rc_train, _, err_train = cli(capsys, "train", recipe, "--output", str(run))
-    assert rc_check == rc_train == 2 and "OK" not in out_check
-    check_line, train_line = one_line_error(err_check), one_line_error(err_train)
-    assert "already holds a run" in check_line
-    assert check_line.split(": error: ")[1] == train_line.split(": error: ")[1]
-    # with --overwrite both go ahead (the check says OK; nothing is written by it)
+    # a recipe error is found although the folder holds a run
+    rc, out, err = cli(capsys, "train", recipe, "--output", str(run), "--check", "--set", "data.batch_size=1")
+    assert rc == 2 and "data.batch_size" in one_line_error(err) and "already holds" not in err
+    # a sound recipe: OK, the estimate, then one note naming both ways to train there
+    rc, out, err = cli(capsys, "train", recipe, "--output", str(run), "--check")
+    assert rc == 0 and ": OK (" in out and "estimated peak memory" in out and not err, err
+    notes = [line for line in out.splitlines() if "already holds a run" in line]
+    assert notes == [f"note: {run} already holds a run: training there needs --resume {run} (continue it) or "
+                     "--overwrite (replace what it wrote)"]
+    # with --overwrite there is nothing to note; nothing was written by either check
+    before = sorted(p.name for p in run.iterdir())
     rc, out, _ = cli(capsys, "train", recipe, "--output", str(run), "--check", "--overwrite")
-    assert rc == 0 and ": OK (" in out
+    assert rc == 0 and ": OK (" in out and "already holds" not in out
+    assert sorted(p.name for p in run.iterdir()) == before
+    # a folder training can never use: the checks run, then the folder's error (exit status 2)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    rc, out, err = cli(capsys, "train", recipe, "--output", str(foreign), "--check")
+    assert rc == 2 and ": OK (" in out and "not empty and not an mmviews run folder" in one_line_error(err)
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 
 def test_mmviews_warnings_are_one_line_without_source_paths() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from crafted_files import cli, copy_run, drop_records, one_line_error, rerecord
+from crafted_files import cli, copy_run, drop_records, one_line_error, rerecord, unwritable_folder
 from test_data_pickle import mmsa_split, write
 from test_train_utils import tiny_config, write_recipe
 
@@ -107,14 +107,10 @@ def test_output_that_is_a_file_or_read_only(recipe, tmp_path, capsys, monkeypatc
     rc, _, err = cli(capsys, "train", str(recipe), "--output", str(target))
     assert rc == 2 and f"{target} is a file" in one_line_error(err)
     assert target.read_text() == "data"
-    # A folder the process may not write to (simulated: tests may run as root, who can write anywhere).
-    import mmviews.run
-
-    folder = tmp_path / "readonly"
-    folder.mkdir()
-    monkeypatch.setattr(mmviews.run.os, "access", lambda path, mode: Path(path) != folder)
-    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(folder))
-    assert rc == 2 and f"{folder} is not writable" in one_line_error(err)
+    # A folder the process may not write to: tried for real (see test_fileio.py's unwritable_folder).
+    folder = unwritable_folder(tmp_path)
+    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(folder / "run"))
+    assert rc == 2 and f"cannot write {folder / 'run'}: {folder} refuses new files (" in one_line_error(err)
 
 
 # --------------------------------------------------------------------------- 5. stores

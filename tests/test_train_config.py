@@ -58,6 +58,28 @@ def test_wrong_type_names_key_and_file(tmp_path):
         load_config(write_recipe(tmp_path / "bad_literal.yaml", raw))
 
 
+def test_a_misspelt_choice_gets_a_did_you_mean(tmp_path):
+    path = write_recipe(tmp_path / "r.yaml", tiny_config())
+    with pytest.raises(ConfigError, match=r"'output\.trackers\.0'.*got str 'mlfow' \(did you mean 'mlflow'\?\)$"):
+        load_config(path, ["output.trackers=[mlfow]"])
+    with pytest.raises(ConfigError, match=r"got str 'bf61' \(did you mean 'bf16'\?\)$"):
+        load_config(path, ["optimisation.mixed_precision=bf61"])
+    with pytest.raises(ConfigError, match=r"got str 'zzz'$"):  # nothing close: no guess
+        load_config(path, ["optimisation.mixed_precision=zzz"])
+
+
+def test_fsdp_with_fp16_is_refused_at_load_on_any_number_of_processes(tmp_path):
+    """Refused when the recipe is read (``--check`` of one process included), not only once a
+    launch of several processes has started."""
+    path = write_recipe(tmp_path / "r.yaml", tiny_config())
+    with pytest.raises(ConfigError, match=r"'optimisation\.mixed_precision': fp16 is not supported with "
+                                          r"distributed\.sharding: fsdp .*use bf16"):
+        load_config(path, ["distributed.sharding=fsdp", "optimisation.mixed_precision=fp16"])
+    for allowed in (["distributed.sharding=fsdp", "optimisation.mixed_precision=bf16"],
+                    ["optimisation.mixed_precision=fp16"]):
+        load_config(path, allowed)
+
+
 def test_yaml_words_read_as_bools_mean_the_choice_spelled_so(tmp_path):
     """YAML 1.1 reads an unquoted `no` as False: `mixed_precision: no` in a recipe and
     `--set optimisation.mixed_precision=no` (the spelling the error message itself lists) are

@@ -36,9 +36,10 @@ import os
 import pickle
 import re
 import sys
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from mmviews.notices import one_line_warnings
+from mmviews.registry import did_you_mean
 
 # Errors the user can fix (exit status 2). ConfigError and CorruptFileError are ValueErrors;
 # UnsafePickleError is a pickle.UnpicklingError.
@@ -46,7 +47,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, p
 # A run that diverged (non-finite loss, named with its step): reported, exit status 1.
 RUN_FAILURES: tuple[type[BaseException], ...] = (FloatingPointError,)
 
-__all__ = ["COMMANDS", "command_parser", "error_message", "main", "worker_error"]
+__all__ = ["COMMANDS", "command_parser", "error_message", "main", "same_on_every_process", "worker_error"]
 
 # command -> (module, one-line help). Sub-commands with their own sub-verbs (bench) are
 # dispatched by their module.
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name = argv[0]
     if name not in COMMANDS:
-        top.error(f"unknown command {name!r}; choose from {', '.join(sorted(COMMANDS))}")
+        top.error(f"unknown command {name!r}{did_you_mean(name, COMMANDS)}; choose from {', '.join(sorted(COMMANDS))}")
     # datasets' own bars ("Generating train split", "Saving the dataset") describe its internal
     # steps, not the user's work: off unless the user asks for them (read when datasets is
     # imported, and inherited by loader workers). mmviews's own progress bars stay.
@@ -125,8 +126,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = worker_error(caught)
         if args.debug or not isinstance(error, USER_ERRORS + RUN_FAILURES):
             raise
-        print(f"mmviews {name}: error: {error_message(error)}", file=sys.stderr)
+        if not (_same_on_every_process(error) and os.environ.get("RANK", "0") != "0"):
+            print(f"mmviews {name}: error: {error_message(error)}", file=sys.stderr)
         return 1 if isinstance(error, RUN_FAILURES) else 2
+
+
+def _same_on_every_process(error: BaseException) -> bool:
+    """An error every process of a launch raises alike (marked by :func:`same_on_every_process`,
+    e.g. a recipe that cannot be loaded): only the first process prints it."""
+    return bool(getattr(error, SAME_ON_EVERY_PROCESS, False))
+
+
+SAME_ON_EVERY_PROCESS = "mmviews_same_on_every_process"
+
+
+@contextlib.contextmanager
+def same_on_every_process() -> Iterator[None]:
+    """Mark the user error raised inside (reading the recipe, the options) as one that every
+    process of a launch raises alike, so that :func:`main` prints it once, not once per process."""
+    try:
+        yield
+    except USER_ERRORS as error:
+        setattr(error, SAME_ON_EVERY_PROCESS, True)
+        raise
 
 
 def command_parser(name: str) -> tuple[object, argparse.ArgumentParser]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
 from mmviews.export.onnx_runtime import RECIPE_FILE, OnnxEncoder, is_onnx_folder
-from mmviews.fileio import atomic_save
+from mmviews.fileio import atomic_save, check_writable
 
 __all__ = ["add_arguments", "dataset_split_names", "embedding_table", "run", "write_embeddings"]
 
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--output {output} exists: choose another file, or --overwrite to replace it")
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
+    check_writable(output)  # before any embedding is computed
     if not Path(args.run).exists():
         raise FileNotFoundError(f"{args.run} does not exist: give a run folder, a checkpoint folder or an ONNX export")
     if is_onnx_folder(args.run):

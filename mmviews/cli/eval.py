@@ -44,6 +44,7 @@ from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.eval.health import HealthSettings, evaluation_warnings
 from mmviews.eval.summary import headline_lines, headline_metrics, read_eval_metrics
+from mmviews.fileio import check_writable
 from mmviews.modalities.remote import allow_remote_models
 from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
 
@@ -142,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = run_dir_of(path) if is_checkpoint(path) else path
     if args.output is not None:
         check_output(Path(args.output), run_dir)  # before the (slow) loading
+    check_writable(args.output or run_dir)  # likewise (the default is a new RUN/eval-N)
     if args.device is not None:
         run_device(False, args.device)  # likewise
     check_overrides(args.overrides)  # likewise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from mmviews.fileio import check_writable
 from mmviews.modalities.remote import allow_remote_models
 
 __all__ = ["add_arguments", "run"]
@@ -33,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The command. Errors are raised; :func:`mmviews.cli.main` prints them as one line."""
+    check_writable(args.output)  # before the encoder is loaded
     if args.format == "hf":
         from mmviews.export.hf import export_hf
 

@@ -11,7 +11,8 @@ change it (e.g. more epochs). Several GPUs or nodes::
 ``data.batch_size`` is the global batch (split between processes), so a recipe gives the
 same negatives and the same results on any number of processes.
 
-The run folder (``--output``, else ``output.dir``, else ``runs/<name>``) must be new or empty;
+The run folder (``--output``, else ``output.dir``, else ``runs/<name>``) must be new or empty
+(``--check`` checks everything else first, then notes what training there needs);
 an existing mmviews run is replaced only with ``--overwrite``, which removes only what that
 run wrote (its manifest, see :mod:`mmviews.run`); a folder holding anything else is refused.
 A run that stopped before its first checkpoint (interrupted early, or a setup error such as a
@@ -41,14 +42,15 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from mmviews.cli import USER_ERRORS, worker_error
-from mmviews.config import ConfigError, load_config, name_the_override, resolve_recipe
+from mmviews.cli import USER_ERRORS, same_on_every_process, worker_error
+from mmviews.config import ConfigError, TrainConfig, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.remote import allow_remote_models
 from mmviews.eval.report import format_metric
 from mmviews.run import (
     CONFIG_FILE,
     RESULTS_FILE,
+    RunExistsError,
     RunFolderError,
     check_run_dir,
     find_checkpoint,
@@ -145,7 +147,10 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
             _close_process_group(barrier=ended)
 
 
-def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
+def _recipe_and_folder(args: argparse.Namespace) -> tuple[Path, TrainConfig, Path, Exception | None]:
+    """The recipe file, its config (``--set`` applied), the run folder, and (``--check`` only)
+    why training could not start in that folder yet."""
+    folder_problem: Exception | None = None
     if args.memory_budget_gb is not None and not args.check:
         raise ValueError("--memory-budget-gb applies with --check (mmviews train RECIPE --check --memory-budget-gb G)")
     for flag in ("resume_ignore_rng", "reevaluate"):
@@ -174,19 +179,30 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         recipe = resolve_recipe(args.recipe)
         config = load_config(recipe, args.overrides)
         run_dir = Path(args.output or config.output.dir or Path("runs") / config.name)
-        if _is_first_process():  # before any work (--check too): new, empty, a run to --overwrite or to continue
+        if _is_first_process():  # before any work: new, empty, a run to --overwrite or to continue
             continues = (config.output.auto_resume and not args.overwrite and is_run_dir(run_dir)
                          and bool(list_checkpoints(run_dir)))
             try:
                 check_run_dir(run_dir, overwrite=args.overwrite, resume=continues)
-            except RunFolderError as error:
-                if restart_attempt() and not config.output.auto_resume:
-                    error.add_note(f"the elastic agent restarted this process (restart {restart_attempt()}): with "
-                                   "--set output.auto_resume=true a restart continues from the newest checkpoint")
-                raise
+            except (RunFolderError, PermissionError) as error:
+                if args.check:
+                    # a dry run checks the recipe, data and memory whatever the folder holds; the folder's
+                    # verdict follows them (a note for a run to resume or replace, else the error)
+                    folder_problem = error
+                else:
+                    if restart_attempt() and not config.output.auto_resume:
+                        error.add_note(f"the elastic agent restarted this process (restart {restart_attempt()}): with "
+                                       "--set output.auto_resume=true a restart continues from the newest checkpoint")
+                    raise
     # a tracker the recipe names but this environment lacks would otherwise surface only after
     # the datasets and models are built (train() resolves the trackers after build_run)
     check_trackers_installed(config, str(recipe))
+    return recipe, config, run_dir, folder_problem
+
+
+def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
+    with same_on_every_process():  # the options and the recipe are every process's: their errors print once
+        recipe, config, run_dir, folder_problem = _recipe_and_folder(args)
     # before the run's memory is allocated, --check included: its estimate measures the allocator the run has
     host_memory = configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
                                         on_cpu=steps_on_cpu(config))
@@ -194,6 +210,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         with _overrides_named(str(recipe), args.overrides):
             parts = build_run(config, source=str(recipe))
             run_checks(parts, str(recipe))  # one batch of each split, the adapters' forward, the evaluation labels
+        if not _is_first_process():  # every process checks its share; the first one speaks
+            return 0
         note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
         if isinstance(note, str):
             print(f"data: {note}")
@@ -207,6 +225,11 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
             print(f"note: {HOLD_NOTE}")
         for line in data_check_lines(parts):
             print(f"warning: {line}")
+        if isinstance(folder_problem, RunExistsError):
+            print(f"note: {run_dir} already holds a run: training there needs --resume {shlex.quote(str(run_dir))} "
+                  "(continue it) or --overwrite (replace what it wrote)")
+        elif folder_problem is not None:
+            raise folder_problem
         return 0
     quiet_results_logger()  # this command prints the headline metrics and warnings itself
     try:

@@ -37,7 +37,7 @@ import numpy as np
 from mmviews.eval.health import chance_level, is_chance_key
 from mmviews.eval.report import (_format, _pyplot, _save_figure, acc2_note, atomic_write_json, atomic_write_text,
                                  format_metric)
-from mmviews.fileio import read_json_object
+from mmviews.fileio import check_writable, read_json_object
 from mmviews.run import CONFIG_FILE, EVAL_METRICS_FILE, LOG_FILE, RESULTS_FILE
 
 # Training-log columns plotted by ``training_curves.png`` (panel title -> columns; a column
@@ -434,6 +434,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.out)
     written = compare_runs(args.runs, args.out, args.metrics)  # errors: one line, exit 2 (mmviews.cli.main)
     print((Path(args.out) / "comparison.md").read_text())
     print("written: " + ", ".join(str(p) for p in written.values()))

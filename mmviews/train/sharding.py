@@ -55,7 +55,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from mmviews.config import ConfigError, TrainConfig
+from mmviews.config import FSDP_FP16_REFUSAL, ConfigError, TrainConfig
 from mmviews.train.distributed import LAUNCHER_FSDP, fsdp_requested_by_launcher
 
 SHARDINGS = ("none", "fsdp")
@@ -93,8 +93,7 @@ def run_sharding(config: TrainConfig, num_processes: int) -> str:
         return "none"
     if asked == "fsdp" and config.optimisation.mixed_precision == "fp16":
         # Accelerate's GradScaler unscales whole gradients; sharded ones need FSDP's own scaler.
-        raise ConfigError("key 'optimisation.mixed_precision': fp16 is not supported with distributed.sharding: fsdp "
-                          "(its gradient scaler does not handle sharded gradients); use bf16")
+        raise ConfigError(f"key 'optimisation.mixed_precision': {FSDP_FP16_REFUSAL}")
     return asked
 
 
