@@ -196,7 +196,7 @@ class DistributedConfig:
     minutes, too short for a long evaluation. See :mod:`mmviews.train.distributed`."""
 
     timeout_s: float = 3600.0
-    # --- sharding (issue 35; mmviews.train.sharding) ---
+    # --- sharding (mmviews.train.sharding) ---
     # "none": every process holds all parameters, gradients and optimiser state (data parallel);
     # "fsdp": torch's FSDP2 (fully_shard) shards them over the processes. `accelerate launch
     # --use_fsdp --fsdp_version 2` (or an Accelerate config file with FSDP) asks for "fsdp" too.

@@ -479,7 +479,7 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "stop_one_step_late": _stop_one_step_late,
     "delete_old_checkpoints_first": _delete_old_checkpoints_first,
     "remove_checkpoint_in_place": _remove_checkpoint_in_place,
-    # data layer and keyed-dropout guards of issue 34 (defined at the end of the file)
+    # data layer and keyed-dropout guards (defined at the end of the file)
     "key_dropout_by_optimiser_step": lambda: _key_dropout_by_optimiser_step(),
     "accept_changed_shuffle_buffer": lambda: _accept_changed_shuffle_buffer(),
     "fingerprint_first_block_only": lambda: _fingerprint_first_block_only(),
@@ -712,7 +712,7 @@ def _keep_worker_tracebacks() -> tuple[Any, str, Any]:
 
 def _eval_in_float32() -> tuple[Any, str, Any]:
     """``mmviews eval`` runs the encoder's forward in float32 whatever precision the run trained
-    and evaluated with (the behaviour before issue 29)."""
+    and evaluated with (an earlier behaviour, since replaced)."""
     from mmviews.eval.extract import AutocastEncoder
 
     def forward(self: Any, batch: Any) -> Any:

@@ -111,7 +111,7 @@ def rows_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("options,key", [
-    ({"columns": {"x": "row"}}, "data.options.columns"),  # the case: a wrong column name
+    ({"columns": {"x": "row"}}, "data.options.columns"),  # a user's case: a wrong column name
     ({"columns": {"x": "rows"}, "labels": {"class": "lable"}}, "data.options.labels"),
     ({"columns": {"x": "rows"}, "format": "parquet-ish"}, "data.options.format"),
     ({"columns": {"x": "rows"}, "on_error": "ignore"}, "data.options.on_error"),

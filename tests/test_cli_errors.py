@@ -1,5 +1,5 @@
 """One spelling of the output flag across the commands (``--output``, old spellings kept as
-aliases), and a bad argument exits with status 2 and one line (issue 29). (``mmviews prepare``
+aliases), and a bad argument exits with status 2 and one line. (``mmviews prepare``
 exits 1 when it finished but found problems in the data, which it lists on stdout.)"""
 
 from __future__ import annotations

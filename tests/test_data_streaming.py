@@ -1,4 +1,4 @@
-"""Unit guards of the shard readers (:mod:`mmviews.data.streaming`, issue 34): the shard list and
+"""Unit guards of the shard readers (:mod:`mmviews.data.streaming`): the shard list and
 its row counts, the fewest rows a process is given and the streamed epoch length, the loader's
 position (state_dict), a resume refused by the setting that changed, the short last batch of a
 whole read (``--check``'s first samples, evaluation), a stream that ends early, the row decoder

@@ -1,4 +1,4 @@
-"""`mmviews prepare ucf101|hmdb51` on damaged and messy folders (issue 28): truncated videos,
+"""`mmviews prepare ucf101|hmdb51` on damaged and messy folders: truncated videos,
 short clips (each threshold at its boundary and one frame past it), the content fingerprint's
 exact bytes, UCF-101 and HMDB-51 side by side, missing clips, a store copied with ``cp -r``, and a
 SIGKILLed prepare (the kill itself: ``test_data_video_store.py::test_prepare_resumes_after_sigkill``)."""
@@ -111,7 +111,7 @@ def test_truncated_and_short_clips_are_reported_and_listed(tmp_path, capsys):
     cut_avi(broken, 0.5, mid_frame=True)  # decoding stops on the cut frame, with an error
     declared_s, decoded_s, error_s = count_frames(silent)
     declared_b, decoded_b, error_b = count_frames(broken)
-    # the crafted damage, as the issue saw it: the header states 50 frames, far fewer decode
+    # the crafted damage, as a user met it: the header states 50 frames, far fewer decode
     assert (declared_s, declared_b) == (50, 50) and 0 < decoded_s < 40 and 0 < decoded_b < 40
     assert not error_s and error_b
     clips = ["Jump/v_Jump_0.avi", "Jump/v_Jump_1.avi", "Run/v_Run_0.avi", "Run/v_Run_1.avi"]

@@ -1,4 +1,4 @@
-"""`mmviews eval RUN` reproduces the run's own report (issue 29, item 1): it evaluates with the
+"""`mmviews eval RUN` reproduces the run's own report: it evaluates with the
 run's recorded precision (bf16 autocast here, on CPU), seed, fusion and views, so that with the
 run's tasks it prints report.md's numbers to the printed digits; and it writes a new folder
 (`RUN/eval-N`, named in its output), never the run's final evaluation that report.md links to."""

@@ -1,4 +1,4 @@
-"""`mmviews export` (issue 36): ONNX graphs that `mmviews embed` runs with onnxruntime and numpy
+"""`mmviews export`: ONNX graphs that `mmviews embed` runs with onnxruntime and numpy
 alone, giving the torch encoder's embeddings; a Hub-ready folder, loading by Hub repo id from a
 pre-filled cache offline, and push_to_hub's folder.
 

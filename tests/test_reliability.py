@@ -1,5 +1,4 @@
-"""Never delete what mmviews did not write, no silent corruption, one-line errors (issue 13,
-items 4-10)."""
+"""Never delete what mmviews did not write, no silent corruption, one-line errors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""No code from a run folder, a saved encoder, a recipe or a data file ever runs (issue 13,
-items 1-3): every hostile file is refused with one line naming it, and its payload (creating a
-marker file) never executes."""
+"""No code from a run folder, a saved encoder, a recipe or a data file ever runs: every hostile
+file is refused with one line naming it, and its payload (creating a marker file) never executes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Launches that never silently shrink (issue 35, item 5): a launch that asked for N > 1
+"""Launches that never silently shrink: a launch that asked for N > 1
 processes and got fewer stops before any work with one line naming the flag that fixes it.
 
 The launcher's request is read from its command line (the process's parent) and its
@@ -137,7 +137,7 @@ def test_check_estimate_counts_the_shards(tmp_path):
 
 
 def test_resume_hint_is_the_launch_read_back(monkeypatch):
-    """Item 7 of issue 35: the resume command after Ctrl-C is one to paste: the launcher's own
+    """The resume command after Ctrl-C is one to paste: the launcher's own
     options, ``-m mmviews.cli`` when the launched script was another (e.g. a wrapper), a working
     ``accelerate launch`` line under another launcher of N processes, else ``mmviews train``."""
     import mmviews.cli.train as cli_train

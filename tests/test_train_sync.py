@@ -1,4 +1,4 @@
-"""The training loop reads nothing back from the device between log steps (issue: no needless
+"""The training loop reads nothing back from the device between log steps (no needless
 synchronisation), adapters included, and still stops on a non-finite loss at the next log step
 and on a bad input (checked on the host where batches are collated) with the adapter's error.
 

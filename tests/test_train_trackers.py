@@ -1,9 +1,12 @@
-"""Experiment trackers (``output.trackers``) through Accelerate: TensorBoard, MLflow (file store)
-and Weights & Biases (offline) receive the same per-step rows as ``metrics.csv`` and the final
-evaluation (read back from their own files); MLflow and W&B also the recipe as parameters and the
-report with its plots, and a resumed run goes on in the same tracker run; a
-tracker that is not installed stops the run before it touches the run folder; the old
-``output.tensorboard`` switch still loads, with a warning."""
+"""Experiment trackers (:mod:`mmviews.train.trackers`, ``output.trackers``) through Accelerate.
+
+On tiny inputs: which trackers a recipe turns on and the message naming what to install when one is
+missing, the old ``output.tensorboard`` switch (added once, with a warning), the recipe as flat
+hyper-parameters, the trackers' init arguments and the ids a resumed run reopens. End to end:
+TensorBoard, MLflow (file store) and Weights & Biases (offline) receive the same per-step rows as
+``metrics.csv`` and the final evaluation (read back from their own files); MLflow and W&B also the
+recipe as parameters and the report with its plots, and a resumed run goes on in the same tracker
+run; a tracker that is not installed stops the run before it touches the run folder."""
 
 from __future__ import annotations
 
@@ -15,16 +18,197 @@ from pathlib import Path
 import pytest
 from test_train_utils import tiny_config
 
+import mmviews.train.trackers as trackers_module
 from mmviews.config import ConfigError, config_from_dict
+from mmviews.notices import MMViewsWarning
 from mmviews.train import train
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.trackers import (
     MLFLOW_STORE_DIR,
     TRACKER_RUNS_FILE,
     TRACKERS_DIR,
+    check_trackers_installed,
+    flat_hparams,
+    record_tracker_runs,
     resolve_trackers,
+    tensorboard_available,
+    tracker_init_kwargs,
     tracker_installed,
 )
+
+
+# --------------------------------------------------------------------------- which trackers
+
+
+def test_a_tracker_package_counts_as_installed_when_any_of_its_modules_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, "aim", ("no_such_module_mmviews", "json"))
+    assert tracker_installed("aim")
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, "aim", ("no_such_module_mmviews",))
+    assert not tracker_installed("aim")
+
+
+@pytest.mark.parametrize("present, available", [({"tensorboardX"}, True), ({"tensorboard"}, True), (set(), False)])
+def test_tensorboard_or_tensorboardx_makes_tensorboard_available(monkeypatch: pytest.MonkeyPatch, present: set[str],
+                                                                  available: bool) -> None:
+    find_spec = trackers_module.importlib.util.find_spec
+    monkeypatch.setattr(trackers_module.importlib.util, "find_spec",
+                        lambda name: find_spec("json") if name in present else None)
+    assert tensorboard_available() is available
+
+
+def test_tensorboard_available_finds_tensorboard() -> None:
+    pytest.importorskip("tensorboard")  # the mmviews[tensorboard] extra, installed in CI
+    assert tensorboard_available() and tracker_installed("tensorboard")
+
+
+@pytest.mark.parametrize("name, install", [("tensorboard", "pip install 'mmviews[tensorboard]'"),
+                                           ("mlflow", "pip install 'mmviews[mlflow]'"),
+                                           ("wandb", "pip install 'mmviews[wandb]'"),
+                                           ("comet_ml", "pip install comet_ml")])
+def test_a_missing_tracker_is_named_with_what_to_install(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                         install: str) -> None:
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, name, ("no_such_module_mmviews",))
+    raw = tiny_config()
+    raw["output"]["trackers"] = [name]
+    config = config_from_dict(raw)
+    expected = (f"key 'output.trackers': tracker '{name}' is not installed ({install}); metrics.csv is always "
+                "written, remove the tracker to train without it")
+    with pytest.raises(ConfigError) as raised:
+        check_trackers_installed(config)
+    assert str(raised.value) == f"recipe: {expected}"
+    with pytest.raises(ConfigError) as raised:
+        resolve_trackers(config, "r.yaml")
+    assert str(raised.value) == f"r.yaml: {expected}"
+
+
+def test_trackers_keep_the_recipes_order_without_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("mlflow", "tensorboard", "wandb"):
+        monkeypatch.setitem(trackers_module._TRACKER_MODULES, name, ("json",))
+    raw = tiny_config()
+    raw["output"]["trackers"] = ["wandb", "tensorboard", "wandb", "mlflow"]
+    assert resolve_trackers(config_from_dict(raw)) == ["wandb", "tensorboard", "mlflow"]
+
+
+def test_the_old_tensorboard_switch_adds_it_once_and_warns_for_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(trackers_module._TRACKER_MODULES, "tensorboard", ("json",))
+    monkeypatch.setattr(trackers_module, "tensorboard_available", lambda: True)
+    raw = tiny_config()
+    raw["output"].update(trackers=["tensorboard"], tensorboard=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve_trackers(config_from_dict(raw), "old.yaml") == ["tensorboard"]
+    (warned,) = caught
+    # attributed to the caller, not to mmviews's own line
+    assert warned.category is FutureWarning and warned.filename != trackers_module.__file__
+    assert str(warned.message) == "old.yaml: key 'output.tensorboard' is deprecated, use 'output.trackers: [tensorboard]'"
+
+
+def test_the_old_tensorboard_switch_without_tensorboard_warns_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trackers_module, "tensorboard_available", lambda: False)
+    raw = tiny_config()
+    raw["output"]["tensorboard"] = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve_trackers(config_from_dict(raw)) == []
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (MMViewsWarning, "recipe: output.tensorboard is true but TensorBoard is not installed; logging to metrics.csv "
+                         "only"),
+        (FutureWarning, "recipe: key 'output.tensorboard' is deprecated, use 'output.trackers: [tensorboard]'")]
+    assert trackers_module.__file__ not in {w.filename for w in caught}
+
+
+def test_flat_hparams_are_the_recipes_scalars_under_dotted_keys() -> None:
+    raw = tiny_config(num_samples=48)
+    raw["output"]["dir"] = None
+    flat = flat_hparams(config_from_dict(raw))
+    assert flat["name"] == "tiny" and flat["seed"] == 0  # top level: no leading dot
+    assert flat["optimisation.lr"] == 3e-3 and flat["data.options.num_samples"] == 48
+    assert flat["output.progress_bar"] is False and flat["objective.params.temperature"] == 0.2
+    assert "views" not in flat and "data.options.modalities" not in flat  # lists are not scalars
+    assert "output.dir" not in flat  # nor is None
+    assert not any(key.startswith(".") or key.endswith(".") for key in flat)
+
+
+# --------------------------------------------------------------------------- tracker init and resume
+
+
+def test_init_kwargs_without_mlflow_or_wandb_are_empty_and_write_nothing(tmp_path: Path) -> None:
+    assert tracker_init_kwargs(["tensorboard"], tmp_path, resumed=False) == {}
+    assert not (tmp_path / "logs").exists()
+
+
+def test_wandb_writes_under_the_runs_logs_and_a_resume_reopens_its_run(tmp_path: Path) -> None:
+    fresh = tmp_path / "not" / "yet"  # the run folder itself may not exist yet
+    assert tracker_init_kwargs(["wandb"], fresh, resumed=False) == {"wandb": {"dir": str(fresh / "logs")}}
+    assert (fresh / "logs").is_dir()
+    logs = tmp_path / "logs"
+    assert tracker_init_kwargs(["wandb"], tmp_path, resumed=False) == {"wandb": {"dir": str(logs)}}
+    (logs / "tracker_runs.json").write_text(json.dumps({"wandb": "run-7"}))
+    assert tracker_init_kwargs(["wandb"], tmp_path, resumed=True) == {
+        "wandb": {"dir": str(logs), "id": "run-7", "resume": "allow"}}
+    # a new run in a folder that holds ids from before does not reopen them
+    assert tracker_init_kwargs(["wandb"], tmp_path, resumed=False) == {"wandb": {"dir": str(logs)}}
+
+
+@pytest.fixture
+def mlflow_uri_restored(monkeypatch: pytest.MonkeyPatch):
+    mlflow = pytest.importorskip("mlflow")  # the mmviews[mlflow] extra, installed in CI
+    before = mlflow.get_tracking_uri()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    yield mlflow
+    mlflow.set_tracking_uri(before)
+
+
+def test_mlflow_gets_a_file_store_in_the_run_unless_a_server_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     mlflow_uri_restored) -> None:
+    import os
+
+    mlflow = mlflow_uri_restored
+    assert tracker_init_kwargs(["mlflow"], tmp_path, resumed=False) == {"mlflow": {}}
+    assert mlflow.get_tracking_uri() == (tmp_path / "logs" / "mlruns").resolve().as_uri()
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    (tmp_path / "logs" / "tracker_runs.json").write_text(json.dumps({"mlflow": "abc", "wandb": ""}))
+    assert tracker_init_kwargs(["mlflow", "wandb"], tmp_path, resumed=True) == {
+        "mlflow": {"run_id": "abc"}, "wandb": {"dir": str(tmp_path / "logs")}}  # an empty id reopens nothing
+    # a tracking server named by the environment is left as it is, and so is the user's switch
+    other = tmp_path / "elsewhere"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other.as_uri())
+    mlflow.set_tracking_uri(other.as_uri())
+    tracker_init_kwargs(["mlflow"], tmp_path / "run2", resumed=False)
+    assert mlflow.get_tracking_uri() == other.as_uri() and os.environ["MLFLOW_ALLOW_FILE_STORE"] == "false"
+
+
+class Run:
+    def __init__(self, run_id: str) -> None:
+        self.id = run_id
+        self.info = self
+        self.run_id = run_id
+
+
+class IdAccelerator:
+    """Accelerate's ``get_tracker(name, unwrap=True)``: the tracker's own run object."""
+
+    def __init__(self, **runs: str) -> None:
+        self.runs = {name: Run(run_id) for name, run_id in runs.items()}
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Run:
+        assert unwrap
+        return self.runs[name]
+
+
+def test_the_ids_of_the_mlflow_and_wandb_runs_are_kept_for_a_resume(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    record_tracker_runs(IdAccelerator(mlflow="m1", wandb="w2"), ["tensorboard", "mlflow", "wandb"], tmp_path)
+    # JSON a person reads too (indented), not one long line
+    assert (tmp_path / "logs" / "tracker_runs.json").read_text() == '{\n  "mlflow": "m1",\n  "wandb": "w2"\n}'
+    record_tracker_runs(IdAccelerator(), ["tensorboard"], tmp_path / "other")
+    assert not (tmp_path / "other").exists()  # nothing to keep: no file
+
+
+# --------------------------------------------------------------------------- real trackers, end to end
 
 
 def test_tensorboard_events_hold_the_logged_rows_and_the_evaluation(tmp_path):

@@ -1,6 +1,6 @@
 """Uneven data: shards of unequal sizes split between processes, and rows that do not divide the
 batch. Every process runs the same number of steps (no DDP hang), and that number is the one in
-the progress bar, ``metrics.csv`` and ``results.json`` (issue 27 "Uneven data", issue 28).
+the progress bar, ``metrics.csv`` and ``results.json``.
 
 The data: 38 MOSI-shaped rows that ``mmviews prepare --format parquet --shard-rows 12`` writes
 as shards of 12, 12, 12 and 2 rows (the short last shard), at K = 8 on 2 gloo processes

@@ -1,4 +1,4 @@
-"""Training on video folders with bad clips (issue 28): never a late crash, never silently less.
+"""Training on video folders with bad clips: never a late crash, never silently less.
 
 One UCF-101-style folder of small clips written with PyAV (MPEG-4 and H.264), none with an
 audio track, holds clips `mmviews prepare` finds unreadable (zero-byte, text renamed .avi,

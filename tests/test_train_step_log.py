@@ -1,0 +1,351 @@
+"""The per-step log (:mod:`mmviews.train.step_log`), in this process on tiny inputs: the
+``metrics.csv`` writer (a fresh run removes a stale file, a resumed one keeps the rows up to its
+checkpoint), the per-step row (its columns, its values and rates, which steps are logged, the line
+printed without a progress bar, the progress bar of a resumed run), and what the trackers receive
+(the recipe, each row but its step, the evaluation, the report and plots where they keep files)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from accelerate.tracking import GeneralTracker
+from test_train_utils import own_accelerate_state, tiny_config
+
+import mmviews.train.step_log as step_log_module
+from mmviews.config import config_from_dict
+from mmviews.eval.summary import read_training_log
+from mmviews.objectives import ObjectiveOutput
+from mmviews.run import claim_run_dir, read_manifest
+from mmviews.train.state import TrainState
+from mmviews.train.step_log import CSVLogger, StepLogger
+from mmviews.train.trackers import flat_hparams
+
+
+HEADER = "step,epoch,loss\n"
+
+
+def write_log(path: Path, rows: list[tuple[Any, ...]], header: str = HEADER) -> None:
+    path.write_text(header + "".join(",".join(str(v) for v in row) + "\n" for row in rows))
+
+
+# --------------------------------------------------------------------------- metrics.csv
+
+
+def test_a_fresh_log_removes_a_stale_file_and_writes_the_first_rows_columns(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    write_log(path, [(1, 0.5, 9.0)])
+    logger = CSVLogger(path)
+    assert not path.exists() and logger.fields is None and logger.last_loss is None
+    logger.log({"step": 1, "epoch": 0.25, "loss": 2.0 / 3.0})
+    # a later row: its extra column is ignored, its missing one left empty; floats in 6 significant digits
+    logger.log({"step": 2, "loss": 1234567.0, "new": 1.0})
+    assert path.read_text().splitlines() == ["step,epoch,loss", "1,0.25,0.666667", "2,,1.23457e+06"]
+    logger.log({"step": 1234567, "epoch": "late", "loss": 0.5})  # ints and text as they are
+    assert path.read_text().splitlines()[-1] == "1234567,late,0.5"
+
+
+def test_the_first_row_enters_the_run_manifest(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    claim_run_dir(run)
+    logger = CSVLogger(run / "metrics.csv")
+    logger.log({"step": 1, "loss": 1.0})
+    assert "metrics.csv" in read_manifest(run)["created"]
+
+
+def test_a_resume_keeps_the_rows_up_to_the_checkpoint_step_and_its_columns(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    write_log(path, [(1, 0.25, 4.0), (2, 0.5, 3.0), (3.0, 0.75, 2.5), (4, 1.0, 2.0)])
+    logger = CSVLogger(path, resume_step=3)  # a step written as 3.0 still counts as step 3
+    assert path.read_text().splitlines() == ["step,epoch,loss", "1,0.25,4.0", "2,0.5,3.0", "3.0,0.75,2.5"]
+    assert logger.fields == ["step", "epoch", "loss"] and logger.last_loss == 2.5
+    logger.log({"loss": 1.5, "step": 4, "epoch": 1.0})  # the file's column order, no second header
+    assert path.read_text().splitlines()[1:] == ["1,0.25,4.0", "2,0.5,3.0", "3.0,0.75,2.5", "4,1,1.5"]  # 6 significant digits: 1.0 is 1
+
+
+def test_a_resume_at_step_zero_keeps_the_header_only(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    write_log(path, [(1, 0.25, 4.0)])
+    logger = CSVLogger(path, resume_step=0)
+    assert path.read_text() == HEADER and logger.fields == ["step", "epoch", "loss"] and logger.last_loss is None
+
+
+def test_a_resume_whose_last_row_has_no_loss_has_no_last_loss(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    write_log(path, [(1, 0.25, 4.0), (2, 0.5, "")])
+    assert CSVLogger(path, resume_step=2).last_loss is None
+    write_log(path, [(1, 0.25, 4.0), (2, 0.5, ""), (3, 0.75, 2.5)])  # only the last kept row counts
+    assert CSVLogger(path, resume_step=3).last_loss == 2.5
+
+
+def test_a_resume_without_a_log_or_with_an_empty_one_starts_a_new_one(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    assert CSVLogger(path, resume_step=3).fields is None and not path.exists()
+    path.write_text("")
+    logger = CSVLogger(path, resume_step=3)
+    assert logger.fields is None and path.read_text() == ""
+    logger.log({"step": 4, "loss": 1.0})
+    assert path.read_text().splitlines() == ["step,loss", "4,1"]
+
+
+# --------------------------------------------------------------------------- the per-step row
+
+
+class RecordingTracker(GeneralTracker):
+    """An Accelerate tracker (its documented extension point) that keeps what it is given."""
+
+    name = "recording"
+    requires_logging_directory = False
+
+    def __init__(self, name: str = "recording") -> None:
+        super().__init__()
+        self.name = name
+        self.config: dict[str, Any] | None = None
+        self.logged: list[tuple[dict[str, Any], int | None]] = []
+        self.ended = False
+
+    @property
+    def tracker(self) -> "TrackerRun":
+        return TrackerRun(self)  # what get_tracker(name, unwrap=True) gives: the tracker's own run object
+
+    def store_init_configuration(self, values: dict) -> None:
+        self.config = dict(values)
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        self.logged.append((dict(values), step))
+
+    def finish(self) -> None:
+        self.ended = True
+
+    # what log_report calls on MLflow's tracker and on W&B's run
+    def log_artifact(self, path: str, folder: str | None) -> None:
+        self.logged.append(({"artifact": path, "folder": folder}, None))
+
+
+
+class TrackerRun:
+    """The run object behind a :class:`RecordingTracker` (W&B's ``wandb.Run``: ``save``)."""
+
+    def __init__(self, tracker: RecordingTracker) -> None:
+        self.logged = tracker.logged
+
+    def save(self, path: str, base_path: str, policy: str) -> None:
+        self.logged.append(({"save": path, "base_path": base_path, "policy": policy}, None))
+
+
+class Clock:
+    """``time.perf_counter`` under the test's control (the rate and the times in the row)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def logger_config(name: str = "tiny", *, progress_bar: bool = False, log_every: int = 1, grad_accum: int = 1):
+    raw = tiny_config()
+    raw["name"] = name
+    raw["output"].update(progress_bar=progress_bar, log_every=log_every)
+    raw["optimisation"]["grad_accum_steps"] = grad_accum
+    return config_from_dict(raw)
+
+
+def step_logger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, trackers: list[GeneralTracker] = (),
+                progress_bar: bool = False, log_every: int = 1, total_steps: int = 8, state: TrainState | None = None,
+                resumed: bool = False, grad_accum: int = 1, poly_view_bound: bool = True,
+                name: str = "tiny") -> tuple[StepLogger, Clock]:
+    from accelerate import Accelerator
+
+    config = logger_config(name, progress_bar=progress_bar, log_every=log_every, grad_accum=grad_accum)
+    clock = Clock(1000.0)
+    monkeypatch.setattr(step_log_module.time, "perf_counter", clock)
+    accelerator = Accelerator(cpu=True, log_with=list(trackers) or None)
+    logger = StepLogger(accelerator, config, tmp_path, trackers=[t.name for t in trackers], total_steps=total_steps,
+                        batches_per_epoch=4, poly_view_bound=poly_view_bound, state=state or TrainState(),
+                        resumed=resumed, started=990.0)
+    return logger, clock
+
+
+class Groups:
+    """An optimiser's ``param_groups`` as the trainer names them (``<modality>.<part>[_no_decay]``)."""
+
+    def __init__(self, *groups: dict[str, Any]) -> None:
+        self.param_groups = list(groups)
+
+
+OPTIMIZER = Groups({"name": "text.backbone", "lr": 1e-4}, {"name": "text.backbone_no_decay", "lr": 5e-5},
+                   {"name": "image.head", "lr": 2e-3}, {"lr": 7e-3})
+
+
+def output(loss: float, **metrics: float) -> ObjectiveOutput:
+    return ObjectiveOutput(torch.tensor(loss), {k: torch.tensor(v) for k, v in metrics.items()})
+
+
+@pytest.fixture
+def accelerate_state():
+    with own_accelerate_state():
+        yield
+
+
+def test_a_logged_row_holds_the_step_its_values_and_the_rates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              accelerate_state, capsys) -> None:
+    logger, clock = step_logger(tmp_path, monkeypatch, grad_accum=2)
+    clock.now = 1002.0  # 2 s after the logger started, 12 s after the run did
+    state = TrainState(epoch=1, batch_in_epoch=3, step=1)
+    logger.log(state, output(2.5, pos_sim=0.75, a_first=0.5), {"ipmc": 0.25}, OPTIMIZER, num_samples=8, num_views=3)
+    (row,) = read_training_log(tmp_path / "metrics.csv")
+    # columns: step, epoch, loss, the metrics in name order, the bound, one lr per part, the rates
+    assert list(row) == ["step", "epoch", "loss", "a_first", "ipmc", "pos_sim", "mi_lower_bound", "lr_backbone",
+                         "lr_head", "lr_group", "samples_per_s", "time_s"]
+    assert float(row["epoch"]) == 1.75 and float(row["loss"]) == 2.5 and row["step"] == "1"
+    assert (float(row["a_first"]), float(row["ipmc"]), float(row["pos_sim"])) == (0.5, 0.25, 0.75)
+    assert float(row["mi_lower_bound"]) == pytest.approx(math.log(8 * 3 - 3 + 1) - 2.5, rel=1e-5)
+    # the first group of a part gives its lr (the no-decay copy of the backbone does not)
+    assert (float(row["lr_backbone"]), float(row["lr_head"]), float(row["lr_group"])) == (1e-4, 2e-3, 7e-3)
+    assert float(row["samples_per_s"]) == 8 * 2 / 2.0 and float(row["time_s"]) == 12.0
+    assert logger.last_loss == 2.5
+    assert capsys.readouterr().out == "step 1/8  epoch 1.75  loss 2.5000  8 samples/s  12 s\n"
+
+
+def test_the_rate_counts_from_the_previous_step_and_survives_a_zero_interval(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            accelerate_state) -> None:
+    logger, clock = step_logger(tmp_path, monkeypatch, poly_view_bound=False)
+    for step, now in ((1, 1004.0), (2, 1005.0), (3, 1005.0)):
+        clock.now = now
+        logger.log(TrainState(step=step), output(1.0), {}, OPTIMIZER, num_samples=10, num_views=2)
+    rows = read_training_log(tmp_path / "metrics.csv")
+    assert "mi_lower_bound" not in rows[0]  # an objective without the poly-view bound
+    assert [float(r["samples_per_s"]) for r in rows] == [2.5, 10.0, 10 / 1e-9]
+    assert [float(r["time_s"]) for r in rows] == [14.0, 15.0, 15.0]
+
+
+def test_rows_are_logged_every_log_every_steps_and_at_the_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               accelerate_state, capsys) -> None:
+    logger, _ = step_logger(tmp_path, monkeypatch, log_every=3, total_steps=7)
+    for step in range(1, 8):
+        logger.log(TrainState(step=step), output(1.0), {}, OPTIMIZER, num_samples=4, num_views=2)
+    assert [r["step"] for r in read_training_log(tmp_path / "metrics.csv")] == ["3", "6", "7"]
+    assert [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()] == ["step 3/7", "step 6/7", "step 7/7"]
+
+
+def test_a_diverging_loss_is_warned_about_once_with_the_recipes_lr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   accelerate_state, capsys) -> None:
+    logger, _ = step_logger(tmp_path, monkeypatch, total_steps=6, poly_view_bound=False)
+    for step in range(1, 7):
+        logger.log(TrainState(step=step), output(2.0 ** step), {}, OPTIMIZER, num_samples=4, num_views=2)
+    warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1 and warned[0].startswith("warning: divergence at step ")
+    assert "lower optimisation.lr (now 0.003), e.g. 0.0003" in warned[0]  # the recipe's lr, not a default
+
+
+def test_the_progress_bar_counts_from_the_resumed_step_and_replaces_the_lines(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            accelerate_state, capsys) -> None:
+    logger, _ = step_logger(tmp_path, monkeypatch, progress_bar=True, total_steps=9, state=TrainState(step=4))
+    assert (logger.bar.total, logger.bar.n, logger.bar.desc, logger.bar.disable) == (9, 4, "train", False)
+    logger.log(TrainState(step=5), output(0.125), {}, OPTIMIZER, num_samples=4, num_views=2)  # logged
+    logger.log(TrainState(step=6), output(0.125), {}, OPTIMIZER, num_samples=4, num_views=2)
+    assert logger.bar.n == 6 and logger.bar.postfix == "loss=0.1250"
+    logger.close()
+    assert capsys.readouterr().out == ""  # no step lines beside a bar
+    quiet, _ = step_logger(tmp_path / "quiet", monkeypatch, progress_bar=False)
+    assert quiet.bar.disable and quiet.print_lines
+
+
+def test_a_resumed_logger_keeps_the_rows_to_the_checkpoint_and_their_last_loss(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch,
+                                                                             accelerate_state) -> None:
+    write_log(tmp_path / "metrics.csv", [(1, 0.25, 4.0), (2, 0.5, 3.0), (3, 0.75, 2.0)])
+    logger, _ = step_logger(tmp_path, monkeypatch, state=TrainState(step=2), resumed=True)
+    assert logger.last_loss == 3.0
+    assert [r["step"] for r in read_training_log(tmp_path / "metrics.csv")] == ["1", "2"]
+    fresh, _ = step_logger(tmp_path, monkeypatch, state=TrainState(step=2), resumed=False)
+    assert math.isnan(fresh.last_loss) and not (tmp_path / "metrics.csv").exists()
+
+
+def test_trackers_get_the_recipe_each_row_but_its_step_and_the_evaluation(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         accelerate_state) -> None:
+    tracker = RecordingTracker()
+    logger, clock = step_logger(tmp_path, monkeypatch, trackers=[tracker], name="my-recipe")
+    assert tracker.config == flat_hparams(logger_config(name="my-recipe"))
+    clock.now = 1001.0
+    logger.log(TrainState(step=1), output(2.0, pos_sim=0.5), {}, OPTIMIZER, num_samples=4, num_views=2)
+    ((values, step),) = tracker.logged
+    assert step == 1 and "step" not in values
+    (row,) = read_training_log(tmp_path / "metrics.csv")
+    assert set(values) == set(row) - {"step"} and values["loss"] == 2.0 and values["pos_sim"] == 0.5
+    tracker.logged.clear()
+    logger.log_evaluation({"test/linear/class/acc": 1}, {"test/linear/class/acc": 0.5}, step=8)
+    assert tracker.logged == [({"test/linear/class/acc": 1.0, "random_init/test/linear/class/acc": 0.5}, 8)]
+    assert isinstance(tracker.logged[0][0]["test/linear/class/acc"], float)
+    tracker.logged.clear()
+    logger.log_evaluation({"val/knn/class/acc": 0.75}, None, step=3)
+    logger.log_evaluation({}, None, step=4)  # nothing evaluated: nothing logged
+    assert tracker.logged == [({"val/knn/class/acc": 0.75}, 3)]
+    assert not (tmp_path / "logs" / "tracker_runs.json").exists()  # no MLflow or W&B run id to keep
+
+
+def test_each_tracker_gets_the_names_it_accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                accelerate_state) -> None:
+    plain, strict = RecordingTracker("plain"), RecordingTracker("mlflow")
+    logger, _ = step_logger(tmp_path, monkeypatch, trackers=[plain])
+    logger.trackers = ["plain", "mlflow"]  # the spelling depends on the tracker's name only
+    logger.accelerator.trackers.append(strict)
+    logger.to_trackers({"test/retrieval/a->b/R@1": 0.5}, step=2)
+    assert plain.logged == [({"test/retrieval/a->b/R@1": 0.5}, 2)]
+    assert strict.logged == [({"test/retrieval/a-_b/R_at_1": 0.5}, 2)]
+
+
+def test_the_report_and_the_evaluations_plots_go_to_the_trackers_that_keep_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accelerate_state) -> None:
+    run = tmp_path / "run"
+    for name in ("report.md", "results.json", "eval/plots/b.png", "eval/plots/a.png", "eval_random/c.png",
+                 "eval/summary.md", "other/d.png"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+    mlflow, wandb, plain = RecordingTracker("mlflow"), RecordingTracker("wandb"), RecordingTracker("plain")
+    logger, _ = step_logger(run, monkeypatch, trackers=[plain])
+    logger.accelerator.trackers += [mlflow, wandb]
+    logger.trackers = ["plain", "mlflow"]
+    logger.log_report()
+    shown = ["report.md", "results.json", "eval/plots/a.png", "eval/plots/b.png", "eval_random/c.png"]
+    assert [values for values, _ in mlflow.logged] == [
+        {"artifact": str(run / name), "folder": None if "/" not in name else name.rsplit("/", 1)[0]} for name in shown]
+    assert plain.logged == [] and wandb.logged == []
+    mlflow.logged.clear()
+    (run / "report.md").unlink()  # a file the run did not write is left out
+    logger.trackers = ["wandb"]
+    logger.log_report()
+    assert [values for values, _ in wandb.logged] == [
+        {"save": str(run / name), "base_path": str(run), "policy": "now"} for name in shown[1:]]
+    assert mlflow.logged == []
+
+
+def test_without_trackers_the_evaluation_goes_nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      accelerate_state) -> None:
+    logger, _ = step_logger(tmp_path, monkeypatch)
+    assert logger.trackers == []
+    logger.log_evaluation({"test/x": 1.0}, None, step=1)  # would fail on a tracker Accelerate does not have
+    logger.log_report()
+
+
+def test_tensorboard_writes_under_the_recipes_name(tmp_path: Path, accelerate_state) -> None:
+    """``<run>/logs/<recipe name>/``: the project is the recipe's name (TensorBoard, a real tracker)."""
+    pytest.importorskip("tensorboard")  # the mmviews[tensorboard] extra, installed in CI
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    accelerator = Accelerator(cpu=True, log_with=["tensorboard"], project_config=ProjectConfiguration(
+        project_dir=str(tmp_path), logging_dir=str(tmp_path / "logs")))
+    logger = StepLogger(accelerator, logger_config("my-recipe"), tmp_path, trackers=["tensorboard"], total_steps=2,
+                        batches_per_epoch=2, poly_view_bound=False, state=TrainState(), resumed=False, started=0.0)
+    accelerator.end_training()
+    logger.close()
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["my-recipe"]
+    assert list((tmp_path / "logs" / "my-recipe").rglob("events.out.tfevents.*"))
