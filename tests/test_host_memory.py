@@ -108,3 +108,97 @@ def test_mmviews_train_called_from_a_program_leaves_its_allocator(tmp_path: Path
     assert json.loads((run / "results.json").read_text())["host_memory"] in ("system", "environment")
     assert host_memory._applied is None
 
+
+
+class _MalloptSpy:
+    """glibc's real ``mallopt``, with each call recorded (``answers`` replaces what it returns)."""
+
+    def __init__(self, answers: list[int] | None = None) -> None:
+        import ctypes
+
+        self.real = ctypes.CDLL(None).mallopt
+        self.calls: list[tuple[int, int]] = []
+        self.answers = answers
+
+    def mallopt(self, parameter: int, value: int) -> int:
+        self.calls.append((parameter, value))
+        done = self.real(parameter, value)
+        return self.answers.pop(0) if self.answers else done
+
+
+def _spy_on_mallopt(monkeypatch: pytest.MonkeyPatch, answers: list[int] | None = None) -> _MalloptSpy:
+    """A fresh process's state (nothing applied yet) with :class:`_MalloptSpy` as the library's
+    ``mallopt``. Only ``heap`` is applied for real in this process (what ``mmviews train`` on the
+    CPU runs with); ``hold``'s calls are recorded with a no-op answer of 1."""
+    import types
+
+    spy = _MalloptSpy(answers)
+    monkeypatch.setattr(host_memory, "_applied", None)
+    monkeypatch.setattr(host_memory, "ctypes", types.SimpleNamespace(CDLL=lambda name: spy))
+    return spy
+
+
+# glibc's malloc.h: M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3, M_MMAP_MAX -4 (written out here, not read from the module)
+HEAP_CALLS = [(-3, 32 * 1024 * 1024), (-1, 2**31 - 1)]
+HOLD_CALLS = [(-4, 0), (-1, 2**31 - 1)]
+
+
+def test_keep_freed_memory_makes_the_settings_calls_and_refuses_a_second_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first setting applied stays: asking for another afterwards reports False (it was not
+    applied) and calls nothing; asking for the same one again reports True."""
+    spy = _spy_on_mallopt(monkeypatch)
+    assert host_memory.host_memory_state() in ("system", "environment")
+    assert host_memory.keep_freed_memory("heap") is True
+    assert spy.calls == HEAP_CALLS
+    assert host_memory.host_memory_state() == "heap"
+    assert host_memory.keep_freed_memory("hold") is False
+    assert host_memory.keep_freed_memory("heap") is True
+    assert spy.calls == HEAP_CALLS  # nothing called again
+    assert host_memory.host_memory_state() == "heap"
+
+
+def test_hold_makes_its_own_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = _spy_on_mallopt(monkeypatch)
+    spy.real = lambda parameter, value: 1  # recorded, not applied: hold would stay for the rest of this process
+    assert host_memory.configure_host_memory("hold", owns_process=False, on_cpu=False) == "hold"
+    assert spy.calls == HOLD_CALLS
+
+
+def test_a_setting_half_made_is_not_reported_as_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = _spy_on_mallopt(monkeypatch, answers=[1, 0])  # glibc refused the second call
+    assert host_memory.keep_freed_memory("heap") is False
+    assert spy.calls == HEAP_CALLS
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    for name in [n for n in os.environ if n.startswith("MALLOC_")]:
+        monkeypatch.delenv(name)
+    assert host_memory.host_memory_state() == "system"
+
+
+def test_nothing_is_called_where_the_library_is_not_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = _spy_on_mallopt(monkeypatch)
+    monkeypatch.setattr(host_memory, "is_glibc", lambda: False)
+    assert host_memory.keep_freed_memory("heap") is False
+    assert spy.calls == []
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    assert host_memory.host_memory_state() == "system"  # not glibc: the variable configures nothing
+
+
+@pytest.mark.parametrize("owns_process, on_cpu, environ, calls, state", [
+    (True, True, {}, HEAP_CALLS, "heap"),
+    (True, False, {}, [], "system"),
+    (False, True, {}, [], "system"),
+    (True, True, {"MALLOC_TRIM_THRESHOLD_": "0"}, [], "environment"),
+    (True, True, {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"}, [], "environment"),
+])
+def test_auto_in_process(monkeypatch: pytest.MonkeyPatch, owns_process: bool, on_cpu: bool, environ: dict,
+                         calls: list, state: str) -> None:
+    spy = _spy_on_mallopt(monkeypatch)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    for name in [n for n in os.environ if n.startswith("MALLOC_")]:
+        monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert host_memory.configure_host_memory("auto", owns_process=owns_process, on_cpu=on_cpu) == state
+    assert spy.calls == calls
+    assert host_memory.configure_host_memory("system", owns_process=True, on_cpu=True) == state
+    assert spy.calls == calls

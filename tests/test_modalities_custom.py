@@ -211,3 +211,125 @@ def test_an_adapter_subclass_of_ones_own_loads_crepes_pitch_weights_which_beat_r
         probe = linear_probe_classification(features[:200], labels[:200], test_x=features[200:], test_y=labels[200:])
         accuracy[pretrained] = probe.metrics["test_acc"]
     assert accuracy[True] >= 0.9 and accuracy[True] >= accuracy[False] + 0.15, accuracy
+
+
+def test_the_width_probe_leaves_batchnorm_statistics_and_the_training_mode_alone():
+    """Measuring the backbone's width runs one forward of blank images in eval mode: the
+    BatchNorm running statistics stay those of a fresh layer, and the mode is restored."""
+    adapter = build_adapter({"type": "test_tiny_convnet", "args": {"width": 4}, "image_size": 8})
+    norm = adapter.backbone.stem[1]
+    assert adapter.feature_dim == 8
+    assert torch.equal(norm.running_mean, torch.zeros(4)) and torch.equal(norm.running_var, torch.ones(4))
+    assert int(norm.num_batches_tracked) == 0
+    assert adapter.backbone.training
+    # the probe's images: two blank ones of the configured side and channels (a backbone that records them)
+    seen = []
+
+    @register_backbone("test_recording_net")
+    class Recording(nn.Module):
+        def forward(self, images):
+            seen.append((tuple(images.shape), float(images.abs().sum()), self.training, torch.is_grad_enabled()))
+            return images.mean(dim=(2, 3))
+
+    build_adapter({"type": "test_recording_net", "in_channels": 2, "mean": [0.5, 0.5], "std": [0.2, 0.2],
+                   "image_size": 12})
+    assert seen == [((2, 2, 12, 12), 0.0, False, False)]
+    seen.clear()
+    build_adapter({"type": "test_recording_net"})
+    assert seen == [((2, 3, 32, 32), 0.0, False, False)]  # no image_size: 32
+    seen.clear()
+    assert build_adapter({"type": "test_recording_net", "feature_dim": 5}).feature_dim == 5 and seen == []
+
+
+def test_a_factory_must_give_a_module_and_be_callable():
+    @register_backbone("test_not_a_module")
+    def not_a_module() -> int:
+        return 3
+
+    with pytest.raises(ValueError, match=r"^test_not_a_module adapter: the registered factory returned int, not an nn\.Module$"):
+        build_adapter({"type": "test_not_a_module"})
+    with pytest.raises(ValueError, match=r"^register_backbone\('test_x'\): 3 is not callable$"):
+        register_backbone("test_x")(3)
+
+
+def test_a_backbones_description_and_adapter_class():
+    from mmviews.modalities import custom
+
+    @register_backbone("test_described-net_x", "said here")
+    class Described(nn.Module):
+        feature_dim = 3
+
+        def forward(self, images):
+            return images.mean(dim=(2, 3))
+
+    @register_backbone("test_undocumented")
+    def undocumented() -> nn.Module:
+        return Described()
+
+    listed = list_adapters()
+    assert listed["test_described-net_x"] == "said here" and listed["test_undocumented"] == "backbone test_undocumented"
+    adapter = build_adapter({"type": "test_described-net_x"})
+    assert type(adapter).__name__ == "TestDescribedNetXAdapter" and type(adapter).__module__ == __name__
+    assert type(adapter.config).__name__ == "TestDescribedNetXConfig" and adapter.config.type == "test_described-net_x"
+    assert adapter.feature_dim == 3 and adapter.channels() == 3
+    assert custom._class_name("__") == "Custom"
+
+
+PLUGIN_ADAPTERS = """
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from mmviews.modalities import Adapter, AdapterConfig, register_backbone
+
+
+    @dataclass
+    class RightConfig(AdapterConfig):
+        type: ClassVar[str] = "test_plugin_adapter"
+
+
+    class RightAdapter(Adapter):
+        config_class = RightConfig
+
+
+    @dataclass
+    class WrongConfig(AdapterConfig):
+        type: ClassVar[str] = "test_plugin_other"
+
+
+    class WrongAdapter(Adapter):
+        config_class = WrongConfig
+
+
+    @register_backbone("test_plugin_self_registered")
+    def self_registered():
+        raise AssertionError("not built here")
+    """
+
+
+def test_an_entry_points_adapter_must_have_the_entry_points_type(tmp_path, monkeypatch):
+    """An ``Adapter`` subclass offered under another type than its own is refused and left
+    unregistered; one of its own type is registered; a package that registers its type when
+    imported is taken as it is."""
+    from mmviews.modalities.base import adapter_registered
+    from mmviews.modalities.custom import load_entry_point_adapter, unloaded_entry_points
+
+    _install_package(tmp_path, "mmviews_test_adapters", PLUGIN_ADAPTERS,
+                     "test_plugin_adapter = mmviews_test_adapters:RightAdapter\n"
+                     "test_plugin_wrong = mmviews_test_adapters:WrongAdapter\n"
+                     "test_plugin_self_registered = mmviews_test_adapters:self_registered")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mmviews_test_adapters", raising=False)
+    waiting = unloaded_entry_points()
+    assert {k: waiting[k] for k in ("test_plugin_adapter", "test_plugin_wrong")} == {
+        "test_plugin_adapter": "mmviews_test_adapters:RightAdapter", "test_plugin_wrong": "mmviews_test_adapters:WrongAdapter"}
+    assert "test_tiny_convnet" not in waiting  # registered: no entry point of that name would be loaded
+    with pytest.raises(ValueError, match=r"^adapter type 'test_plugin_wrong': entry point 'mmviews_test_adapters:WrongAdapter' "
+                                         r"gives an adapter of type 'test_plugin_other'$"):
+        load_entry_point_adapter("test_plugin_wrong")
+    assert not adapter_registered("test_plugin_wrong") and not adapter_registered("test_plugin_other")
+    assert adapter_registered("test_plugin_self_registered")  # the import registered it
+    assert load_entry_point_adapter("test_plugin_self_registered") is True
+    assert load_entry_point_adapter("test_plugin_adapter") is True
+    assert adapter_registered("test_plugin_adapter")
+    assert "test_plugin_adapter" not in unloaded_entry_points()
+    assert load_entry_point_adapter("test_no_such_entry_point") is False

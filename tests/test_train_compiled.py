@@ -200,3 +200,83 @@ def _check_checkpointed_compile() -> None:
     assert all(not g_compiled[name].any() for name in g_compiled.keys() - g_eager.keys())
     for name in g_eager:
         torch.testing.assert_close(g_compiled[name], g_eager[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+class _CountingBackend:
+    """A ``torch.compile`` backend that records the graphs it is given and runs them eagerly."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.graphs += 1
+        return graph.forward
+
+
+def _two_adapters() -> torch.nn.Module:
+    """An encoder-shaped module: adapter ``a`` with a backbone and a head, ``b`` with a backbone
+    and no head (None), ``c`` with a head that is not a module."""
+    class Scale(torch.nn.Module):  # a module of the test's own: dynamo traces it (it skips torch.nn's own layers' files)
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.weight + 1
+
+    class Adapter(torch.nn.Module):
+        def __init__(self, head: object) -> None:
+            super().__init__()
+            self.backbone = Scale()
+            self.head = head
+
+    encoder = torch.nn.Module()
+    encoder.adapters = torch.nn.ModuleDict({"a": Adapter(Scale()), "b": Adapter(None),
+                                            "c": Adapter("not a module")})
+    return encoder
+
+
+def test_compile_encoder_gives_its_options_to_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The options given reach torch.compile (here a backend of the test's, which sees the
+    compiled modules' graphs); without options, COMPILE_OPTIONS do."""
+    for given in (True, False):
+        torch._dynamo.reset()
+        backend = _CountingBackend()
+        encoder = _two_adapters()
+        if given:
+            names = compile_encoder(encoder, backend=backend, dynamic=False)
+        else:
+            monkeypatch.setattr(compiled_module, "COMPILE_OPTIONS", {"backend": backend})
+            names = compile_encoder(encoder)
+        assert names == ["a.backbone", "a.head", "b.backbone", "c.backbone"]
+        x = torch.randn(4, 3)
+        for adapter in encoder.adapters.values():
+            adapter.backbone(x)
+        encoder.adapters["a"].head(x)
+        # the modules share one forward's code: dynamo may reuse one graph for all of them
+        assert backend.graphs >= 1, given
+    torch._dynamo.reset()
+
+
+def test_compile_encoder_refuses_a_module_without_adapters() -> None:
+    with pytest.raises(TypeError, match="^optimisation.compile: expected a MultiViewEncoder with adapters, got Linear$"):
+        compile_encoder(torch.nn.Linear(2, 2))
+
+
+def test_compiled_graphs_counts_dynamos_graphs_and_reset_forgets_the_compiled_code() -> None:
+    """A new function compiles one graph; called again at the same shape, none; after
+    reset_compiled the same function compiles again (its compiled code was forgotten)."""
+    compiled_module.reset_compiled()
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    function = torch.compile(double, backend="eager")
+    before = compiled_graphs()
+    function(torch.ones(3))
+    assert compiled_graphs() == before + 1
+    function(torch.zeros(3))
+    assert compiled_graphs() == before + 1
+    compiled_module.reset_compiled()
+    function(torch.ones(3))
+    assert compiled_graphs() in (before + 2, 1)  # counted on, or counted afresh from 0 after the reset

@@ -1,0 +1,159 @@
+"""The process-level settings of mmviews.train.distributed, in this process: where the step runs
+(``steps_on_cpu``), the process group's timeout, deterministic algorithms, the launcher's FSDP
+request read from its environment, and the launcher command lines read back. (The launches
+themselves: test_train_launch.py; N processes == 1: test_train_distributed.py.)"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmviews.config import ConfigError, TrainConfig
+from mmviews.notices import MMViewsRuntimeWarning
+from mmviews.train import distributed
+from mmviews.train.distributed import (
+    configure_determinism, fsdp_requested_by_launcher, parse_accelerate_launch, process_group_kwargs, steps_on_cpu,
+    timeout_of,
+)
+
+ACCELERATE = [sys.executable, str(Path(sys.executable).with_name("accelerate"))]
+
+
+@pytest.mark.parametrize("cpu, cuda, expected", [(True, True, True), (True, False, True), (False, False, True),
+                                                 (False, True, False)])
+def test_the_step_runs_on_the_cpu_when_asked_or_without_a_cuda_device(monkeypatch, cpu, cuda, expected) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert steps_on_cpu(TrainConfig(cpu=cpu)) is expected
+
+
+def test_the_timeout_is_the_recipes_and_must_be_positive() -> None:
+    config = TrainConfig()
+    config.distributed.timeout_s = 90
+    assert timeout_of(config) == datetime.timedelta(seconds=90)
+    assert process_group_kwargs(config).to_kwargs() == {"timeout": datetime.timedelta(seconds=90)}
+    for bad in (0, -5, float("nan")):
+        config.distributed.timeout_s = bad
+        with pytest.raises(ConfigError, match=rf"^distributed.timeout_s must be > 0 seconds, got {bad!r}$"):
+            timeout_of(config)
+
+
+@pytest.mark.parametrize("use_fsdp, version, expected", [
+    (None, "2", None), ("false", "2", None), ("0", None, None), ("no", "2", None),
+    ("true", "2", "2"), ("TRUE", "2", "2"), ("1", "2", "2"), ("yes", "1", "1"),
+    ("true", None, "1"),  # Accelerate's own default version when it sets none
+])
+def test_the_launchers_fsdp_request_and_version(monkeypatch, use_fsdp, version, expected) -> None:
+    for name, value in (("ACCELERATE_USE_FSDP", use_fsdp), ("FSDP_VERSION", version)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert fsdp_requested_by_launcher() == expected
+
+
+def test_fsdp_requested_without_a_version_is_refused_as_version_1(monkeypatch) -> None:
+    """Only ACCELERATE_USE_FSDP set (no FSDP_VERSION): Accelerate runs FSDP1, which mmviews
+    refuses, naming the flag."""
+    from mmviews.train.sharding import requested_sharding
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.delenv("FSDP_VERSION", raising=False)
+    with pytest.raises(ConfigError, match=r"FSDP_VERSION=1: .*--fsdp_version 2"):
+        requested_sharding(TrainConfig(cpu=True, adapters={"text": {}}))
+
+
+@pytest.fixture
+def determinism_restored(monkeypatch):
+    """The process's deterministic settings put back after the test."""
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[1], saved[2]
+
+
+def test_determinism_off_changes_nothing(determinism_restored) -> None:
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = True, False
+    configure_determinism(False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_determinism_on_sets_algorithms_cudnn_and_cublas(determinism_restored, monkeypatch) -> None:
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = True, False
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        configure_determinism(True)
+    assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    # a user's own workspace setting stands
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    configure_determinism(True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def test_determinism_warns_when_cuda_started_without_the_cublas_setting(determinism_restored, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.warns(MMViewsRuntimeWarning, match=r"CUDA started before CUBLAS_WORKSPACE_CONFIG could be set.*"
+                      r"CUBLAS_WORKSPACE_CONFIG=:4096:8"):
+        configure_determinism(True)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        configure_determinism(True)  # set by the user before CUDA started: nothing to say
+
+
+@pytest.mark.parametrize("argv, rest", [
+    (["accelerate", "launch", "--cpu", "x.py"], ["--cpu", "x.py"]),
+    (["/usr/bin/accelerate-launch", "--cpu", "x.py"], ["--cpu", "x.py"]),
+    (["python", "-m", "accelerate.commands.launch", "--cpu", "x.py"], ["--cpu", "x.py"]),
+    (["python", "-m", "accelerate.commands.accelerate_cli", "launch", "--cpu", "x.py"], ["--cpu", "x.py"]),
+    (["python", "-m", "accelerate.commands.launch", "launch", "x.py"], ["x.py"]),
+    (["accelerate", "env"], None),
+    (["python", "accelerate", "launch", "x.py"], ["x.py"]),
+    (["a", "b", "c", "accelerate", "launch", "x.py"], None),  # only the first three words name the launcher
+    (["python", "-m", "mmviews.cli", "train"], None),
+])
+def test_launcher_command_lines(argv, rest) -> None:
+    assert distributed._launch_argv(argv) == rest
+
+
+def test_a_launch_read_back_gives_paste_ready_lines(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(distributed, "_config_file_processes", lambda path: None)
+    launch = parse_accelerate_launch([*ACCELERATE, "launch", "--cpu", "--use_fsdp", "/bin/mmviews", "train", "r"])
+    assert launch is not None and launch.num_processes is None and launch.cpu and launch.use_fsdp
+    assert not launch.multi_gpu and launch.fsdp_version is not None
+    assert launch.mmviews_command("train", "--resume", "r") == "accelerate launch --cpu --use_fsdp /bin/mmviews train --resume r"
+    wrapper = parse_accelerate_launch([*ACCELERATE, "launch", "--module", "wrap", "x"])
+    assert wrapper is not None and wrapper.script == "wrap"
+    assert wrapper.mmviews_command("embed", "a b") == "accelerate launch -m mmviews.cli embed 'a b'"
+    assert parse_accelerate_launch([*ACCELERATE, "launch", "--num_processes", "two", "x.py"]) is None
+
+
+def test_the_config_files_process_count_is_read(monkeypatch, tmp_path) -> None:
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 3\n")
+    launch = parse_accelerate_launch([*ACCELERATE, "launch", "--config_file", str(config), "x.py"])
+    assert launch is not None and launch.num_processes == 3
+    assert distributed._config_file_processes(str(tmp_path / "missing.yaml")) is None
+    (tmp_path / "bad.yaml").write_text("num_processes: [\n")
+    assert distributed._config_file_processes(str(tmp_path / "bad.yaml")) is None
+
+
+def test_the_parent_command_line_is_read_from_proc(monkeypatch) -> None:
+    parent = distributed._parent_command_line()
+    assert parent and parent == Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")[:len(parent)]
+    monkeypatch.setattr(os, "getppid", lambda: 2**22 + 12345)  # no such process
+    assert distributed._parent_command_line() == []
+    assert distributed.accelerate_launch() is None
