@@ -199,3 +199,83 @@ def test_seed_comparison_guard_fails_with_the_population_std(monkeypatch, tmp_pa
     apply_break("population_std_over_seeds", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_compare_gives_mean_and_std_over_seeds_and_says_what_is_within_noise(tmp_path)
+
+
+# --- chance levels on splits with different class mixes and target means ----------------------
+#
+# Every figure below is counted by hand from the labels written here (not read from the code):
+# the training majority is class 2 (12 of 24); the validation split holds 3 of 12 of it, the test
+# split 6 of 16; the training targets average 1.0, the test targets -0.5. A break that scores a
+# chance on another split, or takes another split's majority or mean, gives another number.
+
+from mixed_splits import TEST_CLASSES, TEST_TARGETS, TRAIN_TARGETS, mixed_loader  # noqa: E402
+
+
+def _by_hand_classification(labels: list[int], majority: int = 2) -> float:
+    return sum(1 for y in labels if y == majority) / len(labels)
+
+
+@pytest.fixture(scope="module")
+def mixed_metrics(tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("mixed")
+    metrics = evaluate_encoder(
+        encoder, mixed_loader("train"), mixed_loader("valid"), mixed_loader("test"),
+        [{"kind": "linear", "weight_decays": [1e-2]}, {"kind": "knn", "k": 5}, "regression",
+         {"kind": "prototype", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]},
+         {"kind": "retrieval", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]}],
+        out_dir=out, progress=False, plots=False)
+    return metrics, out
+
+
+def test_classifier_chance_is_the_training_majority_scored_on_each_evaluated_split(mixed_metrics):
+    metrics, _ = mixed_metrics
+    from mixed_splits import SPLITS
+
+    assert _by_hand_classification(SPLITS["train"][0]) == 0.5  # the fixture: class 2 leads the training split
+    assert metrics["chance/test/linear/class/acc"] == pytest.approx(6 / 16)
+    assert metrics["chance/val/linear/class/acc"] == pytest.approx(3 / 12)
+    assert metrics["chance/test/knn/class/top1"] == pytest.approx(6 / 16)
+    assert _by_hand_classification(TEST_CLASSES) == pytest.approx(6 / 16)
+
+
+def test_regression_chance_predicts_the_training_mean_on_the_evaluated_split(mixed_metrics):
+    metrics, _ = mixed_metrics
+    mean = statistics.fmean(TRAIN_TARGETS)
+    assert mean == pytest.approx(1.0) and statistics.fmean(TEST_TARGETS) == pytest.approx(-0.5)
+    mae = statistics.fmean(abs(t - mean) for t in TEST_TARGETS)
+    mse = statistics.fmean((t - mean) ** 2 for t in TEST_TARGETS)
+    variance = statistics.pvariance(TEST_TARGETS)
+    assert metrics["chance/test/regression/sentiment/mae"] == pytest.approx(mae)
+    assert metrics["chance/test/regression/sentiment/mse"] == pytest.approx(mse)
+    assert metrics["chance/test/regression/sentiment/r2"] == pytest.approx(1 - mse / variance)
+
+
+def test_prototype_chance_counts_only_the_queries_that_have_the_view(mixed_metrics):
+    """audio_1 is absent for every fourth sample (the collator's dataset index % 4 == 0), which
+    holds 4 of the test split's 6 class-2 samples: its queries hold 2 of 12."""
+    metrics, _ = mixed_metrics
+    present = [y for i, y in enumerate(TEST_CLASSES) if i % 4 != 0]
+    assert len(present) == 12 and _by_hand_classification(present) == pytest.approx(2 / 12)
+    assert metrics["chance/test/prototype/class/audio_1->text_0/acc"] == pytest.approx(2 / 12)
+    assert metrics["chance/test/prototype/class/text_0->audio_1/acc"] == pytest.approx(6 / 16)
+    assert metrics["chance/test/prototype/class/audio_0->text_0/acc"] == pytest.approx(6 / 16)
+    assert metrics["chance/test/prototype/class/mean/acc"] == pytest.approx(6 / 16)
+    # retrieval: R@1's chance 1 / n per direction, n the pairs present: 16 and 12
+    assert metrics["chance/test/retrieval/mean/R@1"] == pytest.approx((2 / 16 + 2 / 12) / 4)
+    assert metrics["test/retrieval/text_0->audio_1/n"] == 12 and metrics["test/retrieval/text_0->audio_0/n"] == 16
+
+
+def test_the_reports_chance_column_holds_the_chance_not_the_metric(mixed_metrics):
+    metrics, out = mixed_metrics
+    rows = {}
+    for line in (out / "summary.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and "/" in cells[0]:
+            rows[cells[0]] = cells[1:]
+    assert rows["test/linear/class/acc"] == [format_metric(metrics["test/linear/class/acc"]), "0.3750"]
+    assert rows["val/linear/class/acc"][1] == "0.2500"
+    assert rows["test/prototype/class/audio_1->text_0/acc"][1] == "0.1667"
+    assert rows["test/retrieval/text_0->audio_1/R@1"][1] == format_metric(1 / 12)
+    assert rows["test/retrieval/text_0->audio_1/MeanR"][1] == format_metric(13 / 2)
+    assert rows["test/linear/class/acc"][0] != rows["test/linear/class/acc"][1]
+    assert not any(name.startswith("chance/") for name in rows)
