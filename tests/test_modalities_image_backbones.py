@@ -182,3 +182,43 @@ def test_weights_only_check_fails_when_weights_files_are_unpickled(tmp_path, mon
     apply_break("unpickle_weights_files", monkeypatch.setattr)
     with pytest.raises(AssertionError, match=r"(?s)Regex pattern did not match.*holds no state dict"):
         test_weights_files_are_checked_by_sha256_and_read_weights_only(tmp_path)
+
+
+RECIPE_MEAN, RECIPE_STD = [0.1, 0.2, 0.3], [0.5, 0.6, 0.7]
+
+
+@pytest.mark.parametrize("config", [
+    tiny_config("hf_vision"),
+    {"type": "torchvision", "model": "mobilenet_v3_small"},
+    {"type": "timm", "model": "resnet18"},
+], ids=["hf_vision", "torchvision", "timm"])
+def test_the_recipes_mean_and_std_win_over_the_backbones_own(config):
+    """Each adapter normalises by the recipe's ``mean`` and ``std`` where it gives them (the
+    pixels the backbone gets, computed here), and by ImageNet's (the backbones' own) where it
+    does not; the values are kept in the config, so a saved adapter keeps them."""
+    images = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(0))
+    for given in (True, False):
+        extra = {"mean": RECIPE_MEAN, "std": RECIPE_STD} if given else {}
+        adapter = build_adapter({**config, **extra, "image_size": 40})
+        mean, std = (RECIPE_MEAN, RECIPE_STD) if given else ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+        assert adapter.config.mean == pytest.approx(mean) and adapter.config.std == pytest.approx(std)
+        pixels = adapter.preprocess({"values": images})["pixels"]
+        expected = (images - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+        torch.testing.assert_close(pixels, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_image_preprocessing_settings_are_checked():
+    with pytest.raises(ValueError, match=r"^hf_vision adapter: interpolation must be 'bicubic' or 'bilinear', got 'nearest'$"):
+        build_adapter(tiny_config("hf_vision", interpolation="nearest"))
+    with pytest.raises(ValueError, match=r"^hf_vision adapter: mean and std need 3 values \(std > 0\), "
+                                         r"got \[0\.5, 0\.5\] / \[0\.229, 0\.224, 0\.225\]$"):
+        build_adapter(tiny_config("hf_vision", mean=[0.5, 0.5]))
+    with pytest.raises(ValueError, match=r"mean and std need 3 values \(std > 0\)"):
+        build_adapter(tiny_config("hf_vision", std=[0.2, 0.0, 0.2]))
+    with pytest.raises(ValueError, match=r"mean and std need 3 values"):
+        build_adapter(tiny_config("hf_vision", std=[0.2, 0.2, 0.2, 0.2]))
+    adapter = build_adapter(tiny_config("hf_vision", image_size=24))
+    assert adapter.config.image_size == 24  # the recipe's side wins over the checkpoint's 32
+    assert adapter.preprocess({"values": torch.rand(1, 3, 50, 60)})["pixels"].shape == (1, 3, 24, 24)
+    with pytest.raises(ValueError, match=r"images must be float in \[0, 1\], got dtype torch.uint8"):
+        adapter.preprocess({"values": torch.zeros(1, 3, 8, 8, dtype=torch.uint8)})
