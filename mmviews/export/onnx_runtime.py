@@ -158,11 +158,12 @@ class OnnxAdapter:
         values = _array(inputs, "values", self.where).astype(np.float32)
         channels, group = int(self.pre["channels"]), int(self.pre["frames_per_row"])
         flow = self.kind.startswith("flow")
+        given = values.shape  # the error names the shape the caller gave
         if values.ndim == 4:  # one image or one flow per item
             values = values[:, None]
         if values.ndim != 5 or values.shape[2] != channels:
             raise ValueError(f"{self.where}: values must be [B, {channels}, H, W] or [B, T, {channels}, H, W], got "
-                             f"shape {values.shape}")
+                             f"shape {given}")
         size = self.pre.get("image_size")
         if size is not None and list(values.shape[-2:]) != list(size):
             raise ValueError(f"{self.where}: frames of {values.shape[-2]}x{values.shape[-1]}; the graph takes "

@@ -1,0 +1,234 @@
+"""The numpy side of an ONNX export (mmviews.export.onnx_runtime), on graphs written by the test
+with ``onnx.helper`` (not by the exporter), so that what the runtime does around a graph is
+checked against numpy written here: a clip's frame vectors averaged and normalised again,
+stacked flow groups, waveforms checked for their sample rate, length and finiteness, sequences,
+the manifest's paths kept inside the export folder, and the manifest itself. (Real exports of
+every adapter type against the torch encoder: test_export.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+from mmviews.export import onnx_runtime  # noqa: E402
+from mmviews.export.onnx_runtime import MANIFEST_FILE, OnnxEncoder, is_onnx_folder  # noqa: E402
+
+
+def _save(graph: Any, path: Path) -> str:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path.name
+
+
+def frame_graph(path: Path, channels: int, stacked: int | None = None) -> str:
+    """values [N, C, H, W] (or [N, G, C, H, W] with ``stacked`` G) -> the unit vector of its
+    per-channel means (stacked: of the group's per-channel means concatenated)."""
+    if stacked is None:
+        shape: list[Any] = ["n", channels, "h", "w"]
+        nodes = [helper.make_node("ReduceMean", ["values"], ["m"], axes=[2, 3], keepdims=0)]
+        width = channels
+    else:
+        shape = ["n", stacked, channels, "h", "w"]
+        nodes = [helper.make_node("ReduceMean", ["values"], ["m3"], axes=[3, 4], keepdims=0),
+                 helper.make_node("Flatten", ["m3"], ["m"], axis=1)]
+        width = stacked * channels
+    nodes.append(helper.make_node("LpNormalization", ["m"], ["z"], axis=-1, p=2))
+    graph = helper.make_graph(nodes, "frames", [helper.make_tensor_value_info("values", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", width])])
+    return _save(graph, path)
+
+
+def wave_graph(path: Path) -> str:
+    """values [B, T], lengths [B] -> unit vector of (mean of the first columns, length)."""
+    nodes = [helper.make_node("ReduceMean", ["values"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Cast", ["lengths"], ["lf"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["lf", "axis"], ["l2"]),
+             helper.make_node("Concat", ["m", "l2"], ["c"], axis=1),
+             helper.make_node("LpNormalization", ["c"], ["z"], axis=-1, p=2)]
+    graph = helper.make_graph(nodes, "wave", [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["b", "t"]),
+                                              helper.make_tensor_value_info("lengths", TensorProto.INT64, ["b"])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 2])],
+                              initializer=[helper.make_tensor("axis", TensorProto.INT64, [1], [1])])
+    return _save(graph, path)
+
+
+def sequence_graph(path: Path, dim: int) -> str:
+    nodes = [helper.make_node("ReduceMean", ["values"], ["m"], axes=[1], keepdims=0),
+             helper.make_node("LpNormalization", ["m"], ["z"], axis=-1, p=2)]
+    graph = helper.make_graph(nodes, "seq", [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["b", "l", dim])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", dim])])
+    return _save(graph, path)
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """An export folder of four modalities: images/clips (3 channels, 4x4), flow stacked by 2,
+    audio at 16 kHz (min 8 samples), sequences of 3 features; one modality not exported."""
+    out = tmp_path_factory.mktemp("onnx")
+    modalities = {
+        "video": {"type": "small_cnn", "embed_dim": 3, "graph": frame_graph(out / "video.onnx", 3),
+                  "inputs": [{"name": "values"}],
+                  "preprocessing": {"channels": 3, "frames_per_row": 1, "clips": "per-frame", "image_size": [4, 4]}},
+        "flow": {"type": "flow_cnn", "embed_dim": 4, "graph": frame_graph(out / "flow.onnx", 2, stacked=2),
+                 "inputs": [{"name": "values"}],
+                 "preprocessing": {"channels": 2, "frames_per_row": 2, "clips": "per-frame"}},
+        "audio": {"type": "audio_cnn", "embed_dim": 2, "graph": wave_graph(out / "audio.onnx"),
+                  "inputs": [{"name": "values"}, {"name": "lengths"}],
+                  "preprocessing": {"sample_rate": 16000, "min_samples": 8}},
+        "x": {"type": "mlp", "embed_dim": 3, "graph": sequence_graph(out / "x.onnx", 3), "inputs": [{"name": "values"}],
+              "preprocessing": {"input_dim": 3}},
+    }
+    manifest = {"format": "mmviews-onnx", "version": 1, "modalities": modalities,
+                "not_exported": {"text": "a reason of the exporter's"}}
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return out
+
+
+def test_a_clips_frame_vectors_are_averaged_and_normalised_again(folder: Path):
+    encoder = OnnxEncoder(folder)
+    rng = np.random.default_rng(0)
+    clips = rng.uniform(0, 1, size=(2, 3, 3, 4, 4)).astype(np.float32)
+    frames = unit(clips.mean(axis=(3, 4)))  # [B, T, 3]: each frame's vector, as the graph computes it
+    expected = unit(frames.mean(axis=1))
+    z = encoder.embed("video", {"values": clips})
+    assert z.dtype == np.float32 and z.shape == (2, 3)
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(z, expected, atol=1e-6)
+    # a single image, and a clip of one frame: the frame's own vector
+    np.testing.assert_allclose(encoder.embed("video", {"values": clips[:, 0]}), frames[:, 0], atol=1e-6)
+    np.testing.assert_allclose(encoder.embed("video", {"values": clips[:, :1]}), frames[:, 0], atol=1e-6)
+
+
+def test_flow_is_embedded_in_stacked_groups(folder: Path):
+    encoder = OnnxEncoder(folder)
+    rng = np.random.default_rng(1)
+    flow = rng.normal(size=(2, 4, 2, 5, 5)).astype(np.float32)
+    groups = unit(flow.reshape(2, 2, 2, 2, 5, 5).mean(axis=(4, 5)).reshape(2, 2, 4))  # [B, groups, 2*2]
+    np.testing.assert_allclose(encoder.embed("flow", {"values": flow}), unit(groups.mean(axis=1)), atol=1e-6)
+    with pytest.raises(ValueError, match=r"^flow \(flow_cnn, ONNX\): T=3 flows is not a multiple of stacked_flows=2$"):
+        encoder.embed("flow", {"values": flow[:, :3]})
+
+
+def test_frame_inputs_are_checked(folder: Path):
+    encoder = OnnxEncoder(folder)
+    with pytest.raises(ValueError, match=r"^video \(small_cnn, ONNX\): values must be \[B, 3, H, W\] or \[B, T, 3, H, W\], "
+                                         r"got shape \(2, 1, 4, 4\)$"):
+        encoder.embed("video", {"values": np.zeros((2, 1, 4, 4), np.float32)})
+    with pytest.raises(ValueError, match=r"frames of 5x4; the graph takes 4x4 \(resizing is not part of the ONNX export"):
+        encoder.embed("video", {"values": np.zeros((2, 3, 5, 4), np.float32)})
+    bad = np.zeros((1, 3, 4, 4), np.float32)
+    bad[0, 1, 2, 3] = np.inf
+    with pytest.raises(ValueError, match=r"^video \(small_cnn, ONNX\): inputs\['values'\] of shape \(1, 3, 4, 4\) holds "
+                                         r"non-finite values \(NaN or inf\)$"):
+        encoder.embed("video", {"values": bad})
+    with pytest.raises(ValueError, match=r"inputs have no key 'values' \(keys: \['pixels'\]\)"):
+        encoder.embed("video", {"pixels": bad})
+
+
+def test_audio_must_come_at_the_graphs_sample_rate_and_length(folder: Path):
+    encoder = OnnxEncoder(folder)
+    values = np.random.default_rng(2).normal(size=(2, 12)).astype(np.float32)
+    for inputs, rate in (({"values": values}, 0), ({"values": values, "sample_rate": 8000}, 8000)):
+        with pytest.raises(ValueError, match=rf"^audio \(audio_cnn, ONNX\): audio at {rate} Hz; the graph takes 16000 Hz "
+                                             r"\(resampling is not part of the ONNX export: resample the audio first\)$"):
+            encoder.embed("audio", inputs)
+    z = encoder.embed("audio", {"values": values, "sample_rate": 16000})
+    np.testing.assert_allclose(z, unit(np.stack([values.mean(1), np.full(2, 12.0)], 1)), atol=1e-6)
+    lengths = np.array([12, 9])
+    z = encoder.embed("audio", {"values": values, "sample_rate": 16000, "lengths": lengths})
+    np.testing.assert_allclose(z, unit(np.stack([values.mean(1), lengths.astype(float)], 1)), atol=1e-6)
+    with pytest.raises(ValueError, match=r"waveform of 7 samples is too short for the backbone's conv front end "
+                                         r"\(it needs 8 at 16000 Hz\)"):
+        encoder.embed("audio", {"values": values[:, :7], "sample_rate": 16000})
+    with pytest.raises(ValueError, match=r"waveform\(s\) at position\(s\) \[1\] too short to give one frame "
+                                         r"\(fewer than 8 samples at 16000 Hz\)"):
+        encoder.embed("audio", {"values": values, "sample_rate": 16000, "lengths": [12, 7]})
+    for lengths in ([12], [13, 12], [-1, 12]):
+        with pytest.raises(ValueError, match=r"lengths must be \[B\] in \[0, 12\]"):
+            encoder.embed("audio", {"values": values, "sample_rate": 16000, "lengths": lengths})
+    for shape in ((2,), (2, 0), (2, 3, 4)):
+        with pytest.raises(ValueError, match=r"waveform values must be \[B, T\] with T > 0"):
+            encoder.embed("audio", {"values": np.zeros(shape, np.float32), "sample_rate": 16000})
+
+
+def test_sequences_and_missing_rows(folder: Path):
+    encoder = OnnxEncoder(folder)
+    x = np.random.default_rng(3).normal(size=(4, 2, 3)).astype(np.float32)
+    np.testing.assert_allclose(encoder.embed("x", {"values": x}), unit(x.mean(1)), atol=1e-6)
+    with pytest.raises(ValueError, match=r"^x \(mlp, ONNX\): values must be \[B, L, 3\] with L > 0, got shape \(4, 2, 2\)$"):
+        encoder.embed("x", {"values": x[..., :2]})
+    present = np.array([True, False, True, False])
+    out = encoder.embed_present("x", {"values": x, "note": "kept", "ids": ["a", "b", "c", "d"]}, present)
+    np.testing.assert_allclose(out[present], unit(x[present].mean(1)), atol=1e-6)
+    assert (out[~present] == 0).all() and out.dtype == np.float32
+    assert (encoder.embed_present("x", {"values": x}, np.zeros(4, bool)) == 0).all()
+    assert onnx_runtime._subset({"v": x, "ids": ["a", "b", "c", "d"], "rate": 5, "short": [1, 2]},
+                                np.array([0, 2]), 4)["ids"] == ["a", "c"]
+    with pytest.raises(KeyError, match="modality 'text' was not exported to ONNX: a reason of the exporter's"):
+        encoder.embed("text", {"text": ["a"]})
+    with pytest.raises(KeyError, match=r"modality 'image' is not in .* \(modalities: \['audio', 'flow', 'video', 'x'\]\)"):
+        encoder.embed("image", {})
+    assert encoder.embed_dim == 3 and encoder.eval() is encoder and is_onnx_folder(folder)
+
+
+def _copy_with(folder: Path, tmp_path: Path, change) -> Path:
+    import shutil
+
+    target = tmp_path / "export"
+    shutil.copytree(folder, target)
+    manifest = json.loads((target / MANIFEST_FILE).read_text())
+    change(manifest)
+    (target / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return target
+
+
+def test_manifest_paths_never_leave_the_export_folder(folder: Path, tmp_path: Path):
+    """A manifest is a user's file: a graph named by a path outside the folder (its parent, an
+    absolute path, a link out) is refused, naming the manifest, before anything is read."""
+    outside = tmp_path / "outside.onnx"
+    frame_graph(outside, 3)
+
+    def graph_at(path: str):
+        return lambda m: m["modalities"]["video"].update(graph=path)
+
+    for path in ("../outside.onnx", str(outside), "missing.onnx"):
+        target = _copy_with(folder, tmp_path / path.replace("/", "_"), graph_at(path))
+        with pytest.raises(ValueError, match=rf"{MANIFEST_FILE}: graph '{path}' is not a file inside "):
+            OnnxEncoder(target)
+    target = _copy_with(folder, tmp_path / "link", graph_at("link.onnx"))
+    (target / "link.onnx").symlink_to(outside)
+    with pytest.raises(ValueError, match="graph 'link.onnx' is not a file inside"):
+        OnnxEncoder(target)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"format": "mmviews-onnx", "version": 2, "modalities": {}}', "not a mmviews-onnx manifest of version 1"),
+    ('{"format": "other", "version": 1, "modalities": {}}', "not a mmviews-onnx manifest of version 1"),
+    ("[1, 2]", "not a mmviews-onnx manifest of version 1"),
+    ("{not json", "not a JSON manifest"),
+])
+def test_a_manifest_that_is_not_ours_is_refused(tmp_path: Path, text: str, message: str):
+    (tmp_path / MANIFEST_FILE).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        OnnxEncoder(tmp_path)
+    assert is_onnx_folder(tmp_path)
+
+
+def test_a_folder_without_a_manifest_is_named(tmp_path: Path):
+    assert not is_onnx_folder(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"^{tmp_path} is not an ONNX export of mmviews: missing {tmp_path}/{MANIFEST_FILE}$"):
+        OnnxEncoder(tmp_path)
