@@ -1,0 +1,180 @@
+"""The parts of sharded training (mmviews.train.sharding) in this process, on a process group of
+one (gloo): which modules become FSDP2 units and in which order, the mixed-precision policy
+(parameters gathered in bf16, gradients reduced in float32, BatchNorm kept float32), the request
+read from the recipe and the launcher, and the full optimiser state renumbered as an unsharded
+``optimizer.bin`` numbers it (compared index by index with an unsharded optimiser's). (Two
+sharded processes against one: test_train_sharding.py.)"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_train_utils import free_port
+
+from mmviews.config import ConfigError, TrainConfig
+from mmviews.modalities import MultiViewEncoder
+from mmviews.train import sharding
+
+
+@pytest.fixture
+def group_of_one(monkeypatch):
+    """A gloo process group of this process alone, destroyed after the test."""
+    assert not dist.is_initialized()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _encoder() -> MultiViewEncoder:
+    torch.manual_seed(0)
+    return MultiViewEncoder.from_config({
+        "b": {"type": "mlp", "input_dim": 3, "hidden_dim": 8, "embed_dim": 4, "head": {"kind": "mlp", "hidden_dim": 6, "batch_norm": True}},
+        "a": {"type": "mlp", "input_dim": 5, "hidden_dim": 8, "embed_dim": 4},
+    })
+
+
+def _config(mixed_precision: str = "no", units: dict | None = None) -> TrainConfig:
+    config = TrainConfig(cpu=True, adapters={"a": {}, "b": {}})
+    config.optimisation.mixed_precision = mixed_precision
+    config.distributed.fsdp_units = units or {}
+    return config
+
+
+def _record_units(monkeypatch) -> list[tuple[torch.nn.Module, object]]:
+    """fully_shard (the real one), each call recorded: (module, mp_policy)."""
+    import torch.distributed.fsdp as fsdp
+
+    calls = []
+    real = fsdp.fully_shard
+
+    def recording(module, **kwargs):
+        calls.append((module, kwargs.get("mp_policy")))
+        return real(module, **kwargs)
+
+    monkeypatch.setattr(fsdp, "fully_shard", recording)
+    return calls
+
+
+def test_units_are_sharded_inner_first_by_the_recipes_choice(group_of_one, monkeypatch):
+    encoder = _encoder()
+    calls = _record_units(monkeypatch)
+    sharding.shard_encoder(encoder, _config(units={"a": "adapter"}), torch.device("cpu"), 1)
+    b, a = encoder.adapters["b"], encoder.adapters["a"]
+    assert [m for m, _ in calls] == [b.backbone, b.head, a, encoder]
+    assert sharding.is_sharded(encoder) and not sharding.is_sharded(torch.nn.Linear(2, 2))
+    # the units' parameter bytes, as the memory estimate counts them (unsharded modules, same order)
+    fresh = _encoder()
+    sizes = sharding.unit_parameter_bytes(fresh, {"a": "adapter"})
+    fb, fa = fresh.adapters["b"], fresh.adapters["a"]
+    nbytes = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    assert sizes == [nbytes(fb.backbone), nbytes(fb.head), nbytes(fa), 0]
+
+
+def test_bf16_gathers_parameters_in_bf16_and_reduces_gradients_in_float32(group_of_one, monkeypatch):
+    encoder = _encoder()
+    calls = _record_units(monkeypatch)
+    sharding.shard_encoder(encoder, _config("bf16"), torch.device("cpu"), 1)
+    norms = [m for m in encoder.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    assert norms and [m for m, _ in calls[:len(norms)]] == norms
+    for module, policy in calls:
+        if isinstance(module, torch.nn.BatchNorm1d):  # float32 weights beside float32 running statistics
+            assert policy.param_dtype is None and policy.reduce_dtype is None
+        else:
+            assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32, module
+    assert len(calls) == len(norms) + 5  # b: backbone, head; a: backbone, head; the encoder
+    for precision, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        policy = sharding._policy(precision)
+        assert (policy.param_dtype, policy.reduce_dtype) == (dtype, torch.float32)
+    assert (sharding._policy("no").param_dtype, sharding._policy("no").reduce_dtype) == (None, None)
+
+
+def test_the_full_optimiser_state_is_numbered_as_an_unsharded_one(group_of_one):
+    """The same AdamW step, sharded (on one process: the same numbers) and not; the sharded
+    state renumbered by optimizer_state_by_index equals the unsharded optimiser's state_dict
+    index by index. The parameter groups list the parameters in another order than the
+    encoder's own (and than their names' sorted order)."""
+    plain = _encoder()
+    sharded = sharding.shard_encoder(copy.deepcopy(plain), _config(), torch.device("cpu"), 1)
+
+    def groups(model):
+        params = dict(model.named_parameters())
+        heads = [n for n in params if ".head." in n][::-1]
+        return [{"params": [params[n] for n in heads], "lr": 0.01},
+                {"params": [params[n] for n in params if n not in heads], "lr": 0.02}]
+
+    inputs = {"a": {"values": torch.randn(6, 1, 5)}, "b": {"values": torch.randn(6, 1, 3)}}
+    optimisers = []
+    for model in (plain, sharded):
+        optimiser = torch.optim.AdamW(groups(model))
+        loss = sum((model.adapters[m](inputs[m]) * torch.arange(4.0)).sum() for m in ("a", "b"))
+        loss.backward()
+        optimiser.step()
+        optimisers.append(optimiser)
+    reference = optimisers[0].state_dict()
+    full = sharding.full_optimizer_state(sharded, optimisers[1])
+    by_index = sharding.optimizer_state_by_index(full)
+    assert [g["params"] for g in by_index["param_groups"]] == [g["params"] for g in reference["param_groups"]]
+    assert [g["lr"] for g in by_index["param_groups"]] == [0.01, 0.02]
+    assert sorted(by_index["state"]) == sorted(reference["state"])
+    for index, state in reference["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(by_index["state"][index][key], value, rtol=0, atol=1e-7, msg=f"{index} {key}")
+    # and back: the names of this run's optimiser, as full_optimizer_state names them
+    back = sharding.optimizer_state_by_name(by_index, sharded, optimisers[1])
+    assert [g["params"] for g in back["param_groups"]] == [g["params"] for g in full["param_groups"]]
+    assert sorted(back["state"]) == sorted(full["state"])
+    with pytest.raises(ValueError, match="^the optimiser state has 2 parameters, this run's optimiser 14$"):
+        sharding.optimizer_state_by_name({"state": {}, "param_groups": [{"params": [0, 1]}]}, sharded, optimisers[1])
+
+
+def test_full_model_state_round_trips_into_the_shards(group_of_one):
+    plain = _encoder()
+    sharded = sharding.shard_encoder(copy.deepcopy(plain), _config(), torch.device("cpu"), 1)
+    state = sharding.full_model_state(sharded)
+    assert state.keys() == plain.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in plain.state_dict().items())
+    changed = {k: v + 1 if v.is_floating_point() else v.clone() for k, v in state.items()}
+    expected = {k: v.clone() for k, v in changed.items()}
+    sharding.load_full_model_state(sharded, changed)
+    again = sharding.full_model_state(sharded)
+    assert all(torch.equal(again[k], v) for k, v in expected.items())
+
+
+def test_the_request_comes_from_the_recipe_or_the_launcher(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    config = _config()
+    assert sharding.requested_sharding(config) == "none"
+    config.distributed.sharding = "fsdp"
+    assert sharding.requested_sharding(config) == "fsdp" and sharding.run_sharding(config, 2) == "fsdp"
+    assert sharding.run_sharding(config, 1) == "none"
+    config.distributed.fsdp_units = ["a"]
+    with pytest.raises(ConfigError, match=r"^key 'distributed.fsdp_units': a mapping of modality to one of "
+                                          r"\['backbone', 'layers', 'adapter'\], got \['a'\]$"):
+        sharding.requested_sharding(config)
+    config.distributed.fsdp_units = {"a": "blocks"}
+    with pytest.raises(ConfigError, match=r"^key 'distributed.fsdp_units.a': 'blocks' is not one of "
+                                          r"\['backbone', 'layers', 'adapter'\]$"):
+        sharding.requested_sharding(config)
+    config.distributed.fsdp_units = {"c": "layers"}
+    with pytest.raises(ConfigError, match=r"^key 'distributed.fsdp_units.c': no adapter for modality 'c' "
+                                          r"\(adapters: \['a', 'b'\]\)$"):
+        sharding.requested_sharding(config)
+
+
+def test_the_launchers_fsdp_request_is_hidden_from_accelerate_and_put_back(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with sharding.launcher_fsdp_hidden():
+        assert "ACCELERATE_USE_FSDP" not in os.environ
+    assert os.environ["ACCELERATE_USE_FSDP"] == "true"
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    with sharding.launcher_fsdp_hidden():
+        pass
+    assert "ACCELERATE_USE_FSDP" not in os.environ
