@@ -934,3 +934,188 @@ def _shards_drop_fixed_lengths() -> tuple[Any, str, Any]:
         return any_length(stored), shape
 
     return shards, "array_feature", without_fixed_lengths
+
+
+# --- the fifth wave's parts (their guards: tests/README.md) ----------------------------------------
+
+
+def _host_memory_accepts_a_second_setting() -> tuple[Any, str, Any]:
+    """``keep_freed_memory`` reports success for a setting other than the one already applied."""
+    import mmviews.train.host_memory as host_memory
+
+    original = host_memory.keep_freed_memory
+
+    def accepts_any(setting: str) -> bool:
+        return True if host_memory._applied is not None else original(setting)
+
+    return host_memory, "keep_freed_memory", accepts_any
+
+
+def _regression_chance_from_evaluated_mean() -> tuple[Any, str, Any]:
+    """The regression probe's chance predicts the evaluated split's own mean, not the training mean."""
+    import mmviews.eval.evaluate as evaluate
+    import mmviews.eval.health as health
+
+    def own_mean(train_targets: Any, eval_targets: Any) -> dict[str, float]:
+        return health.regression_chance(eval_targets, eval_targets)
+
+    return evaluate, "regression_chance", own_mean
+
+
+def _synthetic_shared_content() -> tuple[Any, str, Any]:
+    """Every synthetic sample gets the first sample's content (u, v)."""
+    from mmviews.data.synthetic import SyntheticMultimodal
+
+    original = SyntheticMultimodal.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if len(self.content):
+            self.content[:] = self.content[0]
+
+    return SyntheticMultimodal, "__init__", init
+
+
+def _noise_band_of_standard_deviations() -> tuple[Any, str, Any]:
+    """``mmviews compare``'s "within noise" band: two standard deviations, not standard errors."""
+    import math
+
+    import mmviews.eval.compare as compare
+
+    def within_noise(a: list[float], b: list[float]) -> Any:
+        (ma, sa), (mb, sb) = compare.mean_and_std(a), compare.mean_and_std(b)
+        if sa is None or sb is None:
+            return None
+        band = compare.NOISE_STANDARD_ERRORS * math.sqrt(sa**2 + sb**2)
+        return abs(ma - mb) <= band, band
+
+    return compare, "within_noise", within_noise
+
+
+def _onnx_clip_not_renormalised() -> tuple[Any, str, Any]:
+    """The ONNX runtime averages a clip's frame vectors without normalising the mean again."""
+    import mmviews.export.onnx_runtime as onnx_runtime
+
+    return onnx_runtime, "_normalise", lambda x: x
+
+
+def _onnx_manifest_paths_unchecked() -> tuple[Any, str, Any]:
+    """A manifest's graph and tokenizer paths are followed wherever they lead."""
+    import mmviews.export.onnx_runtime as onnx_runtime
+
+    def anywhere(folder: Any, relative: str, what: str) -> Any:
+        path = (folder / relative).resolve()
+        if not path.is_file():
+            raise ValueError(f"{folder / onnx_runtime.MANIFEST_FILE}: {what} {relative!r} is not a file inside {folder}")
+        return path
+
+    return onnx_runtime, "_inside", anywhere
+
+
+def _hub_fetches_code() -> tuple[Any, str, Any]:
+    """Hub downloads also fetch pickles (``*.bin``) and Python files."""
+    import mmviews.hub as hub
+
+    return hub, "HUB_FILE_PATTERNS", [*hub.HUB_FILE_PATTERNS, "*.bin", "*.py"]
+
+
+def _launcher_fsdp_defaults_to_version_2() -> tuple[Any, str, Any]:
+    """``accelerate launch --use_fsdp`` without ``FSDP_VERSION`` is taken as FSDP2 (Accelerate runs FSDP1)."""
+    import os
+
+    import mmviews.train.sharding as sharding
+
+    def requested() -> str | None:
+        if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() not in ("1", "true", "yes"):
+            return None
+        return os.environ.get("FSDP_VERSION", "2")
+
+    return sharding, "fsdp_requested_by_launcher", requested
+
+
+def _shards_reduced_in_bf16() -> tuple[Any, str, Any]:
+    """Sharded bf16 runs reduce their gradients in bf16 (not float32)."""
+    import torch
+
+    import mmviews.train.sharding as sharding
+
+    def policy(mixed_precision: str) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+
+    return sharding, "_policy", policy
+
+
+def _sharded_optimizer_state_by_sorted_name() -> tuple[Any, str, Any]:
+    """A sharded checkpoint's optimiser state numbered by sorted parameter name, not the groups' order."""
+    import mmviews.train.sharding as sharding
+
+    def by_sorted_name(state: dict[str, Any]) -> dict[str, Any]:
+        names = sorted(name for group in state["param_groups"] for name in group["params"])
+        index = {name: i for i, name in enumerate(names)}
+        groups = [{**group, "params": [index[n] for n in group["params"]]} for group in state["param_groups"]]
+        return {"state": {index[n]: v for n, v in state["state"].items()}, "param_groups": groups}
+
+    return sharding, "optimizer_state_by_index", by_sorted_name
+
+
+def _export_in_place() -> tuple[Any, str, Any]:
+    """``mmviews export`` writes straight into ``--output`` (no temporary folder beside it)."""
+    import mmviews.export.hf as hf
+
+    def in_place(output: Any) -> Any:
+        if output.exists():
+            raise FileExistsError(f"--output {output} exists: give a new folder")
+        output.mkdir()
+        return output
+
+    return hf, "prepare_output_folder", in_place
+
+
+def _width_probe_in_train_mode() -> tuple[Any, str, Any]:
+    """A custom backbone's width is measured by a forward in training mode (BatchNorm statistics move)."""
+    import torch
+
+    from mmviews.modalities.custom import CustomBackboneAdapter
+
+    def measure(self: Any) -> int:
+        side = self.config.image_size or 32
+        with torch.no_grad():
+            return int(self.backbone(torch.zeros(2, self.config.in_channels, side, side)).shape[1])
+
+    return CustomBackboneAdapter, "_measure_width", measure
+
+
+def _backbone_normalisation_wins() -> tuple[Any, str, Any]:
+    """An image backbone's own mean and std override the recipe's."""
+    from mmviews.modalities.image_backbones import ImageInputAdapter
+
+    original = ImageInputAdapter._set_image_input
+
+    def backbones_first(self: Any, size: Any, mean: Any, std: Any, channels: int = 3) -> None:
+        if mean is not None:
+            self.config.mean = None
+        if std is not None:
+            self.config.std = None
+        original(self, size, mean, std, channels)
+
+    return ImageInputAdapter, "_set_image_input", backbones_first
+
+
+BREAKS.update({
+    "host_memory_accepts_a_second_setting": _host_memory_accepts_a_second_setting,
+    "regression_chance_from_evaluated_mean": _regression_chance_from_evaluated_mean,
+    "synthetic_shared_content": _synthetic_shared_content,
+    "noise_band_of_standard_deviations": _noise_band_of_standard_deviations,
+    "onnx_clip_not_renormalised": _onnx_clip_not_renormalised,
+    "onnx_manifest_paths_unchecked": _onnx_manifest_paths_unchecked,
+    "hub_fetches_code": _hub_fetches_code,
+    "launcher_fsdp_defaults_to_version_2": _launcher_fsdp_defaults_to_version_2,
+    "shards_reduced_in_bf16": _shards_reduced_in_bf16,
+    "sharded_optimizer_state_by_sorted_name": _sharded_optimizer_state_by_sorted_name,
+    "export_in_place": _export_in_place,
+    "width_probe_in_train_mode": _width_probe_in_train_mode,
+    "backbone_normalisation_wins": _backbone_normalisation_wins,
+})

@@ -271,3 +271,13 @@ def test_the_recorded_draws_are_reproduced():
                float(vid.sum()), float(flow.sum()), float(flow.abs().sum()))
         assert m["text"] == text
         assert got == pytest.approx(numbers, rel=1e-6, abs=1e-4), i
+
+
+def test_content_guards_fail_when_every_sample_shares_one_content(monkeypatch):
+    from mutations import apply_break
+
+    apply_break("synthetic_shared_content", monkeypatch.setattr)
+    for guard in (test_each_sample_has_content_of_its_own_uniform_in_the_unit_square,
+                  test_splits_are_disjoint_draws_and_seeds_differ):
+        with pytest.raises(AssertionError):
+            guard()

@@ -215,16 +215,19 @@ def _by_hand_classification(labels: list[int], majority: int = 2) -> float:
     return sum(1 for y in labels if y == majority) / len(labels)
 
 
-@pytest.fixture(scope="module")
-def mixed_metrics(tmp_path_factory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("mixed")
+def evaluate_mixed(out: Path, tasks: list | None = None) -> tuple[dict, Path]:
     metrics = evaluate_encoder(
         encoder, mixed_loader("train"), mixed_loader("valid"), mixed_loader("test"),
-        [{"kind": "linear", "weight_decays": [1e-2]}, {"kind": "knn", "k": 5}, "regression",
-         {"kind": "prototype", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]},
-         {"kind": "retrieval", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]}],
+        tasks or [{"kind": "linear", "weight_decays": [1e-2]}, {"kind": "knn", "k": 5}, "regression",
+                  {"kind": "prototype", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]},
+                  {"kind": "retrieval", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]}],
         out_dir=out, progress=False, plots=False)
     return metrics, out
+
+
+@pytest.fixture(scope="module")
+def mixed_metrics(tmp_path_factory) -> tuple[dict, Path]:
+    return evaluate_mixed(tmp_path_factory.mktemp("mixed"))
 
 
 def test_classifier_chance_is_the_training_majority_scored_on_each_evaluated_split(mixed_metrics):
@@ -279,3 +282,12 @@ def test_the_reports_chance_column_holds_the_chance_not_the_metric(mixed_metrics
     assert rows["test/retrieval/text_0->audio_1/MeanR"][1] == format_metric(13 / 2)
     assert rows["test/linear/class/acc"][0] != rows["test/linear/class/acc"][1]
     assert not any(name.startswith("chance/") for name in rows)
+
+
+def test_regression_chance_guard_fails_when_the_evaluated_mean_is_predicted(monkeypatch, tmp_path: Path) -> None:
+    from mutations import apply_break
+
+    apply_break("regression_chance_from_evaluated_mean", monkeypatch.setattr)
+    broken = evaluate_mixed(tmp_path, ["regression"])
+    with pytest.raises(AssertionError):
+        test_regression_chance_predicts_the_training_mean_on_the_evaluated_split(broken)

@@ -49,3 +49,11 @@ def test_within_noise_is_two_standard_errors_of_the_difference():
     assert compare.within_noise(edge_a, [v - 3 + _band(edge_a, edge_b) + 1e-9 for v in edge_b])[0] is False
     assert compare.within_noise([0.5], b) is None and compare.within_noise(a, [0.5]) is None
     assert compare.NOISE_STANDARD_ERRORS == 2.0
+
+
+def test_noise_guard_fails_when_the_band_is_of_standard_deviations(monkeypatch):
+    from mutations import apply_break
+
+    apply_break("noise_band_of_standard_deviations", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_within_noise_is_two_standard_errors_of_the_difference()

@@ -130,3 +130,11 @@ def test_license_is_refused_with_onnx(run: Path, tmp_path: Path, capsys):
     err = capsys.readouterr().err
     assert "--license is for --format hf (an ONNX folder has no model card)" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_mid_write_guard_fails_when_the_export_is_written_in_place(run: Path, tmp_path: Path, monkeypatch, capsys):
+    from mutations import apply_break
+
+    apply_break("export_in_place", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_the_export_is_written_beside_output_and_renamed_when_complete(run, tmp_path, monkeypatch, "hf", capsys)

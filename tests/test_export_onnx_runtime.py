@@ -197,16 +197,18 @@ def _copy_with(folder: Path, tmp_path: Path, change) -> Path:
 
 
 def test_manifest_paths_never_leave_the_export_folder(folder: Path, tmp_path: Path):
-    """A manifest is a user's file: a graph named by a path outside the folder (its parent, an
-    absolute path, a link out) is refused, naming the manifest, before anything is read."""
+    """A manifest is a user's file: a graph named by a path to a file outside the folder (in its
+    parent, an absolute path, a link out) is refused, naming the manifest, before anything is
+    read; so is a path to no file."""
     outside = tmp_path / "outside.onnx"
     frame_graph(outside, 3)
 
     def graph_at(path: str):
         return lambda m: m["modalities"]["video"].update(graph=path)
 
-    for path in ("../outside.onnx", str(outside), "missing.onnx"):
-        target = _copy_with(folder, tmp_path / path.replace("/", "_"), graph_at(path))
+    for case, path in (("parent", "../outside.onnx"), ("absolute", str(outside)), ("missing", "missing.onnx")):
+        target = _copy_with(folder, tmp_path / case, graph_at(path))
+        frame_graph(target.parent / "outside.onnx", 3)  # what ../outside.onnx names: a real graph
         with pytest.raises(ValueError, match=rf"{MANIFEST_FILE}: graph '{path}' is not a file inside "):
             OnnxEncoder(target)
     target = _copy_with(folder, tmp_path / "link", graph_at("link.onnx"))
@@ -232,3 +234,15 @@ def test_a_folder_without_a_manifest_is_named(tmp_path: Path):
     assert not is_onnx_folder(tmp_path)
     with pytest.raises(FileNotFoundError, match=rf"^{tmp_path} is not an ONNX export of mmviews: missing {tmp_path}/{MANIFEST_FILE}$"):
         OnnxEncoder(tmp_path)
+
+
+@pytest.mark.parametrize("name, guard", [
+    ("onnx_clip_not_renormalised", test_a_clips_frame_vectors_are_averaged_and_normalised_again),
+    ("onnx_manifest_paths_unchecked", test_manifest_paths_never_leave_the_export_folder),
+])
+def test_onnx_runtime_guards_fail_when_broken(folder: Path, tmp_path: Path, monkeypatch, name: str, guard) -> None:
+    from mutations import apply_break
+
+    apply_break(name, monkeypatch.setattr)
+    with pytest.raises((AssertionError, pytest.fail.Exception)):  # an assertion, or a pytest.raises that got nothing
+        guard(folder, tmp_path) if "tmp_path" in guard.__code__.co_varnames[:2] else guard(folder)

@@ -202,3 +202,11 @@ def test_auto_in_process(monkeypatch: pytest.MonkeyPatch, owns_process: bool, on
     assert spy.calls == calls
     assert host_memory.configure_host_memory("system", owns_process=True, on_cpu=True) == state
     assert spy.calls == calls
+
+
+def test_second_setting_guard_fails_when_any_setting_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mutations import apply_break
+
+    apply_break("host_memory_accepts_a_second_setting", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_keep_freed_memory_makes_the_settings_calls_and_refuses_a_second_setting(monkeypatch)

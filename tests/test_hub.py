@@ -129,3 +129,11 @@ def test_upload_creates_the_model_repository_and_uploads_the_folder_as_one_commi
         ("upload_folder", "tok", {"repo_id": "someone/tiny", "folder_path": str(tmp_path), "repo_type": "model",
                                   "commit_message": "first", "revision": "dev"}),
     ]
+
+
+def test_fetch_guard_fails_when_code_is_fetched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from mutations import apply_break
+
+    apply_break("hub_fetches_code", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_only_data_files_are_ever_fetched(monkeypatch, tmp_path)

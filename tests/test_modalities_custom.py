@@ -333,3 +333,11 @@ def test_an_entry_points_adapter_must_have_the_entry_points_type(tmp_path, monke
     assert adapter_registered("test_plugin_adapter")
     assert "test_plugin_adapter" not in unloaded_entry_points()
     assert load_entry_point_adapter("test_no_such_entry_point") is False
+
+
+def test_width_probe_guard_fails_when_the_probe_runs_in_train_mode(monkeypatch):
+    from mutations import apply_break
+
+    apply_break("width_probe_in_train_mode", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_the_width_probe_leaves_batchnorm_statistics_and_the_training_mode_alone()

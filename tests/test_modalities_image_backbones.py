@@ -222,3 +222,11 @@ def test_image_preprocessing_settings_are_checked():
     assert adapter.preprocess({"values": torch.rand(1, 3, 50, 60)})["pixels"].shape == (1, 3, 24, 24)
     with pytest.raises(ValueError, match=r"images must be float in \[0, 1\], got dtype torch.uint8"):
         adapter.preprocess({"values": torch.zeros(1, 3, 8, 8, dtype=torch.uint8)})
+
+
+def test_normalisation_guard_fails_when_the_backbones_values_win(monkeypatch):
+    from mutations import apply_break
+
+    apply_break("backbone_normalisation_wins", monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        test_the_recipes_mean_and_std_win_over_the_backbones_own({"type": "timm", "model": "resnet18"})

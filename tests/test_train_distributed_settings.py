@@ -157,3 +157,11 @@ def test_the_parent_command_line_is_read_from_proc(monkeypatch) -> None:
     monkeypatch.setattr(os, "getppid", lambda: 2**22 + 12345)  # no such process
     assert distributed._parent_command_line() == []
     assert distributed.accelerate_launch() is None
+
+
+def test_fsdp_version_guard_fails_when_a_missing_version_means_2(monkeypatch) -> None:
+    from mutations import apply_break
+
+    apply_break("launcher_fsdp_defaults_to_version_2", monkeypatch.setattr)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        test_fsdp_requested_without_a_version_is_refused_as_version_1(monkeypatch)

@@ -178,3 +178,15 @@ def test_the_launchers_fsdp_request_is_hidden_from_accelerate_and_put_back(monke
     with sharding.launcher_fsdp_hidden():
         pass
     assert "ACCELERATE_USE_FSDP" not in os.environ
+
+
+@pytest.mark.parametrize("name, guard", [
+    ("shards_reduced_in_bf16", test_bf16_gathers_parameters_in_bf16_and_reduces_gradients_in_float32),
+    ("sharded_optimizer_state_by_sorted_name", test_the_full_optimiser_state_is_numbered_as_an_unsharded_one),
+])
+def test_sharding_guards_fail_when_broken(group_of_one, monkeypatch, name: str, guard) -> None:
+    from mutations import apply_break
+
+    apply_break(name, monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        guard(group_of_one, monkeypatch) if "monkeypatch" in guard.__code__.co_varnames[:2] else guard(group_of_one)
