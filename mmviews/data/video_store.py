@@ -505,6 +505,96 @@ def store_options(image_format: str = "jpeg", size: int = 128, flow: str | None 
             "jpeg_quality": int(jpeg_quality) if image_format == "jpeg" else None}
 
 
+def _listed_clips(root: Path, out: Path) -> list[str]:
+    """The clips under ``root`` (as :func:`list_video_clips`), refused when the store ``out`` lies
+    inside ``root``, when there are none, or when two would share a store folder."""
+    if out.resolve() == root.resolve() or root.resolve() in out.resolve().parents:
+        raise ValueError(f"store {out} is inside the video folder {root}, where it would be taken for a class folder; "
+                         f"choose another --out (default {default_store_path(root)})")
+    clips = list_video_clips(root)
+    if not clips:
+        raise ValueError(f"{root}: no videos in class folders (expected {root}/<class>/<clip>.avi)")
+    seen: dict[str, str] = {}
+    for rel in clips:
+        other = seen.setdefault(clip_dir_name(rel), rel)
+        if other != rel:
+            raise ValueError(f"{root}: {other} and {rel} would share the store folder {clip_dir_name(rel)}")
+    return clips
+
+
+def _store_manifest(out: Path) -> dict[str, Any] | None:
+    """The manifest of the store at ``out`` (None for a new or empty folder); a file, or a folder
+    holding anything but a video store, is refused: mmviews writes only into its own stores."""
+    manifest = read_manifest(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder")
+    if manifest is None and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} is not a mmviews video store (no {MANIFEST} of kind {STORE_KIND!r}) and is not empty: "
+                         "refusing to write into it; choose another --out")
+    return manifest
+
+
+def _clips_done_and_to_do(root: Path, out: Path, clips: list[str],
+                          options: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Split ``clips`` into those the store already holds for the current source and options
+    (``{rel: entry}``) and those to prepare. Removes what an interrupted or stale prepare left
+    (temporary folders, clip folders of a changed source: ours, by prefix or entry); refuses a clip
+    folder it did not write."""
+    clips_root = out / CLIPS_DIR
+    if clips_root.is_dir():
+        for tmp in clips_root.glob(f"*/{TMP_PREFIX}*"):
+            if tmp.is_dir():
+                _remove_clip_folder(tmp, None)
+    done: dict[str, dict[str, Any]] = {}
+    todo: list[str] = []
+    for rel in clips:
+        folder = out / clip_dir_name(rel)
+        entry_path = folder / CLIP_ENTRY
+        if entry_path.is_file():
+            entry = read_json_object(entry_path)
+            if _is_current(entry, root / rel, options):
+                mtime = (root / rel).stat().st_mtime_ns
+                if entry.get("source_mtime_ns") != mtime:  # a copy, same content: record its time once
+                    entry = {**entry, "source_mtime_ns": mtime}
+                    atomic_write_text(entry_path, json.dumps(entry))
+                done[rel] = entry
+                continue
+            _remove_clip_folder(folder, entry)  # ours but stale (source changed): redo
+        elif folder.exists():
+            raise ValueError(f"{folder} exists but was not written by mmviews (no {CLIP_ENTRY}): "
+                             "move it away or choose another --out")
+        todo.append(rel)
+    return done, todo
+
+
+def _prepare_clips(todo: list[str], job: tuple[str, str, dict[str, Any], Callable[[str], None] | None],
+                   n_workers: int, record: Callable[..., None], stop: Callable[[], bool]) -> None:
+    """Run :func:`_prepare_clip` on each clip of ``todo`` (``job``: its other arguments, root, store,
+    options, before_commit), in this process when ``n_workers <= 0``, else in a pool of that many
+    worker processes; ``record`` gets each result as it comes, and no further result is taken
+    once ``stop()`` is true (clips not started are cancelled)."""
+    root, out, options, before_commit = job
+    if n_workers <= 0:
+        for rel in todo:
+            record(*_prepare_clip(root, rel, out, options, before_commit))
+            if stop():
+                break
+    elif todo:
+        # spawn, not fork: the parent may hold threads (torch, OpenCV) that fork does not copy safely.
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(max_workers=min(n_workers, len(todo)), mp_context=ctx,
+                                    initializer=_init_worker, initargs=(os.getpid(),)) as pool:
+            futures = [pool.submit(_prepare_clip, root, rel, out, options, before_commit) for rel in todo]
+            try:
+                for fut in cf.as_completed(futures):
+                    record(*fut.result())
+                    if stop():
+                        break
+            finally:
+                for fut in futures:
+                    fut.cancel()
+
+
 def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
                         dataset: str | None = None, image_format: str = "jpeg", size: int = 128,
                         flow: str | None = "farneback", jpeg_quality: int = 90, workers: int | None = None,
@@ -538,24 +628,8 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
     if int(min_frames) < 1:
         raise ValueError(f"min_frames (frames one view needs) must be >= 1, got {min_frames}")
     options = store_options(image_format, size, flow, jpeg_quality)
-    if out.resolve() == root.resolve() or root.resolve() in out.resolve().parents:
-        raise ValueError(f"store {out} is inside the video folder {root}, where it would be taken for a class folder; "
-                         f"choose another --out (default {default_store_path(root)})")
-    clips = list_video_clips(root)
-    if not clips:
-        raise ValueError(f"{root}: no videos in class folders (expected {root}/<class>/<clip>.avi)")
-    seen: dict[str, str] = {}
-    for rel in clips:
-        other = seen.setdefault(clip_dir_name(rel), rel)
-        if other != rel:
-            raise ValueError(f"{root}: {other} and {rel} would share the store folder {clip_dir_name(rel)}")
-
-    manifest = read_manifest(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a folder")
-    if manifest is None and out.is_dir() and any(out.iterdir()):
-        raise ValueError(f"{out} is not a mmviews video store (no {MANIFEST} of kind {STORE_KIND!r}) and is not empty: "
-                         "refusing to write into it; choose another --out")
+    clips = _listed_clips(root, out)
+    manifest = _store_manifest(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     with _store_lock(out):
@@ -567,31 +641,7 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
                              "pass --overwrite to rebuild it with the new ones, or choose another --out")
         header = {"kind": STORE_KIND, "version": STORE_VERSION, "dataset": dataset, "source_root": str(root.resolve()),
                   "options": options, "min_frames": int(min_frames)}
-        # Temporary folders of an interrupted prepare: incomplete, ours (prefix), removed.
-        clips_root = out / CLIPS_DIR
-        if clips_root.is_dir():
-            for tmp in clips_root.glob(f"*/{TMP_PREFIX}*"):
-                if tmp.is_dir():
-                    _remove_clip_folder(tmp, None)
-        done: dict[str, dict[str, Any]] = {}
-        todo: list[str] = []
-        for rel in clips:
-            folder = out / clip_dir_name(rel)
-            entry_path = folder / CLIP_ENTRY
-            if entry_path.is_file():
-                entry = read_json_object(entry_path)
-                if _is_current(entry, root / rel, options):
-                    mtime = (root / rel).stat().st_mtime_ns
-                    if entry.get("source_mtime_ns") != mtime:  # a copy, same content: record its time once
-                        entry = {**entry, "source_mtime_ns": mtime}
-                        atomic_write_text(entry_path, json.dumps(entry))
-                    done[rel] = entry
-                    continue
-                _remove_clip_folder(folder, entry)  # ours but stale (source changed): redo
-            elif folder.exists():
-                raise ValueError(f"{folder} exists but was not written by mmviews (no {CLIP_ENTRY}): "
-                                 "move it away or choose another --out")
-            todo.append(rel)
+        done, todo = _clips_done_and_to_do(root, out, clips, options)
         already = len(done)
         failed: dict[str, str] = {}
         _write_manifest(out, header, done, failed)
@@ -633,25 +683,8 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
 
         n_workers = (os.cpu_count() or 1) if workers is None else int(workers)
         try:
-            if n_workers <= 0:
-                for rel in todo:
-                    record(*_prepare_clip(str(root), rel, str(out), options, before_commit))
-                    if error is not None:
-                        break
-            elif todo:
-                # spawn, not fork: the parent may hold threads (torch, OpenCV) that fork does not copy safely.
-                ctx = multiprocessing.get_context("spawn")
-                with cf.ProcessPoolExecutor(max_workers=min(n_workers, len(todo)), mp_context=ctx,
-                                            initializer=_init_worker, initargs=(os.getpid(),)) as pool:
-                    futures = [pool.submit(_prepare_clip, str(root), rel, str(out), options, before_commit) for rel in todo]
-                    try:
-                        for fut in cf.as_completed(futures):
-                            record(*fut.result())
-                            if error is not None:
-                                break
-                    finally:
-                        for fut in futures:
-                            fut.cancel()
+            _prepare_clips(todo, (str(root), str(out), options, before_commit), n_workers, record,
+                           stop=lambda: error is not None)
         finally:
             bar.close()
             _write_manifest(out, header, done, failed)
