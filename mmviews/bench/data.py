@@ -1,56 +1,11 @@
 """``mmviews bench data``: samples per second through source + augmentations + collator.
 
-Cases (each through a DataLoader with ``--workers`` worker processes and the
-ViewSetCollator):
-
-- ``synthetic-natural``: the embedded synthetic data, one natural view per modality
-  (text, audio, image, flow: the quickstart's views);
-- ``synthetic-augmented``: text x2, audio x2, image x2 (SimCLR), video + flow (one shared
-  crop): 8 views;
-- ``mosi-store-augmented``: a MOSI-shaped MMSA pickle (unaligned: text 50x768, audio
-  500x5, vision 375x20) written to a temporary folder, converted to the memory-mapped store
-  (conversion time reported), then text/audio/vision x2 with the feature-sequence augmentations.
-
-The first batch (worker start-up) is timed separately; ``samples/s`` is the steady state.
-
-``video`` (the UCF-101 pipeline): realistic clips are encoded into a temporary folder (320x240,
-25 fps, MPEG-4 part 2 in AVI, a keyframe every ``--video-gop`` frames, a panning two-octave
-texture, a moving object and sensor noise) at ``--video-seconds`` and at half and twice that
-length; ``VideoFolder`` clips (8 frames from the middle, 112x112) are then read one by one in
-this process with one torch thread, as in a DataLoader worker, so the figures are the per-clip
-cost one loader worker pays:
-
-- ``full+flow``: the old path, every frame of the file decoded, Farneback flow on the fly (the
-  baseline the ratios refer to);
-- ``seek+flow``: only the clip's frames decoded (seek to the keyframe before them);
-- ``store+flow``: frames and flow read from the store ``mmviews prepare`` writes (JPEG, short
-  side 128), made in the same run (its time is reported);
-- ``full`` / ``seek`` at each length without flow: decode cost against the video's length.
-
-``streamed`` (Parquet shards against the store and on-the-fly decoding): ``--stream-clips`` clips
-of ``--stream-seconds`` (encoded as above) go through ``mmviews prepare``'s store and then its
-Parquet shards (``--format parquet``, a few clips per shard); the same clips, same views (video +
-flow, 8 frames at 112x112), same collator and batch size are then read for ``--stream-epochs``
-epochs with 0, 2 and 4 loader workers (``--stream-workers``) from:
-
-- ``on-the-fly``: ``VideoFolder`` decoding the videos (seek) and computing Farneback flow;
-- ``store``: ``VideoFolder`` reading the store (the map-style baseline of the ratio);
-- ``parquet-stream``: ``data.streaming``'s :class:`~mmviews.data.streaming.StreamLoader` over the
-  shards (rows read in the main process through ``datasets``, decoded in the workers).
-
-Each epoch starts its loader afresh, worker start-up included, in all three cases. The loaders
-read as training does: shuffled (the streamed one through its shuffle buffer of 1000 rows),
-full batches only.
-
-The streamed case also times small images as training reads them (``--stream-images`` 8x8
-greyscale PNGs, the size of scikit-learn's digits train split, resized to 32x32, two SimCLR
-views, no loader workers) for ``--stream-epochs`` epochs: map-style (the same shards read
-through ``datasets`` memory-mapped, a shuffled DataLoader) against streamed
-(:class:`~mmviews.data.streaming.StreamLoader`); ``streamed / map-style`` is the ratio of their
-times (a fixed cost per epoch, e.g. a stall when a pass over the shards ends, shows here).
-
-Prints tables and the JSON (also written to ``--output PATH``; ``--json`` and ``--out`` are the
-same option).
+Data loading is what limits many multi-view runs (decoding video and computing flow above all),
+so this benchmark times the pipelines training reads through: synthetic and MOSI-shaped data with
+their augmentations, video clips decoded whole, by seeking or from the prepared store, and Parquet
+shards streamed against the store and against map-style reading. Every case builds its own data
+in a temporary folder and reports ratios against a baseline timed in the same run. The cases and
+what each measures are in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -173,7 +128,7 @@ def _time_clips(datasets: dict[str, Any], passes: int) -> dict[str, dict[str, fl
 
 
 def _video_cases(args: argparse.Namespace) -> dict[str, Any]:
-    """The video cases (module docstring): per-clip cost of each way of reading, same run, same clips."""
+    """The video cases (docs/benchmarks.md): per-clip cost of each way of reading, same run, same clips."""
     import torch
 
     threads = torch.get_num_threads()
@@ -253,7 +208,7 @@ def _print_video(video: dict[str, Any]) -> None:
 
 
 def _stream_cases(args: argparse.Namespace) -> dict[str, Any]:
-    """The streamed case (module docstring): samples/s of the same clips from shards, store and videos."""
+    """The streamed case (docs/benchmarks.md): samples/s of the same clips from shards, store and videos."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -324,7 +279,7 @@ def _read_epochs(loader_of: Callable[[int], Iterable[Any]], epochs: int) -> tupl
 
 
 def _stream_images_case(args: argparse.Namespace) -> dict[str, Any]:
-    """Small images, map-style against streamed, as training reads them (module docstring)."""
+    """Small images, map-style against streamed, as training reads them (docs/benchmarks.md)."""
     import io
 
     import datasets

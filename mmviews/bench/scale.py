@@ -1,36 +1,11 @@
 """``mmviews bench scale``: time and peak memory of the objectives at large batches, with their
 score blocks streamed and unchunked, forward + backward.
 
-For each objective (default: geometric_pvc, mv_infonce, multi_crop, fmicl, mv_dhel, er) and
-each number of views per step ``K*M`` (default 2,048 to 65,536, ``M = 8``, ``d = 128``), two
-contenders run on the same ``z`` (standard normal, seeded, ``requires_grad``):
-
-- ``unchunked``: the objective with ``score_budget_mb=inf``, i.e. every score block built
-  whole (the fused path); only up to ``--unchunked-max`` views (default 16,384: beyond, the
-  blocks alone take 4 GB and more);
-- ``streamed``: where the default parameters stream (the block exceeds the default
-  ``score_budget_mb``), the objective with its defaults; below, the objective with
-  ``chunk_size`` set to the block the defaults would use once streaming (the largest block of
-  anchor samples whose scores, times the objective's working copies, fit in the budget and
-  the device's block size, see :func:`mmviews.objectives._streaming.plan_block`),
-  which is what lets the two be compared at sizes where the defaults choose the unchunked path.
-
-Each case runs in its own subprocess (so that one case's allocator state cannot inflate
-another's), which makes one small warm-up call, then ``--repeats`` timed calls (one above
-``--repeat-max`` views). Peak memory is the memory the first full-size call *adds*: on CPU the
-process's resident-set high-water mark (``VmHWM`` after resetting it through
-``/proc/self/clear_refs``, falling back to ``ru_maxrss``) minus the resident set just before
-the call, i.e. everything the call touched, allocator caching and fragmentation included; on
-CUDA ``torch.cuda.max_memory_allocated`` minus the memory allocated before the call. ``z``
-and the objective exist before the call, so they are not counted; ``z``'s gradient is.
-
-Clock: ``--clock cpu`` (default on CPU) times this process's CPU time (``time.process_time``),
-which load from other processes barely moves; use it with ``--threads 1`` (idle threads
-spinning would count). ``--clock wall`` times elapsed time (required on CUDA).
-
-Targets checked and printed: the time per score entry of the streamed path at most
-``1.3x`` that of the unchunked path at ``K*M = 8,192``, and the peak memory of the streamed
-path below 3 GB (3e9 bytes) at ``K*M = 65,536``, for every objective.
+It checks the promise of the streamed objectives (:mod:`mmviews.objectives._streaming`): at most
+1.3x the time per score entry of the unchunked path, and a bounded peak memory where the unchunked
+path no longer fits. Each case runs in its own subprocess so that one case's allocator state
+cannot inflate another's. The contenders, the memory and clock definitions and the targets are in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -176,7 +151,7 @@ def benchmark(
     timeout: float = 3600.0,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run every case (see the module docstring); returns the JSON-able result."""
+    """Run every case (see docs/benchmarks.md); returns the JSON-able result."""
     from mmviews.objectives import list_objectives
 
     names = list(objectives or DEFAULT_OBJECTIVES)

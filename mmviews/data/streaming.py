@@ -1,59 +1,14 @@
 """Parquet shard folders read back as sample dicts: map-style, or streamed through ``datasets``.
 
-``build_dataset("hf", root=FOLDER, format="parquet")`` (or ``format="auto"`` on a folder of
-``<split>/*.parquet`` files) reads a shard folder written by ``mmviews prepare ... --format
-parquet`` (:mod:`mmviews.data.shards`) or any Parquet folder of that layout, into the sample dicts
-of the source: the same decoded tensors as the map-style source (video frames, flow and audio
-window of :class:`~mmviews.data.video.VideoFolder`; sentiment sequences; hf images, audio, text; a
-``datasets`` ``Audio()`` column is read as the bytes it stores, so no torchcodec is needed).
-``columns``/``labels`` map modality and label names to columns, as for the other ``hf`` formats;
-shards of video folders take the video options instead (``num_frames``, ``size``, ``flow``,
-``audio``, ``sample_rate``, ``max_audio_seconds``, and ``fold``, checked against the fold written).
-
-With ``streaming=True`` (recipe key ``data.streaming: true``) the split is a :class:`ShardStream`:
-nothing is loaded or cached; each epoch reads the shards through ``datasets``' ``IterableDataset``
-(``load_dataset("parquet", ..., streaming=True)``; local paths or any fsspec URL). How a streamed
-epoch is formed (:class:`StreamLoader`):
-
-- **Shuffling**: shard order shuffled and a shuffle buffer of ``data.shuffle_buffer`` rows, both
-  seeded by the recipe seed and the epoch (``IterableDataset.shuffle`` + ``set_epoch``): the same
-  order on every run. ``datasets`` 5 fills the buffer from up to 10 shards read in turn, so rows
-  of different shards mix even with a small buffer (a source written in class order, such as
-  sorted video shards, gives mixed batches); ``datasets`` 3 and 4 fill it one shard at a time.
-  ``shuffle_buffer: 0`` turns both off: the shards in file order, each read whole.
-- **Processes**: ``datasets.distributed.split_dataset_by_node``. When the shard count is a multiple
-  of the number of processes N, each process reads its own shards; otherwise every process reads
-  every shard and keeps one row in N. Either way each row goes to exactly one process.
-- **Loader workers** decode and collate; the rows are read in the main process (Parquet reading
-  is cheap next to decoding JPEG/FLAC), so the order, and so the batches, do not depend on the
-  number of workers.
-- **Epoch length**: every process must run the same number of steps. A process draws ``B``
-  batches of ``K / N`` rows per epoch, with ``B = floor(R / (K / N))`` and ``R`` the fewest rows
-  any process can be given: the sum of the ``S / N`` smallest shards when the S shards are
-  split between processes, ``floor(total / N)`` otherwise. Rows beyond ``B`` batches are not
-  used in that epoch (at most one batch per process with equal shards, like ``drop_last``);
-  the counts come from the Parquet footers, so ``optimisation.epochs`` works as for map-style
-  data and the length is known before the first row is read. ``B`` is computed once
-  (:func:`streamed_epoch_batches`) and is ``len()`` of the loader, which the trainer's batches
-  per epoch, schedule, progress bar and ``results.json`` take. E.g. shards of 12, 12, 12 and 2
-  rows (the short last shard ``prepare`` writes) on 2 processes at K = 8: a process gets 24 or
-  14 rows, R = 14, B = floor(14 / 4) = 3 steps per epoch on both. Data too small for one batch
-  (``B = 0``) is refused when the run is built; a stream that ends before ``B`` batches (shards
-  changed under the run) is an error naming the process, never a shorter epoch.
-- **Resuming** (``--resume``): ``datasets`` restores a stream's position from its ``state_dict``
-  but not the content of the shuffle buffer, so a resumed run would draw other batches. The
-  loader records its position (epoch, batches and rows drawn, the ``datasets`` state as data,
-  and the shard list) and resumes by reading the epoch's rows again up to that position
-  without decoding them: the resumed run sees exactly the batches of the uninterrupted one.
-- **Damaged shards**: every shard's footer is read when the split is opened (row counts); a
-  shard that cannot be read is named in a one-line error, or with ``on_error="skip"`` left
-  out, counted in ``num_skipped_shards`` and warned about. Shards are read row group by row
-  group (:mod:`mmviews.data.row_groups`): a row group damaged inside a shard is named (shard,
-  row group, rows), or left out and counted (:meth:`ShardSource.skipped_data`); a streamed
-  training epoch then reads its first rows again to keep its promised length. A row whose value
-  cannot be decoded is named by its ``mmviews_index``/id and column (or marked absent with
-  ``on_error="skip"``). Array columns of hf shards come back in the shape recorded in
-  ``mmviews_shards.json``; shards written flat by an older mmviews are refused, by column.
+``build_dataset("hf", root=FOLDER, format="parquet")`` reads a folder of ``<split>/*.parquet``
+(written by ``mmviews prepare ... --format parquet``, :mod:`mmviews.data.shards`, or any writer of
+that layout) into the same decoded tensors as the map-style source, so the views, augmentations
+and collator are shared. With ``streaming=True`` (``data.streaming: true``) the split is a
+:class:`ShardStream` read by :class:`StreamLoader`, which keeps what training needs from a stream:
+a seeded, repeatable order, each row to one process, the same known number of steps on every
+process (:func:`streamed_epoch_batches`, from the Parquet footers), an exact ``--resume`` and
+damaged data named or counted. The rules, with their numbers, are in
+``data_cards/parquet-shards.md`` ("Reading", "How a streamed epoch is formed", "Damaged data").
 """
 
 from __future__ import annotations
@@ -133,7 +88,7 @@ class ShardFiles:
 
     def min_rows_per_process(self, num_processes: int) -> int:
         """The fewest rows :func:`datasets.distributed.split_dataset_by_node` can give one of
-        ``num_processes`` processes (see the module docstring)."""
+        ``num_processes`` processes (see ``data_cards/parquet-shards.md``)."""
         if num_processes <= 1:
             return self.total
         if len(self.rows) % num_processes == 0:
@@ -493,7 +448,7 @@ class ParquetShardDataset(ShardSource, Dataset):
 
 
 class ShardStream(ShardSource):
-    """A split of a shard folder, streamed (see the module docstring). ``len()`` is the number
+    """A split of a shard folder, streamed (see ``data_cards/parquet-shards.md``). ``len()`` is the number
     of rows of the readable shards (from their footers); iterate with :class:`StreamLoader`."""
 
     streamed = True
@@ -555,7 +510,7 @@ class _DecodeRows(Dataset):
 def streamed_epoch_batches(shards: ShardFiles, num_processes: int, batch_size: int) -> int:
     """Batches of ``batch_size`` rows that every one of ``num_processes`` processes draws per epoch:
     ``floor(R / batch_size)``, R the fewest rows any process can be given
-    (:meth:`ShardFiles.min_rows_per_process`; see the module docstring).
+    (:meth:`ShardFiles.min_rows_per_process`; see ``data_cards/parquet-shards.md``).
 
     The one epoch length of a streamed run: the loader stops there, and the trainer's batches per
     epoch, schedule, progress bar and ``results.json`` all take it from ``len(loader)``. Rounding
@@ -627,7 +582,7 @@ _RESUMED_STREAM_KEYS = {"shards": "its shard list", "world": "the number of proc
 
 
 class StreamLoader:
-    """Batches of a :class:`ShardStream` for one process (see the module docstring).
+    """Batches of a :class:`ShardStream` for one process (see ``data_cards/parquet-shards.md``).
 
     ``batch_size``: rows per batch of this process (K / N in training). ``drop_last``: training
     (every process draws the same ``len(self)`` full batches per epoch); evaluation reads every
@@ -675,7 +630,7 @@ class StreamLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position, as JSON data: epoch, batches and rows of it drawn so far, the shard list and
-        the ``datasets`` stream state (kept for inspection: see the module docstring on resuming)."""
+        the ``datasets`` stream state (kept for inspection: see ``data_cards/parquet-shards.md`` on resuming)."""
         return {"epoch": self.epoch, "batches": self.batches_in_epoch, "rows": self.rows_in_epoch, "rank": self.rank,
                 "world": self.world, "seed": self.seed, "shuffle_buffer": self.shuffle_buffer,
                 "shards": [Path(f).name for f in self.dataset.shards.files], "datasets_state": self._hf_state}

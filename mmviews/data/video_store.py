@@ -1,65 +1,14 @@
 """The prepared video store: frames and optical flow of every clip, extracted once.
 
-``mmviews prepare ucf101|hmdb51 ROOT`` (:func:`prepare_video_store`) decodes each video of
-``ROOT/<class>/`` once, resizes its frames, computes Farneback flow between consecutive
-frames and writes both to a store folder (default ``<ROOT>.mmstore``, next to ROOT: a store
-inside ROOT would be taken for a class folder). :class:`VideoStore` reads it back; the video
-datasets use it automatically when it exists (``VideoFolder(store=...)``).
-
-Layout::
-
-    STORE/manifest.json                  kind "mmviews-video-store", version, dataset, source root,
-                                         options, min_frames, clips {rel: entry}, failed {rel: message},
-                                         truncated {rel: {...}}, short {rel: {...}}
-    STORE/manifest.journal               one JSON line per clip finished (or failed) since the last
-                                         manifest save (read_manifest merges it)
-    STORE/prepare-report.json            what `mmviews prepare` left out (missing, unreadable,
-                                         truncated and short clips; :mod:`mmviews.data.prepare`)
-    STORE/clips/<class>/<clip stem>/     one folder per clip
-        clip.json                        the clip's manifest entry; its presence = clip done
-        img_00001.jpg ...                frames, RGB             (format "jpeg")
-        flow_x_00001.jpg, flow_y_00001.jpg ...  flow of frames i -> i+1, grayscale uint8
-        frames.npy                       uint8 [N, H, W, 3]      (format "npy")
-        flow.npy                         uint8 [N - 1, 2, H, W]  (format "npy")
-
-Flow values use the flow-image convention: clip to +-20 px, ``value = (f + 20) * 255 / 40``
-(:func:`mmviews.data.decode.encode_flow_image`), so JPEG and npy stores hold the same
-numbers up to JPEG loss; N frames give N - 1 flows (frame numbers start at 1 in file names).
-A clip entry: ``frames`` (decoded), ``declared_frames`` (the container's frame count, None when
-it states none), ``flows``, ``height``, ``width`` (stored size), ``fps``, ``audio`` (the source
-has an audio track), ``source_size`` / ``source_mtime_ns`` / ``source_fingerprint`` (of the
-video when it was prepared, see :func:`source_fingerprint`), ``source_height`` /
-``source_width``, ``format``, ``options`` and, when decoding stopped on damaged data after some
-frames, ``decode_error``.
-
-Bad clips, by manifest key (the keys training reads to leave clips out):
-
-- ``failed``: ``{rel: message}``, videos that cannot be read at all (no clip folder);
-- ``truncated``: ``{rel: {"declared": int, "decoded": int}}`` (plus ``"error"`` when decoding
-  stopped on an error): the container states more frames than decode, by more than
-  :data:`TRUNCATION_TOLERANCE` frames (a file cut short: the AVI header still says 50 frames,
-  13 decode). The frames that decode are stored; the clip also has its entry in ``clips``;
-- ``short``: ``{rel: {"decoded": int, "needed": int}}``: stored clips with fewer frames than
-  ``min_frames`` (what one view needs, the recipes' ``data.options.num_frames``), which a
-  dataset can only pad by repeating frames (and zero flow).
-
-``truncated`` and ``short`` are derived from the clip entries each time the manifest is written.
-
-Resuming: each clip is written into a temporary folder (``.mmviews-tmp-<stem>.<pid>``) and
-renamed to its final name once complete, ``clip.json`` included, so after a kill a clip folder
-is either complete or absent; a rerun skips the clips whose ``clip.json`` matches the current
-source file (:func:`source_matches`: same size, and same modification time or same content
-fingerprint, so a dataset and store copied with ``cp -r`` stay current) and options, and
-removes the temporary folders left behind. ``manifest.json`` gathers the entries (rewritten
-every few seconds and at the end); in between, each finished clip is appended to
-``manifest.journal`` at once, so a killed prepare's manifest (as :func:`read_manifest` reads
-it) lists every clip but those in flight. Worker processes die with the prepare (Linux:
-``PR_SET_PDEATHSIG``; elsewhere they watch their parent), so a killed prepare leaves none.
-
-Safety: mmviews deletes only what it wrote. ``overwrite=True`` removes the clip folders the
-manifest lists (only the file names the entry accounts for) and refuses a folder without a
-video-store manifest; a folder that is in the way and was not written by mmviews is reported
-by name and left alone.
+Decoding a video and computing flow for every sample is what limits training on video folders,
+so ``mmviews prepare ucf101|hmdb51 ROOT`` (:func:`prepare_video_store`) does it once, in worker
+processes, into a store folder (default ``<ROOT>.mmstore``) that :class:`VideoStore` reads back and
+the video datasets use when it exists. A prepare is safe to kill and rerun: each clip is written
+under a temporary name and renamed when complete, the manifest's journal keeps every finished clip,
+workers die with the prepare, and a rerun redoes only clips whose source or options changed.
+Clips that cannot be read, are truncated or are too short are recorded under the manifest keys
+training reads; mmviews deletes only what the manifest says it wrote. The layout, the options,
+the bad-clip keys and the rules are in ``data_cards/ucf101.md`` ("The prepared store").
 """
 
 from __future__ import annotations
@@ -601,7 +550,7 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
                         on_error: str = "skip", overwrite: bool = False, progress: bool = True,
                         before_commit: Callable[[str], None] | None = None,
                         min_frames: int = DEFAULT_MIN_FRAMES) -> dict[str, Any]:
-    """Extract frames and flow of every video under ``root/<class>/`` into a store (layout: module docstring).
+    """Extract frames and flow of every video under ``root/<class>/`` into a store.
 
     ``image_format`` "jpeg" (``jpeg_quality``) or "npy" (uint8 arrays, exact); ``size``: short side
     in pixels (0: as decoded); ``flow`` "farneback" or None; ``workers``: worker processes (0: in
@@ -610,7 +559,7 @@ def prepare_video_store(root: str | os.PathLike[str], out: str | os.PathLike[str
     manifest) and goes on; ``"raise"`` stops at the first one with a ValueError naming it
     (finished clips are kept). A truncated video (fewer frames decode than its container states)
     is stored as far as it decodes and reported the same way (``truncated``); clips with fewer
-    than ``min_frames`` frames are listed (``short``), see the module docstring. A rerun resumes:
+    than ``min_frames`` frames are listed (``short``), see ``data_cards/ucf101.md``. A rerun resumes:
     clips already in the store are not redone. ``overwrite`` first clears the store
     (:func:`clear_video_store`). ``before_commit(rel)`` is called in the worker just before a
     finished clip is renamed into place (tests use it to slow a prepare down; must pickle).

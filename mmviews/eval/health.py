@@ -1,74 +1,13 @@
 """Did the run learn? Warnings for the training log and the run report.
 
-A contrastive run can fail quietly: the loss goes down a little, the report has numbers, and
-the encoder is no better than its random initialisation. These checks read what a run
-already records and say so in one line each.
-
-From the training log (``metrics.csv`` rows; "the tail" is the mean of the last quarter of the
-logged rows, at least one; "the head" the mean of the first tenth, at least one):
-
-- ``divergence``: the tail's loss is above the head's by more than ``DIVERGENCE_RISE`` (5 %) of
-  the head's magnitude: training made the loss worse.
-- ``collapse``: positive and negative similarity both high and close (``neg_sim >= 0.8`` and
-  ``pos_sim - neg_sim <= 0.1``): every embedding points the same way.
-- ``no alignment``: ``pos_sim - neg_sim <= 0.02`` with ``neg_sim < 0.8``: the views of a sample
-  are no closer than different samples.
-- MI bound: the poly-view MI lower bound (``mi_lower_bound``) is <= 0 nats: the loss is no
-  better than the InfoNCE cap log(KM - M + 1), i.e. chance (counted as no alignment).
-
-From the final evaluation (``results.json``'s ``eval`` and ``eval_random``):
-
-- effective rank of the embeddings (``diag/erank/fused`` or ``view_mean``) below 2, or the
-  uniformity loss (``diag/unif``, log E exp(-2 ||u - v||^2)) above -0.5 (a uniform spread in
-  d >= 8 gives about -3.5 to -4): collapse.
-- cross-view retrieval at chance: a mean rank of at least 0.8 times the chance value
-  (n + 1) / 2 (``n`` the number of pairs): no alignment.
-- no alignment on the held-out split: the diagnostics' ``sim_pos_mean - sim_neg_mean`` (eval
-  mode, test split, else val) at most ``ALIGNMENT_GAP`` (0.02), unless the negative
-  similarity is that of a collapse.
-
-**Held-out data judges alignment.** Where the final evaluation measured the alignment on
-held-out data (retrieval or diagnostics), the training log's alignment checks are left out of
-the run's warnings (:func:`run_warnings`): on the training batches a gap can be memorisation.
-The live check has only the training batches; its message says so.
-- a probe of the trained encoder below the same probe on the randomly initialised encoder by
-  more than ``PROBE_MARGIN`` (accuracy, kNN top-1 or R^2 lower by 0.01; MAE higher by 1 %, read
-  only where the task reports no R^2).
-
-**One diagnosis, one hint.** The warnings of a run share one hint, that of its most basic
-problem (divergence, then collapse, then no alignment, then a probe below random init), written
-for the run's own settings (:class:`HealthSettings`: its learning rate, temperature, objective);
-the warnings of the other kinds refer to it. A diverged run is never told to raise the learning
-rate, and an MV-DHEL run is never advised to switch to MV-DHEL.
-
-**Calibration** (``tests/test_eval_health.py`` tests each threshold just inside and just outside
-its boundary). Healthy, on the synthetic data with its per-sample content: the quickstart recipe
-as shipped (seed 0, 96 steps) flags nothing, live or at the end: its loss falls from 25.7 to
-17.2 (first tenth 23.2, last quarter 17.2), the training batches' gap ends at 0.298, and on the
-held-out test split the worst pair's retrieval mean rank is 140.6 of 512 (text -> audio; at
-chance 256.5, flagged from 0.8 of it, 205.2; the best pair 29.4), mean R@1 0.0335 at chance
-0.00195. The figures that follow were measured on the data before the content was added:
-the quickstart then flagged nothing either: its loss fell from 25.9 to 17.4 (first tenth 23.4, last quarter 17.5), its
-pos_sim - neg_sim ends at 0.137 (last quarter; threshold 0.02) and its probes beat the random
-init by +0.38 (accuracy) and +0.61 (R^2). Early in that run the gap is small (0.006 over the
-quarter before step 20, 0.023 before step 30, 0.061 before step 48), which is why the live check
-starts at half of the steps and reads the tail mean, not one row: the old check, one row at
-20 % of the steps, flagged "no alignment at step 20" on it. Broken (quickstart with 512
-training samples, 24 steps): at lr 1.0 the loss jumps from 25.9 to 37.7 at step 3 and ends at
-35.7 (+38 %: divergence, flagged live at step 12; its views end anti-aligned, gap -0.26, and its
-linear probe falls to 0.29 against 0.51 at random init, both reported as consequences of the
-divergence); at lr 1e-7 the encoder does not move (gap -0.10 from step 12 to the end: no
-alignment, with the hint to raise the learning rate, flagged live at step 12; its probes end
-below the random init's, 0.41 against 0.51, as consequences); collapse: SGD at lr 0.5 with
-momentum on a tiny CNN (neg_sim 0.95-0.97, ``tests/test_eval_health.py``). Healthy too: the
-polyview_gaussian recipe shortened to 384 steps, with a random-init baseline (which the recipe
-does not ask for) and diagnostics: nothing flagged (its ridge probe of the latent has R^2
-0.998 against 1.000 at random init, within the margin). The other recipes need data that is
-not in this repository and were not run.
-
-The live check (:class:`LiveHealth`) applies the log checks to the rows logged so far once
-half of the steps are done (a randomly initialised encoder often looks collapsed, and a
-healthy one needs time to align), at most about 20 times per run, and reports each kind once.
+A contrastive run can fail quietly: the loss goes down a little, the report has numbers, and the
+encoder is no better than its random initialisation. These checks read what a run already records
+(``metrics.csv``, ``results.json``'s evaluation and random-init baseline) and say so in one line
+each: divergence, collapse, no alignment (judged on held-out data where the evaluation measured
+it), a probe below the random initialisation. The warnings of a run share one hint, for its most
+basic problem and its own settings (:class:`HealthSettings`); :class:`LiveHealth` runs the log
+checks during training. The thresholds, why each is where it is, and their calibration on real
+runs are in ``docs/evaluation.md`` ("Health checks").
 """
 
 from __future__ import annotations

@@ -1,49 +1,15 @@
 """Sharded training: parameters, gradients and optimiser state split over the processes with
 torch's FSDP2 (``torch.distributed.fsdp.fully_shard``), inside Accelerate's multi-process state.
 
-**Asking for it.** The recipe key ``distributed.sharding: fsdp`` (default ``none``: data
-parallel, every process holds everything), or Accelerate's convention: ``accelerate launch
---use_fsdp --fsdp_version 2 ...`` or an Accelerate config file with FSDP (the launcher then sets
-``ACCELERATE_USE_FSDP``). ``--fsdp_version 1`` is refused (FSDP1 flattens parameters, which the
-per-adapter parameter groups and the EMA teacher do not survive). One process has nothing to
-shard: the run is then unsharded, and ``results.json`` says so (``"sharding": "none"``).
-
-**One code path, CPU and GPU.** Accelerate's own FSDP state does not come up on CPU (each
-launched process reports ``DistributedType.NO`` and trains alone), and on GPU it would shard the
-model in ``accelerator.prepare`` by its own wrap policy. mmviews hides the launcher's FSDP request
-from Accelerate (:func:`launcher_fsdp_hidden`), so Accelerate sets up the ordinary multi-process
-state (gloo on CPU, NCCL on GPU) and leaves the model alone, and applies ``fully_shard`` itself
-(:func:`shard_encoder`):
-
-- **Units (wrap policy)**, per adapter, ``distributed.fsdp_units: {MODALITY: UNIT}``:
-  ``backbone`` (default; the adapter's backbone and its projection head, one unit each),
-  ``layers`` (each of the backbone's repeated blocks, e.g. a transformer layer, a unit of its own,
-  then the rest of the backbone, then the head: the least memory, parameters are gathered one
-  layer at a time) or ``adapter`` (the whole adapter one unit). The encoder itself is the root
-  unit (whatever no unit claimed).
-- **Mixed precision**: with ``optimisation.mixed_precision: bf16`` the parameters are
-  gathered in that dtype and gradients reduced in float32 (``MixedPrecisionPolicy``; BatchNorm
-  layers are units of their own kept in float32, as their running statistics are), the
-  sharded master weights and the optimiser state stay float32; Accelerate's autocast still wraps
-  the encoder's forward (``prepare_model(..., evaluation_mode=True)``: autocast and float32
-  outputs, no DDP wrapper).
-- **LoRA and frozen backbones**: frozen and trainable parameters may share a unit (FSDP2 keeps
-  each parameter's ``requires_grad``); the optimiser sees the trainable shards only.
-- **Activation checkpointing** (``adapters.*.gradient_checkpointing``) runs inside the units as
-  without sharding.
-- **Cached-embedding steps**: pass 1 (no graph) and the replay (pass 2) both call the sharded
-  encoder; each chunk's backward reduce-scatters its share of the gradient into the shards.
-- **EMA teacher**: its copy is sharded with the same units, so that its update is a local lerp
-  of shards; its forward gathers like the student's.
-- **IPMC's critic** belongs to the objective, not the encoder: it is small and kept whole on
-  every process, its gradients averaged over processes as without sharding.
-- **Gradient clipping**: ``clip_grad_norm_`` of the sharded gradients is the global norm (torch
-  reduces the shards' norms across processes).
-
-**Checkpoints** hold full tensors (:func:`full_model_state`, :func:`full_optimizer_state`): the
-shards are gathered, rank 0 writes the same files as an unsharded run (``model.safetensors``,
-``optimizer.bin`` of tensors and numbers only), so a checkpoint resumes on any process count,
-sharded or not, and the final ``encoder/`` holds full tensors that load in one process.
+Why mmviews shards the encoder itself: Accelerate's FSDP state does not come up on CPU, and on GPU
+it would shard the model by its own wrap policy. So :func:`launcher_fsdp_hidden` hides the
+launcher's FSDP request from Accelerate, which sets up the ordinary multi-process state (gloo or
+NCCL) and leaves the model alone, and :func:`shard_encoder` applies ``fully_shard`` per adapter
+unit: one code path on CPU and GPU. FSDP1 is refused because it flattens parameters, which the
+per-adapter parameter groups and the EMA teacher do not survive. Checkpoints hold full tensors
+(:func:`full_model_state`, :func:`full_optimizer_state`), so a run resumes on any process count.
+The recipe keys, the units, mixed precision and what works sharded are in
+``docs/distributed.md`` ("Sharding").
 """
 
 from __future__ import annotations

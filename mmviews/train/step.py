@@ -1,84 +1,14 @@
 """One micro-batch's step, plain and cached: what the loop (:mod:`mmviews.train.trainer`) calls
 for every batch, and the pieces both steps share.
 
-**One batch through the plain step** (:func:`train_step`). The loop hands over a
-:class:`~mmviews.data.batch.ViewBatch` of K/N samples (K = ``data.batch_size``, N processes),
-already checked and tokenised on the host, and the :class:`Prepared` objects. Inside
-``accelerator.accumulate(model)`` (which knows whether this micro-batch ends an optimiser step:
-``sync_gradients``) and :func:`micro_batch_dropout` (sample-keyed dropout's key for this
-micro-batch, when on):
-
-1. the encoder embeds every view: ``z [K/N, M, d]`` and the presence ``mask [K/N, M]``;
-   :func:`_present_mask` passes the mask only when the host-side batch says a view is absent;
-2. the EMA teacher, when the run has one, embeds the same views without gradients;
-3. the objective's ``critic_step`` sees the detached ``z``, then ``compute`` gives the loss
-   (gathering across processes itself); :func:`record_nonfinite` folds "is it finite" into a
-   device-side flag that the loop reads at log steps only;
-4. ``accelerator.backward`` (fp16 scaling, the accumulation division, DDP's reduction when
-   gradients sync) and :func:`optimizer_step` (clipping at the end of a window, optimiser,
-   schedule, ``zero_grad``: no-ops inside a window);
-5. after the context, ``objective.on_step_end`` with the detached ``z`` (memory banks).
-
-The loop then counts the batch, and after an optimiser step updates the teacher and logs.
-
-**The same batch through the cached step** (:func:`cached_train_step`, when
-``optimisation.encode_chunk_size`` is set) cuts it into chunks of N samples; step 1 becomes
-pass 1 below (no graph), step 4's backward stops at ``z`` and pass 2 carries ``dL/dz`` into the
-encoder chunk by chunk; steps 2, 3 and 5 and :func:`optimizer_step` are the same calls.
-
-**Cached-embedding steps**: global batches larger than the encoder's activations allow.
-
-Recipe key ``optimisation.encode_chunk_size: N`` (samples per encoder chunk; ``null``, the
-default, keeps the plain step). The method is GradCache (Gao, Zhang, Han and Callan 2021,
-"Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup"): a contrastive loss
-couples all K samples of a batch, but its gradient reaches the encoder's weights only through
-the embeddings, ``dL/dθ = sum_k (dL/dz_k) (dz_k/dθ)``, so the two factors can be computed
-apart:
-
-1. **Pass 1** encodes the process's K samples ``N`` at a time under ``no_grad`` (no activations
-   kept) and concatenates the embeddings ``z [K, M, d]``. Before each chunk it records the
-   random-number generators' states (CPU, and the current CUDA device's).
-2. The objective sees all K samples exactly as in the plain step (gathered across processes,
-   streamed when large, with its critic step, memory bank, teacher and mask), and its backward
-   (``accelerator.backward``: the fp16 scaler's scale and the gradient-accumulation division
-   apply) stops at ``z``, a leaf: ``g = dL/dz [K, M, d]``. The EMA teacher's embeddings are
-   computed in chunks too.
-3. **Pass 2** re-encodes each chunk with gradients, after restoring the RNG states it started
-   with in pass 1, so that every random draw (dropout masks, stochastic depth...) repeats and
-   the embeddings equal pass 1's; ``z_chunk.backward(g_chunk)`` accumulates that chunk's share
-   of ``dL/dθ``. Only one chunk's activations live at a time. Afterwards the RNG states are
-   put back to where pass 1 and the objective left them, so that the random stream continues
-   as in the plain step.
-
-Then clipping (``max_grad_norm``), the optimiser and schedule steps, ``zero_grad`` and the
-device-side non-finite flag are those of :func:`train_step`, whose contract
-this step has. Peak memory is about the weights and optimiser state, one chunk's activations,
-and ``z`` with its gradient; the price is one more forward pass of the encoder (pass 1, without
-gradients). ``mmviews bench train --encode-chunk-size N`` measures both.
-
-**Several processes (DDP).** Gradients are reduced once per optimiser step, as in the plain
-step: every chunk but the last runs under ``no_sync`` and the last one synchronises when
-Accelerate says gradients sync (``sync_gradients``; with gradient accumulation, only at the
-last micro-batch). Pass 1 calls the unwrapped encoder (no DDP forward, so no buffer broadcast),
-pass 2 the DDP wrapper once per chunk; the chunk count depends only on the local batch size,
-which is the same on every process (``drop_last`` global batches split evenly), so every
-process issues the same collectives in the same order. As with the plain step, an encoder
-parameter that gets no gradient in the synchronising backward (the last chunk holds no sample
-with some modality) needs ``find_unused_parameters: true``.
-
-**When it is exact.** The weights after any number of steps equal the plain step's up to float
-rounding (summation order) when each sample's embedding does not depend on the other samples
-of its chunk and random draws do not depend on how the batch is cut: LayerNorm backbones (the
-transformers ones) and heads without BatchNorm, with dropout off or sample-keyed
-(``optimisation.sample_keyed_dropout: true``, :mod:`mmviews.modalities.dropout`: masks hashed
-from the micro-batch, the sample and the view, which this step keeps the same in both passes).
-Ordinary dropout draws its masks call by call from the global RNG, so chunked draws differ from
-the plain step's; the step is still a correct gradient step, since pass 2 repeats pass 1's
-draws exactly. **BatchNorm** uses per-chunk batch statistics in both passes (as it
-uses per-process statistics on CPU with several processes); its running statistics are updated
-once per chunk, by pass 2 only (pass 1 runs BatchNorm with ``track_running_stats`` off, which
-uses the batch statistics and leaves the running ones alone). :func:`warn_batch_norm` says so at
-startup.
+:func:`train_step` embeds the views, runs the objective and its backward and steps the optimiser
+at the end of an accumulation window. :func:`cached_train_step` (``optimisation.encode_chunk_size``)
+computes the same gradient for global batches larger than the encoder's activations allow: it
+encodes the batch chunk by chunk without gradients, stops the objective's backward at the
+embeddings, then re-encodes each chunk with gradients, replaying its random draws (GradCache; Gao,
+Zhang, Han and Callan 2021). Both share the teacher, the non-finite flag and
+:func:`optimizer_step`, so they keep one contract. How each step runs, what several processes
+change, and when the cached step equals the plain one are in ``docs/step.md``.
 """
 
 from __future__ import annotations
@@ -289,7 +219,7 @@ def replay_backward(p: Prepared, chunks: list[ViewBatch], states: list[RNGState]
 def cached_train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None,
                       chunk_size: int) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """:func:`train_step` as a cached-embedding step with encoder chunks
-    of ``chunk_size`` samples (see the module docstring): same arguments, same calls to the
+    of ``chunk_size`` samples (see ``docs/step.md``): same arguments, same calls to the
     objective, optimiser and schedule, same result (the objective's output and the critic's
     metrics); no host read of a device value."""
     objective = p.objective
