@@ -56,7 +56,7 @@ from mmviews.config import ConfigError, TrainConfig, load_config
 from mmviews.data.loaders import build_eval_loaders, eval_view_config
 from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError
 from mmviews.fileio import atomic_write_text, check_writable, read_json_object
-from mmviews.modalities.multiview import MultiViewEncoder
+from mmviews.modalities.multiview import ENCODER_CONFIG, MultiViewEncoder
 
 CONFIG_FILE = "config.yaml"
 LOG_FILE = "metrics.csv"
@@ -432,6 +432,10 @@ def load_trained_encoder(path: str | os.PathLike[str]) -> tuple[nn.Module, Train
     checkpoint_given = is_checkpoint(path)
     run_dir = run_dir_of(path) if checkpoint_given else path
     config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file() and (path / ENCODER_CONFIG).is_file():
+        raise RunFolderError(f"{path} is an encoder folder (mmviews export --format hf, or a run's {ENCODER_DIR}/), not a "
+                             f"run: it holds the weights without the recipe and data; give the run it came from, or "
+                             "load it in Python with MultiViewEncoder.from_pretrained")
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} is not an mmviews run: missing {config_path}")
     config = load_config(config_path)

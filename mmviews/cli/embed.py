@@ -5,7 +5,8 @@ sample, written as one Parquet file (through ``datasets``).
 ``mmviews export RUN --format onnx``, whose graphs then run with onnxruntime (float32, CPU;
 no torch model code is imported on that path: :mod:`mmviews.export.onnx_runtime`). ``DATA_OR_RECIPE``
 says which samples: a recipe (a YAML path or a name in ``recipes/``) whose ``data`` section is
-read, or a dataset folder, read with the run's own ``data`` section (``data.root`` replaced).
+read, or a dataset folder (a data file, for a run whose data is one, e.g. a ``.pkl``), read with
+the run's own ``data`` section (``data.root`` replaced); any other file is refused as what it is.
 Every split the data section names (``train_split``, ``val_split``, ``test_split``) is embedded,
 with the run's evaluation views (``evaluation.views``, else one natural view per modality), un-
 augmented, in dataset order, with the run's precision (``optimisation.mixed_precision``, under
@@ -49,15 +50,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allow adapters to build open_clip models named 'hf-hub:...' or 'local-dir:...'")
 
 
+#: What a recipe file's name ends with (anything else that is a file is data, not a recipe).
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
 def _data_section(spec: str, run_config: Any) -> Any:
-    """The ``data`` section to embed: a dataset folder read with the run's, or a recipe's."""
+    """The ``data`` section to embed: a dataset folder read with the run's, or a recipe's. A file
+    that is not a recipe is the dataset's root when the run's data is read from a file (a
+    ``.pkl``); else a ``ValueError`` saying what it is."""
     from mmviews.config import load_config, resolve_recipe
 
     path = Path(spec)
-    if path.is_dir():
-        data = run_config.data
+    data = run_config.data
+    reads_a_file = data.root is not None and not Path(data.root).is_dir()
+    if path.is_dir() or (path.is_file() and path.suffix.lower() not in RECIPE_SUFFIXES and reads_a_file):
         data.root = str(path)
         return data
+    if path.is_file() and path.suffix.lower() not in RECIPE_SUFFIXES:
+        source = (f"reads its data ({data.name!r}) from a folder" if data.root is not None
+                  else f"generates its data ({data.name!r}), it reads no file")
+        raise ValueError(f"{spec} is a data file ({path.suffix or 'no extension'}), not a recipe (.yaml, or a name in "
+                         f"recipes/) or a dataset folder: the run {source}; give the folder that holds the data, or a "
+                         "recipe whose data section reads it")
     return load_config(resolve_recipe(spec)).data
 
 

@@ -44,6 +44,7 @@ from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.eval.health import HealthSettings, evaluation_warnings
 from mmviews.eval.summary import headline_lines, headline_metrics, read_eval_metrics
+from mmviews.export.onnx_runtime import is_onnx_folder
 from mmviews.fileio import check_writable
 from mmviews.modalities.remote import allow_remote_models
 from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
@@ -140,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a run folder or a checkpoint folder")
     # (a file is refused by load_run below; only a folder is a run)
+    if is_onnx_folder(path):
+        raise ValueError(f"{path} is an ONNX export (mmviews export --format onnx), not a run (mmviews eval "
+                         f"evaluates a run or checkpoint folder); embed samples with it (mmviews embed {path} DATA_OR_RECIPE --output FILE.parquet), "
+                         "or evaluate the run it was exported from (mmviews eval RUN)")
     run_dir = run_dir_of(path) if is_checkpoint(path) else path
     if args.output is not None:
         check_output(Path(args.output), run_dir)  # before the (slow) loading

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mmviews.data.decode import decode_audio, decode_image
-from mmviews.data.registry import dataset_error, register_dataset
+from mmviews.data.registry import dataset_error, dataset_folder, register_dataset
 from mmviews.notices import MMViewsWarning
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
@@ -95,7 +95,7 @@ class HFDataset(Dataset):
                  image_size: int | tuple[int, int] | None = None, sample_rate: int = 16000, on_error: str = "raise") -> None:
         import datasets
 
-        self.root = Path(root)
+        self.root = dataset_folder(root, "a save_to_disk folder, an image or audio folder, or a folder of Parquet shards")
         if not self.root.exists():
             raise FileNotFoundError(f"no such dataset folder: {self.root}")
         if on_error not in ("raise", "skip"):

@@ -8,6 +8,7 @@ them, so after ``import mmviews.data`` every name below is known.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +30,17 @@ def dataset_error(error_type: type[Exception], message: str, option: str) -> Exc
     error = error_type(message)
     error.option = option  # type: ignore[attr-defined]
     return error
+
+
+def dataset_folder(root: str | os.PathLike[str], expected: str) -> Path:
+    """``root`` as a path, for a dataset that reads a folder (``expected`` says which kind, e.g.
+    ``"a folder of class folders of videos"``): a file there is a ``ValueError`` tagged ``root``
+    saying it is a file, not the folder the dataset reads (a missing root is the caller's)."""
+    path = Path(root)
+    if path.is_file():
+        raise dataset_error(ValueError, f"{path} is a file ({path.suffix or 'no extension'}), not a folder: this dataset "
+                            f"reads {expected}; give the folder that holds the data", "root")
+    return path
 
 
 def register_dataset(name: str, description: str = "") -> Callable[[DatasetBuilder], DatasetBuilder]:

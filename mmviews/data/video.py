@@ -36,7 +36,7 @@ from mmviews.data.decode import (  # noqa: F401
     encode_flow_image,
     read_image as _read_image,
 )
-from mmviews.data.registry import dataset_error, register_dataset
+from mmviews.data.registry import dataset_error, dataset_folder, register_dataset
 from mmviews.data.video_io import (  # noqa: F401
     VIDEO_EXTENSIONS,
     farneback_flow,
@@ -160,7 +160,7 @@ class VideoFolder(Dataset):
                  frames_root: str | os.PathLike[str] | None = None, flow_root: str | os.PathLike[str] | None = None,
                  flow: str | None = None, audio: bool = True, sample_rate: int = 16000, max_audio_seconds: float = 5.0,
                  on_error: str = "raise", decode: str = "seek", store: bool | str | os.PathLike[str] | None = True) -> None:
-        self.root = Path(root)
+        self.root = dataset_folder(root, "a folder of class folders of videos")
         if not self.root.is_dir():
             raise FileNotFoundError(f"no such video folder: {self.root}")
         if on_error not in ("raise", "skip"):
