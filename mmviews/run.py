@@ -1,39 +1,12 @@
 """The run folder: its layout, its checkpoints, and loading a trained run back.
 
-A run folder written by ``mmviews train`` holds::
-
-    .mmviews-run.json    the manifest: what this run wrote (RUN_MANIFEST)
-    config.yaml          the resolved recipe (CONFIG_FILE)
-    metrics.csv          one row per logged optimiser step (LOG_FILE)
-    checkpoints/checkpoint-NNNNNNNN/   complete checkpoints (train_state.json, objective.pt,
-                                       teacher.safetensors, Accelerate's model/optimiser/
-                                       scheduler/RNG files)
-    checkpoints/.tmp-checkpoint-NNNNNNNN/   a checkpoint being written (ignored when loading)
-    encoder/             MultiViewEncoder.save_pretrained, once training finished, with a
-                         README.md model card (objective, views, data, evaluation, command)
-    logs/<tracker>/      what the trackers of ``output.trackers`` write (e.g. TensorBoard events)
-    eval/, eval_random/, eval_epoch_N/   evaluation reports (metrics.json, summary.md, plots)
-    eval-N/              a later ``mmviews eval RUN`` (it never writes the run's own eval/)
-    results.json, report.md              the run summary
-
-**Never delete what mmviews did not write.** A run starts only in a folder that does not
-exist, is empty, or is an mmviews run (:func:`check_run_dir`); an existing run is replaced
-only when asked (``--overwrite``), or when it holds nothing to keep (no checkpoint, no results:
-it stopped before its first checkpoint), and then only the entries its manifest lists are
-removed (:func:`claim_run_dir`): files the user put next to them stay. The manifest records the
-top-level entries that appeared in the folder while mmviews ran (:func:`record_run_outputs`,
-called at the start, when the log and each evaluation folder appear, at every checkpoint and
-when the run ends, however it ends), apart from those present when the run took the folder.
-
-**Checkpoints are data, not code.** ``train_state.json`` records, besides the loop position,
-the size and SHA-256 of every file of its checkpoint (:func:`checkpoint_file_records`);
-:func:`verify_checkpoint_file` checks a file against it before anything reads the file, so a
-truncated, corrupt or swapped file is named instead of silently loaded. Pickled files are
-only ever read with ``torch.load(weights_only=True)`` (:func:`load_torch_file`), which
-refuses any global outside tensors, containers and numbers.
-
-Both the trainer (:mod:`mmviews.train`) and ``mmviews eval`` use this module, so evaluation
-never depends on the training code.
+Two promises live here. Never delete what mmviews did not write: a run takes only a new, empty or
+mmviews folder (:func:`check_run_dir`), and replacing one removes only the entries its manifest
+lists (:func:`claim_run_dir`, :func:`record_run_outputs`). Checkpoints are data, not code: every
+checkpoint file is checked against the size and SHA-256 that ``train_state.json`` records
+(:func:`verify_checkpoint_file`) before it is read, and pickles load weights-only
+(:func:`load_torch_file`). Both the trainer and ``mmviews eval`` use this module, so evaluation
+never depends on the training code. The folder's layout is in ``docs/cli.md`` ("Run folders").
 """
 
 from __future__ import annotations

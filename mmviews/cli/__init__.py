@@ -1,30 +1,16 @@
 """The ``mmviews`` command line.
 
-Every sub-command is a module exposing two functions, ``add_arguments(parser:
-argparse.ArgumentParser) -> None`` and ``run(args) -> int``: ``train``, ``eval``, ``embed``, ``export`` and
-``list`` live in this package (:mod:`mmviews.cli.train`, :mod:`mmviews.cli.eval`,
-:mod:`mmviews.cli.embed`, :mod:`mmviews.cli.export`, :mod:`mmviews.cli.list`); ``compare``, ``bench``, ``prepare`` and ``demo`` in the module that
-owns their feature. Only the module of the command being run is imported, so
-``mmviews --help`` stays fast.
+Every sub-command is a module exposing ``add_arguments(parser) -> None`` and ``run(args) -> int``:
+``train``, ``eval``, ``embed``, ``export`` and ``list`` live in this package; ``compare``,
+``bench``, ``prepare`` and ``demo`` in the module that owns their feature. Only the module of the
+command being run is imported, so ``mmviews --help`` stays fast. ``python -m mmviews.cli`` (what
+``accelerate launch -m mmviews.cli`` runs) goes through :mod:`mmviews.cli.__main__`.
 
-Multi-GPU / multi-node: ``accelerate launch -m mmviews.cli train RECIPE ...`` (``python -m
-mmviews.cli`` runs :mod:`mmviews.cli.__main__`).
-
-Errors: :func:`main` is the one place that turns an error into a message. A user error (a
-bad recipe, file, folder, dataset, split or option: ``ValueError`` and its subclasses
-``ConfigError`` and ``CorruptFileError``, ``KeyError``, ``OSError`` such as
-``FileNotFoundError`` or ``PermissionError``, a refused pickle) is printed as one line,
-``mmviews COMMAND: error: MESSAGE`` (the message names the file, key or value at fault),
-with exit status 2; a diverging run (``FloatingPointError``) likewise with status 1. Any
-other exception is a bug and keeps its traceback. ``--debug`` (any command) shows the
-traceback of every error. Ctrl-C is one line, ``mmviews COMMAND: interrupted``, with status
-130 (``mmviews train`` handles it itself: it saves a checkpoint and says how to resume).
-
-Warnings: mmviews's own (:class:`mmviews.notices.MMViewsWarning`) print as one line,
-``mmviews COMMAND: warning: MESSAGE``; third-party warnings that need no action and the
-``datasets`` library's progress bars and torch's C++ warnings (``TORCH_CPP_LOG_LEVEL=ERROR``) are
-silenced (``--debug`` shows every warning; ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` and
-``TORCH_CPP_LOG_LEVEL=WARNING`` bring them back one by one).
+:func:`main` is the one place that turns an error into a message: a user error (``ValueError``
+and its subclasses, ``KeyError``, ``OSError``, a refused pickle: a bad recipe, file, folder,
+dataset, split or option) is one line naming what is at fault, exit status 2; any other exception
+is a bug and keeps its traceback (``--debug`` shows every traceback and warning).
+Which errors and warnings print how: ``docs/cli.md`` ("Errors and warnings").
 """
 
 from __future__ import annotations

@@ -1,44 +1,13 @@
 """``mmviews prepare DATASET PATH``: check a user's copy against its data card and convert it.
 
-- ``mosi`` / ``mosei`` / ``sims``: PATH is the MMSA or MulT ``.pkl``. Checks the splits,
-  keys, shapes, lengths and split sizes (warning on the MulT split), then writes the
-  memory-mapped store (default ``PATH.mmstore``, or ``--out``).
-- ``ucf101`` / ``hmdb51``: PATH is the folder of class folders. Checks the split lists (the
-  dataset's own files only, found beside PATH or given by ``--splits-dir``; the folder used is
-  printed) and that every listed clip exists, then extracts every video's frames (resized to a
-  short side of ``--size`` px, as JPEG or uint8 ``.npy`` arrays: ``--format``) and Farneback
-  optical flow (``--flow``, stored as uint8 +-20 px) once into the video store ``--out``
-  (default ``PATH.mmstore``, next to PATH), in ``--workers`` processes with a progress bar. A
-  killed prepare resumes where it stopped when run again; unreadable videos are reported by
-  name and skipped (``--on-error skip``) or stop the run (``raise``); truncated videos (fewer
-  frames decode than the container states) are stored as decoded and reported; clips with
-  fewer frames than ``--num-frames`` are listed as short. Each problem is one ``warning:`` line.
-  Everything left out is written to ``STORE/prepare-report.json``
-  (:data:`mmviews.data.video_store.REPORT_FILE`, path printed): ``{"dataset", "root",
-  "splits_dir", "fold", "store", "num_frames", "missing": {split: [rel]}, "failed": {rel:
-  message}, "truncated": {rel: {"declared", "decoded"[, "error"]}}, "short": {rel:
-  {"decoded", "needed"}}}``; the same ``failed`` / ``truncated`` / ``short`` keys are in the
-  store's manifest (:mod:`mmviews.data.video_store`). The datasets read the store when it
-  exists. ``--check-only`` only checks: it counts clips with an audio track and unreadable
-  clips and writes ``index.json`` to ``--out`` (default ``PATH.mmviews-index.json`` beside
-  PATH: nothing is written inside the dataset folder).
-- ``hf``: PATH is your own dataset (a ``save_to_disk`` folder, an imagefolder or an
-  audiofolder; ``data_cards/hf.md``). Nothing is converted: each split is opened as training
-  will open it (with the ``data.options`` of ``--recipe RECIPE`` when given, its ``columns``,
-  ``labels``, ``format``, ``image_size``), the columns, modalities (with their kind), labels and
-  sizes are printed, and the first ``--samples`` rows of every split are decoded, so an
-  unreadable image or a wrong column shows here. The whole recipe (views, adapters,
-  objective) is checked by ``mmviews train RECIPE --check``.
-- ``synthetic``: nothing to prepare (generated on the fly); prints its shapes.
-- ``--format parquet`` (any of the above, and ``hf`` folders): writes sharded Parquet files that
-  HuggingFace ``datasets`` reads and that mmviews streams (``data.streaming: true``), to
-  ``--output`` (default ``<PATH>-parquet`` beside PATH), ``--shard-size-mb`` per shard;
-  resumable after a kill (:mod:`mmviews.data.shards`). ``hf``: ``--columns``/``--labels``, or
-  ``--recipe RECIPE`` (its ``data.options`` columns and labels, its splits); array columns keep
-  their shape. Errors name the flag (or the recipe key) to change.
-
-Exit status 0 when the copy is usable, 1 when it is not (the problems are printed), 2 on an
-error that stops the command (one line on stderr naming the file, flag or key at fault).
+A dataset copy that is incomplete, of another release or damaged should say so before any
+training, in lines naming the file, flag or key at fault; and decoding pickles, videos or images
+for every sample of every epoch is slow. So this command reads a copy the way training will, reports
+what it found, and writes once the fast form training then reads: the memory-mapped store of the
+sentiment pickles, the frame/flow store of video folders (:mod:`mmviews.data.video_store`), or
+Parquet shards (:mod:`mmviews.data.shards`). Exit status 0 when the copy is usable, 1 when it is
+not, 2 on an error that stops the command. What each dataset does and every option are in
+``docs/prepare.md``.
 """
 
 from __future__ import annotations

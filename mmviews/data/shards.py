@@ -1,35 +1,14 @@
 """Sharded Parquet datasets: ``mmviews prepare DATASET ROOT --format parquet`` writes them.
 
-A folder that HuggingFace ``datasets`` reads as it is (``load_dataset("parquet",
-data_files=...)``, streamed or not) and that :mod:`mmviews.data.streaming` reads back into the
-same sample dicts as the map-style source::
-
-    OUT/README.md                     dataset card (what the columns hold, how to read them)
-    OUT/mmviews_shards.json           kind "mmviews-parquet-shards", version, source, options,
-                                      columns {column: kind}, labels, and per split the list of
-                                      shards written so far {file, rows, first, last} and complete
-    OUT/<split>/<split>-00000.parquet one row per sample, in the source's order
-
-One row per sample: ``mmviews_index`` (the sample's index in the source split: augmentation
-seeds and memory banks key on it, so streamed and map-style runs draw the same augmentations),
-``id``, the label columns, and the modality columns, as encoded bytes or arrays:
-
-- video folders (ucf101, hmdb51): ``frames`` (every frame of the clip as a JPEG, the bytes of the
-  prepared store verbatim, :mod:`mmviews.data.video_store`, which is made first when missing),
-  ``flow_x`` / ``flow_y`` (the stored flow images, uint8 ``(f + 20) * 255 / 40``), ``fps``, and
-  ``audio``: the whole audio track as FLAC (24-bit, mono, 16 kHz; null for a clip without one).
-  The reader takes the same frame window, flow and audio window as :class:`~mmviews.data.video.VideoFolder`.
-- sentiment pickles (mosi, mosei, sims): ``text``/``audio``/``vision`` float32 ``[len, D]``
-  (valid steps only), ``text_ids`` (token ids), ``raw_text``; labels ``sentiment*`` and ``class``.
-- ``hf`` folders: images as the original encoded file (``Image()`` column), audio as the original
-  file bytes (or FLAC when the source held arrays), text, numeric columns as float32 nested lists
-  of the source's shape (``[D]``, ``[1, D]``, ``[L, D]`` ...), that shape recorded in
-  ``mmviews_shards.json`` (``shapes``: ``{column: [dims]}``, ``null`` for a varying dimension).
-
-Writing is resumable, like the video store: each shard is written to a temporary file in its
-split folder and renamed when complete, then recorded in ``mmviews_shards.json``; a rerun with
-the same options skips the samples of the recorded shards and removes temporary files left by a
-kill. A shard holds samples until its encoded size reaches ``shard_size_mb``.
+Corpora of millions of clips are better kept as a few hundred shards than as millions of small
+files, and a folder HuggingFace ``datasets`` reads as it is can be streamed from any fsspec URL.
+:func:`write_shards` writes any source mmviews reads (video folders through their prepared store,
+sentiment pickles, ``hf`` folders) as one row per sample with the encoded bytes or arrays of each
+modality and ``mmviews_index`` (so streamed and map-style runs draw the same augmentations), a
+record of the shards written (``mmviews_shards.json``) and a dataset card. Writing is resumable
+(temporary file, rename, record) and never deletes what its record does not list.
+:mod:`mmviews.data.streaming` reads the shards back. The layout, the columns of each source and
+the options are in ``data_cards/parquet-shards.md``.
 """
 
 from __future__ import annotations
@@ -278,7 +257,7 @@ def write_shards(out: str | os.PathLike[str], splits: dict[str, SplitRows], *, s
                  columns: dict[str, str], labels: dict[str, str], shard_size_mb: float = 256.0,
                  shard_rows: int | None = None, overwrite: bool = False, progress: bool = True,
                  shapes: dict[str, list[int | None]] | None = None) -> dict[str, Any]:
-    """Write every split of ``splits`` to ``out/<split>/*.parquet`` (see the module docstring).
+    """Write every split of ``splits`` to ``out/<split>/*.parquet`` (see ``data_cards/parquet-shards.md``).
 
     ``source``: ``{"dataset", "root", "kind" ("video", "sentiment" or "hf"), "options"}``, kept in the
     record so that a rerun with other options is refused instead of mixing two datasets;

@@ -1,48 +1,14 @@
 """Embedded synthetic multimodal data: modalities sharing two hidden factors and a sample's content.
 
-Each sample has a class ``c`` in ``[0, num_classes)`` and a continuous sentiment ``s`` in
-``[-1, 1]`` (independent, uniform), and its own *content*: a continuous latent ``(u, v)``
-uniform in ``[0, 1)^2`` that every modality renders (text: a place word for u and a colour
-word for v, each in eighths; audio: u the root pitch over 0.9 octave, v the timbre, the weights
-of the upper harmonics; image: u the base hue over 0.9 of the circle, v the stripes' spatial
-frequency, 2-5 cycles; video and flow: u the camera pan's direction over 0.9 of the circle, v
-its speed, 0.5-2.5 px/frame). The class and the sentiment are shared by a quarter and a fifth of
-the samples; the content tells a sample apart from the others, so that cross-view retrieval
-on held-out samples (which view of which sample is this) has something to find. Without it,
-only the class and the sentiment were shared and held-out retrieval could not rise far above
-chance. Labels: ``class``, ``sentiment``, ``content_u``, ``content_v``.
-
-Every modality encodes the factors in its own way and adds its own nuisance, so that what the
-modalities (and augmented views) have in common is exactly the factors and the content:
-
-- ``text`` (str): 1-2 topic words of the class, often a negated topic word of another
-  class ("not pizza"), one sentiment phrase graded by ``s`` (sometimes phrased as a negated
-  opposite, "not bad"), 4-9 filler words, shuffled in chunks. Nuisance: filler, word order,
-  synonym choice, distractor topics.
-- ``audio`` (FloatTensor[T], 16 kHz, 0.4-0.6 s): two simultaneous harmonic tones whose
-  *interval* is set by the class (3, 4, 5, 7 semitones for 4 classes) over the content's root,
-  amplitude-modulated at a rate set by ``s`` (3-9 Hz). Nuisance: gain, onset delay, phase,
-  duration, small timbre jitter, noise at 0-20 dB SNR.
-- ``image`` (FloatTensor[3, 32, 32] in [0, 1]): a two-colour stripe grating whose
-  orientation is set by the class and whose *hue difference* between the stripes is set by
-  ``s`` (0 to 180 degrees) around the content's base hue, inside a window at a random place.
-  Nuisance: phase, window, background colour, pixel noise.
-- ``video`` (FloatTensor[T, 3, 32, 32], T = 6) and ``flow`` (FloatTensor[T - 1, 2, 32, 32]):
-  a textured square moving over a textured scene while the camera pans at the content's
-  velocity (0.5-2.5 px/frame). The *axis* of the square's motion relative to the scene is set
-  by the class (direction along it random) and its relative speed (1-3 px/frame) by ``s``.
-  ``flow`` is the exact forward flow in pixels (background = pan, square = its screen
-  motion). Nuisance: start position, size, colours, textures.
-
-The factors live in relations (interval, hue difference, relative motion) rather than in
-first-order statistics such as the mean colour, the spectrum's peak or the mean flow, so a
-linear probe on a randomly initialised encoder recovers them only partly (see
-``data_cards/synthetic.md`` for measured numbers), while an encoder trained to agree across
-modalities can learn them.
-
-Deterministic: sample ``i`` depends only on ``(seed, i)``; the factors of all samples come
-from ``seed``. With ``missing_rate`` each modality of each sample is absent (None) with that
-probability (``flow`` is absent whenever ``video`` is; at least one modality is kept).
+The default data of the quickstart and the tests, generated on the fly with nothing to download.
+Each sample has a class, a continuous sentiment and its own content (a continuous latent that
+every modality renders, so that held-out cross-view retrieval has something to find); text,
+audio, image, video and flow each encode them in their own way under their own nuisance. The
+factors live in relations (an interval, a hue difference, a relative motion) rather than in
+first-order statistics, so a probe on a random encoder recovers them only partly while an
+encoder trained to agree across modalities can learn them. Sample ``i`` depends only on
+``(seed, i)``; ``missing_rate`` makes modalities absent. What each modality holds, the splits,
+the options and measured numbers are in ``data_cards/synthetic.md``.
 """
 
 from __future__ import annotations
@@ -135,8 +101,8 @@ class SyntheticMultimodal(Dataset):
         sample_rate, image_size, num_frames: audio rate, image/video side, video length.
 
     Items are sample dicts: ``{"index", "modalities": {name: value or None}, "labels":
-    {"class": int, "sentiment": float, "content_u": float, "content_v": float}}``; see the
-    module docstring for the shapes.
+    {"class": int, "sentiment": float, "content_u": float, "content_v": float}}``; see
+    ``data_cards/synthetic.md`` for the shapes.
     """
 
     def __init__(self, num_samples: int = 1024, seed: int = 0, missing_rate: float | Mapping[str, float] = 0.0, *,

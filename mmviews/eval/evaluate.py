@@ -1,38 +1,12 @@
 """``evaluate_encoder``: the single evaluation entry used by the trainer and ``mmviews eval``.
 
-Tasks (strings, as in a recipe's ``eval.tasks`` list, or dicts with the same fields):
-
-- ``"linear"`` / ``"linear:KEY"``: logistic-regression probe on label KEY (default ``class``);
-- ``"knn"`` / ``"knn:KEY"``: weighted kNN (k = 200, T = 0.07) on label KEY (default ``class``);
-- ``"regression"`` / ``"regression:KEY"``: ridge probe on score KEY (default ``sentiment``);
-- ``"msa:DATASET"``: ridge probe on ``sentiment``, then ``msa_metrics(preds, labels, DATASET)``;
-- ``"retrieval"``: cross-view retrieval between view pairs, both directions (default: the
-  first view of each modality, all pairs; with one modality, all pairs of views);
-- ``"prototype"`` / ``"prototype:KEY"`` (zero-shot): class prototypes from one view's training
-  embeddings classify another view's test embeddings, for view pairs as retrieval chooses them,
-  both ways (``test/prototype/class/audio_0->text_0/acc``: audio queries, text prototypes; with
-  more than one pair also ``.../mean/acc`` over every pair and direction); nothing is fitted, so it shows whether the modalities
-  share one space;
-- ``"diagnostics"``: alignment, uniformity, ranks, vMF entropy, similarity histograms;
-- ``"identifiability"``: for every modality and latent block (``content``, ``style``,
-  ``specific``), the R^2 of predicting the block from the modality's embedding, linear and
-  kernel ridge (``test/identifiability/x1/content/r2_nonlinear``), fitted on the validation split
-  and scored on the test split (on halves of the evaluated split without a validation split);
-  the labels of the ``identifiability`` dataset (:mod:`mmviews.eval.identifiability`).
-
-Dict form: ``{"kind": "knn", "label": "class", "k": 20, "temperature": 0.1}``,
-``{"kind": "msa", "dataset": "mosei", "label": "sentiment"}``,
-``{"kind": "retrieval", "pairs": [["text_0", "audio_0"]], "ks": [1, 5, 10]}``,
-``{"kind": "prototype", "label": "class", "pairs": [["audio_0", "text_0"]]}``,
-``{"kind": "diagnostics", "kappa": 10.0}``.
-
-Probes and kNN use the fused embeddings (``fuse="concat"`` or ``"mean"``); the metrics are
-computed on the test split (on the validation split when no test loader is given).
-Metric keys are ``"<split>/<task>/<...>"``, e.g. ``test/knn/class/top1``,
-``test/msa/mosi/Has0_acc_2``, ``test/retrieval/text_0->audio_0/R@1``, ``test/diag/unif``.
-With more than one retrieval pair, ``test/retrieval/mean/R@1`` is R@1 averaged over every
-pair and direction (its chance: the mean of the directions' 1 / n).
-The chance level of a probe's metric is ``chance/<metric>`` (:func:`mmviews.eval.health.chance_level`).
+One entry, so that a run's own evaluation and a later ``mmviews eval RUN`` compute the same
+numbers the same way: it extracts the embeddings of every split once, then runs the recipe's
+tasks on them (linear, kNN and ridge probes and the sentiment metrics on the fused embeddings,
+cross-view retrieval and zero-shot prototypes between views, diagnostics, identifiability),
+each on the test split (the validation split when there is none), and records each probe's
+chance level beside it. The tasks, their parameters and their metric keys are in
+``docs/evaluation.md`` ("Tasks").
 """
 
 from __future__ import annotations
@@ -265,7 +239,7 @@ def evaluate_encoder(
         train_loader, val_loader, test_loader: loaders of ViewBatch (unshuffled); train is
             needed by probes and kNN; val (optional) selects the probes' weight decay; the
             metrics are computed on test, or on val if test is None.
-        tasks: see the module docstring.
+        tasks: see docs/evaluation.md ("Tasks").
         accelerator: an ``accelerate.Accelerator`` for multi-process extraction; the metrics
             are computed on the main process and broadcast, and only it writes files.
         log_csv: training log (``step,loss,...``) plotted in the report when it exists.

@@ -1,32 +1,13 @@
 """``mmviews export RUN --format onnx``: each adapter of a trained encoder as an ONNX graph, with
 a manifest of its inputs and of the preprocessing that stays outside the graph.
 
-Each graph is the adapter's own ``preprocess`` (what needs no tokenizer: normalisation, the
-waveform's standardisation, padding masks), ``encode`` and ``project``, traced on example
-inputs: one unit vector per input row. The batch axis is dynamic everywhere, and so is the
-sequence axis where the input has one (text tokens, waveform samples, feature-sequence steps)
-and the image axes of the CNNs (which pool over any size). What stays outside, done by
-:mod:`mmviews.export.onnx_runtime` with numpy (and ``tokenizers`` for text):
-
-- text: tokenising with the adapter's own ``tokenizer.json`` (padded to the longest text,
-  truncated to ``max_length``), saved beside the graph;
-- waveforms: the graph is traced at the adapter's sample rate (resampling is not in it:
-  audio at another rate is refused, naming both rates);
-- images and flow from a ViT: the graph takes the tower's input size (the resize is not in it:
-  another size is refused); clips ``[B, T, ...]``: every frame (flow: every group of
-  ``stacked_flows``) goes through the graph as a row, and the unit vectors of a clip's frames
-  are averaged and normalised again, which is what the adapter's ``project`` does with per-frame
-  features.
-
-Exporters (measured with torch 2.11): ``torch.onnx.export(dynamo=False)``, the TorchScript
-tracer, for text, hf_audio, open_clip, small_cnn, flow_cnn, flow_clip and mlp: it records the
-shapes the graph computes with symbolically, so BERT, HuBERT, open_clip ViTs and the CNNs take
-any batch size and length. ``feature_sequence`` and ``audio_cnn`` go through the dynamo exporter
-(``torch.export``, opset 18, needs ``onnxscript``): traced, ``nn.MultiheadAttention`` fixes the
-batch size in its reshapes, and the tracer cannot export ``torch.stft`` (complex tensors), the
-log-mel front end of ``audio_cnn``. An adapter type without an export (one registered outside
-mmviews) is left out and named in the manifest with the reason. The graphs run in float32 (not under the run's
-autocast): compare them with ``mmviews embed RUN --precision no``.
+So that a trained encoder runs where neither torch nor mmviews' adapters are installed: each
+graph is the adapter's own tokenizer-free ``preprocess``, ``encode`` and ``project``, traced with
+dynamic batch (and sequence or image) axes, and :mod:`mmviews.export.onnx_runtime` does the rest
+with numpy and ``tokenizers``. The exporter is chosen per adapter type (the TorchScript tracer,
+or the dynamo exporter where the tracer cannot follow the model); a type without an export is
+named in the manifest with the reason. Each adapter's graph inputs, what stays outside and which
+exporter: ``docs/export.md`` ("ONNX").
 """
 
 from __future__ import annotations

@@ -1,40 +1,13 @@
 """Shared machinery of every objective: the registry, the contract (class attributes and
-hooks of :class:`MultiViewObjective`), input checks, precision, the view-set context holding local anchors and (gathered) candidates, and the score blocks.
+hooks of :class:`MultiViewObjective`), input checks, precision, the view-set context holding
+local anchors and (gathered) candidates, and the score blocks.
 
-Score blocks, with ``u`` the L2-normalised local embeddings ``[K, M, d]``, ``U`` the
-candidates of all ranks ``[N, M, d]`` (``N = K`` on one process), ``tau`` the temperature:
-
-- ``within_sample``: ``S[i,a,i,b]`` as ``[K, M, M]``   (cost K M^2 d)
-- ``within_view``:   ``S[i,a,j,a]`` as ``[M, K, N]``   (cost M K N d)
-- ``all_pairs``:     ``S[i,a,j,b]`` as ``[K, M, N, M]`` (cost K M N M d; the floor's cost)
-
-Each objective asks only for the blocks its formula needs. Masked entries are filled with
-``finfo.min`` rather than ``-inf`` so that a row whose every entry is masked still gives a
-finite log-sum-exp and finite gradients; terms that must not count are then dropped with
-``torch.where`` before any sum.
-
-Memory model. The within-sample block is small (``K M^2``). The all-pairs and within-view
-blocks are not: ``K M N M`` and ``M K N`` floats, 16 GB and 2 GB at ``K M = N M = 65,536``
-(M = 8). They are only ever *reduced* (a log-sum-exp over candidates, or a sum of a function
-of each score), so they are evaluated in one of two ways, chosen per call by
-:meth:`ViewSet.block_size` from the objective's ``chunk_size`` and ``score_budget_mb``
-(constructor parameters, hence recipe keys):
-
-- unchunked (the fast path, used when the whole block fits in ``score_budget_mb``, default
-  512 MB, and no ``chunk_size`` is given): one score buffer; :class:`_ScoresLogSumExp` turns it
-  into the softmax weights in place and saves those for backward. Peak: about one block.
-- streamed (:mod:`._streaming`): the anchor samples are processed ``block`` at a time
-  (``chunk_size``, else the largest block within the budget; on CPU within 16 MB, which keeps
-  a block in cache, or 256 anchor rows if more); forward keeps only each row's log-sum-exp (or the reduction's per-row
-  values), backward recomputes each block's scores from the saved embeddings. Peak:
-  ``O(block * M N M + K M d + N M d)`` (a few blocks plus the embeddings), independent of
-  ``(K M)^2``; the same values and gradients up to float rounding, for one extra score
-  matrix product in backward.
-
-Exclusions (the anchor's own sample, absent views) are applied to each block in place by an
-``exclude(scores, start, stop)`` callable rather than with a ``[K, ...]`` mask: the own-sample
-entries are a strided diagonal (:meth:`ViewSet.fill_own_sample`), so no mask the size of the
-scores, nor a ``[K, N]`` one, is built on either path.
+An objective states its formula and asks :class:`ViewSet` for the score blocks it needs
+(within a sample, within a view, all pairs); masks, exclusions of the anchor's own sample and the
+choice between building a block whole and streaming it within ``score_budget_mb`` are handled
+here once, so that every objective gets finite values for fully masked rows, no ``[K, N]``
+masks and a memory bound at large batches. The blocks, their costs and the memory model are in
+``docs/objectives.md`` ("Score blocks and the memory model").
 """
 
 from __future__ import annotations
@@ -286,7 +259,7 @@ class ViewSet:
     def block_size(self, elements_per_sample: int, rows_per_sample: int) -> int | None:
         """Anchor samples per block for a score block with ``elements_per_sample`` entries per
         anchor sample, in ``rows_per_sample`` rows of its matrix products, or None for the
-        unchunked path (see the module docstring and :func:`._streaming.plan_block`)."""
+        unchunked path (see docs/objectives.md and :func:`._streaming.plan_block`)."""
         return plan_block(
             self.K, elements_per_sample, self.u.element_size(), self.chunk_size, self.score_budget_mb,
             self.u.device.type, rows_per_sample,
@@ -482,7 +455,7 @@ class MultiViewObjective(nn.Module):
     needs_teacher: ClassVar[bool] = False
     takes_dataset_size: ClassVar[bool] = False
     poly_view_bound: ClassVar[bool] = False
-    # Score blocks (see the module docstring's memory model): objectives that build large
+    # Score blocks (see the memory model in docs/objectives.md): objectives that build large
     # blocks take these as constructor parameters and set them with ``set_streaming``.
     chunk_size: int | None = None
     score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB

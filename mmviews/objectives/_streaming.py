@@ -1,47 +1,13 @@
 """Memory-bounded (streamed) evaluation of score blocks.
 
-Every score block of the objectives is a product of *anchors* and *candidates*, grouped:
-
-    anchors    a ``[G, K, A, d]``: G groups, K anchor samples, A anchor rows per sample
-    candidates c ``[G, C, d]``:    C candidates per group, viewed as ``cand_shape`` (prod = C)
-    scores     S[g, i, r, ...] = <a[g, i, r], c[g, ...]>   as ``[G, K, A, *cand_shape]``
-
-(all pairs: ``G = 1``, ``A = M``, ``cand_shape = (N, M)``; within-view blocks: ``G = M``,
-``A = 1``, ``cand_shape = (N,)``). Built whole, S takes ``G K A C`` floats: 16 GB at
-``K M = N M = 65,536`` for the all-pairs block. Here the anchor samples are processed in row
-blocks of ``block`` samples, and only one block's scores ``[G, block, A, C]`` exist at a time:
-
-- :func:`streamed_logsumexp`: masked log-sum-exp over some candidate (or anchor-row) dims. The
-  forward keeps, per block, only the reduced values (the LSE, ``[G, K, A, ...]`` without the
-  reduced dims); the backward recomputes each block's scores from the saved anchors and
-  candidates, forms the softmax weights ``W = exp(S - LSE) * grad`` in place, and accumulates
-  ``grad_a = W c`` and ``grad_c += W^T a`` (flash-attention style). Saved for backward:
-  a, c and the LSE values, i.e. ``O(K A d + G C d + K A)``, never the scores.
-- :func:`streamed_reduce`: any per-row reduction ``reduce(S_block, start, stop)`` that is
-  differentiable in the scores alone (f-MICL's sums of conjugates, IPMC's pools with detached
-  weights). The backward recomputes the block's scores and differentiates ``reduce`` on that
-  block with autograd (block-wise recomputation, as activation checkpointing does), then does
-  the same two products.
-
-Peak memory is ``O(block * G A C + K A d + G C d)``: a few score blocks plus the embeddings,
-independent of ``(K M)^2``. Block sizes come from :func:`plan_block`: an explicit
-``chunk_size`` (anchor samples per block) wins; otherwise, when the whole block fits in
-``score_budget_mb`` the caller keeps its unchunked (fused) path, which is faster at small
-sizes (it saves the softmax weights instead of recomputing the scores in backward), and else
-each block holds at most ``score_budget_mb`` of scores (on CPU: :data:`STREAM_BLOCK_MB`, or
-:data:`MIN_BLOCK_ROWS` anchor rows if that is more, so that the elementwise passes run in cache
-and the matrix products on enough rows).
-
-Allocation: each pass allocates one block-sized score buffer and reuses it for every block,
-and :func:`streamed_reduce` runs its reduction on tiles of :data:`TILE_ELEMENTS` scores on CPU
-(whole blocks on CUDA: :func:`tile_samples`), so on CPU the only block-sized memory is that
-buffer (fresh block-sized temporaries per block would cost page faults each time, or fragment
-the CPU allocator's heap until the process's resident memory is several times the live tensors).
-
-Rows are independent, so the result is exact: the same values and gradients as the whole
-block up to float rounding. Everything is device-agnostic torch code (the same loops run on
-CUDA); autocast is disabled inside both passes, so the scores are float32 (or float64) even
-when ``backward()`` is called under ``torch.autocast``.
+Every score block of the objectives is a product of anchors and candidates that is only ever
+reduced (a log-sum-exp, or a sum of a function of each score), so it never needs to exist whole:
+:func:`streamed_logsumexp` and :func:`streamed_reduce` process the anchor samples a block at a
+time, keep only each row's reduced values, and recompute each block's scores in backward
+(flash-attention style). Peak memory is a few score blocks plus the embeddings, independent of
+``(K M)^2``, with the same values and gradients up to float rounding; :func:`plan_block` sizes
+the blocks. The shapes, the block sizes, the allocation on CPU and the exactness argument are in
+``docs/objectives.md`` ("Streamed evaluation").
 """
 
 from __future__ import annotations
@@ -230,7 +196,7 @@ def _slice_rows(keep: torch.Tensor, start: int, stop: int, axis: int, num_sample
 
 
 class _StreamedLogSumExp(torch.autograd.Function):
-    """Masked LSE of the grouped scores, one block of anchor samples at a time (see the module docstring)."""
+    """Masked LSE of the grouped scores, one block of anchor samples at a time (see docs/objectives.md)."""
 
     @staticmethod
     def forward(ctx, anchors, candidates, exclude, cand_shape, dims, block):  # type: ignore[override]

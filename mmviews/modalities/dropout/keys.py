@@ -1,42 +1,12 @@
 """Keys and masks of sample-keyed dropout: the hash, the step and row keys, the context
 that carries them to the layers, and the keyed mask itself (:func:`keyed_dropout`).
 
-The keep/drop decision of every element is a hash of
-
-    (run seed, micro-batch number, sample key, layer, element position)
-
-where the *sample key* of a row is (dataset index, modality, view slot) and the *layer* is
-a salt made from the dropout module's qualified name (``zlib.crc32``, :func:`layer_salt`).
-
-The hash is a 32-bit integer finaliser (two xor-shift-multiply rounds; constants from
-Wellons' hash-prospector, both below 2**31 so that every product of a 32-bit value fits in
-an int64 without overflow), computed with int64 tensor ops on the tensor's device: no
-Python loop over rows, no host read. An element is kept when its hash is >= ``p * 2**32``,
-and kept elements are scaled by ``1 / (1 - p)`` (``nn.Dropout``'s rule).
-
-Which positions? The first dimension of the dropped tensor is the row dimension: ``[B, ...]``
-with one key per row, or ``[B * r, ...]`` sample-major (the frames of B clips, ``b * r + t``),
-read as ``[B, r, ...]``. The other coordinates are hashed one dimension at a time, so an
-element's mask does not depend on the tensor's size either: text padded to the longest row
-of a chunk gets, at each real token, the mask it gets padded to the longest row of the batch
-(padding on the right, as BERT's tokenizers do; left padding shifts the positions).
-
-How the keys get there (what a training loop does):
-
-1. around each micro-batch, ``with dropout_step(seed, micro_batch):`` (the trainer's
-   micro-batch number is ``epoch * batches_per_epoch + batch_in_epoch``, from ``TrainState``:
-   the same however the batch is chunked or split, and continued by a resumed run);
-2. ``MultiViewEncoder.forward`` sets, for each adapter call, the keys of the rows that call
-   encodes (:func:`row_keys_for`: the present items of one modality, from ``batch.index``,
-   set with :func:`dropout_rows`);
-3. each keyed layer reads them (:func:`current_row_keys`, the default of :func:`keyed_dropout`).
-
-In training mode *without* row keys (a direct call outside ``dropout_step``, or a batch
-without ``index``) :func:`keyed_dropout` raises ``RuntimeError`` rather than fall back to
-global-RNG masks: a loop that forgot the keys would otherwise lose the guarantee silently.
-
-Activation checkpointing recomputes forwards in backward, outside these contexts: pass
-:func:`checkpoint_context` as ``torch.utils.checkpoint``'s ``context_fn`` (non-reentrant).
+Every element's keep/drop decision is an integer hash of (run seed, micro-batch number, sample
+key, layer, element position), computed with int64 tensor ops on the tensor's device, so a row's
+mask does not depend on how the batch is chunked, ordered, padded or split between processes.
+The keys reach the layers through a context (:func:`dropout_step`, :func:`dropout_rows`); a keyed
+layer in training mode without keys raises rather than fall back to global-RNG masks. The hash,
+the positions and what a training loop does are in ``docs/dropout.md`` ("How the masks are made").
 
 This module imports nothing of mmviews: the layers (:mod:`.layers`) and the transformers
 attention (:mod:`.hf_attention`) sit on it, and the encoders on them.
