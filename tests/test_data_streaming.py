@@ -103,7 +103,7 @@ def test_min_rows_per_process_and_epoch_length(folder):
     # shards, the poorest the smallest ones. Otherwise every process keeps one row in N.
     assert [files.min_rows_per_process(n) for n in (1, 2, 3, 4)] == [38, 2 + 12, 38 // 3, 2]
     assert files.min_rows_per_process(0) == 38
-    # The module docstring's example: 2 processes at K = 8 draw floor(14 / 4) = 3 batches.
+    # The example of data_cards/parquet-shards.md: 2 processes at K = 8 draw floor(14 / 4) = 3 batches.
     assert streamed_epoch_batches(files, 2, 4) == 3 and streamed_epoch_batches(files, 1, 8) == 4
     assert streamed_epoch_batches(files, 4, 2) == 1 and streamed_epoch_batches(files, 4, 3) == 0
 

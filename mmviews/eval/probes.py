@@ -1,31 +1,13 @@
 """Linear probes and weighted kNN on frozen embeddings.
 
-Linear-probe protocol (both probes):
-
-1. Standardise every feature with the *training* split's mean and standard deviation
-   (std clamped at 1e-6 so constant features stay finite); the same affine map is applied
-   to the validation and test splits.
-2. For each weight decay ``lambda`` in a grid (default ``DEFAULT_WEIGHT_DECAYS``), fit the
-   probe on the training split only:
-   - classification: multinomial logistic regression, loss
-     ``mean cross-entropy + lambda / 2 * ||W||^2`` (bias not penalised), full-batch L-BFGS
-     with strong-Wolfe line search, from zero for the largest ``lambda`` and warm-started
-     from the previous solution along the decreasing grid (the problem is strictly convex
-     for lambda > 0, so the start changes only the run time);
-   - regression: ridge regression ``mean (x W + b - y)^2 + lambda * ||W||^2`` solved in
-     closed form (exact, deterministic; faster and more precise than an iterative fit).
-3. Keep the ``lambda`` with the best validation score (accuracy for classification, MAE
-   for regression; ties go to the larger ``lambda``). The validation split is never
-   trained on. Report that probe's test metrics.
-
-If no validation split is given, a fixed 10 % of the training split (drawn with a local
-generator seeded by ``seed``; the global RNG is untouched) is held out for the choice. The
-fits themselves are deterministic. Everything runs in torch, on the embeddings' device, in float32
-(regression's normal equations in float64).
-
-kNN follows InstDisc (Wu et al., 2018), the protocol of MV-DHEL's Table III: cosine
-similarities to the training embeddings, the k = 200 nearest vote for their class with
-weight ``exp(sim / T)``, T = 0.07; the class with the largest summed weight wins.
+The probes turn embeddings into the numbers a run is judged by, so they follow a fixed protocol
+that cannot flatter an encoder: features standardised with the training split's statistics,
+each probe fitted on the training split only for every weight decay of a grid, the weight decay
+chosen on the validation split (a fixed 10 % of the training split when there is none), the test
+split scored once. Classification is an L-BFGS logistic regression, regression a closed-form
+ridge; kNN is InstDisc's weighted vote (k = 200, T = 0.07). Everything is deterministic and runs
+in torch on the embeddings' device. The protocol step by step: ``docs/evaluation.md`` ("The
+probes' protocol").
 """
 
 from __future__ import annotations
@@ -158,7 +140,7 @@ def linear_probe_classification(
     max_iter: int = 100,
     seed: int = 0,
 ) -> ProbeResult:
-    """Multinomial logistic-regression probe (protocol in the module docstring).
+    """Multinomial logistic-regression probe (protocol: docs/evaluation.md).
 
     Args:
         train_x, val_x, test_x: embeddings [N, d] of each split.
@@ -231,7 +213,7 @@ def linear_probe_regression(
     weight_decays: Sequence[float] = DEFAULT_WEIGHT_DECAYS,
     seed: int = 0,
 ) -> ProbeResult:
-    """Ridge-regression probe (protocol in the module docstring).
+    """Ridge-regression probe (protocol: docs/evaluation.md).
 
     Args:
         train_x, val_x, test_x: embeddings [N, d]; train_y, val_y, test_y: scores [N].
