@@ -161,32 +161,48 @@ def free_bytes(folder: str | os.PathLike[str]) -> int:
     return shutil.disk_usage(path).free
 
 
+# How writers that do not raise an OSError say it: safetensors ("I/O error: No space left on device
+# (os error 28)"), torch.save ("PytorchStreamWriter failed writing file ...: file write failed").
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", f"os error {errno.ENOSPC})",
+               f"os error {getattr(errno, 'EDQUOT', errno.ENOSPC)})")
+_WRITE_FAILED = "file write failed"
+
+
 def is_disk_full(error: BaseException) -> bool:
-    """Whether ``error`` is an ``OSError`` of a full device or quota."""
-    return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
+    """Whether ``error`` says that the device or the quota is full: an ``OSError`` of ENOSPC or
+    EDQUOT, or another writer's error with the system's words for it."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno in DISK_FULL_ERRNOS
+    return any(word in str(error).lower() for word in _FULL_WORDS)
 
 
 @contextlib.contextmanager
 def disk_full(folder: str | os.PathLike[str], what: str, needed: int | Callable[[], int],
               cleanup: str | os.PathLike[str] | None = None) -> Iterator[None]:
-    """Around a write into ``folder``: an ``OSError`` of a full device or quota (ENOSPC, EDQUOT)
-    becomes a :class:`DiskFullError` naming ``folder``, ``what`` was written, the bytes it
-    ``needed`` (a number, or a function called after the failure) and the bytes free, once the
-    partial folder ``cleanup`` (if given) is removed. Other errors pass unchanged."""
+    """Around a write into ``folder``: an error of a full device or quota (:func:`is_disk_full`;
+    or torch's "file write failed" while less than ``needed`` is free) becomes a
+    :class:`DiskFullError` naming ``folder``, ``what`` was written, the bytes it ``needed`` (a
+    number, or a function called after the failure) and the bytes free, once the partial folder
+    ``cleanup`` (if given) is removed. Other errors pass unchanged."""
     try:
         yield
-    except OSError as error:
-        if not is_disk_full(error) or isinstance(error, DiskFullError):
+    except Exception as error:
+        # (a DiskFullError of a write inside: said again for the whole of this one, its folder removed)
+        if not isinstance(error, (OSError, RuntimeError)) and type(error).__name__ != "SafetensorError":
             raise
         bytes_needed = needed() if callable(needed) else needed
+        full = is_disk_full(error) or (_WRITE_FAILED in str(error) and free_bytes(folder) < bytes_needed)
+        if not full:
+            raise
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
         free = free_bytes(folder)
-        quota = " (disk quota exceeded)" if error.errno != errno.ENOSPC else ""
-        full = DiskFullError(f"{folder}: no space left{quota} while writing {what}: it needs about {bytes_needed} "
-                             f"bytes, {free} bytes are free; nothing partial was left there")
-        full.errno = error.errno
-        raise full from None
+        quota = " (disk quota exceeded)" if "quota" in str(error).lower() or getattr(error, "errno", None) == getattr(
+            errno, "EDQUOT", None) else ""
+        stopped = DiskFullError(f"{folder}: no space left{quota} while writing {what}: it needs about {bytes_needed} "
+                                f"bytes, {free} bytes are free; nothing partial was left there")
+        stopped.errno = getattr(error, "errno", None) or errno.ENOSPC
+        raise stopped from error
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

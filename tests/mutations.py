@@ -254,6 +254,37 @@ def _any_recipe_continues() -> tuple[Any, str, Any]:
     return resume, "check_same_recipe", lambda config, run_dir: None
 
 
+def _disk_full_passes_through() -> tuple[Any, str, Any]:
+    """A full disk is not recognised: the writer's own error goes through, the partial checkpoint
+    folder stays."""
+    import contextlib
+
+    import mmviews.train.checkpoint as checkpoint
+
+    return checkpoint, "disk_full", lambda *args, **kwargs: contextlib.nullcontext()
+
+
+def _keep_half_rows() -> tuple[Any, str, Any]:
+    """A ``metrics.csv`` row cut short by a full disk stays in the file."""
+    import mmviews.train.step_log as step_log
+
+    class NoTruncate:
+        def __getattr__(self, name: str) -> Any:
+            import os
+
+            return (lambda *args: None) if name == "truncate" else getattr(os, name)
+
+    return step_log, "os", NoTruncate()
+
+
+def _collective_errors_pass_through() -> tuple[Any, str, Any]:
+    """A collective that failed because a peer hung or died is not recognised: the engine's
+    traceback is all the user sees."""
+    import mmviews.train.trainer as trainer
+
+    return trainer, "collective_failure", lambda *args, **kwargs: None
+
+
 def _remove_checkpoint_in_place() -> tuple[Any, str, Any]:
     """An old checkpoint is deleted under its own name (no rename first): a deletion cut short
     leaves a half-deleted ``checkpoint-N``."""
@@ -428,6 +459,9 @@ BREAKS: dict[str, Callable[[], tuple[Any, str, Any]]] = {
     "resume_newest_unchecked": _resume_newest_unchecked,
     "keep_leftovers": _keep_leftovers,
     "any_recipe_continues": _any_recipe_continues,
+    "disk_full_passes_through": _disk_full_passes_through,
+    "keep_half_rows": _keep_half_rows,
+    "collective_errors_pass_through": _collective_errors_pass_through,
     "scale_loss": _scale_loss,
     "sum_accumulated_gradients": _no_accumulation_scaling,
     "drop_within_view_mask": _drop_within_view_mask,

@@ -68,7 +68,7 @@ from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.eval.summary import RESULTS_LOGGER, data_left_out_lines, headline_lines
 from mmviews.train.trackers import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
-from mmviews.train.resume import restart_attempt
+from mmviews.train.resume import restart_attempt, restart_setup_lines
 from mmviews.train.preflight import run_checks
 
 
@@ -223,6 +223,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         print("\n".join(estimate.lines(args.memory_budget_gb)))
         if host_memory == "hold":
             print(f"note: {HOLD_NOTE}")
+        space = disk_space_line(parts, run_dir)
+        if space:
+            print(f"warning: {space}")
         for line in data_check_lines(parts):
             print(f"warning: {line}")
         if isinstance(folder_problem, RunExistsError):
@@ -232,6 +235,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
             raise folder_problem
         return 0
     quiet_results_logger()  # this command prints the headline metrics and warnings itself
+    if _is_first_process():
+        for line in restart_setup_lines(config):  # torch's elastic agent asked to restart workers
+            print(f"mmviews train: warning: {line}", file=sys.stderr, flush=True)
     try:
         with _overrides_named(str(recipe), args.overrides):
             summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
@@ -298,6 +304,25 @@ def quiet_results_logger() -> None:
     logger.propagate = False
     if not logger.handlers:
         logger.addHandler(logging.NullHandler())
+
+
+def disk_space_line(parts: RunParts, run_dir: Path) -> str | None:
+    """``--check``'s line when the run folder's disk has less free space than two checkpoints
+    (a new one is written before the oldest kept is deleted), estimated from the parameter,
+    optimiser and objective sizes (:func:`mmviews.train.checkpoint.estimate_checkpoint_bytes`)."""
+    from mmviews.fileio import free_bytes
+    from mmviews.train.build import uses_teacher
+    from mmviews.train.checkpoint import estimate_checkpoint_bytes
+
+    o = parts.config.optimisation
+    one = estimate_checkpoint_bytes(parts.encoder, parts.objective, o.optimizer, o.momentum,
+                                    uses_teacher(parts.config, parts.objective), processes_from_environment())
+    free = free_bytes(run_dir)
+    if free >= 2 * one:
+        return None
+    return (f"{run_dir}: {free} bytes free, less than two checkpoints (about {one} bytes each, from the parameter and "
+            "optimiser sizes): the run would stop on a full disk at its second checkpoint or before; free some space "
+            "or choose another --output")
 
 
 def data_check_lines(parts: RunParts) -> list[str]:

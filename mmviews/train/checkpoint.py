@@ -140,11 +140,11 @@ def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_las
             # Written last: its presence marks a complete checkpoint, and it records every file.
             record = {**state.state_dict(), "files": checkpoint_file_records(tmp)}
             atomic_write_text(tmp / TRAIN_STATE_FILE, json.dumps(record, indent=1))
+            callback.on_checkpoint_written(state, tmp)
+            if final.exists():  # same step saved twice (e.g. resumed and re-saved): replace it
+                _remove_checkpoint(final)
+            commit_folder(tmp, final)  # the flushes may be where a full disk shows (delayed allocation)
     if accelerator.is_main_process:
-        callback.on_checkpoint_written(state, tmp)
-        if final.exists():  # same step saved twice (e.g. resumed and re-saved): replace it
-            _remove_checkpoint(final)
-        commit_folder(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep_last]:
             _remove_checkpoint(old)
         record_run_outputs(run_dir)
@@ -165,6 +165,32 @@ def checkpoint_bytes(run_dir: Path, partial: Path, accelerator: Any, objective: 
     state += [o.state_dict() for o in getattr(accelerator, "_optimizers", [])]
     in_memory = tensor_bytes([t for t in tensors_in(state) if t.device.type != "meta"])
     return max(folder_bytes(found[-1]) if found else 0, in_memory, folder_bytes(partial))
+
+
+# What a checkpoint holds beyond the tensors' bytes: the files' own records per tensor (zip entries
+# of torch.save, safetensors' header), each process's RNG states (Python's, numpy's and torch's
+# generators, ~15 KB) and the scheduler and loop-position files.
+_BYTES_PER_TENSOR = 300
+_RNG_BYTES_PER_PROCESS = 16 * 1024
+_SMALL_FILES_BYTES = 4 * 1024
+
+
+def estimate_checkpoint_bytes(encoder: nn.Module, objective: nn.Module, optimizer: str, momentum: float,
+                              teacher: bool, num_processes: int = 1) -> int:
+    """About the bytes of one checkpoint of a run, before it runs: the encoder's parameters and
+    buffers, the optimiser's state of its trainable parameters (float32, as
+    :func:`mmviews.train.memory.optimizer_state_bytes` counts it), the objective's state, the EMA
+    teacher's copy (``teacher``), and the files' fixed costs (RNG states of ``num_processes``)."""
+    from mmviews.train.memory import optimizer_state_bytes, tensor_bytes
+
+    weights = tensor_bytes([*encoder.parameters(), *encoder.buffers()])
+    trainable = [p for p in encoder.parameters() if p.requires_grad]
+    optimizer_bytes = optimizer_state_bytes(optimizer, tensor_bytes(trainable), momentum)
+    objective_state = [t for t in objective.state_dict().values() if isinstance(t, torch.Tensor)]
+    # tensors written: the encoder's state (twice with a teacher), its optimiser's (up to 3 per parameter), the objective's
+    tensors = len(encoder.state_dict()) * (2 if teacher else 1) + 3 * len(trainable) + len(objective_state)
+    return (weights * (2 if teacher else 1) + optimizer_bytes + tensor_bytes(objective_state)
+            + _BYTES_PER_TENSOR * tensors + _RNG_BYTES_PER_PROCESS * num_processes + _SMALL_FILES_BYTES)
 
 
 def _save_sharded_state(accelerator: Any, folder: Path, model: nn.Module, optimizer: Any,

@@ -172,3 +172,22 @@ def restart_attempt() -> int:
     ``torchrun --max-restarts``) has restarted this process's workers (0 without the agent)."""
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return int(count) if count.isdigit() else 0
+
+
+def restart_setup_lines(config: TrainConfig) -> list[str]:
+    """Under torch's elastic agent asked for restarts (``accelerate launch --max_restarts N``,
+    ``torchrun --max-restarts N``), what would keep a restart from continuing the run, one line
+    each: the launcher's shared rendezvous store (torch's default), on which restarted workers
+    fail to connect, and a recipe without ``output.auto_resume``, whose folder a restart refuses."""
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if not (restarts.isdigit() and int(restarts) > 0):
+        return []
+    lines = []
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        lines.append(f"--max_restarts {restarts}: restarted workers cannot rejoin through the launcher's shared store; "
+                     "launch with --rdzv_backend c10d and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment "
+                     "(docs/reliability.md)")
+    if not config.output.auto_resume:
+        lines.append(f"--max_restarts {restarts}: a restart would refuse this run's folder; add --set "
+                     "output.auto_resume=true so that it continues from the newest checkpoint")
+    return lines
