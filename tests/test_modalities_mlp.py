@@ -45,3 +45,18 @@ def test_bad_configs_and_inputs_are_rejected():
         adapter({"values": torch.randn(4, 1, 3)})
     with pytest.raises(ValueError, match="no key 'values'"):
         adapter({"x": torch.randn(4, 1, 2)})
+
+
+def test_num_layers_stacks_hidden_layers_of_the_chosen_activation():
+    torch.manual_seed(0)
+    adapter = build_adapter(dict(CONFIG, num_layers=3, activation="leaky_relu")).eval()
+    linears = [m for m in adapter.backbone if isinstance(m, torch.nn.Linear)]
+    assert [tuple(m.weight.shape) for m in linears] == [(8, 2), (8, 8), (8, 8)]
+    values = torch.randn(5, 1, 2)
+    h = values[:, 0]
+    for lin in linears:
+        h = torch.nn.functional.leaky_relu(lin(h), 0.01)
+    torch.testing.assert_close(adapter({"values": values}),
+                               torch.nn.functional.normalize(adapter.head.net(h), dim=-1))
+    with pytest.raises(ValueError, match="num_layers must be >= 1, got 0"):
+        build_adapter(dict(CONFIG, num_layers=0))

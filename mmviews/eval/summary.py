@@ -169,7 +169,9 @@ def write_results(run_dir: Path, summary: dict[str, Any], settings: HealthSettin
     atomic_write_text(run_dir / RESULTS_FILE, json.dumps(summary, indent=2, default=str, allow_nan=False))
     lines = [f"# Run report: {summary['name']}", "",
              f"- objective: {summary['objective']}",
-             f"- optimiser steps: {summary['steps']} ({summary['epochs']} epochs, {summary['samples_seen']} samples)",
+             f"- optimiser steps: {summary['steps']} ({summary['epochs']} epochs, {summary['samples_seen']} samples"
+             + (f"; global batch {summary['global_batch_size']} x {summary.get('grad_accum_steps', 1)} micro-batch(es)"
+                if summary.get("global_batch_size") is not None else "") + ")",
              f"- final training loss: {format_metric(summary['final_loss'])}",
              f"- wall time: {summary['wall_time_s']:.1f} s on {summary['num_processes']} process(es), {summary['device']}",
              *([f"- status: **failed**: {summary['reason']}"] if summary["status"] == "failed" else []),

@@ -1,10 +1,12 @@
-"""``mlp``: a one-hidden-layer MLP on the first step of a feature sequence.
+"""``mlp``: an MLP on the first step of a feature sequence.
 
 The network of the poly-view synthetic 1-D Gaussian setting (Shidani et al., ICLR 2024,
 section 3.1; ``recipes/polyview_gaussian.yaml``): ``D -> 32 -> GELU -> 32``, split as the
 backbone ``Linear(input_dim, hidden_dim) + activation`` and the projection head
 ``hidden_dim -> embed_dim`` every adapter has. Its dataset is ``gaussian_latents``
-(:mod:`mmviews.data.gaussian`).
+(:mod:`mmviews.data.gaussian`). With ``num_layers`` > 1 the backbone repeats
+``Linear(hidden_dim, hidden_dim) + activation`` (the encoders of the identifiability benchmark,
+``recipes/identifiability.yaml``, whose inputs are invertible mixings of latent blocks).
 
 Inputs: ``{"values": FloatTensor[B, L, input_dim]}`` (``"lengths"`` optional); only step 0 is used.
 """
@@ -24,29 +26,37 @@ from .inputs import InputCheck, SequenceInputCheck, require_tensor, to_device
 
 @dataclass
 class MLPConfig(AdapterConfig):
-    """``input_dim`` -> ``hidden_dim`` -> activation (``gelu`` | ``relu``) (the backbone), then the head."""
+    """``input_dim`` -> ``hidden_dim`` -> activation (``gelu`` | ``relu`` | ``leaky_relu``), ``num_layers``
+    such layers (the backbone), then the head."""
 
     type = "mlp"
     input_dim: int = 1
     hidden_dim: int = 32
     activation: str = "gelu"
+    num_layers: int = 1
 
 
 @register_adapter
 class MLPAdapter(Adapter):
-    """One-hidden-layer MLP on the first step of a feature sequence ``values [B, L, D]``."""
+    """MLP (``num_layers`` hidden layers) on the first step of a feature sequence ``values [B, L, D]``."""
 
     config_class = MLPConfig
     config: MLPConfig
 
     def __init__(self, config: MLPConfig, **_: Any) -> None:
         super().__init__(config)
-        acts = {"gelu": nn.GELU, "relu": nn.ReLU}
+        acts = {"gelu": nn.GELU, "relu": nn.ReLU, "leaky_relu": nn.LeakyReLU}
         if config.activation not in acts:
             raise ValueError(f"mlp adapter: activation must be one of {sorted(acts)}, got {config.activation!r}")
         if config.input_dim < 1 or config.hidden_dim < 1:
             raise ValueError(f"mlp adapter: input_dim and hidden_dim must be >= 1, got {config.input_dim}, {config.hidden_dim}")
-        self.backbone = nn.Sequential(nn.Linear(config.input_dim, config.hidden_dim), acts[config.activation]())
+        if config.num_layers < 1:
+            raise ValueError(f"mlp adapter: num_layers must be >= 1, got {config.num_layers}")
+        layers: list[nn.Module] = []
+        for n in range(config.num_layers):
+            layers += [nn.Linear(config.input_dim if n == 0 else config.hidden_dim, config.hidden_dim),
+                       acts[config.activation]()]
+        self.backbone = nn.Sequential(*layers)
         self.feature_dim = config.hidden_dim
         self._finish_init()
 

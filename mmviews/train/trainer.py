@@ -479,6 +479,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     summary = finalise_summary({
         "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
         "samples_seen": state.samples, "final_loss": log.last_loss,
+        # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
+        "global_batch_size": config.data.batch_size, "grad_accum_steps": o.grad_accum_steps,
         # an evaluation run again (reevaluate) keeps the wall time of the training
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
