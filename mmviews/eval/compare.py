@@ -1,24 +1,11 @@
 """``mmviews compare RUN...``: several runs side by side in one table and one set of plots.
 
-Each RUN is a run folder (its ``eval/metrics.json``), an evaluation folder (its
-``metrics.json``) or a ``metrics.json`` file, as written by the trainer or ``mmviews eval``.
-The file's ``meta`` gives each run's objective (``meta["objective"]``) and the number of views
-M its encoder was trained with (``meta["num_views"]``).
-
-For a run folder it also reads what the trainer wrote beside the evaluation: ``results.json``
-(final training loss, wall time, optimiser steps), ``eval_random/metrics.json`` (the same
-probes on the encoder as initialised) and ``metrics.csv`` (the training log).
-
-Writes ``comparison.md`` (the runs' health warnings first; rows: metrics, columns: runs, with
-each metric's chance level; then each metric's margin over the run's own random-init baseline;
-where several runs differ only in their seed (their ``config.yaml`` without ``seed`` and
-``output``), an "over seeds" table of mean ± standard deviation and the number of seeds per
-configuration, and a note for each headline metric whose difference between two
-configurations is within noise), ``comparison.csv``, ``comparison.json``, ``metrics_bar.png``
-(headline metrics per run, the random-init value as a black tick), ``training_curves.png``
-(loss, positive/negative similarity and the MI lower bound against the step, one colour per
-run) and, when the runs differ in their number of views, ``metric_vs_views.png`` (one line
-per objective).
+A comparison is what an experiment is judged by, so it puts each run's numbers beside what they
+must beat: the metric's chance level, the run's own random-init baseline, and, where runs differ
+only in their seed, the spread over seeds (with a note for each headline difference that is within
+noise). Each RUN is a run folder, an evaluation folder or a ``metrics.json`` file, as the trainer
+or ``mmviews eval`` wrote it; the runs' health warnings come first. What it reads and the files it
+writes: ``docs/evaluation.md`` ("Comparing runs and seeds").
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """Activation checkpointing for the adapters' own backbones (the CNNs).
 
-``adapters.<modality>.gradient_checkpointing: true`` trades compute for memory: instead of
-keeping every intermediate activation of the backbone for backward, only each block's input is
-kept, and the block's forward is run again during backward to rebuild what its gradient needs
-(``torch.utils.checkpoint``, non-reentrant). The gradients are the same; the backbone's
-forward runs twice per step.
-
-The transformers and open_clip backbones have their own switch (``gradient_checkpointing_enable``,
-``set_grad_checkpointing``); :func:`checkpointed` is for the blocks of the CNNs defined here.
-
-Sample-keyed dropout (``optimisation.sample_keyed_dropout``): the recomputation in backward runs
-after the forward's row keys are gone, so checkpointing passes ``checkpoint_context`` as
-``torch.utils.checkpoint``'s ``context_fn`` to run it under the forward's keys.
-:func:`~mmviews.modalities.dropout.enable_sample_keyed_dropout` switches that on for the
-checkpointed transformers layers of the model it converts (the CNN stages given to
-:func:`checkpointed` hold no random layer: nothing to replay there). Without
-keyed dropout no ``context_fn`` is passed (torch replays its own random state), which is what
-lets ``torch.compile`` (2.11) compile checkpointed layers: it rejects any ``context_fn``.
-
-BatchNorm: a block's recomputation in backward runs its BatchNorm layers in training mode a
-second time, which would update their running statistics twice per step. :func:`checkpointed`
-lets the recomputation update throw-away copies (the batch statistics, which the output and the
-gradients use, are the same both times), so the running statistics are those of the plain step.
+``adapters.<modality>.gradient_checkpointing: true`` trades compute for memory: only each block's
+input is kept for backward and the block runs again to rebuild what its gradient needs
+(``torch.utils.checkpoint``, non-reentrant); the gradients are the same. The transformers and
+open_clip backbones have their own switch; :func:`checkpointed` is for the CNNs' blocks. Two
+details keep the plain step's results: the recomputation updates throw-away copies of BatchNorm's
+running statistics, so they are updated once per step, not twice; and no ``context_fn`` is passed
+(torch replays its own random state; the CNN stages hold no random layer), which is what lets
+``torch.compile`` compile checkpointed layers. The checkpointed transformers layers under
+sample-keyed dropout replay the forward's keys instead (:mod:`mmviews.modalities.dropout`).
 """
 
 from __future__ import annotations

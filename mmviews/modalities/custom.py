@@ -1,28 +1,14 @@
 """A backbone of one's own, without editing mmviews.
 
-Two ways in, both through Python (a recipe only names what Python code registered; it never
-names a module to import):
-
-- :func:`register_backbone`: a decorator on a factory (an ``nn.Module`` class, or a function
-  returning one) that maps normalised images ``[N, C, H, W]`` to features ``[N, F]``. It becomes
-  an adapter type of that name, with the image preprocessing of the built-in image adapters and
-  the usual head, fine-tuning modes, saving and loading. The recipe's ``args`` are the factory's
-  keyword arguments (numbers, strings, lists)::
-
-      @register_backbone("tiny_convnet")
-      class TinyConvNet(nn.Module):
-          def __init__(self, width: int = 16): ...
-          def forward(self, images): ...  # [N, 3, H, W] -> [N, F]
-
-      # recipe: adapters: {image: {type: tiny_convnet, args: {width: 32}, image_size: 32}}
-
-- :func:`~mmviews.modalities.base.register_adapter` on a full :class:`Adapter` subclass, for
-  other inputs (audio, sequences, several tensors).
-
-An installed package can offer either through the entry-point group ``mmviews.adapters``
-(:data:`ENTRY_POINT_GROUP`): the entry point's name is the adapter type, its object an
-``Adapter`` subclass or a backbone factory. It is loaded only when a config names a type that
-nothing registered yet, so installing a package never changes a built-in type.
+Two ways in, both through Python, because a recipe only names what Python code registered and
+never names a module to import (so a recipe cannot make mmviews run code one did not install or
+import): :func:`register_backbone` turns an image backbone factory (``[N, C, H, W]`` ->
+``[N, F]``) into an adapter type with the built-in image preprocessing, head, fine-tuning modes,
+saving and loading; :func:`~mmviews.modalities.base.register_adapter` takes a full
+:class:`Adapter` subclass for other inputs. An installed package can offer either through the
+entry-point group ``mmviews.adapters`` (:data:`ENTRY_POINT_GROUP`), loaded only when a config
+names a type nothing registered, so installing a package never changes a built-in type. How to
+write and register one, with a runnable example: ``docs/backbones.md`` ("Your own backbone").
 """
 
 from __future__ import annotations
@@ -102,7 +88,7 @@ class CustomBackboneAdapter(ImageInputAdapter):
 
 def register_backbone(name: str, description: str = "") -> Callable[[Factory], Factory]:
     """Decorator: make the factory (an ``nn.Module`` class or a function returning one; images
-    ``[N, C, H, W]`` -> ``[N, F]``) the adapter type ``name`` (see the module docstring). The
+    ``[N, C, H, W]`` -> ``[N, F]``) the adapter type ``name`` (see docs/backbones.md). The
     description defaults to the first line of the factory's docstring; a name already taken
     raises ``ValueError``. Returns the factory unchanged."""
 

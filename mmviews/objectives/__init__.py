@@ -10,7 +10,7 @@ Large batches: every objective that builds a large score block (all pairs ``[K M
 within view ``[M, K, N]``) takes ``chunk_size`` (anchor samples per block) and
 ``score_budget_mb`` (default 512): beyond the budget, or with a ``chunk_size``, the block is
 streamed (computed and reduced block by block, recomputed in backward), with the same loss
-and gradients and ``O(block * N M + K M d)`` memory (the memory model in :mod:`._base`).
+and gradients and ``O(block * N M + K M d)`` memory (the memory model: ``docs/objectives.md``).
 
 Every objective is an ``nn.Module``: ``objective(z, mask=None)`` returns the 0-dim loss,
 ``objective.compute(z, mask)`` an :class:`ObjectiveOutput` with metrics, and

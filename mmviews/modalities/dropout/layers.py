@@ -1,31 +1,13 @@
 """Sample-keyed torch layers, and the conversion of a model to them.
 
-:class:`SampleKeyedDropout` is ``nn.Dropout`` with the keyed mask of :mod:`.keys`;
+:class:`SampleKeyedDropout` is ``nn.Dropout`` with the keyed mask of :mod:`.keys`, and
 :class:`SampleKeyedMultiheadAttention` keys the attention-probability dropout of
-``nn.MultiheadAttention``. Rules (as ``nn.Dropout``): in eval mode, or with ``p == 0``, a
-layer is the identity; in training mode without row keys it raises ``RuntimeError``.
-
-:func:`enable_sample_keyed_dropout` converts a model in place:
-
-- every ``nn.Dropout`` (the heads', peft's LoRA dropout, transformers' and open_clip's
-  modules) becomes a :class:`SampleKeyedDropout` with the same ``p``;
-- a transformers model with attention dropout is switched to the keyed attention
-  implementation of :mod:`.hf_attention`;
-- ``nn.MultiheadAttention`` with ``dropout > 0`` (``nn.TransformerEncoderLayer``, the
-  ``feature_sequence`` adapter) becomes :class:`SampleKeyedMultiheadAttention` (same
-  parameters and state dict), which computes attention explicitly when it drops;
-- HuBERT/wav2vec2 LayerDrop (``config.layerdrop``: whole layers skipped for the whole
-  batch, drawn with ``torch.rand``) is keyed by (seed, micro-batch, layer): the same
-  decision for every chunk and process;
-- what cannot be keyed is an error naming the module (``ValueError``): other dropout
-  kinds (``Dropout1d/2d/3d``, ``AlphaDropout``), open_clip's ``PatchDropout`` and its custom
-  ``Attention`` with ``attn_drop``, HuBERT's SpecAugment (``spec_augment: true``), and any
-  other module whose class name says it drops (``DropPath``, ``StochasticDepth``) with a
-  positive rate. Modules of frozen backbones (always in eval mode) are passed over.
-
-Each keyed layer's salt comes from its qualified name (:func:`salt_sample_keyed_dropout`).
-An EMA teacher copy is re-salted with another namespace so that its masks are independent
-of the student's, as two global-RNG draws would be.
+``nn.MultiheadAttention``; both follow ``nn.Dropout``'s rules (identity in eval mode or at
+``p == 0``) and raise in training mode without row keys. :func:`enable_sample_keyed_dropout`
+converts a model in place (dropout modules, transformers attention, multi-head attention,
+HuBERT/wav2vec2 LayerDrop) and refuses by name every random layer it cannot key, so that no
+unkeyed draw is left silently. Which layers it converts and which it refuses: ``docs/dropout.md``
+("Which layers are keyed").
 """
 
 from __future__ import annotations
@@ -237,7 +219,7 @@ def _frozen_backbones(model: nn.Module) -> tuple[str, ...]:
 
 
 def enable_sample_keyed_dropout(model: nn.Module, *, skip: tuple[str, ...] = (), namespace: str = "") -> KeyedDropoutReport:
-    """Make every dropout of ``model`` sample-keyed (see the module docstring), in place.
+    """Make every dropout of ``model`` sample-keyed (see docs/dropout.md), in place.
 
     ``skip``: qualified-name prefixes of submodules that never run in training mode (frozen
     backbones): converted where possible, but nothing there is an error. A
