@@ -581,7 +581,7 @@ class ContrastiveObjective(MultiViewObjective):
     kept. Start at 0.1-0.2; see ``recipes/README.md``.
 
     ``chunk_size`` / ``score_budget_mb``: how its large score blocks are evaluated (see the
-    memory model in :mod:`mmviews.objectives._base`); they change memory and speed, not the loss."""
+    memory model in ``docs/objectives.md``); they change memory and speed, not the loss."""
 
     supports_mask: ClassVar[bool] = True
 

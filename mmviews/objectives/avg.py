@@ -12,7 +12,7 @@ partner q_i (y_i or x_i) as positive and x_j, y_j (j != i) as negatives:
 
 Cost: four K x N blocks per view. Memory: those ``[M, 2, K, 2, N]`` scores are streamed over
 blocks of anchor samples when they exceed ``score_budget_mb`` (or when ``chunk_size`` is
-given), see the memory model in :mod:`mmviews.objectives._base`.
+given), see the memory model in ``docs/objectives.md``.
 """
 
 from __future__ import annotations

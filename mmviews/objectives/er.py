@@ -25,7 +25,7 @@ Cost: the KDE uses the within-view blocks ``[M, K, N]`` and Rec the within-sampl
 ``[K, M, M]``, so the cost grows as M K^2 + K M^2; the ``[K M, K M]`` matrix is never built.
 Memory: the within-view block is streamed over blocks of anchor samples when it exceeds
 ``score_budget_mb`` (or when ``chunk_size`` is given; see the memory model in
-:mod:`mmviews.objectives._base`), keeping ``O(block M N + K M d)``.
+``docs/objectives.md``), keeping ``O(block M N + K M d)``.
 
 Mask: an absent view is not a KDE centre, not an entropy term and not in a reconstruction pair;
 ``K_a`` is the number of present samples of view a; views with no present sample are left out

@@ -72,7 +72,7 @@ tuned here). ``temperature`` 0.1 (cosine critic only): the contrastive objective
 Memory: the negatives' ``[K, M, N, M]`` block is only summed, so when it (with the
 temporaries of the critic, about 4 block-sized buffers) exceeds ``score_budget_mb``, or when
 ``chunk_size`` is given, it is streamed over blocks of anchor samples and recomputed block by
-block in backward (see the memory model in :mod:`mmviews.objectives._base`).
+block in backward (see the memory model in ``docs/objectives.md``).
 """
 
 from __future__ import annotations

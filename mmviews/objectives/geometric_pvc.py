@@ -11,7 +11,7 @@ The negative set of anchor (i, a) does not depend on b, so one log-sum-exp per a
 ``neg[i,a] = LSE_{j != i, g} S[i,a,j,g]``, serves all M - 1 positives:
 ``CE[i,a,b] = logaddexp(neg[i,a], S[i,a,i,b]) - S[i,a,i,b]``. The cost is one ``[K*M, N*M]`` score matrix,
 built whole while it fits in ``score_budget_mb`` (default 512 MB), else streamed over blocks
-of anchor samples, keeping only ``neg`` (see the memory model in :mod:`mmviews.objectives._base`).
+of anchor samples, keeping only ``neg`` (see the memory model in ``docs/objectives.md``).
 
 Mask: absent views are neither anchors, positives nor negatives; the mean runs over the
 (i, a, b) with both views present (a sample with one present view adds no term).

@@ -10,7 +10,7 @@ The mean over ordered view pairs (a, b) of SimCLR applied to views a and b alone
     L = mean over i, a, b != a of CE[i,a,b]
 
 Computed from ``negb[i,a,b] = LSE_{j != i} S[i,a,j,b]`` (one reduction over samples of the
-full score tensor, streamed over blocks of anchor samples beyond ``score_budget_mb``: see the memory model in :mod:`mmviews.objectives._base`);
+full score tensor, streamed over blocks of anchor samples beyond ``score_budget_mb``: see the memory model in ``docs/objectives.md``);
 ``negb[i,a,a]`` is the same-view part. Mask: as in geometric_pvc, and a
 pair's negatives are the present views a, b of other samples.
 """

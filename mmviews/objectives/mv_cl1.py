@@ -7,7 +7,7 @@ Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]``.
 The denominator runs over every sample j (the anchor's own included) and every view g other
 than the anchor's view a; it reduces the ``[K, M, N, M]`` scores, streamed over blocks of
 anchor samples beyond ``score_budget_mb`` (see the memory model in
-:mod:`mmviews.objectives._base`). Mask: absent views are neither anchors, positives nor
+``docs/objectives.md``). Mask: absent views are neither anchors, positives nor
 candidates.
 """
 

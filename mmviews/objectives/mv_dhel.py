@@ -8,7 +8,7 @@ Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]``.
 Alignment uses the M x M block of each sample, uniformity the K x K block of each view, so the
 cost grows as K M^2 + M K^2 and the full [K M, K M] score matrix is never built; the ``[M, K, N]``
 within-view block is streamed over blocks of anchor samples beyond ``score_budget_mb``
-(see the memory model in :mod:`mmviews.objectives._base`). The authors'
+(see the memory model in ``docs/objectives.md``). The authors'
 code sums the alignment over unordered pairs (a constant log 2 lower); we follow eq. 12, and
 work in log space (their product of per-view sums of exponentials overflows in float32 at
 collapse). At M = 2 this is DHEL. Mask: absent views are neither anchors nor negatives; the sum

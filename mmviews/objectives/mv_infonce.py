@@ -8,7 +8,7 @@ Shapes: ``z`` ``[K, M, d]``, optional ``mask`` ``[K, M]``.
 The negative set follows the authors' released code: every (j, g) except the anchor itself,
 so the other views of sample i appear in the denominator too. The denominator reduces the
 ``[K, M, N, M]`` scores, streamed over blocks of anchor samples beyond ``score_budget_mb``
-(see the memory model in :mod:`mmviews.objectives._base`). (Eq. 11 as printed restricts
+(see the memory model in ``docs/objectives.md``). (Eq. 11 as printed restricts
 the negatives to g != a.) Mask: absent views are neither anchors nor candidates; samples
 with fewer than two present views add no term.
 """

@@ -9,7 +9,7 @@ Each anchor u[i,a] is contrasted with the re-normalised mean of its sample's oth
     L = mean_{i, a} CE[i,a]
 
 At M = 2, r[i,a] is the other view, so the loss is SimCLR's. The negatives reduce a ``[K, M, N, M]``
-block, streamed beyond ``score_budget_mb`` (see the memory model in :mod:`mmviews.objectives._base`).
+block, streamed beyond ``score_budget_mb`` (see the memory model in ``docs/objectives.md``).
 Mask: r[i,a] averages the present views b != a; absent views are neither anchors nor
 give an r, and samples with fewer than two present views add no term and give no negative.
 """

@@ -6,7 +6,7 @@ Memory: the pools' ``[K, M, C, M]`` cross-sample scores are streamed over blocks
 samples when they (counted with 4 working copies) exceed ``score_budget_mb``, or when
 ``chunk_size`` is given; each block's pool log-sum-exps are recomputed with autograd in
 backward, tile by tile, the weights alpha being functions of the detached scores (see the memory model in
-:mod:`mmviews.objectives._base`)."""
+``docs/objectives.md``)."""
 
 from __future__ import annotations
 
