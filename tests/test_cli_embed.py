@@ -117,6 +117,9 @@ def test_embed_writes_the_runs_evaluation_views(run_with_evaluation_views: Path,
     assert row == table.num_rows and absent > 0  # some samples lack audio: their audio_0 is null
 
 
+# ---------------------------------------------------------------------------------------------
+# Unit guards, in this process: options, split names, progress, column errors, the ONNX path
+# ---------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     from mmviews.cli.embed import add_arguments
 

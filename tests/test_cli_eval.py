@@ -346,6 +346,9 @@ def test_the_encoder_stays_on_the_cpu_asked_for_where_cuda_is_present(run: Path,
     assert rc == 0, err
 
 
+# ---------------------------------------------------------------------------------------------
+# End to end on an untrained run: the fusion, the plots and the report folder's place
+# ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mean_fused_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained run (image and audio views, 24 samples) whose recipe fuses the views by their

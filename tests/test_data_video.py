@@ -154,6 +154,9 @@ def test_prepare_video_folder(ucf, tmp_path, capsys):
     assert (tmp_path / "index.json").is_file()
 
 
+# ---------------------------------------------------------------------------------------------
+# Unit guards on tiny folders: split lists, frame and audio windows, options, one sample by source
+# ---------------------------------------------------------------------------------------------
 # --------------------------------------------------------------------------- helpers
 
 

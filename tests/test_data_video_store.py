@@ -417,6 +417,9 @@ def test_bench_data_video_smoke(capsys):
     assert "store vs on-the-fly" in out
 
 
+# ---------------------------------------------------------------------------------------------
+# Workers that die with their prepare, clearing a store, clip folder names, staleness
+# ---------------------------------------------------------------------------------------------
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2  # <linux/prctl.h>
 WATCH_THREAD = "mmviews-parent-watch"

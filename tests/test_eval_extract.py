@@ -190,6 +190,9 @@ def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
     assert saved["meta"]["rank_written"] == 0 and saved["meta"]["n_test"] == 7 and saved["meta"]["n_train"] == 9
 
 
+# ---------------------------------------------------------------------------------------------
+# fuse_views and AutocastEncoder
+# ---------------------------------------------------------------------------------------------
 def test_fuse_views_concatenates_by_default_with_absent_views_zeroed() -> None:
     views = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2) + 1.0
     mask = torch.tensor([[True, False, True], [False, True, True]])

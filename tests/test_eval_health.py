@@ -330,6 +330,9 @@ def test_a_run_without_a_test_split_heads_with_its_validation_split(tmp_path: Pa
     assert "val metrics, trained vs random init:" in r.stdout and "  val/linear/class/acc  trained " in r.stdout
 
 
+# ---------------------------------------------------------------------------------------------
+# The whole warnings and hints, the split each check judges, the live check's schedule
+# ---------------------------------------------------------------------------------------------
 END_OF_8 = " at the end of training (mean of the last 2 logged steps)"  # 8 rows: the last quarter is 2
 
 

@@ -400,6 +400,9 @@ def test_allocator_slack_is_the_reference_steps_growth_beyond_its_tensors(tiny_p
 
 # The quickstart shrunk: 64 training samples, K = 32, evaluation batches of 48 (more than K, as
 # the quickstart's 256 against 128).
+# ---------------------------------------------------------------------------------------------
+# The evaluation's part: one evaluation batch encoded without gradients
+# ---------------------------------------------------------------------------------------------
 SMALL_WITH_EVAL = ["data.batch_size=32", "data.split_options.train.num_samples=64", "data.eval_batch_size=48",
          "data.split_options.valid.num_samples=48", "data.split_options.test.num_samples=48", "cpu=true"]
 
@@ -465,6 +468,9 @@ def check_evaluation_estimate(parts) -> None:
     assert "one evaluation batch encoded (measured)" in line and " GiB" in estimate.lines()[0] + line
 
 
+# ---------------------------------------------------------------------------------------------
+# Part by part on tiny inputs: the report's lines, the advice, byte counts, readings
+# ---------------------------------------------------------------------------------------------
 MiB = 2**20
 
 
