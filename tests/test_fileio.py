@@ -74,3 +74,111 @@ def test_check_writable_tries_the_nearest_existing_folder_and_leaves_nothing(tmp
     folder = unwritable_folder(tmp_path)
     with pytest.raises(PermissionError, match=rf"^cannot write {folder / 'x'}/y: {folder} refuses new files \("):
         check_writable(folder / "x" / "y")
+
+
+def test_commits_flush_files_then_rename_then_flush_the_parent(tmp_path, monkeypatch):
+    """atomic_save, commit_folder and save_folder: the new data flushed before the rename, the
+    parent folder flushed after it (the calls recorded in order)."""
+    from test_train_utils import CallRecorder, check_committed_durably
+
+    from mmviews.fileio import commit_folder, save_folder
+
+    calls = CallRecorder()
+    calls.install(monkeypatch)
+    path = atomic_write_text(tmp_path / "results.json", "{}")
+    (tmp_name,) = [Path(c[1]) for c in calls.calls if c[0] == "replace"]
+    assert tmp_name.parent == tmp_path and tmp_name.name.startswith(".results.json.") and tmp_name.name.endswith(".tmp")
+    assert calls.calls == [("fsync", str(tmp_name)), ("replace", str(tmp_name), str(path)), ("fsync", str(tmp_path))]
+
+    tmp = tmp_path / ".tmp-checkpoint-00000001"
+    (tmp / "sub").mkdir(parents=True)
+    (tmp / "a.bin").write_bytes(b"a")
+    (tmp / "sub" / "b.bin").write_bytes(b"b")
+    calls.calls.clear()
+    assert commit_folder(tmp, tmp_path / "checkpoint-00000001") == tmp_path / "checkpoint-00000001"
+    check_committed_durably(calls, tmp, tmp_path / "checkpoint-00000001", ["a.bin", "sub/b.bin", "sub"])
+    assert calls.calls.index(("fsync", str(tmp / "sub" / "b.bin"))) < calls.calls.index(("fsync", str(tmp / "sub")))
+
+    calls.calls.clear()
+    final = save_folder(tmp_path / "encoder", lambda d: (d / "w.bin").write_bytes(b"w"))
+    (renamed,) = [Path(c[1]) for c in calls.calls if c[0] == "replace"]
+    assert renamed.name.startswith(".encoder.tmp-")
+    check_committed_durably(calls, renamed, final, ["w.bin"])
+
+
+def test_save_folder_replaces_and_keeps_the_old_one_on_failure(tmp_path):
+    from mmviews.fileio import DiskFullError, save_folder
+
+    final = save_folder(tmp_path / "encoder", lambda d: (d / "old.bin").write_bytes(b"old"))
+    assert [p.name for p in final.iterdir()] == ["old.bin"]
+    save_folder(final, lambda d: (d / "new.bin").write_bytes(b"new"))  # a run evaluated again
+    assert [p.name for p in final.iterdir()] == ["new.bin"] and sorted(p.name for p in tmp_path.iterdir()) == ["encoder"]
+
+    def half(d: Path) -> None:
+        (d / "part.bin").write_bytes(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match=r"encoder/: it needs about 10 bytes"):
+        save_folder(final, half)
+    with pytest.raises(DiskFullError, match=r"it needs about 99 bytes"):
+        save_folder(final, half, needed=99)
+    with pytest.raises(RuntimeError, match="boom"):
+        save_folder(final, lambda d: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert [p.name for p in final.iterdir()] == ["new.bin"] and sorted(p.name for p in tmp_path.iterdir()) == ["encoder"]
+
+
+def test_a_full_disk_in_an_atomic_write_names_the_bytes(tmp_path, monkeypatch):
+    from mmviews.fileio import DiskFullError
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(DiskFullError) as caught:
+        atomic_write_text(tmp_path / "results.json", "0123456789")
+    assert str(caught.value).startswith(f"{tmp_path}: no space left while writing results.json: it needs about 10 bytes")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DiskFullError, match="needs about 7 bytes"):  # a writer given a file name: its bytes so far
+        atomic_save(tmp_path / "x.bin", lambda tmp: Path(tmp).write_bytes(b"1234567"))
+
+
+def test_writers_own_words_for_a_full_disk(tmp_path, monkeypatch):
+    """safetensors' and the system's words count as a full disk; torch's "file write failed" only
+    when less than the bytes needed are free."""
+    import mmviews.fileio as fileio
+    from mmviews.fileio import DiskFullError, disk_full, is_disk_full
+
+    safetensors_error = type("SafetensorError", (Exception,), {})
+    assert is_disk_full(safetensors_error("Error while serializing: I/O error: No space left on device (os error 28)"))
+    assert is_disk_full(RuntimeError("write: Disk quota exceeded"))
+    assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert not is_disk_full(OSError(errno.EACCES, "No space left on device"))  # the errno decides
+    assert not is_disk_full(RuntimeError("file write failed"))
+    with pytest.raises(DiskFullError, match=r"\(disk quota exceeded\) while writing q: it needs about 5 bytes"):
+        with disk_full(tmp_path, "q", 5):
+            raise safetensors_error("I/O error: Disk quota exceeded (os error 122)")
+    torch_error = RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: 100)
+    with pytest.raises(DiskFullError, match="it needs about 101 bytes, 100 bytes are free"):
+        with disk_full(tmp_path, "x", 101):
+            raise torch_error
+    with pytest.raises(RuntimeError, match="file write failed"):  # enough room: another cause, passed on
+        with disk_full(tmp_path, "x", 100):
+            raise torch_error
+    with pytest.raises(KeyError):
+        with disk_full(tmp_path, "x", 1):
+            raise KeyError("No space left on device")
+
+
+def test_sizes_names_and_free_space(tmp_path):
+    from mmviews.fileio import folder_bytes, free_bytes, fsync_path, temporary_name
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x").write_bytes(b"12345")
+    (tmp_path / "y").write_bytes(b"12")
+    assert folder_bytes(tmp_path) == 7 and folder_bytes(tmp_path / "missing") == 0
+    assert free_bytes(tmp_path / "not" / "yet") == free_bytes(tmp_path) > 0
+    fsync_path(tmp_path)
+    fsync_path(tmp_path / "y")
+    assert temporary_name(".results.json.k2j4x9q1.tmp") and temporary_name(Path("/r/.a.b.tmp"))
+    assert not any(temporary_name(n) for n in ("results.json.tmp", ".tmp", ".a.tmp", "x.y.z.tmp", ".a.b.tmpx"))

@@ -14,14 +14,13 @@ without BERT: 4 optimiser steps, a checkpoint after every one."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from crafted_files import one_line_error
-from test_train_utils import load_weights, tiny_config, train_in_process, write_recipe
+from test_train_utils import CallRecorder, check_committed_durably, load_weights, tiny_config, train_in_process, write_recipe
 
 from mmviews.config import load_config
 from mmviews.run import list_checkpoints
@@ -35,43 +34,6 @@ TOTAL = 4
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory) -> Path:
     return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", CONFIG)
-
-
-class CallRecorder:
-    """Records ``os.fsync`` (by the path of its descriptor) and ``os.replace`` calls, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, ...]] = []
-
-    def install(self, patch: pytest.MonkeyPatch) -> None:
-        fsync, replace = os.fsync, os.replace
-
-        def recording_fsync(fd: int) -> None:
-            self.calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-            fsync(fd)
-
-        def recording_replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            self.calls.append(("replace", os.path.abspath(src), os.path.abspath(dst)))
-            replace(src, dst, *args, **kwargs)
-
-        patch.setattr(os, "fsync", recording_fsync)
-        patch.setattr(os, "replace", recording_replace)
-
-    def index(self, call: tuple[str, ...]) -> int:
-        assert call in self.calls, f"{call} was never made"
-        return self.calls.index(call)
-
-
-def check_committed_durably(calls: CallRecorder, tmp: Path, final: Path, files: list[str]) -> None:
-    """``tmp`` renamed to ``final`` after each of ``files`` (paths relative to it) and ``tmp``
-    itself were flushed, and ``final``'s parent flushed after the rename."""
-    renamed = calls.index(("replace", str(tmp), str(final)))
-    for name in [*files, "."]:
-        path = os.path.normpath(tmp / name)
-        flushed = [i for i, call in enumerate(calls.calls) if call == ("fsync", path)]
-        assert flushed and flushed[0] < renamed, f"{path} was not flushed before the rename to {final}"
-    assert any(call == ("fsync", str(final.parent)) for call in calls.calls[renamed + 1:]), \
-        f"{final.parent} was not flushed after the rename to {final}"
 
 
 @pytest.fixture(scope="module")

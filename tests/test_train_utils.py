@@ -1,5 +1,6 @@
 """Shared helpers of the training tests: tiny recipes on the synthetic data, a runner for
-``mmviews train`` in a subprocess, and weight loading. (No tests here.)"""
+``mmviews train`` in a subprocess, weight loading, and a recorder of the `os.fsync`/`os.replace` calls
+of a commit. (No tests here.)"""
 
 from __future__ import annotations
 
@@ -256,3 +257,40 @@ def train_in_process(*args: str) -> subprocess.CompletedProcess:
     with own_accelerate_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["train", *args])
     return subprocess.CompletedProcess(["mmviews", "train", *args], rc, out.getvalue(), err.getvalue())
+
+
+class CallRecorder:
+    """Records ``os.fsync`` (by the path of its descriptor) and ``os.replace`` calls, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def install(self, patch: Any) -> None:
+        fsync, replace = os.fsync, os.replace
+
+        def recording_fsync(fd: int) -> None:
+            self.calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            fsync(fd)
+
+        def recording_replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            self.calls.append(("replace", os.path.abspath(src), os.path.abspath(dst)))
+            replace(src, dst, *args, **kwargs)
+
+        patch.setattr(os, "fsync", recording_fsync)
+        patch.setattr(os, "replace", recording_replace)
+
+    def index(self, call: tuple[str, ...]) -> int:
+        assert call in self.calls, f"{call} was never made"
+        return self.calls.index(call)
+
+
+def check_committed_durably(calls: CallRecorder, tmp: Path, final: Path, files: list[str]) -> None:
+    """``tmp`` renamed to ``final`` after each of ``files`` (paths relative to it) and ``tmp``
+    itself were flushed, and ``final``'s parent flushed after the rename."""
+    renamed = calls.index(("replace", str(tmp), str(final)))
+    for name in [*files, "."]:
+        path = os.path.normpath(tmp / name)
+        flushed = [i for i, call in enumerate(calls.calls) if call == ("fsync", path)]
+        assert flushed and flushed[0] < renamed, f"{path} was not flushed before the rename to {final}"
+    assert any(call == ("fsync", str(final.parent)) for call in calls.calls[renamed + 1:]), \
+        f"{final.parent} was not flushed after the rename to {final}"

@@ -18,6 +18,8 @@ run wrote (its manifest, see :mod:`mmviews.run`); a folder holding anything else
 A run that stopped before its first checkpoint (interrupted early, or a setup error such as a
 wrong ``input_dim``) holds nothing to keep: the same command starts it again in place, and so
 does ``--resume DIR`` (with the run's ``config.yaml``).
+With ``output.auto_resume: true`` the same command continues a run from its newest intact
+checkpoint (:mod:`mmviews.train.resume`; every fault and what it costs: ``docs/reliability.md``).
 
 Ctrl-C (SIGINT) or SIGTERM finishes the current optimiser step, writes a checkpoint, prints one
 line with the command that resumes the run and exits with 130 (SIGINT) or 143 (SIGTERM); a

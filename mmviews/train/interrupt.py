@@ -33,6 +33,7 @@ the previous behaviour stays.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -97,6 +98,11 @@ class StopOnSignal:
     def __exit__(self, *exc: Any) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        if self._pending is not None:  # left mid-loop (an error, an abort): let the agreement in flight end
+            # It ends within the group's timeout (a peer gone or hung makes it fail): a process group
+            # torn down while its worker thread still waits can abort the process instead of exiting.
+            with contextlib.suppress(Exception):
+                self._pending[0].wait()
         self._previous, self._pending = {}, None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
