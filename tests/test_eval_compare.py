@@ -6,6 +6,7 @@ and test_eval_report.py.)"""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import statistics
@@ -57,3 +58,200 @@ def test_noise_guard_fails_when_the_band_is_of_standard_deviations(monkeypatch):
     apply_break("noise_band_of_standard_deviations", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_within_noise_is_two_standard_errors_of_the_difference()
+
+
+# --- what is read from a run, and how runs are grouped -------------------------------------------
+
+
+def write_run(root: Path, name: str, metrics: dict, *, meta: dict | None = None, config: dict | None = None,
+              results: dict | None = None, random_init: dict | None = None, log: str | None = None,
+              where: str = "eval") -> Path:
+    """A run folder as the trainer leaves one (only the files given)."""
+    run = root / name
+    folder = run / where if where else run
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"metrics": metrics, "meta": meta or {}}))
+    if config is not None:
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    if results is not None:
+        (run / "results.json").write_text(json.dumps(results))
+    if random_init is not None:
+        (run / "eval_random").mkdir()
+        (run / "eval_random" / "metrics.json").write_text(json.dumps({"metrics": random_init}))
+    if log is not None:
+        (run / "metrics.csv").write_text(log)
+    return run
+
+
+def test_a_run_folder_is_read_with_what_the_trainer_wrote_beside_it(tmp_path: Path):
+    run = write_run(tmp_path, "r1", {"test/knn/class/top1": 0.5, "flag": True, "missing": None, "text": "x", "n": 3},
+                    meta={"objective": "mv_dhel", "num_views": 3}, config={"name": "toy", "seed": 4, "lr": 0.1},
+                    results={"steps": 10, "final_loss": 1.5, "warnings": ["collapse: one", 7]},
+                    random_init={"test/knn/class/top1": 0.25, "flag": False, "s": "x"},
+                    log="step,loss,pos_sim,neg_sim,other\n1,2.0,0.5,x,9\n2,1.5,0.6,0.1,9\n")
+    loaded = compare.load_run_metrics(run)
+    assert loaded.label == "r1" and loaded.path == run
+    assert set(loaded.metrics) == {"test/knn/class/top1", "missing", "n"}
+    assert loaded.metrics["test/knn/class/top1"] == 0.5 and math.isnan(loaded.metrics["missing"])
+    assert loaded.metrics["n"] == 3.0 and isinstance(loaded.metrics["n"], float)
+    assert loaded.random_init == {"test/knn/class/top1": 0.25}
+    assert loaded.results["steps"] == 10 and loaded.warnings == ["collapse: one", "7"]
+    assert loaded.objective == "mv_dhel" and loaded.num_views == 3.0
+    assert loaded.curves["step"] == [1.0, 2.0] and loaded.curves["loss"] == [2.0, 1.5]
+    assert math.isnan(loaded.curves["neg_sim"][0]) and "other" not in loaded.curves
+    assert json.loads(loaded.configuration) == {"name": "toy", "lr": 0.1} and loaded.config_name == "toy"
+    # the metrics file itself, and an evaluation folder: the run is the file's folder
+    direct = compare.load_run_metrics(run / "eval" / "metrics.json")
+    assert direct.path == run and direct.metrics.keys() == loaded.metrics.keys()
+
+
+def test_a_runs_latest_evaluation_is_read_when_it_has_no_final_one(tmp_path: Path):
+    run = tmp_path / "r"
+    for n, value in ((2, 0.2), (10, 0.9), (3, 0.3)):
+        write_run(run, f"eval-{n}", {"m": value}, where="")
+    (run / "eval-x").mkdir()
+    loaded = compare.load_run_metrics(run)
+    assert loaded.metrics == {"m": 0.9} and loaded.path == run and loaded.label == "r"
+    (run / "eval").mkdir()
+    (run / "eval" / "metrics.json").write_text(json.dumps({"metrics": {"m": 0.5}}))
+    assert compare.load_run_metrics(run).metrics == {"m": 0.5}  # the run's own final evaluation first
+    folder = write_run(tmp_path, "alone", {"m": 0.1}, where="")
+    assert compare.load_run_metrics(folder).path == folder
+
+
+def test_what_is_not_a_run_is_named(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match=rf"^{tmp_path / 'none'}: no such run folder or metrics file$"):
+        compare.load_run_metrics(tmp_path / "none")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=rf"^no metrics.json in {tmp_path / 'empty'} or {tmp_path / 'empty' / 'eval'} "
+                                                rf"\(run 'mmviews eval {tmp_path / 'empty'}' first\)$"):
+        compare.load_run_metrics(tmp_path / "empty")
+    (tmp_path / "bad.json").write_text(json.dumps({"metrics": [1]}))
+    with pytest.raises(ValueError, match=r"bad.json: expected an evaluation report"):
+        compare.load_run_metrics(tmp_path / "bad.json")
+    run = write_run(tmp_path, "badyaml", {"m": 1.0})
+    (run / "config.yaml").write_text("a: [\n")
+    with pytest.raises(ValueError, match=r"config.yaml: cannot read the run's configuration \(ScannerError|ParserError"):
+        compare.load_run_metrics(run)
+    (run / "config.yaml").write_text("- a list\n")
+    assert compare.read_configuration(run / "config.yaml") == (None, None)
+    (run / "config.yaml").write_text("seed: 1\n")
+    assert compare.read_configuration(run / "config.yaml") == ("{}", None)
+    (run / "metrics.csv").write_text("loss\n1\n")  # no step column: no curves
+    assert compare.read_training_curves(run / "metrics.csv") == {}
+    (run / "metrics.csv").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ValueError, match=r"metrics.csv: cannot read the training log \(UnicodeDecodeError"):
+        compare.read_training_curves(run / "metrics.csv")
+
+
+def test_runs_differing_only_in_seed_and_output_are_one_configuration(tmp_path: Path):
+    base = {"name": "toy", "optimisation": {"lr": 0.1}}
+    paths = [write_run(tmp_path, "a0", {"m": 1.0}, config={**base, "seed": 0, "output": {"dir": "a0"}}),
+             write_run(tmp_path, "b0", {"m": 2.0}, config={**base, "optimisation": {"lr": 0.2}, "seed": 0}),
+             write_run(tmp_path, "a1", {"m": 3.0}, config={**base, "seed": 1, "output": {"dir": "a1"}}),
+             write_run(tmp_path, "plain", {"m": 4.0}),
+             write_run(tmp_path, "plain2", {"m": 5.0}),
+             write_run(tmp_path, "noname", {"m": 6.0}, config={"seed": 3})]
+    runs = [compare.load_run_metrics(p) for p in paths]
+    groups = compare.group_by_configuration(runs)
+    assert [(g.label, [r.label for r in g.runs]) for g in groups] == [
+        ("toy", ["a0", "a1"]), ("toy#1", ["b0"]), ("plain", ["plain"]), ("plain2", ["plain2"]), ("noname", ["noname"])]
+    assert groups[0].values("m") == [1.0, 3.0] and groups[0].values("other") == []
+    runs[0].metrics["m"] = float("nan")
+    assert groups[0].values("m") == [3.0]  # a value that is not finite is no seed's value
+
+
+def test_labels_metrics_and_headline(tmp_path: Path):
+    runs = [compare.RunMetrics(name, tmp_path, {}) for name in ("a", "b", "a", "a", "b")]
+    compare._unique_labels(runs)
+    assert [r.label for r in runs] == ["a", "b", "a#1", "a#2", "b#1"]
+    assert compare.is_metric("test/x/acc") and not compare.is_metric("linear/class/weight_decay")
+    assert not compare.is_metric("chance/test/x/acc")
+    keys = ["a/acc", "b/loss", "c/top1", "d/R@1", "e/MAE", "f/erank/fused", "g/Acc_2", "h/Has0_acc_2", "i/acc"]
+    assert compare.headline_metrics(keys) == ["a/acc", "c/top1", "d/R@1", "e/MAE", "f/erank/fused", "g/Acc_2"]
+    assert compare.headline_metrics(keys, limit=2) == ["a/acc", "c/top1"]
+    run = compare.RunMetrics("x", tmp_path, {}, meta={"num_views": True, "objective": 3})
+    assert run.num_views is None and run.objective == "run" and run.warnings == []
+    assert compare.RunMetrics("x", tmp_path, {}, results={"warnings": "one"}).warnings == []
+    assert compare._to_float("1.5") == 1.5 and math.isnan(compare._to_float(None)) and math.isnan(compare._to_float("x"))
+
+
+def test_seeds_section_gives_mean_std_and_n_and_the_unresolved_differences():
+    def config(label: str, values: list[float]) -> compare.Configuration:
+        return compare.Configuration(label, [compare.RunMetrics(f"{label}{i}", Path("."), {"m/acc": v, "o": v})
+                                             for i, v in enumerate(values)])
+
+    low, close, far, single = [0.70, 0.74, 0.72], [0.71, 0.75, 0.73], [0.95, 0.96, 0.97], [0.5]
+    lines = compare.seeds_lines([config("low", low), config("close", close), config("far", far),
+                                 config("one", single)], ["m/acc", "o", "absent"], ["m/acc"])
+    text = "\n".join(lines)
+    row = next(line for line in lines if line.startswith("| m/acc |"))
+    for values in (low, close, far):
+        cell = f"{statistics.mean(values):.4f} ± {compare.format_metric(statistics.stdev(values))} (n={len(values)})"
+        assert cell in row
+    assert "0.5000 (n=1)" in row
+    assert next(line for line in lines if line.startswith("| absent |")) == "| absent | - | - | - | - |"
+    assert "| seeds | 3 | 3 | 3 | 1 |" in lines
+    notes = [line for line in lines if line.startswith("- m/acc:")]
+    band = compare.format_metric(_band(low, close))
+    within = [n for n in notes if n.startswith("- m/acc: low - close = -0.01")]
+    assert len(within) == 1 and within[0].endswith(f" is within noise (2 standard errors: {band})"), notes
+    assert not any("far" in n and "within noise" in n for n in notes)  # resolved: not listed
+    unknown = [n for n in notes if "noise unknown" in n]
+    assert len(unknown) == 3 and all(" - one = " in n for n in unknown)
+    assert not any(n.startswith("- o:") for n in lines)  # only the compared metrics get notes
+    assert "Differences that the seeds do not resolve:" in text and lines[-1] == ""
+    quiet = compare.seeds_lines([config("low", low), config("far", far)], ["m/acc"], ["m/acc"])
+    assert "Differences that the seeds do not resolve:" not in "\n".join(quiet)
+
+
+def test_compare_writes_its_table_csv_json_and_plots(tmp_path: Path):
+    runs = [write_run(tmp_path, "r1", {"test/knn/class/top1": 0.5, "test/retrieval/a->b/R@1": 0.25,
+                                       "test/retrieval/a->b/n": 8, "linear/class/weight_decay": 0.1,
+                                       "chance/test/knn/class/top1": 0.25},
+                      meta={"objective": "mv_dhel", "num_views": 2}, results={"steps": 4, "final_loss": 1.25,
+                                                                              "wall_time_s": 2.5, "warnings": ["w1"]},
+                      random_init={"test/knn/class/top1": 0.3, "test/retrieval/a->b/n": 8},
+                      log="step,loss,mi_lower_bound\n1,2,0.1\n2,1,0.2\n"),
+            write_run(tmp_path, "r1x", {"test/knn/class/top1": 0.75, "extra/acc": 0.1},
+                      meta={"objective": "mv_infonce", "num_views": 3})]
+    written = compare.compare_runs(runs, tmp_path / "cmp")
+    assert set(written) == {"csv", "json", "markdown", "metrics_bar", "metric_vs_views", "training_curves"}
+    assert all(p.is_file() and p.parent == tmp_path / "cmp" for p in written.values())
+    table = written["markdown"].read_text()
+    assert "- r1: w1" in table and table.index("- r1: w1") < table.index("| test/knn/class/top1 |")
+    assert "| test/knn/class/top1 | 0.5000 | 0.7500 | 0.2500 |" in table
+    assert "| test/retrieval/a->b/R@1 | 0.2500 | - | 0.1250 |" in table  # chance 1 / n
+    assert "| extra/acc | - | 0.1000 |  |" in table
+    assert "weight_decay" not in table and "| chance/" not in table
+    assert "| objective | mv_dhel | mv_infonce | |" in table and "| num_views | 2 | 3 | |" in table
+    assert "| steps | 4 | - | |" in table and "| wall time (s) | 2.5000 | - | |" in table
+    assert "| warnings | 1 | 0 | |" in table
+    assert "| test/knn/class/top1 | +0.2000 (0.3000) | - |" in table  # trained minus random init
+    assert "| test/retrieval/a->b/n | +" not in table
+    assert f"Runs: r1 = `{runs[0]}`, r1x = `{runs[1]}`" in table and "## Over seeds" not in table
+    assert "Plots: [metrics_bar.png](metrics_bar.png)" in table
+    saved = json.loads(written["json"].read_text())
+    assert saved["r1"]["metrics"] == {"test/knn/class/top1": 0.5, "test/retrieval/a->b/R@1": 0.25,
+                                      "test/retrieval/a->b/n": 8.0}
+    assert saved["r1"]["random_init"] == {"test/knn/class/top1": 0.3, "test/retrieval/a->b/n": 8.0}
+    assert saved["r1"]["warnings"] == ["w1"] and saved["r1"]["configuration"] == "r1" and saved["r1x"]["steps"] is None
+    assert (saved["r1"]["objective"], saved["r1"]["num_views"], saved["r1"]["final_loss"]) == ("mv_dhel", 2.0, 1.25)
+    rows = list(csv.reader(written["csv"].read_text().splitlines()))
+    assert rows[0] == ["run", "path", "objective", "num_views", "steps", "final_loss", "wall_time_s", "extra/acc",
+                       "test/knn/class/top1", "test/retrieval/a->b/R@1", "test/retrieval/a->b/n",
+                       "random_init/test/knn/class/top1"]
+    assert rows[1] == ["r1", str(runs[0]), "mv_dhel", "2.0", "4", "1.25", "2.5", "", "0.5", "0.25", "8.0", "0.3"]
+    assert rows[2][:3] == ["r1x", str(runs[1]), "mv_infonce"] and rows[2][-1] == ""
+
+
+def test_compare_asks_for_runs_and_known_metrics(tmp_path: Path):
+    with pytest.raises(ValueError, match="^compare needs at least one run$"):
+        compare.compare_runs([], tmp_path / "cmp")
+    run = write_run(tmp_path, "r", {"a/acc": 0.5})
+    with pytest.raises(ValueError, match=r"^metrics \['b/acc'\] are in none of the runs; known: \['a/acc'\]$"):
+        compare.compare_runs([run], tmp_path / "cmp", ["b/acc"])
+    written = compare.compare_runs([run, run], tmp_path / "cmp", ["a/acc"])
+    assert set(written) == {"csv", "json", "markdown", "metrics_bar"}
+    assert "| a/acc | 0.5000 | 0.5000 |  |" in written["markdown"].read_text()
+    assert list(json.loads(written["json"].read_text())) == ["r", "r#1"]

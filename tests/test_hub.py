@@ -98,6 +98,9 @@ def test_a_repository_neither_reachable_nor_cached_is_named(monkeypatch: pytest.
     assert message.startswith("'someone/not-cached' is neither a local folder nor a Hub repository that can be "
                               "fetched or found in the cache (HF_HUB_OFFLINE, HF_HUB_CACHE): ")
     assert "\n" not in message  # the first line of huggingface_hub's error only
+    assert message.endswith("): Cannot find an appropriate cached snapshot folder for the specified revision on the "
+                            "local disk and outgoing traffic has been disabled. To enable repo look-ups and downloads "
+                            "online, set 'HF_HUB_OFFLINE=0' as environment variable.")
     assert error.__cause__ is None and error.__suppress_context__
 
 

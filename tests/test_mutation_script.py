@@ -88,3 +88,17 @@ def test_rerun_survivors_takes_every_undetected_mutant_of_the_last_run(tmp_path,
     assert runner.undetected_in_last_run(module, {"s": "no behaviour change"}) == ["n", "u"]
     with pytest.raises(SystemExit, match="no earlier run"):
         runner.undetected_in_last_run("mmviews/other.py")
+
+
+def test_mutmuts_environment_drops_checkouts_of_the_package_from_pythonpath(monkeypatch, tmp_path) -> None:
+    """A PYTHONPATH entry holding ``mmviews/`` (this checkout, another worktree) would import the
+    unmutated package; other entries (a folder of mutmut's own dependencies) stay."""
+    import os
+
+    other = tmp_path / "site"
+    other.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(other), ""]))
+    env = runner.mutmut_env()
+    assert env["PYTHONPATH"] == str(other)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    assert "PYTHONPATH" not in runner.mutmut_env()

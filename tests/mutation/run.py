@@ -187,9 +187,13 @@ def mutmut_command() -> list[str]:
 
 def mutmut_env() -> dict[str, str]:
     env = dict(os.environ)
-    # mutmut puts mutants/ first on sys.path itself; a PYTHONPATH naming the repository would
-    # let the tests import the unmutated package instead.
-    env.pop("PYTHONPATH", None)
+    # mutmut puts mutants/ first on sys.path itself; a PYTHONPATH naming a checkout of the
+    # package (this one or another worktree) would let the tests import the unmutated package
+    # instead. Other entries (e.g. a folder holding mutmut's own dependencies) are kept.
+    kept = [entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep)
+            if entry and not (Path(entry) / "mmviews" / "__init__.py").is_file()]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     return env
