@@ -210,3 +210,29 @@ def test_second_setting_guard_fails_when_any_setting_is_accepted(monkeypatch: py
     apply_break("host_memory_accepts_a_second_setting", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_keep_freed_memory_makes_the_settings_calls_and_refuses_a_second_setting(monkeypatch)
+
+
+@pytest.mark.parametrize("system, libc, expected", [
+    ("linux", ("glibc", "2.39"), True), ("linux", ("musl", "1.2"), False), ("linux", ("", ""), False),
+    ("darwin", ("glibc", "2.39"), False), ("win32", ("", ""), False),
+])
+def test_glibc_is_linux_with_glibc(monkeypatch: pytest.MonkeyPatch, system: str, libc: tuple, expected: bool) -> None:
+    import platform
+
+    monkeypatch.setattr(host_memory.sys, "platform", system)
+    monkeypatch.setattr(platform, "libc_ver", lambda: libc)
+    assert host_memory.is_glibc() is expected
+
+
+def test_a_library_without_mallopt_applies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    def no_library(name: object) -> object:
+        raise OSError("cannot load the C library")
+
+    monkeypatch.setattr(host_memory, "_applied", None)
+    monkeypatch.setattr(host_memory, "ctypes", types.SimpleNamespace(CDLL=no_library))
+    assert host_memory.keep_freed_memory("heap") is False
+    monkeypatch.setattr(host_memory, "ctypes", types.SimpleNamespace(CDLL=lambda name: object()))  # no mallopt
+    assert host_memory.keep_freed_memory("heap") is False
+    assert host_memory._applied is None

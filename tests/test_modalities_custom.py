@@ -28,6 +28,24 @@ from mmviews.modalities import (
 from mmviews.modalities.inputs import require_tensor
 
 
+# Adapter types the tests below register (in a test, or by loading an entry point): each test
+# starts without them and leaves none behind, so that the file runs again in one process (as
+# mutation testing runs it).
+TYPES_REGISTERED_IN_TESTS = (
+    "test_flat_output", "test_recording_net", "test_not_a_module", "test_x", "test_described-net_x",
+    "test_undocumented", "test_plugin_net", "test_broken_net", "test_plugin_adapter", "test_plugin_wrong",
+    "test_plugin_other", "test_plugin_self_registered",
+)
+
+
+@pytest.fixture(autouse=True)
+def _registered_in_the_test_only(monkeypatch):
+    from mmviews.modalities import base
+
+    for name in TYPES_REGISTERED_IN_TESTS:
+        monkeypatch.delitem(base._ADAPTERS._entries, name, raising=False)
+
+
 @register_backbone("test_tiny_convnet")
 class TinyConvNet(nn.Module):
     """Two conv stages and a global average (a user's own module)."""

@@ -215,7 +215,7 @@ class _CountingBackend:
 
 def _two_adapters() -> torch.nn.Module:
     """An encoder-shaped module: adapter ``a`` with a backbone and a head, ``b`` with a backbone
-    and no head (None), ``c`` with a head that is not a module."""
+    and no head (None), ``c`` with a head that is not a module, ``d`` without a head attribute."""
     class Scale(torch.nn.Module):  # a module of the test's own: dynamo traces it (it skips torch.nn's own layers' files)
         def __init__(self) -> None:
             super().__init__()
@@ -230,9 +230,14 @@ def _two_adapters() -> torch.nn.Module:
             self.backbone = Scale()
             self.head = head
 
+    class BackboneOnly(torch.nn.Module):  # no head attribute at all
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = Scale()
+
     encoder = torch.nn.Module()
     encoder.adapters = torch.nn.ModuleDict({"a": Adapter(Scale()), "b": Adapter(None),
-                                            "c": Adapter("not a module")})
+                                            "c": Adapter("not a module"), "d": BackboneOnly()})
     return encoder
 
 
@@ -248,7 +253,7 @@ def test_compile_encoder_gives_its_options_to_torch_compile(monkeypatch: pytest.
         else:
             monkeypatch.setattr(compiled_module, "COMPILE_OPTIONS", {"backend": backend})
             names = compile_encoder(encoder)
-        assert names == ["a.backbone", "a.head", "b.backbone", "c.backbone"]
+        assert names == ["a.backbone", "a.head", "b.backbone", "c.backbone", "d.backbone"]
         x = torch.randn(4, 3)
         for adapter in encoder.adapters.values():
             adapter.backbone(x)

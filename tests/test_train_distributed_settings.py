@@ -165,3 +165,140 @@ def test_fsdp_version_guard_fails_when_a_missing_version_means_2(monkeypatch) ->
     apply_break("launcher_fsdp_defaults_to_version_2", monkeypatch.setattr)
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
         test_fsdp_requested_without_a_version_is_refused_as_version_1(monkeypatch)
+
+
+def test_a_timeout_below_one_second_is_a_timeout() -> None:
+    config = TrainConfig()
+    config.distributed.timeout_s = 0.5
+    assert timeout_of(config) == datetime.timedelta(seconds=0.5)
+
+
+def test_the_parent_command_line_keeps_bytes_that_are_not_utf8(monkeypatch) -> None:
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", b"caf\xe9"], stdin=subprocess.PIPE)
+    try:
+        monkeypatch.setattr(os, "getppid", lambda: child.pid)
+        assert distributed._parent_command_line()[-1] == "caf\ufffd"
+    finally:
+        child.communicate(b"")
+
+
+def test_the_launch_line_keeps_mmviews_own_module_and_drops_anothers(monkeypatch) -> None:
+    monkeypatch.setattr(distributed, "_config_file_processes", lambda path: None)
+    own = parse_accelerate_launch([*ACCELERATE, "launch", "--multi_gpu", "-m", "mmviews.cli", "train", "r"])
+    assert own.mmviews_command("train", "x") == "accelerate launch --multi_gpu -m mmviews.cli train x"
+    other = parse_accelerate_launch([*ACCELERATE, "launch", "--multi_gpu", "-m", "wrap", "train"])
+    assert other.mmviews_command("train", "x") == "accelerate launch --multi_gpu -m mmviews.cli train x"
+    script = parse_accelerate_launch([*ACCELERATE, "launch", "/opt/bin/mmviews", "train"])
+    assert script.mmviews_command("embed") == "accelerate launch /opt/bin/mmviews embed"
+
+
+CPU_LINE = "accelerate launch --multi_gpu --num_processes {n} -m mmviews.cli train RECIPE --set cpu=true"
+GPU_LINE = "accelerate launch --multi_gpu --num_processes {n} -m mmviews.cli train RECIPE"
+
+
+@pytest.mark.parametrize("cpu, fsdp, message", [
+    (False, True, "the launcher started 3 processes with FSDP (WORLD_SIZE=3), but without a GPU and without cpu: true "
+                  "each would train alone; add --set cpu=true (" + CPU_LINE.format(n=3)
+     + " --set distributed.sharding=fsdp: mmviews then shards with FSDP2 over gloo itself)"),
+    (False, False, "the launcher started 3 processes (WORLD_SIZE=3), but without a GPU and without cpu: true each "
+                   "would train alone; add --set cpu=true (" + CPU_LINE.format(n=3) + ")"),
+])
+def test_world_size_without_a_gpu_names_the_cpu_launch(monkeypatch, cpu, fsdp, message) -> None:
+    from mmviews.train.distributed import check_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if fsdp:
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        monkeypatch.setenv("FSDP_VERSION", "2")
+    else:
+        monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    with pytest.raises(ConfigError) as raised:
+        check_launch(1, TrainConfig(cpu=cpu), None)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("cpu, line", [(True, CPU_LINE), (False, GPU_LINE)])
+def test_world_size_larger_than_the_group_names_the_launch(monkeypatch, cpu, line) -> None:
+    from mmviews.train.distributed import check_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError) as raised:
+        check_launch(2, TrainConfig(cpu=cpu), None)
+    assert str(raised.value) == (f"the launcher set WORLD_SIZE=4 but this process group has 2 process(es); launch with "
+                                 f"{line.format(n=4)} (or torchrun --nproc_per_node 4)")
+
+
+@pytest.mark.parametrize("config_cpu, launch_cpu, line", [(True, False, CPU_LINE), (False, True, CPU_LINE),
+                                                           (False, False, GPU_LINE)])
+def test_a_launch_of_one_process_read_from_the_parent_names_the_launch(monkeypatch, config_cpu, launch_cpu,
+                                                                        line) -> None:
+    """Without a launch given, check_launch reads the parent's (here: one that asked for 2)."""
+    from mmviews.train.distributed import check_launch
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    asked = parse_accelerate_launch([*ACCELERATE, "launch", *(["--cpu"] if launch_cpu else []), "--num_processes", "2",
+                                     "x.py"])
+    monkeypatch.setattr(distributed, "accelerate_launch", lambda: asked)
+    with pytest.raises(ConfigError) as raised:
+        check_launch(1, TrainConfig(cpu=config_cpu))
+    assert str(raised.value) == (
+        "accelerate launch asked for 2 processes (--num_processes 2) but started one: without --multi_gpu (also on "
+        f"CPU) Accelerate runs a single process; launch with {line.format(n=2)}")
+
+
+def test_determinisms_warning_points_at_the_caller(determinism_restored, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.warns(MMViewsRuntimeWarning) as caught:
+        configure_determinism(True)
+    assert str(caught[0].message) == ("deterministic: CUDA started before CUBLAS_WORKSPACE_CONFIG could be set; cuBLAS "
+                                      "may stay nondeterministic (set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment)")
+    assert caught[0].filename == __file__
+
+
+class _Gloo(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("error, expected", [
+    (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"),
+     "process 1 of 4 stopped after step 7: another process left (it died or was killed); newest complete checkpoint: "
+     "runs/x/checkpoints/checkpoint-6"),
+    (RuntimeError("Broken pipe"), "another process left"),
+    (RuntimeError("Connection reset by peer"), "another process left"),
+    (RuntimeError("connection refused"), "another process left"),
+    (RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete"),
+     "process 1 of 4 stopped after step 7: it waited more than distributed.timeout_s = 90 s for the other processes in "
+     "a collective (one of them hung, was stopped, or died); newest complete checkpoint: runs/x/checkpoints/checkpoint-6"),
+    (RuntimeError("NCCL watchdog: collective operation timeout"), "it waited more than distributed.timeout_s = 90 s"),
+    (RuntimeError("Timeout in nccl"), "it waited more than"),
+    (RuntimeError("timed out (no backend named)"), None),
+    (RuntimeError("CUDA out of memory"), None),
+    (ValueError("connection closed by peer"), None),
+    (_Gloo("timed out in gloo"), "it waited more than"),
+])
+def test_a_collective_that_lost_a_peer_is_one_line(monkeypatch, error, expected) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    failure = distributed.collective_failure(error, 90.0, 7, "runs/x/checkpoints/checkpoint-6")
+    if expected is None:
+        assert failure is None
+    else:
+        assert isinstance(failure, distributed.CollectiveFailure) and isinstance(failure, TimeoutError)
+        assert expected in str(failure) and str(failure).startswith("process 1 of 4 stopped after step 7: ")
+
+
+def test_a_collective_failure_says_when_nothing_was_saved_yet(monkeypatch) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    failure = distributed.collective_failure(RuntimeError("broken pipe"), 1.5, None, None)
+    assert str(failure) == ("process 0 of 1 stopped before its first step: another process left (it died or was "
+                            "killed); no checkpoint yet")
+    timed = distributed.collective_failure(dist.DistError("wait timeout"), 1.5, 0, None)
+    assert str(timed) == ("process 0 of 1 stopped after step 0: it waited more than distributed.timeout_s = 1.5 s for "
+                          "the other processes in a collective (one of them hung, was stopped, or died); no checkpoint yet")
