@@ -255,3 +255,133 @@ def test_compare_asks_for_runs_and_known_metrics(tmp_path: Path):
     assert set(written) == {"csv", "json", "markdown", "metrics_bar"}
     assert "| a/acc | 0.5000 | 0.5000 |  |" in written["markdown"].read_text()
     assert list(json.loads(written["json"].read_text())) == ["r", "r#1"]
+
+
+# --- the plots: what each figure shows (captured before it is saved) --------------------------------
+
+
+@pytest.fixture
+def figures(monkeypatch) -> dict:
+    """The figures compare draws, by file name, kept open (each is also saved as usual)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    kept: dict = {}
+    real = compare._save_figure
+
+    def keep(fig, path):
+        kept[Path(path).name] = {"size": tuple(fig.get_size_inches()), "axes": fig.axes,
+                                 "ax_lines": [[(list(l.get_xdata()), list(l.get_ydata()), l.get_linestyle(), l.get_color(),
+                                                l.get_label(), l.get_marker()) for l in ax.get_lines()] for ax in fig.axes]}
+        kept[Path(path).name]["titles"] = [ax.get_title() for ax in fig.axes]
+        kept[Path(path).name]["xlabels"] = [ax.get_xlabel() for ax in fig.axes]
+        kept[Path(path).name]["legends"] = [[t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else None
+                                            for ax in fig.axes]
+        kept[Path(path).name]["patches"] = [[(p.get_height(), p.get_facecolor()) for p in ax.patches] for ax in fig.axes]
+        kept[Path(path).name]["ticks"] = [([t.get_text() for t in ax.get_xticklabels()],
+                                           [t.get_rotation() for t in ax.get_xticklabels()]) for ax in fig.axes]
+        kept[Path(path).name]["scatter"] = [[list(map(list, c.get_offsets())) for c in ax.collections] for ax in fig.axes]
+        return real(fig, path)
+
+    monkeypatch.setattr(compare, "_save_figure", keep)
+    return kept
+
+
+def _plotted_runs(tmp_path: Path) -> list[Path]:
+    log = "step,loss,pos_sim,neg_sim,mi_lower_bound\n1,3.0,0.2,0.1,0.5\n2,2.0,0.4,0.0,1.0\n"
+    return [write_run(tmp_path, "r0", {"t/acc": 0.5, "t/R@1": 0.2}, meta={"objective": "a", "num_views": 2},
+                      random_init={"t/acc": 0.3}, log=log),
+            write_run(tmp_path, "r1", {"t/acc": 0.7, "t/R@1": 0.4}, meta={"objective": "a", "num_views": 4},
+                      log="step,loss\n1,5.0\n"),
+            write_run(tmp_path, "r2", {"t/acc": 0.6}, meta={"objective": "b", "num_views": 3})]
+
+
+def test_the_bars_show_each_runs_value_and_its_random_init_tick(tmp_path: Path, figures):
+    import matplotlib.colors as mcolors
+
+    compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
+    bars = figures["metrics_bar.png"]
+    assert bars["size"] == pytest.approx((4.0 * 2 / 1.5, 4.0))  # max(4, 1.2 * 3 runs) per metric, 2 metrics
+    assert bars["titles"] == ["t/R@1", "t/acc"]
+    heights = [[h for h, _ in axis] for axis in bars["patches"]]
+    assert heights[1] == [0.5, 0.7, 0.6] and heights[0][:2] == [0.2, 0.4] and math.isnan(heights[0][2])
+    assert [mcolors.to_hex(c) for _, c in bars["patches"][1]] == [mcolors.to_hex(f"C{i}") for i in range(3)]
+    assert bars["ticks"][1] == (["r0", "r1", "r2"], [45.0, 45.0, 45.0])
+    assert bars["legends"] == [None, ["random init"]]  # the tick only where a run has its random-init value
+    ticks = bars["scatter"][1][0]
+    assert ticks[0] == [0.0, 0.3] and all(math.isnan(y) for _, y in ticks[1:])
+    wide = compare.compare_runs(_plotted_runs(tmp_path / "w") + [write_run(tmp_path / "w", f"x{i}", {"t/acc": 0.1})
+                                                                 for i in range(2)], tmp_path / "cmp2", ["t/acc"])
+    assert figures["metrics_bar.png"]["size"] == pytest.approx((1.2 * 5 / 1.5, 4.0)) and wide
+
+
+def test_the_training_curves_show_each_logged_column_per_run(tmp_path: Path, figures):
+    compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
+    curves = figures["training_curves.png"]
+    assert curves["titles"] == ["training loss", "similarity (solid: positive pairs, dashed: negative)",
+                                "MI lower bound (nats)"]
+    assert curves["size"] == pytest.approx((4.8 * 3, 3.6)) and curves["xlabels"] == ["optimiser step"] * 3
+    loss, similarity, mi = curves["ax_lines"]
+    assert [(x, y, style, colour, label) for x, y, style, colour, label, _ in loss] == [
+        ([1.0, 2.0], [3.0, 2.0], "-", "C0", "r0"), ([1.0], [5.0], "-", "C1", "r1")]
+    assert [(y, style, label) for _, y, style, _, label, _ in similarity] == [
+        ([0.2, 0.4], "-", "r0"), ([0.1, 0.0], "--", "_child1")]
+    assert mi[0][1] == [0.5, 1.0] and mi[1][1] == [0.0, 0.0]  # the run's bound, then the zero line (chance)
+    assert curves["legends"] == [["r0", "r1"], ["r0"], ["r0"]]
+    only_loss = [write_run(tmp_path / "l", "a", {"t/acc": 0.5}, log="step,loss\n1,1.0\n")]
+    compare.compare_runs(only_loss, tmp_path / "cmp2")
+    assert figures["training_curves.png"]["titles"] == ["training loss"]
+    assert figures["training_curves.png"]["size"] == pytest.approx((4.8, 3.6))
+
+
+def test_the_metric_against_views_plot_has_one_line_per_objective(tmp_path: Path, figures):
+    compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
+    views = figures["metric_vs_views.png"]
+    assert views["titles"] == ["t/R@1", "t/acc"] and views["xlabels"] == ["number of views M"] * 2
+    assert views["size"] == pytest.approx((4.5 * 2, 3.6))
+    acc = views["ax_lines"][1]
+    assert [(x, y, label, marker) for x, y, _, _, label, marker in acc] == [
+        ([2.0, 4.0], [0.5, 0.7], "a", "o"), ([3.0], [0.6], "b", "o")]
+    assert views["legends"][1] == ["a", "b"] and [line[4] for line in views["ax_lines"][0]] == ["a"]
+    same = [write_run(tmp_path / "s", n, {"t/acc": 0.5}, meta={"num_views": 2}) for n in ("a", "b")]
+    assert "metric_vs_views" not in compare.compare_runs(same, tmp_path / "cmp2")
+
+
+def test_mmviews_compare_writes_to_the_output_folder_it_is_given(tmp_path: Path, monkeypatch, capsys, figures):
+    from mmviews.cli import main
+
+    runs = [str(p) for p in _plotted_runs(tmp_path)]
+    monkeypatch.chdir(tmp_path)
+    for flag, folder in (("--output", "o1"), ("--out", "o2"), ("-o", "o3"), (None, "comparison")):
+        assert main(["compare", *runs, *([flag, folder] if flag else [])]) == 0
+        out = capsys.readouterr().out
+        assert (tmp_path / folder / "comparison.md").read_text() in out
+        assert f"written: {Path(folder) / 'comparison.csv'}" in out
+    assert main(["compare", *runs, "--output", "o4", "--metrics", "t/R@1"]) == 0
+    capsys.readouterr()
+    assert "| t/acc |" in (tmp_path / "o4" / "comparison.md").read_text()
+    assert figures["metrics_bar.png"]["titles"] == ["t/R@1"]  # --metrics: the plotted metrics
+    with pytest.raises(SystemExit):
+        main(["compare"])
+
+
+def test_the_seeds_section_reads_as_written_here():
+    def config(label: str, values: list[float]) -> compare.Configuration:
+        return compare.Configuration(label, [compare.RunMetrics(f"{label}{i}", Path("."), {"m/acc": v})
+                                             for i, v in enumerate(values)])
+
+    lines = compare.seeds_lines([config("A", [0.5, 0.7]), config("B", [0.25])], ["m/acc"], ["m/acc"])
+    std = compare.format_metric(statistics.stdev([0.5, 0.7]))
+    assert lines == [
+        "## Over seeds", "",
+        "Runs that differ only in their seed are one configuration: mean ± standard deviation over its seeds "
+        "(n - 1 in the denominator), with the number of seeds n.", "",
+        "| metric | A | B |", "|---|---|---|", "| seeds | 2 | 1 |",
+        f"| m/acc | 0.6000 ± {std} (n=2) | 0.2500 (n=1) |", "",
+        "Differences that the seeds do not resolve:", "",
+        "- m/acc: A - B = +0.3500; noise unknown (fewer than 2 seeds)", ""]
+    empty = compare.seeds_lines([config("A", [0.5, 0.7]), compare.Configuration("C", []), config("D", [0.55, 0.75])],
+                                ["m/acc"], ["m/acc"])
+    assert empty[7] == f"| m/acc | 0.6000 ± {std} (n=2) | - | 0.6500 ± {std} (n=2) |"
+    notes = [line for line in empty if line.startswith("- ")]  # nothing to compare with C; A and D within noise
+    assert len(notes) == 1 and notes[0].startswith("- m/acc: A - D = -0.05")

@@ -70,6 +70,41 @@ def sequence_graph(path: Path, dim: int) -> str:
     return _save(graph, path)
 
 
+def text_graph(path: Path) -> str:
+    """input_ids, attention_mask [B, L] -> unit vector of (sum of the kept ids, number kept, 1)."""
+    nodes = [helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
+             helper.make_node("Cast", ["kept"], ["kf"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["attention_mask"], ["mf"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["kf", "axis"], ["s"], keepdims=1),
+             helper.make_node("ReduceSum", ["mf", "axis"], ["n"], keepdims=1),
+             helper.make_node("Mul", ["n", "zero"], ["n0"]),
+             helper.make_node("Add", ["n0", "one"], ["ones"]),  # [B, 1] of ones
+             helper.make_node("Concat", ["s", "n", "ones"], ["c"], axis=1),
+             helper.make_node("LpNormalization", ["c"], ["z"], axis=-1, p=2)]
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "l"]) for n in ("input_ids", "attention_mask")]
+    graph = helper.make_graph(nodes, "text", ints, [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 3])],
+                              initializer=[helper.make_tensor("axis", TensorProto.INT64, [1], [1]),
+                                           helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+                                           helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
+    return _save(graph, path)
+
+
+VOCAB = {"[PAD]": 0, "[UNK]": 1, "red": 2, "green": 3, "blue": 4, "sky": 5}
+
+
+def word_tokenizer(path: Path) -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
+    return path.name
+
+
+def text_vector(ids: list[int]) -> np.ndarray:
+    return unit(np.array([sum(ids), len(ids), 1.0]))
+
+
 def unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
@@ -91,9 +126,17 @@ def folder(tmp_path_factory) -> Path:
                   "preprocessing": {"sample_rate": 16000, "min_samples": 8}},
         "x": {"type": "mlp", "embed_dim": 3, "graph": sequence_graph(out / "x.onnx", 3), "inputs": [{"name": "values"}],
               "preprocessing": {"input_dim": 3}},
+        "text": {"type": "text", "embed_dim": 3, "graph": text_graph(out / "text.onnx"),
+                 "inputs": [{"name": "input_ids"}, {"name": "attention_mask"}],
+                 "preprocessing": {"tokenizer": word_tokenizer(out / "tokenizer.json"), "max_length": 3,
+                                   "pad_token_id": 0}},
+        "left": {"type": "text", "embed_dim": 3, "graph": "text.onnx",
+                 "inputs": [{"name": "input_ids"}, {"name": "attention_mask"}],
+                 "preprocessing": {"tokenizer": "tokenizer.json", "max_length": 3, "padding_side": "left",
+                                   "pad_token_id": 5}},
     }
     manifest = {"format": "mmviews-onnx", "version": 1, "modalities": modalities,
-                "not_exported": {"text": "a reason of the exporter's"}}
+                "not_exported": {"image": "a reason of the exporter's"}}
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
     return out
 
@@ -178,11 +221,13 @@ def test_sequences_and_missing_rows(folder: Path):
     assert (encoder.embed_present("x", {"values": x}, np.zeros(4, bool)) == 0).all()
     assert onnx_runtime._subset({"v": x, "ids": ["a", "b", "c", "d"], "rate": 5, "short": [1, 2]},
                                 np.array([0, 2]), 4)["ids"] == ["a", "c"]
-    with pytest.raises(KeyError, match="modality 'text' was not exported to ONNX: a reason of the exporter's"):
-        encoder.embed("text", {"text": ["a"]})
-    with pytest.raises(KeyError, match=r"modality 'image' is not in .* \(modalities: \['audio', 'flow', 'video', 'x'\]\)"):
-        encoder.embed("image", {})
+    with pytest.raises(KeyError, match="modality 'image' was not exported to ONNX: a reason of the exporter's"):
+        encoder.embed("image", {"values": x})
+    with pytest.raises(KeyError, match=r"modality 'smell' is not in .* \(modalities: \['audio', 'flow', 'left', 'text', "
+                                       r"'video', 'x'\]\)"):
+        encoder.embed("smell", {})
     assert encoder.embed_dim == 3 and encoder.eval() is encoder and is_onnx_folder(folder)
+    assert encoder.not_exported == {"image": "a reason of the exporter's"}
 
 
 def _copy_with(folder: Path, tmp_path: Path, change) -> Path:
@@ -246,3 +291,64 @@ def test_onnx_runtime_guards_fail_when_broken(folder: Path, tmp_path: Path, monk
     apply_break(name, monkeypatch.setattr)
     with pytest.raises((AssertionError, pytest.fail.Exception)):  # an assertion, or a pytest.raises that got nothing
         guard(folder, tmp_path) if "tmp_path" in guard.__code__.co_varnames[:2] else guard(folder)
+
+
+def test_text_is_tokenised_with_the_saved_tokenizer_and_cut_to_max_length(folder: Path):
+    encoder = OnnxEncoder(folder)
+    z = encoder.embed("text", {"text": ["red sky", "blue", "green red blue sky"]})
+    expected = np.stack([text_vector([2, 5]), text_vector([4]), text_vector([3, 2, 4])])  # cut to 3 tokens
+    np.testing.assert_allclose(z, expected, atol=1e-6)
+    for bad in ("red", [], ["red", 3]):
+        with pytest.raises(ValueError, match=r"^text \(text, ONNX\): inputs\['text'\] must be a non-empty list of strings$"):
+            encoder.embed("text", {"text": bad})
+
+
+def test_token_ids_are_taken_as_collated_for_more_rows(folder: Path):
+    encoder = OnnxEncoder(folder)
+    ids = np.array([[2, 5, 0, 0, 0], [4, 3, 2, 5, 0]])
+    mask = (ids > 0).astype(np.int64)
+    np.testing.assert_allclose(encoder.embed("text", {"input_ids": ids, "attention_mask": mask}),
+                               np.stack([text_vector([2, 5]), text_vector([4, 3, 2])]), atol=1e-6)
+    # no mask: every id counts (cut to max_length)
+    np.testing.assert_allclose(encoder.embed("text", {"input_ids": ids[:, :2]}),
+                               np.stack([text_vector([2, 5]), text_vector([4, 3])]), atol=1e-6)
+    # lengths: only the columns these rows need (right padding: the first, left padding: the last)
+    z = encoder.embed("text", {"input_ids": ids, "attention_mask": mask, "lengths": [2, 1]})
+    np.testing.assert_allclose(z, np.stack([text_vector([2, 5]), text_vector([4, 3])]), atol=1e-6)
+    left = np.array([[0, 0, 0, 2, 5], [0, 4, 3, 2, 1]])
+    z = encoder.embed("left", {"input_ids": left, "attention_mask": (left > 0).astype(np.int64), "lengths": [2, 2]})
+    np.testing.assert_allclose(z, np.stack([text_vector([2, 5]), text_vector([2, 1])]), atol=1e-6)
+    empty = encoder.embed("text", {"input_ids": ids, "attention_mask": mask, "lengths": []})
+    assert empty.shape == (2, 3)  # no column needed: the graph sees [B, 0]
+
+
+def test_left_padding_pads_with_the_saved_pad_id(folder: Path):
+    encoder = OnnxEncoder(folder)
+    feeds = encoder.adapters["left"]._tokens({"text": ["red sky", "blue"]})
+    assert feeds["input_ids"].tolist() == [[2, 5], [5, 4]] and feeds["attention_mask"].tolist() == [[1, 1], [0, 1]]
+    assert feeds["input_ids"].dtype == np.int64 and feeds["attention_mask"].dtype == np.int64
+    right = encoder.adapters["text"]._tokens({"text": ["red sky", "blue"]})
+    assert right["input_ids"].tolist() == [[2, 5], [4, 0]]
+
+
+def test_a_view_batch_is_embedded_with_absent_views_zero(folder: Path):
+    import torch
+
+    from mmviews.data.batch import ViewBatch, ViewInfo
+
+    encoder = OnnxEncoder(folder)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3 * 2, 2, 3)).astype(np.float32)  # 3 samples x 2 views of x, stacked by sample
+    clips = rng.uniform(size=(3, 2, 3, 4, 4)).astype(np.float32)
+    views = [ViewInfo("x_0", "x", 0), ViewInfo("video_0", "video", 0), ViewInfo("x_1", "x", 1, natural=False)]
+    mask = torch.tensor([[True, True, False], [False, True, True], [True, False, True]])
+    batch = ViewBatch(inputs={"x": {"values": torch.from_numpy(x)}, "video": {"values": torch.from_numpy(clips)}},
+                      views=views, mask=mask)
+    z, got_mask = encoder(batch)
+    assert isinstance(z, torch.Tensor) and z.shape == (3, 3, 3) and torch.equal(got_mask, mask)
+    x_vectors = unit(x.mean(1)).reshape(3, 2, 3)
+    video = unit(unit(clips.mean(axis=(3, 4))).mean(axis=1))
+    expected = np.zeros((3, 3, 3), np.float32)
+    expected[:, 0], expected[:, 2], expected[:, 1] = x_vectors[:, 0], x_vectors[:, 1], video
+    expected[~mask.numpy()] = 0
+    np.testing.assert_allclose(z.numpy(), expected, atol=1e-6)

@@ -190,3 +190,107 @@ def test_sharding_guards_fail_when_broken(group_of_one, monkeypatch, name: str, 
     apply_break(name, monkeypatch.setattr)
     with pytest.raises(AssertionError):
         guard(group_of_one, monkeypatch) if "monkeypatch" in guard.__code__.co_varnames[:2] else guard(group_of_one)
+
+
+def test_layer_units_shard_each_block_then_the_backbone_and_the_head(group_of_one, monkeypatch):
+    encoder = _encoder()
+    a = encoder.adapters["a"]
+    blocks = [a.backbone[0], a.backbone[1]]
+    monkeypatch.setattr(a, "backbone_blocks", lambda: blocks)
+    calls = _record_units(monkeypatch)
+    sharding.shard_encoder(encoder, _config(units={"a": "layers"}), torch.device("cpu"), 1)
+    b = encoder.adapters["b"]
+    assert [m for m, _ in calls] == [b.backbone, b.head, *blocks, a.backbone, a.head, encoder]
+    fresh = _encoder()
+    monkeypatch.setattr(fresh.adapters["a"], "backbone_blocks", lambda: [fresh.adapters["a"].backbone[0]])
+    nbytes = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    fa, fb = fresh.adapters["a"], fresh.adapters["b"]
+    assert sharding.unit_parameter_bytes(fresh, {"a": "layers"}) == [
+        nbytes(fb.backbone), nbytes(fb.head), nbytes(fa.backbone[0]), 0, nbytes(fa.head), 0]
+
+
+def test_layer_units_need_the_adapters_blocks(group_of_one):
+    with pytest.raises(ConfigError, match=r"^key 'distributed.fsdp_units.a': 'layers' needs the adapter's repeated "
+                                          r"blocks \(MLPAdapter does not support finetune.mode='last_n'\); use 'backbone'$"):
+        sharding.shard_encoder(_encoder(), _config(units={"a": "layers"}), torch.device("cpu"), 1)
+
+
+def test_an_adapter_whose_backbone_holds_no_parameters_is_one_unit(group_of_one, monkeypatch):
+    encoder = _encoder()
+    a = encoder.adapters["a"]
+    for p in list(a.backbone.parameters()):
+        p.requires_grad_(False)
+    a.backbone = torch.nn.Sequential(torch.nn.GELU())  # parameter-free
+    calls = _record_units(monkeypatch)
+    sharding.shard_like(encoder, _config(), torch.device("cpu"), 1)
+    b = encoder.adapters["b"]
+    assert [m for m, _ in calls] == [b.backbone, b.head, a, encoder]
+    fresh = _encoder()
+    fresh.adapters["a"].backbone = None
+    sizes = sharding.unit_parameter_bytes(fresh, {})
+    assert len(sizes) == 4 and sizes[2] == sum(p.numel() * p.element_size() for p in fresh.adapters["a"].parameters())
+
+
+def test_fp16_is_refused_for_sharded_runs_only(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    config = _config("fp16")
+    config.distributed.sharding = "fsdp"
+    with pytest.raises(ConfigError, match=r"^key 'optimisation.mixed_precision': fp16 is not supported with "
+                                          r"distributed.sharding: fsdp \(Accelerate's gradient scaler does not handle sharded "
+                                          r"gradients\); use bf16$"):
+        sharding.run_sharding(config, 2)
+    assert sharding.run_sharding(config, 1) == "none"
+    config.distributed.sharding = "none"
+    assert sharding.run_sharding(config, 2) == "none"
+    config.distributed.sharding = "zero"
+    with pytest.raises(ConfigError, match=r"^key 'distributed.sharding': 'zero' is not one of \['none', 'fsdp'\]$"):
+        sharding.requested_sharding(config)
+
+
+def test_a_full_optimiser_state_loads_into_a_sharded_optimiser(group_of_one):
+    model = sharding.shard_encoder(_encoder(), _config(), torch.device("cpu"), 1)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=0.01)
+    inputs = {"a": {"values": torch.randn(4, 1, 5)}, "b": {"values": torch.randn(4, 1, 3)}}
+    sum(model.adapters[m](inputs[m]).sum() for m in ("a", "b")).backward()
+    optimiser.step()
+    state = sharding.full_optimizer_state(model, optimiser)
+    other = sharding.shard_encoder(_encoder(), _config(), torch.device("cpu"), 1)
+    fresh = torch.optim.AdamW(other.parameters(), lr=0.5)
+    sharding.load_full_optimizer_state(other, fresh, state)
+    again = sharding.full_optimizer_state(other, fresh)
+    assert again["param_groups"][0]["lr"] == 0.01
+    for name, values in state["state"].items():
+        for key, value in values.items():
+            torch.testing.assert_close(again["state"][name][key], value, rtol=0, atol=0)
+
+
+def test_accelerates_state_is_saved_without_the_sharded_model_and_its_optimisers():
+    class Accelerator:
+        def __init__(self, models: list, optimizers: list) -> None:
+            self._models, self._optimizers = models, optimizers
+
+    model, other = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    accelerator = Accelerator([model, other], ["opt"])
+    with sharding.accelerate_state_without(accelerator, model):
+        assert accelerator._models == [other] and accelerator._optimizers == []
+    assert accelerator._models == [model, other] and accelerator._optimizers == ["opt"]
+    with pytest.raises(KeyError):
+        with sharding.accelerate_state_without(accelerator, model):
+            raise KeyError("stop")
+    assert accelerator._models == [model, other] and accelerator._optimizers == ["opt"]
+
+
+def test_the_whole_encoder_is_the_recipes_with_the_full_tensors_and_leaves_the_rng_alone():
+    config = TrainConfig(cpu=True, adapters={"a": {"type": "mlp", "input_dim": 5, "hidden_dim": 8, "embed_dim": 4}})
+    from mmviews.run import build_encoder
+
+    torch.manual_seed(3)
+    state = {k: torch.full_like(v, 0.5) if v.is_floating_point() else v for k, v in build_encoder(config).state_dict().items()}
+    torch.manual_seed(4)
+    expected_next = torch.rand(3)
+    torch.manual_seed(4)
+    encoder = sharding.whole_encoder(config, state)
+    assert torch.equal(torch.rand(3), expected_next)  # building the encoder drew nothing from the training stream
+    assert all(torch.equal(encoder.state_dict()[k], v) for k, v in state.items())
+    with pytest.raises(RuntimeError):
+        sharding.whole_encoder(config, {k: v for k, v in list(state.items())[1:]})
