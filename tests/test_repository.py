@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 # Folders that hold no text of the project's own: caches, environments, build and mutation outputs.
-SKIPPED_DIRS = {".git", ".venv", "venv", "build", "dist", "__pycache__", "mutants", ".mutmut-cache", "node_modules",
+SKIPPED_DIRS = {".git", ".venv", "venv", "build", "dist", "__pycache__", "mutants", ".mutmut-cache", ".mutation", "node_modules",
                 ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".txt", ".cfg", ".ini", ".sh", ".rst"}
 # "issue 34", "issues 27 and 28", "Issue #5", "item 7 of issue 35"; a bare "#34" where prose stands.
