@@ -26,7 +26,7 @@ from mmviews.config import load_config
 
 def main(recipe: str, run: str, *then_break: str) -> int:
     reductions = [0]
-    prepare = trainer._prepare
+    prepare = trainer.prepare_run
 
     def counting_prepare(accelerator: Any, parts: Any) -> Any:
         p = prepare(accelerator, parts)
@@ -38,7 +38,7 @@ def main(recipe: str, run: str, *then_break: str) -> int:
         p.model.register_comm_hook(None, hook)
         return p
 
-    trainer._prepare = counting_prepare
+    trainer.prepare_run = counting_prepare
     summary = trainer.train(load_config(recipe), run)
     if dist.get_rank() == 0:
         (Path(run) / "reductions.json").write_text(json.dumps({"reductions": reductions[0], "steps": summary["steps"]}))

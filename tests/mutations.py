@@ -393,7 +393,7 @@ def _forget_tracker_runs() -> tuple[Any, str, Any]:
 def _fsdp_skip_gradient_reduction() -> tuple[Any, str, Any]:
     """Sharded runs: FSDP2 never reduce-scatters the gradients into the shards (gradient sync
     off), so the processes' shards get no gradient of the global batch."""
-    import mmviews.train.trainer as trainer
+    import mmviews.train.setup as setup
     from mmviews.train import sharding
 
     def shard_unsynced(*args: Any, **kwargs: Any) -> Any:
@@ -405,7 +405,7 @@ def _fsdp_skip_gradient_reduction() -> tuple[Any, str, Any]:
                 module.set_requires_gradient_sync(False, recurse=False)
         return encoder
 
-    return trainer, "shard_encoder", shard_unsynced
+    return setup, "shard_encoder", shard_unsynced
 
 
 def _fsdp_clip_local_norm() -> tuple[Any, str, Any]:
@@ -912,9 +912,9 @@ def _bench_time_contenders_in_blocks() -> tuple[Any, str, Any]:
 def _bench_rss_reset_does_nothing() -> tuple[Any, str, Any]:
     """The CPU peak-memory probe says it reset the resident set's high-water mark without doing
     it (a call's peak then includes whatever the process held before)."""
-    import mmviews.bench.common as common
+    import mmviews.process_memory as process_memory
 
-    return common, "reset_rss_high_water", lambda: True
+    return process_memory, "reset_resident_peak", lambda: True
 
 
 def _key_dropout_by_optimiser_step() -> tuple[Any, str, Any]:

@@ -91,15 +91,15 @@ def _hold_until_signal(marker: str | None) -> None:
 
 
 def _prepared_holder(set_attribute: Setter) -> list[Any]:
-    """Wrap the trainer's ``_prepare`` to keep the prepared objects (the scheduler) for --record."""
+    """Wrap the trainer's ``prepare_run`` to keep the prepared objects (the scheduler) for --record."""
     holder: list[Any] = []
-    prepare = trainer._prepare
+    prepare = trainer.prepare_run
 
     def keeping(*args: Any, **kwargs: Any) -> Any:
         holder.append(prepare(*args, **kwargs))
         return holder[-1]
 
-    set_attribute(trainer, "_prepare", keeping)
+    set_attribute(trainer, "prepare_run", keeping)
     return holder
 
 

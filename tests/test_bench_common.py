@@ -1,6 +1,6 @@
 """The measuring pieces every ``mmviews bench`` verb shares (:mod:`mmviews.bench.common`,
 :mod:`mmviews.bench.report`): round-robin timing, the one-call timer, the median they report,
-the resident-set probe, the report writer and the verbs' entry points."""
+the report writer and the verbs' entry points."""
 
 from __future__ import annotations
 
@@ -76,34 +76,6 @@ def test_middle_is_a_measured_sample() -> None:
     assert common.middle([7.0]) == 7.0
 
 
-def check_rss_probe() -> None:
-    """The probe's peak is what a call adds: 64 MiB touched, then (after a reset) 8 MiB. The
-    blocks are fresh anonymous mappings (not malloc's, which may hand back pages that earlier
-    tests in this process left resident)."""
-    import mmap
-
-    for mib in (64, 8):
-        reset = common.reset_rss_high_water()
-        assert reset, "/proc/self/clear_refs did not reset the resident set's high-water mark"
-        before = common.rss_bytes()
-        block = mmap.mmap(-1, mib * 2**20)
-        for offset in range(0, len(block), mmap.PAGESIZE):  # every page touched, no other buffer
-            block[offset] = 1
-        added = (common.rss_high_water_bytes(reset) - before) / 2**20
-        block.close()
-        assert mib - 1 <= added <= mib + 16, f"{mib} MiB allocated, the probe saw {added:.1f} MiB"
-
-
-def test_rss_probe_sees_what_a_call_adds() -> None:
-    check_rss_probe()
-
-
-def test_rss_probe_check_fails_when_the_high_water_mark_is_not_reset(monkeypatch: pytest.MonkeyPatch) -> None:
-    apply_break("bench_rss_reset_does_nothing", monkeypatch.setattr)
-    with pytest.raises(AssertionError):
-        check_rss_probe()
-
-
 def test_write_report_prints_then_writes_the_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = {"rows": [{"case": "x", "seconds": 0.5}]}
     write_report(result, "the table", tmp_path / "a.json")
@@ -123,19 +95,3 @@ def test_each_verb_main_parses_its_own_options(verb: str, capsys: pytest.Capture
         module.main(["--help"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: mmviews bench {verb} ")
-
-
-def test_high_water_mark_of_a_spawned_process_is_its_own() -> None:
-    """A bench case runs in a process spawned by a larger one (the bench holding torch, a test
-    process): its peak must be its own. Linux carries the parent's resident set over into the
-    child's ``ru_maxrss`` at exec (the old measure: a 16-sample case measured 1.26 GB, its test
-    process's size, against 0.83 GB run alone); ``VmHWM`` starts with the child's own memory."""
-    import subprocess
-    import sys
-
-    held = bytearray(1536 * 2**20)
-    held[::4096] = b"\1" * len(held[::4096])  # touch every page: resident in this process
-    code = "from mmviews.bench.common import rss_high_water_bytes; print(rss_high_water_bytes())"
-    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    assert common.rss_high_water_bytes() >= len(held)  # this process's own peak holds it
-    assert child < len(held), f"the child reports {child / 2**20:.0f} MB: the parent's peak"

@@ -14,8 +14,9 @@ from mmviews.bench.cli import VERBS
 from mmviews.config import load_config, resolve_recipe
 from mmviews.data.views import ViewSetCollator, ViewSpec
 from mmviews.train import build_run
+from mmviews.train.setup import batches_forever, make_accelerator, prepare_run
+from mmviews.train.step import PHASES as STEP_PHASES
 from mmviews.train.step import train_step
-from mmviews.train.trainer import _accelerator, _prepare
 
 # The quickstart shrunk to seconds: K = 16 of 64 samples, small eval splits unused.
 SMALL = ["data.batch_size=16", "data.split_options.train.num_samples=64"]
@@ -67,26 +68,6 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     table = capsys.readouterr().out
     assert "quickstart" in table and "samples/s" in table and "data%" in table and "fwd%" in table
     assert f"memory estimate of the training step (--check) {row['estimated_memory_mb']:.0f} MB vs measured peak RSS" in table
-
-
-def test_timed_step_is_the_trainers_step(tmp_path: Path) -> None:
-    """The phase-timed step does what train_step does: same weights after the same batches."""
-    config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true"])
-    weights = []
-    for use_bench in (False, True):
-        parts = build_run(config, 1, with_eval=False)
-        p = _prepare(_accelerator(config, tmp_path / str(use_bench), []), parts)
-        p.model.train()
-        batches = bench._batches(p, parts)
-        for _ in range(2):
-            if use_bench:
-                bench.timed_step(p, batches, config.optimisation.max_grad_norm, lambda: None)
-            else:
-                train_step(p, next(batches), config.optimisation.max_grad_norm)
-        weights.append({k: v.detach().clone() for k, v in p.model.state_dict().items()})
-    assert weights[0].keys() == weights[1].keys()
-    for key in weights[0]:
-        assert torch.equal(weights[0][key], weights[1][key]), key
 
 
 def test_realistic_case_config_and_data() -> None:
@@ -189,25 +170,61 @@ def test_host_read_recorder_sees_reads_and_value_sized_ops() -> None:
     assert len(ops) == 4 and y.shape == (3,)
 
 
-def test_timed_cached_step_is_the_cached_step(tmp_path: Path) -> None:
-    """With optimisation.encode_chunk_size, the phase-timed step does what the trainer's cached
-    step does: same weights after the same batches."""
-    config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true", "optimisation.encode_chunk_size=4"])
-    weights = []
-    for use_bench in (False, True):
+@pytest.mark.parametrize("chunk", [None, 8], ids=["plain", "cached"])
+def test_bench_times_the_trainers_own_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int | None) -> None:
+    """The bench's phase-timed step is a call of the trainer's train_step (its cached step with
+    optimisation.encode_chunk_size) with a phase_end callback, which reports the step's phases
+    in order and changes nothing it computes: same weights after the same batches as the plain
+    loop (train_step without a callback, then the teacher update)."""
+    config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true", f"optimisation.encode_chunk_size={chunk or 'null'}"])
+    calls: list[object] = []
+    monkeypatch.setattr(bench, "train_step", lambda *a: (calls.append(a[3] if len(a) > 3 else None), train_step(*a))[1])
+    weights, ends = [], []
+    for timed in (False, True):
         parts = build_run(config, 1, with_eval=False)
-        p = _prepare(_accelerator(config, tmp_path / str(use_bench), []), parts)
-        assert p.encode_chunk_size == 4
+        p = prepare_run(make_accelerator(config, tmp_path / str(timed)), parts)
+        assert p.encode_chunk_size == chunk
         p.model.train()
-        batches = bench._batches(p, parts)
+        batches = batches_forever(p, parts)
         for _ in range(2):
-            if use_bench:
-                bench.timed_step(p, batches, config.optimisation.max_grad_norm, lambda: None)
+            if timed:
+                seconds = bench.step_phases(p, batches, config.optimisation.max_grad_norm,
+                                            lambda: ends.append(len(calls)))
+                assert list(seconds) == list(bench.PHASES) and all(v >= 0 for v in seconds.values())
             else:
-                train_step(p, next(batches), config.optimisation.max_grad_norm)
+                bench.loop_step(p, next(batches), config.optimisation.max_grad_norm)
         weights.append({k: v.detach().clone() for k, v in p.model.state_dict().items()})
+    assert [c is None for c in calls] == [True, True, False, False]  # the loop without a clock, the bench with
+    assert isinstance(calls[-1], bench.PhaseClock)
+    assert len(ends) == 2 * (len(bench.PHASES) + 1)  # each phase's end waits for the device; the loop's teacher too
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key
+
+
+@pytest.mark.parametrize("chunk", [None, 4], ids=["plain", "cached"])
+def test_train_step_reports_its_phases_in_order(tmp_path: Path, chunk: int | None) -> None:
+    """phase_end is called once per phase, in the order of PHASES, after the work it names:
+    the loss exists at the objective's end, the gradients at the backward's, and they are cleared
+    again (zero_grad) at the optimiser's. A tiny run (an MLP on 1-D latents)."""
+    from test_train_sync import gaussian_config
+
+    from mmviews.config import config_from_dict
+
+    raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}})
+    raw["optimisation"]["encode_chunk_size"] = chunk
+    config = config_from_dict(raw)
+    parts = build_run(config, 1, with_eval=False)
+    p = prepare_run(make_accelerator(config, tmp_path), parts)
+    model = p.accelerator.unwrap_model(p.model)
+    seen: list[tuple[str, bool, bool]] = []
+
+    def phase_end(name: str) -> None:
+        seen.append((name, p.nonfinite is not None, any(q.grad is not None for q in model.parameters())))
+
+    train_step(p, next(batches_forever(p, parts)), config.optimisation.max_grad_norm, phase_end)
+    assert seen == [("forward", False, False), ("objective", True, False), ("backward", True, True),
+                    ("optimiser", True, False)]
+    assert STEP_PHASES == ("forward", "objective", "backward", "optimiser") and bench.PHASES == ("data", *STEP_PHASES)
 
 
 def test_gradient_checkpointing_option(tmp_path: Path) -> None:
@@ -224,7 +241,7 @@ def test_gradient_checkpointing_option(tmp_path: Path) -> None:
 def test_comparison_plumbing(tmp_path: Path) -> None:
     """The plain row's options: the ones under test removed, K set by --plain-K; ratios."""
     args = _args(tmp_path, "--encode-chunk-size", "8", "--gradient-checkpointing", "--plain-K", "4")
-    argv = bench._argv_of(args)
+    argv = bench.argv_of(args)
     assert "--encode-chunk-size" in argv and "--gradient-checkpointing" in argv
     plain = bench._plain_argv(argv, "quickstart", args)
     assert "--encode-chunk-size" not in plain and "--gradient-checkpointing" not in plain and "--plain-K" not in plain
@@ -248,7 +265,7 @@ def test_compile_comparison_plumbing(tmp_path: Path) -> None:
     the time each step saves."""
     args = _args(tmp_path, "--compile")
     assert bench._compared(args) and "optimisation.compile=true" in bench._overrides_of(args)
-    argv = bench._argv_of(args)
+    argv = bench.argv_of(args)
     assert "--compile" in argv and "--compile" not in bench._plain_argv(argv, "quickstart", args)
     # compiled alone is measured against the same step eager: finetune-small keeps its cached step
     assert bench._plain_argv(argv, "finetune-small", args) == [w for w in argv if w != "--compile"]

@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mmviews"
 # Lowest first. A module belongs to the longest prefix listed; the package itself
 # (``mmviews/__init__.py``: the version) is below them all.
 LAYERS: list[tuple[str, ...]] = [
-    ("mmviews.registry", "mmviews.fileio", "mmviews.resources", "mmviews.notices", "mmviews.hub", "mmviews.schema"),
+    ("mmviews.registry", "mmviews.fileio", "mmviews.resources", "mmviews.notices", "mmviews.hub", "mmviews.schema",
+     "mmviews.process_memory"),
     ("mmviews.objectives",),
     ("mmviews.data",),
     ("mmviews.modalities",),
@@ -278,3 +279,92 @@ def test_images_and_audio_are_decoded_in_decode_alone():
     calls = decoding_calls()
     assert any(c.startswith("mmviews/data/decode.py:") for c in calls)  # the finder sees the decoders
     assert [c for c in calls if not c.startswith("mmviews/data/decode.py:")] == []
+
+
+# --------------------------------------------------------------------------- private names, long functions
+# A benchmark measures what the package's public functions do (e.g. the trainer's setup in
+# mmviews.train.setup and its step): it imports no underscore name of another package of
+# mmviews, so that what it relies on is declared public and cannot drift unseen.
+BENCH = "mmviews.bench"
+
+
+def private_imports(root: Path = PACKAGE, package: str = BENCH) -> list[str]:
+    """``path:line: name`` of each underscore name that a module of ``package`` imports from
+    another package of mmviews, or reads as an attribute of a module of one it imported."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module, _ = _dotted_name(path, root)
+        if not (module == package or module.startswith(package + ".")):
+            continue
+        outside: set[str] = set()  # local names bound to modules of other packages
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmviews") and not node.level \
+                    and not (node.module == package or (node.module or "").startswith(package + ".")):
+                for alias in node.names:
+                    if alias.name.startswith("_"):
+                        found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.module}.{alias.name}")
+                    outside.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                outside |= {alias.asname for alias in node.names
+                            if alias.asname and alias.name.startswith("mmviews.") and not alias.name.startswith(package)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in outside \
+                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_benchmarks_import_no_private_name_of_another_package():
+    assert private_imports() == []
+
+
+def test_the_private_import_finder_finds_planted_ones(tmp_path):
+    files = {
+        "mmviews/__init__.py": "",
+        "mmviews/bench/__init__.py": "",
+        "mmviews/bench/a.py": ("from mmviews.train.trainer import _prepare, train\n"  # line 1: _prepare
+                               "from mmviews.bench.b import _own\n"  # its own package: allowed
+                               "import mmviews.train.step as step\n"
+                               "from mmviews.train import memory\n"
+                               "def f():\n    return step._present_mask, memory._reset, memory.public, step.__doc__\n"),
+        "mmviews/bench/b.py": "_own = 1\n",
+        "mmviews/train/__init__.py": "from mmviews.train.trainer import _prepare\n",  # not a benchmark
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert private_imports(tmp_path / "mmviews") == [
+        "mmviews/bench/a.py:1: mmviews.train.trainer._prepare", "mmviews/bench/a.py:6: step._present_mask",
+        "mmviews/bench/a.py:6: memory._reset"]
+
+
+#: The longest a function of the package may be, in lines (its ``def`` to its last line): a longer
+#: one is split into named steps that read top to bottom.
+MAX_FUNCTION_LINES = 120
+
+
+def long_functions(root: Path = PACKAGE, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``{"path: name": lines}`` of every function (methods and nested ones too) of the package at
+    ``root`` longer than ``limit`` lines."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found[f"{path.relative_to(root.parent)}: {node.name}"] = lines
+    return found
+
+
+def test_no_function_is_longer_than_the_limit():
+    assert long_functions() == {}
+
+
+def test_the_length_finder_counts_def_to_last_line(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(4))
+    (tmp_path / "mmviews").mkdir()
+    (tmp_path / "mmviews" / "m.py").write_text(f"def five():\n{body}\nclass C:\n    def three(self):\n"
+                                               "        def two():\n            pass\n")
+    assert long_functions(tmp_path / "mmviews", 2) == {"mmviews/m.py: five": 5, "mmviews/m.py: three": 3}
+    assert long_functions(tmp_path / "mmviews", 5) == {}

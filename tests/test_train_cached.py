@@ -193,14 +193,14 @@ def test_cached_step_under_bf16_autocast(tmp_path: Path, monkeypatch: pytest.Mon
     unwrapped encoder keeps): the cached step follows the plain one to bf16 rounding."""
     config = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, chunk=None, num_samples=64,
                              mixed_precision="bf16")
-    precisions, make_accelerator = [], trainer._accelerator
+    precisions, make_accelerator = [], trainer.make_accelerator
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         accelerator = make_accelerator(*args, **kwargs)
         precisions.append((accelerator.mixed_precision, accelerator.native_amp))
         return accelerator
 
-    monkeypatch.setattr(trainer, "_accelerator", recording)
+    monkeypatch.setattr(trainer, "make_accelerator", recording)
     with own_accelerate_state():
         plain = train_in_process(config, tmp_path / "plain")
         cached = train_in_process(with_chunk(config, 5), tmp_path / "cached")
@@ -236,7 +236,7 @@ def _missing_modalities_config(chunk: int | None, adapters: dict[str, Any] | Non
 def _record_batches(monkeypatch: pytest.MonkeyPatch, recorder: HostReadRecorder | None = None) -> list[ViewBatch]:
     """Collect the batches the loop trains on (and label ``recorder``'s reads with their step;
     the loader's ``next`` is not recorded)."""
-    original, seen = trainer._epoch_batches, []
+    original, seen = trainer.epoch_loader, []
 
     def batches(p: Any, parts: Any, epoch: int) -> Any:
         iterator = iter(original(p, parts, epoch))
@@ -253,7 +253,7 @@ def _record_batches(monkeypatch: pytest.MonkeyPatch, recorder: HostReadRecorder 
             seen.append(batch)
             yield batch
 
-    monkeypatch.setattr(trainer, "_epoch_batches", batches)
+    monkeypatch.setattr(trainer, "epoch_loader", batches)
     return seen
 
 
@@ -415,7 +415,7 @@ def test_pass_1_keeps_no_activations(tmp_path: Path) -> None:
     from accelerate import PartialState
 
     parts = trainer.build_run(config_from_dict(with_chunk(config, 8)), PartialState(cpu=True).num_processes, "test")
-    p = trainer._prepare(trainer._accelerator(parts.config, tmp_path / "p", []), parts)
+    p = trainer.prepare_run(trainer.make_accelerator(parts.config, tmp_path / "p", []), parts)
     batch = next(iter(p.train_loader))
     saved = _live_saved_bytes(lambda: encode_without_graph(p, [batch.sample_range(s, e) for s, e in
                                                                chunk_bounds(batch.num_samples, 8)]))

@@ -99,7 +99,7 @@ def train_recording(config: dict[str, Any], run: Path, set_attribute: Callable[[
 
     set_attribute(trainer, "train_step", recording_step)
     if scaler:
-        make_accelerator = trainer._accelerator
+        make_accelerator = trainer.make_accelerator
 
         def with_scaler(*args: Any, **kwargs: Any) -> Any:
             accelerator = make_accelerator(*args, **kwargs)
@@ -107,7 +107,7 @@ def train_recording(config: dict[str, Any], run: Path, set_attribute: Callable[[
             accelerator.scaler = rec.scaler = RecordingScaler()
             return accelerator
 
-        set_attribute(trainer, "_accelerator", with_scaler)
+        set_attribute(trainer, "make_accelerator", with_scaler)
     trainer.train(config_from_dict(config), run)
     rec.after = {k: v.detach().clone() for k, v in rec.encoder().state_dict().items()}
     return rec

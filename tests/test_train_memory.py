@@ -3,7 +3,8 @@ peak memory per device and, with ``--memory-budget-gb``, the ``optimisation.enco
 fits. Against real steps of a shrunk quickstart (parameters, gradients, optimiser state, activations,
 the evaluation batch encoded without gradients); and part by part on tiny inputs: every line of the
 report with its figures and units, the advice for a budget, the byte counting, the extrapolations and
-the readings of the process's memory, each figure counted by hand from inputs chosen to be exact."""
+what it makes of the process's memory readings (read by mmviews.process_memory), each figure
+counted by hand from inputs chosen to be exact."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from mmviews.train.memory import (
     saved_activation_bytes,
 )
 from mmviews.train.step import train_step
-from mmviews.train.trainer import _accelerator, _prepare
+from mmviews.train.setup import make_accelerator, prepare_run
 
 
 # The quickstart shrunk: 64 samples, K = 32.
@@ -50,7 +51,7 @@ def test_activation_estimate_matches_a_real_step(tmp_path: Path, small_estimate)
     in one real training step at K = 32 (encoder and objective): within 25 %."""
     parts, estimate, before = small_estimate
     assert estimate.activation_per_sample > 0 and estimate.samples_per_device == 32
-    p = _prepare(_accelerator(parts.config, tmp_path, []), parts)
+    p = prepare_run(make_accelerator(parts.config, tmp_path, []), parts)
     for k, v in p.model.state_dict().items():  # the measurement left weights and BatchNorm statistics alone
         assert (v == before[k]).all(), k
     p.model.train()
@@ -136,7 +137,7 @@ def stepped(tmp_path_factory):
     AdamW step, with the gradients of a real backward on the first batch (counted before the
     optimiser clears them)."""
     parts = build_run(load_config(resolve_recipe("quickstart"), SMALL), 1, with_eval=False)
-    p = _prepare(_accelerator(parts.config, tmp_path_factory.mktemp("stepped"), []), parts)
+    p = prepare_run(make_accelerator(parts.config, tmp_path_factory.mktemp("stepped"), []), parts)
     p.model.train()
     batch = next(iter(p.train_loader))
     z, mask = p.model(batch)
@@ -200,7 +201,7 @@ def test_teacher_is_the_trainers_copy(tmp_path: Path) -> None:
     config = load_config(resolve_recipe("quickstart"), [*SMALL, "objective.name=er", "objective.ema_teacher=true",
                                                         "objective.params={}"])
     parts = build_run(config, 1, with_eval=False)
-    p = _prepare(_accelerator(parts.config, tmp_path, []), parts)
+    p = prepare_run(make_accelerator(parts.config, tmp_path, []), parts)
     assert p.teacher is not None
     assert _static_estimate(parts).teacher == _storage_bytes([*p.teacher.parameters(), *p.teacher.buffers()]) > 0
 
@@ -777,63 +778,20 @@ def test_objective_that_cannot_run_on_random_inputs_is_counted_instead(K: int, c
     assert memory.measure_objective_bytes(_Failing(100 / MiB), K, 2, 8) == counted
 
 
-# ---------------------------------------------------------------------------------------------
-# The process's memory, read from the kernel (Linux). References read /proc/self/status here.
-# ---------------------------------------------------------------------------------------------
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
-def test_resident_bytes_is_the_processes_resident_set() -> None:
-    low = _status_kib("VmRSS") * 1024
-    reading = memory.resident_bytes()
-    high = _status_kib("VmRSS") * 1024
-    assert low - 4 * MiB <= reading <= high + 4 * MiB, (low, reading, high)
-
-
-def test_trimming_gives_freed_small_blocks_back() -> None:
-    """40,000 blocks of 2 kB (malloc's heap, not mmap: 78 MiB) freed below one kept: the
-    resident set stays up until the allocator is trimmed."""
-    blocks = [bytes(2000) for _ in range(40_000)]
-    kept = blocks[-1]
-    del blocks
-    before = memory.resident_bytes()
-    memory.trim_host_memory()
-    assert before - memory.resident_bytes() > 40 * MiB and len(kept) == 2000
-
-
-def test_resident_peak_is_the_high_water_mark_and_resets_to_the_resident_set() -> None:
-    low = _status_kib("VmHWM") * 1024
-    peak = memory.resident_peak_bytes()
-    assert low <= peak <= _status_kib("VmHWM") * 1024
-    # reset: the mark comes down to the resident set now (earlier work in this process set it higher)
-    start = memory._reset_resident_peak()
-    now = memory.resident_bytes()
-    assert start is not None and abs(start - now) <= 4 * MiB and abs(memory.resident_peak_bytes() - now) <= 4 * MiB
-    grown = torch.ones(64 * MiB // 4)  # 64 MiB touched (mmap: freed at once)
-    del grown
-    assert memory.resident_peak_bytes() >= start + 60 * MiB
-
-
-def test_memory_readings_where_proc_cannot_be_read(monkeypatch) -> None:
-    """No /proc (not Linux): the resident set falls back to the high-water mark getrusage gives
-    (kilobytes on Linux), the peak is unknown (0) and cannot be reset (None)."""
-    import resource
-
-    def refused(*args, **kwargs):
-        raise OSError("no /proc")
-
-    monkeypatch.setattr(memory, "open", refused, raising=False)
-    low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    assert low <= memory.resident_bytes() <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    assert memory.resident_peak_bytes() == 0
-    assert memory._reset_resident_peak() is None
-
-
+# The process's memory is read by mmviews.process_memory (tests/test_process_memory.py); here,
+# what the estimate makes of its readings.
 def test_reset_peak_is_none_when_the_peak_reads_unknown(monkeypatch) -> None:
     monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 0)
     assert memory._reset_resident_peak() is None
+
+
+def test_reset_peak_is_none_where_the_mark_cannot_be_reset(monkeypatch) -> None:
+    """No /proc/self/clear_refs: the mark is not the resident set now, so no reading is given."""
+    monkeypatch.setattr(memory, "reset_resident_peak", lambda: False)
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1000)
+    assert memory._reset_resident_peak() is None
+    monkeypatch.setattr(memory, "reset_resident_peak", lambda: True)
+    assert memory._reset_resident_peak() == 1000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1382,20 +1340,6 @@ def test_evaluation_forward_is_measured_under_the_recipes_mixed_precision(precis
     float32 forward's 8 KiB peak becomes more than one such copy."""
     forward = memory.measure_evaluation_forward(_two_layer_eval_parts(precision))
     assert forward.peak > 512 * 1024
-
-
-def test_resident_set_fallback_on_macos_is_in_bytes(monkeypatch) -> None:
-    """macOS's getrusage reports the high-water mark in bytes (Linux's in kilobytes)."""
-    import resource
-    import sys
-
-    def refused(*args, **kwargs):
-        raise OSError("no /proc")
-
-    monkeypatch.setattr(memory, "open", refused, raising=False)
-    monkeypatch.setattr(sys, "platform", "darwin")
-    low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert low <= memory.resident_bytes() <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 class _FailingSecondLayer(_TwoLayers):

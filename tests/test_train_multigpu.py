@@ -130,11 +130,11 @@ def test_trainer_gives_the_teacher_the_accelerator_autocast(tmp_path):
 
     from mmviews.config import config_from_dict
     from mmviews.train.build import build_run
-    from mmviews.train.trainer import _accelerator, _prepare
+    from mmviews.train.setup import make_accelerator, prepare_run
 
     config = config_from_dict(gaussian_config({"name": "er", "params": {}}, ema_teacher=True))
-    accelerator = _accelerator(config, tmp_path, [])
-    p = _prepare(accelerator, build_run(config, 1, "test"))
+    accelerator = make_accelerator(config, tmp_path, [])
+    p = prepare_run(accelerator, build_run(config, 1, "test"))
     assert p.teacher is not None and p.teacher.autocast == accelerator.autocast
 
 
@@ -211,12 +211,12 @@ def test_timeout_default_and_bad_values(tmp_path):
 
     from mmviews.config import ConfigError, config_from_dict
     from mmviews.train.distributed import process_group_kwargs
-    from mmviews.train.trainer import _accelerator
+    from mmviews.train.setup import make_accelerator
 
     recipe = gaussian_config({"name": "mv_dhel", "params": {}})
     config = config_from_dict(recipe)
     assert config.distributed.timeout_s == 3600 and process_group_kwargs(config).timeout.total_seconds() == 3600
-    handlers = _accelerator(config, tmp_path, []).init_handler
+    handlers = make_accelerator(config, tmp_path, []).init_handler
     assert handlers is not None and handlers.timeout.total_seconds() == 3600
     with pytest.raises(ConfigError, match=r"distributed\.timeout_s must be > 0 seconds, got 0"):
         process_group_kwargs(config_from_dict({**recipe, "distributed": {"timeout_s": 0}}))

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import mmviews.train.trainer as trainer
+from mmviews.train.setup import HostPreparedCollate
 from mmviews.bench.train import HostReadRecorder
 from mmviews.config import config_from_dict
 from mmviews.data.batch import ViewBatch, ViewInfo
@@ -81,7 +82,7 @@ def _train_recording(config: dict[str, Any], run_dir: Path,
     batches trained on."""
     recorder = HostReadRecorder()
     recorder.step = "setup"
-    original = trainer._epoch_batches
+    original = trainer.epoch_loader
     seen: list[ViewBatch] = []
 
     def batches(p: Any, parts: Any, epoch: int) -> Any:
@@ -95,7 +96,7 @@ def _train_recording(config: dict[str, Any], run_dir: Path,
             seen.append(batch)
             yield batch
 
-    monkeypatch.setattr(trainer, "_epoch_batches", batches)
+    monkeypatch.setattr(trainer, "epoch_loader", batches)
     with recorder:
         train(config_from_dict(config), run_dir)
     return recorder, seen
@@ -277,7 +278,7 @@ def test_input_checks_travel_to_workers_without_weights() -> None:
     parameters, not the models, and they still catch what the adapters would."""
     encoder = MultiViewEncoder({"text": build_adapter(tiny_config("text")),
                                 "audio": build_adapter(tiny_config("hf_audio"))})
-    payload = pickle.dumps(trainer.HostPreparedCollate(_collate_stub, encoder.input_check()))
+    payload = pickle.dumps(HostPreparedCollate(_collate_stub, encoder.input_check()))
     assert len(payload) < 2000, f"{len(payload)} bytes: the checks must not carry weights"
     check = pickle.loads(payload).prepare
     views = [ViewInfo("text_0", "text", 0), ViewInfo("audio_0", "audio", 0)]
@@ -564,7 +565,7 @@ def test_text_preparation_travels_to_workers_without_weights() -> None:
     words) pickles small, and tokenises in a worker as in the main process."""
     encoder = MultiViewEncoder({"text": build_adapter({**tiny_config("text"), "vocab": "synthetic"}),
                                 "audio": build_adapter(tiny_config("audio_cnn"))})
-    payload = pickle.dumps(trainer.HostPreparedCollate(_collate_stub, encoder.host_preparation()))
+    payload = pickle.dumps(HostPreparedCollate(_collate_stub, encoder.host_preparation()))
     assert len(payload) < 10_000, f"{len(payload)} bytes: the tokenizer and checks must not carry weights"
     _, batch = _text_and_audio_batch()
     copy = pickle.loads(payload).prepare(_with_own_inputs(batch))
@@ -583,14 +584,14 @@ def _train_text_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, *, workers: 
     """A short run (4 steps) on synthetic text and images, some samples without text: its losses
     at every step, its final encoder weights and its batches."""
     seen: list[ViewBatch] = []
-    original = trainer._epoch_batches
+    original = trainer.epoch_loader
 
     def batches(p: Any, parts: Any, epoch: int) -> Any:
         for batch in original(p, parts, epoch):
             seen.append(batch)
             yield batch
 
-    monkeypatch.setattr(trainer, "_epoch_batches", batches)
+    monkeypatch.setattr(trainer, "epoch_loader", batches)
     adapters = {"text": {**tiny_config("text"), "vocab": "synthetic", "max_length": 24},
                 "image": tiny_config("small_cnn")}
     config = synthetic_config(adapters, [{"modality": "text"}, {"modality": "image"}])

@@ -9,9 +9,8 @@ so that a change of machine load between them does not bias their ratios).
 
 Memory: :func:`reset_cuda_peak` and :func:`cuda_peak_mib` (``torch.cuda.max_memory_allocated``),
 :func:`cuda_peak_bytes_of` (the same around one call), :func:`tensor_peak_bytes_of`
-(live tensor bytes during one call, on CPU too), :func:`rss_bytes` (the resident set now),
-:func:`reset_rss_high_water` and :func:`rss_high_water_bytes` (the resident set's high-water
-mark, reset where Linux allows it, else since the process started).
+(live tensor bytes during one call, on CPU too). The process's resident set and its high-water
+mark are read by :mod:`mmviews.process_memory`, as the memory estimate reads them.
 
 The report each verb writes (JSON next to a printed table) is in :mod:`mmviews.bench.report`.
 """
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
 import warnings
@@ -151,38 +149,6 @@ def tensor_peak_bytes_of(fn: Callable[[], Any], device: torch.device) -> int | N
     except Exception as error:  # private API: report the gap rather than a made-up number
         print(f"warning: CPU memory timeline unavailable ({type(error).__name__}: {error})", file=sys.stderr)
         return None
-
-
-def rss_bytes() -> int:
-    """This process's resident set now (Linux ``/proc/self/statm``)."""
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def reset_rss_high_water() -> bool:
-    """Reset this process's resident-set high-water mark to the current resident set; False
-    where the kernel does not allow it (then :func:`rss_high_water_bytes` counts from start)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        return True
-    except OSError:
-        return False
-
-
-def rss_high_water_bytes(reset: bool = False) -> int:
-    """This process's resident-set high-water mark, since it started or since a successful
-    :func:`reset_rss_high_water` (``reset``): Linux's ``VmHWM`` where there is one, else
-    ``getrusage``'s ``ru_maxrss``. Not ``ru_maxrss`` on Linux: the kernel carries the spawning
-    process's resident set over into it at ``exec``, so a case run from a large parent (a test
-    process, a bench holding torch) would report the parent's peak as its own."""
-    from mmviews.train.memory import resident_peak_bytes  # here: the verbs that never read it skip mmviews.train
-
-    peak = resident_peak_bytes()
-    if peak:
-        return peak
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
 def verb_main(verb: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],

@@ -177,6 +177,159 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
+def _check_sizes(K: int, M: int, d: int, repeats: int, warmup: int, dtype: str, reference_K: int,
+                 objectives: list[str] | None) -> list[str]:
+    """A clear error for a size, dtype or objective the benchmark cannot take; the objectives' names."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    for what, value, least in (("K", K, 2), ("M", M, 2), ("d", d, 1), ("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if value < least:
+            raise ValueError(f"--{what} must be >= {least}, got {value}")
+    if reference_K != 0 and reference_K < 2:
+        raise ValueError(f"--reference-K must be 0 (no reference column) or >= 2, got {reference_K}")
+    known = list_objectives()
+    names = known if not objectives else list(objectives)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown objective(s) {unknown}; known objectives: {', '.join(known)}")
+    return names
+
+
+def _device_and_clock(device: str | None, clock: str | None, threads: int | None) -> tuple[torch.device, str]:
+    """The device and the clock (see :func:`benchmark`); sets torch's threads when asked (or
+    one, for the CPU clock by default)."""
+    device_ = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if clock is None:  # how the figures of docs/objectives.md were measured: one thread's CPU time on CPU
+        clock = "cpu" if device_.type == "cpu" else "wall"
+        if clock == "cpu" and threads is None:
+            threads = 1
+    if clock not in CLOCKS:
+        raise ValueError(f"--clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    if clock == "cpu" and device_.type == "cuda":
+        raise ValueError("--clock cpu measures host CPU time: use --clock wall on CUDA")
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    return device_, clock
+
+
+def _reference_check(name: str, params: dict[str, Any], z64: torch.Tensor) -> dict[str, float]:
+    """The reference loop of ``name`` against the library on ``z64`` (float64, so only summation
+    order differs): their values, or a RuntimeError when they disagree."""
+    want = float(get_objective(name, **params).to(z64.device)(z64))
+    got = float(REFERENCE_LOSSES[name](z64, params))
+    if not math.isclose(got, want, rel_tol=1e-7, abs_tol=1e-9):
+        K, M = z64.shape[:2]
+        raise RuntimeError(f"reference {name} gives {got!r} but mmviews gives {want!r} (float64, K={K}, M={M})")
+    return {"library_loss": want, "reference_loss": got, "abs_diff": abs(got - want)}
+
+
+def _contenders(names: list[str], base: torch.Tensor, M: int, temperature: float, device: torch.device,
+                dtype: torch.dtype, reference_K: int) -> tuple[dict[str, _Step], dict[str, dict[str, Any]], dict[int, str]]:
+    """The timed calls: the floor per number of views used, each objective, and for the
+    objectives with a reference loop, that loop and the objective again, both on the first
+    ``reference_K`` samples. Returns the calls, each objective's row so far, and the floors' names."""
+    K = base.shape[0]
+
+    def leaf(num_views: int, samples: int = K) -> torch.Tensor:
+        return base[:samples, :num_views].to(device, dtype).contiguous().requires_grad_(True)
+
+    calls: dict[str, _Step] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    floors: dict[int, str] = {}
+    for name in names:
+        num_views = objective_class(name).exact_views or M
+        if num_views > M:
+            raise ValueError(f"objective {name!r} needs {num_views} views, more than --M {M}")
+        if num_views not in floors:
+            floors[num_views] = f"floor@M={num_views}"
+            calls[floors[num_views]] = _Step(lambda z: floor_loss(z, temperature), leaf(num_views))
+        params = _objective_kwargs(name, temperature)
+        objective = get_objective(name, **params).to(device)
+        calls[name] = _Step(objective, leaf(num_views))
+        row: dict[str, Any] = {"params": params, "M": num_views, "floor": floors[num_views]}
+        with torch.no_grad():
+            row["loss"] = float(objective(leaf(num_views).detach()))
+        if reference_K and name in REFERENCE_LOSSES:
+            reference_loss = REFERENCE_LOSSES[name]
+            calls[f"reference:{name}"] = _Step(
+                lambda z, f=reference_loss, p=params: f(z, p), leaf(num_views, reference_K)
+            )
+            calls[f"library@reference:{name}"] = _Step(objective, leaf(num_views, reference_K))
+            row["reference_check"] = _reference_check(name, params, base[:reference_K, :num_views].to(device))
+        rows[name] = row
+    return calls, rows, floors
+
+
+def _time_and_measure(calls: dict[str, _Step], repeats: int, warmup: int, device: torch.device,
+                      timer: Callable[[], float], memory: bool,
+                      progress: bool) -> tuple[dict[str, list[float]], dict[str, int | None]]:
+    """Seconds of each call (warm-up, then rounds over every contender in turn) and its peak
+    memory. Peak memory of the objectives and floors only: the reference loops run hundreds of
+    thousands of scalar ops, which the profiler would take minutes to record."""
+    from tqdm import tqdm
+
+    measured = [key for key in calls if not key.startswith(("reference:", "library@reference:"))]
+    total = (warmup + repeats) * len(calls)
+    with tqdm(total=total + len(measured), desc="bench objectives", disable=not progress, file=sys.stderr) as bar:
+
+        def before(key: str) -> None:
+            bar.set_postfix_str(key)
+            calls[key].reset()
+
+        times = round_robin(calls, repeats, warmup, synchroniser(device), clock=timer, before=before,
+                            after=lambda key: bar.update())
+        peaks: dict[str, int | None] = {key: None for key in calls}
+        for key in measured:
+            bar.set_postfix_str(f"memory {key}")
+            peaks[key] = peak_memory_bytes(calls[key], device) if memory else None
+            bar.update()
+    return times, peaks
+
+
+def _target_checks(name: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each of the project's :data:`TARGETS` for ``name`` against its row: value, ok, verdict."""
+    checks = []
+    for metric, bound in TARGETS.get(name, []):
+        value = row[metric]
+        ok = None if value is None else (value >= bound if metric == "speedup_vs_reference" else value <= bound)
+        spread = row["time_vs_floor_iqr"] if metric == "time_vs_floor" else None
+        checks.append({"metric": metric, "bound": bound, "value": value, "ok": ok,
+                       "verdict": target_verdict(ok, bound, spread)})
+    return checks
+
+
+def _summarise(rows: dict[str, dict[str, Any]], floors: dict[int, str], times: dict[str, list[float]],
+               peaks: dict[str, int | None], reference_K: int) -> dict[str, dict[str, Any]]:
+    """The floors' rows; each objective's row completed with its times, memory, ratios to its
+    floor, the reference column and the targets."""
+
+    def summary(key: str) -> dict[str, Any]:
+        peak = peaks[key]
+        return {"time_ms": _median_ms(times[key]), "times_ms": [t * 1e3 for t in times[key]],
+                "time_iqr_ms": [q * 1e3 for q in _quartiles(times[key])],
+                "peak_mb": None if peak is None else peak / 2**20}
+
+    floor_rows = {key: summary(key) for key in floors.values()}
+    for name, row in rows.items():
+        row.update(summary(name))
+        floor = floor_rows[row["floor"]]
+        # per-round ratios: a round's load hits the objective and its floor alike
+        ratios = [t / f for t, f in zip(times[name], times[row["floor"]])]
+        row["time_vs_floor"] = statistics.median(ratios)
+        row["time_vs_floor_iqr"] = list(_quartiles(ratios))
+        row["memory_vs_floor"] = None if row["peak_mb"] is None or not floor["peak_mb"] else row["peak_mb"] / floor["peak_mb"]
+        if f"reference:{name}" in times:
+            row["reference"] = {"K": reference_K, **summary(f"reference:{name}")}
+            row["library_at_reference_K"] = summary(f"library@reference:{name}")
+            row["speedup_vs_reference"] = row["reference"]["time_ms"] / row["library_at_reference_K"]["time_ms"]
+        else:
+            row["reference"], row["library_at_reference_K"], row["speedup_vs_reference"] = None, None, None
+        row["targets"] = _target_checks(name, row)
+    return floor_rows
+
+
 def benchmark(
     K: int = 256,
     M: int = 8,
@@ -198,127 +351,13 @@ def benchmark(
 
     ``clock`` None: ``"cpu"`` on a CPU device (with ``threads`` defaulting to 1), ``"wall"``
     on CUDA (see the module docstring)."""
-    from tqdm import tqdm
-
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    for what, value, least in (("K", K, 2), ("M", M, 2), ("d", d, 1), ("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if value < least:
-            raise ValueError(f"--{what} must be >= {least}, got {value}")
-    if reference_K != 0 and reference_K < 2:
-        raise ValueError(f"--reference-K must be 0 (no reference column) or >= 2, got {reference_K}")
+    names = _check_sizes(K, M, d, repeats, warmup, dtype, reference_K, objectives)
     reference_K = min(reference_K, K)
-    known = list_objectives()
-    names = known if not objectives else list(objectives)
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown objective(s) {unknown}; known objectives: {', '.join(known)}")
-    device_ = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if clock is None:  # how the figures of docs/objectives.md were measured: one thread's CPU time on CPU
-        clock = "cpu" if device_.type == "cpu" else "wall"
-        if clock == "cpu" and threads is None:
-            threads = 1
-    if clock not in CLOCKS:
-        raise ValueError(f"--clock must be one of {sorted(CLOCKS)}, got {clock!r}")
-    if clock == "cpu" and device_.type == "cuda":
-        raise ValueError("--clock cpu measures host CPU time: use --clock wall on CUDA")
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    timer = CLOCKS[clock]
-    torch_dtype = DTYPES[dtype]
-
-    generator = torch.Generator().manual_seed(seed)
-    base = torch.randn(K, M, d, generator=generator, dtype=torch.float64)
-
-    def leaf(num_views: int, samples: int = K) -> torch.Tensor:
-        return base[:samples, :num_views].to(device_, torch_dtype).contiguous().requires_grad_(True)
-
-    # Contenders: floor per number of views used, each objective, and for the objectives with
-    # a reference loop, that loop and the objective again, both on the first reference_K samples.
-    calls: dict[str, _Step] = {}
-    rows: dict[str, dict[str, Any]] = {}
-    floors: dict[int, str] = {}
-    for name in names:
-        num_views = objective_class(name).exact_views or M
-        if num_views > M:
-            raise ValueError(f"objective {name!r} needs {num_views} views, more than --M {M}")
-        if num_views not in floors:
-            floors[num_views] = f"floor@M={num_views}"
-            calls[floors[num_views]] = _Step(lambda z: floor_loss(z, temperature), leaf(num_views))
-        params = _objective_kwargs(name, temperature)
-        objective = get_objective(name, **params).to(device_)
-        calls[name] = _Step(objective, leaf(num_views))
-        row: dict[str, Any] = {"params": params, "M": num_views, "floor": floors[num_views]}
-        with torch.no_grad():
-            row["loss"] = float(objective(leaf(num_views).detach()))
-        if reference_K and name in REFERENCE_LOSSES:
-            reference_loss = REFERENCE_LOSSES[name]
-            calls[f"reference:{name}"] = _Step(
-                lambda z, f=reference_loss, p=params: f(z, p), leaf(num_views, reference_K)
-            )
-            calls[f"library@reference:{name}"] = _Step(objective, leaf(num_views, reference_K))
-            # Same value: float64 on the same inputs, so only summation order differs.
-            z64 = base[:reference_K, :num_views].to(device_)
-            want = float(get_objective(name, **params).to(device_)(z64))
-            got = float(reference_loss(z64, params))
-            if not math.isclose(got, want, rel_tol=1e-7, abs_tol=1e-9):
-                raise RuntimeError(
-                    f"reference {name} gives {got!r} but mmviews gives {want!r} (float64, K={reference_K}, M={num_views})"
-                )
-            row["reference_check"] = {"library_loss": want, "reference_loss": got, "abs_diff": abs(got - want)}
-        rows[name] = row
-
-    # Time: warm-up, then rounds over every contender in turn.
-    # Peak memory of the objectives and floors only: the reference loops run hundreds of
-    # thousands of scalar ops, which the profiler would take minutes to record.
-    measured = [key for key in calls if not key.startswith(("reference:", "library@reference:"))]
-    total = (warmup + repeats) * len(calls)
-    with tqdm(total=total + len(measured), desc="bench objectives", disable=not progress, file=sys.stderr) as bar:
-
-        def before(key: str) -> None:
-            bar.set_postfix_str(key)
-            calls[key].reset()
-
-        times = round_robin(calls, repeats, warmup, synchroniser(device_), clock=timer, before=before,
-                            after=lambda key: bar.update())
-        peaks: dict[str, int | None] = {key: None for key in calls}
-        for key in measured:
-            bar.set_postfix_str(f"memory {key}")
-            peaks[key] = peak_memory_bytes(calls[key], device_) if memory else None
-            bar.update()
-
-    def summary(key: str) -> dict[str, Any]:
-        peak = peaks[key]
-        return {"time_ms": _median_ms(times[key]), "times_ms": [t * 1e3 for t in times[key]],
-                "time_iqr_ms": [q * 1e3 for q in _quartiles(times[key])],
-                "peak_mb": None if peak is None else peak / 2**20}
-
-    floor_rows = {key: summary(key) for key in floors.values()}
-    for name, row in rows.items():
-        row.update(summary(name))
-        floor = floor_rows[row["floor"]]
-        # per-round ratios: a round's load hits the objective and its floor alike
-        ratios = [t / f for t, f in zip(times[name], times[row["floor"]])]
-        row["time_vs_floor"] = statistics.median(ratios)
-        row["time_vs_floor_iqr"] = list(_quartiles(ratios))
-        row["memory_vs_floor"] = None if row["peak_mb"] is None or not floor["peak_mb"] else row["peak_mb"] / floor["peak_mb"]
-        if f"reference:{name}" in calls:
-            row["reference"] = {"K": reference_K, **summary(f"reference:{name}")}
-            row["library_at_reference_K"] = summary(f"library@reference:{name}")
-            row["speedup_vs_reference"] = row["reference"]["time_ms"] / row["library_at_reference_K"]["time_ms"]
-        else:
-            row["reference"], row["library_at_reference_K"], row["speedup_vs_reference"] = None, None, None
-        checks = []
-        for metric, bound in TARGETS.get(name, []):
-            value = row[metric]
-            ok = None if value is None else (value >= bound if metric == "speedup_vs_reference" else value <= bound)
-            spread = row["time_vs_floor_iqr"] if metric == "time_vs_floor" else None
-            checks.append({"metric": metric, "bound": bound, "value": value, "ok": ok,
-                           "verdict": target_verdict(ok, bound, spread)})
-        row["targets"] = checks
-
+    device_, clock = _device_and_clock(device, clock, threads)
+    base = torch.randn(K, M, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    calls, rows, floors = _contenders(names, base, M, temperature, device_, DTYPES[dtype], reference_K)
+    times, peaks = _time_and_measure(calls, repeats, warmup, device_, CLOCKS[clock], memory, progress)
+    floor_rows = _summarise(rows, floors, times, peaks, reference_K)
     return {
         "config": {
             "K": K, "M": M, "d": d, "dtype": dtype, "repeats": repeats, "warmup": warmup,

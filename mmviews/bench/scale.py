@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from mmviews.bench.common import (reset_rss_high_water, rss_bytes, rss_high_water_bytes, seconds_of, synchroniser,
-                                   verb_main)
+from mmviews.bench.common import seconds_of, synchroniser, verb_main
 from mmviews.bench.report import environment, write_report
+from mmviews.process_memory import reset_resident_peak, resident_bytes, resident_high_water_bytes
 
 DEFAULT_OBJECTIVES = ["geometric_pvc", "mv_infonce", "multi_crop", "fmicl", "mv_dhel", "er"]
 DEFAULT_SIZES = [2048, 4096, 8192, 16384, 32768, 65536]
@@ -108,14 +108,14 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
                 torch.cuda.reset_peak_memory_stats(device)
                 before = torch.cuda.memory_allocated(device)
             else:
-                reset = reset_rss_high_water()
-                before = rss_bytes()
+                reset_resident_peak()
+                before = resident_bytes()
         times.append(seconds_of(lambda: objective(z).backward(), sync, clock))
         if repeat == 0:
             if device.type == "cuda":
                 peak = torch.cuda.max_memory_allocated(device) - before
             else:
-                peak = rss_high_water_bytes(reset) - before
+                peak = resident_high_water_bytes() - before
     return {"times_s": times, "peak_bytes": peak}
 
 

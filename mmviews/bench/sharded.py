@@ -65,19 +65,19 @@ def held_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, int]:
 def _worker(args: argparse.Namespace, out: Path) -> None:
     """One process of a measured setup: build the case, prepare it as ``mmviews train`` does,
     run the steps, write rank 0's figures to ``out``."""
-    from mmviews.bench.common import rss_high_water_bytes
-    from mmviews.bench.train import _batches, build_case
+    from mmviews.bench.train import build_case
+    from mmviews.process_memory import resident_high_water_bytes
     from mmviews.train.distributed import process_state
+    from mmviews.train.setup import batches_forever, make_accelerator, prepare_run
     from mmviews.train.step import train_step
-    from mmviews.train.trainer import _accelerator, _prepare
 
     parts = build_case(args.case, args)
     config = parts.config
     process_state(config)
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-sharded-") as tmp:
-        accelerator = _accelerator(config, Path(tmp), [])
-        p = _prepare(accelerator, parts)
-        batches = _batches(p, parts)
+        accelerator = make_accelerator(config, Path(tmp))
+        p = prepare_run(accelerator, parts)
+        batches = batches_forever(p, parts)
         p.model.train()
         times = []
         for i in range(args.warmup + args.steps):
@@ -92,7 +92,7 @@ def _worker(args: argparse.Namespace, out: Path) -> None:
         if accelerator.device.type == "cuda":
             peak_mb = torch.cuda.max_memory_reserved(accelerator.device) / 2**20
         else:
-            peak_mb = rss_high_water_bytes() / 2**20
+            peak_mb = resident_high_water_bytes() / 2**20
         held = held_bytes(accelerator.unwrap_model(p.model), p.optimizer)
         # Gradients are cleared after each step: count them after a backward without the step.
         z, _ = p.model(next(batches))
@@ -192,7 +192,7 @@ def format_sharded(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """A worker: ``python -m mmviews.bench.sharded --worker-output FILE BENCH_TRAIN_OPTIONS``."""
-    from mmviews.bench.train import _steps_of, add_arguments
+    from mmviews.bench.train import steps_of, add_arguments
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="mmviews.bench.sharded")
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.owns_process = True  # a worker process of this bench's own (host_memory applies as in mmviews train)
     args.case = args.case[0]
-    args.steps, args.warmup = _steps_of(args.case, args)
+    args.steps, args.warmup = steps_of(args.case, args)
     torch.set_num_threads(args.threads or 1)
     _worker(args, args.worker_output)
     return 0
@@ -214,9 +214,9 @@ if __name__ == "__main__":
 def run(args: argparse.Namespace) -> int:
     """``mmviews bench train --sharded``: each case on 1, 2 unsharded and 2 sharded processes."""
     from mmviews.bench.report import environment, write_report
-    from mmviews.bench.train import _argv_of
+    from mmviews.bench.train import argv_of
 
-    argv = list(_argv_of(args))
+    argv = list(argv_of(args))
     results = [run_sharded(case, argv) for case in dict.fromkeys(args.case)]
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--sharded", "--case", *args.case, *argv]),

@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 import torch
 
-from mmviews.bench.common import middle, rss_high_water_bytes
+from mmviews.bench.common import middle
 from mmviews.modalities.presets import TINY_WORDS
+from mmviews.process_memory import resident_high_water_bytes
 from mmviews.train.host_memory import HOST_MEMORY_SETTINGS, configure_host_memory, host_memory_state, keep_freed_memory
 
 TEXT_WORDS = 60  # words per text: well over 32 tokens, so truncation, never padding, sets the length
@@ -110,7 +111,7 @@ def side_row(side: str, K: int, tokens: int, timed: dict[str, Any], setup: dict[
     return {"side": side, "K": K, "tokens": tokens, "step_s": middle(timed["wall"]), "cpu_s": middle(timed["cpu"]),
             "system_s": middle(timed["system"]), "page_faults": middle(timed["page_faults"]),
             "steps_s": timed["wall"], "steps_cpu_s": timed["cpu"], "threads": torch.get_num_threads(), **setup,
-            "host_memory": host_memory_state(), "peak_rss_mb": rss_high_water_bytes() / 2**20}
+            "host_memory": host_memory_state(), "peak_rss_mb": resident_high_water_bytes() / 2**20}
 
 
 def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -124,22 +125,22 @@ def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) 
 
 def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int, ops: bool = False) -> dict[str, Any]:
     """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup``: ``mmviews bench
-    train``'s :func:`~mmviews.bench.train.timed_step` (the batch drawn, collated and tokenised,
-    then :func:`mmviews.train.step.train_step`'s calls), prepared as ``mmviews train`` prepares
-    it; seconds per phase beside the step's."""
+    train``'s :func:`~mmviews.bench.train.step_phases` (the batch drawn, collated and tokenised,
+    then the trainer's own :func:`mmviews.train.step.train_step`), prepared as ``mmviews train``
+    prepares it; seconds per phase beside the step's."""
     from mmviews.bench.common import synchroniser
-    from mmviews.bench.train import _batches, realistic_parts, timed_step
-    from mmviews.train.trainer import _accelerator, _prepare
+    from mmviews.bench.train import realistic_parts, step_phases
+    from mmviews.train.setup import batches_forever, make_accelerator, prepare_run
 
     config = mmviews_config(model, K, tokens)
     parts = realistic_parts(config, K * (steps + warmup + 2),
                             {"words": TEXT_WORDS, "audio_seconds": 0.01, "image_size": 8, "flow_frames": 1})
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-text-step-") as run_dir:
-        p = _prepare(_accelerator(config, Path(run_dir), []), parts)
+        p = prepare_run(make_accelerator(config, Path(run_dir)), parts)
         p.model.train()
-        batches, sync = _batches(p, parts), synchroniser(p.accelerator.device)
+        batches, sync = batches_forever(p, parts), synchroniser(p.accelerator.device)
         def step() -> dict[str, float]:
-            return timed_step(p, batches, config.optimisation.max_grad_norm, sync)
+            return step_phases(p, batches, config.optimisation.max_grad_norm, sync)
 
         timed = timed_steps(step, steps, warmup)
         backbone = p.accelerator.unwrap_model(p.model).adapters["text"].backbone
@@ -305,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     """``mmviews bench train --against-sentence-transformers K...``: :func:`compare_text_steps`, reported
     as ``mmviews bench train`` reports."""
     from mmviews.bench.report import environment, write_report
-    from mmviews.bench.train import _argv_of
+    from mmviews.bench.train import argv_of
 
     if args.device != "cpu":
         raise SystemExit("bench train: --against-sentence-transformers runs on --device cpu")
@@ -318,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
                                    *map(str, args.against_sentence_transformers), "--text-tokens", str(args.text_tokens),
                                    "--rounds", str(args.rounds), *(["--count-ops"] if args.count_ops else []),
                                    "--host-memory", args.host_memory,
-                                   *_argv_of(args)]),
+                                   *argv_of(args)]),
               "cases": [], "comparisons": [], "text_steps": text_steps}
     write_report(result, format_text_steps(text_steps), args.out)
     return 0

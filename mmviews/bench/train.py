@@ -1,8 +1,10 @@
 """``mmviews bench train``: samples per second of a whole training step, and where the time goes.
 
-A step is what :func:`mmviews.train.train_step` does for one batch, preceded by waiting for
-the batch: **data** (the loader's ``next``: collation in the main process with
-``num_workers: 0``, else the wait for a worker; then Accelerate's copy to the device),
+What is timed is the trainer's own step: the run is set up by :mod:`mmviews.train.setup` (as
+``mmviews train`` sets it up) and each step is a call of :func:`mmviews.train.train_step`, whose
+``phase_end`` callback (:class:`PhaseClock`) reads the clock at its phase boundaries. A step is
+preceded by waiting for the batch: **data** (the loader's ``next``: collation in the main process
+with ``num_workers: 0``, else the wait for a worker; then Accelerate's copy to the device),
 **forward** (the encoders' adapters, and the EMA teacher's when the objective takes one),
 **objective** (``critic_step`` and ``compute``: the loss and its metrics), **backward**, and
 **optimiser** (gradient clipping, the optimiser and schedule steps, ``on_step_end``, the
@@ -94,8 +96,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mmviews.bench.common import (cuda_peak_mib, middle, reset_cuda_peak, rss_high_water_bytes, seconds_of, synchroniser,
-                                   verb_main)
+from mmviews.bench.common import cuda_peak_mib, middle, reset_cuda_peak, seconds_of, synchroniser, verb_main
 from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
@@ -104,22 +105,16 @@ from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
 from mmviews.fileio import atomic_write_text
 from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config, tiny_config
+from mmviews.process_memory import resident_bytes, resident_high_water_bytes, trim_host_memory
 from mmviews.train.build import RunParts, build_encoder, build_objective, build_run
 from mmviews.train.host_memory import configure_host_memory, host_memory_state
-from mmviews.train.memory import (MemoryEstimate, estimate_memory, resident_bytes, tensor_bytes, tensors_in,
-                                  trim_host_memory)
-from mmviews.train.step import (
-    Prepared,
-    _present_mask,
-    micro_batch_dropout,
-    optimizer_step,
-    record_nonfinite,
-    train_step,
-)
-from mmviews.train.trainer import _accelerator, _prepare
+from mmviews.train.memory import MemoryEstimate, estimate_memory, tensor_bytes, tensors_in
+from mmviews.train.setup import batches_forever, make_accelerator, prepare_run
+from mmviews.train.step import PHASES as STEP_PHASES
+from mmviews.train.step import Prepared, train_step, update_teacher
 
 CASES = ("quickstart", "realistic", "finetune-small", "base-sizes")  # base-sizes: mmviews.bench.sharded
-PHASES = ("data", "forward", "objective", "backward", "optimiser")
+PHASES = ("data", *STEP_PHASES)  # the batch's wait, then the trainer's step's own phases
 _SHORT = {"data": "data", "forward": "fwd", "objective": "loss", "backward": "bwd", "optimiser": "optim"}
 
 # Adapters of the realistic case, per modality of the quickstart's views (random weights).
@@ -249,107 +244,55 @@ def realistic_parts(config: TrainConfig, num_samples: int, inputs: dict[str, Any
 # ---------------------------------------------------------------------------------------------
 # The measurement
 # ---------------------------------------------------------------------------------------------
-def _batches(p: Prepared, parts: RunParts) -> Iterator[Any]:
-    """Batches forever, epoch after epoch, as the trainer's loop draws them."""
-    epoch = 0
-    while True:
-        p.train_loader.set_epoch(epoch)
-        parts.sampler.set_epoch(epoch)
-        parts.collator.set_epoch(epoch)
-        yield from p.train_loader
-        epoch += 1
+class PhaseClock:
+    """The phase-end callback of :func:`mmviews.train.train_step`: at each phase's end it waits
+    for the device (``sync``) and charges the seconds since the previous end to that phase.
+    :meth:`start` opens a step; a phase that ends twice in a step (the optimiser phase, then the
+    loop's teacher update) is charged both times."""
+
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self.sync = sync
+        self.seconds: dict[str, float] = {}
+        self._last = 0.0
+
+    def start(self) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        self.sync()
+        now = time.perf_counter()
+        self.seconds[phase] += now - self._last
+        self._last = now
 
 
-def _end_of_timed_step(p: Prepared, batch: Any, z: torch.Tensor, sync: Callable[[], None],
-                       clocks: tuple[float, ...]) -> dict[str, float]:
-    """The part of a timed step after the optimiser (the objective's ``on_step_end`` and the
-    loop's teacher update), timed as the optimiser phase; seconds per phase (:data:`PHASES`)."""
-    p.objective.on_step_end(z.detach(), batch.index)
-    if p.teacher is not None and p.accelerator.sync_gradients:
-        p.teacher.update(p.accelerator.unwrap_model(p.model))
-    sync()
-    clocks = (*clocks, time.perf_counter())
-    return dict(zip(PHASES, (b - a for a, b in zip(clocks, clocks[1:]))))
-
-
-def timed_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
-               sync: Callable[[], None]) -> dict[str, float]:
-    """One step of :func:`mmviews.train.train_step` (same calls in the same order, plus the
-    loop's teacher update), preceded by fetching the batch, with ``sync()`` and a clock read
-    between phases. Returns seconds per phase (see :data:`PHASES`). A cached-embedding run
-    (``optimisation.encode_chunk_size``) times :func:`timed_cached_step` instead."""
-    if getattr(p, "encode_chunk_size", None) is not None:
-        return timed_cached_step(p, batch_iter, max_grad_norm, sync)
-    objective, accelerator = p.objective, p.accelerator
-    t0 = time.perf_counter()
+def step_phases(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
+                sync: Callable[[], None]) -> dict[str, float]:
+    """One step of the trainer's loop, phase by phase: the batch drawn (**data**), the trainer's
+    own :func:`mmviews.train.train_step` (its cached-embedding step when
+    ``optimisation.encode_chunk_size`` is set) timed through its ``phase_end`` callback, and the
+    loop's teacher update (charged to **optimiser**). Seconds per phase of :data:`PHASES`."""
+    clock = PhaseClock(sync)
+    clock.start()
     batch = next(batch_iter)
-    sync()
-    t1 = time.perf_counter()
-    with accelerator.accumulate(p.model), micro_batch_dropout(p):
-        z, mask = p.model(batch)
-        mask = _present_mask(objective, mask, batch.all_views_present())
-        teacher = p.teacher(batch)[0] if p.teacher is not None else None
-        sync()
-        t2 = time.perf_counter()
-        objective.critic_step(z.detach())
-        out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        record_nonfinite(p, out.loss)
-        sync()
-        t3 = time.perf_counter()
-        accelerator.backward(out.loss)
-        sync()
-        t4 = time.perf_counter()
-        optimizer_step(p, max_grad_norm)
-    return _end_of_timed_step(p, batch, z, sync, (t0, t1, t2, t3, t4))
-
-
-def timed_cached_step(p: Prepared, batch_iter: Iterator[Any], max_grad_norm: float | None,
-                      sync: Callable[[], None]) -> dict[str, float]:
-    """One step of :func:`mmviews.train.step.cached_train_step` (same calls in the same
-    order, plus the loop's teacher update), timed like :func:`timed_step`: **forward** is pass 1
-    (the chunks encoded without gradients, and the teacher's chunks), **backward** the
-    objective's backward and pass 2 (each chunk encoded again and backpropagated)."""
-    from mmviews.train.step import chunk_bounds, encode_without_graph, replay_backward, teacher_in_chunks
-
-    objective, accelerator, chunk_size = p.objective, p.accelerator, p.encode_chunk_size
-    t0 = time.perf_counter()
-    batch = next(batch_iter)
-    sync()
-    t1 = time.perf_counter()
-    chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
-    with accelerator.accumulate(p.model), micro_batch_dropout(p):
-        z, mask, states = encode_without_graph(p, chunks)
-        mask = _present_mask(objective, mask, batch.all_views_present())
-        teacher = teacher_in_chunks(p, chunks)
-        sync()
-        t2 = time.perf_counter()
-        objective.critic_step(z.detach())
-        z_leaf = z.detach().requires_grad_()
-        out = objective.compute(z_leaf, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
-        record_nonfinite(p, out.loss)
-        sync()
-        t3 = time.perf_counter()
-        accelerator.backward(out.loss)
-        assert z_leaf.grad is not None
-        replay_backward(p, chunks, states, z_leaf.grad)
-        sync()
-        t4 = time.perf_counter()
-        optimizer_step(p, max_grad_norm)
-    return _end_of_timed_step(p, batch, z, sync, (t0, t1, t2, t3, t4))
+    clock("data")
+    train_step(p, batch, max_grad_norm, clock)
+    update_teacher(p)
+    clock("optimiser")
+    return clock.seconds
 
 
 def loop_step(p: Prepared, batch: Any, max_grad_norm: float | None) -> None:
     """What the trainer's loop does with a batch between log steps: :func:`train_step`, then
     the EMA teacher's update after an optimiser step."""
     train_step(p, batch, max_grad_norm)
-    if p.teacher is not None and p.accelerator.sync_gradients:
-        p.teacher.update(p.accelerator.unwrap_model(p.model))
+    update_teacher(p)
 
 
 def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return cuda_peak_mib(device), "torch.cuda.max_memory_allocated over the timed steps"
-    return rss_high_water_bytes() / 2**20, "process RSS high-water mark (VmHWM, else resource.getrusage; main process, since start)"
+    return resident_high_water_bytes() / 2**20, "process RSS high-water mark (VmHWM, else resource.getrusage; main process, since start)"
 
 
 #: The synchronisations known to remain in a training step, by where torch reports them (a
@@ -431,8 +374,8 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
     ``warmup``; see the module docstring for what is measured."""
     config = parts.config
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-train-") as run_dir:
-        accelerator = _accelerator(config, Path(run_dir), [])
-        p = _prepare(accelerator, parts)
+        accelerator = make_accelerator(config, Path(run_dir))
+        p = prepare_run(accelerator, parts)
         dev = accelerator.device
         if dev.type != device:
             raise RuntimeError(f"bench train: asked for --device {device} but Accelerate chose {dev}")
@@ -441,18 +384,18 @@ def measure(parts: RunParts, *, case: str, device: str, steps: int, warmup: int,
 
         max_grad_norm = config.optimisation.max_grad_norm
         p.model.train()
-        batch_iter = _batches(p, parts)
+        batch_iter = batches_forever(p, parts)
         before_first = _trimmed_resident()
         warmup_s = []  # a compiled run's first steps include compiling
         for i in range(warmup):
-            warmup_s.append(sum(timed_step(p, batch_iter, max_grad_norm, sync).values()))
+            warmup_s.append(sum(step_phases(p, batch_iter, max_grad_norm, sync).values()))
             if i == 0:
                 first_step_residue = _trimmed_resident() - before_first - _optimiser_bytes(p)
         sync()
         reset_cuda_peak(dev)
         phases = {name: [] for name in PHASES}
         for _ in range(steps):
-            for name, seconds in timed_step(p, batch_iter, max_grad_norm, sync).items():
+            for name, seconds in step_phases(p, batch_iter, max_grad_norm, sync).items():
                 phases[name].append(seconds)
         step_times = [sum(values) for values in zip(*phases.values())]
         peak_mb, memory_method = _peak_memory_mb(dev)
@@ -546,7 +489,7 @@ def build_case(case: str, args: argparse.Namespace, for_check: bool = False) -> 
         parts = build_run(config, 1, f"recipe {args.recipe}")
         run_checks(parts, f"recipe {args.recipe}")
         return parts
-    steps, warmup = _steps_of(case, args)
+    steps, warmup = steps_of(case, args)
     if case == "finetune-small":
         config, inputs = finetune_small_config(overrides), FINETUNE_SMALL_INPUTS
     elif case == "base-sizes":
@@ -583,7 +526,7 @@ def estimate_in_subprocess(case: str, args: argparse.Namespace | list[str]) -> M
     as ``--estimate-processes`` included)."""
     with tempfile.TemporaryDirectory(prefix="mmviews-bench-estimate-") as tmp:
         out = Path(tmp) / "estimate.json"
-        argv = list(args) if isinstance(args, list) else _argv_of(args)
+        argv = list(args) if isinstance(args, list) else argv_of(args)
         threads = [] if "--threads" in argv else ["--threads", str(torch.get_num_threads())]
         command = [sys.executable, "-m", "mmviews.bench.train", *argv, *threads, "--case", case,
                    "--estimate-only", "--output", str(out)]
@@ -597,7 +540,7 @@ def estimate_in_subprocess(case: str, args: argparse.Namespace | list[str]) -> M
 def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build and measure one case (in this process); its estimate comes from a process of its own."""
     estimate = estimate_in_subprocess(case, args) if has_estimate(case) else None
-    steps, warmup = _steps_of(case, args)
+    steps, warmup = steps_of(case, args)
     parts = build_case(case, args)
     config = parts.config
     cache = "off"
@@ -787,7 +730,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON output path (--out: the same)")
 
 
-def _steps_of(case: str, args: argparse.Namespace) -> tuple[int, int]:
+def steps_of(case: str, args: argparse.Namespace) -> tuple[int, int]:
     """``(steps, warmup)`` of ``case``: the options, else the defaults (fewer for the realistic
     case on CPU, whose steps take about a minute each)."""
     slow = case == "realistic" and args.device == "cpu"
@@ -852,7 +795,7 @@ def _case_in_subprocess(case: str, argv: list[str]) -> dict[str, Any]:
         return json.loads(out.read_text())["cases"][0]
 
 
-def _argv_of(args: argparse.Namespace) -> list[str]:
+def argv_of(args: argparse.Namespace) -> list[str]:
     """The options of ``args`` other than ``--case`` and ``--output``, as command-line words."""
     argv = ["--recipe", args.recipe, "--realistic-K", str(args.realistic_K), "--device", args.device,
             "--count-host-reads", str(args.count_host_reads)]
@@ -920,16 +863,16 @@ def run(args: argparse.Namespace) -> int:
     if _compared(args) and not args.no_compare:  # each step in its own process: its peak memory is its own
         rows = []
         for case in cases:
-            plain = _case_in_subprocess(case, _plain_argv(_argv_of(args), case, args))
-            variant = _case_in_subprocess(case, _argv_of(args))
+            plain = _case_in_subprocess(case, _plain_argv(argv_of(args), case, args))
+            variant = _case_in_subprocess(case, argv_of(args))
             rows += [plain, variant]
             comparisons.append(compare(variant, plain))
     elif len(cases) == 1:
         rows = [run_case(cases[0], args)]
     else:
-        rows = [_case_in_subprocess(case, _argv_of(args)) for case in cases]
+        rows = [_case_in_subprocess(case, argv_of(args)) for case in cases]
     result = {"environment": environment(details=True),
-              "command": " ".join(["mmviews", "bench", "train", "--case", *cases, *_argv_of(args)]),
+              "command": " ".join(["mmviews", "bench", "train", "--case", *cases, *argv_of(args)]),
               "cases": rows, "comparisons": comparisons}
     write_report(result, format_table(result), args.out)
     found = [r for r in rows

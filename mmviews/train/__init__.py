@@ -4,6 +4,8 @@
   an optional :class:`TrainCallback`; SIGINT/SIGTERM stop it after the current step with a
   checkpoint and raise :class:`TrainingInterrupted` (:mod:`mmviews.train.interrupt`).
 - :func:`build_run`: build and check everything a recipe describes (:mod:`mmviews.train.build`).
+- :mod:`mmviews.train.setup`: a built run's accelerator and prepared objects, which the loop and
+  ``mmviews bench`` share (:func:`~mmviews.train.setup.make_accelerator`, :func:`~mmviews.train.setup.prepare_run`).
 - :mod:`mmviews.train.checkpoint`, :mod:`mmviews.train.step_log`, :mod:`mmviews.train.trackers`, :mod:`mmviews.train.optim`,
   :mod:`mmviews.train.teacher`: the loop's parts; :class:`TrainState`, where the loop is, is
   :mod:`mmviews.train.state`.

@@ -58,11 +58,9 @@ host (CPU kernels); an accelerator's kernels may keep slightly different tensors
 from __future__ import annotations
 
 import copy
-import ctypes
 import dataclasses
 import math
 import os
-import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -73,6 +71,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mmviews.data.streaming import first_samples
+from mmviews.process_memory import reset_resident_peak, resident_bytes, resident_peak_bytes, trim_host_memory
 from mmviews.train.build import RunParts, uses_teacher
 from mmviews.train.distributed import steps_on_cpu
 from mmviews.train.sharding import run_sharding, unit_parameter_bytes
@@ -563,48 +562,11 @@ def measure_objective_bytes(objective: nn.Module, K: int, M: int, d: int) -> int
     return int(b * K + c * K * K)
 
 
-def trim_host_memory() -> None:
-    """Give the C allocator's free memory back to the system (glibc ``malloc_trim``), so that the
-    resident set is what the process holds; nothing elsewhere."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (musl): nothing to trim
-            pass
-
-
-def resident_bytes() -> int:
-    """The process's resident set now (Linux ``/proc/self/statm``; elsewhere the high-water mark)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return rss if sys.platform == "darwin" else rss * 1024
-
-
-def resident_peak_bytes() -> int:
-    """The resident set's high-water mark (``VmHWM``, Linux), bytes; 0 where unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _reset_resident_peak() -> int | None:
-    """Trim the allocator, reset the high-water mark to the resident set now (Linux
-    ``/proc/self/clear_refs``) and return it; None where that cannot be done."""
+    """Trim the allocator, reset the high-water mark to the resident set now and return it; None
+    where that cannot be done."""
     trim_host_memory()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
+    if not reset_resident_peak():
         return None
     return resident_peak_bytes() or None
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -97,26 +97,50 @@ def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
     p.optimizer.zero_grad(set_to_none=True)
 
 
-def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None) -> tuple[ObjectiveOutput, dict[str, Any]]:
+#: A step's phases, in order: ``phase_end(name)`` is called as each ends (see :func:`train_step`).
+PHASES = ("forward", "objective", "backward", "optimiser")
+PhaseEnd = Callable[[str], None]
+
+
+def _no_phase_end(name: str) -> None:
+    """No one times the step."""
+
+
+def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None,
+               phase_end: PhaseEnd | None = None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """One micro-batch: forward, loss, backward and (when gradients sync) the optimiser step.
     Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
-    set, the cached-embedding step of :mod:`mmviews.train.step` instead (same contract)."""
+    set, the cached-embedding step of :mod:`mmviews.train.step` instead (same contract).
+
+    ``phase_end``: called with each name of :data:`PHASES` as that phase ends (**forward**: the
+    encoder and the EMA teacher; **objective**: ``critic_step`` and the loss; **backward**;
+    **optimiser**: clipping, optimiser and schedule steps, ``on_step_end``), so that ``mmviews
+    bench train`` times this very step; the step computes the same with or without it."""
     if p.encode_chunk_size is not None:
-        return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size)
-    objective = p.objective
+        return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size, phase_end)
+    objective, phase_end = p.objective, phase_end or _no_phase_end
     with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = p.teacher(batch)[0] if p.teacher is not None else None
+        phase_end("forward")
         critic_metrics = objective.critic_step(z.detach())
         out = objective.compute(z, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
         record_nonfinite(p, out.loss)
+        phase_end("objective")
         p.accelerator.backward(out.loss)
+        phase_end("backward")
         optimizer_step(p, max_grad_norm)
     objective.on_step_end(z.detach(), batch.index)
+    phase_end("optimiser")
     return out, critic_metrics
 
 
+def update_teacher(p: Prepared) -> None:
+    """After an optimiser step (``sync_gradients``), the EMA teacher (when the run has one)
+    follows the encoder's new weights; nothing inside an accumulation window."""
+    if p.teacher is not None and p.accelerator.sync_gradients:
+        p.teacher.update(p.accelerator.unwrap_model(p.model))
 
 
 def chunk_bounds(num_samples: int, chunk_size: int) -> list[tuple[int, int]]:
@@ -216,26 +240,31 @@ def replay_backward(p: Prepared, chunks: list[ViewBatch], states: list[RNGState]
     _set_rng_state(after_pass_1, device)
 
 
-def cached_train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None,
-                      chunk_size: int) -> tuple[ObjectiveOutput, dict[str, Any]]:
+def cached_train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None, chunk_size: int,
+                      phase_end: PhaseEnd | None = None) -> tuple[ObjectiveOutput, dict[str, Any]]:
     """:func:`train_step` as a cached-embedding step with encoder chunks
     of ``chunk_size`` samples (see ``docs/step.md``): same arguments, same calls to the
     objective, optimiser and schedule, same result (the objective's output and the critic's
-    metrics); no host read of a device value."""
-    objective = p.objective
+    metrics); no host read of a device value. Its **forward** phase is pass 1 (and the teacher's
+    chunks), its **backward** the objective's backward and pass 2."""
+    objective, phase_end = p.objective, phase_end or _no_phase_end
     chunks = [batch.sample_range(start, stop) for start, stop in chunk_bounds(batch.num_samples, chunk_size)]
     # Sample-keyed dropout (when on) keys its masks by the micro-batch: the same in both passes.
     with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask, states = encode_without_graph(p, chunks)  # z [K/N, M, d], no graph
         mask = _present_mask(objective, mask, batch.all_views_present())
         teacher = teacher_in_chunks(p, chunks)
+        phase_end("forward")
         critic_metrics = objective.critic_step(z.detach())
         z_leaf = z.detach().requires_grad_()  # the objective's backward stops here
         out = objective.compute(z_leaf, mask, index=batch.index if objective.takes_index else None, teacher=teacher)
         record_nonfinite(p, out.loss)
+        phase_end("objective")
         p.accelerator.backward(out.loss)
         assert z_leaf.grad is not None
         replay_backward(p, chunks, states, z_leaf.grad)
+        phase_end("backward")
         optimizer_step(p, max_grad_norm)
     objective.on_step_end(z.detach(), batch.index)
+    phase_end("optimiser")
     return out, critic_metrics

@@ -1,7 +1,8 @@
 """The training loop, on HuggingFace Accelerate.
 
 ``train(config, run_dir, resume=...)`` is the whole job: build and check everything
-(:func:`~mmviews.train.build.build_run`) before any work, ``accelerator.prepare``, then a plain
+(:func:`~mmviews.train.build.build_run`) before any work, ``accelerator.prepare`` (the setup that
+``mmviews bench`` shares: :mod:`mmviews.train.setup`), then a plain
 loop over epochs and batches whose body is :func:`~mmviews.train.step.train_step` (the step, plain
 or cached, and its parts live in :mod:`mmviews.train.step`) plus a logging call. Beyond the
 Accelerate example loop, a contrastive trainer needs:
@@ -55,7 +56,7 @@ Accelerate example loop, a contrastive trainer needs:
    (the error names the range of steps), "are all views present" (of the batch, and of each
    modality) comes from the batch's host-side mask, the adapters' checks of input values
    (finite, lengths, token ids...) and their host preprocessing (tokenising text) run on each
-   batch where it is collated, on host tensors (:class:`HostPreparedCollate`; a bad input stops
+   batch where it is collated, on host tensors (:class:`~mmviews.train.setup.HostPreparedCollate`; a bad input stops
    the run there, naming the modality), and batches are copied with ``non_blocking=True`` from
    pinned memory (on CUDA) by persistent loader workers. ``mmviews bench train`` measures the
    step. Two settings do read back: fp16's GradScaler (once per step; bf16 needs none) and
@@ -70,12 +71,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
@@ -94,120 +95,23 @@ from mmviews.fileio import save_folder
 from mmviews.eval.summary import (RESULTS_LOGGER, finalise_summary, headline_lines, headline_metrics, read_eval_metrics,
                                   write_results)
 from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, list_checkpoints, read_finished_run, record_run_outputs
-from mmviews.train.build import RunParts, build_run, uses_teacher
+from mmviews.train.build import RunParts, build_run
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
-from mmviews.train.compiled import compile_encoder
-from mmviews.train.distributed import (check_launch, collective_failure, configure_determinism, process_group_kwargs,
-                                      process_state, steps_on_cpu, timeout_of)
+from mmviews.train.distributed import (check_launch, collective_failure, configure_determinism, process_state, steps_on_cpu,
+                                      timeout_of)
 from mmviews.train.evaluation import run_evaluation
 from mmviews.train.host_memory import configure_host_memory, host_memory_state
 from mmviews.train.interrupt import StopOnSignal, TrainingInterrupted
 from mmviews.train.memory import tensor_bytes
 from mmviews.train.step_log import StepLogger
-from mmviews.train.trackers import TRACKERS_DIR, resolve_trackers
+from mmviews.train.trackers import resolve_trackers
 from mmviews.train.model_card import write_model_card
-from mmviews.train.optim import build_optimizer, build_scheduler
 from mmviews.train.resume import auto_resume_checkpoint
 from mmviews.train.state import TrainState
-from mmviews.train.sharding import full_model_state, launcher_fsdp_hidden, run_sharding, shard_encoder, whole_encoder
-from mmviews.train.step import Prepared, train_step, warn_batch_norm
-from mmviews.train.teacher import EMATeacher
-
-
-class HostPreparedCollate:
-    """The training loader's collate function followed by the encoder's host preparation
-    (:meth:`~mmviews.modalities.MultiViewEncoder.host_preparation`): each batch is checked and
-    its text tokenised while it is in host memory, in the loader's worker processes when there
-    are any (reading values there costs no device synchronisation, and tokenising there keeps
-    the main process feeding the device), and marked so that the adapters do not check it again
-    in the step. The preparation holds no weights: workers receive it by pickling."""
-
-    def __init__(self, collate: Callable[[Any], ViewBatch], prepare: Callable[[ViewBatch], ViewBatch]) -> None:
-        self.collate, self.prepare = collate, prepare
-
-    def __call__(self, samples: Any) -> ViewBatch:
-        batch = self.collate(samples)
-        return batch if batch.num_samples == 0 else self.prepare(batch)  # empty: every sample unreadable
-
-
-def _accelerator(config: TrainConfig, run_dir: Path, trackers: list[str]) -> Any:
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, ProjectConfiguration
-
-    return Accelerator(
-        cpu=config.cpu,
-        mixed_precision=config.optimisation.mixed_precision,
-        gradient_accumulation_steps=config.optimisation.grad_accum_steps,
-        # data.batch_size is the global K; batches (pinned on CUDA, see build_run) are copied
-        # to the device without blocking the host.
-        dataloader_config=DataLoaderConfiguration(split_batches=True, non_blocking=True),
-        log_with=trackers or None,  # output.trackers; metrics.csv is written by StepLogger regardless
-        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / TRACKERS_DIR)),
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
-                         process_group_kwargs(config)],  # distributed.timeout_s
-    )
-
-
-def _total_steps(config: TrainConfig, batches_per_epoch: int) -> tuple[int, int]:
-    """(optimiser steps of the whole run, optimiser steps per epoch)."""
-    o = config.optimisation
-    steps_per_epoch = math.ceil(batches_per_epoch / o.grad_accum_steps)
-    total_steps = o.epochs * steps_per_epoch if o.max_steps is None else min(o.max_steps, o.epochs * steps_per_epoch)
-    return total_steps, steps_per_epoch
-
-
-def _prepare(accelerator: Any, parts: RunParts) -> Prepared:
-    """Optimiser, schedule and EMA teacher; ``accelerator.prepare``; checkpointed state."""
-    config, o = parts.config, parts.config.optimisation
-    encoder, objective = parts.encoder, parts.objective
-    sharded = run_sharding(config, accelerator.num_processes) == "fsdp"
-    if accelerator.num_processes > 1 and accelerator.device.type != "cpu":  # sharded or not
-        encoder = nn.SyncBatchNorm.convert_sync_batchnorm(encoder)
-    # The teacher copies the encoder before it is sharded, then is sharded like it (same units:
-    # its EMA update is a lerp of matching shards).
-    teacher = (EMATeacher(encoder, config.objective.teacher_momentum, autocast=accelerator.autocast)
-               if uses_teacher(config, objective) else None)
-    if sharded:  # before the optimiser: fully_shard replaces the parameters by their shards
-        shard_encoder(encoder, config, accelerator.device, accelerator.num_processes)
-        if teacher is not None:
-            shard_encoder(teacher.module, config, accelerator.device, accelerator.num_processes)
-    backbone_lr = o.lr if o.backbone_lr is None else o.backbone_lr
-    optimizer = build_optimizer(encoder.param_groups(backbone_lr, o.lr, o.weight_decay), o)
-    batches_per_epoch = len(parts.train_loader)
-    total_steps, steps_per_epoch = _total_steps(config, batches_per_epoch)
-    scheduler = build_scheduler(optimizer, o, total_steps, steps_per_epoch)
-
-    objective.to(accelerator.device)
-    # The objective's own check of z (a host read of isfinite(z).all() per call, i.e. a
-    # device synchronisation per step) is replaced by the loop's non-finite-loss check at
-    # log steps (_check_losses).
-    objective.check_inputs = False
-    # Likewise the adapters' checks of input values: they run where batches are collated, and
-    # so does their preprocessing that needs no weights (tokenising text).
-    loader = parts.train_loader
-    if not isinstance(loader.collate_fn, HostPreparedCollate):
-        loader.collate_fn = HostPreparedCollate(loader.collate_fn, parts.encoder.host_preparation())
-    state = TrainState()
-    # A sharded encoder gets Accelerate's autocast and float32 outputs but no DDP wrapper
-    # (evaluation_mode): FSDP2 reduces its gradients.
-    model = accelerator.prepare_model(encoder, evaluation_mode=True) if sharded else encoder
-    if getattr(loader, "streamed", False):  # each process reads its own rows (mmviews.data.streaming)
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-        train_loader = state.stream = loader.to(accelerator.device)
-    else:
-        model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    # TrainState and the teacher are NOT registered with accelerator.register_for_checkpointing:
-    # Accelerate reads such objects back with full unpickling (code from the checkpoint could
-    # run). They are saved as JSON and safetensors by mmviews.train.checkpoint instead.
-    if teacher is not None and not sharded:  # a sharded one is on the device already
-        teacher.to(accelerator.device)
-    warn_batch_norm(encoder, o.encode_chunk_size)
-    if o.compile:  # after the teacher's copy: the teacher stays eager (it runs without gradients)
-        compile_encoder(encoder)
-    return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
-                    total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size,
-                    dropout_seed=config.seed if o.sample_keyed_dropout else None, sharded=sharded)
+from mmviews.train.setup import epoch_loader, make_accelerator, planned_steps, prepare_run
+from mmviews.train.sharding import full_model_state, launcher_fsdp_hidden, whole_encoder
+from mmviews.train.step import Prepared, train_step, update_teacher
 
 
 def _sharded(p: Prepared) -> tuple[nn.Module, Any] | None:
@@ -244,26 +148,6 @@ def check_epoch_complete(state: TrainState, batches_per_epoch: int, epoch: int) 
     if state.batch_in_epoch != batches_per_epoch:
         raise RuntimeError(f"epoch {epoch}: the training loader gave {state.batch_in_epoch} batches, "
                            f"{batches_per_epoch} expected (len() of the loader at the start of the run)")
-
-
-def _epoch_batches(p: Prepared, parts: RunParts, epoch: int) -> Any:
-    """The loader of ``epoch``, seeded so that a resumed run draws the same batches and
-    augmentations, without the batches of this epoch already trained on."""
-    # The prepared loader calls set_epoch(its own iteration count) on the sampler when an
-    # iterator starts; set it to the true epoch so that a resumed run shuffles the same.
-    p.train_loader.set_epoch(epoch)
-    parts.sampler.set_epoch(epoch)
-    parts.collator.set_epoch(epoch)
-    parts.loader_generator.manual_seed(parts.config.seed * 1_000_003 + epoch)
-    if p.state.stream is not None:  # a streamed run skips the rows already trained on by itself
-        p.train_loader.skip_batches(p.state.batch_in_epoch)
-        return p.train_loader
-    if p.state.batch_in_epoch == 0:
-        return p.train_loader
-    loader = p.accelerator.skip_first_batches(p.train_loader, p.state.batch_in_epoch)  # resuming mid-epoch
-    if hasattr(loader, "set_epoch"):
-        loader.set_epoch(epoch)
-    return loader
 
 
 def log_run_end(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -343,160 +227,255 @@ def _data_left_out(accelerator: Any, parts: Any) -> dict[str, dict[str, Any]]:
     return merge_data_left_out([local])
 
 
+@dataclass
+class _Run:
+    """What the loop's steps share: the run, its prepared objects and its bookkeeping."""
+
+    config: TrainConfig
+    run_dir: Path
+    parts: RunParts
+    p: Prepared
+    log: StepLogger
+    losses: DataLosses
+    callback: TrainCallback
+    stop: StopOnSignal
+
+
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
            callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
            resume_ignore_rng: bool, reevaluate: bool, progress: list[TrainState]) -> dict[str, Any]:
     # Setup: build and check the run, the accelerator, the run folder, prepare, resume.
     started = time.perf_counter()
     checkpoint = find_checkpoint(resume) if resume is not None else None
-    # Everything that can be wrong with the recipe fails here, before any work.
-    configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
-    # called from a program: only an explicit "heap" or "hold" (mmviews's command applied "auto" already)
-    configure_host_memory(config.host_memory, owns_process=False, on_cpu=steps_on_cpu(config))
-    with launcher_fsdp_hidden():  # mmviews shards itself (mmviews.train.sharding), on CPU and GPU alike
-        processes = process_state(config)
-    num_processes = processes.num_processes
-    check_launch(num_processes, config)  # a launch that asked for N processes and got fewer stops here
+    processes = _start_processes(config)
     if checkpoint is None and config.output.auto_resume:  # the same command continues (mmviews.train.resume)
         if overwrite:
             raise ConfigError("--overwrite replaces the run, output.auto_resume continues it: choose one")
-        checkpoint = auto_resume_checkpoint(config, run_dir, processes.is_main_process, num_processes)
-    parts = build_run(config, num_processes, source)
+        checkpoint = auto_resume_checkpoint(config, run_dir, processes.is_main_process, processes.num_processes)
+    parts = build_run(config, processes.num_processes, source)
     finished = None if checkpoint is None else read_finished_run(
-        run_dir, checkpoint, _total_steps(config, len(parts.train_loader))[0], reevaluate)
+        run_dir, checkpoint, planned_steps(config, len(parts.train_loader))[0], reevaluate)
     if finished is not None and not reevaluate:
         return {**finished, "already_finished": True}
     trackers = resolve_trackers(config, source)  # a tracker asked for but not installed fails here too
-    with launcher_fsdp_hidden():
-        accelerator = _accelerator(config, run_dir, trackers)
-    if accelerator.is_main_process:
-        prepare_run_dir(run_dir, config, fresh=checkpoint is None, overwrite=overwrite)
-        on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
-        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
-        if isinstance(note, str):
-            print(f"data: {note}", flush=True)
-    accelerator.wait_for_everyone()
-    # What the data lacks, said once before any work: known-bad samples left out of their split,
-    # a modality that no training sample has. Counted on in data_losses (results.json).
-    losses = DataLosses(run_datasets(parts))
-    absent = (absent_modalities(parts.datasets["train"], parts.view_spec, config.data.train_split)
-              if accelerator.is_main_process else {})  # it may open every clip: once is enough
-    if accelerator.is_main_process:
-        for line in excluded_lines(losses.splits) + list(absent.values()):
-            print(f"mmviews train: {line}", flush=True)
-    p = _prepare(accelerator, parts)
-    state, objective, num_views = p.state, parts.objective, len(parts.view_spec)
-    progress.append(state)
-
-    random_metrics: dict[str, float] | None = None
-    if checkpoint is not None:
-        load_checkpoint(checkpoint, accelerator, state, objective, p.teacher, ignore_rng=resume_ignore_rng,
-                        sharded=_sharded(p))
-        if state.stream is not None and state.stream_state is not None:
-            state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
-        p.checked_step = state.step
-        if accelerator.is_main_process:  # one line, so that a user (and the tests) see where it continues
-            print(f"resumed from {checkpoint} at step {state.step} of {p.total_steps}", flush=True)
-        random_metrics = read_eval_metrics(run_dir / "eval_random")
-    elif config.evaluation.random_baseline and config.evaluation.tasks:
-        random_metrics = run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / "eval_random", accelerator,
-                                        meta={"encoder": "random initialisation (before training)"})
+    accelerator = make_accelerator(config, run_dir, trackers)
+    _claim_run_dir(accelerator, parts, run_dir, on_exit, fresh=checkpoint is None, overwrite=overwrite)
+    losses, absent = _announce_data_losses(accelerator, parts)
+    p = prepare_run(accelerator, parts)
+    progress.append(p.state)
+    random_metrics = _resume_or_evaluate_random(p, parts, run_dir, checkpoint, resume_ignore_rng)
     log = StepLogger(accelerator, config, run_dir, trackers=trackers, total_steps=p.total_steps,
-                     batches_per_epoch=p.batches_per_epoch, poly_view_bound=objective.poly_view_bound, state=state,
-                     resumed=checkpoint is not None, started=started)
+                     batches_per_epoch=p.batches_per_epoch, poly_view_bound=parts.objective.poly_view_bound,
+                     state=p.state, resumed=checkpoint is not None, started=started)
     if trackers:  # however the run ends (an error too): a tracker run left open would block the next one
         on_exit.callback(accelerator.end_training)
-    o, out_cfg, eval_cfg = config.optimisation, config.output, config.evaluation
-    saved = checkpoint
+    run = _Run(config, run_dir, parts, p, log, losses, callback, stop)
+
     # The loop: epochs of micro-batches, each one train_step (mmviews.train.step).
-    stop.defer(accelerator.num_processes, accelerator.is_main_process, timeout_of(config))  # a signal now stops after the step
-    for epoch in range(state.epoch, o.epochs):
-        if state.step >= p.total_steps or stop.agreed:
-            break
-        p.model.train()
-        for batch in _epoch_batches(p, parts, epoch):
-            if batch.dropped:  # unreadable samples left out of this batch (on_error: skip)
-                losses.record_dropped("train", batch.dropped)
-                if batch.num_samples < 2:  # nothing to contrast: the data is too damaged to go on
-                    raise ValueError(f"{len(batch.dropped)} of the {len(batch.dropped) + batch.num_samples} samples "
-                                     f"of a training batch are unreadable (data.options.on_error: skip), e.g. "
-                                     f"{batch.dropped[0]}; repair them or rerun `mmviews prepare` to list them")
-            out, critic_metrics = train_step(p, batch, o.max_grad_norm)
-            state.batch_in_epoch += 1
-            state.samples += batch.num_samples * accelerator.num_processes
-            if not accelerator.sync_gradients:
-                continue
-            state.step += 1
-            if p.teacher is not None:
-                p.teacher.update(accelerator.unwrap_model(p.model))
-            if state.step % out_cfg.log_every == 0 or state.step == p.total_steps:  # StepLogger's log steps
-                _check_losses(p, state, out_cfg.log_every)
-            log.log(state, out, critic_metrics, p.optimizer, batch.num_samples, batch.num_views)
-            callback.on_step_end(state)
-            if stop.requested():  # at the same step on every process
-                break
-            done, end_of_epoch = state.step >= p.total_steps, state.batch_in_epoch >= p.batches_per_epoch
-            if out_cfg.checkpoint_every and state.step % out_cfg.checkpoint_every == 0 and not done and not end_of_epoch:
-                _check_losses(p, state, out_cfg.log_every)
-                save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher,
-                                sharded=_sharded(p))
-            if done:
-                break
-        else:  # the loader ran out: it must have given the whole epoch (not a shorter one on some process)
-            check_epoch_complete(state, p.batches_per_epoch, epoch)
-        if state.batch_in_epoch >= p.batches_per_epoch:
-            objective.on_epoch_end(epoch)
-            state.epoch, state.batch_in_epoch = epoch + 1, 0
-        _check_losses(p, state, out_cfg.log_every)
-        saved = save_checkpoint(accelerator, run_dir, state, out_cfg.keep_last, objective, callback, p.teacher,
-                                sharded=_sharded(p))
-        if (eval_cfg.every_epochs and eval_cfg.tasks and state.step < p.total_steps and not stop.agreed
-                and (epoch + 1) % eval_cfg.every_epochs == 0):
-            run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / f"eval_epoch_{epoch + 1}", accelerator,
-                           log_csv=run_dir / LOG_FILE, meta={"epoch": epoch + 1, "step": state.step, "num_views": num_views})
+    saved = _train_epochs(run, checkpoint)
     log.close()
     if stop.end_of_loop():  # a signal reached some process: every process stops here, checkpoint written
-        raise TrainingInterrupted(stop.agreed, state.step, saved)
+        raise TrainingInterrupted(stop.agreed, p.state.step, saved)
 
     # The end: the encoder, the final evaluation, results.json and the model card.
-    encoder = accelerator.unwrap_model(p.model)
-    # encoder/ is written in a temporary folder and committed durably (mmviews.fileio.save_folder)
-    if p.sharded:  # full tensors in encoder/, loadable by one process (collective gather first)
-        full = full_model_state(encoder)
-        if accelerator.is_main_process:
-            save_folder(run_dir / ENCODER_DIR, whole_encoder(config, full, source).save_pretrained,
-                        needed=tensor_bytes(full.values()))
-    elif accelerator.is_main_process:
-        save_folder(run_dir / ENCODER_DIR, encoder.save_pretrained, needed=tensor_bytes(encoder.state_dict().values()))
-    accelerator.wait_for_everyone()
-    metrics: dict[str, float] = {}
-    if eval_cfg.at_end and eval_cfg.tasks:
-        metrics = run_evaluation(encoder, parts, run_dir / "eval", accelerator, log_csv=run_dir / LOG_FILE,
-                                 meta={"objective": config.objective.name, "step": state.step, "recipe": config.name,
-                                       "num_views": num_views})
-        if accelerator.is_main_process:  # the only one that wrote eval/metrics.json
-            record_evaluated_sizes(losses, run_dir / "eval", run_datasets(parts))
-    summary = finalise_summary({
-        "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
-        "samples_seen": state.samples, "final_loss": log.last_loss,
-        # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
-        "global_batch_size": config.data.batch_size, "grad_accum_steps": o.grad_accum_steps,
-        # an evaluation run again (reevaluate) keeps the wall time of the training
-        "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
-        "num_processes": accelerator.num_processes, "device": str(accelerator.device),
-        "sharding": "fsdp" if p.sharded else "none", "mixed_precision": accelerator.mixed_precision,
-        "compile": bool(o.compile), "host_memory": host_memory_state(),
-        "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
-        "data_skipped": _data_left_out(accelerator, parts),
-        DATA_LOSSES_KEY: losses.to_dict(), ABSENT_MODALITIES_KEY: absent,
-        "headline": headline_metrics(metrics, random_metrics),
-    })
+    encoder = _save_encoder(run, source)
+    metrics = _evaluate_at_end(run, encoder)
+    summary = _summary(run, started=started, finished=finished, checkpoint=checkpoint, metrics=metrics,
+                       random_metrics=random_metrics, absent=absent)
     if accelerator.is_main_process:
         write_results(run_dir, summary, HealthSettings.from_config(config))
         log_run_end(run_dir, summary)
         write_model_card(run_dir / ENCODER_DIR, config, summary, source)  # after evaluation: it has the numbers
         record_run_outputs(run_dir)
     if trackers:
-        log.log_evaluation(metrics, random_metrics, state.step)
+        log.log_evaluation(metrics, random_metrics, p.state.step)
         log.log_report()
     return summary
+
+
+def _start_processes(config: TrainConfig) -> Any:
+    """This process set up for the run and Accelerate's process state (the process group, when
+    launched with several): a launch that asked for more processes than it got fails here."""
+    configure_determinism(config.deterministic)  # before CUDA starts (CUBLAS_WORKSPACE_CONFIG)
+    # called from a program: only an explicit "heap" or "hold" (mmviews's command applied "auto" already)
+    configure_host_memory(config.host_memory, owns_process=False, on_cpu=steps_on_cpu(config))
+    with launcher_fsdp_hidden():  # mmviews shards itself (mmviews.train.sharding), on CPU and GPU alike
+        processes = process_state(config)
+    check_launch(processes.num_processes, config)  # a launch that asked for N processes and got fewer stops here
+    return processes
+
+
+def _claim_run_dir(accelerator: Any, parts: RunParts, run_dir: Path, on_exit: ExitStack, *, fresh: bool,
+                   overwrite: bool) -> None:
+    """The run folder made ready by the main process (its manifest written however the run
+    ends), and what the data says of itself printed there; every process waits for it."""
+    if accelerator.is_main_process:
+        prepare_run_dir(run_dir, parts.config, fresh=fresh, overwrite=overwrite)
+        on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
+        note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
+        if isinstance(note, str):
+            print(f"data: {note}", flush=True)
+    accelerator.wait_for_everyone()
+
+
+def _announce_data_losses(accelerator: Any, parts: RunParts) -> tuple[DataLosses, dict[str, str]]:
+    """What the data lacks, said once before any work: known-bad samples left out of their split,
+    a modality that no training sample has. Counted on in data_losses (results.json)."""
+    losses = DataLosses(run_datasets(parts))
+    absent = (absent_modalities(parts.datasets["train"], parts.view_spec, parts.config.data.train_split)
+              if accelerator.is_main_process else {})  # it may open every clip: once is enough
+    if accelerator.is_main_process:
+        for line in excluded_lines(losses.splits) + list(absent.values()):
+            print(f"mmviews train: {line}", flush=True)
+    return losses, absent
+
+
+def _resume_or_evaluate_random(p: Prepared, parts: RunParts, run_dir: Path, checkpoint: Path | None,
+                               ignore_rng: bool) -> dict[str, float] | None:
+    """Resuming: the checkpoint's state loaded and the random baseline's metrics read back.
+    Fresh: the randomly initialised encoder evaluated (``evaluation.random_baseline``)."""
+    accelerator, state, evaluation = p.accelerator, p.state, parts.config.evaluation
+    if checkpoint is None:
+        if evaluation.random_baseline and evaluation.tasks:
+            return run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / "eval_random", accelerator,
+                                  meta={"encoder": "random initialisation (before training)"})
+        return None
+    load_checkpoint(checkpoint, accelerator, state, parts.objective, p.teacher, ignore_rng=ignore_rng,
+                    sharded=_sharded(p))
+    if state.stream is not None and state.stream_state is not None:
+        state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
+    p.checked_step = state.step
+    if accelerator.is_main_process:  # one line, so that a user (and the tests) see where it continues
+        print(f"resumed from {checkpoint} at step {state.step} of {p.total_steps}", flush=True)
+    return read_eval_metrics(run_dir / "eval_random")
+
+
+def _train_epochs(run: _Run, saved: Path | None) -> Path | None:
+    """The epochs left (until the run's last step or a stop), a checkpoint after each and the
+    evaluation every ``evaluation.every_epochs``; the last checkpoint written (else ``saved``)."""
+    p, state, eval_cfg = run.p, run.p.state, run.config.evaluation
+    num_views = len(run.parts.view_spec)
+    run.stop.defer(p.accelerator.num_processes, p.accelerator.is_main_process,
+                   timeout_of(run.config))  # a signal now stops after the step
+    for epoch in range(state.epoch, run.config.optimisation.epochs):
+        if state.step >= p.total_steps or run.stop.agreed:
+            break
+        p.model.train()
+        _train_epoch(run, epoch)
+        if state.batch_in_epoch >= p.batches_per_epoch:
+            run.parts.objective.on_epoch_end(epoch)
+            state.epoch, state.batch_in_epoch = epoch + 1, 0
+        saved = _checkpoint(run)
+        if (eval_cfg.every_epochs and eval_cfg.tasks and state.step < p.total_steps and not run.stop.agreed
+                and (epoch + 1) % eval_cfg.every_epochs == 0):
+            run_evaluation(p.accelerator.unwrap_model(p.model), run.parts, run.run_dir / f"eval_epoch_{epoch + 1}",
+                           p.accelerator, log_csv=run.run_dir / LOG_FILE,
+                           meta={"epoch": epoch + 1, "step": state.step, "num_views": num_views})
+    return saved
+
+
+def _train_epoch(run: _Run, epoch: int) -> None:
+    """The micro-batches of ``epoch`` (those left of it when resuming), each one
+    :func:`~mmviews.train.step.train_step`, until the epoch ends, the run's last step or a stop."""
+    p, state = run.p, run.p.state
+    for batch in epoch_loader(p, run.parts, epoch):
+        _count_unreadable(run.losses, batch)
+        out, critic_metrics = train_step(p, batch, run.config.optimisation.max_grad_norm)
+        state.batch_in_epoch += 1
+        state.samples += batch.num_samples * p.accelerator.num_processes
+        if p.accelerator.sync_gradients and _after_optimiser_step(run, out, critic_metrics, batch):
+            return
+    # the loader ran out: it must have given the whole epoch (not a shorter one on some process)
+    check_epoch_complete(state, p.batches_per_epoch, epoch)
+
+
+def _count_unreadable(losses: DataLosses, batch: ViewBatch) -> None:
+    """Unreadable samples left out of this batch (``on_error: skip``) counted; a batch left with
+    fewer than two samples stops the run (nothing to contrast: the data is too damaged to go on)."""
+    if not batch.dropped:
+        return
+    losses.record_dropped("train", batch.dropped)
+    if batch.num_samples < 2:
+        raise ValueError(f"{len(batch.dropped)} of the {len(batch.dropped) + batch.num_samples} samples "
+                         f"of a training batch are unreadable (data.options.on_error: skip), e.g. "
+                         f"{batch.dropped[0]}; repair them or rerun `mmviews prepare` to list them")
+
+
+def _after_optimiser_step(run: _Run, out: Any, critic_metrics: dict[str, Any], batch: ViewBatch) -> bool:
+    """The step counted, the teacher updated, the step logged, a periodic checkpoint; True when
+    the epoch's loop stops here (a signal, or the run's last step)."""
+    p, state, out_cfg = run.p, run.p.state, run.config.output
+    state.step += 1
+    update_teacher(p)
+    if state.step % out_cfg.log_every == 0 or state.step == p.total_steps:  # StepLogger's log steps
+        _check_losses(p, state, out_cfg.log_every)
+    run.log.log(state, out, critic_metrics, p.optimizer, batch.num_samples, batch.num_views)
+    run.callback.on_step_end(state)
+    if run.stop.requested():  # at the same step on every process
+        return True
+    done, end_of_epoch = state.step >= p.total_steps, state.batch_in_epoch >= p.batches_per_epoch
+    if out_cfg.checkpoint_every and state.step % out_cfg.checkpoint_every == 0 and not done and not end_of_epoch:
+        _checkpoint(run)
+    return done
+
+
+def _checkpoint(run: _Run) -> Path:
+    """The losses since the last check checked (no checkpoint holds weights updated from a
+    non-finite loss), then a checkpoint; its folder."""
+    p = run.p
+    _check_losses(p, p.state, run.config.output.log_every)
+    return save_checkpoint(p.accelerator, run.run_dir, p.state, run.config.output.keep_last, run.parts.objective,
+                           run.callback, p.teacher, sharded=_sharded(p))
+
+
+def _save_encoder(run: _Run, source: str) -> nn.Module:
+    """The trained encoder saved in ``encoder/`` (full tensors, loadable by one process, also
+    when the run is sharded: a collective gather first); the unwrapped encoder."""
+    accelerator, p = run.p.accelerator, run.p
+    encoder = accelerator.unwrap_model(p.model)
+    # encoder/ is written in a temporary folder and committed durably (mmviews.fileio.save_folder)
+    if p.sharded:
+        full = full_model_state(encoder)
+        if accelerator.is_main_process:
+            save_folder(run.run_dir / ENCODER_DIR, whole_encoder(run.config, full, source).save_pretrained,
+                        needed=tensor_bytes(full.values()))
+    elif accelerator.is_main_process:
+        save_folder(run.run_dir / ENCODER_DIR, encoder.save_pretrained, needed=tensor_bytes(encoder.state_dict().values()))
+    accelerator.wait_for_everyone()
+    return encoder
+
+
+def _evaluate_at_end(run: _Run, encoder: nn.Module) -> dict[str, float]:
+    """The final evaluation (``evaluation.at_end``) of the trained encoder; its metrics."""
+    config, accelerator = run.config, run.p.accelerator
+    if not (config.evaluation.at_end and config.evaluation.tasks):
+        return {}
+    metrics = run_evaluation(encoder, run.parts, run.run_dir / "eval", accelerator, log_csv=run.run_dir / LOG_FILE,
+                             meta={"objective": config.objective.name, "step": run.p.state.step, "recipe": config.name,
+                                   "num_views": len(run.parts.view_spec)})
+    if accelerator.is_main_process:  # the only one that wrote eval/metrics.json
+        record_evaluated_sizes(run.losses, run.run_dir / "eval", run_datasets(run.parts))
+    return metrics
+
+
+def _summary(run: _Run, *, started: float, finished: dict[str, Any] | None, checkpoint: Path | None,
+             metrics: dict[str, float], random_metrics: dict[str, float] | None,
+             absent: dict[str, str]) -> dict[str, Any]:
+    """The run's summary (``results.json``); what the data left out is gathered from every
+    process (collective)."""
+    config, p, state, accelerator = run.config, run.p, run.p.state, run.p.accelerator
+    return finalise_summary({
+        "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
+        "samples_seen": state.samples, "final_loss": run.log.last_loss,
+        # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
+        "global_batch_size": config.data.batch_size, "grad_accum_steps": config.optimisation.grad_accum_steps,
+        # an evaluation run again (reevaluate) keeps the wall time of the training
+        "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
+        "num_processes": accelerator.num_processes, "device": str(accelerator.device),
+        "sharding": "fsdp" if p.sharded else "none", "mixed_precision": accelerator.mixed_precision,
+        "compile": bool(config.optimisation.compile), "host_memory": host_memory_state(),
+        "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
+        "data_skipped": _data_left_out(accelerator, run.parts),
+        DATA_LOSSES_KEY: run.losses.to_dict(), ABSENT_MODALITIES_KEY: absent,
+        "headline": headline_metrics(metrics, random_metrics),
+    })

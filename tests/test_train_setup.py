@@ -1,0 +1,140 @@
+"""The setup of a training run that the trainer and the benchmarks share
+(:mod:`mmviews.train.setup`): the run's length in optimiser steps, the Accelerator a recipe asks
+for, the prepared objects, each epoch's loader and the host-prepared collate. Expected values
+are counted by hand from the recipe; the run is a tiny one (an MLP on 1-D latents, seconds)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from mmviews.config import config_from_dict
+from mmviews.train.build import build_run
+from mmviews.train.distributed import LAUNCHER_FSDP
+from mmviews.train.setup import (HostPreparedCollate, batches_forever, epoch_loader, make_accelerator, planned_steps,
+                                 prepare_run)
+from mmviews.train.state import TrainState
+from test_train_sync import gaussian_config
+
+
+def _config(**optimisation: Any) -> Any:
+    raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}}, num_samples=64, batch_size=16)
+    raw["optimisation"].update(optimisation)
+    return config_from_dict(raw)
+
+
+@pytest.mark.parametrize(("batches", "accum", "epochs", "max_steps", "expected"), [
+    (10, 1, 2, None, (20, 10)),
+    (10, 3, 2, None, (8, 4)),  # a window of 1 batch at the end of each epoch still steps: ceil(10 / 3)
+    (9, 3, 2, None, (6, 3)),
+    (10, 3, 2, 5, (5, 4)),  # max_steps ends the run early
+    (10, 3, 2, 100, (8, 4)),  # ... and never lengthens it
+])
+def test_planned_steps_count_optimiser_steps(batches: int, accum: int, epochs: int, max_steps: int | None,
+                                             expected: tuple[int, int]) -> None:
+    config = _config(grad_accum_steps=accum, epochs=epochs, max_steps=max_steps)
+    assert planned_steps(config, batches) == expected
+
+
+def test_accelerator_is_the_recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Global batches split between processes, copied without blocking, the recipe's
+    accumulation and precision, no tracker unless asked; the launcher's FSDP request is hidden
+    while the Accelerator is made (mmviews shards itself) and put back afterwards."""
+    seen: list[str | None] = []
+    import accelerate
+
+    made = accelerate.Accelerator
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(os.environ.get(LAUNCHER_FSDP))
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(accelerate, "Accelerator", recording)
+    monkeypatch.setenv(LAUNCHER_FSDP, "true")
+    accelerator = make_accelerator(_config(grad_accum_steps=2), tmp_path)
+    assert seen == [None] and os.environ[LAUNCHER_FSDP] == "true"
+    assert accelerator.split_batches and accelerator.non_blocking
+    assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == "no"
+    assert accelerator.device.type == "cpu" and accelerator.log_with == []
+    assert accelerator.project_configuration.logging_dir == str(tmp_path / "logs")  # output.trackers write there
+
+
+def test_prepare_run_gives_the_loop_its_objects(tmp_path: Path) -> None:
+    """Optimiser, schedule, loader and state prepared; the run's length; the objective's own
+    input check off (the loop checks the loss at log steps); the collate followed by the host
+    preparation, once, also when a run is prepared again."""
+    config = _config(grad_accum_steps=2, epochs=3)
+    parts = build_run(config, 1, "test")
+    p = prepare_run(make_accelerator(config, tmp_path), parts)
+    assert (p.batches_per_epoch, p.total_steps) == (4, 6)  # 64 samples / K = 16; ceil(4 / 2) per epoch, 3 epochs
+    assert p.teacher is None and p.encode_chunk_size is None and p.dropout_seed is None and not p.sharded
+    assert isinstance(p.state, TrainState) and p.state.step == 0 and p.state.stream is None
+    assert p.objective is parts.objective and p.objective.check_inputs is False
+    collate = parts.train_loader.collate_fn
+    assert isinstance(collate, HostPreparedCollate) and not isinstance(collate.collate, HostPreparedCollate)
+    prepare_run(make_accelerator(config, tmp_path), parts)
+    assert parts.train_loader.collate_fn is collate  # not wrapped twice
+    raw = gaussian_config({"name": "er", "params": {}}, ema_teacher=True)
+    raw["optimisation"]["sample_keyed_dropout"] = True
+    keyed = config_from_dict(raw)
+    teacher = prepare_run(make_accelerator(keyed, tmp_path), build_run(keyed, 1, "test"))
+    assert teacher.teacher is not None and teacher.dropout_seed == keyed.seed
+
+
+def test_epoch_loader_seeds_each_epoch_and_skips_what_a_resumed_run_trained_on() -> None:
+    """Every epoch: the loader, sampler and collator told its number and the loader's generator
+    reseeded from the run's seed, so that a resumed run draws the same batches; mid-epoch, the
+    batches already trained on are skipped."""
+    calls: list[tuple[str, int]] = []
+
+    def recorder(name: str) -> Any:
+        return SimpleNamespace(set_epoch=lambda epoch: calls.append((name, epoch)))
+
+    prepared_loader = SimpleNamespace(set_epoch=lambda epoch: calls.append(("loader", epoch)))
+    skipped = SimpleNamespace(set_epoch=lambda epoch: calls.append(("skipped", epoch)))
+    accelerator = SimpleNamespace(skip_first_batches=lambda loader, n: (calls.append(("skip", n)), skipped)[1])
+    generator = torch.Generator()
+    parts = SimpleNamespace(sampler=recorder("sampler"), collator=recorder("collator"), loader_generator=generator,
+                            config=SimpleNamespace(seed=7))
+    p = SimpleNamespace(train_loader=prepared_loader, accelerator=accelerator, state=TrainState())
+    assert epoch_loader(p, parts, 2) is prepared_loader
+    assert calls == [("loader", 2), ("sampler", 2), ("collator", 2)]
+    assert generator.initial_seed() == 7 * 1_000_003 + 2
+    calls.clear()
+    p.state.batch_in_epoch = 3
+    assert epoch_loader(p, parts, 5) is skipped
+    assert calls == [("loader", 5), ("sampler", 5), ("collator", 5), ("skip", 3), ("skipped", 5)]
+    assert generator.initial_seed() == 7 * 1_000_003 + 5
+
+
+def test_batches_forever_go_on_epoch_after_epoch(tmp_path: Path) -> None:
+    """More batches than an epoch holds: the next epoch's follow, each epoch reseeded."""
+    config = _config()
+    parts = build_run(config, 1, "test")
+    p = prepare_run(make_accelerator(config, tmp_path), parts)
+    batches = batches_forever(p, parts)
+    drawn = [next(batches) for _ in range(2 * p.batches_per_epoch + 1)]
+    assert all(b.num_samples == 16 for b in drawn)
+    assert parts.loader_generator.initial_seed() == config.seed * 1_000_003 + 2  # in the third epoch
+
+
+def _collate(samples: list[int]) -> Any:
+    return SimpleNamespace(num_samples=len(samples), samples=samples, prepared=False)
+
+
+def _prepare(batch: Any) -> Any:
+    return SimpleNamespace(**{**vars(batch), "prepared": True})
+
+
+def test_host_prepared_collate_prepares_every_batch_but_an_empty_one() -> None:
+    collate = HostPreparedCollate(_collate, _prepare)
+    assert collate([1, 2]).prepared and collate([1, 2]).samples == [1, 2]
+    assert collate([]).prepared is False  # every sample unreadable: nothing to prepare
+    again = pickle.loads(pickle.dumps(collate))  # loader workers receive it by pickling
+    assert again([3]).prepared and again([3]).samples == [3]
