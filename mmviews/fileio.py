@@ -26,6 +26,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -50,9 +51,8 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
     """Flush a file's or a folder's data to the disk (a folder: its entries, e.g. a rename in it).
     Where a folder cannot be opened or flushed (Windows, some network file systems) nothing is
     done: the rename is then as durable as that file system makes it."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) and hasattr(os, "O_DIRECTORY") else 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY)  # a folder too (POSIX opens one read-only)
     except (IsADirectoryError, PermissionError):  # Windows opens no folder
         return
     try:
@@ -64,11 +64,12 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def temporary_name(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path``'s name is one of :func:`atomic_save`'s temporary files
-    (``.<name>.<random>.tmp``): left behind only when the process was killed mid-write."""
-    name = Path(path).name
-    return name.startswith(".") and name.endswith(".tmp") and name.count(".") >= 3
+def is_temporary_file_of(path: str | os.PathLike[str], name: str) -> bool:
+    """Whether ``path`` is one of :func:`atomic_save`'s temporary files for a file called ``name``
+    (``.<name>.<random>.tmp``, the random part of ``tempfile.mkstemp``): left behind only when
+    the process was killed mid-write."""
+    rest = Path(path).name.removeprefix(f".{name}.")
+    return rest != Path(path).name and re.fullmatch(r"[a-z0-9_]+\.tmp", rest) is not None
 
 
 def atomic_save(path: str | os.PathLike[str], write: Callable[[str], None], needed: int | None = None) -> Path:
@@ -106,14 +107,14 @@ def _size(path: str | os.PathLike[str]) -> int:
 
 def folder_bytes(folder: str | os.PathLike[str]) -> int:
     """Bytes of the files under ``folder`` (0 when it is gone)."""
-    return sum(_size(p) for p in Path(folder).rglob("*") if p.is_file()) if Path(folder).is_dir() else 0
+    return sum(_size(p) for p in Path(folder).rglob("*") if p.is_file())  # nothing under a folder that is gone
 
 
 def commit_folder(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
     """Rename the complete folder ``tmp`` to ``final`` durably: every file and sub-folder of
     ``tmp`` flushed, then the rename (``final`` must not exist), then the parent folder flushed."""
     tmp, final = Path(tmp), Path(final)
-    for path in sorted(tmp.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # files before their folder
+    for path in sorted(tmp.rglob("*"), reverse=True):  # a path sorts after its folder: files flushed first
         fsync_path(path)
     fsync_path(tmp)
     os.replace(tmp, final)
@@ -140,16 +141,16 @@ def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], nee
     try:
         with disk_full(final.parent, f"{final.name}/", lambda: needed if needed is not None else folder_bytes(tmp)):
             write(tmp)
-        old = None
-        if final.exists():
+        if final.exists():  # moved aside first: no moment without a complete final folder on the disk
             old = temporary_folder(final)
             os.replace(final, old / final.name)
-        commit_folder(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            commit_folder(tmp, final)
+            shutil.rmtree(old)
+        else:
+            commit_folder(tmp, final)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp)
     return final
 
 

@@ -4,6 +4,7 @@ disk is one error naming the folder, the bytes needed and free."""
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -171,7 +172,7 @@ def test_writers_own_words_for_a_full_disk(tmp_path, monkeypatch):
 
 
 def test_sizes_names_and_free_space(tmp_path):
-    from mmviews.fileio import folder_bytes, free_bytes, fsync_path, temporary_name
+    from mmviews.fileio import folder_bytes, free_bytes, fsync_path, is_temporary_file_of
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x").write_bytes(b"12345")
@@ -180,5 +181,82 @@ def test_sizes_names_and_free_space(tmp_path):
     assert free_bytes(tmp_path / "not" / "yet") == free_bytes(tmp_path) > 0
     fsync_path(tmp_path)
     fsync_path(tmp_path / "y")
-    assert temporary_name(".results.json.k2j4x9q1.tmp") and temporary_name(Path("/r/.a.b.tmp"))
-    assert not any(temporary_name(n) for n in ("results.json.tmp", ".tmp", ".a.tmp", "x.y.z.tmp", ".a.b.tmpx"))
+    assert is_temporary_file_of(".results.json.k2j4x9q1.tmp", "results.json")
+    assert is_temporary_file_of(Path("/r/..mmviews-run.json.a_b0.tmp"), ".mmviews-run.json")
+    assert not any(is_temporary_file_of(n, "results.json") for n in (
+        "results.json.k2j4x9q1.tmp", ".results.json.tmp", ".results.json..tmp", ".results.json.K2.tmp",
+        ".results.json.k2.tmpx", ".results.json.a.b.tmp", ".other.json.k2j4x9q1.tmp", ".results.jsonk2j4x9q1.tmp"))
+    path = atomic_write_text(tmp_path / "results.json", "{}")  # the name mkstemp really gives is one
+    assert is_temporary_file_of(tempfile.mkstemp(dir=tmp_path, prefix=f".{path.name}.", suffix=".tmp")[1], path.name)
+
+
+def test_save_folder_writes_beside_the_final_folder_and_creates_parents(tmp_path):
+    from mmviews.fileio import save_folder
+
+    seen: list[Path] = []
+    final = save_folder(tmp_path / "a" / "b" / "encoder", lambda d: seen.append(d) or (d / "w").write_bytes(b""))
+    assert seen[0].parent == final.parent and seen[0].name.startswith(".encoder.tmp-")
+    assert [p.name for p in final.parent.iterdir()] == ["encoder"]
+
+
+def test_needed_bytes_are_the_files_not_what_was_written(tmp_path, monkeypatch):
+    """A full disk mid-write: the bytes named are the whole file's (``needed``), not the part
+    written before the disk filled."""
+    import builtins
+
+    import mmviews.fileio as fileio
+    from mmviews.fileio import DiskFullError
+
+    class HalfFile:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[:len(data) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio, "open", lambda *args, **kwargs: HalfFile(builtins.open(*args, **kwargs)), raising=False)
+    with pytest.raises(DiskFullError, match="it needs about 10 bytes"):
+        atomic_write_bytes(tmp_path / "x.bin", b"0123456789")
+    monkeypatch.undo()
+    def full_after_three_bytes(tmp: str) -> None:
+        Path(tmp).write_bytes(b"123")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match="it needs about 99 bytes"):
+        atomic_save(tmp_path / "y.bin", full_after_three_bytes, needed=99)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_free_bytes_asks_the_nearest_existing_folder(tmp_path, monkeypatch):
+    import shutil
+
+    from mmviews.fileio import free_bytes
+
+    asked: list[Path] = []
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: asked.append(Path(p)) or shutil._ntuple_diskusage(9, 2, 7))
+    assert free_bytes(tmp_path / "not" / "yet") == 7 and free_bytes(tmp_path) == 7
+    assert asked == [tmp_path, tmp_path]
+
+
+def test_json_objects_and_folder_names(tmp_path):
+    from mmviews.fileio import is_folder_name, read_json_object
+
+    path = tmp_path / "m.json"
+    path.write_text('{"a": 1}')
+    assert read_json_object(path) == {"a": 1}
+    path.write_text("[1]")
+    with pytest.raises(KeyError, match=r"m.json: expected a JSON object, got list; fix it"):
+        read_json_object(path, KeyError, "; fix it")
+    path.write_bytes(b"\xff{")
+    with pytest.raises(ValueError, match=r"m.json: not valid JSON \(.*\)$"):
+        read_json_object(path)
+    assert is_folder_name("run-1") and is_folder_name(".hidden")
+    assert not any(is_folder_name(n) for n in ("", ".", "..", "a/b", "a\\b", "a\0b"))

@@ -226,3 +226,94 @@ def test_every_checkpoint_damaged_is_one_line(reference, tmp_path, capsys):
     line = one_line_error(err)
     assert rc == 2 and f"none of its {TOTAL} checkpoint(s) is intact" in line and "--overwrite" in line
     assert out.count("skipping the damaged checkpoint") == TOTAL
+
+
+def _fake_checkpoint(run: Path, step: int) -> Path:
+    """A checkpoint folder with one recorded file (no training needed)."""
+    import json
+
+    from mmviews.run import checkpoint_file_records
+
+    folder = run / "checkpoints" / f"checkpoint-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(bytes(range(step)) * 10)
+    record = {"epoch": 0, "batch_in_epoch": step, "step": step, "samples": 0, "files": checkpoint_file_records(folder)}
+    (folder / "train_state.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_newest_intact_checkpoint_units(tmp_path):
+    from mmviews.run import RunFolderError
+    from mmviews.train.resume import auto_resume_checkpoint, newest_intact_checkpoint
+
+    run = tmp_path / "run"
+    said: list[str] = []
+    assert newest_intact_checkpoint(run, said.append) is None and said == []
+    config = load_config(write_recipe(tmp_path / "a.yaml", CONFIG))
+    assert auto_resume_checkpoint(config, run, True, 1) is None
+    first, second, third = (_fake_checkpoint(run, step) for step in (1, 2, 3))
+    (third / "model.safetensors").write_bytes(b"")
+    (second / "model.safetensors").unlink()
+    assert newest_intact_checkpoint(run, said.append) == first
+    assert len(said) == 2 and said[0].startswith(f"mmviews train: skipping the damaged checkpoint {third}: ")
+    assert str(second) in said[1] and "is missing" in said[1] and ";" not in said[1]
+    assert auto_resume_checkpoint(config, run, True, 1) == first
+    assert auto_resume_checkpoint(config, run, False, 1) is None  # only the main process checks (and tells the others)
+    (first / "train_state.json").unlink()
+    with pytest.raises(RunFolderError, match=f"{run}: none of its 3 checkpoint"):  # checkpoint-1 lost its record
+        newest_intact_checkpoint(run, said.append)
+
+
+def test_recipe_check_units(tmp_path):
+    from mmviews.config import ConfigError
+    from mmviews.train.resume import _flatten, check_same_recipe
+
+    assert _flatten({"a": {"b": 1, "c": {}}, "d": [1, {"e": 2}]}) == {"a.b": 1, "a.c": {}, "d": [1, {"e": 2}]}
+    run = tmp_path / "run"
+    run.mkdir()
+    config = load_config(write_recipe(tmp_path / "a.yaml", CONFIG))
+    check_same_recipe(config, run)  # no config.yaml: nothing to compare
+    write_recipe(run / "config.yaml", CONFIG)
+    check_same_recipe(config, run)
+    many = dict(CONFIG, seed=3, optimisation={**CONFIG["optimisation"], "lr": 1.0, "epochs": 9, "warmup_steps": 0,
+                                               "max_grad_norm": 1.0, "optimizer": "sgd", "momentum": 0.5,
+                                               "weight_decay": 0.5}, data={**CONFIG["data"], "batch_size": 8})
+    with pytest.raises(ConfigError) as caught:
+        check_same_recipe(load_config(write_recipe(tmp_path / "b.yaml", many)), run)
+    message = str(caught.value)
+    assert message.startswith(f"output.auto_resume: the recipe differs from the one {run} was started with")
+    assert "in data.batch_size, optimisation.epochs, optimisation.lr," in message and "weight_decay and 1 more;" in message
+    assert f"--resume {run} --set KEY=VALUE" in message
+
+
+def test_remove_leftovers_units(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ours = [run / "checkpoints" / ".tmp-checkpoint-00000007", run / "checkpoints" / ".tmp-checkpoint-removed-checkpoint-1",
+            run / ".encoder.tmp-x1y2z3", run / ".config.yaml.abcd1234.tmp", run / "..mmviews-run.json.k2j4x9q1.tmp",
+            run / ".metrics.csv.a1b2c3d4.tmp", run / ".report.md.a1b2c3d4.tmp"]
+    for path in ours:
+        path.mkdir() if "tmp-" in path.name else path.write_text("x")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("mine")
+    theirs = [run / ".notes.json.abcd1234.tmp", run / "checkpoints" / ".tmp-checkpoint-file", run / ".encoder.tmp-file",
+              run / ".results.json.tmp", run / "encoder.tmp-x"]
+    for path in theirs:
+        path.write_text("mine")
+    (run / ".encoder.tmp-link").symlink_to(elsewhere)
+    (run / "checkpoints" / ".tmp-checkpoint-link").symlink_to(elsewhere)
+    assert sorted(remove_leftovers(run)) == sorted(ours)
+    assert not any(path.exists() for path in ours) and all(path.read_text() == "mine" for path in theirs)
+    assert (elsewhere / "keep").read_text() == "mine" and (run / ".encoder.tmp-link").is_symlink()
+
+
+def test_restart_attempt_reads_the_agents_count(monkeypatch):
+    from mmviews.train.resume import restart_attempt
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert restart_attempt() == 0
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert restart_attempt() == 2
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "x")
+    assert restart_attempt() == 0

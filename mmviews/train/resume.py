@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmviews.config import ConfigError, TrainConfig, load_config
-from mmviews.fileio import temporary_name
+from mmviews.fileio import is_temporary_file_of
 from mmviews.run import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -134,8 +134,7 @@ def remove_leftovers(run_dir: Path) -> list[Path]:
         for path in sorted(run_dir.iterdir()):
             if path.is_symlink():
                 continue
-            if (temporary_name(path) and path.is_file()
-                    and any(path.name.startswith(f".{name}.") for name in _ATOMIC_FILES)):
+            if path.is_file() and any(is_temporary_file_of(path, name) for name in _ATOMIC_FILES):
                 path.unlink()
                 removed.append(path)
             elif path.is_dir() and path.name.startswith(f".{ENCODER_DIR}.tmp-"):  # mmviews.fileio.save_folder's
