@@ -220,3 +220,20 @@ def test_unknown_split_is_rejected():
     with pytest.raises(ValueError, match="unknown split 'dev'") as err:
         build_dataset("identifiability", split="dev")
     assert err.value.option == "split"
+
+
+def test_adding_modalities_leaves_the_first_ones_as_they_were():
+    """M = 2 and M = 4 share x1 and x2 (mixing, covariances, samples): a sweep over M compares
+    the same two modalities with more added, not another process."""
+    two = build_dataset("identifiability", split="test", num_samples=32, num_modalities=2)
+    four = build_dataset("identifiability", split="test", num_samples=32, num_modalities=4)
+    for i in range(2):
+        assert all(np.array_equal(u, v) for u, v in zip(two.process.mixing[i], four.process.mixing[i]))
+    for name in ("content", "style", "style_noise", "specific_x1", "specific_x2"):
+        np.testing.assert_array_equal(two.process.chol[name], four.process.chol[name])
+    np.testing.assert_array_equal(two.process.shift[0], four.process.shift[0])
+    z2, z4 = two.latents(range(32)), four.latents(range(32))
+    for key, value in z2.items():
+        np.testing.assert_array_equal(value, z4[key])
+    assert torch.equal(two[3]["modalities"]["x2"], four[3]["modalities"]["x2"])
+    assert not np.allclose(four.process.mixing[3][0], four.process.mixing[2][0])

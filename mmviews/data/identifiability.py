@@ -157,23 +157,29 @@ def generative_process(seed: int, content_dim: int = 5, style_dim: int = 5, spec
                        content_dependent_style: bool = True, mixing_layers: int = 3) -> GenerativeProcess:
     """The covariances, the content-to-style map and the mixing functions of ``seed`` (cached:
     every split of a run shares them)."""
-    rng = np.random.default_rng([seed, 0x1DE7])
+    def stream(*key: int) -> np.random.Generator:
+        # one stream per part, so that a part does not move when another is added: modalities x1
+        # and x2 are the same with M = 2 as with M = 4, the shift the same whatever the covariances
+        return np.random.default_rng([seed, 0x1DE7, *key])
+
     names = ["content", "style", "style_noise", *(f"specific_{m}" for m in modality_names(num_modalities))]
     sizes = {"content": content_dim, "style": style_dim, "style_noise": style_dim}
     chol = {}
-    for name in names:
+    for k, name in enumerate(names):
         n = sizes.get(name, specific_dim)
-        # drawn whether used or not, so that switching the dependence off leaves the rest as it was
-        cov = _wishart(rng, n) if n else np.zeros((0, 0))
+        cov = _wishart(stream(1, k), n) if n else np.zeros((0, 0))
         chol[name] = np.linalg.cholesky(cov) if statistical_dependence and n else np.eye(n)
+    rng = stream(2)
     b, a = rng.standard_normal((style_dim, content_dim)), rng.standard_normal(style_dim)
     shift = (b, a) if content_dependent_style else None
     dim = content_dim + style_dim + specific_dim
-    pool = np.linalg.cond(_unit_columns(rng.uniform(-1.0, 1.0, size=(CONDITION_POOL, dim, dim))))
+    pool = np.linalg.cond(_unit_columns(stream(3).uniform(-1.0, 1.0, size=(CONDITION_POOL, dim, dim))))
     threshold = float(np.quantile(pool, CONDITION_QUANTILE))
-    mixing = tuple(tuple(_well_conditioned(rng, dim, threshold) for _ in range(mixing_layers))
-                   for _ in range(num_modalities))
-    return GenerativeProcess(content_dim, style_dim, specific_dim, num_modalities, chol, shift, mixing)
+    mixing = []
+    for i in range(num_modalities):
+        rng = stream(4, i)
+        mixing.append(tuple(_well_conditioned(rng, dim, threshold) for _ in range(mixing_layers)))
+    return GenerativeProcess(content_dim, style_dim, specific_dim, num_modalities, chol, shift, tuple(mixing))
 
 
 class IdentifiabilityData(Dataset):

@@ -36,6 +36,7 @@ Usage::
     python recipes/reproduce/identifiability.py --full     # paper-like budget: hours on a CPU
     python recipes/reproduce/identifiability.py --smoke    # seconds (tests)
     python recipes/reproduce/identifiability.py --part a   # only the paper's table
+    python recipes/reproduce/identifiability.py --part b --seeds 0 --jobs 2   # one seed of the M sweep
 """
 
 from __future__ import annotations
@@ -228,9 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     C.add_size_arguments(parser)
     parser.add_argument("--part", choices=["a", "b", "both"], default="both",
                         help="a: the paper's table; b: M = 2, 3, 4 across the objectives (default both)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="seeds of both parts (default: the size's, 3 for part b)")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=None,
+                        help="part a's settings (default: all four)")
+    parser.add_argument("--steps-a", type=int, default=None, help="optimiser steps of part a (default: the size's)")
+    parser.add_argument("--steps-b", type=int, default=None, help="optimiser steps of part b (default: the size's)")
     parser.add_argument("--out", type=Path, default=C.RESULTS_DIR / "identifiability")
     args = parser.parse_args(argv)
     size = C.size_of(args)
+    # the command line's choices replace the size's (a copy: SIZES stays as written)
+    SIZES[size] = dict(SIZES[size])
+    for key, value in (("seeds_a", args.seeds), ("seeds_b", args.seeds), ("settings", args.settings),
+                       ("steps_a", args.steps_a), ("steps_b", args.steps_b)):
+        if value is not None:
+            SIZES[size][key] = value
     out: Path = args.out
     recipe_path = C.write_recipe(base_recipe(size), out / "recipes" / "base.yaml")
     if args.part in ("a", "both"):
