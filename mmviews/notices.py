@@ -11,10 +11,11 @@ Python callers see ordinary warnings.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from typing import Iterator
 
-__all__ = ["MMViewsRuntimeWarning", "MMViewsWarning", "one_line_warnings"]
+__all__ = ["MMViewsRuntimeWarning", "MMViewsWarning", "one_line_warnings", "print_warning"]
 
 
 class MMViewsWarning(UserWarning):
@@ -34,6 +35,18 @@ _THIRD_PARTY_NOISE = (
 )
 
 
+def warning_line(prefix: str, message: str) -> str:
+    """``PREFIX: warning: MESSAGE``, whitespace folded: the one line a warning of the command
+    ``prefix`` (``mmviews train``) takes on its standard error."""
+    return f"{prefix}: warning: {' '.join(str(message).split())}"
+
+
+def print_warning(prefix: str, message: str) -> None:
+    """Print :func:`warning_line` to standard error (a command's warnings that it gives itself,
+    e.g. the health checks' verdicts at the end of ``mmviews train``)."""
+    print(warning_line(prefix, message), file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def one_line_warnings(prefix: str) -> Iterator[None]:
     """Within the block, format :class:`MMViewsWarning` s as ``PREFIX: warning: MESSAGE`` (one
@@ -46,7 +59,7 @@ def one_line_warnings(prefix: str) -> Iterator[None]:
     def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                        line: str | None = None) -> str:
         if issubclass(category, MMViewsWarning):
-            return f"{prefix}: warning: {' '.join(str(message).split())}\n"
+            return warning_line(prefix, str(message)) + "\n"
         return previous(message, category, filename, lineno, line)
 
     with warnings.catch_warnings():

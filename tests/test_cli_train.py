@@ -13,6 +13,7 @@ import re
 import shlex
 import signal
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from crafted_files import cli, one_line_error
@@ -20,6 +21,7 @@ from test_train_utils import own_accelerate_state, tiny_config, train_in_process
 
 import mmviews.cli.train as train_command
 import mmviews.train.distributed as distributed
+from mmviews.cli import main
 from mmviews.cli.train import (
     _budget_gb,
     _close_process_group,
@@ -114,7 +116,7 @@ def test_check_reports_the_views_the_objective_and_the_samples_and_writes_nothin
     lines = out.splitlines()
     assert lines[0] == f"{recipe}: OK (2 views: image_0, image_1; objective mv_dhel; 32 training samples)", out
     assert any("64" in line and "GiB" in line for line in lines[1:]), out  # the budget is judged
-    assert not any(line.startswith("warning: ") for line in lines), out
+    assert "warning:" not in out + err, out + err
     assert not run.exists()
 
 
@@ -351,13 +353,14 @@ def test_the_results_logger_is_silenced_once(monkeypatch: pytest.MonkeyPatch) ->
 def summary_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                     **summary: object) -> tuple[int, str]:
     """``mmviews train`` with :func:`mmviews.train.train` replaced by one that returns ``summary``
-    (the keys train() documents): the exit status and what was printed. What ends in which line
-    (a failed run, warnings, data left out) without building a run that fails in each way."""
+    (the keys train() documents): the exit status and what was printed on stdout (stderr holds
+    the health warnings, in the one-line form, and nothing else). What ends in which line (a
+    failed run, warnings, data left out) without building a run that fails in each way."""
     recipe = image_recipe(tmp_path)
     full = {"steps": 4, "final_loss": 0.5, "wall_time_s": 3.25, "eval": None, **summary}
     monkeypatch.setattr(train_command, "train", lambda *args, **kwargs: full)
     rc, out, err = cli(capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
-    assert err == ""
+    assert err.splitlines() == [f"mmviews train: warning: {w}" for w in full.get("warnings") or []], err
     return rc, out
 
 
@@ -382,7 +385,6 @@ def test_warnings_and_the_data_left_out_follow_the_run_line(tmp_path: Path, monk
     assert out.splitlines() == [
         f"run folder: {tmp_path / 'run'}  (steps 4, final loss 0.5000, 3.2 s)",
         "test metrics:", "  test/knn/class/acc  trained 0.5000",
-        "warning: collapse: rank 1.0; hint: lower the lr",
         "data left out (data.options.on_error: skip): split 'train': 1 unreadable shard(s) (a.parquet)",
         "data left out: split 'train' (train): 3 dropped from training batches (unreadable when read)",
         f"report: {tmp_path / 'run' / 'report.md'}"]
@@ -441,7 +443,8 @@ def test_check_of_a_video_folder_says_what_it_read_and_what_the_data_lacks(video
     lines = out.splitlines()
     assert lines[0] == (f"data: ucf101 {video_folder}: 7 clips, split lists from {video_folder / 'ucfTrainTestlist'}")
     assert lines[1] == f"{recipe}: OK (3 views: video_0, video_1, audio_0; objective mv_dhel; 7 training samples)"
-    warned = [line for line in lines if line.startswith("warning: ")]
+    assert "warning" not in out
+    warned = [line.removeprefix("mmviews train: ") for line in err.splitlines() if line.startswith("mmviews train: warning: ")]
     assert [line.split(" known to be unreadable")[0] for line in warned[:2]] == [
         "warning: left out 2 sample(s) of split 'train'", "warning: left out 1 sample(s) of split 'test'"]
     assert warned[2] == ("warning: modality 'audio' is absent from every sample of split 'train': its view(s) audio_0 "
@@ -472,3 +475,56 @@ def test_processes_leave_together_only_after_a_normal_end(finished_run: tuple[Pa
     assert cli(capsys, "train", "--resume", str(run))[0] == 0  # finished: says so, ends normally
     assert cli(capsys, "train", "--reevaluate")[0] == 2  # an error before any work
     assert barriers == [True, False]
+
+
+@pytest.fixture
+def compiler_log_levels() -> Iterator[None]:
+    """The compiler loggers' levels put back after the test (the command sets them process-wide)."""
+    from mmviews.train.compiled import COMPILER_LOGGERS
+
+    saved = {name: logging.getLogger(name).level for name in COMPILER_LOGGERS}
+    yield
+    for name, level in saved.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_compiled_run_says_its_first_step_compiles_and_keeps_the_compilers_log_off_stderr(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], compiler_log_levels: None,
+        debug: bool) -> None:
+    """The note comes before training starts; what torch's compiler logs while the run compiles
+    (here the line torch's C++ extension loader gives on a machine without CUDA) reaches stderr
+    only with --debug."""
+    from mmviews.train.compiled import COMPILE_NOTE, COMPILER_LOGGERS
+
+    recipe = image_recipe(tmp_path)
+
+    def compiling_train(*args: object, **kwargs: object) -> dict:
+        print("training starts", flush=True)
+        logging.getLogger("torch.utils.cpp_extension").warning("No CUDA runtime is found, using CUDA_HOME='/usr/local'")
+        return {"steps": 1, "final_loss": 0.5, "wall_time_s": 1.0, "eval": None}
+
+    monkeypatch.setattr(train_command, "train", compiling_train)
+    capfd.readouterr()
+    rc = main(["train", str(recipe), "--output", str(tmp_path / "run"), "--set", "optimisation.compile=true",
+               *(["--debug"] if debug else [])])
+    out, err = capfd.readouterr()
+    assert rc == 0 and out.splitlines()[:2] == [f"note: {COMPILE_NOTE}", "training starts"], out
+    if not debug:
+        assert "No CUDA runtime is found" not in err, err
+    # (what torch's handler prints goes to the stream it took at import; the level decides it)
+    assert all(logging.getLogger(name).isEnabledFor(logging.WARNING) == debug for name in COMPILER_LOGGERS)
+
+
+@pytest.mark.parametrize("argv, silent", [(["list", "objectives"], "true"), (["list", "objectives", "--debug"], None)])
+def test_wandb_s_own_lines_are_off_unless_debug(argv: list[str], silent: str | None, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """W&B reads ``WANDB_SILENT`` when a run starts: the command sets it before any tracker does
+    (a value the user set stays)."""
+    import os
+
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    assert main(argv) == 0
+    assert os.environ.get("WANDB_SILENT") == silent
+    monkeypatch.setenv("WANDB_SILENT", "false")
+    assert main(argv) == 0 and os.environ["WANDB_SILENT"] == "false"

@@ -23,6 +23,7 @@ from mmviews.eval.health import (
     training_findings,
     training_warnings,
 )
+from mmviews.notices import MMViewsWarning
 
 
 # A tiny run made to collapse: SGD at lr 0.5 with momentum drives every embedding of the
@@ -60,21 +61,24 @@ def test_a_collapsing_run_is_flagged_in_the_log_and_the_report(tmp_path: Path, c
     caplog.set_level(logging.INFO, logger="mmviews.train.results")
     results_logger.addHandler(caplog.handler)
     try:
-        assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 0
+        with pytest.warns(MMViewsWarning) as caught:  # during training (the command: one line on stderr each)
+            assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 0
     finally:
         results_logger.removeHandler(caplog.handler)
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     summary = json.loads((tmp_path / "run" / "results.json").read_text())  # train()'s return value, as written
     logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert summary["warnings"] and logged == [f"warning: {w}" for w in summary["warnings"]]
     assert [h["metric"] for h in summary["headline"]] == ["test/linear/class/acc"]
     assert any("trained vs random init" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
     assert "test metrics, trained vs random init:" in out and "  test/linear/class/acc  trained " in out
-    live = [line for line in out.splitlines() if line.startswith("warning: collapse at step")]
-    assert len(live) == 1, out  # during training, once
+    live = [str(w.message) for w in caught if str(w.message).startswith("collapse at step")]
+    assert len(live) == 1, live  # during training, once
     assert "pos_sim 0." in live[0] and "hint: lower optimisation.lr" in live[0]
-    assert "warning: collapse at the end of training" in out
-    assert "warning: MI lower bound <= 0" in out
+    # the verdicts at the end: on stderr, in the form of mmviews's warnings, not among the metrics
+    assert "mmviews train: warning: collapse at the end of training" in err
+    assert any(str(w.message).startswith("MI lower bound <= 0") for w in caught) or "warning: MI lower bound <= 0" in err
+    assert "warning" not in out
     report = (tmp_path / "run" / "report.md").read_text()
     assert "## Warnings: did it learn?" in report and "- collapse at the end of training" in report
     assert "uniformity loss" in report

@@ -18,6 +18,7 @@ from test_train_utils import own_accelerate_state, tiny_config
 import mmviews.train.step_log as step_log_module
 from mmviews.config import config_from_dict
 from mmviews.eval.summary import read_training_log
+from mmviews.notices import MMViewsWarning
 from mmviews.objectives import ObjectiveOutput
 from mmviews.run import claim_run_dir, read_manifest
 from mmviews.train.state import TrainState
@@ -236,10 +237,12 @@ def test_rows_are_logged_every_log_every_steps_and_at_the_last(tmp_path: Path, m
 def test_a_diverging_loss_is_warned_about_once_with_the_recipes_lr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    accelerate_state, capsys) -> None:
     logger, _ = step_logger(tmp_path, monkeypatch, total_steps=6, poly_view_bound=False)
-    for step in range(1, 7):
-        logger.log(TrainState(step=step), output(2.0 ** step), {}, OPTIMIZER, num_samples=4, num_views=2)
-    warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
-    assert len(warned) == 1 and warned[0].startswith("warning: divergence at step ")
+    with pytest.warns(MMViewsWarning) as caught:  # the command line shows it as one line on stderr
+        for step in range(1, 7):
+            logger.log(TrainState(step=step), output(2.0 ** step), {}, OPTIMIZER, num_samples=4, num_views=2)
+    warned = [str(w.message) for w in caught if issubclass(w.category, MMViewsWarning)]
+    assert len(warned) == 1 and warned[0].startswith("divergence at step ")
+    assert "warning" not in capsys.readouterr().out
     assert "lower optimisation.lr (now 0.003), e.g. 0.0003" in warned[0]  # the recipe's lr, not a default
 
 

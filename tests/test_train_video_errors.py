@@ -192,10 +192,10 @@ def test_raise_run_stops_with_one_line_and_keeps_its_checkpoint(runs, folder):
 def test_check_says_what_the_data_lacks(folder, tmp_path, capsys):
     recipe = write_recipe(tmp_path / "check.yaml", video_recipe(folder, "skip"))
     assert main(["train", str(recipe), "--check"]) == 0
-    out = capsys.readouterr().out
-    assert "warning: left out 2 sample(s) of split 'train' known to be unreadable" in out
-    assert "warning: left out 1 sample(s) of split 'test' known to be unreadable" in out
-    assert "warning: modality 'audio' is absent from every sample of split 'train'" in out
+    out = capsys.readouterr().err  # mmviews's warnings: one line each on stderr
+    assert "mmviews train: warning: left out 2 sample(s) of split 'train' known to be unreadable" in out
+    assert "mmviews train: warning: left out 1 sample(s) of split 'test' known to be unreadable" in out
+    assert "mmviews train: warning: modality 'audio' is absent from every sample of split 'train'" in out
 
 
 def test_skip_on_several_processes_is_refused_before_any_work(folder):

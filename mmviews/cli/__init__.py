@@ -9,7 +9,9 @@ command being run is imported, so ``mmviews --help`` stays fast. ``python -m mmv
 :func:`main` is the one place that turns an error into a message: a user error (``ValueError``
 and its subclasses, ``KeyError``, ``OSError``, a refused pickle: a bad recipe, file, folder,
 dataset, split or option) is one line naming what is at fault, exit status 2; any other exception
-is a bug and keeps its traceback (``--debug`` shows every traceback and warning).
+is a bug and keeps its traceback (``--debug`` shows every traceback and warning). Warnings, the
+health checks' verdicts included, are one line each on stderr, ``mmviews COMMAND: warning: ...``;
+W&B's own lines (``WANDB_SILENT``) and torch's C++ warnings are off unless ``--debug``.
 Which errors and warnings print how: ``docs/cli.md`` ("Errors and warnings").
 """
 
@@ -94,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # that find_unused_parameters, mmviews's default for views that may be absent, found
         # none unused). Read when torch is imported, which happens below: errors still print.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        # W&B's own lines (its version, where it syncs, the sync hint) describe its machinery: the
+        # run folder's logs/ and the tracker's own files say where the run went
+        os.environ.setdefault("WANDB_SILENT", "true")
     module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
     args.owns_process = owns_process

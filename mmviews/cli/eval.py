@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -47,6 +48,7 @@ from mmviews.eval.summary import headline_lines, headline_metrics, read_eval_met
 from mmviews.export.onnx_runtime import is_onnx_folder
 from mmviews.fileio import check_writable
 from mmviews.modalities.remote import allow_remote_models
+from mmviews.notices import print_warning
 from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
@@ -192,8 +194,9 @@ def run(args: argparse.Namespace) -> int:
         random_init = read_eval_metrics(run_dir / "eval_random") if same_evaluation else None
         for line in headline_lines(headline_metrics(metrics, random_init)):
             print(line)
+        sys.stdout.flush()
         for message in evaluation_warnings(metrics, random_init, HealthSettings.from_config(config)):
-            print(f"warning: {message}")
+            print_warning("mmviews eval", message)
         print(f"report written to {out} (precision {precision}, seed {seed}, fuse {fuse}; every metric in "
               f"{out / 'summary.md'})")
     return 0

@@ -48,6 +48,7 @@ from mmviews.cli import USER_ERRORS, same_on_every_process, worker_error
 from mmviews.config import ConfigError, TrainConfig, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.remote import allow_remote_models
+from mmviews.notices import print_warning
 from mmviews.eval.report import format_metric
 from mmviews.run import (
     CONFIG_FILE,
@@ -64,6 +65,7 @@ from mmviews.run import (
     run_dir_of,
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
+from mmviews.train.compiled import COMPILE_NOTE, quiet_compiler_logs
 from mmviews.train.distributed import CollectiveFailure, accelerate_launch, steps_on_cpu
 from mmviews.train.host_memory import HOLD_NOTE, configure_host_memory
 from mmviews.train.interrupt import TrainingInterrupted
@@ -225,11 +227,12 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         print("\n".join(estimate.lines(args.memory_budget_gb)))
         if host_memory == "hold":
             print(f"note: {HOLD_NOTE}")
+        sys.stdout.flush()  # the verdict above comes first on a terminal that shows both streams
         space = disk_space_line(parts, run_dir)
         if space:
-            print(f"warning: {space}")
+            print_warning("mmviews train", space)
         for line in data_check_lines(parts):
-            print(f"warning: {line}")
+            print_warning("mmviews train", line)
         if isinstance(folder_problem, RunExistsError):
             print(f"note: {run_dir} already holds a run: training there needs --resume {shlex.quote(str(run_dir))} "
                   "(continue it) or --overwrite (replace what it wrote)")
@@ -239,7 +242,12 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     quiet_results_logger()  # this command prints the headline metrics and warnings itself
     if _is_first_process():
         for line in restart_setup_lines(config):  # torch's elastic agent asked to restart workers
-            print(f"mmviews train: warning: {line}", file=sys.stderr, flush=True)
+            print_warning("mmviews train", line)
+    if config.optimisation.compile:
+        if not args.debug:
+            quiet_compiler_logs()
+        if _is_first_process():  # a first step that takes minutes would otherwise look like a hang
+            print(f"note: {COMPILE_NOTE}", flush=True)
     try:
         with _overrides_named(str(recipe), args.overrides):
             summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
@@ -276,8 +284,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     lines = headline_lines(summary.get("headline") or [])
     if lines:
         print(*lines, sep="\n")
+    sys.stdout.flush()
     for message in summary.get("warnings") or []:
-        print(f"warning: {message}")
+        print_warning("mmviews train", message)
     for line in data_left_out_lines(summary.get("data_skipped") or {}):
         print(f"data left out (data.options.on_error: skip): {line}")
     for line in loss_lines(summary.get(DATA_LOSSES_KEY) or {}):

@@ -14,12 +14,21 @@ tolerances, what combinations are refused and whether it pays: ``docs/performanc
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["COMPILE_OPTIONS", "compile_encoder", "compiled_graphs"]
+__all__ = ["COMPILE_NOTE", "COMPILE_OPTIONS", "compile_encoder", "compiled_graphs", "quiet_compiler_logs"]
+
+#: What ``mmviews train`` says before a compiled run's first step.
+COMPILE_NOTE = ("optimisation.compile: the first step compiles the adapters' backbones and heads (minutes on a CPU, "
+                "where the system's C++ compiler builds the kernels); later steps reuse the compiled code")
+
+# The loggers of torch's compiler stack: their warnings are about its own machinery (e.g. where
+# it looks for CUDA on a machine without one), not about the run.
+COMPILER_LOGGERS = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch", "torch.utils.cpp_extension")
 
 #: What :func:`torch.compile` is given by default: its automatic dynamic shapes (``dynamic``
 #: unset: static graphs first, a symbolic size once a size changes).
@@ -43,6 +52,13 @@ def compile_encoder(encoder: nn.Module, **options: Any) -> list[str]:
                 module.compile(**options)
                 compiled.append(f"{name}.{part}")
     return compiled
+
+
+def quiet_compiler_logs() -> None:
+    """Show only the errors of torch's compiler loggers (:data:`COMPILER_LOGGERS`) in this process;
+    ``mmviews train --debug`` leaves them as torch set them."""
+    for name in COMPILER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def compiled_graphs() -> int:

@@ -14,6 +14,7 @@ import csv
 import io
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 from mmviews.config import TrainConfig
 from mmviews.eval.health import HealthSettings, LiveHealth
 from mmviews.fileio import DiskFullError, atomic_write_text, disk_full
+from mmviews.notices import MMViewsWarning
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
 from mmviews.train.state import TrainState
@@ -146,7 +148,8 @@ class StepLogger:
             if self.csv is not None:
                 self.csv.log(row)
                 for message in self.health.check(row):
-                    tqdm.write(f"warning: {message}")
+                    # the command line shows it as one line on stderr (mmviews.notices)
+                    warnings.warn(message, MMViewsWarning, stacklevel=2)
             if self.trackers:
                 self.to_trackers({k: v for k, v in row.items() if k != "step"}, step=state.step)
             self.bar.set_postfix(loss=f"{self.last_loss:.4f}")
