@@ -185,9 +185,10 @@ def test_check_warns_when_free_space_is_below_two_checkpoints(recipe, reference,
     real = max(fileio.folder_bytes(c) for c in list_checkpoints(reference))
     free = [int(1.9 * real), 10 * real]  # --check sees less than two checkpoints free, the second call more
     monkeypatch.setattr(fileio, "free_bytes", lambda folder: free.pop(0))
-    rc, out, _ = cli(capsys, "train", str(recipe), "--check", "--output", str(tmp_path / "run"))
-    warned = [line for line in out.splitlines() if "less than two checkpoints" in line]
-    assert rc == 0 and len(warned) == 1 and warned[0].startswith(f"warning: {tmp_path / 'run'}: {int(1.9 * real)} bytes free")
+    rc, _, err = cli(capsys, "train", str(recipe), "--check", "--output", str(tmp_path / "run"))
+    warned = [line for line in err.splitlines() if "less than two checkpoints" in line]
+    assert rc == 0 and len(warned) == 1 and warned[0].startswith(
+        f"mmviews train: warning: {tmp_path / 'run'}: {int(1.9 * real)} bytes free")
     estimate = int(re.search(r"about (\d+) bytes each", warned[0]).group(1))
     assert abs(estimate - real) <= 0.15 * real, (estimate, real)
     from mmviews.cli.train import disk_space_line
