@@ -138,3 +138,21 @@ def test_mid_write_guard_fails_when_the_export_is_written_in_place(run: Path, tm
     apply_break("export_in_place", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_the_export_is_written_beside_output_and_renamed_when_complete(run, tmp_path, monkeypatch, "hf", capsys)
+
+
+def test_the_license_given_reaches_the_exported_card(run: Path, tmp_path: Path, capsys):
+    assert main(["export", str(run), "--format", "hf", "--license", "cc-by-4.0", "--output", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert _front(card)["license"] == "cc-by-4.0" and card.endswith(FINISHED_BODY)
+
+
+def test_a_checkpoint_of_a_run_without_results_gets_a_card_of_its_recipe(tmp_path: Path):
+    from mmviews.train.model_card import render_model_card
+
+    folder = make_run(tmp_path / "run", {"x": "mlp"})
+    checkpoint = folder / "checkpoints" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "train_state.json").write_text("{}")
+    config = load_config(folder / "config.yaml")
+    assert hf.hub_model_card(checkpoint, config, None) == render_model_card(config, {}, None, None, None)
