@@ -62,6 +62,20 @@ def wave_graph(path: Path) -> str:
     return _save(graph, path)
 
 
+def lengths_graph(path: Path, dim: int) -> str:
+    """values [B, L, dim], lengths [B] -> unit vector of (the mean over L, the length)."""
+    nodes = [helper.make_node("ReduceMean", ["values"], ["m"], axes=[1], keepdims=0),
+             helper.make_node("Cast", ["lengths"], ["lf"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["lf", "axis"], ["l2"]),
+             helper.make_node("Concat", ["m", "l2"], ["c"], axis=1),
+             helper.make_node("LpNormalization", ["c"], ["z"], axis=-1, p=2)]
+    graph = helper.make_graph(nodes, "lengths", [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["b", "l", dim]),
+                                                 helper.make_tensor_value_info("lengths", TensorProto.INT64, ["b"])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", dim + 1])],
+                              initializer=[helper.make_tensor("axis", TensorProto.INT64, [1], [1])])
+    return _save(graph, path)
+
+
 def sequence_graph(path: Path, dim: int) -> str:
     nodes = [helper.make_node("ReduceMean", ["values"], ["m"], axes=[1], keepdims=0),
              helper.make_node("LpNormalization", ["m"], ["z"], axis=-1, p=2)]
@@ -126,6 +140,15 @@ def folder(tmp_path_factory) -> Path:
                   "preprocessing": {"sample_rate": 16000, "min_samples": 8}},
         "x": {"type": "mlp", "embed_dim": 3, "graph": sequence_graph(out / "x.onnx", 3), "inputs": [{"name": "values"}],
               "preprocessing": {"input_dim": 3}},
+        "seq": {"type": "feature_sequence", "embed_dim": 3, "graph": lengths_graph(out / "seq.onnx", 2),
+                "inputs": [{"name": "values"}, {"name": "lengths"}], "preprocessing": {"input_dim": 2}},
+        "speech": {"type": "hf_audio", "embed_dim": 2, "graph": "audio.onnx",
+                   "inputs": [{"name": "values"}, {"name": "lengths"}],
+                   "preprocessing": {"sample_rate": 8000, "min_samples": 0}},
+        "image": {"type": "open_clip", "embed_dim": 3, "graph": "video.onnx", "inputs": [{"name": "values"}],
+                  "preprocessing": {"channels": 3, "frames_per_row": 1, "clips": "per-frame", "image_size": [2, 3]}},
+        "whole": {"type": "flow_clip", "embed_dim": 4, "graph": "flow.onnx", "inputs": [{"name": "values"}],
+                  "preprocessing": {"channels": 2, "frames_per_row": 2, "clips": "whole"}},
         "text": {"type": "text", "embed_dim": 3, "graph": text_graph(out / "text.onnx"),
                  "inputs": [{"name": "input_ids"}, {"name": "attention_mask"}],
                  "preprocessing": {"tokenizer": word_tokenizer(out / "tokenizer.json"), "max_length": 3,
@@ -136,7 +159,7 @@ def folder(tmp_path_factory) -> Path:
                                    "pad_token_id": 5}},
     }
     manifest = {"format": "mmviews-onnx", "version": 1, "modalities": modalities,
-                "not_exported": {"image": "a reason of the exporter's"}}
+                "not_exported": {"picture": "a reason of the exporter's"}}
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
     return out
 
@@ -221,13 +244,14 @@ def test_sequences_and_missing_rows(folder: Path):
     assert (encoder.embed_present("x", {"values": x}, np.zeros(4, bool)) == 0).all()
     assert onnx_runtime._subset({"v": x, "ids": ["a", "b", "c", "d"], "rate": 5, "short": [1, 2]},
                                 np.array([0, 2]), 4)["ids"] == ["a", "c"]
-    with pytest.raises(KeyError, match="modality 'image' was not exported to ONNX: a reason of the exporter's"):
-        encoder.embed("image", {"values": x})
-    with pytest.raises(KeyError, match=r"modality 'smell' is not in .* \(modalities: \['audio', 'flow', 'left', 'text', "
-                                       r"'video', 'x'\]\)"):
+    with pytest.raises(KeyError, match="modality 'picture' was not exported to ONNX: a reason of the exporter's"):
+        encoder.embed("picture", {"values": x})
+    with pytest.raises(KeyError, match=r"modality 'smell' is not in .* \(modalities: \['audio', 'flow', 'image', 'left', "
+                                       r"'seq', 'speech', 'text', 'video', 'whole', 'x'\]\)"):
         encoder.embed("smell", {})
     assert encoder.embed_dim == 3 and encoder.eval() is encoder and is_onnx_folder(folder)
-    assert encoder.not_exported == {"image": "a reason of the exporter's"}
+    assert encoder.not_exported == {"picture": "a reason of the exporter's"}
+    assert encoder.manifest["format"] == "mmviews-onnx" and encoder.manifest["version"] == 1
 
 
 def _copy_with(folder: Path, tmp_path: Path, change) -> Path:
@@ -352,3 +376,88 @@ def test_a_view_batch_is_embedded_with_absent_views_zero(folder: Path):
     expected[:, 0], expected[:, 2], expected[:, 1] = x_vectors[:, 0], x_vectors[:, 1], video
     expected[~mask.numpy()] = 0
     np.testing.assert_allclose(z.numpy(), expected, atol=1e-6)
+
+
+def test_sequences_with_lengths_feed_them_to_the_graph(folder: Path):
+    encoder = OnnxEncoder(folder)
+    x = np.random.default_rng(6).normal(size=(3, 4, 2)).astype(np.float32)
+    full = encoder.embed("seq", {"values": x})
+    np.testing.assert_allclose(full, unit(np.concatenate([x.mean(1), np.full((3, 1), 4.0)], 1)), atol=1e-6)
+    given = encoder.embed("seq", {"values": x, "lengths": np.array([4, 1, 2])})
+    np.testing.assert_allclose(given, unit(np.concatenate([x.mean(1), [[4.0], [1.0], [2.0]]], 1)), atol=1e-6)
+    assert encoder.embed("seq", {"values": x[:, :1]}).shape == (3, 3)  # one step is a sequence
+    with pytest.raises(ValueError, match=r"^seq \(feature_sequence, ONNX\): values must be \[B, L, 2\] with L > 0, "
+                                         r"got shape \(3, 0, 2\)$"):
+        encoder.embed("seq", {"values": x[:, :0]})
+    with pytest.raises(ValueError, match=r"^seq \(feature_sequence, ONNX\): inputs\['lengths'\] of shape \(3,\) holds "
+                                         r"non-finite values"):
+        encoder.embed("seq", {"values": x, "lengths": np.array([4.0, np.nan, 1.0])})
+
+
+def test_length_limits_of_waveforms(folder: Path):
+    encoder = OnnxEncoder(folder)
+    values = np.random.default_rng(7).normal(size=(12, 8)).astype(np.float32)
+    z = encoder.embed("audio", {"values": values, "sample_rate": 16000, "lengths": np.full(12, 8)})
+    assert z.shape == (12, 2)  # exactly min_samples (8) is enough
+    with pytest.raises(ValueError, match=r"position\(s\) \[0, 1, 2, 3, 4, 5, 6, 7, 8, 9\] too short"):
+        encoder.embed("audio", {"values": values, "sample_rate": 16000, "lengths": np.full(12, 7)})
+    with pytest.raises(ValueError, match=r"lengths must be \[B\] in \[0, 8\], got \[9, 9, 9, 9, 9, 9, 9, 9, 9, 9\]$"):
+        encoder.embed("audio", {"values": values, "sample_rate": 16000, "lengths": np.full(12, 9)})
+    # a graph without a minimum still needs one sample per waveform
+    speech = {"values": values[:2], "sample_rate": 8000}
+    assert encoder.embed("speech", {**speech, "lengths": [1, 8]}).shape == (2, 2)
+    with pytest.raises(ValueError, match=r"^speech \(hf_audio, ONNX\): waveform\(s\) at position\(s\) \[0\] too short"):
+        encoder.embed("speech", {**speech, "lengths": [0, 8]})
+
+
+def test_open_clip_images_must_be_in_the_unit_range_and_non_square_sizes_are_named(folder: Path):
+    encoder = OnnxEncoder(folder)
+    images = np.full((2, 3, 2, 3), 0.5, np.float32)
+    for low, high in ((0.0, 1.0), (-0.0009, 1.0009)):
+        images[0, 0, 0, 0], images[1, 2, 1, 2] = low, high
+        assert encoder.embed("image", {"values": images}).shape == (2, 3)
+    for low, high, shown in ((-0.0011, 0.5, r"\[-0.0011, 0.5\]"), (0.5, 1.0011, r"\[0.5, 1\]")):
+        images[0, 0, 0, 0], images[1, 2, 1, 2] = low, high
+        with pytest.raises(ValueError, match=r"^image \(open_clip, ONNX\): images must be in \[0, 1\], got range "):
+            encoder.embed("image", {"values": images})
+    with pytest.raises(ValueError, match=r"frames of 3x2; the graph takes 2x3 "):
+        encoder.embed("image", {"values": np.zeros((1, 3, 3, 2), np.float32)})
+    video = np.full((1, 3, 4, 4), 2.0, np.float32)  # another adapter type: no range check
+    assert encoder.embed("video", {"values": video}).shape == (1, 3)
+
+
+def test_whole_clips_go_through_the_graph_at_once(folder: Path):
+    encoder = OnnxEncoder(folder)
+    flow = np.random.default_rng(8).normal(size=(2, 2, 2, 3, 3)).astype(np.float32)
+    expected = unit(flow.mean(axis=(3, 4)).reshape(2, 4))
+    np.testing.assert_allclose(encoder.embed("whole", {"values": flow}), expected, atol=1e-6)
+    with pytest.raises(ValueError, match=r"^whole \(flow_clip, ONNX\): the graph takes clips of T=2 flows stacked, got T=4$"):
+        encoder.embed("whole", {"values": np.concatenate([flow, flow], 1)})
+
+
+def test_sessions_are_made_as_asked(folder: Path):
+    encoder = OnnxEncoder(folder, threads=1)
+    for adapter in encoder.adapters.values():
+        options = adapter.session.get_session_options()
+        assert options.intra_op_num_threads == 1 and options.log_severity_level == 3
+        assert adapter.session.get_providers() == ["CPUExecutionProvider"]
+        assert (adapter.tokenizer is None) == (adapter.kind != "text")
+    default = OnnxEncoder(folder)
+    assert default.adapters["x"].session.get_session_options().intra_op_num_threads == 0
+
+
+def test_torch_tensors_are_taken_as_arrays(folder: Path):
+    import torch
+
+    encoder = OnnxEncoder(folder)
+    x = torch.randn(4, 2, 3, generator=torch.Generator().manual_seed(0))
+    np.testing.assert_allclose(encoder.embed("x", {"values": x}), unit(x.numpy().mean(1)), atol=1e-6)
+    present = np.array([False, True, True, False])
+    out = encoder.embed_present("seq", {"values": torch.randn(4, 3, 2), "lengths": torch.tensor([3, 1, 2, 3]),
+                                        "rate": np.array(5)}, present)
+    assert (out[~present] == 0).all() and (np.linalg.norm(out[present], axis=1) > 0.99).all()
+    subset = onnx_runtime._subset({"t": torch.arange(4), "scalar": np.array(7), "m": np.arange(8).reshape(4, 2)},
+                                  np.array([1, 3]), 4)
+    assert subset["t"].tolist() == [1, 3] and int(subset["scalar"]) == 7 and subset["m"].tolist() == [[2, 3], [6, 7]]
+    one = encoder.embed_present("x", {"values": x}, np.array([False, False, True, False]))
+    np.testing.assert_allclose(one[2], unit(x.numpy()[2].mean(0)), atol=1e-6)
