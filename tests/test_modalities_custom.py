@@ -34,7 +34,8 @@ from mmviews.modalities.inputs import require_tensor
 TYPES_REGISTERED_IN_TESTS = (
     "test_flat_output", "test_recording_net", "test_not_a_module", "test_x", "test_described-net_x",
     "test_undocumented", "test_plugin_net", "test_broken_net", "test_plugin_adapter", "test_plugin_wrong",
-    "test_plugin_other", "test_plugin_self_registered",
+    "test_plugin_other", "test_plugin_self_registered", "test_multiline_doc", "test_partial_net", "test_declared_width",
+    "test_tuple_output", "test_no_blocks",
 )
 
 
@@ -359,3 +360,52 @@ def test_width_probe_guard_fails_when_the_probe_runs_in_train_mode(monkeypatch):
     apply_break("width_probe_in_train_mode", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_the_width_probe_leaves_batchnorm_statistics_and_the_training_mode_alone()
+
+
+def test_a_backbones_declared_width_description_and_module_are_kept():
+    from mmviews.modalities.custom import CustomBackboneConfig
+
+    @register_backbone("test_multiline_doc")
+    class Documented(nn.Module):
+        """First line of the doc.
+
+        More that the listing leaves out."""
+
+        feature_dim = 5  # declared: the width probe is not run
+
+        def forward(self, images):
+            raise AssertionError("no forward while building")
+
+    adapter = build_adapter({"type": "test_multiline_doc"})
+    assert adapter.feature_dim == 5 and list_adapters()["test_multiline_doc"] == "First line of the doc."
+    assert type(adapter.config).__doc__ == CustomBackboneConfig.__doc__
+    class Anonymous:  # a callable factory that names no module (a C-level callable may not)
+        @property
+        def __module__(self):
+            raise AttributeError("__module__")
+
+        def __call__(self, **kwargs):
+            return TinyConvNet(width=2)
+
+    register_backbone("test_partial_net")(Anonymous())
+    partial = build_adapter({"type": "test_partial_net"})
+    assert type(partial).__module__ == "mmviews.modalities.custom" and partial.feature_dim == 4
+
+
+def test_a_backbone_must_return_a_feature_tensor_and_blocks_are_optional():
+    @register_backbone("test_tuple_output")
+    class Pair(nn.Module):
+        def forward(self, images):
+            return images.mean(dim=(2, 3)), images
+
+    with pytest.raises(ValueError, match=r"^test_tuple_output adapter: the backbone must return features \[N, F\], "
+                                         r"got tuple for images of shape \(2, 3, 32, 32\)$"):
+        build_adapter({"type": "test_tuple_output"})
+
+    @register_backbone("test_no_blocks")
+    class Flat(nn.Module):
+        def forward(self, images):
+            return images.mean(dim=(2, 3))
+
+    with pytest.raises(NotImplementedError, match="does not support finetune.mode='last_n'"):
+        build_adapter({"type": "test_no_blocks"}).backbone_blocks()
