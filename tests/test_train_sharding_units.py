@@ -76,6 +76,9 @@ def test_units_are_sharded_inner_first_by_the_recipes_choice(group_of_one, monke
     fb, fa = fresh.adapters["b"], fresh.adapters["a"]
     nbytes = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
     assert sizes == [nbytes(fb.backbone), nbytes(fb.head), nbytes(fa), 0]
+    # a whole-adapter unit first: the adapters after it are still counted
+    assert sharding.unit_parameter_bytes(_encoder(), {"b": "adapter"}) == [
+        nbytes(fb), nbytes(fa.backbone), nbytes(fa.head), 0]
 
 
 def test_bf16_gathers_parameters_in_bf16_and_reduces_gradients_in_float32(group_of_one, monkeypatch):
@@ -146,6 +149,9 @@ def test_full_model_state_round_trips_into_the_shards(group_of_one):
     sharding.load_full_model_state(sharded, changed)
     again = sharding.full_model_state(sharded)
     assert all(torch.equal(again[k], v) for k, v in expected.items())
+    missing = {k: v for k, v in expected.items() if k != "adapters.a.head.net.0.weight"}
+    with pytest.raises(RuntimeError, match="adapters.a.head.net.0.weight"):  # every key must match
+        sharding.load_full_model_state(sharded, missing)
 
 
 def test_the_request_comes_from_the_recipe_or_the_launcher(monkeypatch):
@@ -167,6 +173,15 @@ def test_the_request_comes_from_the_recipe_or_the_launcher(monkeypatch):
     with pytest.raises(ConfigError, match=r"^key 'distributed.fsdp_units.c': no adapter for modality 'c' "
                                           r"\(adapters: \['a', 'b'\]\)$"):
         sharding.requested_sharding(config)
+
+
+def test_fsdp1_from_the_launcher_is_refused_naming_the_flag(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ConfigError) as raised:
+        sharding.requested_sharding(_config())
+    assert str(raised.value) == ("accelerate launch --use_fsdp with FSDP_VERSION=1: mmviews shards with FSDP2 only; "
+                                 "launch with --fsdp_version 2")
 
 
 def test_the_launchers_fsdp_request_is_hidden_from_accelerate_and_put_back(monkeypatch):
@@ -226,7 +241,7 @@ def test_an_adapter_whose_backbone_holds_no_parameters_is_one_unit(group_of_one,
     b = encoder.adapters["b"]
     assert [m for m, _ in calls] == [b.backbone, b.head, a, encoder]
     fresh = _encoder()
-    fresh.adapters["a"].backbone = None
+    del fresh.adapters["a"].backbone  # an adapter without a backbone: one unit
     sizes = sharding.unit_parameter_bytes(fresh, {})
     assert len(sizes) == 4 and sizes[2] == sum(p.numel() * p.element_size() for p in fresh.adapters["a"].parameters())
 
@@ -294,3 +309,6 @@ def test_the_whole_encoder_is_the_recipes_with_the_full_tensors_and_leaves_the_r
     assert all(torch.equal(encoder.state_dict()[k], v) for k, v in state.items())
     with pytest.raises(RuntimeError):
         sharding.whole_encoder(config, {k: v for k, v in list(state.items())[1:]})
+    bad = TrainConfig(cpu=True, adapters={"a": {"type": "no_such_adapter"}})
+    with pytest.raises(ConfigError, match=r"^recipe: keys 'adapters'/'encoder': "):
+        sharding.whole_encoder(bad, {})

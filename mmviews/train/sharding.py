@@ -153,9 +153,17 @@ def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_full_model_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Full tensors (every process holds them) into the shards of ``module``; every key must match."""
+    """Full tensors (every process holds them) into the shards of ``module``; every key must match
+    (a ``RuntimeError`` naming the keys missing and unexpected otherwise)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
+    # torch 2.11's set_model_state_dict with full_state_dict accepts a state with keys missing
+    # (those parameters silently keep their values), strict or not: the keys are compared here.
+    names = set(module.state_dict())
+    missing, unexpected = sorted(names - set(state)), sorted(set(state) - names)
+    if missing or unexpected:
+        raise RuntimeError(f"the model state does not match the encoder: missing keys {missing}, "
+                           f"unexpected keys {unexpected}")
     set_model_state_dict(module, state, options=_options(strict=True))
 
 
