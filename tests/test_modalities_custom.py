@@ -378,6 +378,7 @@ def test_a_backbones_declared_width_description_and_module_are_kept():
 
     adapter = build_adapter({"type": "test_multiline_doc"})
     assert adapter.feature_dim == 5 and list_adapters()["test_multiline_doc"] == "First line of the doc."
+    assert type(adapter).__doc__ == "First line of the doc."  # the adapter class's doc: the first line
     assert type(adapter.config).__doc__ == CustomBackboneConfig.__doc__
     class Anonymous:  # a callable factory that names no module (a C-level callable may not)
         @property

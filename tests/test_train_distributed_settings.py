@@ -175,13 +175,18 @@ def test_a_timeout_below_one_second_is_a_timeout() -> None:
 
 def test_the_parent_command_line_keeps_bytes_that_are_not_utf8(monkeypatch) -> None:
     import subprocess
+    import time
 
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", b"caf\xe9"], stdin=subprocess.PIPE)
+    # a shell waiting on its input, with an argument that is not UTF-8 in its command line
+    child = subprocess.Popen(["/bin/sh", "-c", "read line", "sh", b"caf\xe9"], stdin=subprocess.PIPE)
     try:
         monkeypatch.setattr(os, "getppid", lambda: child.pid)
-        assert distributed._parent_command_line()[-1] == "caf\ufffd"
+        deadline = time.monotonic() + 10
+        while not distributed._parent_command_line() and time.monotonic() < deadline:
+            time.sleep(0.01)  # /proc shows an empty command line while the child is still being exec'd
+        assert distributed._parent_command_line() == ["/bin/sh", "-c", "read line", "sh", "caf\ufffd"]
     finally:
-        child.communicate(b"")
+        child.communicate(b"\n")
 
 
 def test_the_launch_line_keeps_mmviews_own_module_and_drops_anothers(monkeypatch) -> None:
