@@ -73,7 +73,7 @@ def test_prepare_run_gives_the_loop_its_objects(tmp_path: Path) -> None:
     parts = build_run(config, 1, "test")
     p = prepare_run(make_accelerator(config, tmp_path), parts)
     assert (p.batches_per_epoch, p.total_steps) == (4, 6)  # 64 samples / K = 16; ceil(4 / 2) per epoch, 3 epochs
-    assert p.teacher is None and p.encode_chunk_size is None and p.dropout_seed is None and not p.sharded
+    assert p.teacher is None and p.encode_chunk_size is None and p.dropout_seed is None and p.sharded is False
     assert isinstance(p.state, TrainState) and p.state.step == 0 and p.state.stream is None
     assert p.objective is parts.objective and p.objective.check_inputs is False
     collate = parts.train_loader.collate_fn
@@ -98,7 +98,8 @@ def test_epoch_loader_seeds_each_epoch_and_skips_what_a_resumed_run_trained_on()
 
     prepared_loader = SimpleNamespace(set_epoch=lambda epoch: calls.append(("loader", epoch)))
     skipped = SimpleNamespace(set_epoch=lambda epoch: calls.append(("skipped", epoch)))
-    accelerator = SimpleNamespace(skip_first_batches=lambda loader, n: (calls.append(("skip", n)), skipped)[1])
+    accelerator = SimpleNamespace(skip_first_batches=lambda loader, n: (calls.append(("skip", n)), skipped)[1]
+                                  if loader is prepared_loader else None)
     generator = torch.Generator()
     parts = SimpleNamespace(sampler=recorder("sampler"), collator=recorder("collator"), loader_generator=generator,
                             config=SimpleNamespace(seed=7))
@@ -138,3 +139,127 @@ def test_host_prepared_collate_prepares_every_batch_but_an_empty_one() -> None:
     assert collate([]).prepared is False  # every sample unreadable: nothing to prepare
     again = pickle.loads(pickle.dumps(collate))  # loader workers receive it by pickling
     assert again([3]).prepared and again([3]).samples == [3]
+
+
+def test_the_accelerator_takes_the_recipes_precision_trackers_and_ddp_setting(tmp_path: Path) -> None:
+    from accelerate.utils import LoggerType
+
+    from test_train_utils import own_accelerate_state
+
+    raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}})
+    raw["optimisation"]["mixed_precision"] = "bf16"
+    raw["find_unused_parameters"] = False
+    with own_accelerate_state():
+        accelerator = make_accelerator(config_from_dict(raw), tmp_path / "run", ["tensorboard"])
+        assert accelerator.mixed_precision == "bf16"
+        assert accelerator.log_with == [LoggerType.TENSORBOARD]
+        assert accelerator.project_configuration.project_dir == str(tmp_path / "run")
+        assert accelerator.ddp_handler.find_unused_parameters is False
+
+
+def _prepared(tmp_path: Path, raw: dict[str, Any]) -> tuple[Any, Any]:
+    config = config_from_dict(raw)
+    parts = build_run(config, 1, "test")
+    return prepare_run(make_accelerator(config, tmp_path), parts), parts
+
+
+def test_the_prepared_objects_train(tmp_path: Path) -> None:
+    """The prepared model is the encoder (one process: no wrapper), the optimiser holds the
+    recipe's learning rates (backbone and heads apart) and weight decay, and one step with them
+    changes the weights and moves the schedule."""
+    from mmviews.train.step import train_step
+
+    raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}})
+    raw["optimisation"].update(lr=0.01, backbone_lr=0.001, weight_decay=0.05, schedule="cosine", warmup_steps=0)
+    raw["optimisation"]["encode_chunk_size"] = 8
+    p, parts = _prepared(tmp_path, raw)
+    assert p.accelerator.unwrap_model(p.model) is parts.encoder and p.encode_chunk_size == 8
+    groups = {g["name"].rsplit(".", 1)[-1]: (g["initial_lr"], g["weight_decay"]) for g in p.optimizer.param_groups}
+    assert groups == {"backbone": (0.001, 0.05), "backbone_no_decay": (0.001, 0.0), "head": (0.01, 0.05),
+                      "head_no_decay": (0.01, 0.0)}
+    before = {k: v.clone() for k, v in parts.encoder.state_dict().items()}
+    lr = p.scheduler.get_last_lr()
+    train_step(p, next(batches_forever(p, parts)), 5.0)
+    assert any(not torch.equal(before[k], v) for k, v in parts.encoder.state_dict().items())
+    assert p.scheduler.get_last_lr() != lr and p.nonfinite is not None
+
+
+def test_the_teacher_follows_the_recipe_and_the_accelerator(tmp_path: Path) -> None:
+    raw = gaussian_config({"name": "er", "params": {}}, ema_teacher=True)
+    raw["objective"]["teacher_momentum"] = 0.9
+    p, parts = _prepared(tmp_path, raw)
+    assert p.teacher.momentum == 0.9 and p.teacher.autocast == p.accelerator.autocast
+    assert p.teacher.module is not parts.encoder and p.sharded is False
+
+
+def test_batch_norm_under_chunks_warns_and_compile_compiles_the_encoder(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmviews.notices import MMViewsWarning
+    from mmviews.train import setup
+
+    compiled: list[Any] = []
+    monkeypatch.setattr(setup, "compile_encoder", compiled.append)
+    raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}})
+    raw["adapters"]["x"]["head"] = {"kind": "mlp", "hidden_dim": 8, "batch_norm": True}
+    raw["optimisation"].update(encode_chunk_size=4, compile=True)
+    with pytest.warns(MMViewsWarning, match="encode_chunk_size = 4 with BatchNorm"):
+        p, parts = _prepared(tmp_path, raw)
+    assert compiled == [parts.encoder]
+
+
+class _StreamedLoader:
+    """What prepare_run needs of a streamed loader (mmviews.data.streaming.StreamLoader)."""
+
+    streamed = True
+
+    def __init__(self, inner: Any) -> None:
+        self.collate_fn, self.inner, self.moved_to = inner.collate_fn, inner, None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def to(self, device: Any) -> "_StreamedLoader":
+        self.moved_to = device
+        return self
+
+
+def test_a_streamed_loader_is_not_prepared_by_accelerate(tmp_path: Path) -> None:
+    """Each process reads its own rows: the loader is moved to the device, kept as the state's
+    stream (its position is checkpointed), and the rest is prepared as usual."""
+    config = _config()
+    parts = build_run(config, 1, "test")
+    parts.train_loader = _StreamedLoader(parts.train_loader)
+    p = prepare_run(make_accelerator(config, tmp_path), parts)
+    assert p.train_loader is parts.train_loader and p.state.stream is parts.train_loader
+    assert parts.train_loader.moved_to == p.accelerator.device
+    assert isinstance(parts.train_loader.collate_fn, HostPreparedCollate)
+    assert p.accelerator.unwrap_model(p.model) is parts.encoder and p.scheduler is not None
+    assert p.optimizer.optimizer is not None and p.batches_per_epoch == 4
+
+
+def test_a_sharded_run_shards_encoder_and_teacher_before_the_optimiser(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """distributed.sharding: fsdp on several processes (here said so by run_sharding; the real
+    sharding is tests/test_train_sharding.py's, on two gloo processes): the encoder and the
+    teacher are each sharded once, with the run's config, device and process count."""
+    from mmviews.train import setup
+
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(setup, "run_sharding", lambda config, processes: "fsdp")
+    monkeypatch.setattr(setup, "shard_encoder", lambda *args: calls.append(args))
+    raw = gaussian_config({"name": "er", "params": {}}, ema_teacher=True)
+    p, parts = _prepared(tmp_path, raw)
+    assert p.sharded is True
+    device = p.accelerator.device
+    assert calls == [(parts.encoder, parts.config, device, 1), (p.teacher.module, parts.config, device, 1)]
+
+
+def test_epoch_loader_of_a_streamed_run_skips_in_the_stream() -> None:
+    skipped: list[int] = []
+    stream = SimpleNamespace(set_epoch=lambda epoch: None, skip_batches=skipped.append)
+    state = TrainState()
+    state.stream, state.batch_in_epoch = stream, 3
+    parts = SimpleNamespace(sampler=SimpleNamespace(set_epoch=lambda e: None), loader_generator=torch.Generator(),
+                            collator=SimpleNamespace(set_epoch=lambda e: None), config=SimpleNamespace(seed=0))
+    p = SimpleNamespace(train_loader=stream, state=state, accelerator=None)
+    assert epoch_loader(p, parts, 1) is stream and skipped == [3]
