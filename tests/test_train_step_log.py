@@ -302,7 +302,7 @@ def test_each_tracker_gets_the_names_it_accepts(tmp_path: Path, monkeypatch: pyt
     logger.accelerator.trackers.append(strict)
     logger.to_trackers({"test/retrieval/a->b/R@1": 0.5}, step=2)
     assert plain.logged == [({"test/retrieval/a->b/R@1": 0.5}, 2)]
-    assert strict.logged == [({"test/retrieval/a-_b/R_at_1": 0.5}, 2)]
+    assert strict.logged == [({"test/retrieval/a_to_b/R_at_1": 0.5}, 2)]
 
 
 def test_the_report_and_the_evaluations_plots_go_to_the_trackers_that_keep_files(

@@ -160,18 +160,25 @@ def mlflow_uri_restored(monkeypatch: pytest.MonkeyPatch):
     mlflow.set_tracking_uri(before)
 
 
-def test_mlflow_gets_a_file_store_in_the_run_unless_a_server_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     mlflow_uri_restored) -> None:
+def test_mlflow_gets_a_sqlite_store_in_the_run_unless_a_server_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       mlflow_uri_restored) -> None:
     import os
 
     mlflow = mlflow_uri_restored
-    assert tracker_init_kwargs(["mlflow"], tmp_path, resumed=False) == {"mlflow": {}}
-    assert mlflow.get_tracking_uri() == (tmp_path / "logs" / "mlruns").resolve().as_uri()
-    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"
-    (tmp_path / "logs").mkdir(exist_ok=True)
+    artifacts = (tmp_path / "logs" / "mlartifacts").resolve().as_uri()
+    assert tracker_init_kwargs(["mlflow"], tmp_path, resumed=False) == {"mlflow": {"logging_dir": artifacts}}
+    assert mlflow.get_tracking_uri() == f"sqlite:///{(tmp_path / 'logs' / 'mlflow.db').resolve()}"
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # no file store
     (tmp_path / "logs" / "tracker_runs.json").write_text(json.dumps({"mlflow": "abc", "wandb": ""}))
     assert tracker_init_kwargs(["mlflow", "wandb"], tmp_path, resumed=True) == {
-        "mlflow": {"run_id": "abc"}, "wandb": {"dir": str(tmp_path / "logs")}}  # an empty id reopens nothing
+        "mlflow": {"run_id": "abc", "logging_dir": artifacts},
+        "wandb": {"dir": str(tmp_path / "logs")}}  # an empty id reopens nothing
+    # a run started with the file store (before the SQLite one) goes on in it when resumed
+    old = tmp_path / "old"
+    (old / "logs" / "mlruns").mkdir(parents=True)
+    assert tracker_init_kwargs(["mlflow"], old, resumed=True) == {"mlflow": {}}
+    assert mlflow.get_tracking_uri() == (old / "logs" / "mlruns").resolve().as_uri()
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"
     # a tracking server named by the environment is left as it is, and so is the user's switch
     other = tmp_path / "elsewhere"
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")
@@ -314,14 +321,17 @@ def report_files(run: Path) -> set[str]:
     return {"report.md", "results.json", *plots}
 
 
-def test_mlflow_file_store_holds_the_rows_the_recipe_and_the_report_in_one_run_across_a_resume(tmp_path, monkeypatch):
+def test_mlflow_sqlite_store_holds_the_rows_the_recipe_and_the_report_in_one_run_across_a_resume(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")  # the mmviews[mlflow] extra, installed in CI
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)  # nothing may land in the current folder (MLflow's default artifact root)
     run, summary = crash_and_resume(tmp_path, "mlflow")
-    store = run / TRACKERS_DIR / MLFLOW_STORE_DIR
-    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    assert not (tmp_path / "mlruns").exists() and not (run / TRACKERS_DIR / MLFLOW_STORE_DIR).exists()
+    # read back by MLflow's own client, through the URI the docs give to `mlflow ui`
+    client = MlflowClient(tracking_uri=f"sqlite:///{(run / TRACKERS_DIR / 'mlflow.db').resolve()}")
     (experiment,) = [e for e in client.search_experiments() if e.name == "tiny"]
     (mlflow_run,) = client.search_runs([experiment.experiment_id])  # the resume reopened the crashed run
     assert json.loads((run / TRACKERS_DIR / TRACKER_RUNS_FILE).read_text()) == {"mlflow": mlflow_run.info.run_id}
@@ -457,5 +467,5 @@ def test_metric_names_are_spelled_as_each_tracker_accepts_them():
         _validate_metric_name(name)
     spelled = tracker_metric_name("mlflow", name)
     _validate_metric_name(spelled)
-    assert spelled == "test/retrieval/text-_image/R_at_1"
+    assert spelled == "test/retrieval/text_to_image/R_at_1"  # readable: the arrow spelled out
     assert tracker_metric_name("wandb", name) == tracker_metric_name("tensorboard", name) == name

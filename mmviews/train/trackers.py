@@ -30,9 +30,16 @@ TRACKERS_DIR = "logs"
 #: In ``<run>/logs/``: the run id each tracker gave this run (``{"mlflow": ..., "wandb": ...}``),
 #: read on resume so that a resumed run goes on logging into the same tracker run.
 TRACKER_RUNS_FILE = "tracker_runs.json"
-#: Where MLflow writes unless ``MLFLOW_TRACKING_URI`` names a server or database: a file store
-#: in the run folder (``mlflow ui --backend-store-uri <run>/logs/mlruns``).
+#: Where MLflow writes unless ``MLFLOW_TRACKING_URI`` names a server or database: a SQLite store
+#: in ``<run>/logs/`` (MLflow's recommended local backend; its file store is in maintenance mode
+#: since MLflow 3), opened with ``mlflow ui --backend-store-uri sqlite:///<run>/logs/mlflow.db``,
+#: and the artifacts (the report, its plots) beside it in :data:`MLFLOW_ARTIFACTS_DIR`.
+MLFLOW_DB_FILE = "mlflow.db"
+MLFLOW_ARTIFACTS_DIR = "mlartifacts"
+#: The file store of runs written before the SQLite store: a resumed one keeps logging there.
 MLFLOW_STORE_DIR = "mlruns"
+# The tracking URIs tracker_init_kwargs set in this process (run folders' own stores).
+_RUN_STORES: set[str] = set()
 # MLflow metric and parameter names: letters, digits and ``_ - . / : space`` (no ``@``).
 _MLFLOW_NAME_REFUSED = re.compile(r"[^\w\-./: ]")
 
@@ -95,7 +102,8 @@ def flat_hparams(config: TrainConfig) -> dict[str, Any]:
 
 def tracker_init_kwargs(trackers: Sequence[str], run_dir: Path, resumed: bool) -> dict[str, dict[str, Any]]:
     """Accelerate's ``init_kwargs`` for the run's trackers: MLflow and W&B write under
-    ``<run>/logs/`` (MLflow: a file store there unless ``MLFLOW_TRACKING_URI`` is set; W&B: its
+    ``<run>/logs/`` (MLflow: a SQLite store there, :func:`mlflow_store_uri`, unless
+    ``MLFLOW_TRACKING_URI`` names another store or a server; W&B: its
     ``wandb/`` folder, online or offline as ``WANDB_MODE`` says), and a resumed run reopens the
     tracker runs recorded in :data:`TRACKER_RUNS_FILE` when it started."""
     logs = run_dir / TRACKERS_DIR
@@ -104,19 +112,35 @@ def tracker_init_kwargs(trackers: Sequence[str], run_dir: Path, resumed: bool) -
         previous = read_json_object(logs / TRACKER_RUNS_FILE)
     kwargs: dict[str, dict[str, Any]] = {}
     if "mlflow" in trackers:
-        if not os.environ.get("MLFLOW_TRACKING_URI"):
+        kwargs["mlflow"] = {"run_id": previous["mlflow"]} if previous.get("mlflow") else {}
+        # MLflow's set_tracking_uri also sets the variable: a value this module set is a run's own
+        # store, not the user's choice (a second run in the same process gets its own store)
+        if os.environ.get("MLFLOW_TRACKING_URI", "") in _RUN_STORES | {""}:
             import mlflow
 
-            # MLflow 3 keeps its file store behind this switch; a run folder is what it suits.
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            mlflow.set_tracking_uri((logs / MLFLOW_STORE_DIR).resolve().as_uri())
-        kwargs["mlflow"] = {"run_id": previous["mlflow"]} if previous.get("mlflow") else {}
+            if resumed and (logs / MLFLOW_STORE_DIR).is_dir() and not (logs / MLFLOW_DB_FILE).is_file():
+                # a run started with the file store goes on in it (MLflow 3 keeps it behind this switch)
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+                uri = (logs / MLFLOW_STORE_DIR).resolve().as_uri()
+            else:
+                logs.mkdir(parents=True, exist_ok=True)
+                uri = mlflow_store_uri(run_dir)
+                # the experiment's artifact root (MLflow's own default is ./mlruns in the current folder)
+                kwargs["mlflow"]["logging_dir"] = (logs / MLFLOW_ARTIFACTS_DIR).resolve().as_uri()
+            _RUN_STORES.add(uri)
+            mlflow.set_tracking_uri(uri)
     if "wandb" in trackers:
         logs.mkdir(parents=True, exist_ok=True)
         kwargs["wandb"] = {"dir": str(logs)}
         if previous.get("wandb"):
             kwargs["wandb"].update(id=previous["wandb"], resume="allow")
     return kwargs
+
+
+def mlflow_store_uri(run_dir: Path) -> str:
+    """The tracking URI of a run's own MLflow store: ``sqlite:///<absolute run>/logs/mlflow.db``
+    (what ``mlflow ui --backend-store-uri`` and ``MlflowClient(tracking_uri=...)`` take)."""
+    return f"sqlite:///{(Path(run_dir) / TRACKERS_DIR / MLFLOW_DB_FILE).resolve()}"
 
 
 def record_tracker_runs(accelerator: Any, trackers: Sequence[str], run_dir: Path) -> None:
@@ -131,7 +155,9 @@ def record_tracker_runs(accelerator: Any, trackers: Sequence[str], run_dir: Path
 
 
 def tracker_metric_name(tracker: str, name: str) -> str:
-    """``name`` as ``tracker`` accepts it: MLflow refuses some characters (``R@1`` -> ``R_at_1``)."""
+    """``name`` as ``tracker`` accepts it: MLflow refuses some characters, so a retrieval pair's
+    arrow is spelled out and ``@`` too (``text->image/R@1`` -> ``text_to_image/R_at_1``); any
+    other refused character becomes ``_``."""
     if tracker == "mlflow":
-        return _MLFLOW_NAME_REFUSED.sub("_", name.replace("@", "_at_"))
+        return _MLFLOW_NAME_REFUSED.sub("_", name.replace("->", "_to_").replace("@", "_at_"))
     return name
