@@ -261,7 +261,8 @@ def test_determinisms_warning_points_at_the_caller(determinism_restored, monkeyp
         configure_determinism(True)
     assert str(caught[0].message) == ("deterministic: CUDA started before CUBLAS_WORKSPACE_CONFIG could be set; cuBLAS "
                                       "may stay nondeterministic (set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment)")
-    assert caught[0].filename == __file__
+    # (under mutation testing, mutmut's trampoline is the extra frame between: stacklevel cannot be seen there)
+    assert caught[0].filename == __file__ or Path(caught[0].filename).parent.name == "mutmut"
 
 
 class _Gloo(RuntimeError):
