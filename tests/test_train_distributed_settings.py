@@ -262,7 +262,7 @@ def test_determinisms_warning_points_at_the_caller(determinism_restored, monkeyp
     assert str(caught[0].message) == ("deterministic: CUDA started before CUBLAS_WORKSPACE_CONFIG could be set; cuBLAS "
                                       "may stay nondeterministic (set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment)")
     # (under mutation testing, mutmut's trampoline is the extra frame between: stacklevel cannot be seen there)
-    assert caught[0].filename == __file__ or Path(caught[0].filename).parent.name == "mutmut"
+    assert caught[0].filename == __file__ or "mutmut" in Path(caught[0].filename).parts
 
 
 class _Gloo(RuntimeError):
