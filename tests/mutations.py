@@ -237,7 +237,7 @@ def _resume_newest_unchecked() -> tuple[Any, str, Any]:
     import mmviews.train.resume as resume
     from mmviews.run import list_checkpoints
 
-    return resume, "newest_intact_checkpoint", lambda run_dir, say=print: (list_checkpoints(run_dir) or [None])[-1]
+    return resume, "newest_intact_checkpoint", lambda run_dir, say=None: (list_checkpoints(run_dir) or [None])[-1]
 
 
 def _keep_leftovers() -> tuple[Any, str, Any]:

@@ -258,5 +258,14 @@ def test_json_objects_and_folder_names(tmp_path):
     path.write_bytes(b"\xff{")
     with pytest.raises(ValueError, match=r"m.json: not valid JSON \(.*\)$"):
         read_json_object(path)
-    assert is_folder_name("run-1") and is_folder_name(".hidden")
+    assert is_folder_name("run-1") and is_folder_name(".hidden") and is_folder_name("X")
     assert not any(is_folder_name(n) for n in ("", ".", "..", "a/b", "a\\b", "a\0b"))
+
+
+def test_permissions_follow_a_umask_that_leaves_execute_bits(tmp_path: Path):
+    old = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "report.md", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # read-write for the owner, read for the others, never execute

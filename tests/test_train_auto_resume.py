@@ -252,16 +252,19 @@ def test_newest_intact_checkpoint_units(tmp_path):
     config = load_config(write_recipe(tmp_path / "a.yaml", CONFIG))
     assert auto_resume_checkpoint(config, run, True, 1) is None
     first, second, third = (_fake_checkpoint(run, step) for step in (1, 2, 3))
-    (third / "model.safetensors").write_bytes(b"")
+    (third / "model.safetensors").write_bytes(b"")  # its size's message goes on "; resume from an earlier ..."
     (second / "model.safetensors").unlink()
     assert newest_intact_checkpoint(run, said.append) == first
     assert len(said) == 2 and said[0].startswith(f"mmviews train: skipping the damaged checkpoint {third}: ")
+    assert said[0].endswith("0 bytes, 30 when the checkpoint was written: truncated or replaced"), said[0]
     assert str(second) in said[1] and "is missing" in said[1] and ";" not in said[1]
     assert auto_resume_checkpoint(config, run, True, 1) == first
     assert auto_resume_checkpoint(config, run, False, 1) is None  # only the main process checks (and tells the others)
     (first / "train_state.json").unlink()
-    with pytest.raises(RunFolderError, match=f"{run}: none of its 3 checkpoint"):  # checkpoint-1 lost its record
+    with pytest.raises(RunFolderError) as caught:  # checkpoint-1 lost its record
         newest_intact_checkpoint(run, said.append)
+    assert str(caught.value) == (f"{run}: none of its 3 checkpoint(s) is intact (see above), nothing to continue "
+                                 "from; --overwrite starts the run again")
 
 
 def test_recipe_check_units(tmp_path):
@@ -284,6 +287,21 @@ def test_recipe_check_units(tmp_path):
     assert message.startswith(f"output.auto_resume: the recipe differs from the one {run} was started with")
     assert "in data.batch_size, optimisation.epochs, optimisation.lr," in message and "weight_decay and 1 more;" in message
     assert f"--resume {run} --set KEY=VALUE" in message
+    eight = dict(many, seed=CONFIG["seed"])  # eight keys: all named, no "more"
+    with pytest.raises(ConfigError, match=r"optimisation.weight_decay; use that recipe"):
+        check_same_recipe(load_config(write_recipe(tmp_path / "c.yaml", eight)), run)
+
+
+def test_recipe_differences_count_keys_on_one_side_only():
+    from types import SimpleNamespace
+
+    from mmviews.train.resume import recipe_differences
+
+    def config(values: dict) -> Any:
+        return SimpleNamespace(to_dict=lambda: values)
+
+    ours, theirs = config({"a": {"b": 1}, "output": {"x": 1}}), config({"a": {"b": 1, "c": None}, "d": 0})
+    assert recipe_differences(ours, theirs) == recipe_differences(theirs, ours) == ["a.c", "d"]
 
 
 def test_remove_leftovers_units(tmp_path):

@@ -68,7 +68,11 @@ def checkpoint_fault(checkpoint: Path) -> str | None:
     return None
 
 
-def newest_intact_checkpoint(run_dir: Path, say: Callable[[str], None] = print) -> Path | None:
+def _say(line: str) -> None:
+    print(line, flush=True)  # at once: the lines come before the run's own output, also under a launcher
+
+
+def newest_intact_checkpoint(run_dir: Path, say: Callable[[str], None] = _say) -> Path | None:
     """The newest checkpoint of ``run_dir`` that :func:`checkpoint_fault` finds intact; each newer
     damaged one is named by one ``say`` line. None when the run has no checkpoint;
     :class:`~mmviews.run.RunFolderError` when it has some and none is intact."""
@@ -152,7 +156,7 @@ def auto_resume_checkpoint(config: TrainConfig, run_dir: Path, is_main: bool, nu
     choice: list[Any] = [(None, None)]  # (checkpoint, error message), from the main process
     if is_main:
         try:
-            found = newest_intact_checkpoint(run_dir, lambda line: print(line, flush=True))
+            found = newest_intact_checkpoint(run_dir)
             choice = [(str(found) if found is not None else None, None)]
         except RunFolderError as error:
             choice = [(None, str(error))]
