@@ -10,27 +10,37 @@ Overrides use dotted key paths with YAML scalars as values (``--set optimisation
 ``--set data.options.num_samples=512``, ``--set views.0.copies=3``); they are applied to the
 raw mapping before validation, so they are checked exactly like the file.
 
-Sections whose schema belongs to another layer (``views``: :class:`mmviews.data.ViewSpec`;
-``adapters``/``encoder``: :mod:`mmviews.modalities`; ``objective.params``: the objective's
-constructor; ``evaluation.tasks``: :mod:`mmviews.eval`) are passed through as mappings and
-validated by that layer when the run is set up, before any training step.
+The sections whose schema another layer owns are resolved when the recipe loads, by the same
+validator (:mod:`mmviews.schema`), into the typed objects the rest of the code takes:
+:attr:`TrainConfig.view_spec` and :attr:`~TrainConfig.eval_view_spec` (``views``,
+``evaluation.views``: :class:`mmviews.data.ViewSpec`), :attr:`~TrainConfig.adapter_configs`
+(``adapters``: :class:`mmviews.modalities.AdapterConfig`) and :attr:`~TrainConfig.eval_tasks`
+(``evaluation.tasks``: :class:`mmviews.eval.tasks.EvalTask`); the fields keep the recipe as
+written (what ``--set`` addresses and the run folder's copy holds). ``objective.params`` is
+checked by the objective's constructor when the run is set up, before any training step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import yaml
 
 from mmviews.fileio import atomic_write_text, is_folder_name
 from mmviews.registry import did_you_mean
-from mmviews.schema import FLOAT_LITERAL, ConfigError, build_section
+from mmviews.schema import FLOAT_LITERAL, ConfigError, build_section, check_keys, coerce
+
+if TYPE_CHECKING:
+    from mmviews.data.views import ViewSpec
+    from mmviews.eval.tasks import EvalTask
+    from mmviews.modalities.config import AdapterConfig
 
 
 # --------------------------------------------------------------------------- sections
@@ -237,14 +247,97 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as written (the resolved objects below are made from it)."""
         return dataclasses.asdict(self)
 
     def encoder_config(self) -> dict[str, Any]:
-        """The mapping given to ``MultiViewEncoder.from_config``."""
-        return {**self.encoder, "modalities": {k: dict(v) for k, v in self.adapters.items()}}
+        """The mapping given to ``MultiViewEncoder.from_config``: the resolved adapter configs."""
+        return {**self.encoder, "modalities": dict(self.adapter_configs)}
+
+    # The recipe's sections resolved into typed objects, once: by config_from_dict when a recipe
+    # loads (errors name the file and the key), else at first use (a TrainConfig made in Python).
+
+    @functools.cached_property
+    def view_spec(self) -> ViewSpec:
+        """The training views (``views``) as a :class:`mmviews.data.ViewSpec`."""
+        return _view_spec(self.views, "views", _UNNAMED)
+
+    @functools.cached_property
+    def eval_view_spec(self) -> ViewSpec:
+        """The views of the evaluation loaders: ``evaluation.views``, else one natural
+        (un-augmented) view per modality of the training views."""
+        return _eval_view_spec(self, _UNNAMED)
+
+    @functools.cached_property
+    def adapter_configs(self) -> dict[str, AdapterConfig]:
+        """Each modality's adapter config (``adapters``), typed; ``encoder.embed_dim`` fills the
+        adapters that do not set their own."""
+        return _adapter_configs(self, _UNNAMED)
+
+    @functools.cached_property
+    def eval_tasks(self) -> list[EvalTask]:
+        """The evaluation tasks (``evaluation.tasks``), typed; empty when none are named."""
+        return _eval_tasks(self, _UNNAMED)
 
 
 # --------------------------------------------------------------------------- typed loading
+
+_UNNAMED = "recipe"  # the source named in errors of a TrainConfig that was not loaded from a file
+
+
+def _view_spec(entries: Sequence[Any], key: str, source: str) -> ViewSpec:
+    from mmviews.data.views import ViewSpec
+
+    try:
+        return ViewSpec.from_config(entries, source, key)
+    except ConfigError:
+        raise
+    except ValueError as error:  # the views together (names not unique)
+        raise ConfigError(f"{source}: key '{key}': {error}") from None
+
+
+def _adapter_configs(config: TrainConfig, source: str) -> dict[str, AdapterConfig]:
+    from mmviews.modalities.base import adapter_class
+
+    check_keys(config.encoder, ["embed_dim"], "encoder", source)  # the adapters are a section of their own
+    embed_dim = config.encoder.get("embed_dim")
+    if embed_dim is not None:  # fills the adapters that do not set their own
+        coerce(embed_dim, int, "encoder.embed_dim", source)
+    out = {}
+    for modality, raw in config.adapters.items():
+        key = f"adapters.{modality}"
+        try:
+            cls = adapter_class(raw["type"])
+        except ValueError as error:
+            raise ConfigError(f"{source}: key '{key}.type': {error}") from None
+        if embed_dim is not None and "embed_dim" not in raw:
+            raw = {**raw, "embed_dim": embed_dim}
+        out[modality] = cls.config_class.from_dict(raw, key, source)
+    return out
+
+
+def _eval_view_spec(config: TrainConfig, source: str) -> ViewSpec:
+    from mmviews.data.loaders import eval_view_config
+
+    if config.evaluation.views is not None:
+        return _view_spec(config.evaluation.views, "evaluation.views", source)
+    return _view_spec(eval_view_config(config.view_spec), "views", source)
+
+
+def _eval_tasks(config: TrainConfig, source: str) -> list[EvalTask]:
+    from mmviews.eval.tasks import parse_tasks
+
+    return parse_tasks(config.evaluation.tasks, source) if config.evaluation.tasks else []
+
+
+def _resolve(config: TrainConfig, source: str) -> None:
+    """Resolve the sections that other layers type (views, adapters, evaluation tasks) into
+    ``config``'s cached properties, naming ``source`` in errors."""
+    resolved = config.__dict__  # where functools.cached_property keeps its values
+    resolved["view_spec"] = _view_spec(config.views, "views", source)
+    resolved["eval_view_spec"] = _eval_view_spec(config, source)
+    resolved["adapter_configs"] = _adapter_configs(config, source)
+    resolved["eval_tasks"] = _eval_tasks(config, source)
 
 
 #: Why fp16 and FSDP sharding do not go together (refused at load, and when the launcher asks for FSDP).
@@ -394,6 +487,7 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> Train
         raise ConfigError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
     config = build_section(TrainConfig, data, "", source)
     _check_values(config, source)
+    _resolve(config, source)
     return config
 
 

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from mmviews.config import ConfigError, TrainConfig, load_config
-from mmviews.data.loaders import build_eval_loaders, eval_view_config
+from mmviews.data.loaders import build_eval_loaders
 from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError
 from mmviews.fileio import atomic_write_text, check_writable, read_json_object
 from mmviews.modalities.multiview import ENCODER_CONFIG, MultiViewEncoder
@@ -365,8 +365,7 @@ def build_encoder(config: TrainConfig, source: str = "recipe") -> nn.Module:
 def eval_loaders(config: TrainConfig, train_dataset: Dataset | None = None) -> dict[str, DataLoader | None]:
     """The recipe's evaluation loaders (see :func:`mmviews.data.loaders.build_eval_loaders`):
     ``evaluation.views``, else one natural view per modality of the training ``views``."""
-    views = eval_view_config(config.views, config.evaluation.views)
-    return build_eval_loaders(config.data, views, config.seed, train_dataset)
+    return build_eval_loaders(config.data, config.eval_view_spec, config.seed, train_dataset)
 
 
 def load_checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -99,6 +99,8 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise ConfigError(str(error) + did_you_mean(value, choices)) if isinstance(value, str) else error
         return value
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):  # built already (a caller in Python)
+            return value
         if not isinstance(value, Mapping):
             raise fail(f"a mapping (section {tp.__name__})")
         return build_section(tp, value, key, source)  # type: ignore[arg-type]

@@ -437,7 +437,7 @@ def test_the_runs_precision_unless_told_and_the_line_printed(bf16_untrained: Pat
     assert table.features["image_0"] == datasets.List(datasets.Value("float32"))
     config = load_config(bf16_untrained / "config.yaml")
     encoder = MultiViewEncoder.from_pretrained(bf16_untrained / "encoder").eval()
-    batch = next(iter(build_eval_loaders(config.data, eval_view_config(config.views), config.seed)["train"]))
+    batch = next(iter(build_eval_loaders(config.data, eval_view_config(config.view_spec), config.seed)["train"]))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         z, _ = encoder(batch)
     got = torch.tensor(table[: batch.num_samples]["image_0"])

@@ -34,9 +34,9 @@ def test_from_config_names_slots_and_flags():
     assert [v.name for v in only_augmented.views] == ["image_0", "image_1", "text_0"]
     from mmviews.data.loaders import eval_view_config
 
-    evaluated = ViewSpec.from_config(eval_view_config([{"modality": "image", "copies": 2, "augment": "simclr"}, "text"]))
+    evaluated = ViewSpec.from_config(eval_view_config(only_augmented))
     assert [v.name for v in evaluated.views] == ["image_0", "text_0"]
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match=r"^views: unknown key 'views\.0\.copise' \(did you mean 'copies'\?\)"):
         ViewSpec.from_config([{"modality": "text", "copise": 2}])
     with pytest.raises(ValueError, match="copies"):
         ViewSpec.from_config([{"modality": "text", "copies": 0}])

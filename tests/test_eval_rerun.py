@@ -139,7 +139,7 @@ def test_embed_writes_every_view_of_every_sample_to_parquet(bf16_run: Path, tmp_
     assert f"to {out}" in capsys.readouterr().out
     table = datasets.Dataset.from_parquet(str(out))
     config = load_config(bf16_run / "config.yaml")
-    loaders = build_eval_loaders(config.data, eval_view_config(config.views), config.seed)
+    loaders = build_eval_loaders(config.data, eval_view_config(config.view_spec), config.seed)
     sizes = {split: len(loader.dataset) for split, loader in loaders.items() if loader is not None}
     assert table.num_rows == sum(sizes.values())
     # the splits named as the dataset names them (the recipe's data.*_split: "valid", not "val")

@@ -368,3 +368,28 @@ def test_the_length_finder_counts_def_to_last_line(tmp_path):
                                                "        def two():\n            pass\n")
     assert long_functions(tmp_path / "mmviews", 2) == {"mmviews/m.py: five": 5, "mmviews/m.py: three": 3}
     assert long_functions(tmp_path / "mmviews", 5) == {}
+
+
+# --------------------------------------------------------------------------- the recipe is read once
+# A recipe's views are parsed where it loads (mmviews.config: TrainConfig.view_spec and
+# eval_view_spec) and, for callers in Python that hand the collator a list of entries, by the
+# collator (mmviews.data.views); every other module takes the resolved ViewSpec.
+VIEW_PARSERS = ("mmviews/config.py", "mmviews/data/views.py")
+
+
+def view_spec_parses(root: Path = PACKAGE) -> list[str]:
+    """``path:line`` of every call ``ViewSpec.from_config(...)`` in the package at ``root``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "from_config" and isinstance(node.func.value, ast.Name) and \
+                    node.func.value.id == "ViewSpec":
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_the_recipe_s_views_are_parsed_in_two_places():
+    calls = view_spec_parses()
+    assert any(c.startswith("mmviews/config.py:") for c in calls)  # the finder sees the loader's call
+    assert len(calls) <= 2 and all(c.startswith(VIEW_PARSERS) for c in calls), calls

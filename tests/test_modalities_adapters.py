@@ -131,6 +131,13 @@ def test_config_errors_are_clear(tmp_path) -> None:
         build_adapter({"type": "smell"})
     with pytest.raises(ValueError, match="unknown key"):
         build_adapter(tiny_config("small_cnn", kernel=5))
+    # an adapter's keys are checked by the recipe's validator: types and did-you-mean, named by type
+    with pytest.raises(ValueError, match=r"^'small_cnn' adapter config: unknown key 'chanels' \(did you mean "
+                                         r"'channels'\?\); allowed keys: embed_dim, head, "):
+        build_adapter({"type": "small_cnn", "chanels": [8]})
+    with pytest.raises(ValueError, match=r"^'small_cnn' adapter config: key 'head\.num_layers': expected int, "
+                                         r"got str 'two'$"):
+        build_adapter({"type": "small_cnn", "head": {"num_layers": "two"}})
     with pytest.raises(ValueError, match="finetune.mode"):
         build_adapter(tiny_config("small_cnn", finetune={"mode": "partial"}))
     with pytest.raises(FileNotFoundError, match="config.json"):

@@ -350,10 +350,10 @@ def _print_stream(stream: dict[str, Any]) -> None:
 def _time_loader(dataset: Any, views: list[Any], batch_size: int, batches: int, workers: int) -> dict[str, float]:
     from torch.utils.data import DataLoader
 
-    from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+    from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator
 
-    spec = ViewSpec.from_config(views)
-    collate = ViewSetCollator.for_dataset(dataset, spec, seed=0)
+    collate = ViewSetCollator.for_dataset(dataset, views, seed=0)
+    spec = collate.view_spec
     sampler = ViewSetBatchSampler(len(dataset), batch_size, len(spec), "growing", shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers)
     it = iter(loader)

@@ -101,7 +101,7 @@ from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.bench.report import environment, write_report
 from mmviews.config import TrainConfig, config_from_dict, load_config, resolve_recipe
 from mmviews.data.loaders import EpochCollator, GlobalBatchSampler, loader_options, pin_memory_default
-from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator
 from mmviews.fileio import atomic_write_text
 from mmviews.modalities.base import adapter_class
 from mmviews.modalities.presets import TINY_WORDS, realistic_config, tiny_config
@@ -175,7 +175,7 @@ class RandomViews(Dataset):
 def realistic_config_of(config: TrainConfig, K: int) -> TrainConfig:
     """``config`` with the realistic adapters for its modalities and batch size ``K``."""
     raw = config.to_dict()
-    modalities = ViewSpec.from_config(config.views).modalities
+    modalities = config.view_spec.modalities
     unknown = [m for m in modalities if m not in REALISTIC_ADAPTERS]
     if unknown:
         raise ValueError(f"bench train: the realistic case has adapters for {sorted(REALISTIC_ADAPTERS)}, "
@@ -224,7 +224,7 @@ def realistic_parts(config: TrainConfig, num_samples: int, inputs: dict[str, Any
     its sizes, default :data:`REALISTIC_INPUTS`; only the modalities of the views)."""
     from accelerate.utils import set_seed
 
-    spec = ViewSpec.from_config(config.views)
+    spec = config.view_spec
     d = config.data
     dataset = RandomViews(num_samples, seed=config.seed, modalities=spec.modalities,
                           **(REALISTIC_INPUTS if inputs is None else inputs))

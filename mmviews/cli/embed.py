@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
 from mmviews.export.onnx_runtime import RECIPE_FILE, OnnxEncoder, is_onnx_folder
 from mmviews.fileio import atomic_save, check_writable
+
+if TYPE_CHECKING:
+    from mmviews.data.views import ViewSpec
 
 __all__ = ["add_arguments", "dataset_split_names", "embedding_table", "run", "write_embeddings"]
 
@@ -112,13 +115,11 @@ def embedding_table(encoder: Any, loaders: dict[str, Any],
     return columns, view_names
 
 
-def _check_modalities(data_arg: str, loaders: dict[str, Any], views: Any) -> None:
+def _check_modalities(data_arg: str, loaders: dict[str, Any], views: ViewSpec) -> None:
     """Raise a ValueError naming ``data_arg`` and the split when a split's dataset lacks a
     modality of the run's views (known from the dataset's ``modality_info`` without reading a
     sample)."""
-    from mmviews.data.views import ViewSpec
-
-    needed = ViewSpec.from_config(views).modalities
+    needed = views.modalities
     for split, loader in loaders.items():
         dataset = getattr(loader, "dataset", None)
         if not hasattr(dataset, "modality_info"):
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_onnx(args, output)
     # the torch path: the model code is imported here only (the ONNX path runs without it)
     from mmviews.cli.eval import run_device
-    from mmviews.data.loaders import build_eval_loaders, eval_view_config
+    from mmviews.data.loaders import build_eval_loaders
     from mmviews.modalities.remote import allow_remote_models
     from mmviews.run import load_run
 
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     with allow_remote_models(args.allow_remote_models):
         encoder, config, _ = load_run(args.run)
     data = _data_section(args.data, config)
-    views = eval_view_config(config.views, config.evaluation.views)
+    views = config.eval_view_spec
     loaders = build_eval_loaders(data, views, config.seed)
     _check_modalities(args.data, loaders, views)  # before any work: the data must have what the views read
     precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
@@ -192,9 +193,7 @@ def _run_onnx(args: argparse.Namespace, output: Path) -> int:
     """``RUN`` is a folder of ``mmviews export --format onnx``: its graphs run with onnxruntime
     on CPU, in float32, with the exported run's recipe (data section and evaluation views)."""
     from mmviews.config import load_config
-    from mmviews.data.loaders import build_eval_loaders, eval_view_config
-    from mmviews.data.views import ViewSpec
-
+    from mmviews.data.loaders import build_eval_loaders
     if args.precision not in ("run", "no"):
         raise ValueError(f"--precision {args.precision}: an ONNX export runs in float32 (give 'no' or leave it out)")
     if args.device not in (None, "cpu"):
@@ -202,8 +201,8 @@ def _run_onnx(args: argparse.Namespace, output: Path) -> int:
     encoder = OnnxEncoder(args.run)
     config = load_config(Path(args.run) / RECIPE_FILE)
     data = _data_section(args.data, config)
-    views = eval_view_config(config.views, config.evaluation.views)
-    missing = set(ViewSpec.from_config(views).modalities) - set(encoder.adapters)
+    views = config.eval_view_spec
+    missing = set(views.modalities) - set(encoder.adapters)
     if missing:
         reasons = "; ".join(f"{name}: {encoder.not_exported.get(name, 'not in the export')}" for name in sorted(missing))
         raise ValueError(f"{args.run}: the views need modalities {sorted(missing)} that have no ONNX graph ({reasons})")

@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 
 from mmviews.config import ConfigError, TrainConfig, apply_overrides, load_config, parse_override
-from mmviews.data.views import ViewSpec
 from mmviews.eval.evaluate import evaluate_encoder
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder
 from mmviews.eval.health import HealthSettings, evaluation_warnings
@@ -176,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     seed = config.seed if args.seed is None else args.seed
     fuse = args.fuse or config.evaluation.fuse
     meta = {"run": str(path), "objective": config.objective.name, "name": config.name,
-            "num_views": len(ViewSpec.from_config(config.views)),  # the training M, not the evaluation views
+            "num_views": len(config.view_spec),  # the training M, not the evaluation views
             "precision": precision, "seed": seed}
     if isinstance(encoder, torch.nn.Module):
         encoder.to(device)

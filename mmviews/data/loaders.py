@@ -161,15 +161,16 @@ def _split_keys(data: DataSource, split: str) -> list[str]:
     return [f"data.{field}" for field in ("train_split", "val_split", "test_split") if getattr(data, field) == split]
 
 
-def eval_view_config(train_views: Sequence[Any], eval_views: Sequence[Any] | None = None) -> list[Any]:
+def eval_view_config(train_views: ViewSpec, eval_views: Sequence[Any] | None = None) -> list[Any]:
     """Views of the evaluation loaders: ``eval_views``, else one natural (un-augmented) view
-    per modality of ``train_views`` (in order of first appearance)."""
+    per modality of ``train_views`` (in order of first appearance). A recipe's are resolved when
+    it loads (:attr:`mmviews.config.TrainConfig.eval_view_spec`)."""
     if eval_views is not None:
         return list(eval_views)
-    return [{"modality": m} for m in ViewSpec.from_config(train_views).modalities]
+    return [{"modality": m} for m in train_views.modalities]
 
 
-def build_eval_loaders(data: DataSource, view_config: Sequence[Any], seed: int,
+def build_eval_loaders(data: DataSource, view_config: ViewSpec | Sequence[Any], seed: int,
                        train_dataset: Dataset | None = None) -> dict[str, DataLoader | None]:
     """``{"train", "val", "test"}``: unshuffled loaders of ``data.train_split``,
     ``data.val_split`` and ``data.test_split`` with the views ``view_config`` (None where the

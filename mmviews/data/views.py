@@ -25,6 +25,7 @@ The :class:`ViewSetCollator` turns a list of sample dicts into a :class:`ViewBat
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ import torch
 from torch.utils.data import Sampler
 
 from mmviews.data.batch import ViewBatch, ViewInfo
+from mmviews.schema import ConfigError, build_section, where
 
 KINDS = ("text", "tokens", "waveform", "sequence", "image", "video", "flow")
 
@@ -93,33 +95,28 @@ class ViewSpec:
             raise ValueError("params must have one entry per view")
 
     @classmethod
-    def from_config(cls, config: Sequence[Mapping[str, Any] | str]) -> "ViewSpec":
+    def from_config(cls, config: Sequence[Mapping[str, Any] | str], source: str = "views",
+                    key: str = "views") -> "ViewSpec":
         """Expand ``[{"modality", "copies", "augment", "natural", "name", "params"}, ...]``.
 
-        A bare string ``"audio"`` means ``{"modality": "audio"}``.
+        A bare string ``"audio"`` means ``{"modality": "audio"}``. Each entry is checked by the
+        recipe's validator (:func:`mmviews.schema.build_section`): a wrong one is a
+        :class:`~mmviews.schema.ConfigError` naming ``source`` and the entry's key path under ``key``
+        (``views.1.copies``). A recipe's views are resolved once, when it loads
+        (:attr:`mmviews.config.TrainConfig.view_spec`).
         """
         entries: list[ViewConfig] = []
-        allowed = {"modality", "copies", "augment", "natural", "name", "params"}
         for i, raw in enumerate(config):
-            item = {"modality": raw} if isinstance(raw, str) else dict(raw)
-            unknown = set(item) - allowed
-            if unknown:
-                raise ValueError(f"view entry {i}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+            item = {"modality": raw} if isinstance(raw, str) else raw
+            if not isinstance(item, Mapping):
+                raise ConfigError(f"{where(source, f'{key}.{i}')}: expected a modality name or a mapping, "
+                                  f"got {raw!r}")
             if "modality" not in item:
-                raise ValueError(f"view entry {i}: missing 'modality'")
-            copies = int(item.get("copies", 1))
-            if copies < 1:
-                raise ValueError(f"view entry {i}: copies must be >= 1, got {copies}")
-            entries.append(
-                ViewConfig(
-                    modality=str(item["modality"]),
-                    copies=copies,
-                    augment=item.get("augment"),
-                    natural=item.get("natural"),
-                    name=item.get("name"),
-                    params=dict(item.get("params") or {}),
-                )
-            )
+                raise ConfigError(f"{where(source, f'{key}.{i}')}: missing 'modality'")
+            entry = build_section(ViewConfig, item, f"{key}.{i}", source)
+            if entry.copies < 1:
+                raise ConfigError(f"{where(source, f'{key}.{i}.copies')}: must be >= 1, got {entry.copies}")
+            entries.append(dataclasses.replace(entry, params=dict(entry.params or {})))
         views: list[ViewInfo] = []
         params: list[dict[str, Any]] = []
         slot_count: dict[str, int] = {}

@@ -96,7 +96,7 @@ class EvalTask:
         return TASKS[self.kind].needs_val
 
 
-def parse_tasks(tasks: Iterable[str | Mapping[str, Any]] | str, source: str | None = None,
+def parse_tasks(tasks: Iterable[str | Mapping[str, Any] | EvalTask] | str, source: str | None = None,
                 key: str = "evaluation.tasks") -> list[EvalTask]:
     """Task strings / mappings (see the module docstring) as :class:`EvalTask` objects.
 
@@ -111,10 +111,12 @@ def parse_tasks(tasks: Iterable[str | Mapping[str, Any]] | str, source: str | No
     return parsed
 
 
-def _parse_task(spec: str | Mapping[str, Any], source: str | None, key: str) -> EvalTask:
+def _parse_task(spec: str | Mapping[str, Any] | EvalTask, source: str | None, key: str) -> EvalTask:
     def fail(message: str) -> ValueError:
         return ConfigError(f"{where(source, key)}: {message}") if source is not None else ValueError(message)
 
+    if isinstance(spec, EvalTask):  # resolved already (a loaded recipe's eval_tasks)
+        return spec
     if isinstance(spec, str):
         kind, _, arg = spec.partition(":")
         params: dict[str, Any] = {}

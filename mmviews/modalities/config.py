@@ -8,6 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
+from mmviews.schema import build_section
+
 
 @dataclass
 class HeadConfig:
@@ -67,30 +69,14 @@ class AdapterConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "AdapterConfig":
+    def from_dict(cls, data: Mapping[str, Any], key: str = "", source: str | None = None) -> "AdapterConfig":
+        """The config held by ``data`` (a recipe's ``adapters.<modality>`` mapping, a saved
+        ``config.json``): every key must be a field and every value of its field's type, checked by
+        the recipe's validator (:func:`mmviews.schema.build_section`); a wrong one is a
+        :class:`~mmviews.schema.ConfigError` naming ``source`` (default: the adapter type) and the
+        key path under ``key`` (e.g. ``adapters.text``)."""
         data = dict(data)
         given_type = data.pop("type", cls.type)
         if given_type != cls.type:
             raise ValueError(f"config of type {given_type!r} given to {cls.__name__} (type {cls.type!r})")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {unknown} in {cls.type!r} adapter config; allowed: {sorted(names)}"
-            )
-        if isinstance(data.get("head"), Mapping):
-            data["head"] = _dataclass_from_dict(HeadConfig, data["head"], "head")
-        if isinstance(data.get("finetune"), Mapping):
-            ft = dict(data["finetune"])
-            if isinstance(ft.get("lora"), Mapping):
-                ft["lora"] = _dataclass_from_dict(LoRAConfig, ft["lora"], "finetune.lora")
-            data["finetune"] = _dataclass_from_dict(FinetuneConfig, ft, "finetune")
-        return cls(**data)
-
-
-def _dataclass_from_dict(cls: type, data: Mapping[str, Any], where: str) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in {where!r}; allowed: {sorted(names)}")
-    return cls(**data)
+        return build_section(cls, data, key, f"{cls.type!r} adapter config" if source is None else source)

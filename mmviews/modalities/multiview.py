@@ -31,6 +31,7 @@ from mmviews.hub import is_repo_id, snapshot_folder, upload_folder
 
 from .base import Adapter, build_adapter
 from .collectives import plain_zeros_like
+from .config import AdapterConfig
 from .inputs import HostPreprocessor, InputCheck
 from .cache import FeatureCache
 from .dropout import dropout_rows, row_keys_for
@@ -87,7 +88,8 @@ class MultiViewEncoder(nn.Module):
     def from_config(cls, config: Mapping[str, Any]) -> "MultiViewEncoder":
         """``{"embed_dim": 128, "modalities": {"text": {"type": "text", ...}, ...}}``, or
         directly ``{"text": {...}, "vision": {...}}``. A top-level ``embed_dim`` fills the
-        adapters that do not set their own."""
+        adapters given as mappings that do not set their own; an adapter may also be given as
+        its :class:`AdapterConfig`, built as it is."""
         config = dict(config)
         embed_dim = config.pop("embed_dim", None)
         modalities = config.pop("modalities", None)
@@ -99,6 +101,9 @@ class MultiViewEncoder(nn.Module):
             raise ValueError("encoder config needs a non-empty mapping modality -> adapter config")
         adapters = {}
         for name, cfg in modalities.items():
+            if isinstance(cfg, AdapterConfig):  # resolved already (a loaded recipe's adapter_configs)
+                adapters[name] = build_adapter(cfg)
+                continue
             if not isinstance(cfg, Mapping):
                 raise ValueError(f"encoder config for modality {name!r} must be a dict, got {cfg!r}")
             cfg = dict(cfg)

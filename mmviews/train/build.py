@@ -26,7 +26,6 @@ from mmviews.data.loaders import (
     pin_memory_default,
 )
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
-from mmviews.eval.tasks import parse_tasks
 from mmviews.modalities.dropout import enable_sample_keyed_dropout
 from mmviews.objectives import MultiViewObjective, get_objective, list_objectives, objective_class
 from mmviews.run import build_encoder, eval_loaders
@@ -116,12 +115,7 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
     together. Every recipe error surfaces here, before any training step."""
     from accelerate.utils import set_seed
 
-    if with_eval and config.evaluation.tasks:
-        parse_tasks(config.evaluation.tasks, source)
-    try:
-        spec = ViewSpec.from_config(config.views)
-    except (ValueError, TypeError, KeyError) as error:
-        raise ConfigError(f"{source}: key 'views': {error}") from error
+    spec = config.view_spec
     missing = [m for m in spec.modalities if m not in config.adapters]
     if missing:
         raise ConfigError(_missing_adapter_message(config, missing[0], source))

@@ -38,6 +38,6 @@ def run_evaluation(encoder: nn.Module, parts: RunParts, out_dir: Path, accelerat
     loaders = parts.eval_loaders
     with rng_preserved():
         return evaluate_encoder(encoder, loaders.get("train"), loaders.get("val"), loaders.get("test"),
-                                parts.config.evaluation.tasks, out_dir, accelerator, log_csv=log_csv,
+                                parts.config.eval_tasks, out_dir, accelerator, log_csv=log_csv,
                                 meta=meta, seed=parts.config.seed, fuse=parts.config.evaluation.fuse,
                                 progress=parts.config.output.progress_bar, plots=parts.config.evaluation.plots)

@@ -28,7 +28,6 @@ import torch
 
 from mmviews.config import ConfigError
 from mmviews.data.streaming import first_samples
-from mmviews.eval.tasks import parse_tasks
 from mmviews.registry import did_you_mean
 from mmviews.train.build import RunParts
 
@@ -147,7 +146,7 @@ def check_evaluation_labels(parts: RunParts, source: str) -> None:
     config = parts.config
     if not config.evaluation.tasks:
         return
-    tasks = parse_tasks(config.evaluation.tasks)
+    tasks = config.eval_tasks
     for split, key, dataset, _ in _splits(parts):
         first = _first_samples(dataset, 1) if split.endswith(EVALUATION_SUFFIX) else []
         if not first:
