@@ -330,13 +330,14 @@ def _eval_tasks(config: TrainConfig, source: str) -> list[EvalTask]:
     return parse_tasks(config.evaluation.tasks, source) if config.evaluation.tasks else []
 
 
-def _resolve(config: TrainConfig, source: str) -> None:
-    """Resolve the sections that other layers type (views, adapters, evaluation tasks) into
-    ``config``'s cached properties, naming ``source`` in errors."""
+def _resolve(config: TrainConfig, source: str, adapters: bool) -> None:
+    """Resolve the sections that other layers type (views, adapters unless ``adapters`` is off,
+    evaluation tasks) into ``config``'s cached properties, naming ``source`` in errors."""
     resolved = config.__dict__  # where functools.cached_property keeps its values
     resolved["view_spec"] = _view_spec(config.views, "views", source)
     resolved["eval_view_spec"] = _eval_view_spec(config, source)
-    resolved["adapter_configs"] = _adapter_configs(config, source)
+    if adapters:
+        resolved["adapter_configs"] = _adapter_configs(config, source)
     resolved["eval_tasks"] = _eval_tasks(config, source)
 
 
@@ -481,13 +482,16 @@ def _check_override_path(parts: list[str], text: str) -> None:
 # --------------------------------------------------------------------------- files
 
 
-def config_from_dict(data: Mapping[str, Any], source: str = "<config>") -> TrainConfig:
-    """Validate a raw mapping into a :class:`TrainConfig` (``source`` names it in errors)."""
+def config_from_dict(data: Mapping[str, Any], source: str = "<config>", *, adapters: bool = True) -> TrainConfig:
+    """Validate a raw mapping into a :class:`TrainConfig` (``source`` names it in errors), its
+    views, adapters and evaluation tasks resolved. ``adapters=False`` leaves the adapters to
+    their first use (:attr:`TrainConfig.adapter_configs`), for a recipe whose encoder mmviews
+    does not build (an ONNX export's: its types' code need not be installed, nor imported)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
     config = build_section(TrainConfig, data, "", source)
     _check_values(config, source)
-    _resolve(config, source)
+    _resolve(config, source, adapters)
     return config
 
 
@@ -506,13 +510,14 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainConfig:
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *, adapters: bool = True) -> TrainConfig:
     """Read a recipe, apply ``--set`` overrides, validate. Errors name the key and the file, or
-    the ``--set`` whose value is at fault (the last one that set the key or a section above it)."""
+    the ``--set`` whose value is at fault (the last one that set the key or a section above it).
+    ``adapters``: see :func:`config_from_dict`."""
     raw = apply_overrides(read_yaml(path), overrides)
     source = str(path) + (" (with --set overrides)" if overrides else "")
     try:
-        return config_from_dict(raw, source)
+        return config_from_dict(raw, source, adapters=adapters)
     except ConfigError as error:
         named = name_the_override(error, source, overrides)
         if named is error:

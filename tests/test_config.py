@@ -123,3 +123,15 @@ def test_a_bad_override_of_an_adapter_key_names_the_set(tmp_path):
                                           r"\(did you mean 'hidden_dim'\?\)"):
         load_config(path, ["adapters.x.hiden_dim=3"])
     assert load_config(path, ["adapters.x.hidden_dim=3"]).adapter_configs["x"].hidden_dim == 3
+
+
+def test_a_recipe_whose_encoder_mmviews_does_not_build_loads_without_its_adapter_types():
+    """An ONNX export's recipe: its adapters are graphs, their types' code need not be installed."""
+    raw = _raw(**{"adapters.x.type": "plugin_not_installed"})
+    config = config_from_dict(raw, "r.yaml", adapters=False)
+    assert config.view_spec.modalities == ["image", "x"] and len(config.eval_tasks) == 2
+    with pytest.raises(ConfigError, match=r"^recipe: key 'adapters\.x\.type': unknown adapter type "
+                                          r"'plugin_not_installed'"):
+        config.adapter_configs
+    with pytest.raises(ConfigError, match=r"^r\.yaml: key 'adapters\.x\.type'"):
+        config_from_dict(raw, "r.yaml")

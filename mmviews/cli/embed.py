@@ -75,7 +75,7 @@ def _data_section(spec: str, run_config: Any) -> Any:
         raise ValueError(f"{spec} is a data file ({path.suffix or 'no extension'}), not a recipe (.yaml, or a name in "
                          f"recipes/) or a dataset folder: the run {source}; give the folder that holds the data, or a "
                          "recipe whose data section reads it")
-    return load_config(resolve_recipe(spec)).data
+    return load_config(resolve_recipe(spec), adapters=False).data  # its data section only
 
 
 def embedding_table(encoder: Any, loaders: dict[str, Any],
@@ -194,12 +194,13 @@ def _run_onnx(args: argparse.Namespace, output: Path) -> int:
     on CPU, in float32, with the exported run's recipe (data section and evaluation views)."""
     from mmviews.config import load_config
     from mmviews.data.loaders import build_eval_loaders
+
     if args.precision not in ("run", "no"):
         raise ValueError(f"--precision {args.precision}: an ONNX export runs in float32 (give 'no' or leave it out)")
     if args.device not in (None, "cpu"):
         raise ValueError(f"--device {args.device}: an ONNX export runs on onnxruntime's CPU provider (give 'cpu')")
     encoder = OnnxEncoder(args.run)
-    config = load_config(Path(args.run) / RECIPE_FILE)
+    config = load_config(Path(args.run) / RECIPE_FILE, adapters=False)  # the graphs are the adapters
     data = _data_section(args.data, config)
     views = config.eval_view_spec
     missing = set(views.modalities) - set(encoder.adapters)

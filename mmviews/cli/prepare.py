@@ -25,7 +25,7 @@ def recipe_data_options(recipe: str) -> dict[str, Any]:
     format, and is left out (the source's is detected)."""
     from mmviews.config import load_config
 
-    data = load_config(recipe).data
+    data = load_config(recipe, adapters=False).data  # its data section only
     if data.name != "hf":
         raise ValueError(f"{recipe}: key 'data.name' is {data.name!r}; `mmviews prepare hf --recipe` reads 'hf' recipes")
     options = {k: data.options[k] for k in ("columns", "labels", "format") if k in data.options}
@@ -44,7 +44,7 @@ def check_hf_dataset(args: argparse.Namespace) -> dict[str, Any]:
     from mmviews.data.streaming import first_samples
 
     if args.recipe is not None:
-        data = load_config(args.recipe).data
+        data = load_config(args.recipe, adapters=False).data  # its data section only
         if data.name != "hf":
             raise ValueError(f"{args.recipe}: key 'data.name' is {data.name!r}; `mmviews prepare hf` checks 'hf' datasets")
         data.root = str(args.path)
