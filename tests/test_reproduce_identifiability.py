@@ -37,6 +37,10 @@ def test_identifiability_smoke(tmp_path: Path) -> None:
         for short, leaf in (("lin", "r2_linear"), ("nl", "r2_nonlinear")):
             assert float(row[f"r2_{short}"]) == pytest.approx(
                 results["eval"][f"test/identifiability/x1/{row['block']}/{leaf}"], abs=5.1e-5)
+    random_a = json.loads((out / "runs" / "random_init_M2" / "results.json").read_text())["eval_random"]
+    for row in table:  # beside each trained value, the encoder as initialised
+        assert float(row["random_init_nl"]) == pytest.approx(
+            random_a[f"test/identifiability/x1/{row['block']}/r2_nonlinear"], abs=5.1e-5)
     config_a = yaml.safe_load((Path(run_a["run_dir"]) / "config.yaml").read_text())
     assert config_a["objective"]["name"] == "simclr" and config_a["data"]["options"]["style_change_prob"] == 0.75
 
