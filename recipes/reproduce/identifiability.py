@@ -223,7 +223,7 @@ def plot(summary: list[dict[str, Any]], baselines: dict[int, dict[str, float]], 
         ax.legend(fontsize=7)
     axes[0].set_title("content recovered (higher is better)", fontsize=9)
     axes[1].set_title("modality-specific leaking in (lower is better)", fontsize=9)
-    fig.suptitle(f"{TITLE}\nmean +- std over {seeds} seed{'s' if seeds > 1 else ''}", fontsize=9)
+    fig.suptitle(f"{TITLE}\nmean +- std over {seeds} seed{'s' if seeds > 1 else ''}", fontsize=9, y=1.05)
     return C.save_figure(fig, out / "identifiability.png")
 
 
