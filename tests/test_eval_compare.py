@@ -353,7 +353,7 @@ def test_mmviews_compare_writes_to_the_output_folder_it_is_given(tmp_path: Path,
     runs = [str(p) for p in _plotted_runs(tmp_path)]
     monkeypatch.chdir(tmp_path)
     for flag, folder in (("--output", "o1"), ("--out", "o2"), ("-o", "o3"), (None, "comparison")):
-        assert main(["compare", *runs, *([flag, folder] if flag else [])]) == 0
+        assert main(["compare", *runs, *([flag, folder] if flag else []), "--all"]) == 0
         out = capsys.readouterr().out
         assert (tmp_path / folder / "comparison.md").read_text() in out
         assert f"written: {Path(folder) / 'comparison.csv'}" in out

@@ -56,6 +56,9 @@ def test_trained_encoder_folder_has_a_model_card(tmp_path):
     assert by_split["test"]["linear/class/acc"] == round(results["eval"]["test/linear/class/acc"], 6)
     assert by_split["test"]["regression/sentiment/r2"] == round(results["eval"]["test/regression/sentiment/r2"], 6)
     assert by_split["valid"]["linear/class/acc"] == round(results["eval"]["val/linear/class/acc"], 6)
+    # the headline metrics only (those the terminal shows), no counts or per-pair figures
+    assert set(by_split["test"]) == {h["metric"].removeprefix("test/") for h in results["headline"]}
+    assert not any(name.endswith("/n") for metrics in by_split.values() for name in metrics)
 
     # The evaluation table: trained and random-initialisation numbers side by side.
     for key in ("test/linear/class/acc", "test/regression/sentiment/mae"):
@@ -64,6 +67,15 @@ def test_trained_encoder_folder_has_a_model_card(tmp_path):
         row = f"| {split} | {name} | {trained:.4f} | {random_init:.4f} | {trained - random_init:+.4f}"
         assert row in body, (row, body)
     assert "| temperature | 0.3 |" in body and "`text`" in body and "`synthetic`" in body
+
+    # The load example runs as written, embedding one modality alone too.
+    (example,) = re.findall(r"```python\n(.*?)\n```", body, re.S)
+    assert 'encoder.encode_modality("text", {"text": [' in example
+    code = example.replace("path/to/this/folder", str(run / "encoder")).replace("z, mask = encoder(batch)", "#")
+    scope: dict = {}
+    exec(code, scope)
+    z = scope["z_text"]
+    assert z.shape == (2, 16) and torch.allclose(z.norm(dim=1), torch.ones(2), atol=1e-5)
 
     # The command reproduces the run's resolved recipe exactly.
     (command,) = re.findall(r"```bash\n(.*?)\n```", body, re.S)

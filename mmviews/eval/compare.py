@@ -274,8 +274,33 @@ def _unique_labels(runs: list[RunMetrics]) -> None:
             seen[r.label] = 0
 
 
-def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str] | None = None) -> dict[str, Path]:
-    """Writes the comparison of ``paths`` into ``out_dir``; returns name -> written path."""
+def run_table_lines(runs: list[RunMetrics], keys: list[str]) -> list[str]:
+    """The per-run table: columns the runs and the chance level; rows what each run is (objective,
+    M, steps, final loss, wall time, warnings) and the metrics ``keys``."""
+    header = ["metric"] + [r.label for r in runs] + ["chance"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    info_rows = [("objective", [r.objective for r in runs]), ("num_views", [r.num_views for r in runs]),
+                 ("steps", [r.results.get("steps") for r in runs]),
+                 ("final training loss", [r.results.get("final_loss") for r in runs]),
+                 ("wall time (s)", [r.results.get("wall_time_s") for r in runs])]
+    for name, values in info_rows:
+        cells = ["-" if v is None else str(int(v)) if isinstance(v, float) and v.is_integer() else _format(v) for v in values]
+        lines.append(f"| {name} | " + " | ".join(cells) + " | |")
+    lines.append("| warnings | " + " | ".join(str(len(r.warnings)) for r in runs) + " | |")
+    for k in keys:
+        chance = next((c for c in (chance_level(k, r.metrics) for r in runs if k in r.metrics) if c is not None), None)
+        lines.append(f"| {k} | " + " | ".join(_format(r.metrics[k]) if k in r.metrics else "-" for r in runs)
+                     + f" | {'' if chance is None else format_metric(chance)} |")
+    return lines
+
+
+def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str] | None = None,
+                 summary_lines: list[str] | None = None) -> dict[str, Path]:
+    """Writes the comparison of ``paths`` into ``out_dir``; returns name -> written path.
+    ``summary_lines``, when given, is filled with the short version ``mmviews compare`` prints:
+    the health warnings, the over-seeds table (mean ± std per setting; where runs share a setting)
+    and the per-run rows, of the headline (or ``metrics``) metrics only."""
+    summary_lines = [] if summary_lines is None else summary_lines
     if not paths:
         raise ValueError("compare needs at least one run")
     runs = [load_run_metrics(p) for p in paths]
@@ -290,27 +315,17 @@ def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str
     out = Path(out_dir)
     written: dict[str, Path] = {}
 
-    header = ["metric"] + [r.label for r in runs] + ["chance"]
     lines = ["# Run comparison", ""]
     warned = [(r.label, w) for r in runs for w in r.warnings]
     if warned:  # a run that collapsed or did not align says so before its numbers are read
         lines += ["## Warnings: did it learn?", "", *(f"- {label}: {w}" for label, w in warned), ""]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    info_rows = [("objective", [r.objective for r in runs]), ("num_views", [r.num_views for r in runs]),
-                 ("steps", [r.results.get("steps") for r in runs]),
-                 ("final training loss", [r.results.get("final_loss") for r in runs]),
-                 ("wall time (s)", [r.results.get("wall_time_s") for r in runs])]
-    for name, values in info_rows:
-        cells = ["-" if v is None else str(int(v)) if isinstance(v, float) and v.is_integer() else _format(v) for v in values]
-        lines.append(f"| {name} | " + " | ".join(cells) + " | |")
-    lines.append("| warnings | " + " | ".join(str(len(r.warnings)) for r in runs) + " | |")
-    for k in keys:
-        chance = next((c for c in (chance_level(k, r.metrics) for r in runs if k in r.metrics) if c is not None), None)
-        lines.append(f"| {k} | " + " | ".join(_format(r.metrics[k]) if k in r.metrics else "-" for r in runs)
-                     + f" | {'' if chance is None else format_metric(chance)} |")
+    seeded = any(len(c.runs) > 1 for c in configurations)
+    if seeded:  # what several seeds per setting are run for comes first: each setting's mean and spread
+        lines += seeds_lines(configurations, [k for k in keys if not k.endswith("/n")], plotted)
+    lines += ["## Per run", "", *run_table_lines(runs, keys)]
     baseline_keys = [k for k in keys if any(k in r.random_init and k in r.metrics for r in runs)
                      and not k.endswith("/n")]
-    run_header = header[:-1]
+    run_header = ["metric"] + [r.label for r in runs]
     if baseline_keys:
         lines += ["", "Trained minus random init (each run against its own encoder as initialised; "
                   "random-init value in brackets):", "", "| " + " | ".join(run_header) + " |",
@@ -319,8 +334,12 @@ def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str
             cells = [f"{format_metric(r.metrics[k] - r.random_init[k], signed=True)} ({_format(r.random_init[k])})"
                      if k in r.metrics and k in r.random_init else "-" for r in runs]
             lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    if any(len(c.runs) > 1 for c in configurations):
-        lines += ["", *seeds_lines(configurations, [k for k in keys if not k.endswith("/n")], plotted)]
+    # the terminal's short version: the warnings, the seeds table and the per-run rows of the headline metrics
+    summary = ["## Warnings: did it learn?", "", *(f"- {label}: {w}" for label, w in warned), ""] if warned else []
+    if seeded:
+        summary += seeds_lines(configurations, plotted, plotted)
+    summary += ["## Per run" + (" (headline metrics)" if plotted != keys else ""), "", *run_table_lines(runs, plotted)]
+    summary_lines[:] = summary
     lines += ["", "Runs: " + ", ".join(f"{r.label} = `{r.path}`" for r in runs), "", acc2_note(keys), ""]
 
     buf = io.StringIO()
@@ -415,6 +434,9 @@ def _plot_vs_views(runs: list[RunMetrics], keys: list[str], path: Path) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run folders (or metrics.json files)")
+    parser.add_argument("--all", action="store_true",
+                        help="print the whole comparison.md (every metric, the random-init margins); by default the "
+                        "terminal gets the over-seeds table and the per-run rows of the headline metrics")
     parser.add_argument("--output", "--out", "-o", dest="out", default="comparison",
                         help="output folder (default: ./comparison)")
     parser.add_argument("--metrics", nargs="+", default=None, help="metrics to plot (default: headline metrics)")
@@ -422,7 +444,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_writable(args.out)
-    written = compare_runs(args.runs, args.out, args.metrics)  # errors: one line, exit 2 (mmviews.cli.main)
-    print((Path(args.out) / "comparison.md").read_text())
+    summary: list[str] = []
+    written = compare_runs(args.runs, args.out, args.metrics, summary)  # errors: one line, exit 2 (mmviews.cli.main)
+    if args.all:
+        print((Path(args.out) / "comparison.md").read_text())
+    else:
+        print("\n".join(summary))
+        print(f"\nevery metric and the random-init margins: {written['markdown']} (or mmviews compare ... --all)")
     print("written: " + ", ".join(str(p) for p in written.values()))
     return 0

@@ -108,10 +108,16 @@ def _split_metrics(metrics: Mapping[str, Any]) -> list[tuple[str, str, float | N
 
 
 def _model_index(config: TrainConfig, metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The ``model-index`` entry: one result per evaluated split, its metrics named by probe."""
+    """The ``model-index`` entry: one result per evaluated split, its headline metrics (those
+    ``mmviews train`` prints: the probes and the mean retrieval R@1, no counts or per-pair
+    figures; :func:`mmviews.eval.summary.headline_metrics`) named by probe."""
+    from mmviews.eval.summary import headline_metrics
+
     results = []
     for split in ("test", "val"):
-        rows = [(name, value) for s, name, value in _split_metrics(metrics) if s == split and value is not None]
+        of_split = {k: v for k, v in metrics.items() if k.startswith(f"{split}/")}
+        rows = [(h["metric"].partition("/")[2], float(h["trained"])) for h in headline_metrics(of_split, None)
+                if h["trained"] is not None]
         if not rows:
             continue
         results.append({
@@ -121,6 +127,31 @@ def _model_index(config: TrainConfig, metrics: Mapping[str, Any]) -> list[dict[s
             "metrics": [{"type": name, "value": round(value, 6), "name": f"{split} {name}"} for name, value in rows],
         })
     return [{"name": config.name, "results": results}] if results else []
+
+
+# What one modality's inputs look like, per adapter type (docs/modalities.md has them all).
+_EXAMPLE_INPUTS: dict[str, str] = {
+    "text": '{"text": ["a first sentence", "a second one"]}',
+    "audio_cnn": '{"values": waveforms, "lengths": lengths, "sample_rate": 16000}  # [B, T] float, [B] int',
+    "hf_audio": '{"values": waveforms, "lengths": lengths, "sample_rate": 16000}  # [B, T] float, [B] int',
+    "small_cnn": '{"values": images}  # [B, C, H, W] float',
+    "open_clip": '{"values": images}  # [B, 3, H, W] float',
+    "torchvision": '{"values": images}  # [B, 3, H, W] float',
+    "flow_cnn": '{"values": flows}  # [B, T, 2, H, W] optical flow',
+    "flow_clip": '{"values": flows}  # [B, T, 2, H, W] optical flow',
+    "feature_sequence": '{"values": features, "lengths": lengths}  # [B, L, D] float, [B] int',
+    "mlp": '{"values": features}  # [B, L, D] float',
+}
+
+
+def _one_modality_lines(config: TrainConfig) -> list[str]:
+    """The card's lines that embed one modality alone (``encode_modality``), for the run's first
+    modality, with what its adapter type takes."""
+    modality, adapter = next(iter(config.adapters.items()))
+    inputs = _EXAMPLE_INPUTS.get(str(adapter.get("type")), "inputs  # what its adapter takes: docs/modalities.md")
+    return ["", f"# one modality alone ({', '.join(config.adapters)}): [B, d] unit vectors",
+            "import torch", "", "with torch.no_grad():",
+            f'    z_{modality} = encoder.encode_modality("{modality}", {inputs})']
 
 
 def _cell(value: Any) -> str:
@@ -190,8 +221,9 @@ def render_model_card(config: TrainConfig, summary: Mapping[str, Any], source: s
               "```python",
               "from mmviews.modalities import MultiViewEncoder",
               "",
-              'encoder = MultiViewEncoder.from_pretrained("path/to/this/folder")',
+              'encoder = MultiViewEncoder.from_pretrained("path/to/this/folder").eval()',
               "z, mask = encoder(batch)  # batch: mmviews.data.ViewBatch; z [K, M, d] unit vectors, mask [K, M]",
+              *_one_modality_lines(config),
               "```", "",
               "## Objective", "",
               f"`{config.objective.name}` (`mmviews.objectives.get_objective`)"
