@@ -57,7 +57,7 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     # the --check estimate beside the measured peak, with its parts
     # the measured process only trains: its peak is set against the estimate's training step (the
     # whole run's figure, the larger of that and the evaluation's, is beside it)
-    assert row["estimated_memory_mb"] == pytest.approx(row["estimate"]["step"]) and row["estimated_memory_mb"] > 0
+    assert row["estimated_memory_mb"] == pytest.approx(row["estimate"]["step_alone"]) and row["estimated_memory_mb"] > 0
     assert row["estimated_run_memory_mb"] == pytest.approx(row["estimate"]["total"])
     assert row["estimate"]["activations"] > 0 and row["estimate"]["baseline"] > 0
     # the estimate against the measured peak and first step: the next test, in a fresh process (this

@@ -556,7 +556,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     row["host_memory"] = host_memory_state()  # what the allocator did in the measured process
     # The measured process runs training steps only: compare the estimate's training-step peak
     # (the whole run's, --check's headline, is the larger of that and the evaluation's).
-    row["estimated_memory_mb"] = None if estimate is None else estimate.step / 2**20
+    row["estimated_memory_mb"] = None if estimate is None else estimate.step_alone / 2**20
     row["estimated_run_memory_mb"] = None if estimate is None else estimate.total / 2**20
     row["estimate"] = None if estimate is None else estimate_parts_mb(estimate)
     return row
@@ -565,7 +565,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 def estimate_parts_mb(estimate: MemoryEstimate) -> dict[str, float]:
     """The parts of a :class:`~mmviews.train.memory.MemoryEstimate`, in MB."""
     names = ("baseline", "framework", "sample_cache", "parameters", "gradients", "optimizer_state", "teacher",
-             "batches", "activations", "working", "objective", "evaluation", "step", "total")
+             "batches", "activations", "working", "objective", "evaluation", "evaluation_kept", "step_alone", "step",
+             "total")
     return {name: getattr(estimate, name) / 2**20 for name in names}
 
 

@@ -43,7 +43,14 @@ every part as a measured or counted figure:
   it (eval mode, no gradients), measured: the collated batch, the forward's live tensors at
   their peak and the resident set's growth beyond them. The peak is the larger of the step's
   and the evaluation's: at small K the evaluation's batch (256 samples in the quickstart,
-  twice its K) is the run's peak.
+  twice its K) is the run's peak;
+- **evaluation heap** (measured; host, when an evaluation runs before training steps:
+  ``evaluation.random_baseline`` or ``every_epochs``): what the resident set keeps once that
+  evaluation batch and its outputs are freed, beyond what it held before (glibc keeps the freed
+  blocks in its heap; ``host_memory: heap`` keeps them on purpose). The training steps after the
+  random-init evaluation run beside it: it counts in the step's peak, not in the evaluation's.
+  Measured on the quickstart (K = 128): one evaluation batch left 132-159 MiB; the whole
+  random-init evaluation 182 MiB beyond the sample cache it filled.
 
 Sizes print in binary units, GiB (2^30 bytes) and MiB, as the resident set is counted.
 
@@ -109,6 +116,9 @@ class MemoryEstimate:
     evaluation_batch: int = 0
     evaluation_forward: int = 0
     evaluation_slack: int = 0
+    # measured: the resident set the evaluation batch leaves once freed (host; 0 when no evaluation
+    # runs before the training steps)
+    evaluation_kept: int = 0
     on_host: bool = True  # the device is the host (CPU): baseline and cache count in the total
     allocator_slack: int = 0  # measured: resident-set growth of a reference step beyond its live tensors
     framework: int = 0  # measured: what the process keeps once it has run a step, no tensor alive (host)
@@ -161,16 +171,22 @@ class MemoryEstimate:
         return self.baseline + self.framework + self.sample_cache if self.on_host else 0
 
     @property
-    def step(self) -> int:
-        """The training step's peak. The plain step computes the objective while the encoder's
-        activations are held; the cached step between its two encoder passes (its peak is the
-        larger of the two phases, each with the cached embeddings)."""
+    def step_alone(self) -> int:
+        """The training step's peak in a process that has run no evaluation (what ``mmviews bench
+        train`` measures). The plain step computes the objective while the encoder's activations
+        are held; the cached step between its two encoder passes (its peak is the larger of the
+        two phases, each with the cached embeddings)."""
         encoder = self.saved_activations + self.working + self.allocator_slack
         if self.chunk_size is None:
             phases = encoder + self.objective
         else:
             phases = self.cached_embeddings + max(encoder, self.objective)
         return self.host + self.static + self.batches + phases
+
+    @property
+    def step(self) -> int:
+        """The training step's peak in the run: beside the heap an evaluation before it left."""
+        return self.step_alone + (self.evaluation_kept if self.on_host else 0)
 
     @property
     def evaluating(self) -> int:
@@ -236,6 +252,9 @@ class MemoryEstimate:
         if self.allocator_slack:
             out.append(f"  allocator slack   {_gb(self.allocator_slack)} (measured: a reference step's resident-set "
                        "growth beyond its tensors)")
+        if self.evaluation_kept and self.on_host:
+            out.append(f"  evaluation heap   {_gb(self.evaluation_kept)} (measured: what an evaluation batch leaves in "
+                       "the process once freed; the steps after the random-init evaluation run beside it)")
         if self.evaluation:
             encoded = self.evaluation_batch + self.evaluation_forward + self.evaluation_slack
             out.append(f"  evaluation        {_gb(self.evaluation)} extracted embeddings + {_gb(encoded)} for one "
@@ -434,6 +453,9 @@ class EvaluationForwardMeasurement:
     batch: int  # the collated, host-prepared batch
     peak: int  # live tensors at the forward's peak
     resident_growth: int | None  # growth of the resident set's high-water mark beyond the batch (Linux; else None)
+    # the resident set once the batch and the outputs are freed (nothing trimmed), beyond where it
+    # started: the allocator's heap that the evaluation leaves (Linux; else None)
+    kept: int | None = None
 
 
 def measure_evaluation_forward(parts: RunParts, samples: int | None = None) -> EvaluationForwardMeasurement | None:
@@ -461,9 +483,11 @@ def measure_evaluation_forward(parts: RunParts, samples: int | None = None) -> E
         with live, torch.no_grad(), torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
             encoder(batch)
         growth = None if start is None else max(resident_peak_bytes() - start - batch_bytes, 0)
+        del batch
+        kept = None if start is None else max(resident_bytes() - start, 0)
     finally:
         encoder.train(was_training)
-    return EvaluationForwardMeasurement(n, batch_bytes, live.peak, growth)
+    return EvaluationForwardMeasurement(n, batch_bytes, live.peak, growth, kept)
 
 
 def gradient_bytes(parts: RunParts, samples: int = 2) -> int:
@@ -655,7 +679,7 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     # a DataLoader has no view spec: the evaluation's views (evaluation.views) are its collator's
     eval_views = max((len(getattr(loader.collate_fn, "view_spec", ())) or M for loader in parts.eval_loaders.values()
                       if loader is not None), default=M)
-    evaluation = evaluation_batch = evaluation_forward = evaluation_slack = 0
+    evaluation = evaluation_batch = evaluation_forward = evaluation_slack = evaluation_kept = 0
     if config.evaluation.tasks:
         evaluation = sum(4 * len(loader.dataset) * eval_views * d for loader in parts.eval_loaders.values()
                          if loader is not None and hasattr(loader, "dataset"))
@@ -664,6 +688,9 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
             evaluation_batch, evaluation_forward = forward.batch, forward.peak
             if on_host and forward.resident_growth is not None:
                 evaluation_slack = max(forward.resident_growth - forward.peak, 0)
+            evaluates_first = config.evaluation.random_baseline or config.evaluation.every_epochs
+            if on_host and evaluates_first and forward.kept is not None:
+                evaluation_kept = forward.kept
     objective_peak = measure_objective_bytes(objective, K, M, d)
     trim_host_memory()  # what the measurements freed goes back: the process is as it was for the run
     sharded, gathered = run_sharding(config, num_processes) == "fsdp", 0
@@ -681,7 +708,7 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
         batch_per_sample=batch_per_sample, prefetched_batches=_prefetched_batches(config), baseline=baseline,
         sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack, framework=framework,
         evaluation_batch=evaluation_batch, evaluation_forward=evaluation_forward, evaluation_slack=evaluation_slack,
-        sharded=sharded, gathered=gathered)
+        evaluation_kept=evaluation_kept, sharded=sharded, gathered=gathered)
 
 
 def processes_from_environment() -> int:
