@@ -562,7 +562,7 @@ def check_evaluation_estimate(parts) -> None:
                                    + estimate.evaluation_batch + estimate.evaluation_forward
                                    + estimate.evaluation_slack)
     assert estimate.total == max(estimate.step, estimate.evaluating)
-    line = next(line for line in estimate.lines() if line.strip().startswith("evaluation"))
+    line = next(line for line in estimate.lines() if line.strip().startswith("evaluation  "))
     assert "one evaluation batch encoded (measured)" in line and " GiB" in estimate.lines()[0] + line
 
 
