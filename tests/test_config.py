@@ -135,3 +135,22 @@ def test_a_recipe_whose_encoder_mmviews_does_not_build_loads_without_its_adapter
         config.adapter_configs
     with pytest.raises(ConfigError, match=r"^r\.yaml: key 'adapters\.x\.type'"):
         config_from_dict(raw, "r.yaml")
+
+
+def test_the_objects_are_made_when_the_recipe_loads_and_errors_name_its_file(tmp_path):
+    config = config_from_dict(_raw(), "r.yaml")
+    assert {"view_spec", "eval_view_spec", "adapter_configs", "eval_tasks"} <= vars(config).keys()  # not at first use
+    for changes, message in [
+        ({"evaluation.views": [{"modality": "x", "copise": 1}]}, "r.yaml: unknown key 'evaluation.views.0.copise'"),
+        ({"data": {"batch_size": 1}}, "r.yaml: key 'data.batch_size': must be >= 2"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            config_from_dict(_raw(**changes), "r.yaml")
+        assert str(caught.value).startswith(message), str(caught.value)
+    with pytest.raises(ConfigError, match=r"^r\.yaml: a recipe must be a YAML mapping, got list$"):
+        config_from_dict([], "r.yaml")
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(_raw(**{"adapters.x.type": "plugin_not_installed"})))
+    assert load_config(path, adapters=False).view_spec.modalities == ["image", "x"]
+    with pytest.raises(ConfigError, match=r"^.*r\.yaml \(with --set overrides\): key 'adapters\.x\.type'"):
+        load_config(path, ["seed=3"])  # the error is the file's, not the --set's
