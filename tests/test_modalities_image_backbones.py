@@ -230,3 +230,102 @@ def test_normalisation_guard_fails_when_the_backbones_values_win(monkeypatch):
     apply_break("backbone_normalisation_wins", monkeypatch.setattr)
     with pytest.raises(AssertionError):
         test_the_recipes_mean_and_std_win_over_the_backbones_own({"type": "timm", "model": "resnet18"})
+
+
+def same_params(got: list, want: list) -> bool:
+    """The same parameter objects, in the same order."""
+    return [id(p) for p in got] == [id(p) for p in want]
+
+
+def test_torchvision_block_lists_and_tails_follow_each_layout():
+    """``last_n`` unfreezes the blocks and tail that these lists name: ResNet's four stages,
+    MobileNet's / ConvNeXt's ``features``, ViT's encoder layers (its final LayerNorm as tail, its
+    fixed input size kept), a ConvNeXt classifier's LayerNorm; an unknown layout is refused."""
+    resnet = build_adapter({"type": "torchvision", "model": "resnet18", "image_size": 32})
+    net = resnet.backbone
+    assert resnet.backbone_blocks() == [net.layer1, net.layer2, net.layer3, net.layer4]
+    assert resnet.backbone_tail() == [] and resnet.feature_dim == 512
+    mobile = build_adapter(tiny_config("torchvision"))
+    assert mobile.backbone_blocks() == list(mobile.backbone.features) and len(mobile.backbone_blocks()) == 19
+    assert mobile.backbone_tail() == []  # its classifier is Dropout + the removed Linear
+    convnext = build_adapter({"type": "torchvision", "model": "convnext_tiny", "image_size": 32})
+    assert convnext.backbone_blocks() == list(convnext.backbone.features)
+    assert same_params(convnext.backbone_tail(), list(convnext.backbone.classifier[0].parameters()))
+    assert len(convnext.backbone_tail()) == 2 and convnext.feature_dim == 768
+    vit = build_adapter({"type": "torchvision", "model": "vit_b_16", "model_kwargs": {"image_size": 32}})
+    assert vit.config.image_size == 32 and vit.feature_dim == 768
+    assert vit.backbone_blocks() == list(vit.backbone.encoder.layers) and len(vit.backbone_blocks()) == 12
+    assert same_params(vit.backbone_tail(), [vit.backbone.encoder.ln.weight, vit.backbone.encoder.ln.bias])
+    assert vit.preprocess({"values": torch.rand(1, 3, 40, 50)})["pixels"].shape == (1, 3, 32, 32)
+    regnet = build_adapter({"type": "torchvision", "model": "regnet_x_400mf", "image_size": 32})
+    with pytest.raises(NotImplementedError, match="^last_n: unknown block layout of torchvision RegNet$"):
+        regnet.backbone_blocks()
+    assert regnet.config.image_size == 32  # not a fixed-size model: the recipe's size
+
+
+def test_timm_block_lists_tails_and_checkpointing():
+    """timm ViTs list ``blocks`` (tail: the final norm), ResNets ``layer1..4`` (tail: none);
+    gradient checkpointing is timm's switch, refused for BatchNorm models; the timm data
+    config gives the size and statistics; the classifier ``head`` of a weights file is dropped."""
+    vit = build_adapter({"type": "timm", "model": "test_vit"})
+    net = vit.backbone
+    assert vit.backbone_blocks() == list(net.blocks) and len(net.blocks) >= 1
+    assert same_params(vit.backbone_tail(), list(net.norm.parameters()) + list(net.fc_norm.parameters()))
+    assert len(vit.backbone_tail()) == 2
+    assert vit.config.image_size == 160 and vit.config.mean == [0.5] * 3 and vit.config.std == [0.5] * 3
+    assert vit.feature_dim == net.num_features
+    assert not net.grad_checkpointing
+    vit.enable_gradient_checkpointing()
+    assert net.grad_checkpointing
+    resnet = build_adapter(tiny_config("timm"))
+    assert resnet.backbone_blocks() == [resnet.backbone.layer1, resnet.backbone.layer2, resnet.backbone.layer3,
+                                        resnet.backbone.layer4]
+    assert resnet.backbone_tail() == []
+    with pytest.raises(ValueError, match="^timm adapter: gradient_checkpointing is not supported for 'test_resnet' "
+                                         r"\(a BatchNorm model"):
+        resnet.enable_gradient_checkpointing()
+    with pytest.raises(ValueError, match=r"^timm adapter: unknown model 'test_vitt' \(did you mean 'test_vit'"):
+        build_adapter({"type": "timm", "model": "test_vitt"})
+
+
+def test_timm_weights_with_a_head_load_without_it(tmp_path):
+    import timm
+
+    torch.manual_seed(1)
+    source = timm.create_model("test_vit")
+    file = tmp_path / "vit.pth"
+    torch.save({"state_dict": source.state_dict()}, file)  # nested, as training scripts write it
+    adapter = build_adapter({"type": "timm", "model": "test_vit", "weights": str(file)})
+    assert torch.equal(adapter.backbone.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+    assert torch.equal(adapter.backbone.norm.weight, source.norm.weight)
+
+
+def test_hf_vision_block_list_tail_and_lora_targets():
+    """transformers ViT: blocks are its ``layers``, tail its final ``layernorm`` and ``pooler``;
+    SigLIP's: ``encoder.layers``, ``post_layernorm`` and ``head``; DINOv2's ``encoder.layer``.
+    LoRA targets are the attention's query and value Linear layers. A text model is refused."""
+    from torch import nn
+
+    vit = build_adapter(tiny_config("hf_vision"))
+    net = vit.backbone
+    assert vit.backbone_blocks() == list(net.layers) and len(vit.backbone_blocks()) == 2
+    assert same_params(vit.backbone_tail(), list(net.layernorm.parameters()) + list(net.pooler.parameters()))
+    assert vit.feature_dim == 32
+    shape = {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 64,
+             "image_size": 32, "patch_size": 8}
+    siglip = build_adapter({"type": "hf_vision", "backbone_config": {"model_type": "siglip_vision_model", **shape}})
+    tower = siglip.backbone
+    assert siglip.backbone_blocks() == list(tower.encoder.layers) and len(siglip.backbone_blocks()) == 3
+    want = [p for m in (tower.post_layernorm, tower.head) for p in m.parameters()]
+    # (the head's own ``layernorm`` is listed twice: harmless, the list only sets requires_grad)
+    assert {id(p) for p in siglip.backbone_tail()} == {id(p) for p in want} and len(want) > 2
+    dino = build_adapter({"type": "hf_vision", "backbone_config": {"model_type": "dinov2", **shape}})
+    assert dino.backbone_blocks() == list(dino.backbone.encoder.layer)
+    assert same_params(dino.backbone_tail(), list(dino.backbone.layernorm.parameters()))
+    for adapter in (vit, siglip, dino):
+        linear = {n.rsplit(".", 1)[-1] for n, m in adapter.backbone.named_modules() if isinstance(m, nn.Linear)}
+        assert adapter.default_lora_targets == ["q_proj", "v_proj"] and {"q_proj", "v_proj"} <= linear
+    with pytest.raises(ValueError, match="^hf_vision: BertModel is not an image model"):
+        build_adapter({"type": "hf_vision", "backbone_config": {"model_type": "bert", "hidden_size": 32,
+                                                                "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                                "intermediate_size": 64}})
