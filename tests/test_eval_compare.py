@@ -385,3 +385,15 @@ def test_the_seeds_section_reads_as_written_here():
     assert empty[7] == f"| m/acc | 0.6000 ± {std} (n=2) | - | 0.6500 ± {std} (n=2) |"
     notes = [line for line in empty if line.startswith("- ")]  # nothing to compare with C; A and D within noise
     assert len(notes) == 1 and notes[0].startswith("- m/acc: A - D = -0.05")
+
+
+def test_the_output_folder_is_named_by_any_of_its_spellings():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    for spelling in ("--output", "--out", "-o"):
+        assert parser.parse_args(["r1", spelling, "elsewhere"]).out == "elsewhere"
+    plain = parser.parse_args(["r1", "r2"])
+    assert (plain.runs, plain.out, plain.metrics, plain.all) == (["r1", "r2"], "comparison", None, False)
+    assert parser.parse_args(["r1", "--all", "--metrics", "a/acc", "b/acc"]).metrics == ["a/acc", "b/acc"]

@@ -41,6 +41,11 @@ def test_the_seeds_table_leads_the_file_and_the_terminal(seeded_runs: list[str],
     assert f"every metric and the random-init margins: {out_dir / 'comparison.md'} (or mmviews compare ... --all)" \
         in printed
     assert "test/retrieval/a->b/MedR" in (out_dir / "comparison.md").read_text()
+    # one printed line per line of the summary, and the files written, comma-separated, last
+    assert printed.startswith("## Over seeds\n\nRuns that differ only in their seed"), printed
+    last = printed.splitlines()[-1]
+    assert last.startswith("written: ") and sorted(last[len("written: "):].split(", ")) == sorted(
+        str(out_dir / name) for name in ("comparison.csv", "comparison.json", "comparison.md", "metrics_bar.png"))
 
 
 def test_all_prints_the_whole_comparison(seeded_runs: list[str], tmp_path: Path,
