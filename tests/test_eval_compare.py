@@ -224,6 +224,7 @@ def test_compare_writes_its_table_csv_json_and_plots(tmp_path: Path):
     assert "| test/retrieval/a->b/R@1 | 0.2500 | - | 0.1250 |" in table  # chance 1 / n
     assert "| extra/acc | - | 0.1000 |  |" in table
     assert "weight_decay" not in table and "| chance/" not in table
+    assert "\n## Per run\n\n| metric | r1 | r1x | chance |\n|---|---|---|---|\n| objective |" in table
     assert "| objective | mv_dhel | mv_infonce | |" in table and "| num_views | 2 | 3 | |" in table
     assert "| steps | 4 | - | |" in table and "| wall time (s) | 2.5000 | - | |" in table
     assert "| warnings | 1 | 0 | |" in table
