@@ -329,3 +329,14 @@ def test_hf_vision_block_list_tail_and_lora_targets():
         build_adapter({"type": "hf_vision", "backbone_config": {"model_type": "bert", "hidden_size": 32,
                                                                 "num_hidden_layers": 1, "num_attention_heads": 2,
                                                                 "intermediate_size": 64}})
+
+
+def test_timm_stage_lists_and_convolutional_tails():
+    """timm ConvNeXts list ``stages``; EfficientNets ``blocks`` with ``conv_head`` + ``bn2`` as tail."""
+    convnext = build_adapter({"type": "timm", "model": "test_convnext", "image_size": 32})
+    assert convnext.backbone_blocks() == list(convnext.backbone.stages) and len(convnext.backbone_blocks()) >= 2
+    effnet = build_adapter({"type": "timm", "model": "test_efficientnet", "image_size": 32})
+    net = effnet.backbone
+    assert effnet.backbone_blocks() == list(net.blocks)
+    assert same_params(effnet.backbone_tail(), list(net.conv_head.parameters()) + list(net.bn2.parameters()))
+    assert len(effnet.backbone_tail()) >= 3
