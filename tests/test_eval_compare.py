@@ -226,6 +226,7 @@ def test_compare_writes_its_table_csv_json_and_plots(tmp_path: Path):
     assert "weight_decay" not in table and "| chance/" not in table
     assert "\n## Per run\n\n| metric | r1 | r1x | chance |\n|---|---|---|---|\n| objective |" in table
     assert "| objective | mv_dhel | mv_infonce | |" in table and "| num_views | 2 | 3 | |" in table
+    assert "| final training loss | 1.2500 | - | |" in table
     assert "| steps | 4 | - | |" in table and "| wall time (s) | 2.5000 | - | |" in table
     assert "| warnings | 1 | 0 | |" in table
     assert "| test/knn/class/top1 | +0.2000 (0.3000) | - |" in table  # trained minus random init
