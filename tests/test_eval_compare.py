@@ -219,6 +219,7 @@ def test_compare_writes_its_table_csv_json_and_plots(tmp_path: Path):
     assert set(written) == {"csv", "json", "markdown", "metrics_bar", "metric_vs_views", "training_curves"}
     assert all(p.is_file() and p.parent == tmp_path / "cmp" for p in written.values())
     table = written["markdown"].read_text()
+    assert table.startswith("# Run comparison\n\n## Warnings: did it learn?\n\n- r1: w1\n")
     assert "- r1: w1" in table and table.index("- r1: w1") < table.index("| test/knn/class/top1 |")
     assert "| test/knn/class/top1 | 0.5000 | 0.7500 | 0.2500 |" in table
     assert "| test/retrieval/a->b/R@1 | 0.2500 | - | 0.1250 |" in table  # chance 1 / n
