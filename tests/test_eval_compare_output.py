@@ -40,7 +40,12 @@ def test_the_seeds_table_leads_the_file_and_the_terminal(seeded_runs: list[str],
     assert "| test/linear/class/acc | 0.5000 | 0.7000 | 0.8000 | 0.8400 |" in printed  # the per-run rows follow
     assert f"every metric and the random-init margins: {out_dir / 'comparison.md'} (or mmviews compare ... --all)" \
         in printed
-    assert "test/retrieval/a->b/MedR" in (out_dir / "comparison.md").read_text()
+    written = (out_dir / "comparison.md").read_text()
+    assert "test/retrieval/a->b/MedR" in written
+    # a count (/n) is the same for every seed: no row over seeds, a row per run
+    seeds = written[written.index("## Over seeds"):written.index("## Per run")]
+    assert "| test/retrieval/a->b/MedR |" in seeds and "/n |" not in seeds
+    assert "| test/retrieval/a->b/n |" in written[written.index("## Per run"):]
     # one printed line per line of the summary, and the files written, comma-separated, last
     assert printed.startswith("## Over seeds\n\nRuns that differ only in their seed"), printed
     last = printed.splitlines()[-1]
