@@ -285,6 +285,17 @@ class TrainConfig:
 _UNNAMED = "recipe"  # the source named in errors of a TrainConfig that was not loaded from a file
 
 
+def dotted_keys(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A recipe's nested mappings as ``{"optimisation.lr": leaf, ...}``; lists, scalars and empty
+    mappings are leaves (what ``--set KEY=VALUE`` can name)."""
+    if isinstance(value, Mapping) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(dotted_keys(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
 def _view_spec(entries: Sequence[Any], key: str, source: str) -> ViewSpec:
     from mmviews.data.views import ViewSpec
 

@@ -269,9 +269,10 @@ def test_newest_intact_checkpoint_units(tmp_path):
 
 def test_recipe_check_units(tmp_path):
     from mmviews.config import ConfigError
-    from mmviews.train.resume import _flatten, check_same_recipe
+    from mmviews.config import dotted_keys
+    from mmviews.train.resume import check_same_recipe
 
-    assert _flatten({"a": {"b": 1, "c": {}}, "d": [1, {"e": 2}]}) == {"a.b": 1, "a.c": {}, "d": [1, {"e": 2}]}
+    assert dotted_keys({"a": {"b": 1, "c": {}}, "d": [1, {"e": 2}]}) == {"a.b": 1, "a.c": {}, "d": [1, {"e": 2}]}
     run = tmp_path / "run"
     run.mkdir()
     config = load_config(write_recipe(tmp_path / "a.yaml", CONFIG))

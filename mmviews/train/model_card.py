@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from mmviews.config import ConfigError, TrainConfig, config_from_dict, load_config, read_yaml, resolve_recipe
+from mmviews.config import ConfigError, TrainConfig, config_from_dict, dotted_keys, load_config, read_yaml, resolve_recipe
 from mmviews.fileio import atomic_write_text
 from mmviews.hub import MODEL_CARD_FILE
 from mmviews.resources import resource_dir
@@ -37,16 +37,6 @@ def _yaml_inline(value: Any) -> str:
     """One-line YAML for ``--set`` values and table cells (``0.002``, ``[a, b]``, ``{k: v}``)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False).strip()
     return text[: -len("\n...")].strip() if text.endswith("\n...") else text
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as ``{"a.b": leaf}``; lists and scalars are leaves."""
-    if isinstance(value, Mapping) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
 
 
 def _recipe_argument(source: Path) -> str:
@@ -76,8 +66,8 @@ def reproduce_command(config: TrainConfig, source: str | None) -> str | None:
         base = config_from_dict(read_yaml(path), str(path)).to_dict()
     except (ConfigError, FileNotFoundError):
         return None
-    wanted = _flatten(config.to_dict())
-    have = _flatten(base)
+    wanted = dotted_keys(config.to_dict())
+    have = dotted_keys(base)
     if set(have) - set(wanted):
         return None  # a key of the recipe file is gone: --set cannot remove keys
     overrides = [f"{key}={_yaml_inline(value)}" for key, value in wanted.items() if key not in have or have[key] != value]

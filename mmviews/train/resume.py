@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from mmviews.config import ConfigError, TrainConfig, load_config
+from mmviews.config import ConfigError, TrainConfig, dotted_keys, load_config
 from mmviews.fileio import is_temporary_file_of
 from mmviews.run import (
     CHECKPOINTS_DIR,
@@ -88,19 +88,10 @@ def newest_intact_checkpoint(run_dir: Path, say: Callable[[str], None] = _say) -
     return None
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and (value or not prefix):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: value}
-
-
 def recipe_differences(config: TrainConfig, saved: TrainConfig) -> list[str]:
     """The dotted recipe keys whose values differ between ``config`` and ``saved``, outside
     :data:`FREE_SECTIONS` (sorted)."""
-    ours, theirs = _flatten(config.to_dict()), _flatten(saved.to_dict())
+    ours, theirs = dotted_keys(config.to_dict()), dotted_keys(saved.to_dict())
     return sorted(key for key in ours.keys() | theirs.keys()
                   if key.split(".")[0] not in FREE_SECTIONS and ours.get(key, _MISSING) != theirs.get(key, _MISSING))
 
