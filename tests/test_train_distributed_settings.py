@@ -180,11 +180,12 @@ def test_the_parent_command_line_keeps_bytes_that_are_not_utf8(monkeypatch) -> N
     # a shell waiting on its input, with an argument that is not UTF-8 in its command line
     child = subprocess.Popen(["/bin/sh", "-c", "read line", "sh", b"caf\xe9"], stdin=subprocess.PIPE)
     try:
-        monkeypatch.setattr(os, "getppid", lambda: child.pid)
+        # the child's pid given, not os.getppid patched: a video-store watcher thread left in this
+        # process by another test ends the process when os.getppid() changes
         deadline = time.monotonic() + 10
-        while not distributed._parent_command_line() and time.monotonic() < deadline:
+        while not distributed._parent_command_line(child.pid) and time.monotonic() < deadline:
             time.sleep(0.01)  # /proc shows an empty command line while the child is still being exec'd
-        assert distributed._parent_command_line() == ["/bin/sh", "-c", "read line", "sh", "caf\ufffd"]
+        assert distributed._parent_command_line(child.pid) == ["/bin/sh", "-c", "read line", "sh", "caf\ufffd"]
     finally:
         child.communicate(b"\n")
 

@@ -210,9 +210,9 @@ def _config_file_processes(config_file: str | None) -> int | None:
         return None
 
 
-def _parent_command_line() -> list[str]:
+def _parent_command_line(pid: int | None = None) -> list[str]:
     try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        with open(f"/proc/{os.getppid() if pid is None else pid}/cmdline", "rb") as f:
             return [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
     except OSError:  # not Linux, or the parent is gone
         return []
