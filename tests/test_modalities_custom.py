@@ -40,11 +40,18 @@ TYPES_REGISTERED_IN_TESTS = (
 
 
 @pytest.fixture(autouse=True)
-def _registered_in_the_test_only(monkeypatch):
+def _registered_in_the_test_only():
+    """Types a test registers are gone before and after it: a type left registered would
+    reach later tests of the same worker (e.g. the registry's every-type-is-described check)."""
     from mmviews.modalities import base
 
-    for name in TYPES_REGISTERED_IN_TESTS:
-        monkeypatch.delitem(base._ADAPTERS._entries, name, raising=False)
+    def forget() -> None:
+        for name in TYPES_REGISTERED_IN_TESTS:
+            base._ADAPTERS._entries.pop(name, None)
+
+    forget()
+    yield
+    forget()
 
 
 @register_backbone("test_tiny_convnet")
