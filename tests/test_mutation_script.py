@@ -102,3 +102,72 @@ def test_mutmuts_environment_drops_checkouts_of_the_package_from_pythonpath(monk
     assert env["PYTHONPATH"] == str(other)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     assert "PYTHONPATH" not in runner.mutmut_env()
+
+
+# Saves mutmut's results file over and over as mutmut does after each mutant, with the saves made
+# the way tests/mutation/run.py's mutmut command makes them; prints once the first one is whole.
+SAVE_FOREVER = """
+import importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("mutmut_safe", sys.argv[1])
+safe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(safe)
+safe.make_saves_atomic()
+from mutmut.mutation.data import SourceFileMutationData
+data = SourceFileMutationData(path="mmviews/m.py")
+Path(data.meta_path).parent.mkdir(parents=True)
+data.exit_code_by_key = {f"mmviews.m.x_f__mutmut_{i}": 1 for i in range(int(sys.argv[2]))}
+data.durations_by_key = {name: 0.5 for name in data.exit_code_by_key}
+data.save()
+print("saved", flush=True)
+while True:
+    data.save()
+"""
+
+
+def test_a_time_limit_stop_leaves_the_results_file_whole(tmp_path) -> None:
+    """The time limit's stop (SIGINT, then SIGKILL) lands while mutmut rewrites its results file:
+    each rewrite here takes most of a second, so the stop falls inside one. mutmut's own writer
+    leaves a cut file there (every result of the module lost); run.py's must leave it whole."""
+    pytest.importorskip("mutmut", reason="the `mutation` extra installs mutmut")
+    import time
+
+    assert runner.mutmut_command() == [sys.executable, str(runner.MUTMUT)]
+    mutants = 60_000
+    process = subprocess.Popen(
+        [sys.executable, "-c", SAVE_FOREVER, str(runner.MUTMUT), str(mutants)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    try:
+        assert process.stdout.readline() == "saved\n"
+        time.sleep(0.3)
+    finally:
+        runner.stop_mutmut(process, grace=20)
+    results = runner.read_results(tmp_path, "mmviews/m.py")
+    assert len(results) == mutants and set(results.values()) == {1}
+    assert not list((tmp_path / "mutants" / "mmviews").glob("*.partial"))  # SIGINT waited for the write
+
+
+def test_an_unreadable_results_file_stops_with_its_name_and_the_mutants_lost(tmp_path, monkeypatch, capsys) -> None:
+    """A results file cut by an older run's stop: --report-only, --rerun-survivors and a run say
+    which file and how many mutants' results are gone, and how to start afresh; no traceback."""
+    module = "mmviews/eval/metrics.py"
+    work = tmp_path / module.replace("/", "__")
+    meta = runner.meta_path(work, module)
+    meta.parent.mkdir(parents=True)
+    whole = json.dumps({"exit_code_by_key": {f"mmviews.eval.metrics.x_f__mutmut_{i}": 1 for i in (1, 2, 3)}}, indent=4)
+    meta.write_text(whole[: len(whole) // 2])
+    spans = {"x_f__mutmut_orig": [1, 2], "x_f__mutmut_1": [3, 4], "x_f__mutmut_2": [5, 6], "x_f__mutmut_3": [7, 8]}
+    meta.with_suffix(".spans").write_text(json.dumps({"version": 1, "spans": spans}))
+    monkeypatch.setattr(runner, "WORK_ROOT", tmp_path)
+    for call in (lambda: runner.main(["--report-only", module]), lambda: runner.undetected_in_last_run(module)):
+        with pytest.raises(SystemExit) as stop:
+            call()
+        message = str(stop.value.code)
+        assert f"{meta}: unreadable (JSONDecodeError" in message, message
+        assert f"the results of all 3 mutants of {module} are lost" in message and f"rm '{meta}'" in message
+    meta.with_suffix(".spans").unlink()
+    with pytest.raises(SystemExit, match="the results of every mutant of"):
+        runner.read_results(work, module)
+    meta.write_text(whole)
+    assert runner.read_results(work, module) == json.loads(whole)["exit_code_by_key"]

@@ -178,11 +178,16 @@ def write_config(work: Path, module: str, tests: list[str], deselect: list[str])
         target.write_text(text)
 
 
+# mutmut's command line with its results files written whole (see its docstring): a time limit
+# stops mutmut, and mutmut's own writer could be cut mid-file and lose every result of a module.
+# (Not ``python -m mutmut``, which loads mutmut's main module twice.)
+MUTMUT = Path(__file__).resolve().with_name("mutmut_safe.py")
+# How long a stopped mutmut gets to end its workers before its process group is killed.
+STOP_GRACE_S = 30.0
+
+
 def mutmut_command() -> list[str]:
-    """mutmut's own script beside this Python (``python -m mutmut`` loads its main module twice
-    and warns about it)."""
-    script = Path(sys.executable).parent / "mutmut"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "mutmut"]
+    return [sys.executable, str(MUTMUT)]
 
 
 def mutmut_env() -> dict[str, str]:
@@ -199,6 +204,51 @@ def mutmut_env() -> dict[str, str]:
     return env
 
 
+def meta_path(work: Path, module: str) -> Path:
+    """mutmut's results file of ``module``: each mutant's exit code, ``None`` while unchecked."""
+    return work / "mutants" / (module + ".meta")
+
+
+def mutant_count(work: Path, module: str) -> int | None:
+    """How many mutants mutmut made of ``module`` (its line spans file lists each), if readable."""
+    spans = work / "mutants" / (module + ".spans")
+    try:
+        names = json.loads(spans.read_text())["spans"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sum(1 for name in names if not name.endswith("__mutmut_orig"))
+
+
+def read_results(work: Path, module: str) -> dict[str, int | None]:
+    """The exit code of each of ``module``'s mutants from its results file; a clear stop, not a
+    traceback, when the file cannot be read (a stop cut it while mutmut rewrote it: this script
+    writes it whole since, but a folder from an older run can hold a cut one)."""
+    meta = meta_path(work, module)
+    try:
+        return json.loads(meta.read_text())["exit_code_by_key"]
+    except (ValueError, KeyError, TypeError) as error:
+        count = mutant_count(work, module)
+        lost = f"all {count} mutants" if count is not None else "every mutant"
+        raise SystemExit(
+            f"{meta}: unreadable ({type(error).__name__}: {error}); the results of {lost} of {module} are lost "
+            f"(the file was cut while being written). Remove it to check them afresh: rm '{meta}'"
+        ) from None
+
+
+def stop_mutmut(process: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """Stop a mutmut started in a session of its own: SIGINT first (mutmut ends its workers and
+    the mutant in flight stays unchecked; its results file is only ever replaced whole, see
+    mutmut_safe.py, so the stop cannot cut it), then, after ``grace`` seconds, SIGKILL to the
+    whole group (mutmut does not always stop on SIGINT, seen with a worker running; whatever it
+    leaves running, its forked workers and the tests' subprocesses, goes with it)."""
+    process.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def undetected_in_last_run(module: str, equivalent: dict[str, str] | None = None) -> list[str]:
     """The mutants of the module's last run that no test detected (survived, no tests,
     unchecked), less the ``equivalent`` ones (no test can detect them).
@@ -208,10 +258,11 @@ def undetected_in_last_run(module: str, equivalent: dict[str, str] | None = None
     """
     from mutmut.stats import status_by_exit_code
 
-    meta = WORK_ROOT / module.replace("/", "__") / "mutants" / (module + ".meta")
+    work = WORK_ROOT / module.replace("/", "__")
+    meta = meta_path(work, module)
     if not meta.is_file():
         raise SystemExit(f"{module}: no earlier run to take survivors from ({meta} is missing)")
-    exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
+    exit_codes = read_results(work, module)
     return sorted(name for name, code in exit_codes.items()
                   if (code is None or status_by_exit_code[code] not in DETECTED) and name not in (equivalent or {}))
 
@@ -220,6 +271,8 @@ def run_module(module: str, tests: list[str], deselect: list[str], max_children:
                log, mutants: list[str] | None = None, refresh_stats: bool = False) -> Path:
     work = WORK_ROOT / module.replace("/", "__")
     work.mkdir(parents=True, exist_ok=True)
+    if meta_path(work, module).is_file():
+        read_results(work, module)  # mutmut would stop on an unreadable one with a traceback
     sync_copy(work)
     write_config(work, module, tests, deselect)
     # A mutant can make a command write where the tests run (e.g. `--check` turned into a real
@@ -240,15 +293,9 @@ def run_module(module: str, tests: list[str], deselect: list[str], max_children:
     try:
         returncode = process.wait(timeout=time_limit)
     except subprocess.TimeoutExpired:
-        # mutmut saves each mutant's result as it comes, so ending it loses only the mutant in
-        # flight; the rest stay "not checked" and a rerun goes on from there. It does not always
-        # stop on Ctrl-C (seen with a worker running), hence the kill after a short wait.
-        process.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        # mutmut saves each mutant's result as it comes, so ending it loses at most the mutant in
+        # flight; the rest stay "not checked" and a rerun goes on from there.
+        stop_mutmut(process)
         print(f"{module}: stopped after the time limit of {time_limit:.0f} s", file=sys.stderr)
         return work
     if returncode != 0:
@@ -268,8 +315,7 @@ print(json.dumps({name: get_diff_for_mutant(name, path=sys.argv[1]) for name in 
 def read_score(module: str, tests: list[str], equivalent: dict[str, str], work: Path, with_diffs: bool) -> ModuleScore:
     from mutmut.stats import status_by_exit_code
 
-    meta = work / "mutants" / (module + ".meta")
-    exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
+    exit_codes = read_results(work, module)
     score = ModuleScore(
         module=module,
         tests=tests,
@@ -386,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     for module, (tests, equivalent) in plan.items():
         if args.report_only:
             work = WORK_ROOT / module.replace("/", "__")
-            if not (work / "mutants" / (module + ".meta")).is_file():
+            if not meta_path(work, module).is_file():
                 raise SystemExit(f"{module}: no results yet in {work.relative_to(REPO)}")
         else:
             named = list(args.mutants or [])
