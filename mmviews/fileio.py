@@ -154,12 +154,18 @@ def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], nee
     return final
 
 
+def nearest_folder(path: str | os.PathLike[str]) -> Path:
+    """``path`` itself when it is an existing folder, else its nearest existing ancestor folder:
+    where ``path`` would be created, and so the device and permissions that decide for it."""
+    where = Path(path).absolute()
+    while not where.is_dir() and where.parent != where:
+        where = where.parent
+    return where
+
+
 def free_bytes(folder: str | os.PathLike[str]) -> int:
     """Bytes free to this user where ``folder`` (or its nearest existing ancestor) is."""
-    path = Path(folder).absolute()
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    return shutil.disk_usage(path).free
+    return shutil.disk_usage(nearest_folder(folder)).free
 
 
 # How writers that do not raise an OSError say it: safetensors ("I/O error: No space left on device
@@ -248,9 +254,7 @@ def check_writable(path: str | os.PathLike[str]) -> Path:
     removed at once: ``os.access`` says yes to root on a read-only mount or under ``/sys``, where
     every write then fails. Returns the folder tried."""
     path = Path(path)
-    where = path.absolute()
-    while not where.is_dir() and where.parent != where:
-        where = where.parent
+    where = nearest_folder(path)
     try:
         fd, probe = tempfile.mkstemp(dir=where, prefix=".mmviews-write-test-")
     except OSError as error:

@@ -72,17 +72,21 @@ def test_a_recipe_error_under_a_launch_is_printed_by_the_first_process_only(tmp_
     ["compare", "{run}", "--output", "{folder}/comparison"],
 ])
 def test_an_unwritable_output_names_the_folder_given_and_the_fix(argv: list[str], tiny_run: Path, tmp_path: Path,
-                                                                 capsys) -> None:
+                                                                 capsys, monkeypatch) -> None:
     """Before any work (nothing is computed first): the --output the user gave, the folder that
-    refused, the system's reason and the fix, in one line."""
+    refused, the system's reason and the fix, in one line (``--check`` adds no disk-space warning
+    about a folder it cannot write, even on a full disk)."""
+    import mmviews.fileio
     from crafted_files import unwritable_folder
+
+    monkeypatch.setattr(mmviews.fileio, "free_bytes", lambda folder: 0)
 
     folder = unwritable_folder(tmp_path)
     argv = [a.format(recipe=tiny_run / "config.yaml", run=tiny_run, folder=folder) for a in argv]
     assert main(argv) == 2
     out, err = capsys.readouterr()
-    (line,) = [ln for ln in err.splitlines() if ": error: " in ln]  # (--check may warn about the folder's disk too)
-    assert "Traceback" not in err
+    (line,) = [ln for ln in err.splitlines() if ": error: " in ln]
+    assert "Traceback" not in err and "bytes free" not in err  # the only line is the refusal: no disk-space warning
     given = argv[argv.index("--output") + 1]
     assert line.startswith(f"mmviews {argv[0]}: error: cannot write {given}: {folder} refuses new files ("), line
     assert line.endswith("); choose a folder this user can write to with --output"), line

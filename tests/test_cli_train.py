@@ -174,6 +174,23 @@ def test_resuming_a_finished_run_does_nothing_and_says_so(finished_run: tuple[Pa
     assert again.returncode == 0 and again.stdout == done.stdout, again.stderr[-2000:]
 
 
+def test_a_finished_run_names_the_bound_its_recipe_uses(tmp_path: Path) -> None:
+    """A recipe bounded by ``optimisation.max_steps`` is told to raise that bound, not epochs; under
+    auto-resume (no ``--resume``) the commands are spelled out with ``--resume``."""
+    from mmviews.cli.train import _finished_run_options
+    from mmviews.config import load_config
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_config(text=False))
+    run = tmp_path / "my run"
+    by_steps = load_config(recipe, ["optimisation.max_steps=7"])
+    assert _finished_run_options(run, by_steps, resumed=True) == (
+        "--reevaluate runs its evaluation again; --set optimisation.max_steps=N (more than 7) trains it longer")
+    resume = f"mmviews train --resume {shlex.quote(str(run))}"
+    assert _finished_run_options(run, load_config(recipe), resumed=False) == (
+        f"{resume} --reevaluate runs its evaluation again; {resume} --set optimisation.epochs=N (more than 2) "
+        "trains it longer")
+
+
 def test_a_resume_into_another_output_folder_is_refused(finished_run: tuple[Path, Path, str], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     run, _, _ = finished_run

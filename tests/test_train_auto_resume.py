@@ -14,6 +14,7 @@ without BERT: 4 optimiser steps, a checkpoint after every one."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,11 @@ def test_same_command_continues_from_the_newest_intact_checkpoint(recipe, refere
 
     r = train_in_process(str(recipe), "--output", str(run))  # finished: nothing to do
     assert r.returncode == 0 and "has already finished" in r.stdout, r.stderr
+    # the same command refuses a changed recipe, so what it suggests goes through --resume
+    resume = f"mmviews train --resume {shlex.quote(str(run))}"
+    assert r.stdout.rstrip().endswith(
+        f"nothing to do. {resume} --reevaluate runs its evaluation again; {resume} --set optimisation.epochs=N "
+        "(more than 2) trains it longer"), r.stdout
 
 
 def check_continued(r: Any, run: Path, damaged: Path, leftovers: list[Path], mine: list[Path], resumed_step: int) -> None:

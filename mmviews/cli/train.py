@@ -228,7 +228,9 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         if host_memory == "hold":
             print(f"note: {HOLD_NOTE}")
         sys.stdout.flush()  # the verdict above comes first on a terminal that shows both streams
-        space = disk_space_line(parts, run_dir)
+        # an output this user cannot write fails below: its disk's free space is beside the point
+        unwritable = folder_problem is not None and not isinstance(folder_problem, RunExistsError)
+        space = None if unwritable else disk_space_line(parts, run_dir)
         if space:
             print_warning("mmviews train", space)
         for line in data_check_lines(parts):
@@ -275,8 +277,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         return 1 if summary.get("status") == "failed" else 0
     if summary.get("already_finished"):
         print(f"mmviews train: {run_dir} has already finished (step {summary['steps']}, {RESULTS_FILE} written): "
-              "nothing to do. --reevaluate runs its evaluation again; --set optimisation.epochs=N (more than "
-              f"{config.optimisation.epochs}) trains it longer")
+              f"nothing to do. {_finished_run_options(run_dir, config, resumed=args.resume is not None)}")
         return 0
     loss = format_metric(summary["final_loss"])
     print(f"run folder: {run_dir}  (steps {summary['steps']}, final loss {loss}, {summary['wall_time_s']:.1f} s"
@@ -294,6 +295,19 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     if summary["eval"]:
         print(f"report: {run_dir / 'report.md'}")
     return 1 if summary.get("status") == "failed" else 0
+
+
+def _finished_run_options(run_dir: Path, config: TrainConfig, *, resumed: bool) -> str:
+    """What can still be done with a finished run. The bound to raise is the one the recipe uses
+    (``max_steps`` when set, else ``epochs``). Under ``output.auto_resume`` (no ``--resume``) the
+    commands are spelled out: the same command refuses a changed recipe, ``--resume`` takes it."""
+    o = config.optimisation
+    bound = (f"optimisation.max_steps=N (more than {o.max_steps})" if o.max_steps is not None
+             else f"optimisation.epochs=N (more than {o.epochs})")
+    if resumed:
+        return f"--reevaluate runs its evaluation again; --set {bound} trains it longer"
+    resume = f"mmviews train --resume {shlex.quote(str(run_dir))}"
+    return f"{resume} --reevaluate runs its evaluation again; {resume} --set {bound} trains it longer"
 
 
 @contextlib.contextmanager
