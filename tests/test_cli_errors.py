@@ -94,6 +94,25 @@ def test_an_unwritable_output_names_the_folder_given_and_the_fix(argv: list[str]
     assert ("--check" in argv) == (": OK (" in out)  # a dry run checks the recipe first
 
 
+@pytest.mark.parametrize(("argv", "line"), [
+    (["bench", "objectivs"], "mmviews bench: error: argument VERB: invalid choice: 'objectivs' (did you mean "
+                             "'objectives'?); choose from adapters, data, dropout, gpu, objectives, onnx, scale, train"),
+    (["list", "objectves"], "mmviews list: error: argument what: invalid choice: 'objectves' (did you mean "
+                            "'objectives'?); choose from objectives, recipes, datasets, augmentations, adapters, tasks"),
+    (["bench", "gpu", "--only", "memry"], "mmviews bench gpu: error: argument --only: invalid choice: 'memry' (did you "
+                                          "mean 'memory'?); choose from tests, memory, step-time"),
+    (["bench", "gpu", "--only", "zzz"], "mmviews bench gpu: error: argument --only: invalid choice: 'zzz'; choose from "
+                                        "tests, memory, step-time"),
+])
+def test_a_mistyped_choice_names_the_closest_one(argv: list[str], line: str, capsys) -> None:
+    """Sub-verbs and options with choices answer a typo as the unknown command does: the
+    closest choice (when one is close), then all of them, in argparse's usage error (exit 2)."""
+    with pytest.raises(SystemExit) as shown:
+        main(argv)
+    assert shown.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == line
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_an_unknown_option_exits_2(command: str, capsys) -> None:
     with pytest.raises(SystemExit) as shown:

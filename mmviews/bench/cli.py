@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from mmviews.cli import CommandParser
+
 VERBS: dict[str, tuple[str, str]] = {
     "objectives": ("mmviews.bench.objectives", "time and memory of every objective vs a cross-entropy floor and the reference loops"),
     "scale": ("mmviews.bench.scale", "time and peak memory of the objectives at K*M up to 65,536, streamed vs unchunked"),
@@ -37,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     module_name, help_text = VERBS[args.verb]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"mmviews bench {args.verb}", description=help_text)
+    parser = CommandParser(prog=f"mmviews bench {args.verb}", description=help_text)
     module.add_arguments(parser)
     options = parser.parse_args(args.options)
     options.owns_process = getattr(args, "owns_process", False)  # the mmviews program (mmviews.cli.main)

@@ -155,7 +155,9 @@ def verb_main(verb: str, description: str, add_arguments: Callable[[argparse.Arg
               run: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
     """``python -m mmviews.bench.VERB [options]``: parse ``argv`` with the verb's options and run it
     (``argv`` None: the process is the bench's own, see :func:`mmviews.cli.main`)."""
-    parser = argparse.ArgumentParser(prog=f"mmviews bench {verb}", description=description)
+    from mmviews.cli import CommandParser
+
+    parser = CommandParser(prog=f"mmviews bench {verb}", description=description)
     add_arguments(parser)
     args = parser.parse_args(argv)
     args.owns_process = argv is None

@@ -54,8 +54,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # ``eval`` in this module's namespace, shadowing the builtins: code here must not call them.)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose refusal of a value outside an argument's choices (a sub-verb, a
+    ``--format``) names the closest choice, as the unknown-command error does."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        # argparse's own hook for the choices check: its message lists them without a suggestion
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}{did_you_mean(str(value), map(str, action.choices))}; "
+                        f"choose from {choices}")
+
+
 def _top_level_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="mmviews",
         description="Multimodal, multi-view representation learning.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -146,7 +159,7 @@ def command_parser(name: str) -> tuple[object, argparse.ArgumentParser]:
     """``(module, parser)`` of the command ``name`` (imports only that command's module)."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"mmviews {name}", description=help_text)
+    parser = CommandParser(prog=f"mmviews {name}", description=help_text)
     module.add_arguments(parser)  # type: ignore[attr-defined]
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return module, parser
