@@ -340,3 +340,238 @@ def test_timm_stage_lists_and_convolutional_tails():
     assert effnet.backbone_blocks() == list(net.blocks)
     assert same_params(effnet.backbone_tail(), list(net.conv_head.parameters()) + list(net.bn2.parameters()))
     assert len(effnet.backbone_tail()) >= 3
+
+
+# --------------------------------------------------------------------------- weights files
+
+TINY_MOBILENET = {"type": "torchvision", "model": "mobilenet_v2", "model_kwargs": {"width_mult": 0.25}, "image_size": 32}
+
+
+def tiny_mobilenet_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The state dict of torchvision's MobileNetV2 at a quarter width (classifier included)."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    return torchvision.models.mobilenet_v2(width_mult=0.25).state_dict()
+
+
+def as_written_on_a_gpu(src: Path, dst: Path) -> None:
+    """``src`` (a torch zip file written on a CPU machine) rewritten as a CUDA machine writes it:
+    each storage's recorded location is ``cuda:0`` instead of ``cpu`` (the only difference)."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("/data.pkl"):  # pickle protocol 2: a length-prefixed string
+                assert b"X\x03\x00\x00\x00cpu" in data
+                data = data.replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+            zout.writestr(item, data)
+
+
+def test_file_sha256_is_the_files_digest(tmp_path):
+    """The digest of the whole file (it is read in chunks of 1 MiB: this one spans three)."""
+    import hashlib
+
+    from mmviews.modalities.image_backbones import file_sha256
+
+    data = torch.randint(0, 256, (2_500_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    file = tmp_path / "blob.bin"
+    file.write_bytes(data.numpy().tobytes())
+    assert file_sha256(file) == hashlib.sha256(file.read_bytes()).hexdigest()
+    (tmp_path / "empty.bin").write_bytes(b"")
+    assert file_sha256(tmp_path / "empty.bin") == hashlib.sha256(b"").hexdigest()
+
+
+def test_weights_file_errors_name_the_file_and_the_reason(tmp_path):
+    """Each refusal is one line naming the file (or the recipe key) and what is wrong with it."""
+    import hashlib
+    import re
+
+    plain = tmp_path / "net.pth"
+    torch.save(tiny_mobilenet_state(), plain)
+    missing = tmp_path / "missing.pth"
+    with pytest.raises(FileNotFoundError, match=rf"^weights: weights file {re.escape(repr(str(missing)))} does not exist$"):
+        build_adapter({**tiny_config("timm"), "weights": str(missing)})
+    with pytest.raises(ValueError, match=r"^weights: weights_sha256 must be hex digits, got 'xyz'$"):
+        build_adapter({**TINY_MOBILENET, "weights": str(plain), "weights_sha256": "xyz"})
+    wrong = tmp_path / "net-00000000.pth"
+    shutil.copy(plain, wrong)
+    actual = hashlib.sha256(plain.read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(wrong))}: sha256 {actual[:16]}\.\.\. does not begin with "
+                                         r"'00000000' \(a damaged or different file\)$"):
+        build_adapter({**TINY_MOBILENET, "weights": str(wrong)})
+    # torch's own reason, its first line only
+    with_code = tmp_path / "code.pth"
+    torch.save({"net": torch.nn.Linear(2, 2)}, with_code)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(with_code))}: not a readable weights file "
+                                         r"\(Weights only load failed\. [^\n]*\)$"):
+        build_adapter({**TINY_MOBILENET, "weights": str(with_code)})
+    garbage = tmp_path / "garbage.pth"  # not a zip file: torch's reason is a single line
+    garbage.write_bytes(b"not a torch file at all")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(garbage))}: not a readable weights file \(.+\)$"):
+        build_adapter({**TINY_MOBILENET, "weights": str(garbage)})
+
+
+def test_weights_files_must_fit_the_backbone_exactly(tmp_path):
+    """A file missing some of the backbone's tensors, or holding tensors the backbone lacks, is
+    refused (strict loading, the removed classifier's tensors excepted); the reason is cut to
+    300 characters so that the error stays one readable line."""
+    import re
+
+    state = tiny_mobilenet_state()
+    partial = tmp_path / "partial.pth"
+    torch.save({k: v for k, v in state.items() if not k.startswith(("features.17.", "features.18."))}, partial)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(partial))}: does not fit the backbone \("
+                                         r"Error\(s\) in loading state_dict for MobileNetV2: Missing key\(s\)") as err:
+        build_adapter({**TINY_MOBILENET, "weights": str(partial)})
+    detail = str(err.value).split(" (", 1)[1][:-1]
+    assert len(detail) == 300 and "\n" not in detail
+    extra = tmp_path / "extra.pth"
+    torch.save({**state, "features.99.weight": torch.zeros(1)}, extra)
+    with pytest.raises(ValueError, match=r"extra\.pth: does not fit the backbone \(.*Unexpected key\(s\).*features\.99"):
+        build_adapter({**TINY_MOBILENET, "weights": str(extra)})
+
+
+def test_weights_files_nested_under_model_or_written_on_a_gpu_load(tmp_path):
+    """A state dict under ``model`` (as training scripts save it) is unwrapped; a file written on
+    a GPU machine (its storages recorded on ``cuda:0``) loads onto the CPU, here and on a GPU
+    machine alike."""
+    from mmviews.modalities.image_backbones import read_weights_file
+
+    state = tiny_mobilenet_state(seed=3)
+    nested = tmp_path / "nested.pth"
+    torch.save({"model": state, "epoch": 3}, nested)
+    adapter = build_adapter({**TINY_MOBILENET, "weights": str(nested)})
+    assert torch.equal(adapter.backbone.features[0][0].weight, state["features.0.0.weight"])
+    plain, on_gpu = tmp_path / "plain.pth", tmp_path / "gpu.pth"
+    torch.save(state, plain)
+    as_written_on_a_gpu(plain, on_gpu)
+    loaded = read_weights_file(str(on_gpu), None, "weights")
+    assert set(loaded) == set(state) and all(v.device.type == "cpu" for v in loaded.values())
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_weights_files_are_read_weights_only_whatever_torchs_default(tmp_path, monkeypatch):
+    """``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (set by users to read old checkpoints) turns torch's
+    default to full unpickling; weights files are still read weights-only, so a file holding an
+    object is refused, not unpickled."""
+    import re
+
+    with_code = tmp_path / "code.pth"
+    torch.save({"net": torch.nn.Linear(2, 2)}, with_code)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(with_code))}: not a readable weights file"):
+        build_adapter({**TINY_MOBILENET, "weights": str(with_code)})
+
+
+# --------------------------------------------------------------------------- torchvision
+
+def imagenet_normalised(images: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    return (images - mean) / std
+
+
+def test_torchvision_features_are_the_classifiers_penultimate_layer():
+    """The features are the classifier's input: torchvision's model with its last Linear layer
+    replaced by the identity (a top-level ``fc`` for ResNet, the last entry of MobileNet's
+    ``classifier``), computed here on the same weights. Without ``image_size`` a ResNet (no fixed
+    input size) takes the images at their own size, unresized."""
+    import torchvision
+    from torch import nn
+
+    images = torch.rand(2, 3, 40, 50, generator=torch.Generator().manual_seed(0))
+    resnet = build_adapter({"type": "torchvision", "model": "resnet18"}).eval()
+    assert resnet.config.image_size is None
+    assert resnet.preprocess({"values": images})["pixels"].shape == (2, 3, 40, 50)
+    reference = torchvision.models.resnet18().eval()
+    reference.fc = nn.Identity()
+    reference.load_state_dict(resnet.backbone.state_dict())
+    mobile = build_adapter({**TINY_MOBILENET, "image_size": None}).eval()
+    small = torchvision.models.mobilenet_v2(width_mult=0.25).eval()
+    small.classifier[1] = nn.Identity()
+    small.load_state_dict(mobile.backbone.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(resnet.features({"values": images}), reference(imagenet_normalised(images)))
+        assert resnet.features({"values": images}).shape == (2, 512)
+        torch.testing.assert_close(mobile.features({"values": images}), small(imagenet_normalised(images)))
+
+
+def test_torchvision_weight_tags_load_torchvisions_own_file(tmp_path, monkeypatch):
+    """A weight tag (``IMAGENET1K_V1``) is torchvision's published file, read here from torch's
+    download cache (where torchvision keeps what it downloads; nothing is fetched): every
+    backbone tensor is the file's."""
+    weights = mobilenet_v2_weights()
+    cache = tmp_path / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    os.symlink(weights, cache / MOBILENET_FILE)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    adapter = build_adapter({"type": "torchvision", "model": "mobilenet_v2", "weights": "IMAGENET1K_V1"})
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    own = adapter.backbone.state_dict()
+    assert set(state) - set(own) == {"classifier.1.weight", "classifier.1.bias"}
+    assert all(torch.equal(own[k], state[k]) for k in own)
+
+
+def test_torchvision_refuses_what_it_cannot_use():
+    """Only torchvision's classification models (an optical-flow or detection model is an
+    unknown model), with a final Linear layer to remove (SqueezeNet classifies with a
+    convolution), and keyword arguments that are data."""
+    from mmviews.modalities.image_backbones import plain_kwargs
+
+    with pytest.raises(ValueError, match=r"^torchvision adapter: unknown model 'raft_small'.* "
+                                         r"\(torchvision\.models\.list_models\(\)\)$"):
+        build_adapter({"type": "torchvision", "model": "raft_small"})
+    with pytest.raises(ValueError, match=r"^torchvision adapter: no Linear classification layer found in SqueezeNet$"):
+        build_adapter({"type": "torchvision", "model": "squeezenet1_1", "image_size": 32})
+    with pytest.raises(ValueError, match=r"^torchvision adapter: model_kwargs\.width_mult must be a number, string "
+                                         r"or list, got dict$"):
+        build_adapter({**TINY_MOBILENET, "model_kwargs": {"width_mult": {"value": 0.25}}})
+    with pytest.raises(ValueError, match=r"^torchvision adapter: model_kwargs\.inverted_residual_setting must be a "
+                                         r"number, string or list, got list$"):
+        build_adapter({**TINY_MOBILENET, "model_kwargs": {"inverted_residual_setting": [[1, 16, 1, {"s": 1}]]}})
+    # a list of lists of numbers is data: MobileNetV2 with two inverted-residual stages
+    two_stages = build_adapter({**TINY_MOBILENET, "model_kwargs": {"inverted_residual_setting": [[1, 16, 1, 1],
+                                                                                                 [6, 24, 1, 2]]}})
+    assert len(two_stages.backbone.features) == 4  # stem, the two stages, the last 1x1 convolution
+    with pytest.raises(ValueError, match=r"^my adapter: model_kwargs must be a mapping, got list$"):
+        plain_kwargs([1, 2], "my adapter")  # type: ignore[arg-type]
+    assert plain_kwargs(None, "my adapter") == {}
+
+
+def test_torchvision_fixed_size_models_take_their_own_size():
+    """Swin and MaxViT take a fixed input size, 224 (torchvision's ViT has its own ``image_size``,
+    tested with the block lists): the images are resized to it."""
+    swin = build_adapter({"type": "torchvision", "model": "swin_t"})
+    assert swin.config.image_size == 224
+    assert swin.preprocess({"values": torch.rand(1, 3, 30, 40)})["pixels"].shape == (1, 3, 224, 224)
+    maxvit = build_adapter({"type": "torchvision", "model": "maxvit_t"})
+    assert maxvit.config.image_size == 224
+
+
+@pytest.mark.parametrize("kind", ["torchvision", "timm"])
+def test_classifier_backbone_weights_are_read_only_when_building_from_a_recipe(tmp_path, kind):
+    """``load_weights=False`` builds the architecture only (the weights file is not read); a
+    saved adapter loads its own weights, without the file it was first built from."""
+    from mmviews.modalities import adapter_class
+
+    if kind == "torchvision":
+        config, state = dict(TINY_MOBILENET), tiny_mobilenet_state(seed=5)
+    else:
+        import timm
+
+        torch.manual_seed(5)
+        config, state = tiny_config("timm"), timm.create_model("test_resnet").state_dict()
+    file = tmp_path / "net.pth"
+    torch.save(state, file)
+    adapter = build_adapter({**config, "weights": str(file)})
+    first = next(iter(adapter.backbone.state_dict()))
+    assert torch.equal(adapter.backbone.state_dict()[first], state[first])
+    cls = adapter_class(kind)
+    bare = cls(cls.config_class.from_dict({**config, "weights": str(tmp_path / "never-read.pth")}), load_weights=False)
+    assert set(bare.backbone.state_dict()) == set(adapter.backbone.state_dict())
+    adapter.save_pretrained(tmp_path / "saved")
+    file.unlink()
+    loaded = Adapter.from_pretrained(tmp_path / "saved")
+    assert torch.equal(loaded.backbone.state_dict()[first], state[first])
