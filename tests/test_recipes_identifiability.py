@@ -49,4 +49,9 @@ def test_a_short_run_recovers_the_content_better_than_its_random_init(tmp_path):
         for k in ("r2_linear", "r2_nonlinear")}
     report = (tmp_path / "run" / "report.md").read_text()
     assert "global batch 256 x 1 micro-batch(es)" in report
+    # 100 steps of 256 fresh samples from a split of 2^24: no epoch completed, a fraction seen
+    assert summary["epochs"] == 0 and summary["epochs_trained"] == round(100 * 256 / 2 ** 24, 6)
+    assert "- optimiser steps: 100 (0.00153 of an epoch, 25600 samples" in report and "0 epochs" not in report
+    card = (tmp_path / "run" / "encoder" / "README.md").read_text()
+    assert "100 optimiser steps, 0.00153 of an epoch, 25600 samples seen" in card
     assert "Paper's finding (Daunhawer et al., ICLR 2023)" in report and "This run " in report

@@ -31,16 +31,22 @@ def test_identifiability_smoke(tmp_path: Path) -> None:
 
     table = _rows(out / "paper_table.csv")
     assert [(r["setting"], r["block"]) for r in table] == [("both", "content"), ("both", "style"), ("both", "specific")]
-    (run_a,) = _rows(out / "results_a.csv")
+    run_a, random_run = _rows(out / "results_a.csv")
+    assert (run_a["encoder"], random_run["encoder"]) == ("trained", "random init")
     results = json.loads((Path(run_a["run_dir"]) / "results.json").read_text())
     for row in table:
         for short, leaf in (("lin", "r2_linear"), ("nl", "r2_nonlinear")):
             assert float(row[f"r2_{short}"]) == pytest.approx(
                 results["eval"][f"test/identifiability/x1/{row['block']}/{leaf}"], abs=5.1e-5)
-    random_a = json.loads((out / "runs" / "random_init_M2" / "results.json").read_text())["eval_random"]
-    for row in table:  # beside each trained value, the encoder as initialised
+    # beside each trained value, the encoder as initialised, of the same setting and seed
+    assert Path(random_run["run_dir"]).name == "random_init_both_s0"
+    random_a = json.loads((Path(random_run["run_dir"]) / "results.json").read_text())["eval_random"]
+    for row in table:
         assert float(row["random_init_nl"]) == pytest.approx(
             random_a[f"test/identifiability/x1/{row['block']}/r2_nonlinear"], abs=5.1e-5)
+        assert float(row["random_init_nl_std"]) == 0.0 and row["steps"] == "3" and row["K"] == "128"
+    config_random = yaml.safe_load((Path(random_run["run_dir"]) / "config.yaml").read_text())
+    assert config_random["data"]["options"]["seed"] == 0 and config_random["evaluation"]["random_baseline"]
     config_a = yaml.safe_load((Path(run_a["run_dir"]) / "config.yaml").read_text())
     assert config_a["objective"]["name"] == "simclr" and config_a["data"]["options"]["style_change_prob"] == 0.75
 

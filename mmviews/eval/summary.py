@@ -62,6 +62,24 @@ def read_training_log(path: Path) -> list[dict[str, Any]]:
         return []
 
 
+def epochs_text(summary: Mapping[str, Any]) -> str:
+    """How much of the training split a run went through, for its report and model card:
+    ``"2 epochs"``, or the fraction it saw (``"0.0183 of an epoch"``) where it stopped inside an
+    epoch: a split of fresh samples (the identifiability data's 2^24) is never gone through, and
+    its count of completed epochs, 0, would read as no training. From ``epochs_trained`` (the
+    fraction, written since it exists), else ``epochs`` (completed epochs)."""
+    done = summary.get("epochs_trained")
+    if done is None:
+        completed = int(summary.get("epochs") or 0)
+        if completed == 0 and (summary.get("steps") or 0) > 0:
+            return "less than one epoch"
+        done = completed
+    done = float(done)
+    if done.is_integer():
+        return f"{int(done)} epoch" + ("" if done == 1 else "s")
+    return f"{done:.3g} of an epoch" if done < 1 else f"{done:.3g} epochs"
+
+
 # Where train() logs the end of a run (its warnings, its headline metrics) for Python users;
 # ``mmviews train`` prints them itself and silences this logger.
 RESULTS_LOGGER = "mmviews.train.results"
@@ -169,7 +187,7 @@ def write_results(run_dir: Path, summary: dict[str, Any], settings: HealthSettin
     atomic_write_text(run_dir / RESULTS_FILE, json.dumps(summary, indent=2, default=str, allow_nan=False))
     lines = [f"# Run report: {summary['name']}", "",
              f"- objective: {summary['objective']}",
-             f"- optimiser steps: {summary['steps']} ({summary['epochs']} epochs, {summary['samples_seen']} samples"
+             f"- optimiser steps: {summary['steps']} ({epochs_text(summary)}, {summary['samples_seen']} samples"
              + (f"; global batch {summary['global_batch_size']} x {summary.get('grad_accum_steps', 1)} micro-batch(es)"
                 if summary.get("global_batch_size") is not None else "") + ")",
              f"- final training loss: {format_metric(summary['final_loss'])}",

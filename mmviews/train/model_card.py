@@ -197,6 +197,8 @@ def render_model_card(config: TrainConfig, summary: Mapping[str, Any], source: s
     recipe file the run was started from; ``versions``: package -> version, for the record;
     ``license``: the front matter's license (none by default: the run's owner chooses it at
     ``mmviews export``)."""
+    from mmviews.eval.summary import epochs_text
+
     modalities = list(config.adapters)
     trained: Mapping[str, Any] = summary.get("eval") or {}
     random_init: Mapping[str, Any] = summary.get("eval_random") or {}
@@ -239,7 +241,7 @@ def render_model_card(config: TrainConfig, summary: Mapping[str, Any], source: s
               + (f", options `{_yaml_inline(d.options)}`" if d.options else ""),
               f"- splits: train `{d.train_split}`, validation `{d.val_split}`, test `{d.test_split}`"
               + (f"; per split `{_yaml_inline(d.split_options)}`" if d.split_options else ""),
-              f"- training: {summary.get('steps')} optimiser steps, {summary.get('epochs')} epochs, "
+              f"- training: {summary.get('steps')} optimiser steps, {epochs_text(summary)}, "
               f"{summary.get('samples_seen')} samples seen, global batch {d.batch_size}, {o.optimizer} "
               f"(lr {o.lr:g}, weight decay {o.weight_decay:g}, {o.schedule} schedule), seed {config.seed}; "
               f"final training loss {_cell(summary.get('final_loss'))}", "",

@@ -466,6 +466,9 @@ def _summary(run: _Run, *, started: float, finished: dict[str, Any] | None, chec
     config, p, state, accelerator = run.config, run.p, run.p.state, run.p.accelerator
     return finalise_summary({
         "name": config.name, "objective": config.objective.name, "steps": state.step, "epochs": state.epoch,
+        # completed epochs above; here with the part of the last one (a split of fresh samples is
+        # never gone through: 0 completed epochs)
+        "epochs_trained": round(state.epoch + state.batch_in_epoch / p.batches_per_epoch, 6),
         "samples_seen": state.samples, "final_loss": run.log.last_loss,
         # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
         "global_batch_size": config.data.batch_size, "grad_accum_steps": config.optimisation.grad_accum_steps,

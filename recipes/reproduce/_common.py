@@ -18,14 +18,18 @@ if it beats the latter.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import math
 import os
 import shlex
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -189,7 +193,9 @@ def write_table(rows: Sequence[Mapping[str, Any]], out_dir: Path, stem: str = "r
         writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
     atomic_write_text(out_dir / f"{stem}.csv", buf.getvalue())
     atomic_write_text(out_dir / f"{stem}.json", json.dumps(list(rows), indent=2, default=str))
-    atomic_write_text(out_dir / "commands.txt", "\n".join(str(r.get("command", "")) for r in rows) + "\n")
+    commands = [str(r["command"]) for r in rows if r.get("command")]
+    if commands:  # a summary table (no command per row) keeps the commands of the runs it summarises
+        atomic_write_text(out_dir / "commands.txt", "\n".join(commands) + "\n")
     return out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
 
 
@@ -257,47 +263,105 @@ def compare_runs(run_dirs: Iterable[str], out_dir: Path) -> int:
         return 1
 
 
+def _progress(row: Mapping[str, Any]) -> str:
+    """The probe metrics a finished run has (a run without a class probe, such as the
+    identifiability runs, has no accuracy: nothing is printed for it)."""
+    parts = [f"{name} {row[key]:{fmt}}" for name, key, fmt in (("acc", "acc", ".3f"), ("erank", "erank", ".2f"))
+             if isinstance(row.get(key), float) and math.isfinite(row[key])]
+    return ", ".join(parts + [f"loss {row['final_loss']:.4f}", f"{row['wall_s']} s", str(row["status"])])
+
+
+def _indexed_run(task: tuple[int, tuple[Any, ...], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """One run of a sweep in a worker process (module level: the spawned workers import it)."""
+    i, call, options = task
+    return i, train_run(*call, **options)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """SIGTERM reached the process running a sweep (SIGINT is Python's KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`SweepInterrupted` in the main thread while the sweep waits for its
+    workers: by default it would end this process at once and leave the workers running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupted(signum: int, frame: Any) -> None:
+        raise SweepInterrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_sweep(specs: Sequence[Mapping[str, Any]], recipe_path: Path, out_dir: Path, args: Any,
-              *, stem: str = "results") -> list[dict[str, Any]]:
+              *, stem: str = "results", describe: Callable[[Mapping[str, Any]], str] | None = None
+              ) -> list[dict[str, Any]]:
     """Train every spec (``{"run": folder name, "overrides": [...], **fields}``) and return the
     rows (spec fields + :func:`train_run` metrics) in spec order. ``args.jobs`` worker processes
     (spawned, ``args.threads`` torch threads each) share the runs; every run is deterministic on
     its own, so the numbers do not depend on ``--jobs``. The table is rewritten after each run,
     so an interrupted sweep leaves the finished rows on disk (and a rerun reuses those runs
-    unless ``--no-reuse``)."""
+    unless ``--no-reuse``). ``describe``: the metrics printed for a finished row (default: the
+    class accuracy and effective rank, where the run has them).
+
+    SIGINT (Ctrl-C) or SIGTERM stops the workers with it: each one gets SIGTERM (a run stops
+    after its current step, see :mod:`mmviews.train.interrupt`), the sweep waits for them to end
+    and exits with status 128 + the signal's number; the unfinished runs have no
+    ``results.json``, so a rerun trains them again."""
     total = len(specs)
     done: dict[int, dict[str, Any]] = {}
 
     def finish(i: int, row: dict[str, Any]) -> None:
         spec = specs[i]
         done[i] = {**{k: v for k, v in spec.items() if k not in ("run", "overrides")}, **row}
-        print(f"[{len(done)}/{total}] {spec['run']}: acc {row['acc']:.3f}, erank {row['erank']:.2f}, "
-              f"loss {row['final_loss']:.4f}, {row['wall_s']} s, {row['status']}", flush=True)
+        extra = describe(done[i]) if describe is not None else ""
+        print(f"[{len(done)}/{total}] {spec['run']}: " + (f"{extra}, " if extra else "") + _progress(row), flush=True)
         write_table([done[j] for j in sorted(done)], out_dir, stem)
 
     jobs = max(1, min(int(getattr(args, "jobs", 1) or 1), total))
     calls = [(recipe_path, out_dir / "runs" / spec["run"], list(spec["overrides"])) for spec in specs]
     options = {"threads": args.threads, "reuse": not args.no_reuse}
-    if jobs == 1:
+    if jobs == 1:  # in this process: the trainer itself stops on a signal
         for i, call in enumerate(calls):
             print(f"[{i + 1}/{total}] {specs[i]['run']} ...", flush=True)
             finish(i, train_run(*call, **options))
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        return [done[i] for i in range(total)]
+    import multiprocessing
 
-        print(f"{total} runs on {jobs} worker processes", flush=True)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(train_run, *call, **options): i for i, call in enumerate(calls)}
-            for future in as_completed(futures):
-                finish(futures[future], future.result())
+    print(f"{total} runs on {jobs} worker processes", flush=True)
+    # multiprocessing's Pool, not concurrent.futures: its terminate() stops the workers' runs
+    pool = multiprocessing.get_context("spawn").Pool(jobs)
+    try:
+        with _sigterm_raises():
+            for i, row in pool.imap_unordered(_indexed_run, [(i, call, options) for i, call in enumerate(calls)]):
+                finish(i, row)
+        pool.close()
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (SweepInterrupted)
+        pool.terminate()
+        signum = stop.signum if isinstance(stop, SweepInterrupted) else int(signal.SIGINT)
+        print(f"{signal.Signals(signum).name}: sweep stopped with {len(done)} of {total} runs finished "
+              f"(rows in {out_dir / stem}.csv; a rerun reuses them)", flush=True)
+        raise SystemExit(128 + signum) from None
+    except BaseException:  # an error in a worker: the other runs are not waited for
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
     return [done[i] for i in range(total)]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value, nan for none), ignoring nan."""
-    import math
-
     vals = [float(v) for v in values if v == v]
     if not vals:
         return math.nan, math.nan
