@@ -147,10 +147,13 @@ def test_hf_vision_checkpoint_directories_load_and_pool_like_transformers(tmp_pa
         torch.testing.assert_close(adapter.features({"values": images}), expected)
         z = adapter({"values": images})
     adapter.save_pretrained(tmp_path / "saved")
+    shutil.rmtree(tmp_path / "ckpt")  # a saved adapter holds its architecture and weights itself
     loaded = Adapter.from_pretrained(tmp_path / "saved").eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded({"values": images}), z)
     # the class token and the token mean, on request
+    model.save_pretrained(tmp_path / "ckpt")
+    processor.save_pretrained(tmp_path / "ckpt")
     for pooling in ("cls", "mean"):
         other = build_adapter({"type": "hf_vision", "model": str(tmp_path / "ckpt"), "pooling": pooling}).eval()
         with torch.no_grad():
@@ -284,7 +287,8 @@ def test_timm_block_lists_tails_and_checkpointing():
     with pytest.raises(ValueError, match="^timm adapter: gradient_checkpointing is not supported for 'test_resnet' "
                                          r"\(a BatchNorm model"):
         resnet.enable_gradient_checkpointing()
-    with pytest.raises(ValueError, match=r"^timm adapter: unknown model 'test_vitt' \(did you mean 'test_vit'"):
+    with pytest.raises(ValueError, match=r"^timm adapter: unknown model 'test_vitt' \(did you mean 'test_vit'\?\) "
+                                         r"\(timm\.list_models\(\)\)$"):
         build_adapter({"type": "timm", "model": "test_vitt"})
 
 
@@ -575,3 +579,216 @@ def test_classifier_backbone_weights_are_read_only_when_building_from_a_recipe(t
     file.unlink()
     loaded = Adapter.from_pretrained(tmp_path / "saved")
     assert torch.equal(loaded.backbone.state_dict()[first], state[first])
+
+
+# --------------------------------------------------------------------------- transformers
+
+TINY_SHAPE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+              "image_size": 32, "patch_size": 8}
+
+
+def hf_vision(model_type: str | None, **extra) -> Adapter:
+    """A random-weight hf_vision adapter of ``model_type`` (None: the default type) at a tiny size."""
+    backbone_config = {**TINY_SHAPE, **({} if model_type is None else {"model_type": model_type})}
+    return build_adapter({"type": "hf_vision", "backbone_config": backbone_config, **extra}).eval()
+
+
+def test_processor_side_reads_the_crop_else_the_resize():
+    """The side a transformers image processor feeds its model: the centre crop's height when it
+    crops, else the resize's height or shortest edge; sizes held as dicts (video processors) or
+    as transformers' SizeDict."""
+    from transformers import BitImageProcessor, ViTImageProcessor, VivitImageProcessor
+
+    from mmviews.modalities.image_backbones import processor_side
+
+    assert processor_side(None) is None
+    assert processor_side(ViTImageProcessor(size={"height": 20, "width": 20})) == 20
+    crops = BitImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 24, "width": 24})
+    assert crops.do_center_crop and processor_side(crops) == 24
+    resizes = BitImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 24, "width": 24}, do_center_crop=False)
+    assert processor_side(resizes) == 28
+    video = VivitImageProcessor(size={"shortest_edge": 40}, crop_size={"height": 36, "width": 36})
+    assert isinstance(video.size, dict) and processor_side(video) == 36
+    video.do_center_crop = False
+    assert processor_side(video) == 40
+
+
+def test_a_processor_without_a_crop_size_gives_its_resize_side(tmp_path):
+    """A checkpoint's processor config that asks for a centre crop but gives no crop size
+    (``crop_size: null``): the side is its resize's shortest edge."""
+    import json
+
+    from transformers import AutoImageProcessor, BitImageProcessor
+
+    from mmviews.modalities.image_backbones import processor_side
+
+    BitImageProcessor(size={"shortest_edge": 28}).save_pretrained(tmp_path)
+    file = tmp_path / "preprocessor_config.json"
+    config = json.loads(file.read_text())
+    file.write_text(json.dumps({**config, "do_center_crop": True, "crop_size": None}))
+    processor = AutoImageProcessor.from_pretrained(tmp_path)
+    assert processor.do_center_crop and processor.crop_size is None
+    assert processor_side(processor) == 28
+
+
+def test_hf_vision_pooling_follows_each_models_outputs():
+    """``pooling: pooler`` is the model's pooled output (ViT's tanh pooler, not a token mean);
+    a model without one (data2vec's vision model: ``pooler_output`` None; ViT-MSN: no such
+    field) pools its class token by default and refuses ``pooler`` by name."""
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    vit = hf_vision("vit", pooling="pooler")
+    pixels = vit.preprocess({"values": images})["pixels"]
+    with torch.no_grad():
+        out = vit.backbone(pixel_values=pixels)
+        torch.testing.assert_close(vit.features({"values": images}), out.pooler_output)
+        assert not torch.allclose(out.pooler_output, out.last_hidden_state.mean(1))
+    for model_type, name in (("data2vec-vision", "Data2VecVisionModel"), ("vit_msn", "ViTMSNModel")):
+        adapter = hf_vision(model_type)
+        with torch.no_grad():
+            tokens = adapter.backbone(pixel_values=adapter.preprocess({"values": images})["pixels"]).last_hidden_state
+            torch.testing.assert_close(adapter.features({"values": images}), tokens[:, 0])
+        with pytest.raises(ValueError, match=rf"^hf_vision: {name} has no pooled output; use pooling 'cls' or 'mean'$"):
+            hf_vision(model_type, pooling="pooler").features({"values": images})
+
+
+def test_hf_vision_lora_targets_are_the_attentions_query_and_value():
+    """LoRA's default targets are the attention's query and value Linear layers, by the names the
+    model uses: ``query``/``value`` (data2vec's vision model, Swin v2, DPT...) or ``q_proj``/``v_proj``
+    (ViT, DINOv2, SigLIP: tested with the block lists)."""
+    from torch import nn
+
+    adapter = hf_vision("data2vec-vision")
+    linear = [n for n, m in adapter.backbone.named_modules() if isinstance(m, nn.Linear)]
+    assert adapter.default_lora_targets == ["query", "value"]
+    assert "encoder.layer.0.attention.attention.query" in linear and "encoder.layer.0.attention.attention.value" in linear
+    assert not any(n.endswith("q_proj") for n in linear)
+
+
+def test_hf_vision_builds_from_each_source_and_says_what_is_wrong(tmp_path):
+    """A ``backbone_config`` without ``model_type`` is a ViT; a local checkpoint path that does
+    not exist, a model without a layer list (for ``last_n``) and a text model are refused, each
+    in one line that says so."""
+    assert type(hf_vision(None).backbone).__name__ == "ViTModel"
+    missing = tmp_path / "no-such-checkpoint"
+    with pytest.raises(FileNotFoundError, match=rf"^vision model: local path '{missing}' does not exist$"):
+        build_adapter({"type": "hf_vision", "model": str(missing)})
+    no_layers = build_adapter({"type": "hf_vision", "backbone_config": {**TINY_SHAPE, "num_hidden_layers": 0}})
+    with pytest.raises(NotImplementedError, match="^last_n: no layer list found in ViTModel$"):
+        no_layers.backbone_blocks()
+    with pytest.raises(ValueError, match=r"^hf_vision: BertModel is not an image model \(for a dual-encoder "
+                                         r"checkpoint pick its vision model, e\.g\. model_type siglip_vision_model\)$"):
+        build_adapter({"type": "hf_vision", "backbone_config": {"model_type": "bert", "hidden_size": 32,
+                                                                "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                                "intermediate_size": 64}})
+
+
+def test_hf_vision_blocks_of_a_hierarchical_model_are_its_stages():
+    """Hiera holds a list of stages, each with its own list of layers: ``last_n`` counts the
+    stages (the last ones are the network's last), not the layers of its first stage."""
+    backbone_config = {"model_type": "hiera", "embed_dim": 8, "depths": [1, 2], "num_heads": [1, 2],
+                       "image_size": [32, 32], "masked_unit_size": [2, 2], "num_query_pool": 1}
+    adapter = build_adapter({"type": "hf_vision", "backbone_config": backbone_config, "image_size": 32})
+    stages = adapter.backbone.encoder.stages
+    assert adapter.backbone_blocks() == list(stages) and len(stages) == 2
+
+
+def test_hf_vision_gradient_checkpointing_keeps_the_gradients():
+    """transformers' own checkpointing of the layers: switched on, and the same gradients."""
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    plain = hf_vision("vit").train()
+    checkpointed = hf_vision("vit").train()
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.enable_gradient_checkpointing()
+    assert checkpointed.backbone.is_activation_checkpointing and not plain.backbone.is_activation_checkpointing
+    for adapter in (plain, checkpointed):
+        adapter.features({"values": images}).square().sum().backward()
+    for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+# --------------------------------------------------------------------------- preprocessing
+
+def test_bicubic_resizing_is_clamped_to_the_unit_range():
+    """``interpolation: bicubic`` resizes with bicubic weights, whose overshoot at sharp edges
+    leaves [0, 1]: the resized images are clamped back into it before normalisation."""
+    from mmviews.modalities.vision import resize_shortest_center_crop
+
+    images = (torch.arange(8).view(1, 1, 1, 8) % 2).expand(1, 3, 8, 8).float()  # sharp stripes
+    raw = resize_shortest_center_crop(images, (24, 24), "bicubic")
+    assert raw.min() < -0.05 and raw.max() > 1.05  # bicubic overshoot, both ways
+    adapter = build_adapter(tiny_config("hf_vision", interpolation="bicubic", image_size=24))
+    assert adapter.config.interpolation == "bicubic"
+    mean = torch.tensor(adapter.config.mean).view(1, 3, 1, 1)
+    std = torch.tensor(adapter.config.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(adapter.preprocess({"values": images})["pixels"], (raw.clamp(0, 1) - mean) / std)
+
+
+def test_preprocessing_gives_float32_pixels_on_the_adapters_device():
+    """Images of any float dtype become float32 pixels (the backbone's weights are float32), on
+    the device of the adapter (``meta`` here stands for an accelerator: no copy is left behind
+    on the host); a batch without ``values`` is named."""
+    adapter = build_adapter(tiny_config("torchvision")).eval()
+    images = torch.rand(2, 3, 32, 32, dtype=torch.float64)
+    pixels = adapter.preprocess({"values": images})["pixels"]
+    assert pixels.dtype == torch.float32
+    torch.testing.assert_close(pixels, adapter.preprocess({"values": images.float()})["pixels"])
+    with torch.no_grad():
+        assert adapter.features({"values": images}).dtype == torch.float32
+    on_meta = build_adapter(tiny_config("torchvision")).to("meta")
+    assert on_meta.preprocess({"values": torch.rand(2, 3, 40, 40)})["pixels"].device.type == "meta"
+    with pytest.raises(ValueError, match=r"^torchvision adapter: input dict has no key 'values' \(keys: \['images'\]\)$"):
+        adapter.preprocess({"images": images})
+
+
+def test_normalisation_statistics_live_in_the_config_not_the_weights():
+    """``mean``/``std`` are kept in the config (a saved adapter's config.json); the weights hold
+    the backbone and the head only, so a checkpoint carries no second copy that could disagree."""
+    adapter = build_adapter(tiny_config("torchvision", mean=[0.1, 0.2, 0.3]))
+    assert adapter.config.mean == pytest.approx([0.1, 0.2, 0.3])
+    assert {k.split(".")[0] for k in adapter.state_dict()} == {"backbone", "head"}
+
+
+# --------------------------------------------------------------------------- timm
+
+def test_timm_model_kwargs_weights_checks_and_distilled_heads(tmp_path):
+    """``model_kwargs`` reach timm's constructor (a ViT pooled by token mean has a final
+    ``fc_norm``, part of the tail) and are refused unless data; a weights file's sha256 and
+    its fit are checked, naming the file; a distilled DeiT's two classifier heads (``head``
+    and ``head_dist``) are both dropped from its file."""
+    import re
+
+    import timm
+
+    vit = build_adapter({"type": "timm", "model": "test_vit", "model_kwargs": {"global_pool": "avg"}})
+    net = vit.backbone
+    assert isinstance(net.fc_norm, torch.nn.LayerNorm) and isinstance(net.norm, torch.nn.Identity)
+    assert same_params(vit.backbone_tail(), list(net.fc_norm.parameters()))
+    with pytest.raises(ValueError, match=r"^timm adapter: model_kwargs\.global_pool must be a number, string or list, "
+                                         r"got dict$"):
+        build_adapter({"type": "timm", "model": "test_vit", "model_kwargs": {"global_pool": {"kind": "avg"}}})
+    file = tmp_path / "resnet.pth"
+    torch.save(timm.create_model("test_resnet").state_dict(), file)
+    with pytest.raises(ValueError, match=r"resnet\.pth: sha256 [0-9a-f]{16}\.\.\. does not begin with 'abc'"):
+        build_adapter({**tiny_config("timm"), "weights": str(file), "weights_sha256": "abc"})
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(file))}: does not fit the backbone \("):
+        build_adapter({"type": "timm", "model": "test_vit", "weights": str(file)})
+    deit = {"type": "timm", "model": "deit_tiny_distilled_patch16_224", "model_kwargs": {"depth": 1, "img_size": 32}}
+    torch.manual_seed(2)
+    source = timm.create_model(deit["model"], **deit["model_kwargs"])
+    assert {"head.weight", "head_dist.weight"} <= set(source.state_dict())
+    torch.save(source.state_dict(), tmp_path / "deit.pth")
+    adapter = build_adapter({**deit, "weights": str(tmp_path / "deit.pth")})
+    assert torch.equal(adapter.backbone.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+
+
+def test_timm_block_lists_of_swin_and_of_an_unknown_layout():
+    """timm Swins list their ``layers``; a model with none of the known lists (DLA's levels) is
+    refused for ``last_n`` by name."""
+    swin = build_adapter({"type": "timm", "model": "swin_tiny_patch4_window7_224", "image_size": 32,
+                          "model_kwargs": {"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "img_size": 32,
+                                           "window_size": 4}})
+    assert swin.backbone_blocks() == list(swin.backbone.layers) and len(swin.backbone_blocks()) == 2
+    dla = build_adapter({"type": "timm", "model": "dla46_c", "image_size": 32})
+    with pytest.raises(NotImplementedError, match="^last_n: unknown block layout of timm DLA$"):
+        dla.backbone_blocks()

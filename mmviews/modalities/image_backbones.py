@@ -247,7 +247,9 @@ class HFVisionAdapter(ImageInputAdapter):
         enable_transformers_checkpointing(self.backbone, "hf_vision adapter")
 
     def backbone_blocks(self) -> list[nn.Module]:
-        blocks = _first_module_list(self.backbone, ("layer", "layers"))
+        # Hierarchical models (Hiera) hold a list of stages, each with its own list of layers:
+        # the stages come first in named_modules(), so they are the blocks, not stage 0's layers.
+        blocks = _first_module_list(self.backbone, ("layer", "layers", "stages"))
         if blocks is None:
             raise NotImplementedError(f"last_n: no layer list found in {type(self.backbone).__name__}")
         return blocks
