@@ -230,7 +230,10 @@ class IdentifiabilityData(Dataset):
     def latents(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """The latent blocks of the samples ``indices``: ``content`` [N, c], and per modality
         ``style_x<i>`` [N, s] and ``specific_x<i>`` [N, m] (float64)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.asarray(indices)
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):  # a float index would be truncated silently
+            raise TypeError(f"identifiability: sample indices must be integers, got {idx.dtype} ({idx.flat[0]!r})")
+        idx = idx.astype(np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
             raise IndexError(f"identifiability: index out of range for {self.num_samples} samples")
         p = self.process
