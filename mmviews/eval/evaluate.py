@@ -119,7 +119,10 @@ def _compute(
             metrics[f"{split}/linear/{task.label}/acc"] = res.metrics["test_acc"]
             metrics[f"{CHANCE_PREFIX}{split}/linear/{task.label}/acc"] = classification_chance(
                 _label(train, task.label, "train"), _label(ev, task.label, split))
-            metrics[f"val/linear/{task.label}/acc"] = res.val_score
+            if split != "val":
+                # the score that chose the weight decay; where the validation split is the one
+                # evaluated, its key holds the probe's accuracy on that split (above) instead
+                metrics[f"val/linear/{task.label}/acc"] = res.val_score
             if val is not None:  # (without a validation split the score is of a held-out tenth of train)
                 metrics[f"{CHANCE_PREFIX}val/linear/{task.label}/acc"] = classification_chance(
                     _label(train, task.label, "train"), _label(val, task.label, "val"))

@@ -1,0 +1,173 @@
+"""`mmviews/eval/evaluate.py`, the one evaluation entry: which split is evaluated and under which
+keys, what `metrics.json` records about the evaluation, the retrieval pairs it takes by default,
+the probes' keys and chances (the validation split's own numbers when it is the evaluated one),
+the spectra named by view, and the halves that stand in for a missing validation split. The
+figures are computed here from the fixture's labels or by the probes on the same embeddings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mixed_splits import MixedSplit, mixed_loader
+from test_eval_report import collate, encoder
+from torch.utils.data import DataLoader, Dataset
+
+from mmviews.eval import evaluate_encoder
+from mmviews.eval.evaluate import _halves, _retrieval_pairs, _spectra_by_view_name
+from mmviews.eval.extract import Embeddings
+from mmviews.eval.metrics import ACC2_CONVENTIONS
+from mmviews.eval.tasks import parse_tasks
+
+
+def embeddings(n: int, names: list[str], modalities: list[str] | None = None, index: bool = True) -> Embeddings:
+    views = torch.arange(n * len(names) * 2, dtype=torch.float32).reshape(n, len(names), 2)
+    return Embeddings(views, torch.ones(n, len(names), dtype=torch.bool), views.reshape(n, -1),
+                      {"class": torch.arange(n) % 2}, names, torch.arange(10, 10 + n) if index else None,
+                      modalities or [])
+
+
+# --- the parts --------------------------------------------------------------------------------
+
+
+def test_default_retrieval_pairs_are_the_first_view_of_each_modality() -> None:
+    task = parse_tasks(["retrieval"])[0]
+    assert _retrieval_pairs(embeddings(2, ["a0", "b0", "b1", "c0"], ["a", "b", "b", "c"]), task) == [
+        (0, 1), (0, 3), (1, 3)]
+    # one modality: every pair of its views; no modalities recorded: each view stands for its own
+    assert _retrieval_pairs(embeddings(2, ["a0", "a1", "a2"], ["a", "a", "a"]), task) == [(0, 1), (0, 2), (1, 2)]
+    assert _retrieval_pairs(embeddings(2, ["x", "y", "z"]), task) == [(0, 1), (0, 2), (1, 2)]
+
+
+def test_retrieval_pairs_named_by_the_task_and_an_unknown_view() -> None:
+    emb = embeddings(2, ["a0", "b0", "b1"], ["a", "b", "b"])
+    named = parse_tasks([{"kind": "retrieval", "pairs": [["b1", "a0"], ["b0", "b1"]]}])[0]
+    assert _retrieval_pairs(emb, named) == [(2, 0), (1, 2)]
+    unknown = parse_tasks([{"kind": "retrieval", "pairs": [["a0", "zz"]]}])[0]
+    with pytest.raises(ValueError, match=r"^retrieval view 'zz' is not one of the views \['a0', 'b0', 'b1'\]$"):
+        _retrieval_pairs(emb, unknown)
+
+
+def test_spectra_are_named_by_view_where_the_position_is_a_view() -> None:
+    data = {"spectrum/view0": 0, "spectrum/view2": 2, "spectrum/view3": 3, "spectrum/viewx": "x",
+            "spectrum/fused": "f", "sim_pos": "p"}
+    assert _spectra_by_view_name(data, ["t", "a", "b"]) == {
+        "spectrum/t": 0, "spectrum/b": 2, "spectrum/view3": 3, "spectrum/viewx": "x", "spectrum/fused": "f",
+        "sim_pos": "p"}
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_halves_split_every_field_of_the_samples(index: bool) -> None:
+    emb = embeddings(5, ["a", "b"], ["a", "b"], index=index)
+    first, second = _halves(emb)
+    for part, rows in ((first, slice(0, 2)), (second, slice(2, 5))):
+        assert torch.equal(part.views, emb.views[rows]) and torch.equal(part.mask, emb.mask[rows])
+        assert torch.equal(part.fused, emb.fused[rows]) and torch.equal(part.labels["class"], emb.labels["class"][rows])
+        assert part.index is None if not index else torch.equal(part.index, emb.index[rows])
+        assert part.view_names == ["a", "b"] and part.view_modalities == ["a", "b"]
+
+
+# --- evaluate_encoder ---------------------------------------------------------------------------
+
+
+def test_metrics_json_records_what_was_evaluated(tmp_path: Path) -> None:
+    metrics = evaluate_encoder(
+        encoder, mixed_loader("train"), mixed_loader("valid"), mixed_loader("test"),
+        [{"kind": "knn", "k": 3}, "msa:mosi", "retrieval"], tmp_path, fuse="mean",
+        meta={"objective": "mv_dhel", "num_views": 4}, progress=False, plots=False)
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["meta"] == {
+        "eval_split": "test", "eval_num_views": 3, "views": "text_0, audio_0, audio_1", "fuse": "mean",
+        "tasks": "knn:class, msa:mosi, retrieval", "n_test": 16, "n_train": 24, "n_val": 12, "embedding_dim": 8,
+        "acc2_conventions": dict(ACC2_CONVENTIONS), "objective": "mv_dhel", "num_views": 4, "plots": []}
+    assert saved["metrics"] == pytest.approx(metrics)
+    # the default pairs: text_0 and audio_0 (the first audio view), both directions, one n
+    assert {k.split("/")[2] for k in metrics if k.startswith("test/retrieval/")} == {"text_0->audio_0", "audio_0->text_0"}
+    assert metrics["test/retrieval/text_0->audio_0/n"] == metrics["test/retrieval/audio_0->text_0/n"] == 16
+    assert not any("/mean/" in k for k in metrics)  # one pair: no mean
+    assert metrics["test/knn/class/top1"] == 1.0 and metrics["chance/test/knn/class/top1"] == pytest.approx(6 / 16)
+    assert {k for k in metrics if "msa/" in k} >= {"test/msa/mosi/Has0_acc_2", "test/msa/mosi/Corr",
+                                                    "msa/mosi/weight_decay"}
+    # a report without msa carries no Acc-2 conventions, and only the splits it read
+    evaluate_encoder(encoder, None, None, mixed_loader("test"), ["retrieval"], tmp_path / "r", progress=False,
+                     plots=False)
+    meta = json.loads((tmp_path / "r" / "metrics.json").read_text())["meta"]
+    assert "acc2_conventions" not in meta and "n_train" not in meta and "n_val" not in meta and meta["n_test"] == 16
+
+
+class Relabelled(Dataset):
+    """A split of mixed_splits with every class label moved on by one: a probe trained on the
+    training split scores 0 on it, and a tenth of the training split held out scores well."""
+
+    def __init__(self, split: str) -> None:
+        self.inner = MixedSplit(split)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int):
+        x, y, s, index = self.inner[i]
+        return x, (y + 1) % 3, s, index
+
+
+def test_the_validation_split_evaluated_in_place_of_a_test_split_keeps_its_own_accuracy(tmp_path: Path) -> None:
+    """Without a test split the validation split is the evaluated one: `val/linear/.../acc` is the
+    probe's accuracy on it (not the held-out tenth of the training split that picked the weight
+    decay), beside its chance."""
+    valid = DataLoader(Relabelled("valid"), batch_size=8, collate_fn=collate)
+    metrics = evaluate_encoder(
+        encoder, mixed_loader("train"), valid, None, [{"kind": "linear", "weight_decays": [1e-2]}, "retrieval"],
+        tmp_path, progress=False, plots=False)
+    assert metrics["val/linear/class/acc"] == 0.0
+    # classes moved on by one: the training majority (class 2) is labelled 0 there, 4 of 12
+    assert metrics["chance/val/linear/class/acc"] == pytest.approx(4 / 12)
+    assert "val/retrieval/text_0->audio_0/R@1" in metrics
+    assert not any(k.startswith("test/") for k in metrics)
+    saved = json.loads((tmp_path / "metrics.json").read_text())["meta"]
+    assert saved["eval_split"] == "val" and saved["n_val"] == 12 and saved["n_train"] == 24
+
+
+def test_linear_probe_keys_with_a_validation_split(tmp_path: Path) -> None:
+    metrics = evaluate_encoder(encoder, mixed_loader("train"), mixed_loader("valid"), mixed_loader("test"),
+                               [{"kind": "linear", "weight_decays": [1e-2]}], progress=False)
+    assert set(metrics) == {"test/linear/class/acc", "chance/test/linear/class/acc", "val/linear/class/acc",
+                            "chance/val/linear/class/acc", "linear/class/weight_decay"}
+    assert metrics["linear/class/weight_decay"] == 1e-2
+    # without one, the validation score is of a held-out tenth of train and has no chance beside it
+    alone = evaluate_encoder(encoder, mixed_loader("train"), None, mixed_loader("test"),
+                             [{"kind": "linear", "weight_decays": [1e-2]}], progress=False)
+    assert "val/linear/class/acc" in alone and "chance/val/linear/class/acc" not in alone
+
+
+def test_regression_keys_and_chance(tmp_path: Path) -> None:
+    metrics = evaluate_encoder(encoder, mixed_loader("train"), mixed_loader("valid"), mixed_loader("test"),
+                               [{"kind": "regression", "weight_decays": [1e-2]}], progress=False)
+    names = {f"{p}test/regression/sentiment/{m}" for p in ("", "chance/") for m in ("mae", "mse", "r2")}
+    assert set(metrics) == names | {"regression/sentiment/weight_decay"}
+
+
+def test_evaluate_needs_a_split_to_evaluate_and_a_training_split_for_probes() -> None:
+    with pytest.raises(ValueError, match="^evaluate_encoder needs a test or a validation loader to evaluate on$"):
+        evaluate_encoder(encoder, mixed_loader("train"), None, None, ["knn"], progress=False)
+    with pytest.raises(ValueError, match=r"^tasks \['knn', 'linear'\] need a train_loader$"):
+        evaluate_encoder(encoder, None, None, mixed_loader("test"), ["linear", "retrieval", "knn", "linear"],
+                         progress=False)
+
+
+def test_prototypes_skip_a_direction_without_queries_or_prototypes(tmp_path: Path) -> None:
+    """audio_1 is absent from every fourth sample: a test split of samples 0, 4, 8, 12 only has no
+    audio_1 queries and gives no audio_1 prototypes' accuracy; the mean then is of what was scored."""
+    test = DataLoader(torch.utils.data.Subset(MixedSplit("test"), [0, 4, 8, 12]), batch_size=8, collate_fn=collate)
+    metrics = evaluate_encoder(
+        encoder, mixed_loader("train"), None, test,
+        [{"kind": "prototype", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]}], progress=False)
+    scored = sorted(k for k in metrics if not k.startswith("chance/"))
+    assert scored == [f"test/prototype/class/{d}/acc" for d in
+                      ("audio_0->text_0", "mean", "text_0->audio_0", "text_0->audio_1")]
+    accuracies = [metrics[k] for k in scored if "/mean/" not in k]
+    assert metrics["test/prototype/class/mean/acc"] == pytest.approx(sum(accuracies) / 3)
+    # the 4 samples: classes 2, 2, 2, 2 (mixed_splits.TEST_CLASSES at 0, 4, 8, 12): the training majority
+    assert metrics["chance/test/prototype/class/mean/acc"] == 1.0
+
