@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_train_step_log import FullAfter
 from test_train_utils import load_weights, tiny_config, train_in_process, write_recipe
 
 from mmviews.run import list_checkpoints
@@ -112,32 +113,7 @@ def _fsync_full_under(pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _metrics_row_half_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """The third row of ``metrics.csv`` is half written when the disk fills."""
-    real_open, appended = Path.open, [0]
-
-    class HalfWriter:
-        def __init__(self, f: Any) -> None:
-            self.f = f
-
-        def __enter__(self) -> "HalfWriter":
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            self.f.close()
-
-        def write(self, text: str) -> int:
-            self.f.write(text[:len(text) // 2])
-            self.f.flush()
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    def open_full(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        f = real_open(self, mode, *args, **kwargs)
-        if self.name == "metrics.csv" and "a" in mode:
-            appended[0] += 1
-            if appended[0] == 3:
-                return HalfWriter(f)
-        return f
-
-    monkeypatch.setattr(Path, "open", open_full)
+    FullAfter(monkeypatch, rows_fit=2)
 
 
 # what fails -> (how it is injected, the folder named, the newest checkpoint left)

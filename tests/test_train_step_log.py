@@ -1,12 +1,20 @@
 """The per-step log (:mod:`mmviews.train.step_log`), in this process on tiny inputs: the
 ``metrics.csv`` writer (a fresh run removes a stale file, a resumed one keeps the rows up to its
-checkpoint), the per-step row (its columns, its values and rates, which steps are logged, the line
-printed without a progress bar, the progress bar of a resumed run), and what the trackers receive
-(the recipe, each row but its step, the evaluation, the report and plots where they keep files)."""
+checkpoint, a full disk leaves no half row and names the folder and the bytes), the per-step row
+(its columns, its values and rates, which steps are logged, the line printed without a progress bar
+and flushed at once, the progress bar of a resumed run), and what the trackers receive (the recipe,
+the run folder and the run id to reopen, each row but its step, the evaluation, the report and plots
+where they keep files)."""
 
 from __future__ import annotations
 
+import errno
+import importlib.util
+import json
 import math
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +26,7 @@ from test_train_utils import own_accelerate_state, tiny_config
 import mmviews.train.step_log as step_log_module
 from mmviews.config import config_from_dict
 from mmviews.eval.summary import read_training_log
+from mmviews.fileio import DiskFullError
 from mmviews.notices import MMViewsWarning
 from mmviews.objectives import ObjectiveOutput
 from mmviews.run import claim_run_dir, read_manifest
@@ -92,6 +101,72 @@ def test_a_resume_without_a_log_or_with_an_empty_one_starts_a_new_one(tmp_path: 
     assert path.read_text().splitlines() == ["step,loss", "4,1"]
 
 
+class FullAfter:
+    """``metrics.csv``'s appends after the first ``rows_fit`` fail as on a full disk: half the
+    text reaches the file, then ENOSPC (what a real device does when it fills mid-write)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, rows_fit: int) -> None:
+        self.rows_fit, self.appends, real_open = rows_fit, 0, Path.open
+
+        def open_filling(path: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            f = real_open(path, mode, *args, **kwargs)
+            if path.name == "metrics.csv" and "a" in mode:
+                self.appends += 1
+                if self.appends > self.rows_fit:
+                    return HalfWriter(f)
+            return f
+
+        monkeypatch.setattr(Path, "open", open_filling)
+
+
+class HalfWriter:
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def __enter__(self) -> "HalfWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.f.close()
+
+    def write(self, text: str) -> int:
+        self.f.write(text[:len(text) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def full_disk_message(folder: Path, needed: int) -> str:
+    """The error's words as a pattern (the free bytes move with the machine's other writers)."""
+    return (re.escape(f"{folder}: no space left while writing metrics.csv: it needs about {needed} bytes, ")
+            + r"\d+ bytes are free; nothing partial was left there")
+
+
+def test_a_full_disk_cuts_the_half_row_off_and_names_the_folder_and_the_bytes(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "metrics.csv"
+    FullAfter(monkeypatch, rows_fit=2)
+    logger = CSVLogger(path)
+    logger.log({"step": 1, "loss": 2.0})
+    logger.log({"step": 2, "loss": 1.5})
+    kept = path.read_bytes()
+    assert kept == b"step,loss\r\n1,2\r\n2,1.5\r\n"  # the csv module ends its rows with \r\n
+    with pytest.raises(DiskFullError) as caught:
+        logger.log({"step": 3, "loss": "é" * 4})  # 2 bytes a character in UTF-8: 3,éééé\r\n is 12 bytes
+    assert re.fullmatch(full_disk_message(tmp_path, 12), str(caught.value)) and caught.value.errno == errno.ENOSPC
+    assert path.read_bytes() == kept  # the rows before it, whole; no part of row 3
+
+
+def test_a_full_disk_at_the_first_row_leaves_an_empty_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "metrics.csv"
+    FullAfter(monkeypatch, rows_fit=0)
+    with pytest.raises(DiskFullError) as caught:
+        CSVLogger(path).log({"step": 1, "loss": 2.0})
+    assert re.fullmatch(full_disk_message(tmp_path, len("step,loss\r\n1,2\r\n")), str(caught.value))  # the header too
+    # empty, not a half header: a resume finds no columns and starts the log again
+    assert path.read_bytes() == b""
+    assert CSVLogger(path, resume_step=0).fields is None
+
+
 # --------------------------------------------------------------------------- the per-step row
 
 
@@ -101,9 +176,10 @@ class RecordingTracker(GeneralTracker):
     name = "recording"
     requires_logging_directory = False
 
-    def __init__(self, name: str = "recording") -> None:
+    def __init__(self, name: str = "recording", run_id: str = "run-1") -> None:
         super().__init__()
         self.name = name
+        self.run_id = run_id
         self.config: dict[str, Any] | None = None
         self.logged: list[tuple[dict[str, Any], int | None]] = []
         self.ended = False
@@ -132,6 +208,7 @@ class TrackerRun:
 
     def __init__(self, tracker: RecordingTracker) -> None:
         self.logged = tracker.logged
+        self.id = tracker.run_id  # W&B's run id (MLflow's is .info.run_id)
 
     def save(self, path: str, base_path: str, policy: str) -> None:
         self.logged.append(({"save": path, "base_path": base_path, "policy": policy}, None))
@@ -155,7 +232,7 @@ def logger_config(name: str = "tiny", *, progress_bar: bool = False, log_every: 
     return config_from_dict(raw)
 
 
-def step_logger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, trackers: list[GeneralTracker] = (),
+def step_logger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, trackers: list[GeneralTracker | str] = (),
                 progress_bar: bool = False, log_every: int = 1, total_steps: int = 8, state: TrainState | None = None,
                 resumed: bool = False, grad_accum: int = 1, poly_view_bound: bool = True,
                 name: str = "tiny") -> tuple[StepLogger, Clock]:
@@ -165,7 +242,8 @@ def step_logger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, trackers: li
     clock = Clock(1000.0)
     monkeypatch.setattr(step_log_module.time, "perf_counter", clock)
     accelerator = Accelerator(cpu=True, log_with=list(trackers) or None)
-    logger = StepLogger(accelerator, config, tmp_path, trackers=[t.name for t in trackers], total_steps=total_steps,
+    names = [t if isinstance(t, str) else t.name for t in trackers]  # a name: Accelerate builds the tracker
+    logger = StepLogger(accelerator, config, tmp_path, trackers=names, total_steps=total_steps,
                         batches_per_epoch=4, poly_view_bound=poly_view_bound, state=state or TrainState(),
                         resumed=resumed, started=990.0)
     return logger, clock
@@ -223,6 +301,20 @@ def test_the_rate_counts_from_the_previous_step_and_survives_a_zero_interval(tmp
     assert "mi_lower_bound" not in rows[0]  # an objective without the poly-view bound
     assert [float(r["samples_per_s"]) for r in rows] == [2.5, 10.0, 10 / 1e-9]
     assert [float(r["time_s"]) for r in rows] == [14.0, 15.0, 15.0]
+
+
+def test_each_line_reaches_an_output_redirected_to_a_file_when_it_is_printed(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            accelerate_state) -> None:
+    """Without a progress bar (logs to a file), each step's line is in the file at once, not when
+    the buffer fills or the run ends (``tail -f`` follows the run)."""
+    logger, clock = step_logger(tmp_path, monkeypatch)
+    log_file = tmp_path / "train.log"
+    with log_file.open("w") as redirected:  # block-buffered, as a redirected standard output is
+        monkeypatch.setattr(sys, "stdout", redirected)
+        clock.now = 1001.0
+        logger.log(TrainState(step=1), output(0.5), {}, OPTIMIZER, num_samples=4, num_views=2)
+        assert log_file.read_text() == "step 1/8  epoch 0.00  loss 0.5000  4 samples/s  11 s\n"
 
 
 def test_rows_are_logged_every_log_every_steps_and_at_the_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -292,6 +384,37 @@ def test_trackers_get_the_recipe_each_row_but_its_step_and_the_evaluation(tmp_pa
     logger.log_evaluation({}, None, step=4)  # nothing evaluated: nothing logged
     assert tracker.logged == [({"val/knn/class/acc": 0.75}, 3)]
     assert not (tmp_path / "logs" / "tracker_runs.json").exists()  # no MLflow or W&B run id to keep
+
+
+def test_wandb_is_started_in_the_runs_logs_and_a_resume_reopens_its_run(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         accelerate_state) -> None:
+    """What Accelerate gives the W&B tracker it builds from the name ``wandb`` (a recording class
+    in its place in Accelerate's table of trackers), and the run id kept for a resume."""
+    if importlib.util.find_spec("wandb") is None:  # Accelerate builds a tracker by name only when installed
+        pytest.skip("wandb is not installed (the mmviews[wandb] extra, installed in CI)")
+    import accelerate.tracking
+
+    built: list[RecordingTracker] = []
+
+    class BuiltByName(RecordingTracker):
+        requires_logging_directory = False
+
+        def __init__(self, run_name: str, **init_kwargs: Any) -> None:
+            super().__init__("wandb", run_id=f"w{len(built) + 1}")
+            self.run_name, self.init_kwargs = run_name, init_kwargs
+            built.append(self)
+
+    monkeypatch.setitem(accelerate.tracking.LOGGER_TYPE_TO_CLASS, "wandb", BuiltByName)
+    runs_file = tmp_path / "logs" / "tracker_runs.json"
+    step_logger(tmp_path, monkeypatch, trackers=["wandb"], name="my-recipe")
+    assert (built[0].run_name, built[0].init_kwargs) == ("my-recipe", {"dir": str(tmp_path / "logs")})
+    assert built[0].config == flat_hparams(logger_config(name="my-recipe"))
+    assert json.loads(runs_file.read_text()) == {"wandb": "w1"}
+    # resumed: the same W&B run again (W&B gives it its id back)
+    step_logger(tmp_path, monkeypatch, trackers=["wandb"], state=TrainState(step=2), resumed=True)
+    assert built[1].init_kwargs == {"dir": str(tmp_path / "logs"), "id": "w1", "resume": "allow"}
+    assert json.loads(runs_file.read_text()) == {"wandb": "w2"}
 
 
 def test_each_tracker_gets_the_names_it_accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
