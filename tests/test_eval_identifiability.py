@@ -263,3 +263,40 @@ def test_a_split_without_labels_is_named():
         identifiability_metrics(emb, emb, "test")
     with pytest.raises(ValueError, match=r"unknown block\(s\) \['shape'\]; blocks are content, style, specific"):
         identifiability_metrics(emb, emb, "test", blocks=["shape"])
+
+
+def test_finding_lines_at_the_thresholds_and_with_a_block_missing():
+    def metrics(content: float | None, specific: float | None) -> dict[str, float]:
+        out = {}
+        if content is not None:
+            out["test/identifiability/x1/content/r2_nonlinear"] = content
+        if specific is not None:
+            out["test/identifiability/x1/specific/r2_nonlinear"] = specific
+        return out
+
+    # exactly at a threshold counts as reached: content 0.8 recovered, specific 0.2 left out
+    assert "This run shows it in part: " in finding_lines(metrics(0.8, 0.3))[4]
+    assert "This run shows it in part: " in finding_lines(metrics(0.5, 0.2))[4]
+    # a run that scored one of the two blocks only: no verdict
+    assert finding_lines(metrics(0.9, None)) == [] and finding_lines(metrics(None, 0.1)) == []
+    # a random init that scored one block only: no baseline in the line
+    line = finding_lines(metrics(0.9, 0.1), metrics(0.5, None))[4]
+    assert line.endswith("(left out up to 0.2).") and "random init" not in line
+    line = finding_lines(metrics(0.9, 0.1), metrics(None, 0.5))[4]
+    assert line.endswith("(left out up to 0.2).") and "random init" not in line
+
+
+def test_the_task_passes_its_folds_and_reads_view_names_without_modalities():
+    fit = _embeddings(build_dataset("identifiability", split="valid", num_samples=40), 40, {"x1": "content", "x2": "content"})
+    score = _embeddings(build_dataset("identifiability", split="test", num_samples=30), 30, {"x1": "content", "x2": "content"})
+    # two folds of two samples: the smallest fit set for folds=2 (three folds would refuse four samples)
+    metrics = identifiability_metrics(fit, score, "test", blocks=["content"], folds=2, fit_samples=4)
+    x_fit, x_score = standardise(fit.views[:, 0], score.views[:, 0])
+    direct = kernel_ridge_r2(x_fit[:4], {"content": fit.labels["content"][:4]}, x_score,
+                             {"content": score.labels["content"]}, folds=2)
+    assert metrics["test/identifiability/x1/content/r2_nonlinear"] == pytest.approx(direct.r2["content"], abs=1e-12)
+    # embeddings that name their views but not the views' modalities: the view names are the modalities
+    fit.view_names, fit.view_modalities = ["x1", "x2"], []
+    score.view_names, score.view_modalities = ["x1", "x2"], []
+    named = identifiability_metrics(fit, score, "test", blocks=["content"], fit_samples=12)
+    assert {k.split("/")[2] for k in named if k.startswith("test/")} == {"x1", "x2"}
