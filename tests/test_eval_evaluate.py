@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from mixed_splits import MixedSplit, mixed_loader
-from test_eval_report import collate, encoder
+from test_eval_report import Clusters, collate, encoder
 from torch.utils.data import DataLoader, Dataset
 
 from mmviews.eval import evaluate_encoder
-from mmviews.eval.evaluate import _halves, _retrieval_pairs, _spectra_by_view_name
+import mmviews.eval.evaluate as evaluate
+from mmviews.eval.evaluate import _halves, _label, _on, _retrieval_pairs, _spectra_by_view_name
 from mmviews.eval.extract import Embeddings
 from mmviews.eval.metrics import ACC2_CONVENTIONS
 from mmviews.eval.tasks import parse_tasks
@@ -52,10 +53,43 @@ def test_retrieval_pairs_named_by_the_task_and_an_unknown_view() -> None:
 
 def test_spectra_are_named_by_view_where_the_position_is_a_view() -> None:
     data = {"spectrum/view0": 0, "spectrum/view2": 2, "spectrum/view3": 3, "spectrum/viewx": "x",
-            "spectrum/fused": "f", "sim_pos": "p"}
+            "spectrum/fused": "f", "sim_pos": "p", "spectrum/abcd1": "not a view's"}
     assert _spectra_by_view_name(data, ["t", "a", "b"]) == {
         "spectrum/t": 0, "spectrum/b": 2, "spectrum/view3": 3, "spectrum/viewx": "x", "spectrum/fused": "f",
-        "sim_pos": "p"}
+        "sim_pos": "p", "spectrum/abcd1": "not a view's"}
+
+
+def test_a_missing_label_names_the_labels_the_batches_carry() -> None:
+    emb = embeddings(2, ["a"])
+    emb.labels["sentiment"] = torch.zeros(2)
+    with pytest.raises(ValueError, match=r"^label 'y' is not in the test batches; they carry \['class', 'sentiment'\]$"):
+        _label(emb, "y", "test")
+    emb.labels.clear()
+    with pytest.raises(ValueError, match="^label 'y' is not in the val batches; they carry no labels$"):
+        _label(emb, "y", "val")
+
+
+def test_embeddings_moved_to_a_device_keep_every_field() -> None:
+    """The probes' device (the meta device here: no GPU needed to see where a tensor goes)."""
+    emb = embeddings(3, ["a", "b"], ["a", "b"])
+    moved = _on(emb, torch.device("meta"))
+    assert all(t.device.type == "meta" for t in (moved.views, moved.mask, moved.fused, moved.labels["class"]))
+    assert moved.views.shape == emb.views.shape and moved.labels["class"].shape == (3,)
+    assert moved.index is emb.index and moved.view_names == ["a", "b"] and moved.view_modalities == ["a", "b"]
+
+
+def test_retrieval_runs_on_the_device_asked_for(monkeypatch) -> None:
+    seen = []
+
+    def where(views, mask, a, b, ks):  # what the retrieval is given, and a result of the form it returns
+        seen.append((views.device.type, mask.device.type, a, b, tuple(ks)))
+        return {"n": 4, "a2b/R@1": 0.5, "b2a/R@1": 0.25}
+
+    monkeypatch.setattr(evaluate, "cross_view_retrieval", where)
+    metrics = evaluate_encoder(encoder, None, None, mixed_loader("test"), [{"kind": "retrieval", "ks": [1, 3]}],
+                               device="meta", progress=False)
+    assert seen == [("meta", "meta", 0, 1, (1, 3))]
+    assert metrics["test/retrieval/text_0->audio_0/R@1"] == 0.5 and metrics["test/retrieval/audio_0->text_0/R@1"] == 0.25
 
 
 @pytest.mark.parametrize("index", [True, False])
@@ -171,3 +205,88 @@ def test_prototypes_skip_a_direction_without_queries_or_prototypes(tmp_path: Pat
     # the 4 samples: classes 2, 2, 2, 2 (mixed_splits.TEST_CLASSES at 0, 4, 8, 12): the training majority
     assert metrics["chance/test/prototype/class/mean/acc"] == 1.0
 
+
+
+class Scrambled(Dataset):
+    """test_eval_report's clusters with labels that their embeddings do not separate (each
+    sample's class moved on by its index): what a probe learns, and so its held-out score, then
+    depends on which samples it is fitted on."""
+
+    def __init__(self) -> None:
+        self.inner = Clusters(120, 0)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int):
+        x, y, s, index = self.inner[i]
+        return x, (y + i // 2) % 3, s + 0.3 * (i % 3), index
+
+
+def test_every_probe_gets_the_tasks_parameters_and_the_seed_and_its_numbers_are_kept() -> None:
+    """The numbers are the probes' own, called here on the same embeddings with the parameters
+    and the seed the tasks give (the seed picks the held-out tenth without a validation split)."""
+    from mmviews.eval.extract import extract_embeddings
+    from mmviews.eval.metrics import msa_metrics
+    from mmviews.eval.probes import knn_accuracy, linear_probe_classification, linear_probe_regression
+    from mmviews.eval.retrieval import cross_view_retrieval
+
+    scrambled = DataLoader(Scrambled(), batch_size=8, collate_fn=collate)
+    grid = [1e-3, 1.0]
+    metrics = evaluate_encoder(
+        encoder, scrambled, None, mixed_loader("test"),
+        [{"kind": "linear", "weight_decays": grid}, {"kind": "regression", "weight_decays": grid},
+         {"kind": "msa", "dataset": "mosi", "weight_decays": grid}, {"kind": "knn", "k": 10, "temperature": 5.0},
+         {"kind": "retrieval", "pairs": [["text_0", "audio_1"]], "ks": [2]}],
+        seed=5, progress=False)
+    train, test = (extract_embeddings(encoder, loader, progress=False) for loader in (scrambled, mixed_loader("test")))
+    y, yt = train.labels["class"], test.labels["class"]
+    s, st = train.labels["sentiment"], test.labels["sentiment"]
+
+    linear = linear_probe_classification(train.fused, y, None, None, test.fused, yt, seed=5, weight_decays=grid)
+    assert linear.val_score != linear_probe_classification(train.fused, y, None, None, test.fused, yt, seed=0,
+                                                           weight_decays=grid).val_score  # the seed shows
+    assert metrics["test/linear/class/acc"] == linear.metrics["test_acc"]
+    assert metrics["val/linear/class/acc"] == linear.val_score
+    assert metrics["linear/class/weight_decay"] == linear.weight_decay
+
+    ridge = linear_probe_regression(train.fused, s, None, None, test.fused, st, seed=5, weight_decays=grid)
+    assert ridge.metrics["test_mae"] != linear_probe_regression(train.fused, s, None, None, test.fused, st, seed=0,
+                                                                weight_decays=grid).metrics["test_mae"]
+    for name in ("mae", "mse", "r2"):
+        assert metrics[f"test/regression/sentiment/{name}"] == ridge.metrics[f"test_{name}"]
+    assert metrics["regression/sentiment/weight_decay"] == ridge.weight_decay
+    for name, value in msa_metrics(ridge.predictions, st, "mosi").items():
+        assert metrics[f"test/msa/mosi/{name}"] == pytest.approx(value, nan_ok=True), name
+    assert metrics["msa/mosi/weight_decay"] == ridge.weight_decay
+
+    knn = knn_accuracy(train.fused, y, test.fused, yt, k=10, temperature=5.0)
+    assert knn != knn_accuracy(train.fused, y, test.fused, yt)  # the parameters show
+    assert metrics["test/knn/class/top1"] == knn
+
+    retrieval = cross_view_retrieval(test.views, test.mask, 0, 2, ks=[2])
+    assert retrieval["n"] == 12  # audio_1 absent from 4 of the 16
+    assert {k: v for k, v in metrics.items() if "/retrieval/" in k} == {
+        "test/retrieval/text_0->audio_1/n": 12, "test/retrieval/audio_1->text_0/n": 12,
+        **{f"test/retrieval/text_0->audio_1/{k[4:]}": v for k, v in retrieval.items() if k.startswith("a2b/")},
+        **{f"test/retrieval/audio_1->text_0/{k[4:]}": v for k, v in retrieval.items() if k.startswith("b2a/")}}
+    assert "test/retrieval/text_0->audio_1/R@2" in metrics and "test/retrieval/text_0->audio_1/R@1" not in metrics
+
+
+def without_class(items):
+    batch = collate(items)
+    del batch.labels["class"]
+    return batch
+
+
+@pytest.mark.parametrize("tasks, missing_in, named", [
+    (["linear"], "val", "val"), (["linear"], "test", "test"), (["knn"], "train", "train"),
+    (["regression:class"], "val", "val"), (["prototype"], "train", "train"), (["knn"], "test", "test"),
+])
+def test_a_label_missing_from_one_split_names_that_split(tasks, missing_in: str, named: str) -> None:
+    def split(name: str) -> DataLoader:
+        return DataLoader(MixedSplit("valid" if name == "val" else name), batch_size=8, collate_fn=without_class if name == missing_in else collate)
+
+    with pytest.raises(ValueError, match=rf"^label 'class' is not in the {named} batches; they carry \['sentiment'\]$"):
+        evaluate_encoder(encoder, split("train"), split("val"),
+                         split("test"), tasks, progress=False)

@@ -224,3 +224,76 @@ def test_report_with_plots_lists_and_links_them(tmp_path: Path, saved_figures) -
 
 def test_summary_title_defaults_to_evaluation() -> None:
     assert report.markdown_summary({}).startswith("# Evaluation\n\n\n| metric | value | chance |\n")
+
+
+# --- files and numbers ------------------------------------------------------------------------
+
+
+def test_a_figure_is_saved_at_100_dpi_cropped_to_its_content_and_closed(tmp_path: Path) -> None:
+    """Whatever the user's matplotlibrc says about resolution; the PNG is cropped to what is drawn
+    (matplotlib's "tight" box: 0.1 inch of margin), and the figure saved, not pyplot's current one,
+    is closed."""
+    from PIL import Image
+
+    plt = report._pyplot()
+    with matplotlib.rc_context({"figure.dpi": 50, "savefig.dpi": 50}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([0, 1], [0, 1])
+        ax.set_title("title")
+        other = plt.figure()  # the current figure now
+        report._save_figure(fig, tmp_path / "f.png")
+    assert not plt.fignum_exists(fig.number) and plt.fignum_exists(other.number)
+    plt.close(other)
+    with Image.open(tmp_path / "f.png") as image:
+        assert image.format == "PNG" and [round(d) for d in image.info["dpi"]] == [100, 100]
+        pixels = np.asarray(image.convert("L"))
+    drawn_rows, drawn_cols = np.nonzero(pixels < 250)
+    margins = (drawn_rows.min(), pixels.shape[0] - 1 - drawn_rows.max(), drawn_cols.min(),
+               pixels.shape[1] - 1 - drawn_cols.max())
+    assert max(margins) <= 15, margins  # 10 pixels of margin, a little more beside thin text
+
+
+def test_json_values_are_plain_numbers_strings_and_none() -> None:
+    import torch
+
+    class Handle:  # an object with .item() but no array dimension: written as its str
+        def item(self) -> float:
+            return 1.0
+
+        def __str__(self) -> str:
+            return "handle"
+
+    value = {1: np.float32(0.5), "t": torch.tensor(2), "z": np.array(3.0), "nan": np.float32("nan"),
+             "list": [np.float32(1.5), (float("inf"), None, True)], "row": np.array([1, 2]), "path": Path("a/b"),
+             "handle": Handle()}
+    assert report._jsonable(value) == {"1": 0.5, "t": 2, "z": 3.0, "nan": None, "list": [1.5, [None, None, True]],
+                                       "row": "[1 2]", "path": "a/b", "handle": "handle"}
+    assert type(report._jsonable(np.float32(0.5))) is float
+
+
+def test_json_file_is_sorted_and_indented(tmp_path: Path) -> None:
+    report.atomic_write_json(tmp_path / "m.json", {"b": {"y": 1, "x": float("nan")}, "a": [np.float32(0.25)]})
+    assert (tmp_path / "m.json").read_text() == (
+        '{\n  "a": [\n    0.25\n  ],\n  "b": {\n    "x": null,\n    "y": 1\n  }\n}\n')
+
+
+def test_acc2_note_names_the_conventions_only_for_binary_sentiment() -> None:
+    from mmviews.eval.metrics import ACC2_CONVENTIONS
+
+    note = "\n".join(["Acc-2 conventions (papers disagree on which one they print; both are reported):", ""]
+                     + [f"- `{k}`: {v}" for k, v in ACC2_CONVENTIONS.items()])
+    assert len(ACC2_CONVENTIONS) > 1
+    assert report.acc2_note() == note
+    assert report.acc2_note(["test/msa/mosi/Corr", "test/msa/mosi/Non0_acc_2"]) == note
+    assert report.acc2_note(["Has0_acc_2"]) == note  # a bare name
+    assert report.acc2_note(["test/linear/class/acc", "test/msa/mosi/Corr"]) == ""
+
+
+@pytest.mark.parametrize("value, printed", [
+    (0.1, "0.1000"), (9999.5, "9999.5000"), (1e4, "1e+04"), (10000.5, "1e+04"), (1e-4, "0.000100"),
+    (9.99e-5, "9.99e-05"), ("text", "text"), (True, "True"), (0.25, "0.2500"),
+])
+def test_metric_digits_at_the_bounds_of_each_form(value, printed) -> None:
+    assert report.format_metric(value) == printed
+    if isinstance(value, float):
+        assert report.format_metric(value, signed=True) == ("+" + printed)
