@@ -411,6 +411,17 @@ def test_weights_file_errors_name_the_file_and_the_reason(tmp_path):
     with pytest.raises(ValueError, match=rf"^{re.escape(str(with_code))}: not a readable weights file "
                                          r"\(Weights only load failed\. [^\n]*\)$"):
         build_adapter({**TINY_MOBILENET, "weights": str(with_code)})
+    # a dtype this safetensors does not know: its reason (303 characters) is cut to 200
+    import json
+    import struct
+
+    header = json.dumps({"w": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    unknown = tmp_path / "new-dtype.safetensors"
+    unknown.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(unknown))}: not a readable weights file "
+                                         r"\(Error while deserializing header: ") as err:
+        build_adapter({**TINY_MOBILENET, "weights": str(unknown)})
+    assert len(str(err.value)) == len(f"{unknown}: not a readable weights file ()") + 200
     garbage = tmp_path / "garbage.pth"  # not a zip file: torch's reason is a single line
     garbage.write_bytes(b"not a torch file at all")
     with pytest.raises(ValueError, match=rf"^{re.escape(str(garbage))}: not a readable weights file \(.+\)$"):
@@ -587,10 +598,11 @@ TINY_SHAPE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 
               "image_size": 32, "patch_size": 8}
 
 
-def hf_vision(model_type: str | None, **extra) -> Adapter:
-    """A random-weight hf_vision adapter of ``model_type`` (None: the default type) at a tiny size."""
-    backbone_config = {**TINY_SHAPE, **({} if model_type is None else {"model_type": model_type})}
-    return build_adapter({"type": "hf_vision", "backbone_config": backbone_config, **extra}).eval()
+def hf_vision(model_type: str | None, pooling: str | None = None, **shape) -> Adapter:
+    """A random-weight hf_vision adapter of ``model_type`` (None: the default type) at a tiny
+    size (``shape``: more keywords of the model's config)."""
+    backbone_config = {**TINY_SHAPE, **shape, **({} if model_type is None else {"model_type": model_type})}
+    return build_adapter({"type": "hf_vision", "backbone_config": backbone_config, "pooling": pooling}).eval()
 
 
 def test_processor_side_reads_the_crop_else_the_resize():
@@ -693,7 +705,8 @@ def test_hf_vision_blocks_of_a_hierarchical_model_are_its_stages():
 
 
 def test_hf_vision_gradient_checkpointing_keeps_the_gradients():
-    """transformers' own checkpointing of the layers: switched on, and the same gradients."""
+    """transformers' own checkpointing of the layers: switched on, and the same gradients; a
+    model without it is refused."""
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     plain = hf_vision("vit").train()
     checkpointed = hf_vision("vit").train()
@@ -705,23 +718,30 @@ def test_hf_vision_gradient_checkpointing_keeps_the_gradients():
     for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, msg=name)
+    # SAM 3's vision transformer has no such switch: refused by name
+    sam3 = hf_vision("sam3_vit_model", pretrain_image_size=32, window_size=2, global_attn_indexes=[0])
+    with pytest.raises(ValueError, match="^hf_vision adapter: Sam3ViTModel does not support gradient checkpointing$"):
+        sam3.enable_gradient_checkpointing()
 
 
 # --------------------------------------------------------------------------- preprocessing
 
 def test_bicubic_resizing_is_clamped_to_the_unit_range():
-    """``interpolation: bicubic`` resizes with bicubic weights, whose overshoot at sharp edges
-    leaves [0, 1]: the resized images are clamped back into it before normalisation."""
+    """``interpolation`` picks the resizing weights (bilinear by default); bicubic's overshoot
+    at sharp edges leaves [0, 1]: the resized images are clamped back into it before
+    normalisation."""
     from mmviews.modalities.vision import resize_shortest_center_crop
 
     images = (torch.arange(8).view(1, 1, 1, 8) % 2).expand(1, 3, 8, 8).float()  # sharp stripes
     raw = resize_shortest_center_crop(images, (24, 24), "bicubic")
     assert raw.min() < -0.05 and raw.max() > 1.05  # bicubic overshoot, both ways
-    adapter = build_adapter(tiny_config("hf_vision", interpolation="bicubic", image_size=24))
-    assert adapter.config.interpolation == "bicubic"
-    mean = torch.tensor(adapter.config.mean).view(1, 3, 1, 1)
-    std = torch.tensor(adapter.config.std).view(1, 3, 1, 1)
-    torch.testing.assert_close(adapter.preprocess({"values": images})["pixels"], (raw.clamp(0, 1) - mean) / std)
+    for interpolation in ("bicubic", "bilinear"):
+        adapter = build_adapter(tiny_config("hf_vision", interpolation=interpolation, image_size=24))
+        raw = resize_shortest_center_crop(images, (24, 24), interpolation)
+        mean = torch.tensor(adapter.config.mean).view(1, 3, 1, 1)
+        std = torch.tensor(adapter.config.std).view(1, 3, 1, 1)
+        torch.testing.assert_close(adapter.preprocess({"values": images})["pixels"], (raw.clamp(0, 1) - mean) / std)
+    assert build_adapter(tiny_config("hf_vision")).config.interpolation == "bilinear"  # the default
 
 
 def test_preprocessing_gives_float32_pixels_on_the_adapters_device():
