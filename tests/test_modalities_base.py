@@ -10,6 +10,7 @@ item: test_train_multigpu.py.)"""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +61,10 @@ class ToyAdapter(Adapter):
 
     config_class = ToyConfig
 
-    def __init__(self, config: ToyConfig, **_: Any) -> None:
+    def __init__(self, config: ToyConfig, load_weights: bool = True, saved_dir=None) -> None:
         super().__init__(config)
+        self.built_with = {"load_weights": load_weights, "saved_dir": saved_dir}
+        self.preprocessed_with: list[Any] = []
         blocks = [Block(config.input_dim if i == 0 else config.width, config.width, config.activation)
                   for i in range(config.depth)]
         self.backbone = nn.Sequential(*blocks, nn.LayerNorm(config.width))
@@ -69,6 +72,7 @@ class ToyAdapter(Adapter):
         self._finish_init()
 
     def preprocess(self, inputs, present=None):
+        self.preprocessed_with.append(present)
         return {"x": require_tensor(inputs, "values", "toy adapter")}
 
     def encode(self, prepared):
@@ -83,6 +87,9 @@ class ToyAdapter(Adapter):
 
     def backbone_tail(self):
         return list(self.backbone[-1].parameters())
+
+    def _save_extra(self, directory) -> None:
+        (directory / "toy_extra.txt").write_text("what rebuilding needs besides config.json")
 
 
 @pytest.fixture(autouse=True)
@@ -233,13 +240,49 @@ def test_lora_needs_targets_and_trains_its_matrices_on_any_mode():
     assert trained == {f"{i}.linear.lora_{ab}.default.weight" for i in range(3) for ab in "AB"}
     lora = frozen.backbone[0].linear
     assert lora.r["default"] == 2 and lora.scaling["default"] == 2.0 and lora.lora_A["default"].in_features == 3
+    dropped = _toy(finetune=FinetuneConfig(mode="frozen", lora=LoRAConfig(dropout=0.25, target_modules=["linear"])))
+    assert dropped.backbone[1].linear.lora_dropout["default"].p == 0.25
     last = _toy(finetune=FinetuneConfig(mode="last_n", last_n=1, lora=LoRAConfig(target_modules=["linear"])))
     trained = {n for n, p in last.backbone.named_parameters() if p.requires_grad}
     assert {"2.linear.base_layer.weight", "3.weight", "0.linear.lora_A.default.weight"} <= trained
     assert "0.linear.base_layer.weight" not in trained
 
 
+def test_lora_without_peft_says_which_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if the extra were not installed
+    with pytest.raises(ImportError) as caught:
+        _toy(finetune=FinetuneConfig(mode="frozen", lora=LoRAConfig(target_modules=["linear"])))
+    assert str(caught.value) == "finetune.lora needs peft: pip install 'mmviews[lora]'"
+
+
 # --------------------------------------------------------------------------- forward
+
+
+def test_present_reaches_preprocess_and_the_input_check():
+    toy = _toy()
+    present = torch.tensor([True, False])
+    toy.features({"values": torch.randn(2, 3)}, present)
+    assert toy.preprocessed_with == [present]
+    mlp = MLPAdapter(MLPConfig(input_dim=2))
+    inputs = {"values": torch.randn(2, 1, 2), "lengths": torch.tensor([0, 1])}  # item 0 absent: length 0
+    mlp.features(inputs, torch.tensor([False, True]))
+    with pytest.raises(ValueError, match=r"^mlp adapter: zero-length sequence at batch position\(s\) \[0\]"):
+        mlp.features(inputs)
+
+
+def test_check_inputs_reaches_every_path_of_forward():
+    toy = _toy().eval()
+    bad = {"values": torch.tensor([[float("nan")] * 3, [0.0] * 3])}
+    for present in (None, torch.tensor([True, True]), torch.tensor([True, False])):
+        toy(bad, present=present, check_inputs=False)
+        with pytest.raises(ValueError, match="non-finite"):
+            toy(bad, present=present)
+    partial = PresentItems.from_mask(torch.tensor([True, False]))
+    everything = PresentItems.from_mask(torch.tensor([True, True]))
+    for items in (partial, everything):
+        toy.embed_present(bad, items, check_inputs=False)
+        with pytest.raises(ValueError, match="non-finite"):
+            toy.embed_present(bad, items)
 
 
 def test_features_check_the_inputs_unless_told_not_to():
@@ -316,13 +359,25 @@ def test_absent_items_are_zero_rows_that_never_reach_the_backbone():
     # every item present: the plain forward; none: zeros, nothing run
     assert torch.equal(adapter({"values": values}, present=torch.ones(5, dtype=torch.bool)), adapter({"values": values}))
     seen.clear()
+    heads: list[int] = []
+    adapter.head.register_forward_hook(lambda module, args, out: heads.append(args[0].shape[0]))
     none = adapter({"values": values}, present=torch.zeros(5, dtype=torch.bool))
-    assert none.shape == (5, 128) and not none.any() and seen == []
+    assert none.shape == (5, 128) and not none.any() and seen == [] and heads == []
+    assert not none.requires_grad  # plain zeros: no collective to join on one process
     # the same given as host items
     items = PresentItems.from_mask(mask)
     assert torch.equal(adapter.embed_present({"values": values}, items), z)
     # list inputs are picked by the host positions
     assert items.positions == (0, 2, 3)
+
+
+def test_absent_items_under_autocast_are_zero_rows_of_the_parameters_dtype():
+    adapter = _toy().eval()
+    values = torch.randn(4, 3)
+    mask = torch.tensor([False, True, True, False])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = adapter({"values": values}, present=mask)
+    assert z.dtype == torch.float32 and not z[~mask].any() and z[mask].abs().sum() > 0
 
 
 def test_absent_items_do_not_shift_batch_norm_statistics():
@@ -388,7 +443,7 @@ def test_a_saved_adapter_loads_with_the_same_outputs(tmp_path):
     adapter.eval()
     folder = adapter.save_pretrained(tmp_path / "deep" / "toy")
     assert folder == tmp_path / "deep" / "toy"
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "toy_extra.txt"]
     text = (folder / "config.json").read_text()
     assert json.loads(text) == adapter.config.to_dict() and text.startswith('{\n  "type": ')
     for loader in (Adapter, ToyAdapter):
@@ -397,6 +452,8 @@ def test_a_saved_adapter_loads_with_the_same_outputs(tmp_path):
         values = {"values": torch.randn(3, 3)}
         assert torch.equal(loaded(values), adapter(values))
         assert _trains(loaded.backbone.parameters()) == _trains(adapter.backbone.parameters())
+        # rebuilt from the saved folder, no pretrained weights fetched
+        assert loaded.built_with == {"load_weights": False, "saved_dir": folder}
     adapter.save_pretrained(str(folder))  # again, over the same folder
 
 
@@ -460,7 +517,12 @@ def test_weights_that_do_not_fit_or_are_damaged_are_named(saved):
         Adapter.from_pretrained(folder)
     message = str(caught.value)
     assert message.startswith(f"{weights}: does not fit the adapter of {config} (") and "\n" not in message
-    _rewrite(config, width=4)
+    _rewrite(config, width=4, depth=2)  # the same shapes, one block fewer: keys missing and left over
+    with pytest.raises(ValueError) as caught:
+        Adapter.from_pretrained(folder)
+    assert str(caught.value) == (f"{weights}: does not fit the adapter of {config} "
+                                 "(Error(s) in loading state_dict for ToyAdapter:)")
+    _rewrite(config, depth=3)
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(CorruptFileError) as caught:
         Adapter.from_pretrained(folder)

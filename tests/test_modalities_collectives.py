@@ -26,6 +26,7 @@ from mmviews.modalities.collectives import plain_zeros_like, runs_collectives, s
 # The second process of a group of two: it makes the same groups as the test (new_group and the
 # mesh are set-ups every process of the group joins), then waits at a barrier until the test is done.
 SECOND_RANK = """
+import os
 import sys
 from datetime import timedelta
 import torch.distributed as dist
@@ -38,6 +39,7 @@ dist.new_group([0])
 fully_shard(nn.Linear(4, 4), mesh=init_device_mesh("cpu", (2,)))
 dist.barrier()
 dist.destroy_process_group()
+os._exit(0)  # skip the interpreter's teardown, where the gloo threads' destruction can abort the process
 """
 
 
