@@ -192,11 +192,12 @@ def test_evaluate_needs_a_split_to_evaluate_and_a_training_split_for_probes() ->
 
 def test_prototypes_skip_a_direction_without_queries_or_prototypes(tmp_path: Path) -> None:
     """audio_1 is absent from every fourth sample: a test split of samples 0, 4, 8, 12 only has no
-    audio_1 queries and gives no audio_1 prototypes' accuracy; the mean then is of what was scored."""
+    audio_1 queries, so that direction is skipped (the pair's other direction, after it, is still
+    scored); the mean then is of what was scored."""
     test = DataLoader(torch.utils.data.Subset(MixedSplit("test"), [0, 4, 8, 12]), batch_size=8, collate_fn=collate)
     metrics = evaluate_encoder(
         encoder, mixed_loader("train"), None, test,
-        [{"kind": "prototype", "pairs": [["text_0", "audio_0"], ["text_0", "audio_1"]]}], progress=False)
+        [{"kind": "prototype", "pairs": [["text_0", "audio_0"], ["audio_1", "text_0"]]}], progress=False)
     scored = sorted(k for k in metrics if not k.startswith("chance/"))
     assert scored == [f"test/prototype/class/{d}/acc" for d in
                       ("audio_0->text_0", "mean", "text_0->audio_0", "text_0->audio_1")]
@@ -204,6 +205,7 @@ def test_prototypes_skip_a_direction_without_queries_or_prototypes(tmp_path: Pat
     assert metrics["test/prototype/class/mean/acc"] == pytest.approx(sum(accuracies) / 3)
     # the 4 samples: classes 2, 2, 2, 2 (mixed_splits.TEST_CLASSES at 0, 4, 8, 12): the training majority
     assert metrics["chance/test/prototype/class/mean/acc"] == 1.0
+    assert all(metrics["chance/" + k] == 1.0 for k in scored)
 
 
 
@@ -282,6 +284,7 @@ def without_class(items):
 @pytest.mark.parametrize("tasks, missing_in, named", [
     (["linear"], "val", "val"), (["linear"], "test", "test"), (["knn"], "train", "train"),
     (["regression:class"], "val", "val"), (["prototype"], "train", "train"), (["knn"], "test", "test"),
+    (["prototype"], "test", "test"),
 ])
 def test_a_label_missing_from_one_split_names_that_split(tasks, missing_in: str, named: str) -> None:
     def split(name: str) -> DataLoader:
@@ -290,3 +293,80 @@ def test_a_label_missing_from_one_split_names_that_split(tasks, missing_in: str,
     with pytest.raises(ValueError, match=rf"^label 'class' is not in the {named} batches; they carry \['sentiment'\]$"):
         evaluate_encoder(encoder, split("train"), split("val"),
                          split("test"), tasks, progress=False)
+
+
+def test_retrieval_and_prototypes_over_several_pairs_give_their_mean_and_its_chance() -> None:
+    pairs = [["text_0", "audio_0"], ["text_0", "audio_1"]]
+    metrics = evaluate_encoder(encoder, mixed_loader("train"), None, mixed_loader("test"),
+                               [{"kind": "retrieval", "pairs": pairs}], progress=False)
+    directions = ("text_0->audio_0", "audio_0->text_0", "text_0->audio_1", "audio_1->text_0")
+    recalls = [metrics[f"test/retrieval/{d}/R@1"] for d in directions]
+    assert len(set(recalls)) > 1  # a mean that tells the directions apart
+    assert metrics["test/retrieval/mean/R@1"] == pytest.approx(sum(recalls) / 4)
+    # n = 16 pairs with audio_0, 12 with audio_1 (absent from every fourth sample)
+    assert metrics["chance/test/retrieval/mean/R@1"] == pytest.approx((1 / 16 + 1 / 16 + 1 / 12 + 1 / 12) / 4)
+    # the default ks
+    assert {k.rsplit("/", 1)[1] for k in metrics if k.startswith("test/retrieval/text_0->audio_0/")} == {
+        "n", "R@1", "R@5", "R@10", "MedR", "MeanR"}
+
+
+def test_diagnostics_get_the_mask_the_seed_and_the_tasks_parameters(tmp_path: Path) -> None:
+    from mmviews.eval.diagnostics import representation_diagnostics
+    from mmviews.eval.extract import extract_embeddings
+
+    task = {"kind": "diagnostics", "kappa": 5.0, "max_samples": 10}
+    metrics = evaluate_encoder(encoder, None, None, mixed_loader("test"), [task], tmp_path, seed=5, progress=False,
+                               plots=False)
+    test = extract_embeddings(encoder, mixed_loader("test"), progress=False)
+    expected, _ = representation_diagnostics(test.views, test.mask, test.fused, kappa=5.0, max_samples=10, seed=5)
+    assert metrics == {f"test/diag/{k}": v for k, v in expected.items()}
+    assert expected != representation_diagnostics(test.views, test.mask, test.fused, kappa=5.0, max_samples=10)[0]
+    assert expected != representation_diagnostics(test.views, None, test.fused, kappa=5.0, max_samples=10, seed=5)[0]
+    assert expected != representation_diagnostics(test.views, test.mask, test.fused, seed=5)[0]
+    # plots: false draws no spectrum, the report says which plots it has
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "summary.md"]
+
+
+def test_identifiability_fits_on_the_validation_split_else_on_half_of_the_evaluated_one() -> None:
+    from test_eval_identifiability import _loader, _Unmixing
+
+    from mmviews.data import build_dataset
+    from mmviews.eval.extract import extract_embeddings
+    from mmviews.eval.identifiability import identifiability_metrics
+
+    val = build_dataset("identifiability", split="valid", num_samples=96, num_modalities=2, seed=5)
+    test = build_dataset("identifiability", split="test", num_samples=64, num_modalities=2, seed=5)
+    encode = _Unmixing(val, slice(0, 5))
+    task = {"kind": "identifiability", "blocks": ["content"], "fit_samples": 48}
+    fit, score = (extract_embeddings(encode, _loader(ds), progress=False) for ds in (val, test))
+    with_val = evaluate_encoder(encode, None, _loader(val), _loader(test), [task], progress=False)
+    assert with_val == identifiability_metrics(fit, score, "test", blocks=["content"], fit_samples=48)
+    alone = evaluate_encoder(encode, None, None, _loader(test), [task], progress=False)
+    assert alone == identifiability_metrics(*_halves(score), "test", blocks=["content"], fit_samples=48)
+    assert alone != with_val
+
+
+def test_a_progress_bar_names_each_split_unless_asked_not_to(capsys) -> None:
+    evaluate_encoder(encoder, mixed_loader("train"), mixed_loader("valid"), mixed_loader("test"), ["knn"])
+    shown = capsys.readouterr().err
+    assert all(f"embeddings ({split})" in shown for split in ("train", "val", "test")), shown
+    evaluate_encoder(encoder, mixed_loader("train"), mixed_loader("valid"), None, ["knn"])
+    assert "embeddings (val)" in capsys.readouterr().err
+    evaluate_encoder(encoder, mixed_loader("train"), mixed_loader("valid"), mixed_loader("test"), ["knn"],
+                     progress=False)
+    assert "embeddings" not in capsys.readouterr().err
+
+
+def test_the_default_seed_is_0() -> None:
+    from mmviews.eval.extract import extract_embeddings
+    from mmviews.eval.probes import linear_probe_classification
+
+    scrambled = DataLoader(Scrambled(), batch_size=8, collate_fn=collate)
+    metrics = evaluate_encoder(encoder, scrambled, None, mixed_loader("test"),
+                               [{"kind": "linear", "weight_decays": [1e-3, 1.0]}], progress=False)
+    train, test = (extract_embeddings(encoder, loader, progress=False) for loader in (scrambled, mixed_loader("test")))
+    probe = {seed: linear_probe_classification(train.fused, train.labels["class"], None, None, test.fused,
+                                               test.labels["class"], seed=seed, weight_decays=[1e-3, 1.0])
+             for seed in (0, 1)}
+    assert probe[0].val_score != probe[1].val_score
+    assert metrics["val/linear/class/acc"] == probe[0].val_score

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mmviews.data.batch import ViewBatch, ViewInfo
-from mmviews.eval import extract_embeddings, fuse_views
+from mmviews.eval import evaluate_encoder, extract_embeddings, fuse_views
 from mmviews.eval.extract import AutocastEncoder
 
 
@@ -184,8 +184,13 @@ def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
         assert torch.tensor(out["mask"])[order][:, 1].tolist() == [i % 3 != 0 for i in range(7)]
         assert torch.tensor(out["class"])[order].tolist() == [i % 2 for i in range(7)]
         outs.append(out)
-    # metrics computed once on the main process and broadcast: identical on both ranks
+    # metrics computed once on the main process and broadcast: identical on both ranks, and the
+    # numbers of one process evaluating the same splits
     assert outs[0]["metrics"] == outs[1]["metrics"] and "test/knn/class/top1" in outs[0]["metrics"]
+    single = evaluate_encoder(Enc(), DataLoader(Toy(9), batch_size=2, collate_fn=collate), None,
+                              DataLoader(Toy(7), batch_size=2, collate_fn=collate), [{"kind": "knn", "k": 3}, "retrieval"],
+                              progress=False)
+    assert outs[0]["metrics"] == pytest.approx(single)
     saved = json.loads((tmp_path / "report" / "metrics.json").read_text())
     assert saved["meta"]["rank_written"] == 0 and saved["meta"]["n_test"] == 7 and saved["meta"]["n_train"] == 9
 

@@ -2,7 +2,7 @@
 logged (step, value) points and names the line of a bad step; the plots draw what their titles
 and legends say (the figures are read back from matplotlib as they are saved): the similarity
 histograms as densities on the same 80 bins of [-1, 1], each training-log column against its
-own steps in a grid of equal panels, the spectrum normalised by its largest value on a log scale;
+own steps in a grid of equal panels (4.5 x 3.2 inches), the spectrum normalised by its largest value on a log scale;
 the report's summary, metrics file and plot links."""
 
 from __future__ import annotations
@@ -112,10 +112,9 @@ def test_training_curves_plot_each_column_against_its_steps_in_equal_panels(tmp_
     assert panels[0].get_legend() is None  # one curve: the title names it
     (lr,) = learning_rate.get_lines()
     assert lr.get_xdata().tolist() == [3.0, 5.0, 7.0, 9.0, 11.0] and lr.get_ydata().tolist() == [0.001] * 5
-    # thinner lines and a smaller legend than matplotlib's defaults, a faint grid
+    # thinner lines than matplotlib's default, an 8-point legend, a faint grid
     assert lr.get_linewidth() < matplotlib.rcParams["lines.linewidth"]
-    default_legend = matplotlib.font_manager.FontProperties(size=matplotlib.rcParams["legend.fontsize"])
-    assert similarity.get_legend().get_texts()[0].get_fontsize() < default_legend.get_size_in_points()
+    assert similarity.get_legend().get_texts()[0].get_fontsize() == 8
     assert all(0 < line.get_alpha() < 1 for line in panels[0].get_xgridlines())
     # every panel has the same size, whatever the grid
     one = tmp_path / "one.csv"
@@ -124,8 +123,8 @@ def test_training_curves_plot_each_column_against_its_steps_in_equal_panels(tmp_
     single = saved_figures[1]
     (only,) = single.axes
     assert only.get_title() == "loss"
-    width, height = fig.get_size_inches()
-    assert tuple(single.get_size_inches()) == pytest.approx((width / 3, height / 2))
+    assert tuple(single.get_size_inches()) == pytest.approx((4.5, 3.2))
+    assert tuple(fig.get_size_inches()) == pytest.approx((3 * 4.5, 2 * 3.2))
 
 
 def test_training_curves_need_a_column_to_plot(tmp_path: Path) -> None:
@@ -157,6 +156,7 @@ def test_spectrum_is_normalised_by_its_largest_value_on_a_log_scale(tmp_path: Pa
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
         "index", "singular value / largest", "singular-value spectrum")
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(lines)
+    assert ax.get_legend().get_texts()[0].get_fontsize() == 8
     # a faint grid on the minor ticks of the log scale too
     for tick in (ax.yaxis.get_major_ticks(1)[0], ax.yaxis.get_minor_ticks(1)[0]):
         assert tick.gridline.get_visible() and 0 < tick.gridline.get_alpha() < 1
