@@ -97,10 +97,13 @@ def sharded_backbone_step(rank: int) -> dict[str, Any]:
     alone(present_inputs).sum().backward()
     grads = _whole_grads(adapter.backbone)
     head_batches = int(head_norm.num_batches_tracked)
-    # a batch of one item, with a list input: rank 0 runs its only row
+    # a batch of one item, with a list input, under bfloat16 autocast: rank 0 runs its only row, and
+    # its zero rows keep the parameters' dtype
     one = {"values": torch.zeros(1, 1, 3), "lengths": torch.tensor([0 if rank == 0 else 1]), "names": ["a"]}
-    adapter.embed_present(one, _items(rank, 1)).sum().backward()
-    return {"out": out.detach(), "requires_grad": out.requires_grad, "rows": seen,
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        one_out = adapter.embed_present(one, _items(rank, 1))
+    one_out.float().sum().backward()
+    return {"out": out.detach(), "requires_grad": out.requires_grad, "rows": seen, "one_dtype": one_out.dtype,
             "head_batches": head_batches, "grads": grads,
             "alone_grads": [p.grad for p in alone.backbone.parameters()]}
 

@@ -44,5 +44,6 @@ def test_a_process_without_present_items_joins_the_collectives_of_the_others(tmp
     assert sharded["out"].shape == (BATCH, 4) and not sharded["out"].any() and sharded["requires_grad"]
     assert sharded["rows"] == [1, 1]  # the first row, an absent slot's filling (then of a batch of one)
     assert sharded["head_batches"] == 1  # the head ran (on zero rows)
+    assert sharded["one_dtype"] == torch.float32  # under autocast too
     for synced, alone in zip(sharded["grads"], sharded["alone_grads"], strict=True):
         assert alone.abs().sum() > 0 and torch.allclose(synced, alone / 2, atol=1e-4)
