@@ -76,6 +76,15 @@ def test_a_resume_keeps_the_rows_up_to_the_checkpoint_step_and_its_columns(tmp_p
     assert path.read_text().splitlines()[1:] == ["1,0.25,4.0", "2,0.5,3.0", "3.0,0.75,2.5", "4,1,1.5"]  # 6 significant digits: 1.0 is 1
 
 
+def test_a_resume_keeps_a_line_break_inside_a_quoted_field(tmp_path: Path) -> None:
+    """The kept rows are rewritten as the file holds them (read with ``newline=""``, as the csv
+    module asks: a line break inside a quoted field stays ``\\r\\n``)."""
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b'step,loss,note\r\n1,2.0,"two\r\nlines"\r\n2,1.5,x\r\n')
+    CSVLogger(path, resume_step=1)
+    assert path.read_bytes() == b'step,loss,note\r\n1,2.0,"two\r\nlines"\r\n'
+
+
 def test_a_resume_at_step_zero_keeps_the_header_only(tmp_path: Path) -> None:
     path = tmp_path / "metrics.csv"
     write_log(path, [(1, 0.25, 4.0)])
@@ -350,6 +359,37 @@ def test_the_progress_bar_counts_from_the_resumed_step_and_replaces_the_lines(tm
     assert capsys.readouterr().out == ""  # no step lines beside a bar
     quiet, _ = step_logger(tmp_path / "quiet", monkeypatch, progress_bar=False)
     assert quiet.bar.disable and quiet.print_lines
+
+
+def test_the_progress_bar_follows_the_terminals_width(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      accelerate_state) -> None:
+    """On a terminal (a pseudo-terminal here) resized between two steps, the bar is redrawn to
+    the new width (one column less than the terminal's, tqdm's margin)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, follower = pty.openpty()
+
+    def resize(columns: int) -> None:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+
+    resize(60)
+    with os.fdopen(follower, "w") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)  # where tqdm draws
+        logger, _ = step_logger(tmp_path, monkeypatch, progress_bar=True, total_steps=4)
+        logger.log(TrainState(step=1), output(0.5), {}, OPTIMIZER, num_samples=4, num_views=2)
+        terminal.flush()
+        before = os.read(master, 1 << 16).decode()
+        resize(100)
+        logger.log(TrainState(step=2), output(0.5), {}, OPTIMIZER, num_samples=4, num_views=2)
+        terminal.flush()
+        after = os.read(master, 1 << 16).decode()
+        logger.close()
+    os.close(master)
+    widths = lambda text: {len(line) for line in text.split("\r") if "train" in line}  # noqa: E731
+    assert widths(before) == {59} and widths(after) == {99}, (before, after)
 
 
 def test_a_resumed_logger_keeps_the_rows_to_the_checkpoint_and_their_last_loss(tmp_path: Path,
