@@ -696,12 +696,28 @@ def test_hf_vision_builds_from_each_source_and_says_what_is_wrong(tmp_path):
 
 def test_hf_vision_blocks_of_a_hierarchical_model_are_its_stages():
     """Hiera holds a list of stages, each with its own list of layers: ``last_n`` counts the
-    stages (the last ones are the network's last), not the layers of its first stage."""
+    stages (the last ones are the network's last), not the layers of its first stage. Its
+    image size is a (height, width) pair: a square one gives the side."""
     backbone_config = {"model_type": "hiera", "embed_dim": 8, "depths": [1, 2], "num_heads": [1, 2],
                        "image_size": [32, 32], "masked_unit_size": [2, 2], "num_query_pool": 1}
-    adapter = build_adapter({"type": "hf_vision", "backbone_config": backbone_config, "image_size": 32})
+    adapter = build_adapter({"type": "hf_vision", "backbone_config": backbone_config})
     stages = adapter.backbone.encoder.stages
     assert adapter.backbone_blocks() == list(stages) and len(stages) == 2
+    assert adapter.config.image_size == 32
+    with torch.no_grad():
+        assert adapter.features({"values": torch.rand(2, 3, 40, 40)}).shape == (2, adapter.feature_dim)
+
+
+def test_hf_vision_non_square_models_need_the_recipes_size():
+    """A model configured for non-square images (YOLOS, 32x48 here) is fed square ones: their
+    side is the recipe's ``image_size``, which it must then give."""
+    backbone_config = {**TINY_SHAPE, "model_type": "yolos", "image_size": [32, 48], "num_detection_tokens": 2}
+    with pytest.raises(ValueError, match=r"^hf_vision: YolosModel takes 32x48 images; set image_size "):
+        build_adapter({"type": "hf_vision", "backbone_config": backbone_config})
+    adapter = build_adapter({"type": "hf_vision", "backbone_config": backbone_config, "image_size": 32}).eval()
+    assert adapter.config.image_size == 32
+    with torch.no_grad():  # YOLOS interpolates its position embeddings to the square grid
+        assert adapter.features({"values": torch.rand(2, 3, 40, 50)}).shape == (2, 32)
 
 
 def test_hf_vision_gradient_checkpointing_keeps_the_gradients():

@@ -177,7 +177,9 @@ class HFVisionConfig(ImageInputConfig):
     ``clip_vision_model``...). ``pooling``: ``pooler`` (the model's pooled output: SigLIP's
     attention pooling, CLIP's and DINOv2's normalised class token), ``cls`` (the first token of
     the last hidden state), ``mean`` (mean over tokens); None: ``pooler`` when the model has one,
-    else ``cls``. Image size, mean and std default to the checkpoint's image processor."""
+    else ``cls``. Image size, mean and std default to the checkpoint's image processor (the size
+    then to the model config's ``image_size``; a model configured for non-square images needs
+    the recipe's ``image_size``: the adapter feeds square images)."""
 
     type = "hf_vision"
     model: str | None = None
@@ -231,8 +233,13 @@ class HFVisionAdapter(ImageInputAdapter):
         if not hasattr(bcfg, "hidden_size") or not hasattr(bcfg, "image_size"):
             raise ValueError(f"hf_vision: {type(self.backbone).__name__} is not an image model "
                              "(for a dual-encoder checkpoint pick its vision model, e.g. model_type siglip_vision_model)")
-        self._set_image_input(processor_side(processor) or bcfg.image_size, getattr(processor, "image_mean", None),
-                              getattr(processor, "image_std", None))
+        side = processor_side(processor) or bcfg.image_size
+        if isinstance(side, (list, tuple)):  # (height, width): Hiera, InternVL, YOLOS...
+            if len(set(side)) > 1 and not config.image_size:
+                raise ValueError(f"hf_vision: {type(self.backbone).__name__} takes {side[0]}x{side[1]} images; set "
+                                 "image_size (the side of the square images it is given)")
+            side = side[0]
+        self._set_image_input(side, getattr(processor, "image_mean", None), getattr(processor, "image_std", None))
         if config.pooling not in (None, "pooler", "cls", "mean"):
             raise ValueError(f"hf_vision: pooling must be 'pooler', 'cls' or 'mean', got {config.pooling!r}")
         self.feature_dim = int(bcfg.hidden_size)
