@@ -400,3 +400,43 @@ def test_the_output_folder_is_named_by_any_of_its_spellings():
     plain = parser.parse_args(["r1", "r2"])
     assert (plain.runs, plain.out, plain.metrics, plain.all) == (["r1", "r2"], "comparison", None, False)
     assert parser.parse_args(["r1", "--all", "--metrics", "a/acc", "b/acc"]).metrics == ["a/acc", "b/acc"]
+
+
+def test_the_plots_text_is_small_their_grid_faint_and_the_zero_line_grey(tmp_path: Path, monkeypatch):
+    """Panel titles of 9 points and legends of 7 (the run labels and metric names are long), a
+    faint grid, and the MI panel's line at zero (chance) grey and thinner than the runs' curves,
+    in a colour none of them has."""
+    import matplotlib.colors as mcolors
+
+    kept = {}
+    real = compare._save_figure
+
+    def keep(fig, path):
+        kept[Path(path).name] = fig
+        return real(fig, path)
+
+    monkeypatch.setattr(compare, "_save_figure", keep)
+    compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
+    for name in ("training_curves.png", "metric_vs_views.png"):
+        for ax in kept[name].axes:
+            assert ax.title.get_fontsize() == 9, name
+            assert all(t.get_fontsize() == 7 for t in ax.get_legend().get_texts()), name
+            assert all(0 < line.get_alpha() < 1 for line in ax.get_xgridlines()), name
+    mi = kept["training_curves.png"].axes[2]
+    run_line, zero = mi.get_lines()
+    assert list(zero.get_ydata()) == [0.0, 0.0] and mcolors.to_hex(zero.get_color()) == mcolors.to_hex("grey")
+    assert zero.get_linewidth() < run_line.get_linewidth()
+    assert mcolors.to_hex(zero.get_color()) not in {mcolors.to_hex(f"C{i}") for i in range(10)}
+
+
+def test_the_help_says_what_each_argument_is():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for said in ("runs run folders (or metrics.json files)",
+                 "--all print the whole comparison.md (every metric, the random-init margins); by default the "
+                 "terminal gets the over-seeds table and the per-run rows of the headline metrics",
+                 "output folder (default: ./comparison)", "metrics to plot (default: headline metrics)"):
+        assert said in text, said

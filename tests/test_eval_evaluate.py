@@ -370,3 +370,18 @@ def test_the_default_seed_is_0() -> None:
              for seed in (0, 1)}
     assert probe[0].val_score != probe[1].val_score
     assert metrics["val/linear/class/acc"] == probe[0].val_score
+
+
+def test_the_probes_take_the_views_fused_as_asked() -> None:
+    from mmviews.eval.extract import extract_embeddings
+    from mmviews.eval.probes import knn_accuracy
+
+    scrambled = DataLoader(Scrambled(), batch_size=8, collate_fn=collate)
+    task = {"kind": "knn", "k": 10, "temperature": 5.0}
+    metrics = evaluate_encoder(encoder, scrambled, None, mixed_loader("test"), [task], fuse="mean", progress=False)
+    knn = {fuse: knn_accuracy(*(t for loader in (scrambled, mixed_loader("test"))
+                                for e in [extract_embeddings(encoder, loader, fuse=fuse, progress=False)]
+                                for t in (e.fused, e.labels["class"])), k=10, temperature=5.0)
+           for fuse in ("mean", "concat")}
+    assert knn["mean"] != knn["concat"]
+    assert metrics["test/knn/class/top1"] == knn["mean"]

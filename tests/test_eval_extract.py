@@ -152,7 +152,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
-    from test_train_utils import free_port, started
+    from test_train_utils import REPO, free_port, started
 
     script = tmp_path / "extract_ddp.py"
     script.write_text(SCRIPT)
@@ -160,7 +160,9 @@ def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
     # MASTER_ADDR/PORT; Accelerator(cpu=True) then makes a gloo group): `accelerate launch` would
     # add a third process and its seconds of imports. Each in a session of its own, killed with
     # its group when the block ends, so a failed or hung rank leaves no process behind.
-    pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+    # The checkout above tests/ first: the ranks import the mmviews these tests belong to (under
+    # mutmut, its mutated copy), not whichever one is installed.
+    pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath,
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
