@@ -148,6 +148,16 @@ def test_results_and_report_of_a_run_without_evaluation(tmp_path: Path) -> None:
         "- final training loss: 1.2346", "- wall time: 12.3 s on 2 process(es), cpu", ""])
 
 
+def test_the_reports_steps_line_gives_the_global_batch_and_its_micro_batches(tmp_path: Path) -> None:
+    write_results(tmp_path, summary_of(global_batch_size=32))
+    # a results summary without grad_accum_steps (written before it existed): one micro-batch
+    assert (tmp_path / "report.md").read_text().split("\n")[3] == (
+        "- optimiser steps: 4 (2 epochs, 64 samples; global batch 32 x 1 micro-batch(es))")
+    write_results(tmp_path, summary_of(global_batch_size=16, grad_accum_steps=4, epochs_trained=1.5))
+    assert (tmp_path / "report.md").read_text().split("\n")[3] == (
+        "- optimiser steps: 4 (1.5 epochs, 64 samples; global batch 16 x 4 micro-batch(es))")
+
+
 def test_results_and_report_of_a_failed_run_with_warnings_and_evaluation(tmp_path: Path) -> None:
     trained = {"test/linear/class/acc": 0.8, "test/regression/y/mae": 0.25, "test/diag/erank/fused": 1.01,
                "test/linear/weight_decay": 0.1, "test/retrieval/mean/n": 10, "test/retrieval/mean/R@1": 0.3,

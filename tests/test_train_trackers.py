@@ -169,6 +169,10 @@ def test_mlflow_gets_a_sqlite_store_in_the_run_unless_a_server_is_set(tmp_path: 
     assert tracker_init_kwargs(["mlflow"], tmp_path, resumed=False) == {"mlflow": {"logging_dir": artifacts}}
     assert mlflow.get_tracking_uri() == f"sqlite:///{(tmp_path / 'logs' / 'mlflow.db').resolve()}"
     assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # no file store
+    fresh = tmp_path / "not" / "yet"  # the run folder itself may not exist yet
+    tracker_init_kwargs(["mlflow"], fresh, resumed=False)
+    assert mlflow.get_tracking_uri() == f"sqlite:///{(fresh / 'logs' / 'mlflow.db').resolve()}"
+    assert (fresh / "logs").is_dir()
     (tmp_path / "logs" / "tracker_runs.json").write_text(json.dumps({"mlflow": "abc", "wandb": ""}))
     assert tracker_init_kwargs(["mlflow", "wandb"], tmp_path, resumed=True) == {
         "mlflow": {"run_id": "abc", "logging_dir": artifacts},
@@ -469,3 +473,6 @@ def test_metric_names_are_spelled_as_each_tracker_accepts_them():
     _validate_metric_name(spelled)
     assert spelled == "test/retrieval/text_to_image/R_at_1"  # readable: the arrow spelled out
     assert tracker_metric_name("wandb", name) == tracker_metric_name("tensorboard", name) == name
+    other = "test/linear/class/f1(macro)=x"  # any other refused character: one underscore each
+    assert tracker_metric_name("mlflow", other) == "test/linear/class/f1_macro__x"
+    _validate_metric_name(tracker_metric_name("mlflow", other))
