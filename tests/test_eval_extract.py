@@ -167,7 +167,8 @@ def test_two_processes_gather_counts_each_sample_once(tmp_path: Path):
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
     with contextlib.ExitStack() as stack:
-        ranks = [stack.enter_context(started([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
+        # cwd: the checkout (under mutmut, the mutants' folder, whose configuration its hooks read)
+        ranks = [stack.enter_context(started([sys.executable, str(script), str(tmp_path)], cwd=REPO,
                                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                              stdout=stack.enter_context(log.open("w")), stderr=subprocess.STDOUT))
                  for rank, log in zip((0, 1), logs)]
