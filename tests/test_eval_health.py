@@ -699,6 +699,15 @@ def test_chance_level_recorded_capped_and_unknown() -> None:
     assert health.is_chance_key("chance/test/linear/class/acc") and not health.is_chance_key("test/chance/acc")
 
 
+def test_alignment_chance_reads_the_negative_similarity_beside_its_own_key() -> None:
+    """The figures of ``<prefix>/diag/sim_pos_mean`` and ``.../align`` are matched with
+    ``<prefix>/diag/sim_neg_mean``, the prefix being everything before the key's last ``/diag/``."""
+    metrics = {"run/diag/x/diag/sim_neg_mean": 0.25, "run/diag/sim_neg_mean": 0.5}
+    assert health.chance_level("run/diag/x/diag/sim_pos_mean", metrics) == 0.25
+    assert health.chance_level("run/diag/x/diag/align", metrics) == 1.5
+    assert health.chance_level("run/diag/align", metrics) == 1.0
+
+
 def test_chance_of_integer_labels_and_targets() -> None:
     # integer targets are regressed as floats: training mean 2, evaluated [1, 5]
     assert health.regression_chance([1, 2, 3], [1, 5]) == {"mae": 2.0, "mse": 5.0, "r2": 1.0 - 5.0 / 4.0}
