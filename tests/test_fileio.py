@@ -241,6 +241,15 @@ def test_needed_bytes_are_the_files_not_what_was_written(tmp_path, monkeypatch):
         atomic_save(tmp_path / "y.bin", full_after_three_bytes, needed=99)
     assert list(tmp_path.iterdir()) == []
 
+    def cleans_up_then_fails(tmp: str) -> None:  # a writer that removes its own partial file
+        Path(tmp).write_bytes(b"123")
+        os.unlink(tmp)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match="it needs about 0 bytes"):  # nothing left to measure: 0, no other error
+        atomic_save(tmp_path / "z.bin", cleans_up_then_fails)
+    assert list(tmp_path.iterdir()) == []
+
 
 def test_free_bytes_asks_the_nearest_existing_folder(tmp_path, monkeypatch):
     import shutil
