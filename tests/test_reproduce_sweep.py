@@ -47,8 +47,11 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigterm_stops_the_sweep_workers(tmp_path: Path) -> None:
+    """About 45 s under load average 5 on 2 cores: a script and its two spawned workers each
+    import torch and the trainer before the first run can start; nothing smaller shows them."""
     out = tmp_path / "ident"
     # part a at smoke size: a one-step random-init run and a trained run of a million steps,
     # each in one of the two workers
