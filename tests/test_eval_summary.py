@@ -34,6 +34,8 @@ def test_read_training_log_reads_rows_and_gives_nothing_for_a_missing_or_unreada
     assert read_training_log(path) == []
     write_log(path, [(1, 0.5, 2.0)])
     assert read_training_log(path) == [{"step": "1", "epoch": "0.5", "loss": "2.0"}]
+    path.write_bytes(b'step,loss,note\r\n1,2.0,"two\r\nlines"\r\n')  # read as the csv module asks (newline="")
+    assert read_training_log(path) == [{"step": "1", "loss": "2.0", "note": "two\r\nlines"}]
     path.write_bytes(b"step,loss\n1,\xff\xfe\n")
     assert read_training_log(path) == []
     path.unlink()
@@ -74,6 +76,14 @@ def test_headline_takes_the_probes_and_the_mean_retrieval_of_the_test_split() ->
     # without a test split: val; a pair's R@1 heads when no mean is beside it
     val = headline_metrics({"val/retrieval/a->b/R@1": 0.4, "val/retrieval/a->b/R@5": 0.8}, None)
     assert [r["metric"] for r in val] == ["val/retrieval/a->b/R@1"]
+
+
+def test_headline_takes_the_identifiability_of_the_content_and_specific_blocks() -> None:
+    trained = {"test/identifiability/x1/content/r2_nonlinear": 0.9, "test/identifiability/x2/specific/r2_linear": 0.1,
+               "test/identifiability/x1/style/r2_nonlinear": 0.5,  # another block: not a headline
+               "test/diag/content/align": 0.3, "test/diag/specific/unif": 0.2}  # not identifiability
+    assert [r["metric"] for r in headline_metrics(trained, None)] == [
+        "test/identifiability/x1/content/r2_nonlinear", "test/identifiability/x2/specific/r2_linear"]
 
 
 def test_headline_falls_back_to_the_diagnostics() -> None:
@@ -184,6 +194,18 @@ def test_results_and_report_of_a_failed_run_with_warnings_and_evaluation(tmp_pat
         "| val/loss | n/a |  |  |  |",
         "", "Full evaluation report: [eval/summary.md](eval/summary.md); random-initialisation baseline: "
             "[eval_random/summary.md](eval_random/summary.md)", ""]
+
+
+def test_the_report_says_whether_the_run_shows_the_identifiability_finding(tmp_path: Path) -> None:
+    """The finding's lines come from the trained metrics, beside the random initialisation's."""
+    trained = {"test/identifiability/x1/content/r2_nonlinear": 0.9, "test/identifiability/x1/specific/r2_nonlinear": 0.1}
+    random_init = {"test/identifiability/x1/content/r2_nonlinear": 0.3,
+                   "test/identifiability/x1/specific/r2_nonlinear": 0.25}
+    write_results(tmp_path, summary_of(eval=trained, eval_random=random_init))
+    report = (tmp_path / "report.md").read_text()
+    assert "## Identifiability" in report
+    assert ("This run shows it: nonlinear R^2, mean over modalities, content 0.900 (recovered from 0.8), specific "
+            "0.100 (left out up to 0.2) (random init: content 0.300, specific 0.250).") in report
 
 
 def test_a_probe_below_its_random_init_is_warned_about(tmp_path: Path) -> None:

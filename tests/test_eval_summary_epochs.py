@@ -22,6 +22,7 @@ from mmviews.eval.summary import epochs_text
     ({"epochs": 3, "steps": 12}, "3 epochs"),
     ({"epochs": 1, "steps": 4}, "1 epoch"),
     ({"epochs": 0, "steps": 300}, "less than one epoch"),
+    ({"epochs": 0, "steps": 1}, "less than one epoch"),
     ({"epochs": 0, "steps": 0}, "0 epochs"),
     ({}, "0 epochs"),
 ])

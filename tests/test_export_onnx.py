@@ -9,6 +9,7 @@ recipe, the adapters left out, and nothing left behind when no adapter can be ex
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import mmviews.export.onnx as onnx_export  # noqa: E402
@@ -91,7 +93,7 @@ def test_waveform_examples_are_audio_sized_and_flow_examples_flow_sized() -> Non
     waves = graph_spec(tiny_adapter("hf_audio")).inputs["values"]
     assert 0.05 < float(waves.std()) < 0.2 and float(waves.abs().max()) < 1
     flow = graph_spec(tiny_adapter("flow_cnn")).inputs["values"]
-    assert 2 < float(flow.std()) < 4
+    assert 2.5 < float(flow.std()) < 3.5
     images = graph_spec(tiny_adapter("small_cnn")).inputs["values"]
     assert 0 <= float(images.min()) and float(images.max()) <= 1 and float(images.std()) > 0.2
 
@@ -121,10 +123,23 @@ def run_graph(folder: Path, entry: dict[str, Any], inputs: dict[str, Any]) -> np
     return OnnxAdapter(folder, entry["type"], entry, ["CPUExecutionProvider"]).embed(inputs)
 
 
-def test_an_mlp_graph_and_its_manifest_entry(tmp_path: Path) -> None:
+def declared_shape(value: Any) -> list[Any]:
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def test_an_mlp_graph_and_its_manifest_entry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     adapter = tiny_adapter("mlp", input_dim=4, hidden_dim=8).train()
-    entry = export_adapter(adapter, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        entry = export_adapter(adapter, tmp_path)
+    # quiet: the tracer's warnings about preprocess's shape checks and its printed diagnostics kept in
+    assert [str(w.message) for w in caught] == [] and capsys.readouterr() == ("", "")
     assert not adapter.training  # traced in eval mode
+    graph = onnx.load(str(tmp_path / "model.onnx"))
+    assert [i.name for i in graph.graph.input] == ["values"] and declared_shape(graph.graph.input[0]) == [
+        "batch", "length", 4]
+    assert [o.name for o in graph.graph.output] == ["embedding"] and declared_shape(graph.graph.output[0])[0] == "rows"
+    assert [o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")] == [17]
     assert entry == {
         "type": "mlp", "graph": "model.onnx",
         "inputs": [{"name": "values", "dtype": "float32", "shape": ["batch", "length", 4]}],
@@ -142,6 +157,9 @@ def test_a_sequence_graph_is_exported_by_dynamo_with_its_dynamic_dimensions(tmp_
     adapter = tiny_adapter("feature_sequence", input_dim=3)
     entry = export_adapter(adapter, tmp_path)
     assert (entry["exporter"], entry["opset"]) == ("dynamo", 18)
+    graph = onnx.load(str(tmp_path / "model.onnx"))
+    assert [o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")] == [18]
+    assert [o.name for o in graph.graph.output] == ["embedding"]
     assert entry["inputs"] == [{"name": "values", "dtype": "float32", "shape": ["batch", "length", 3]},
                                {"name": "lengths", "dtype": "int64", "shape": ["batch"]}]
     for batch, length in ((4, 9), (1, 2)):  # traced at 2 x 5
