@@ -3,7 +3,8 @@ with a tiny ViT saved in a temporary folder (nothing downloaded): a local checkp
 weights only when the config is ``pretrained`` and the caller loads weights, else its architecture
 with fresh weights; ``backbone_config`` builds its ``model_type`` (the adapter's default type when
 it names none) without changing the config; a saved adapter's ``backbone/`` folder gives the
-architecture; a missing local path, a bad hub id and a config naming neither are one line each."""
+architecture; a missing local path, a local folder without ``config.json``, a bad hub id and a
+config naming neither are one line each."""
 
 from __future__ import annotations
 
@@ -76,6 +77,19 @@ def test_a_missing_local_model_or_a_bad_hub_id_is_one_line(tmp_path, monkeypatch
     assert str(caught.value).startswith("vision model 'bad id!!': neither a local checkpoint directory nor a "
                                         "reachable hub model (")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("pretrained,load_weights", [(True, True), (False, True), (True, False)])
+def test_a_local_folder_without_config_json_is_one_line(checkpoint, tmp_path, pretrained, load_weights):
+    """The weights without their config.json: mmviews's error naming the folder and the file, not
+    transformers' "Unrecognized model", on every path that reads the folder."""
+    folder, _ = checkpoint
+    (folder / "config.json").unlink()
+    assert any(folder.iterdir())  # the weights are still there
+    with pytest.raises(FileNotFoundError) as caught:
+        _build(HFVisionConfig(model=str(folder), pretrained=pretrained), load_weights=load_weights)
+    assert str(caught.value) == (f"vision model: local folder {str(folder)!r} has no config.json (a transformers "
+                                 "checkpoint folder holds the model's config.json beside its weights)")
 
 
 def test_a_config_naming_no_model_is_refused():
