@@ -159,7 +159,7 @@ def batch_size_checks(rank: int) -> dict[str, Any]:
     """The objectives' check that every rank holds the same K, as in training (``check_inputs``
     off): host reads per call (only the first call per K reads), and the errors when the ranks'
     K differ, one of them new to this process (K = 4 was seen, K = 5 was not)."""
-    from mmviews.bench.train import HostReadRecorder
+    from mmviews.bench.host_reads import HostReadRecorder
     from mmviews.objectives import get_objective
 
     out: dict[str, Any] = {}

@@ -15,7 +15,7 @@ import torch
 from test_train_utils import REPO, env
 
 from mmviews.bench import gpu
-from mmviews.bench import train as bench_train
+from mmviews.bench import train_report
 from mmviews.bench.cli import VERBS
 from mmviews.cli import main
 
@@ -111,7 +111,7 @@ def test_step_time_is_read_from_the_bench_comparison() -> None:
     row = {"case": "base-sizes", "K": 32, "peak_memory_mb": 9000.0, "samples_per_s": 100.0, "mixed_precision": "bf16"}
     eager = {**row, "step": "plain", "compiled": False, "warmup_s": [5.0, 1.0, 1.0], "step_ms": 300.0}
     compiled = {**row, "step": "plain+compiled", "compiled": True, "warmup_s": [65.0, 1.0, 1.0], "step_ms": 200.0}
-    report = {"cases": [eager, compiled], "comparisons": [bench_train.compare(compiled, eager)]}
+    report = {"cases": [eager, compiled], "comparisons": [train_report.compare(compiled, eager)]}
     result = gpu.step_time_result(report)
     assert (result["status"], result["case"], result["step"], result["K"]) == ("measured", "base-sizes",
                                                                              "plain+compiled", 32)

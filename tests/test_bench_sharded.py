@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from mmviews.bench.sharded import format_sharded, held_bytes, local_bytes
-from mmviews.bench.train import base_sizes_config
+from mmviews.bench.train_cases import base_sizes_config
 from mmviews.modalities.presets import realistic_config
 
 
@@ -42,7 +42,7 @@ def test_each_setup_is_estimated_for_its_process_count_and_sharding(monkeypatch)
     (a fresh process: the hidden --estimate-processes and a --set of the sharding), on the
     workers' thread count, and prints estimate / peak beside the measured peak."""
     import mmviews.bench.train as bench_train
-    from mmviews.bench import sharded
+    from mmviews.bench import sharded, train_report
 
     asked = []
 
@@ -51,7 +51,7 @@ def test_each_setup_is_estimated_for_its_process_count_and_sharding(monkeypatch)
         return type("E", (), {"step": 300 * 2**20})()
 
     monkeypatch.setattr(bench_train, "estimate_in_subprocess", fake_estimate)
-    monkeypatch.setattr(bench_train, "estimate_parts_mb", lambda estimate: {"step": estimate.step / 2**20})
+    monkeypatch.setattr(train_report, "estimate_parts_mb", lambda estimate: {"step": estimate.step / 2**20})
     monkeypatch.setattr(sharded, "measure_setup", lambda argv, n, sharding: {
         "processes": n, "sharding": sharding, "parameters": 2**20 // n, "gradients": 2**20, "optimizer_state": 2**21,
         "step_s": 1.0, "peak_memory_mb": 250.0 if sharding == "fsdp" else 400.0})

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from mmviews.bench import train as bench
+from mmviews.bench import train_cases, train_measure, train_report
 from mmviews.bench.cli import VERBS
+from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.config import load_config, resolve_recipe
 from mmviews.data.views import ViewSetCollator, ViewSpec
 from mmviews.train import build_run
@@ -46,7 +48,7 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     (row,) = result["cases"]
     assert (row["case"], row["K"], row["M"], row["device"], row["num_workers"]) == ("quickstart", 16, 4, "cpu", 0)
     assert row["data_cache"] == "warm"  # data.cache: filled before timing, as the run's baseline evaluation does
-    assert set(row["phase_ms"]) == set(bench.PHASES) and all(v >= 0 for v in row["phase_ms"].values())
+    assert set(row["phase_ms"]) == set(train_measure.PHASES) and all(v >= 0 for v in row["phase_ms"].values())
     assert sum(row["phase_share"].values()) == pytest.approx(1.0)
     assert row["phase_ms"]["forward"] > 0 and row["phase_ms"]["backward"] > 0
     # samples/s from the timed steps: K * steps / their total time
@@ -72,13 +74,13 @@ def test_quickstart_case_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_realistic_case_config_and_data() -> None:
     """The realistic case's adapters and inputs (not built here: bert-base + HuBERT-base + ViT-B/32)."""
-    config = bench.realistic_config_of(load_config(resolve_recipe("quickstart")), 8)
+    config = train_cases.realistic_config_of(load_config(resolve_recipe("quickstart")), 8)
     assert config.data.batch_size == 8 and config.evaluation.tasks == []
     assert {m: a["type"] for m, a in config.adapters.items()} == {
         "text": "text", "audio": "hf_audio", "image": "open_clip", "flow": "flow_cnn"}
     assert config.adapters["text"]["bert_config"] == {}  # BertConfig defaults: bert-base
     assert "model_overrides" not in config.adapters["image"]  # ViT-B/32 as published (224 px)
-    dataset = bench.RandomViews(20, pool=4, **bench.REALISTIC_INPUTS)
+    dataset = train_cases.RandomViews(20, pool=4, **train_cases.REALISTIC_INPUTS)
     collator = ViewSetCollator.for_dataset(dataset, ViewSpec.from_config(config.views))
     batch = collator([dataset[i] for i in range(3)])
     assert batch.inputs["audio"]["values"].shape == (3, 32000)  # 2 s at 16 kHz
@@ -114,7 +116,7 @@ def test_finetune_small_case_config() -> None:
     """The finetune-small case: the finetune recipe's views, objective, precision and adapter
     settings on the tiny random-weight backbones (not built here: it trains in minutes on CPU)."""
     recipe = load_config(resolve_recipe("finetune"))
-    config = bench.finetune_small_config()
+    config = train_cases.finetune_small_config()
     assert (config.data.batch_size, config.optimisation.encode_chunk_size, config.data.num_workers) == (64, 16, 0)
     assert config.views == [{**v, "params": {"size": 32}} if "params" in v else v for v in recipe.views]
     assert config.objective == recipe.objective and config.optimisation.mixed_precision == "bf16"
@@ -126,10 +128,11 @@ def test_finetune_small_case_config() -> None:
             assert small[key] == adapter[key], (modality, key)
     assert config.adapters["text"]["finetune"]["lora"] == {"r": 8, "alpha": 16}
     assert config.adapters["audio"]["backbone_config"]["num_hidden_layers"] == 2
-    assert bench.finetune_small_config(["data.batch_size=32"]).data.batch_size == 32  # --set wins
+    assert train_cases.finetune_small_config(["data.batch_size=32"]).data.batch_size == 32  # --set wins
     assert bench._plain_argv(["--steps", "1"], "finetune-small", _args(Path("."))) == [
         "--steps", "1", "--set", "optimisation.encode_chunk_size=null"]
-    dataset = bench.RandomViews(4, pool=2, modalities=("text", "audio", "image"), **bench.FINETUNE_SMALL_INPUTS)
+    dataset = train_cases.RandomViews(4, pool=2, modalities=("text", "audio", "image"),
+                                      **train_cases.FINETUNE_SMALL_INPUTS)
     assert set(dataset[0]["modalities"]) == set(dataset.modality_info()) == {"text", "audio", "image"}
     assert dataset[1]["modalities"]["image"].shape == (3, 32, 32)
 
@@ -142,7 +145,7 @@ def test_sync_debug_needs_cuda(tmp_path: Path) -> None:
 
 
 def test_sync_debug_names_the_known_causes() -> None:
-    from mmviews.bench.train import explain_synchronisation
+    from mmviews.bench.train_measure import explain_synchronisation
 
     site = "/venv/lib/python3.11/site-packages/torch"
     assert "GradScaler" in explain_synchronisation(f"{site}/amp/grad_scaler.py:451")
@@ -154,7 +157,7 @@ def test_sync_debug_names_the_known_causes() -> None:
 
 def test_host_read_recorder_sees_reads_and_value_sized_ops() -> None:
     x = torch.tensor([1.0, -2.0, 3.0])
-    with bench.HostReadRecorder() as recorder:
+    with HostReadRecorder() as recorder:
         recorder.step = "a"
         float(x.sum())
         x.tolist()
@@ -178,7 +181,7 @@ def test_bench_times_the_trainers_own_step(tmp_path: Path, monkeypatch: pytest.M
     loop (train_step without a callback, then the teacher update)."""
     config = load_config(resolve_recipe("quickstart"), [*SMALL, "cpu=true", f"optimisation.encode_chunk_size={chunk or 'null'}"])
     calls: list[object] = []
-    monkeypatch.setattr(bench, "train_step", lambda *a: (calls.append(a[3] if len(a) > 3 else None), train_step(*a))[1])
+    monkeypatch.setattr(train_measure, "train_step", lambda *a: (calls.append(a[3] if len(a) > 3 else None), train_step(*a))[1])
     weights, ends = [], []
     for timed in (False, True):
         parts = build_run(config, 1, with_eval=False)
@@ -188,15 +191,15 @@ def test_bench_times_the_trainers_own_step(tmp_path: Path, monkeypatch: pytest.M
         batches = batches_forever(p, parts)
         for _ in range(2):
             if timed:
-                seconds = bench.step_phases(p, batches, config.optimisation.max_grad_norm,
+                seconds = train_measure.step_phases(p, batches, config.optimisation.max_grad_norm,
                                             lambda: ends.append(len(calls)))
-                assert list(seconds) == list(bench.PHASES) and all(v >= 0 for v in seconds.values())
+                assert list(seconds) == list(train_measure.PHASES) and all(v >= 0 for v in seconds.values())
             else:
-                bench.loop_step(p, next(batches), config.optimisation.max_grad_norm)
+                train_measure.loop_step(p, next(batches), config.optimisation.max_grad_norm)
         weights.append({k: v.detach().clone() for k, v in p.model.state_dict().items()})
     assert [c is None for c in calls] == [True, True, False, False]  # the loop without a clock, the bench with
-    assert isinstance(calls[-1], bench.PhaseClock)
-    assert len(ends) == 2 * (len(bench.PHASES) + 1)  # each phase's end waits for the device; the loop's teacher too
+    assert isinstance(calls[-1], train_measure.PhaseClock)
+    assert len(ends) == 2 * (len(train_measure.PHASES) + 1)  # each phase's end waits for the device; the loop's teacher too
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key
 
@@ -224,7 +227,7 @@ def test_train_step_reports_its_phases_in_order(tmp_path: Path, chunk: int | Non
     train_step(p, next(batches_forever(p, parts)), config.optimisation.max_grad_norm, phase_end)
     assert seen == [("forward", False, False), ("objective", True, False), ("backward", True, True),
                     ("optimiser", True, False)]
-    assert STEP_PHASES == ("forward", "objective", "backward", "optimiser") and bench.PHASES == ("data", *STEP_PHASES)
+    assert STEP_PHASES == ("forward", "objective", "backward", "optimiser") and train_measure.PHASES == ("data", *STEP_PHASES)
 
 
 def test_gradient_checkpointing_option(tmp_path: Path) -> None:
@@ -234,7 +237,7 @@ def test_gradient_checkpointing_option(tmp_path: Path) -> None:
     (row,) = json.loads((tmp_path / "bench.json").read_text())["cases"]
     assert row["step"] == "plain+ckpt" and row["gradient_checkpointing"] == ["audio", "flow", "image", "text"]
     assert row["encode_chunk_size"] is None and row["samples_per_s"] > 0
-    config = bench.with_gradient_checkpointing(load_config(resolve_recipe("quickstart")))
+    config = train_cases.with_gradient_checkpointing(load_config(resolve_recipe("quickstart")))
     assert all(a["gradient_checkpointing"] for a in config.adapters.values())
 
 
@@ -248,7 +251,7 @@ def test_comparison_plumbing(tmp_path: Path) -> None:
     assert plain[-2:] == ["--set", "data.batch_size=4"]
     realistic = bench._plain_argv(argv, "realistic", args)
     assert realistic[realistic.index("--realistic-K") + 1] == "4"
-    ratios = bench.compare({"case": "quickstart", "step": "cached/8", "K": 16, "peak_memory_mb": 300.0,
+    ratios = train_report.compare({"case": "quickstart", "step": "cached/8", "K": 16, "peak_memory_mb": 300.0,
                             "samples_per_s": 10.0},
                            {"case": "quickstart", "step": "plain", "K": 4, "peak_memory_mb": 1000.0,
                             "samples_per_s": 12.0})
@@ -264,7 +267,7 @@ def test_compile_comparison_plumbing(tmp_path: Path) -> None:
     compile time is the compiled warm-up beyond the eager one, and it pays after that time over
     the time each step saves."""
     args = _args(tmp_path, "--compile")
-    assert bench._compared(args) and "optimisation.compile=true" in bench._overrides_of(args)
+    assert bench._compared(args) and "optimisation.compile=true" in train_cases._overrides_of(args)
     argv = bench.argv_of(args)
     assert "--compile" in argv and "--compile" not in bench._plain_argv(argv, "quickstart", args)
     # compiled alone is measured against the same step eager: finetune-small keeps its cached step
@@ -273,12 +276,12 @@ def test_compile_comparison_plumbing(tmp_path: Path) -> None:
     compiled = {**row, "step": "plain+compiled", "compiled": True, "warmup_s": [40.0, 3.0], "step_ms": 800.0}
     eager = {**row, "step": "plain", "compiled": False, "warmup_s": [2.0, 1.0], "step_ms": 1000.0,
              "samples_per_s": 16.0}
-    c = bench.compare(compiled, eager)
+    c = train_report.compare(compiled, eager)
     assert c["compile_s"] == pytest.approx(40.0) and c["break_even_steps"] == pytest.approx(200.0)
     assert c["time_per_sample_ratio"] == pytest.approx(0.8)
-    slower = bench.compare({**compiled, "step_ms": 1100.0}, eager)
+    slower = train_report.compare({**compiled, "step_ms": 1100.0}, eager)
     assert slower["break_even_steps"] is None
-    table = bench.format_table({"environment": {"threads": 2}, "cases": [], "comparisons": [c, slower]})
+    table = train_report.format_table({"environment": {"threads": 2}, "cases": [], "comparisons": [c, slower]})
     assert "compile time 40.0 s" in table and "pays after 200 steps" in table and "never (not faster)" in table
 
 

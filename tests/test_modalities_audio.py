@@ -113,7 +113,7 @@ def _hubert_without_dropout(**extra: object) -> dict:
 def test_hubert_spec_augment_is_off_unless_asked() -> None:
     """The model's own SpecAugment would mask natural views in training mode (and read a boolean
     mask back from the device every step): off by default, kept with ``spec_augment: true``."""
-    from mmviews.bench.train import HostReadRecorder
+    from mmviews.bench.host_reads import HostReadRecorder
 
     inputs = {"values": torch.randn(2, 4000), "sample_rate": 16000}
     torch.manual_seed(0)

@@ -121,12 +121,12 @@ def test_resident_set_fallback_on_macos_is_in_bytes(monkeypatch: pytest.MonkeyPa
 def test_the_estimate_and_the_benchmarks_read_memory_here() -> None:
     """One reader: the memory estimate and the benchmarks use these functions, not copies."""
     from mmviews.bench import scale, text_step
-    from mmviews.bench import train as bench_train
+    from mmviews.bench import train_measure
     from mmviews.train import memory
 
     assert memory.resident_bytes is process_memory.resident_bytes
     assert memory.resident_peak_bytes is process_memory.resident_peak_bytes
     assert memory.trim_host_memory is process_memory.trim_host_memory
     assert scale.resident_high_water_bytes is process_memory.resident_high_water_bytes
-    assert bench_train.resident_high_water_bytes is process_memory.resident_high_water_bytes
+    assert train_measure.resident_high_water_bytes is process_memory.resident_high_water_bytes
     assert text_step.resident_high_water_bytes is process_memory.resident_high_water_bytes

@@ -25,7 +25,7 @@ from test_train_utils import load_weights, own_accelerate_state, run_ranks, star
 from torch import nn
 
 import mmviews.train.trainer as trainer
-from mmviews.bench.train import HostReadRecorder
+from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.config import ConfigError, config_from_dict
 from mmviews.data.batch import PresentItems, ViewBatch, ViewInfo
 from mmviews.modalities.presets import TINY_BERT, tiny_config

@@ -85,7 +85,7 @@ def test_host_read_recorder_counts_optimiser_step_reads_of_device_tensors():
     """torch.optim's reads of its step counters are left out only for counters in host memory."""
     from torch.optim.optimizer import _get_value
 
-    from mmviews.bench.train import HostReadRecorder
+    from mmviews.bench.host_reads import HostReadRecorder
 
     with HostReadRecorder() as recorder:
         _get_value(torch.tensor(3.0))

@@ -5,7 +5,7 @@ and on a bad input (checked on the host where batches are collated) with the ada
 On CPU there is no device synchronisation to observe, so the no-sync tests record what would be
 one on an accelerator: every read of a tensor's value by Python (``item``, ``bool``, ``int``,
 ``float``, ``tolist``...) and every value-sized operation (``nonzero``, boolean-mask indexing),
-with :class:`mmviews.bench.train.HostReadRecorder`, outside the loader's ``next`` (collation
+with :class:`mmviews.bench.host_reads.HostReadRecorder`, outside the loader's ``next`` (collation
 works on host tensors) and outside log steps and checkpoints."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 import mmviews.train.trainer as trainer
 from mmviews.train.setup import HostPreparedCollate
-from mmviews.bench.train import HostReadRecorder
+from mmviews.bench.host_reads import HostReadRecorder
 from mmviews.config import config_from_dict
 from mmviews.data.batch import ViewBatch, ViewInfo
 from mmviews.data.gaussian import GaussianLatents
@@ -305,14 +305,14 @@ def _collate_stub(samples: Any) -> Any:
 def test_bench_train_step_reads_nothing_with_missing_views() -> None:
     """``mmviews bench train --count-host-reads``: the step it mirrors (quickstart: text, audio,
     image and flow adapters, here with missing modalities) reads nothing from the device."""
-    from mmviews.bench import train as bench
+    from mmviews.bench.train_measure import measure
     from mmviews.config import load_config, resolve_recipe
     from mmviews.train import build_run
 
     overrides = ["data.batch_size=16", "data.split_options.train.num_samples=48", "data.options.missing_rate=0.3",
                  "cpu=true"]
     parts = build_run(load_config(resolve_recipe("quickstart"), overrides), 1, with_eval=False)
-    row = bench.measure(parts, case="quickstart", device="cpu", steps=1, warmup=0, count_host_reads=2)
+    row = measure(parts, case="quickstart", device="cpu", steps=1, warmup=0, count_host_reads=2)
     assert row["host_reads"] == {"steps": 2, "per_step": 0.0, "by_origin": {}}
 
 

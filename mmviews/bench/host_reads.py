@@ -3,7 +3,8 @@
 :class:`HostReadRecorder` records each read (Python's ``item``/``bool``/``tolist``/``cpu``...,
 aten operations whose output size depends on values, boolean-mask indexing) with the source
 line that made it; ``mmviews bench train --count-host-reads N`` reports them per step, and the
-tests of the training step use it on their own (:mod:`mmviews.bench.train` re-exports it).
+tests of the training step use it on their own (:mod:`mmviews.bench.train_measure` runs the
+steps under it).
 """
 
 from __future__ import annotations

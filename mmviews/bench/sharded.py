@@ -65,7 +65,7 @@ def held_bytes(model: torch.nn.Module, optimizer: Any) -> dict[str, int]:
 def _worker(args: argparse.Namespace, out: Path) -> None:
     """One process of a measured setup: build the case, prepare it as ``mmviews train`` does,
     run the steps, write rank 0's figures to ``out``."""
-    from mmviews.bench.train import build_case
+    from mmviews.bench.train_cases import build_case
     from mmviews.process_memory import resident_high_water_bytes
     from mmviews.train.distributed import process_state
     from mmviews.train.setup import batches_forever, make_accelerator, prepare_run
@@ -144,7 +144,8 @@ def _mb(n: float) -> str:
 def estimate_setup(case: str, argv: list[str], processes: int, sharding: str) -> dict[str, Any]:
     """The training-step estimate of ``mmviews train --check`` for ``processes`` processes and
     ``sharding``, made in a fresh process, on the workers' thread count."""
-    from mmviews.bench.train import estimate_in_subprocess, estimate_parts_mb
+    from mmviews.bench.train import estimate_in_subprocess
+    from mmviews.bench.train_report import estimate_parts_mb
 
     threads = [] if "--threads" in argv else ["--threads", "1"]  # the workers' default (main below)
     estimate = estimate_in_subprocess(case, [*argv, *threads, "--set", f"distributed.sharding={sharding}",
@@ -155,7 +156,7 @@ def estimate_setup(case: str, argv: list[str], processes: int, sharding: str) ->
 def run_sharded(case: str, argv: list[str]) -> dict[str, Any]:
     """The three setups of ``case`` and their ratios (with ``--check``'s estimate of each, where
     the case has one)."""
-    from mmviews.bench.train import has_estimate
+    from mmviews.bench.train_cases import has_estimate
 
     rows = []
     for n, sharding in SETUPS:
@@ -192,7 +193,8 @@ def format_sharded(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """A worker: ``python -m mmviews.bench.sharded --worker-output FILE BENCH_TRAIN_OPTIONS``."""
-    from mmviews.bench.train import steps_of, add_arguments
+    from mmviews.bench.train import add_arguments
+    from mmviews.bench.train_cases import steps_of
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="mmviews.bench.sharded")

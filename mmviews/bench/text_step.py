@@ -125,11 +125,12 @@ def backbone_setup(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) 
 
 def mmviews_row(model: Path, K: int, tokens: int, steps: int, warmup: int, ops: bool = False) -> dict[str, Any]:
     """``steps`` timed plain steps of :func:`mmviews_config` after ``warmup``: ``mmviews bench
-    train``'s :func:`~mmviews.bench.train.step_phases` (the batch drawn, collated and tokenised,
-    then the trainer's own :func:`mmviews.train.step.train_step`), prepared as ``mmviews train``
-    prepares it; seconds per phase beside the step's."""
+    train``'s :func:`~mmviews.bench.train_measure.step_phases` (the batch drawn, collated and
+    tokenised, then the trainer's own :func:`mmviews.train.step.train_step`), prepared as
+    ``mmviews train`` prepares it; seconds per phase beside the step's."""
     from mmviews.bench.common import synchroniser
-    from mmviews.bench.train import realistic_parts, step_phases
+    from mmviews.bench.train_cases import realistic_parts
+    from mmviews.bench.train_measure import step_phases
     from mmviews.train.setup import batches_forever, make_accelerator, prepare_run
 
     config = mmviews_config(model, K, tokens)
