@@ -94,6 +94,22 @@ def test_missing_checkpoint_path(tmp_path) -> None:
         build_adapter({"type": "text", "model": str(tmp_path / "no_such_model")})
 
 
+def test_a_model_folder_without_config_json_is_one_line(tmp_path) -> None:
+    """A folder holding a BERT's weights and tokenizer but not its config.json: mmviews's error
+    naming the folder and the file, not transformers' "Unrecognized model"."""
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path / "bert"
+    BertModel(BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=16)).save_pretrained(folder)
+    (folder / "config.json").unlink()
+    for pretrained in (True, False):
+        with pytest.raises(FileNotFoundError) as caught:
+            build_adapter({"type": "text", "model": str(folder), "pretrained": pretrained})
+        assert str(caught.value) == (f"text model: local folder {str(folder)!r} has no config.json (a transformers "
+                                     "checkpoint folder holds the model's config.json beside its weights)")
+
+
 def test_named_vocabulary_is_the_synthetic_word_list_and_is_saved_as_words(tmp_path) -> None:
     import json
 

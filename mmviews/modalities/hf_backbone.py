@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from .remote import check_local_or_hub
+from .remote import check_model_folder
 
 
 def transformers_backbone(config: Any, *, load_weights: bool, saved_dir: Path | None, what: str,
@@ -25,11 +25,7 @@ def transformers_backbone(config: Any, *, load_weights: bool, saved_dir: Path | 
     if saved_dir is not None:
         return AutoModel.from_config(AutoConfig.from_pretrained(saved_dir / "backbone"))
     if config.model:
-        check_local_or_hub(config.model, f"{what} model")
-        folder = Path(config.model).expanduser()
-        if folder.is_dir() and not (folder / "config.json").is_file():  # else transformers: "Unrecognized model"
-            raise FileNotFoundError(f"{what} model: local folder {config.model!r} has no config.json (a transformers "
-                                    "checkpoint folder holds the model's config.json beside its weights)")
+        check_model_folder(config.model, f"{what} model")
         try:
             if config.pretrained and load_weights:
                 return AutoModel.from_pretrained(config.model)

@@ -47,3 +47,14 @@ def check_local_or_hub(name: str, what: str) -> None:
     looks_local = os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1
     if looks_local and not os.path.exists(os.path.expanduser(name)):
         raise FileNotFoundError(f"{what}: local path {name!r} does not exist")
+
+
+def check_model_folder(name: str, what: str) -> None:
+    """:func:`check_local_or_hub` for a transformers model, and when ``name`` is an existing
+    folder, that it holds the model's ``config.json`` (else transformers answers "Unrecognized
+    model", which does not say what is missing). ``what`` names the model in the error."""
+    check_local_or_hub(name, what)
+    folder = os.path.expanduser(name)
+    if os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, "config.json")):
+        raise FileNotFoundError(f"{what}: local folder {name!r} has no config.json (a transformers checkpoint folder "
+                                "holds the model's config.json beside its weights)")

@@ -22,7 +22,7 @@ from mmviews.data.synthetic import synthetic_vocabulary
 from .base import Adapter, register_adapter
 from .config import AdapterConfig
 from .inputs import HostPreprocessor, InputCheck, masked_mean, require_tensor, to_device
-from .remote import check_local_or_hub
+from .remote import check_local_or_hub, check_model_folder
 from .checkpointing import enable_transformers_checkpointing
 from .dropout import KEYED_ATTENTION
 
@@ -164,7 +164,7 @@ class TextAdapter(Adapter):
             self.backbone = AutoModel.from_config(AutoConfig.from_pretrained(saved_dir / "backbone"))
             self.tokenizer = AutoTokenizer.from_pretrained(saved_dir / "tokenizer")
         elif config.model:
-            check_local_or_hub(config.model, "text model")
+            check_model_folder(config.model, "text model")
             try:
                 if config.pretrained and load_weights:
                     self.backbone = AutoModel.from_pretrained(config.model)
