@@ -440,3 +440,17 @@ def test_the_help_says_what_each_argument_is():
                  "terminal gets the over-seeds table and the per-run rows of the headline metrics",
                  "output folder (default: ./comparison)", "metrics to plot (default: headline metrics)"):
         assert said in text, said
+
+
+def test_the_warnings_and_the_random_init_table_read_as_written_here(tmp_path: Path):
+    runs = [write_run(tmp_path, "r0", {"t/acc": 0.5}, results={"warnings": ["collapse: x"]}, random_init={"t/acc": 0.3}),
+            write_run(tmp_path, "r1", {"t/acc": 0.7})]
+    compare.compare_runs(runs, tmp_path / "cmp")
+    lines = (tmp_path / "cmp" / "comparison.md").read_text().split("\n")
+    assert lines[:7] == ["# Run comparison", "", "## Warnings: did it learn?", "", "- r0: collapse: x", "",
+                         "## Per run"]
+    start = lines.index("Trained minus random init (each run against its own encoder as initialised; "
+                        "random-init value in brackets):")
+    assert lines[start - 1:start + 6] == [
+        "", "Trained minus random init (each run against its own encoder as initialised; random-init value in brackets):",
+        "", "| metric | r0 | r1 |", "|---|---|---|", "| t/acc | +0.2000 (0.3000) | - |", ""]
