@@ -197,9 +197,14 @@ def disk_full(folder: str | os.PathLike[str], what: str, needed: int | Callable[
         # (a DiskFullError of a write inside: said again for the whole of this one, its folder removed)
         if not isinstance(error, (OSError, RuntimeError)) and type(error).__name__ != "SafetensorError":
             raise
+        # ``needed`` is asked only when the answer depends on it or the error reports it: any other error
+        # (a collective that timed out mid-checkpoint) passes unchanged, never replaced by an error of the
+        # estimate itself (a sharded model's state after a failed collective cannot always be measured)
+        full = is_disk_full(error)
+        if not (full or _WRITE_FAILED in str(error)):
+            raise
         bytes_needed = needed() if callable(needed) else needed
-        full = is_disk_full(error) or (_WRITE_FAILED in str(error) and free_bytes(folder) < bytes_needed)
-        if not full:
+        if not (full or free_bytes(folder) < bytes_needed):
             raise
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)

@@ -285,3 +285,24 @@ def test_permissions_follow_a_umask_that_leaves_execute_bits(tmp_path: Path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644  # read-write for the owner, read for the others, never execute
+
+
+def test_other_errors_pass_unchanged_without_estimating_the_bytes(tmp_path):
+    """An error that cannot be a full disk (a collective timing out mid-checkpoint) reaches the
+    caller as raised: the estimate of the bytes needed is not computed, so an error of the
+    estimate itself (a sharded model's state after the failed collective) cannot replace it."""
+    from mmviews.fileio import DiskFullError, disk_full
+
+    def estimate() -> int:
+        raise RuntimeError("Attempted to access the data pointer on an invalid python storage.")
+
+    timed_out = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation")
+    with pytest.raises(RuntimeError) as caught:
+        with disk_full(tmp_path, "the checkpoint of step 3", estimate, cleanup=tmp_path / "partial"):
+            raise timed_out
+    assert caught.value is timed_out
+    asked: list[int] = []
+    with pytest.raises(DiskFullError, match="it needs about 1000000000000000000 bytes"):
+        with disk_full(tmp_path, "x", lambda: asked.append(1) or 10 ** 18):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert asked == [1]  # a full disk: the estimate is asked, for the message
