@@ -454,3 +454,28 @@ def test_the_warnings_and_the_random_init_table_read_as_written_here(tmp_path: P
     assert lines[start - 1:start + 6] == [
         "", "Trained minus random init (each run against its own encoder as initialised; random-init value in brackets):",
         "", "| metric | r0 | r1 |", "|---|---|---|", "| t/acc | +0.2000 (0.3000) | - |", ""]
+
+
+def test_the_terminal_summary_the_runs_line_and_empty_csv_cells_read_as_written_here(tmp_path: Path):
+    runs = [write_run(tmp_path, "r0", {"t/acc": 0.5, "t/other": 0.1}, results={"warnings": ["collapse: x"]}),
+            write_run(tmp_path, "r1", {"t/acc": 0.7})]
+    summary: list[str] = []
+    compare.compare_runs(runs, tmp_path / "cmp", ["t/acc"], summary)
+    assert summary[:5] == ["## Warnings: did it learn?", "", "- r0: collapse: x", "", "## Per run (headline metrics)"]
+    assert summary[5] == ""
+    lines = (tmp_path / "cmp" / "comparison.md").read_text().split("\n")
+    at = lines.index(f"Runs: r0 = `{runs[0]}`, r1 = `{runs[1]}`")
+    assert lines[at - 1:] == ["", f"Runs: r0 = `{runs[0]}`, r1 = `{runs[1]}`", "", "", "",
+                              "Plots: [metrics_bar.png](metrics_bar.png)", ""]  # no Acc-2 note: no such metric
+    with (tmp_path / "cmp" / "comparison.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    # no results.json: steps, final loss and wall time are empty cells
+    assert [(r["steps"], r["final_loss"], r["wall_time_s"]) for r in rows] == [("", "", ""), ("", "", "")]
+    every: list[str] = []
+    compare.compare_runs(runs, tmp_path / "all", ["t/acc", "t/other"], every)
+    assert "## Per run" in every and "## Per run (headline metrics)" not in every
+    seeds = [write_run(tmp_path / "s", f"s{seed}", {"t/acc": 0.5 + seed / 10}, config={"name": "toy", "seed": seed},
+                       results={"warnings": ["collapse: x"]} if seed == 0 else None) for seed in (0, 1)]
+    seeded: list[str] = []
+    compare.compare_runs(seeds, tmp_path / "seeded", None, seeded)
+    assert seeded[:4] == ["## Warnings: did it learn?", "", "- s0: collapse: x", ""] and seeded[4] == "## Over seeds"
