@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmviews.modalities.remote import allow_remote_models, check_local_or_hub, check_model_source
+from mmviews.modalities.remote import allow_remote_models, check_local_or_hub, check_model_folder, check_model_source
 
 REFUSAL = ("{key}={name!r} loads a model configuration and weights from outside the recipe; refused unless asked "
            "for on the command line (--allow-remote-models)")
@@ -64,3 +64,30 @@ def test_an_absolute_missing_path_is_named_and_existing_paths_and_hub_ids_pass(t
         check_local_or_hub(name, "text model")
     for hub_id in ("bert-base-uncased", "org/name", "missing_single_name"):
         check_local_or_hub(hub_id, "text model")  # a hub id (one '/' at most): looked up on the hub later
+
+
+def test_a_model_folder_must_hold_its_config_json(tmp_path, monkeypatch):
+    """An existing folder without config.json is named (after the user's ``~`` is expanded);
+    one with it, a hub id, and a missing path (the local-or-hub check's error) behave as
+    :func:`check_local_or_hub` says."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"")
+    for name in (str(model), "~/model"):
+        with pytest.raises(FileNotFoundError) as caught:
+            check_model_folder(name, "audio model")
+        assert str(caught.value) == (f"audio model: local folder {name!r} has no config.json (a transformers "
+                                     "checkpoint folder holds the model's config.json beside its weights)")
+    (model / "config.json").mkdir()  # a folder of that name is not the file
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        check_model_folder(str(model), "audio model")
+    (model / "config.json").rmdir()
+    (model / "config.json").write_text("{}")
+    check_model_folder(str(model), "audio model")
+    check_model_folder("~/model", "audio model")
+    check_model_folder("org/name", "audio model")  # a hub id: nothing local to check
+    (tmp_path / "file.bin").write_text("x")
+    check_model_folder(str(tmp_path / "file.bin"), "audio model")  # a file is not a folder: transformers decides
+    with pytest.raises(FileNotFoundError, match=r"^audio model: local path '.*nowhere' does not exist$"):
+        check_model_folder(str(tmp_path / "nowhere"), "audio model")
