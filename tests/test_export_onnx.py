@@ -74,8 +74,14 @@ def test_each_adapter_types_graph_takes_its_inputs_with_their_dynamic_axes(kind:
     if "lengths" in spec.inputs:  # one full row, one shorter: the tracer sees a padded batch
         full = shapes["values"][1]
         assert spec.inputs["lengths"].tolist() == [full, full * 3 // 4 if "samples" in axes["values"].values() else 3]
-    again = graph_spec(tiny_adapter(kind.partition("-")[0], **overrides))  # an export is reproducible
+    # the examples come from a generator of their own: the same at every export, and torch's global
+    # generator (a caller's seeded stream) is not moved by them
+    adapter = tiny_adapter(kind.partition("-")[0], **overrides)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    again = graph_spec(adapter)
     assert all(torch.equal(again.inputs[name], spec.inputs[name]) for name in shapes)
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_a_short_sample_rate_traces_twice_the_shortest_input() -> None:
@@ -108,6 +114,9 @@ def test_the_text_graph_takes_token_ids_and_the_tokenizer_stays_outside() -> Non
     assert spec.preprocessing == {"tokenizer": "tokenizer/tokenizer.json", "max_length": adapter.config.max_length,
                                   "padding_side": "right", "pad_token_id": adapter.tokenizer.pad_token_id}
     assert not spec.dynamo and spec.constants == {}
+    adapter.tokenizer.pad_token = adapter.tokenizer.unk_token  # a tokenizer whose padding id is not 0
+    assert adapter.tokenizer.pad_token_id != 0
+    assert graph_spec(adapter).preprocessing["pad_token_id"] == adapter.tokenizer.pad_token_id
 
 
 def test_a_type_without_an_export_is_named() -> None:
@@ -153,9 +162,13 @@ def test_an_mlp_graph_and_its_manifest_entry(tmp_path: Path, capsys: pytest.Capt
         np.testing.assert_allclose(run_graph(tmp_path, entry, {"values": values}), reference, rtol=0, atol=1e-5)
 
 
-def test_a_sequence_graph_is_exported_by_dynamo_with_its_dynamic_dimensions(tmp_path: Path) -> None:
+def test_a_sequence_graph_is_exported_by_dynamo_with_its_dynamic_dimensions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     adapter = tiny_adapter("feature_sequence", input_dim=3)
-    entry = export_adapter(adapter, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        entry = export_adapter(adapter, tmp_path)
+    assert [str(w.message) for w in caught] == [] and capsys.readouterr() == ("", "")  # quiet, as the tracer
     assert (entry["exporter"], entry["opset"]) == ("dynamo", 18)
     graph = onnx.load(str(tmp_path / "model.onnx"))
     assert [o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")] == [18]
@@ -192,7 +205,9 @@ def test_export_onnx_writes_each_adapter_the_manifest_and_the_recipe(run: Path, 
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "image", "onnx_manifest.json", "text"]
     assert sorted(p.name for p in (out / "text").iterdir()) == ["model.onnx", "tokenizer"]
     assert (out / "text" / "tokenizer" / "tokenizer.json").is_file()
-    manifest = json.loads((out / "onnx_manifest.json").read_text())
+    text = (out / "onnx_manifest.json").read_text()
+    manifest = json.loads(text)
+    assert text == json.dumps(manifest, indent=2)  # indented for a person to read
     assert {k: manifest[k] for k in ("format", "version", "torch", "recipe", "not_exported")} == {
         "format": "mmviews-onnx", "version": 1, "torch": torch.__version__, "recipe": "config.yaml",
         "not_exported": {"flow": reason}}

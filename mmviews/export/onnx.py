@@ -91,7 +91,7 @@ def _waveform_spec(adapter: Any) -> GraphSpec:
                      dynamo=adapter.config.type == "audio_cnn")
 
 
-def _images_spec(adapter: Any, channels: int, size: tuple[int, int] | None) -> GraphSpec:
+def _images_spec(channels: int, size: tuple[int, int] | None) -> GraphSpec:
     """Images ``[frames, C, H, W]``; a fixed ``size`` for a ViT, any size for a CNN."""
     h, w = size or (32, 32)
     axes = {0: "frames"} if size else {0: "frames", 2: "height", 3: "width"}
@@ -102,14 +102,14 @@ def _images_spec(adapter: Any, channels: int, size: tuple[int, int] | None) -> G
 
 
 def _open_clip_spec(adapter: Any) -> GraphSpec:
-    return _images_spec(adapter, 3, tuple(adapter.image_size))
+    return _images_spec(3, tuple(adapter.image_size))
 
 
 def _small_cnn_spec(adapter: Any) -> GraphSpec:
-    return _images_spec(adapter, adapter.config.in_channels, None)
+    return _images_spec(adapter.config.in_channels, None)
 
 
-def _flow_spec(adapter: Any, group: int, size: tuple[int, int] | None, clips: str) -> GraphSpec:
+def _flow_spec(group: int, size: tuple[int, int] | None, clips: str) -> GraphSpec:
     """Flow ``[rows, group, 2, H, W]``: ``group`` consecutive flows per row."""
     h, w = size or (32, 32)
     axes = {0: "rows"} if size else {0: "rows", 3: "height", 4: "width"}
@@ -121,12 +121,12 @@ def _flow_spec(adapter: Any, group: int, size: tuple[int, int] | None, clips: st
 
 def _flow_cnn_spec(adapter: Any) -> GraphSpec:
     if adapter.config.temporal == "stack":  # the T flows are the channels of one input: T is fixed
-        return _flow_spec(adapter, int(adapter.config.num_flows), None, "whole")
-    return _flow_spec(adapter, 1, None, "per-frame")
+        return _flow_spec(int(adapter.config.num_flows), None, "whole")
+    return _flow_spec(1, None, "per-frame")
 
 
 def _flow_clip_spec(adapter: Any) -> GraphSpec:
-    return _flow_spec(adapter, int(adapter.config.stacked_flows), tuple(adapter.image_size), "per-frame")
+    return _flow_spec(int(adapter.config.stacked_flows), tuple(adapter.image_size), "per-frame")
 
 
 def _sequence_spec(adapter: Any) -> GraphSpec:
