@@ -479,3 +479,23 @@ def test_the_terminal_summary_the_runs_line_and_empty_csv_cells_read_as_written_
     seeded: list[str] = []
     compare.compare_runs(seeds, tmp_path / "seeded", None, seeded)
     assert seeded[:4] == ["## Warnings: did it learn?", "", "- s0: collapse: x", ""] and seeded[4] == "## Over seeds"
+
+
+def test_the_plots_line_and_the_json_record_of_each_run(tmp_path: Path):
+    runs = _plotted_runs(tmp_path)
+    compare.compare_runs(runs, tmp_path / "cmp")
+    lines = (tmp_path / "cmp" / "comparison.md").read_text().split("\n")
+    assert lines[-2] == ("Plots: [metrics_bar.png](metrics_bar.png), [metric_vs_views.png](metric_vs_views.png), "
+                         "[training_curves.png](training_curves.png)")
+    saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    run = write_run(tmp_path / "one", "r", {"t/acc": 0.5}, meta={"objective": "a", "num_views": 2},
+                    results={"steps": 4, "final_loss": 1.5, "wall_time_s": 2.0})
+    compare.compare_runs([run], tmp_path / "one_cmp")
+    assert json.loads((tmp_path / "one_cmp" / "comparison.json").read_text()) == {"r": {
+        "path": str(run), "objective": "a", "num_views": 2, "metrics": {"t/acc": 0.5}, "random_init": {},
+        "steps": 4, "final_loss": 1.5, "wall_time_s": 2.0, "warnings": [], "configuration": "r"}}
+    assert set(saved) == {"r0", "r1", "r2"}
+    # nothing to plot (the run's only figures are settings and chances): no Plots line
+    bare = write_run(tmp_path / "bare", "b", {"linear/class/weight_decay": 0.01, "chance/t/acc": 0.5})
+    compare.compare_runs([bare], tmp_path / "bare_cmp")
+    assert "Plots:" not in (tmp_path / "bare_cmp" / "comparison.md").read_text()
