@@ -6,9 +6,10 @@ failure of :func:`mmviews.train.distributed.collective_failure`).
   the agent restarts both workers, the same command continues from the newest complete
   checkpoint, and the run ends (exit status 0, ``results.json`` status ok) on the weights of an
   uninterrupted run (one process, to float rounding: no BatchNorm, no dropout).
-- A peer stopped with SIGSTOP: the live process leaves within ``distributed.timeout_s`` (3 s here)
-  plus its teardown, with one line of mmviews's own (the process, the step, the timeout, the
-  newest complete checkpoint, the command that resumes) and no traceback.
+- A peer stopped with SIGSTOP: the live process (the ``mmviews`` command itself) leaves within
+  ``distributed.timeout_s`` (3 s here) plus its exit, with one line of mmviews's own (the process,
+  the step, the timeout, the newest complete checkpoint, the command that resumes), no traceback
+  and exit status 2.
 
 Each launch is as small as the claim allows: the tiny text recipe, 4 optimiser steps, a
 checkpoint after every one, the hold of ``tests/slow_train.py`` at the moment of the fault."""
@@ -31,6 +32,7 @@ from test_train_utils import (
     load_weights,
     started,
     tiny_config,
+    train_command,
     train_in_process,
     wait_for_file,
     write_recipe,
@@ -83,10 +85,12 @@ def test_killed_worker_is_restarted_and_the_run_continues(recipe, tmp_path):
 def test_stopped_peer_fails_the_run_in_bounded_time_with_one_line(recipe, tmp_path):
     run = tmp_path / "run"
     port = free_port()
-    command = [sys.executable, SLOW_TRAIN, "--hold-after-step", "2", "--hold-rank", "1",
-               "--hold-marker", str(tmp_path / "held"), "--", str(recipe), "--output", str(run)]
+    held = [sys.executable, SLOW_TRAIN, "--hold-after-step", "2", "--hold-marker", str(tmp_path / "held"), "--",
+            str(recipe), "--output", str(run)]
+    # the live process is the mmviews command itself: its own exit after the failure is part of the claim
+    commands = [train_command(str(recipe), "--output", str(run)), held]
     with contextlib.ExitStack() as stack:
-        ranks = [stack.enter_context(started(command, env=env(
+        ranks = [stack.enter_context(started(commands[rank], env=env(
             RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port)))) for rank in range(2)]
         wait_for_file(ranks[1], tmp_path / "held", "rank 1 holding after step 2")

@@ -12,19 +12,23 @@ dataset, split or option) is one line naming what is at fault, exit status 2; an
 is a bug and keeps its traceback (``--debug`` shows every traceback and warning). Warnings, the
 health checks' verdicts included, are one line each on stderr, ``mmviews COMMAND: warning: ...``;
 W&B's own lines (``WANDB_SILENT``) and torch's C++ warnings are off unless ``--debug``.
+After a collective failed because another process hung or died, the command's own process ends
+without the interpreter's teardown (:func:`leave_without_teardown`).
 Which errors and warnings print how: ``docs/cli.md`` ("Errors and warnings").
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import os
 import pickle
 import re
 import sys
-from typing import Iterator, Sequence
+import traceback
+from typing import Iterator, NoReturn, Sequence
 
 from mmviews.notices import one_line_warnings
 from mmviews.registry import did_you_mean
@@ -35,7 +39,8 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, p
 # A run that diverged (non-finite loss, named with its step): reported, exit status 1.
 RUN_FAILURES: tuple[type[BaseException], ...] = (FloatingPointError,)
 
-__all__ = ["COMMANDS", "command_parser", "error_message", "main", "same_on_every_process", "worker_error"]
+__all__ = ["COMMANDS", "command_parser", "error_message", "leave_without_teardown", "main", "same_on_every_process",
+           "worker_error"]
 
 # command -> (module, one-line help). Sub-commands with their own sub-verbs (bench) are
 # dispatched by their module.
@@ -128,11 +133,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         # worker's whole traceback (or as a RuntimeError when its type cannot be rebuilt): it is
         # judged, and printed, as the worker's own error.
         error = worker_error(caught)
+        peer_failed = owns_process and _collective_failed(error)
         if args.debug or not isinstance(error, USER_ERRORS + RUN_FAILURES):
-            raise
+            if not peer_failed:
+                raise
+            traceback.print_exception(caught)  # what Python prints for an uncaught error, then its status
+            leave_without_teardown(1)
         if not (_same_on_every_process(error) and os.environ.get("RANK", "0") != "0"):
             print(f"mmviews {name}: error: {error_message(error)}", file=sys.stderr)
-        return 1 if isinstance(error, RUN_FAILURES) else 2
+        status = 1 if isinstance(error, RUN_FAILURES) else 2
+        if peer_failed:
+            leave_without_teardown(status)
+        return status
+
+
+def _collective_failed(error: BaseException) -> bool:
+    """A collective failed because a peer hung or died (:class:`mmviews.train.distributed.CollectiveFailure`;
+    looked up without importing torch: only a process that imported it can have raised one)."""
+    distributed = sys.modules.get("mmviews.train.distributed")
+    return distributed is not None and isinstance(error, distributed.CollectiveFailure)
+
+
+def leave_without_teardown(status: int) -> NoReturn:
+    """End this process with ``status`` after its exit handlers (trackers, log files, loader
+    workers) but without the interpreter's teardown.
+
+    After a peer hung or died, the process group's worker threads may still hold operations to
+    it: gloo cannot cancel them, each ends only at its timeout, and the first to end after the
+    interpreter has begun its teardown releases its tensors there, which needs the interpreter:
+    the thread is stopped inside C++ code and the process aborts (SIGABRT, "terminate called
+    without an active exception") instead of exiting with its status. Waiting for them could
+    take ``distributed.timeout_s`` again per operation queued."""
+    atexit._run_exitfuncs()  # what a normal exit runs first, while the interpreter is whole
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken pipe: nothing left to say there
+            stream.flush()
+    os._exit(status)
 
 
 def _same_on_every_process(error: BaseException) -> bool:
