@@ -788,6 +788,15 @@ def test_live_tensor_bytes_follows_allocations_and_frees() -> None:
     assert live.live == 0  # released when the last tensor of each storage goes
 
 
+def test_live_tensor_bytes_counts_each_new_output_of_an_op_beside_its_views() -> None:
+    """An op's outputs one by one: one on an input's storage (a view) counts nothing, and the
+    new ones after it still count (the op here: a view of its input, then a new tensor)."""
+    x, new = torch.zeros(4), torch.zeros(8)  # 16 and 32 bytes
+    live = memory.LiveTensorBytes()
+    out = live.__torch_dispatch__(lambda a: (a.view(2, 2), new), (), (x,), {})
+    assert out[1] is new and (live.live, live.peak) == (32, 32)
+
+
 def test_live_tensor_bytes_of_a_block_that_allocates_nothing_is_zero() -> None:
     made_before = torch.zeros(8)
     live = memory.LiveTensorBytes()
@@ -1421,8 +1430,14 @@ def test_evaluation_forward_counts_by_hand(monkeypatch) -> None:
     assert memory.measure_evaluation_forward(parts).resident_growth == 300
     monkeypatch.setattr(memory, "resident_peak_bytes", lambda: 1000)
     assert memory.measure_evaluation_forward(parts).resident_growth == 0
+    # what the batch leaves once freed: the resident set after it, above the reading before
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 1000 + 700)
+    assert memory.measure_evaluation_forward(parts).kept == 700
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 900)
+    assert memory.measure_evaluation_forward(parts).kept == 0  # never negative
     monkeypatch.setattr(memory, "_reset_resident_peak", lambda: None)
-    assert memory.measure_evaluation_forward(parts).resident_growth is None
+    forward = memory.measure_evaluation_forward(parts)
+    assert forward.resident_growth is None and forward.kept is None
 
 
 def test_evaluation_forward_of_an_empty_split_is_none() -> None:
