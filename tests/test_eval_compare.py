@@ -434,12 +434,12 @@ def test_the_help_says_what_each_argument_is():
 
     parser = argparse.ArgumentParser()
     compare.add_arguments(parser)
-    text = " ".join(parser.format_help().split())
+    text = " " + " ".join(parser.format_help().split()) + " "
     for said in ("runs run folders (or metrics.json files)",
                  "--all print the whole comparison.md (every metric, the random-init margins); by default the "
                  "terminal gets the over-seeds table and the per-run rows of the headline metrics",
                  "output folder (default: ./comparison)", "metrics to plot (default: headline metrics)"):
-        assert said in text, said
+        assert f" {said} " in text, said
 
 
 def test_the_warnings_and_the_random_init_table_read_as_written_here(tmp_path: Path):
@@ -499,3 +499,41 @@ def test_the_plots_line_and_the_json_record_of_each_run(tmp_path: Path):
     bare = write_run(tmp_path / "bare", "b", {"linear/class/weight_decay": 0.01, "chance/t/acc": 0.5})
     compare.compare_runs([bare], tmp_path / "bare_cmp")
     assert "Plots:" not in (tmp_path / "bare_cmp" / "comparison.md").read_text()
+
+
+def test_the_bars_random_init_ticks_labels_and_grid(tmp_path: Path, monkeypatch):
+    """Each run's random-init value is a wide black tick drawn over its bar; run names at 8 points
+    slanted to end under their bar; titles of 9 points, legends of 7, a faint horizontal grid only."""
+    import matplotlib.colors as mcolors
+
+    kept = {}
+    real = compare._save_figure
+
+    def keep(fig, path):
+        kept[Path(path).name] = fig
+        return real(fig, path)
+
+    monkeypatch.setattr(compare, "_save_figure", keep)
+    compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
+    ax = kept["metrics_bar.png"].axes[1]  # t/acc: r0 has a random-init value
+    (ticks,) = ax.collections
+    assert list(ticks.get_sizes()) == [400] and mcolors.to_hex(ticks.get_facecolor()[0]) == "#000000"
+    assert ticks.get_zorder() > max(bar.get_zorder() for bar in ax.patches)
+    marker = ticks.get_paths()[0].vertices  # "_": a horizontal line
+    assert set(marker[:, 1].round(6)) == {0.0} and marker[:, 0].max() > 0
+    assert all(t.get_fontsize() == 7 for t in ax.get_legend().get_texts())
+    assert ax.title.get_fontsize() == 9
+    labels = ax.get_xticklabels()
+    assert all(t.get_fontsize() == 8 and t.get_horizontalalignment() == "right" for t in labels)
+    assert all(0 < line.get_alpha() < 1 and line.get_visible() for line in ax.get_ygridlines())
+    assert not any(line.get_visible() for line in ax.get_xgridlines())
+
+
+def test_the_latest_numbered_evaluation_with_a_report_is_read(tmp_path: Path):
+    run = tmp_path / "run"
+    for n, value in ((1, 0.1), (2, 0.2)):
+        (run / f"eval-{n}").mkdir(parents=True)
+        (run / f"eval-{n}" / "metrics.json").write_text(json.dumps({"metrics": {"t/acc": value}, "meta": "not a dict"}))
+    (run / "eval-3").mkdir()  # started, never written
+    loaded = compare.load_run_metrics(run)
+    assert loaded.metrics == {"t/acc": 0.2} and loaded.meta == {}
