@@ -256,13 +256,13 @@ def undetected_in_last_run(module: str, equivalent: dict[str, str] | None = None
     mutmut reruns a mutant on its own only when its function's code changed; after new guards
     were written for a module, these are the mutants worth running again.
     """
-    from mutmut.stats import status_by_exit_code
-
     work = WORK_ROOT / module.replace("/", "__")
     meta = meta_path(work, module)
     if not meta.is_file():
         raise SystemExit(f"{module}: no earlier run to take survivors from ({meta} is missing)")
     exit_codes = read_results(work, module)
+    from mutmut.stats import status_by_exit_code
+
     return sorted(name for name, code in exit_codes.items()
                   if (code is None or status_by_exit_code[code] not in DETECTED) and name not in (equivalent or {}))
 
@@ -313,9 +313,9 @@ print(json.dumps({name: get_diff_for_mutant(name, path=sys.argv[1]) for name in 
 
 
 def read_score(module: str, tests: list[str], equivalent: dict[str, str], work: Path, with_diffs: bool) -> ModuleScore:
+    exit_codes = read_results(work, module)  # an unreadable file is reported first, mutmut installed or not
     from mutmut.stats import status_by_exit_code
 
-    exit_codes = read_results(work, module)
     score = ModuleScore(
         module=module,
         tests=tests,
