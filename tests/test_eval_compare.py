@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -402,12 +403,8 @@ def test_the_output_folder_is_named_by_any_of_its_spellings():
     assert parser.parse_args(["r1", "--all", "--metrics", "a/acc", "b/acc"]).metrics == ["a/acc", "b/acc"]
 
 
-def test_the_plots_text_is_small_their_grid_faint_and_the_zero_line_grey(tmp_path: Path, monkeypatch):
-    """Panel titles of 9 points and legends of 7 (the run labels and metric names are long), a
-    faint grid, and the MI panel's line at zero (chance) grey and thinner than the runs' curves,
-    in a colour none of them has."""
-    import matplotlib.colors as mcolors
-
+def _compared_figures(tmp_path: Path, monkeypatch) -> dict[str, Any]:
+    """The figures ``compare_runs`` draws for :func:`_plotted_runs`, by file name (still saved)."""
     kept = {}
     real = compare._save_figure
 
@@ -417,6 +414,16 @@ def test_the_plots_text_is_small_their_grid_faint_and_the_zero_line_grey(tmp_pat
 
     monkeypatch.setattr(compare, "_save_figure", keep)
     compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
+    return kept
+
+
+def test_the_plots_text_is_small_their_grid_faint_and_the_zero_line_grey(tmp_path: Path, monkeypatch):
+    """Panel titles of 9 points and legends of 7 (the run labels and metric names are long), a
+    faint grid, and the MI panel's line at zero (chance) grey and thinner than the runs' curves,
+    in a colour none of them has."""
+    import matplotlib.colors as mcolors
+
+    kept = _compared_figures(tmp_path, monkeypatch)
     for name in ("training_curves.png", "metric_vs_views.png"):
         for ax in kept[name].axes:
             assert ax.title.get_fontsize() == 9, name
@@ -506,15 +513,7 @@ def test_the_bars_random_init_ticks_labels_and_grid(tmp_path: Path, monkeypatch)
     slanted to end under their bar; titles of 9 points, legends of 7, a faint horizontal grid only."""
     import matplotlib.colors as mcolors
 
-    kept = {}
-    real = compare._save_figure
-
-    def keep(fig, path):
-        kept[Path(path).name] = fig
-        return real(fig, path)
-
-    monkeypatch.setattr(compare, "_save_figure", keep)
-    compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
+    kept = _compared_figures(tmp_path, monkeypatch)
     ax = kept["metrics_bar.png"].axes[1]  # t/acc: r0 has a random-init value
     (ticks,) = ax.collections
     assert list(ticks.get_sizes()) == [400] and mcolors.to_hex(ticks.get_facecolor()[0]) == "#000000"

@@ -35,13 +35,17 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path)
     assert [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
 
 
-def test_permissions_follow_the_umask(tmp_path: Path):
-    old = os.umask(0o027)
+@pytest.mark.parametrize(("umask", "mode"), [
+    (0o027, 0o640),  # not mkstemp's 0600
+    (0o022, 0o644),  # a umask that leaves execute bits: read-write for the owner, read for the others, never execute
+])
+def test_permissions_follow_the_umask(tmp_path: Path, umask: int, mode: int):
+    old = os.umask(umask)
     try:
         path = atomic_write_text(tmp_path / "report.md", "x")
     finally:
         os.umask(old)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o640  # not mkstemp's 0600
+    assert stat.S_IMODE(path.stat().st_mode) == mode
 
 
 def test_disk_full_errors_name_folder_needed_and_free(tmp_path, monkeypatch):
@@ -276,15 +280,6 @@ def test_json_objects_and_folder_names(tmp_path):
         read_json_object(path)
     assert is_folder_name("run-1") and is_folder_name(".hidden") and is_folder_name("X")
     assert not any(is_folder_name(n) for n in ("", ".", "..", "a/b", "a\\b", "a\0b"))
-
-
-def test_permissions_follow_a_umask_that_leaves_execute_bits(tmp_path: Path):
-    old = os.umask(0o022)
-    try:
-        path = atomic_write_text(tmp_path / "report.md", "x")
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # read-write for the owner, read for the others, never execute
 
 
 def test_other_errors_pass_unchanged_without_estimating_the_bytes(tmp_path):
