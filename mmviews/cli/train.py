@@ -73,6 +73,7 @@ from mmviews.eval.summary import RESULTS_LOGGER, data_left_out_lines, headline_l
 from mmviews.train.trackers import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
 from mmviews.train.resume import restart_attempt, restart_setup_lines
+from mmviews.train.precision import resolve_precision, slow_bf16_line
 from mmviews.train.preflight import run_checks
 
 
@@ -211,6 +212,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     host_memory = configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
                                         on_cpu=steps_on_cpu(config))
     if args.check:
+        config, precision = resolve_precision(config)  # as the run would: its memory estimate under that autocast
         with _overrides_named(str(recipe), args.overrides):
             parts = build_run(config, source=str(recipe))
             run_checks(parts, str(recipe))  # one batch of each split, the adapters' forward, the evaluation labels
@@ -225,6 +227,11 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         estimate = estimate_memory(parts, processes_from_environment(),
                                    getattr(config.optimisation, "encode_chunk_size", None))
         print("\n".join(estimate.lines(args.memory_budget_gb)))
+        if precision.asked == "auto":
+            print(precision.line())
+        slow = slow_bf16_line(precision.used, precision.device)
+        if slow is not None:
+            print_warning("mmviews train", slow)
         if host_memory == "hold":
             print(f"note: {HOLD_NOTE}")
         sys.stdout.flush()  # the verdict above comes first on a terminal that shows both streams

@@ -168,15 +168,20 @@ class AutocastEncoder(torch.nn.Module):
 
     def __init__(self, encoder: Encoder, precision: str) -> None:
         super().__init__()
-        if precision not in PRECISIONS:
+        if precision not in PRECISIONS and precision != "auto":  # auto: a recipe's, resolved per device below
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.encoder, self.precision = encoder, precision
 
     def forward(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.precision == "no":
-            return self.encoder(batch)
         params = list(self.encoder.parameters()) if isinstance(self.encoder, torch.nn.Module) else []
         device_type = params[0].device.type if params else "cpu"
-        with torch.autocast(device_type=device_type, dtype=_AUTOCAST_DTYPES[self.precision]):
+        precision = self.precision
+        if precision == "auto":  # as a run resolves it (mmviews.train.precision)
+            from mmviews.train.precision import choose_precision
+
+            precision = choose_precision("auto", device_type).used
+        if precision == "no":
+            return self.encoder(batch)
+        with torch.autocast(device_type=device_type, dtype=_AUTOCAST_DTYPES[precision]):
             z, mask = self.encoder(batch)
         return z.float(), mask  # as Accelerate's convert_outputs_to_fp32

@@ -22,6 +22,7 @@ from mmviews.train.build import RunParts, uses_teacher
 from mmviews.train.compiled import compile_encoder
 from mmviews.train.distributed import process_group_kwargs
 from mmviews.train.optim import build_optimizer, build_scheduler
+from mmviews.train.precision import resolve_precision
 from mmviews.train.sharding import launcher_fsdp_hidden, run_sharding, shard_encoder
 from mmviews.train.state import TrainState
 from mmviews.train.step import Prepared, warn_batch_norm
@@ -52,6 +53,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path, trackers: Sequence[str]
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, ProjectConfiguration
 
+    config = resolve_precision(config)[0]  # "auto": the run resolved it already, a benchmark may not have
     with launcher_fsdp_hidden():
         return Accelerator(
             cpu=config.cpu,

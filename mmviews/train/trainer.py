@@ -107,6 +107,7 @@ from mmviews.train.memory import tensor_bytes
 from mmviews.train.step_log import StepLogger
 from mmviews.train.trackers import resolve_trackers
 from mmviews.train.model_card import write_model_card
+from mmviews.train.precision import PrecisionChoice, announce_precision, resolve_precision
 from mmviews.train.resume import auto_resume_checkpoint
 from mmviews.train.state import TrainState
 from mmviews.train.setup import epoch_loader, make_accelerator, planned_steps, prepare_run
@@ -239,6 +240,7 @@ class _Run:
     losses: DataLosses
     callback: TrainCallback
     stop: StopOnSignal
+    precision: PrecisionChoice
 
 
 def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
@@ -248,6 +250,10 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     started = time.perf_counter()
     checkpoint = find_checkpoint(resume) if resume is not None else None
     processes = _start_processes(config)
+    # "auto" resolved for this device once, before the recipe is compared with a run's or saved
+    config, precision = resolve_precision(config, processes.device.type)
+    if processes.is_main_process:
+        announce_precision(precision)
     if checkpoint is None and config.output.auto_resume:  # the same command continues (mmviews.train.resume)
         if overwrite:
             raise ConfigError("--overwrite replaces the run, output.auto_resume continues it: choose one")
@@ -269,7 +275,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
                      state=p.state, resumed=checkpoint is not None, started=started)
     if trackers:  # however the run ends (an error too): a tracker run left open would block the next one
         on_exit.callback(accelerator.end_training)
-    run = _Run(config, run_dir, parts, p, log, losses, callback, stop)
+    run = _Run(config, run_dir, parts, p, log, losses, callback, stop, precision)
 
     # The loop: epochs of micro-batches, each one train_step (mmviews.train.step).
     saved = _train_epochs(run, checkpoint)
@@ -476,6 +482,7 @@ def _summary(run: _Run, *, started: float, finished: dict[str, Any] | None, chec
         "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "sharding": "fsdp" if p.sharded else "none", "mixed_precision": accelerator.mixed_precision,
+        "mixed_precision_choice": run.precision.to_dict(),  # asked (auto...), used, why
         "compile": bool(config.optimisation.compile), "host_memory": host_memory_state(),
         "resumed_from": str(checkpoint) if checkpoint is not None else None, "eval": metrics, "eval_random": random_metrics,
         "data_skipped": _data_left_out(accelerator, run.parts),

@@ -1,0 +1,132 @@
+"""``optimisation.mixed_precision: auto`` (the default): bf16 where the device computes it natively,
+float32 elsewhere (this machine's AVX2 CPU among them), said once and recorded in results.json; an
+explicit bf16 on such a CPU trains as asked with one warning line, which ``--check`` gives too."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from test_train_utils import tiny_config, train_in_process, write_recipe
+
+from mmviews.cli import main
+from mmviews.config import OptimisationConfig, config_from_dict
+from mmviews.eval.extract import AutocastEncoder
+from mmviews.train import precision as P
+
+NATIVE = P.cpu_has_native_bf16()
+
+
+def test_auto_is_the_default() -> None:
+    assert OptimisationConfig().mixed_precision == "auto"
+
+
+@pytest.mark.parametrize("native,used", [(False, "no"), (True, "bf16")])
+def test_auto_on_a_cpu_follows_its_bf16_support(monkeypatch, native: bool, used: str) -> None:
+    monkeypatch.setattr(P, "cpu_has_native_bf16", lambda: native)
+    choice = P.choose_precision("auto", "cpu")
+    assert (choice.asked, choice.used, choice.device) == ("auto", used, "cpu")
+    if native:
+        assert choice.line() == "mixed precision: auto -> bf16 (bf16): this CPU computes bf16 natively"
+    else:
+        assert choice.line() == ("mixed precision: auto -> no (float32): this CPU has no native bf16 (AVX512-BF16/AMX), "
+                                 "where bf16 autocast runs several times slower than float32")
+
+
+@pytest.mark.parametrize("supported,used", [(False, "no"), (True, "bf16")])
+def test_auto_on_a_gpu_follows_its_bf16_support(monkeypatch, supported: bool, used: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: supported)
+    assert P.choose_precision("auto", "cuda").used == used
+    assert P.choose_precision("auto", "mps").used == "no"  # not known to be native there
+
+
+def test_explicit_values_are_kept_and_a_wrong_one_is_named() -> None:
+    for asked in ("no", "bf16", "fp16"):
+        assert P.choose_precision(asked, "cpu").used == asked
+    with pytest.raises(ValueError, match="optimisation.mixed_precision must be one of auto, no, bf16, fp16, got 'fp8'"):
+        P.choose_precision("fp8", "cpu")
+
+
+def test_the_slow_bf16_line_only_for_bf16_on_a_cpu_without_it(monkeypatch) -> None:
+    monkeypatch.setattr(P, "cpu_has_native_bf16", lambda: False)
+    line = P.slow_bf16_line("bf16", "cpu")
+    assert line is not None and "several times slower" in line and "optimisation.mixed_precision=auto" in line
+    assert "\n" not in line
+    assert P.slow_bf16_line("no", "cpu") is None and P.slow_bf16_line("bf16", "cuda") is None
+    monkeypatch.setattr(P, "cpu_has_native_bf16", lambda: True)
+    assert P.slow_bf16_line("bf16", "cpu") is None
+
+
+def test_resolve_leaves_the_given_config_alone() -> None:
+    config = config_from_dict(tiny_config(text=False), "r.yaml")
+    resolved, choice = P.resolve_precision(config, "cpu")
+    assert config.optimisation.mixed_precision == "auto"
+    assert resolved.optimisation.mixed_precision == choice.used == ("bf16" if NATIVE else "no")
+    assert resolved.view_spec is config.view_spec  # resolved sections kept, not rebuilt
+    same, _ = P.resolve_precision(resolved, "cpu")
+    assert same is resolved
+
+
+def test_an_evaluation_of_auto_runs_under_the_devices_choice(monkeypatch) -> None:
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, batch):
+            seen.append(torch.is_autocast_enabled("cpu"))
+            return self.w.expand(1, 1, 1), torch.ones(1, 1, dtype=torch.bool)
+
+    for native in (False, True):
+        monkeypatch.setattr(P, "cpu_has_native_bf16", lambda native=native: native)
+        AutocastEncoder(Probe(), "auto")(None)
+    assert seen == [False, True]
+
+
+def _recipe(tmp_path: Path, precision: str | None) -> Path:
+    raw = tiny_config(text=False, num_samples=16, batch_size=8, epochs=1)
+    raw["cpu"] = True
+    raw["output"]["checkpoint_every"] = 0
+    if precision is not None:
+        raw["optimisation"]["mixed_precision"] = precision
+    return write_recipe(tmp_path / "r.yaml", raw)
+
+
+@pytest.mark.skipif(NATIVE, reason="this CPU computes bf16 natively: auto chooses bf16 and bf16 is not slow here")
+@pytest.mark.parametrize("asked", [None, "bf16"])
+def test_a_run_says_its_choice_once_and_records_it(tmp_path: Path, asked: str | None) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = train_in_process(str(_recipe(tmp_path, asked)), "--output", str(tmp_path / "run"))
+    slow = [str(w.message) for w in caught if "several times slower than float32 here" in str(w.message)]
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    if asked is None:
+        assert results["mixed_precision"] == "no"
+        assert results["mixed_precision_choice"] == {"asked": "auto", "used": "no", "device": "cpu",
+                                                     "reason": P.choose_precision("auto", "cpu").reason}
+        assert r.stdout.count("mixed precision: auto -> no (float32)") == 1
+        assert slow == []
+        assert "mixed_precision: 'no'" in saved or "mixed_precision: no" in saved  # the precision used
+    else:
+        assert results["mixed_precision"] == "bf16"
+        assert results["mixed_precision_choice"]["asked"] == "bf16"
+        assert "mixed precision: auto" not in r.stdout
+        assert slow == [P.slow_bf16_line("bf16", "cpu")]  # once; `mmviews train` shows it as one line
+
+
+@pytest.mark.skipif(NATIVE, reason="this CPU computes bf16 natively")
+def test_check_says_the_same(tmp_path: Path, capsys) -> None:
+    assert main(["train", str(_recipe(tmp_path, "bf16")), "--check", "--output", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert err.count(P.slow_bf16_line("bf16", "cpu")) == 1
+    assert main(["train", str(_recipe(tmp_path, None)), "--check", "--output", str(tmp_path / "run")]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("mixed precision: auto -> no (float32)") == 1 and "several times slower than float32 here" not in err
