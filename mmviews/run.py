@@ -357,9 +357,22 @@ def build_encoder(config: TrainConfig, source: str = "recipe") -> nn.Module:
     """The recipe's :class:`MultiViewEncoder` (``adapters`` and ``encoder`` sections), freshly
     initialised; an invalid section is a :class:`ConfigError` naming ``source``."""
     try:
-        return MultiViewEncoder.from_config(config.encoder_config())
+        encoder = MultiViewEncoder.from_config(config.encoder_config())
     except (ValueError, TypeError, KeyError) as error:
         raise ConfigError(f"{source}: keys 'adapters'/'encoder': {error}") from error
+    attach_device_flow(encoder, config, source)
+    return encoder
+
+
+def attach_device_flow(encoder: nn.Module, config: TrainConfig, source: str = "recipe") -> None:
+    """Give ``encoder`` the flow computed on the device that ``data.options`` asks for (``flow:
+    raft``, :mod:`mmviews.modalities.device_flow`); a bad RAFT option is a :class:`ConfigError`."""
+    from mmviews.modalities.device_flow import device_flow_for
+
+    try:
+        encoder.device_flow = device_flow_for(config.data.options or {})
+    except ValueError as error:
+        raise ConfigError(f"{source}: {error}") from error
 
 
 def eval_loaders(config: TrainConfig, train_dataset: Dataset | None = None) -> dict[str, DataLoader | None]:
@@ -413,6 +426,7 @@ def load_trained_encoder(path: str | os.PathLike[str]) -> tuple[nn.Module, Train
     config = load_config(config_path)
     if not checkpoint_given and (run_dir / ENCODER_DIR).is_dir():
         encoder = MultiViewEncoder.from_pretrained(run_dir / ENCODER_DIR)
+        attach_device_flow(encoder, config, str(config_path))
     else:
         checkpoint = find_checkpoint(path)
         encoder = build_encoder(config, str(config_path))

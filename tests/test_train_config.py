@@ -54,7 +54,7 @@ def test_wrong_type_names_key_and_file(tmp_path):
         load_config(path)
     raw["data"]["batch_size"] = 16
     raw["optimisation"]["mixed_precision"] = "fp8"
-    with pytest.raises(ConfigError, match=r"'optimisation\.mixed_precision'.*one of 'no', 'bf16', 'fp16'"):
+    with pytest.raises(ConfigError, match=r"'optimisation\.mixed_precision'.*one of 'auto', 'no', 'bf16', 'fp16'"):
         load_config(write_recipe(tmp_path / "bad_literal.yaml", raw))
 
 
@@ -91,7 +91,7 @@ def test_yaml_words_read_as_bools_mean_the_choice_spelled_so(tmp_path):
     assert load_config(path).optimisation.mixed_precision == "no"
     assert load_config(path, ["optimisation.mixed_precision=bf16", "optimisation.mixed_precision=no"]
                        ).optimisation.mixed_precision == "no"
-    with pytest.raises(ConfigError, match=r"--set 'optimisation\.mixed_precision=yes'.*one of 'no', 'bf16', 'fp16', got bool True"):
+    with pytest.raises(ConfigError, match=r"--set 'optimisation\.mixed_precision=yes'.*one of 'auto', 'no', 'bf16', 'fp16', got bool True"):
         load_config(path, ["optimisation.mixed_precision=yes"])
     with pytest.raises(ConfigError, match=r"'optimisation\.schedule'.*got bool False"):
         load_config(path, ["optimisation.schedule=off"])

@@ -8,7 +8,7 @@ from typing import Any
 from mmviews.bench.train_measure import PHASES
 from mmviews.train.memory import MemoryEstimate
 
-_SHORT = {"data": "data", "forward": "fwd", "objective": "loss", "backward": "bwd", "optimiser": "optim"}
+_SHORT = {"data": "data", "flow": "flow", "forward": "fwd", "objective": "loss", "backward": "bwd", "optimiser": "optim"}
 
 
 def estimate_parts_mb(estimate: MemoryEstimate) -> dict[str, float]:

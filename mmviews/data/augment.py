@@ -478,12 +478,22 @@ def flow_default(num_frames: int | None = None, size: int | tuple[int, int] | No
                  flip_p: float = 0.5) -> Augmentation:
     """Flow [T, 2, H, W]: the crop/flip of ``video_default`` with the same parameters (num_frames
     counts frames, so T_flow = num_frames - 1). Resizing scales u, v by the zoom; a horizontal
-    flip mirrors the field and negates u."""
+    flip mirrors the field and negates u.
+
+    Frames [T, 3, H, W] whose flow is computed later, on the device (``data.options.flow: raft``):
+    the same numbers crop and flip the frames that flow is made from (the T_flow + 1 frames of the
+    window; frames are resized antialiased, as ``video_default`` does)."""
+    from torchvision.transforms.v2 import functional as F
 
     def run(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         Tf, C, H, W = x.shape
+        if C == 3:  # frames for flow on the device: T frames give T - 1 flows
+            start, n, (top, left, h, w), flip = _clip_params(g, Tf, H, W, num_frames, tuple(scale), tuple(ratio), flip_p)
+            out_size = (H, W) if size is None else ((size, size) if isinstance(size, int) else tuple(size))
+            y = F.resized_crop(x[start : start + max(2, n)], top, left, h, w, list(out_size), antialias=True)
+            return F.horizontal_flip(y) if flip else y
         if C != 2:
-            raise ValueError(f"flow must be [T, 2, H, W], got {tuple(x.shape)}")
+            raise ValueError(f"flow must be [T, 2, H, W] (or frames [T, 3, H, W] for flow on the device), got {tuple(x.shape)}")
         start, n, (top, left, h, w), flip = _clip_params(g, Tf + 1, H, W, num_frames, tuple(scale), tuple(ratio), flip_p)
         out_h, out_w = (H, W) if size is None else ((size, size) if isinstance(size, int) else tuple(size))
         y = x[start : start + max(1, n - 1), :, top : top + h, left : left + w]

@@ -133,7 +133,9 @@ class VideoFolder(Dataset):
     Modalities: ``video`` FloatTensor[T, 3, H, W] in [0, 1] (T = ``num_frames`` consecutive
     frames from the middle of the clip, resized to ``size``); ``flow`` FloatTensor[T - 1, 2, H, W]
     in pixels when ``flow`` is ``"precomputed"`` (images under ``flow_root``) or ``"farneback"``
-    (OpenCV, computed from the decoded frames); ``audio`` FloatTensor[S] mono at
+    (OpenCV, computed from the decoded frames); with ``"raft"`` the flow sample is the clip's frames
+    (``[T, 3, H, W]``, the video's), turned into flow by RAFT on the training device in the step
+    (``raft_*`` options: :mod:`mmviews.modalities.device_flow`), so the loader only decodes; ``audio`` FloatTensor[S] mono at
     ``sample_rate`` (at most ``max_audio_seconds`` around the frames) or None for a clip without
     an audio track. Labels: ``class`` (index in ``self.classes``).
 
@@ -159,7 +161,9 @@ class VideoFolder(Dataset):
                  splits_dir: str | os.PathLike[str] | None = None, num_frames: int = 8, size: int | tuple[int, int] = 112,
                  frames_root: str | os.PathLike[str] | None = None, flow_root: str | os.PathLike[str] | None = None,
                  flow: str | None = None, audio: bool = True, sample_rate: int = 16000, max_audio_seconds: float = 5.0,
-                 on_error: str = "raise", decode: str = "seek", store: bool | str | os.PathLike[str] | None = True) -> None:
+                 on_error: str = "raise", decode: str = "seek", store: bool | str | os.PathLike[str] | None = True,
+                 raft_model: str | None = None, raft_weights: str | None = None, raft_weights_sha256: str | None = None,
+                 raft_iterations: int | None = None, raft_pairs_per_call: int | None = None) -> None:
         self.root = dataset_folder(root, "a folder of class folders of videos")
         if not self.root.is_dir():
             raise FileNotFoundError(f"no such video folder: {self.root}")
@@ -169,8 +173,17 @@ class VideoFolder(Dataset):
             raise dataset_error(ValueError, f"decode must be 'seek' or 'full', got {decode!r}", "decode")
         if flow is None and flow_root is not None:
             flow = "precomputed"
-        if flow not in (None, "precomputed", "farneback"):
-            raise dataset_error(ValueError, f"flow must be None, 'precomputed' or 'farneback', got {flow!r}", "flow")
+        if flow not in (None, "precomputed", "farneback", "raft"):
+            raise dataset_error(ValueError, f"flow must be None, 'precomputed', 'farneback' or 'raft', got {flow!r}", "flow")
+        raft = {"raft_model": raft_model, "raft_weights": raft_weights, "raft_weights_sha256": raft_weights_sha256,
+                "raft_iterations": raft_iterations, "raft_pairs_per_call": raft_pairs_per_call}
+        if flow != "raft" and any(v is not None for v in raft.values()):
+            given = sorted(k for k, v in raft.items() if v is not None)
+            raise dataset_error(ValueError, f"{', '.join(given)} apply with flow='raft', got flow={flow!r}", given[0])
+        if flow == "raft":  # the options' own check (the step's RAFT reads them, mmviews.modalities.device_flow)
+            from mmviews.modalities.device_flow import RAFTOptions
+
+            RAFTOptions.from_data_options({"flow": "raft", **raft})
         if flow == "precomputed" and flow_root is None:
             raise dataset_error(ValueError, "flow='precomputed' needs flow_root", "flow_root")
         if num_frames < 2 and flow is not None:
@@ -238,7 +251,9 @@ class VideoFolder(Dataset):
     def modality_info(self) -> dict[str, dict[str, Any]]:
         H, W = self.size
         info: dict[str, dict[str, Any]] = {"video": {"kind": "video", "shape": (self.num_frames, 3, H, W)}}
-        if self.flow is not None:
+        if self.flow == "raft":  # the frames, turned into flow in the step (mmviews.modalities.device_flow)
+            info["flow"] = {"kind": "flow_frames", "shape": (self.num_frames, 3, H, W)}
+        elif self.flow is not None:
             info["flow"] = {"kind": "flow", "shape": (self.num_frames - 1, 2, H, W)}
         if self.audio:
             info["audio"] = {"kind": "waveform", "shape": (None,), "sample_rate": self.sample_rate}
@@ -335,7 +350,9 @@ class VideoFolder(Dataset):
         except Exception as err:
             failures.append(self._fail(source, err))
             frames_np = None
-        if self.flow is not None:
+        if self.flow == "raft":
+            mods["flow"] = mods["video"]  # the same frames (None when unreadable): RAFT runs in the step
+        elif self.flow is not None:
             try:
                 if self.flow == "farneback" and entry is not None and self.store is not None and self.store.has_flow:
                     source = self.store.folder(entry)

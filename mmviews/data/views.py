@@ -18,6 +18,9 @@ Modality values by kind (see :data:`KINDS`):
 - ``"image"``: ``FloatTensor[3, H, W]`` in [0, 1]
 - ``"video"``: ``FloatTensor[T, 3, H, W]`` in [0, 1]
 - ``"flow"``: ``FloatTensor[T, 2, H, W]`` in pixels (u, v)
+- ``"flow_frames"``: ``FloatTensor[T, 3, H, W]`` in [0, 1]: the frames of a flow view whose flow
+  is computed on the device in the step (``data.options.flow: raft``,
+  :mod:`mmviews.modalities.device_flow`); stacked as ``{"frames": [B, T, 3, H, W]}``
 
 The :class:`ViewSetCollator` turns a list of sample dicts into a :class:`ViewBatch`
 (see :mod:`mmviews.data.batch` for the layout of its inputs).
@@ -37,7 +40,7 @@ from torch.utils.data import Sampler
 from mmviews.data.batch import ViewBatch, ViewInfo
 from mmviews.schema import ConfigError, build_section, where
 
-KINDS = ("text", "tokens", "waveform", "sequence", "image", "video", "flow")
+KINDS = ("text", "tokens", "waveform", "sequence", "image", "video", "flow", "flow_frames")
 
 # Kind of each modality name used by the built-in sources; a dataset may override it
 # with a ``modality_info()`` method (see ViewSetCollator).
@@ -373,7 +376,7 @@ class ViewSetCollator:
             if kind == "waveform":
                 out["sample_rate"] = int(self.modality_info.get(modality, {}).get("sample_rate", self.sample_rate))
             return out
-        if kind in ("image", "video", "flow"):
+        if kind in ("image", "video", "flow", "flow_frames"):
             shape = tuple(present[0].shape) if present else self._shape_hint(modality)
             for x in present:
                 if tuple(x.shape) != shape:
@@ -382,7 +385,8 @@ class ViewSetCollator:
                         "resize or crop to a common size (e.g. an augmentation with a fixed output size)"
                     raise ValueError(f"modality {modality!r}: got shapes {tuple(x.shape)} and {shape} in one batch; {fix}")
             zero = torch.zeros(shape, dtype=torch.float32)
-            return {"values": torch.stack([zero if x is None else x.float() for x in items])}
+            key = "frames" if kind == "flow_frames" else "values"  # frames: flow made in the step
+            return {key: torch.stack([zero if x is None else x.float() for x in items])}
         raise ValueError(f"unknown modality kind {kind!r} for {modality!r}; expected one of {KINDS}")
 
 

@@ -35,6 +35,7 @@ from .config import AdapterConfig
 from .inputs import HostPreprocessor, InputCheck
 from .cache import FeatureCache
 from .dropout import dropout_rows, row_keys_for
+from .device_flow import holds_frames
 
 ENCODER_CONFIG = "encoder.json"
 
@@ -56,6 +57,8 @@ class HostBatchPreparation:
         for modality in dict.fromkeys(v.modality for v in batch.views):
             if modality not in batch.inputs:
                 continue  # the encoder's forward names what is missing
+            if holds_frames(batch.inputs[modality]):
+                continue  # frames for flow on the device: their flow is RAFT's, made in the step
             check, preprocess = self.checks.get(modality), self.preprocessors.get(modality)
             try:
                 if check is not None:
@@ -81,6 +84,9 @@ class MultiViewEncoder(nn.Module):
         self.caches: dict[str, FeatureCache] = {}
         # Device index tensors that put the modalities' embeddings in view order, by (order, device).
         self._view_orders: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+        # Flow computed on the device from the frames a batch carries (data.options.flow: raft;
+        # mmviews.modalities.device_flow): a frozen RAFTFlow, not a submodule (no parameters, not saved).
+        self.device_flow: Any = None
 
     # ---- construction / persistence --------------------------------------------
 
@@ -236,8 +242,21 @@ class MultiViewEncoder(nn.Module):
             raise KeyError(f"no adapter for modality {name!r}; have {sorted(self.adapters)}")
         return self.adapters[name](inputs, present)
 
+    def flow_from_frames(self, batch: ViewBatch) -> ViewBatch:
+        """``batch`` with the flow of every modality that carries frames for flow on the device
+        (``data.options.flow: raft``) computed by :attr:`device_flow`; the same batch when none does."""
+        if not any(holds_frames(inputs) for inputs in batch.inputs.values()):
+            return batch
+        if self.device_flow is None:
+            names = sorted(m for m, inputs in batch.inputs.items() if holds_frames(inputs))
+            raise ValueError(f"modalities {names} carry frames for flow computed on the device (data.options.flow: "
+                             "raft) but the encoder has no device_flow: set encoder.device_flow = "
+                             "mmviews.modalities.device_flow.device_flow_for(data options)")
+        return self.device_flow.convert(batch)
+
     def forward(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``batch`` -> ``z [K, M, d]`` (unit rows; zero rows where absent), ``mask [K, M]``."""
+        batch = self.flow_from_frames(batch)
         k, m = batch.num_samples, batch.num_views
         if tuple(batch.mask.shape) != (k, m) or m == 0:
             raise ValueError(f"batch.mask has shape {tuple(batch.mask.shape)}, expected [K, M] with M={m} views")

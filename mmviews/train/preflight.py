@@ -121,6 +121,7 @@ def check_batches_forward(parts: RunParts, source: str) -> None:
                 batch = collate(samples)
                 if collate is parts.collator:
                     batch = prepare(batch)
+                batch = encoder.flow_from_frames(batch)  # data.options.flow: raft, as the step computes it
             except (ValueError, KeyError, TypeError, RuntimeError) as error:
                 raise ConfigError(f"{source}: key '{key}' = {_split_name(split)!r}: a batch of its first "
                                   f"{len(samples)} samples cannot be collated: {error}") from error

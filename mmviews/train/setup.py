@@ -127,7 +127,8 @@ def prepare_run(accelerator: Any, parts: RunParts) -> Prepared:
         compile_encoder(encoder)
     return Prepared(accelerator, model, objective, optimizer, scheduler, train_loader, teacher, state,
                     total_steps, batches_per_epoch, encode_chunk_size=o.encode_chunk_size,
-                    dropout_seed=config.seed if o.sample_keyed_dropout else None, sharded=sharded)
+                    dropout_seed=config.seed if o.sample_keyed_dropout else None, sharded=sharded,
+                    device_flow=getattr(parts.encoder, "device_flow", None))
 
 
 def epoch_loader(p: Prepared, parts: RunParts, epoch: int) -> Any:

@@ -54,6 +54,9 @@ class Prepared:
     # The run's seed when its dropout is sample-keyed (optimisation.sample_keyed_dropout), else None.
     dropout_seed: int | None = None
     sharded: bool = False  # distributed.sharding: fsdp on several processes (mmviews.train.sharding)
+    # Flow computed on the device from the batch's frames (data.options.flow: raft): the encoder's
+    # device_flow (mmviews.modalities.device_flow), or None.
+    device_flow: Any = None
 
 
 def _present_mask(objective: MultiViewObjective, mask: torch.Tensor, all_present: bool) -> torch.Tensor | None:
@@ -98,7 +101,7 @@ def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
 
 
 #: A step's phases, in order: ``phase_end(name)`` is called as each ends (see :func:`train_step`).
-PHASES = ("forward", "objective", "backward", "optimiser")
+PHASES = ("flow", "forward", "objective", "backward", "optimiser")
 PhaseEnd = Callable[[str], None]
 
 
@@ -112,13 +115,19 @@ def train_step(p: Prepared, batch: ViewBatch, max_grad_norm: float | None,
     Returns the objective's output and the critic's metrics. With ``optimisation.encode_chunk_size``
     set, the cached-embedding step of :mod:`mmviews.train.step` instead (same contract).
 
-    ``phase_end``: called with each name of :data:`PHASES` as that phase ends (**forward**: the
+    ``phase_end``: called with each name of :data:`PHASES` as that phase ends (**flow**: the flow
+    computed on the device from the batch's frames, ``data.options.flow: raft``, once for the whole
+    batch, before the step's plain or cached path; nothing otherwise; **forward**: the
     encoder and the EMA teacher; **objective**: ``critic_step`` and the loss; **backward**;
     **optimiser**: clipping, optimiser and schedule steps, ``on_step_end``), so that ``mmviews
     bench train`` times this very step; the step computes the same with or without it."""
+    phase_end = phase_end or _no_phase_end
+    if p.device_flow is not None:  # frozen RAFT, no gradient: the chunks and the teacher reuse its flow
+        batch = p.device_flow.convert(batch)
+    phase_end("flow")
     if p.encode_chunk_size is not None:
         return cached_train_step(p, batch, max_grad_norm, p.encode_chunk_size, phase_end)
-    objective, phase_end = p.objective, phase_end or _no_phase_end
+    objective = p.objective
     with p.accelerator.accumulate(p.model), micro_batch_dropout(p):
         z, mask = p.model(batch)  # z [K/N, M, d], mask [K/N, M]
         mask = _present_mask(objective, mask, batch.all_views_present())
