@@ -55,7 +55,7 @@ def write_clip(path: Path, n_frames: int, size: tuple[int, int], motion: tuple[i
 
 
 def make_ucf101(root: Path, classes: int = 2, train_per_class: int = 2, test_per_class: int = 1, n_frames: int = 10,
-                size: tuple[int, int] = (48, 64), audio: bool = True) -> Path:
+                size: tuple[int, int] = (48, 64), audio: bool = True, codec: str = "mpeg4") -> Path:
     """``root`` laid out as UCF-101 (split 1 lists and classInd.txt); returns ``root``."""
     names = [f"Action{chr(65 + c)}" for c in range(classes)]
     lists = root / "ucfTrainTestlist"
@@ -65,7 +65,8 @@ def make_ucf101(root: Path, classes: int = 2, train_per_class: int = 2, test_per
         (root / name).mkdir(parents=True, exist_ok=True)
         for k in range(train_per_class + test_per_class):
             rel = f"{name}/v_{name}_g{k + 1:02d}_c01.avi"
-            write_clip(root / rel, n_frames, size, MOTIONS[c % len(MOTIONS)], seed=100 * c + k, audio=audio and k % 2 == 0)
+            write_clip(root / rel, n_frames, size, MOTIONS[c % len(MOTIONS)], seed=100 * c + k, audio=audio and k % 2 == 0,
+                       codec=codec)
             (train if k < train_per_class else test).append(rel)
     (lists / "classInd.txt").write_text("".join(f"{c + 1} {n}\n" for c, n in enumerate(names)))
     index = {n: c + 1 for c, n in enumerate(names)}
@@ -74,7 +75,8 @@ def make_ucf101(root: Path, classes: int = 2, train_per_class: int = 2, test_per
     return root
 
 
-if __name__ == "__main__":  # python tests/video_clips.py ROOT [classes train_per_class test_per_class frames H W]
+if __name__ == "__main__":  # [CODEC=libx264] python tests/video_clips.py ROOT [classes train_per_class test_per_class frames H W]
+    import os
     import sys
 
     args = [int(a) for a in sys.argv[2:]]
@@ -82,4 +84,4 @@ if __name__ == "__main__":  # python tests/video_clips.py ROOT [classes train_pe
     options = dict(zip(keys, args[:4]))
     if len(args) >= 6:
         options["size"] = (args[4], args[5])
-    print(make_ucf101(Path(sys.argv[1]), **options))
+    print(make_ucf101(Path(sys.argv[1]), codec=os.environ.get("CODEC", "mpeg4"), **options))

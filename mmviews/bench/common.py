@@ -161,4 +161,83 @@ def verb_main(verb: str, description: str, add_arguments: Callable[[argparse.Arg
     add_arguments(parser)
     args = parser.parse_args(argv)
     args.owns_process = argv is None
-    return int(run(args) or 0)
+    from mmviews.cli import USER_ERRORS, error_message
+
+    try:
+        with StopOnSigterm():
+            return int(run(args) or 0)
+    except KeyboardInterrupt:  # SIGINT or SIGTERM: its subprocesses are stopped on the way out
+        print(f"mmviews bench {verb}: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as error:  # a recipe or option at fault: one line, as the mmviews command prints it
+        print(f"mmviews bench {verb}: error: {error_message(error)}", file=sys.stderr)
+        return 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocesses that stop with the bench
+# ---------------------------------------------------------------------------------------------
+#: Seconds a stopped subprocess's group gets to exit after SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class StopOnSigterm:
+    """Within the block, SIGTERM raises ``KeyboardInterrupt`` in the main thread, as SIGINT does,
+    so that a bench stopped either way leaves through its ``finally`` clauses and stops the
+    subprocesses it started (:func:`run_stoppable`). The previous handler comes back at the end.
+    Outside the main thread (no signal handlers there) it does nothing."""
+
+    def __enter__(self) -> "StopOnSigterm":
+        import signal
+        import threading
+
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, _interrupt)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def stop_process_group(proc: Any, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop ``proc`` (a ``Popen`` started in a session of its own) and every process of its group:
+    SIGTERM (a bench subprocess stops its own subprocesses then), SIGKILL after ``grace_s``."""
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):  # the group is gone already
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+
+
+def run_stoppable(command: Sequence[str], **popen_options: Any) -> Any:
+    """``subprocess.run(command)`` (a ``CompletedProcess``; ``stdout``/``stderr`` as in
+    ``popen_options``) in a session of its own, whose whole process group (loader workers, its
+    own subprocesses) is stopped (:func:`stop_process_group`) when this process is interrupted
+    while it waits: SIGINT, or SIGTERM under :class:`StopOnSigterm`. Its own session keeps a
+    terminal's Ctrl-C from reaching it twice."""
+    import subprocess
+
+    proc = subprocess.Popen(list(command), start_new_session=True, **popen_options)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        stop_process_group(proc)
+        raise
+    return subprocess.CompletedProcess(list(command), proc.returncode, out, err)

@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     from mmviews.bench.train import argv_of
 
     argv = list(argv_of(args))
+    args.case = args.case or ["quickstart", "realistic"]  # bench train's cases when none is named
     results = [run_sharded(case, argv) for case in dict.fromkeys(args.case)]
     result = {"environment": environment(details=True),
               "command": " ".join(["mmviews", "bench", "train", "--sharded", "--case", *args.case, *argv]),
