@@ -346,7 +346,7 @@ def test_parse_split_errors_name_the_split_and_both_list_kinds(tmp_path):
 @pytest.mark.parametrize("options, message, option", [
     ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip', got 'ignore'", "on_error"),
     ({"decode": "fast"}, "decode must be 'seek' or 'full', got 'fast'", "decode"),
-    ({"flow": "tvl1"}, "flow must be None, 'precomputed' or 'farneback', got 'tvl1'", "flow"),
+    ({"flow": "tvl1"}, "flow must be None, 'precomputed', 'farneback' or 'raft', got 'tvl1'", "flow"),
     ({"flow": "precomputed"}, "flow='precomputed' needs flow_root", "flow_root"),
     ({"flow": "farneback", "num_frames": 1}, "flow needs num_frames >= 2", "num_frames"),
 ])

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="small images of the streamed case's map-style vs streamed comparison")
     parser.add_argument("--output", "--out", "--json", dest="json", default=None,
                         help="also write the results to this JSON file (--out, --json: the same)")
+    from mmviews.bench.video_step import add_recipe_arguments
+
+    add_recipe_arguments(parser)
 
 
 def _write_mosi_like(path: Path, n: int, seed: int = 0) -> None:
@@ -367,6 +370,15 @@ def _time_loader(dataset: Any, views: list[Any], batch_size: int, batches: int, 
 
 def run(args: argparse.Namespace) -> int:
     import torch
+
+    if args.recipe is not None:  # a video recipe's data path and step (mmviews.bench.video_step)
+        from mmviews.bench.video_step import print_recipe, run_recipe
+
+        recipe = run_recipe(args)
+        print_recipe(recipe)
+        if args.json:
+            atomic_write_text(args.json, json.dumps(recipe, indent=2))
+        return 0
 
     from mmviews.data.synthetic import SyntheticMultimodal
 

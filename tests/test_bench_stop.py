@@ -1,0 +1,107 @@
+"""``mmviews bench train`` stopped by SIGINT or SIGTERM stops the processes it started (each case's
+process, that one's estimate process and loader workers): a real bench, real signals, the process
+tree read from /proc. And a recipe the realistic case does not fit (ucf101's video) times its own
+step without a traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_train_utils import env, tiny_config, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def children_of() -> dict[int, list[int]]:
+    """``{parent pid: [child pids]}`` of every process in /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if fields[0] != "Z":  # a zombie has ended
+            tree.setdefault(int(fields[1]), []).append(int(entry))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    tree, out, todo = children_of(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_bench_stops_its_subprocesses(tmp_path: Path, signum: int) -> None:
+    raw = tiny_config(text=False, num_samples=64, batch_size=8)
+    raw["data"]["num_workers"] = 1  # a loader worker: a grandchild of the bench
+    recipe = write_recipe(tmp_path / "r.yaml", raw)
+    # --encode-chunk-size: the plain and the cached step each in a process of its own; many steps
+    command = [sys.executable, "-m", "mmviews.cli", "bench", "train", "--recipe", str(recipe), "--case", "quickstart",
+               "--device", "cpu", "--steps", "100000", "--warmup", "0", "--encode-chunk-size", "4",
+               "--output", str(tmp_path / "b.json")]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, seen = time.monotonic() + 240, []
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen = descendants(proc.pid)
+            # the case process and, below it, its loader worker (after its estimate process ended)
+            if any(len(descendants(child)) >= 1 for child in seen) and len(seen) >= 2:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None and len(seen) >= 2, (seen, proc.poll())
+        time.sleep(1.0)
+        seen = descendants(proc.pid)
+        os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "mmviews bench: interrupted" in err or "mmviews bench train: interrupted" in err, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(alive(pid) for pid in seen):
+        time.sleep(0.2)
+    assert not [pid for pid in seen if alive(pid)], f"still running after the bench stopped: {seen}"
+
+
+def test_a_video_recipe_times_its_own_step_without_a_traceback(tmp_path: Path) -> None:
+    from video_clips import make_ucf101
+
+    root = make_ucf101(tmp_path / "ucf", classes=2, train_per_class=2, test_per_class=1, n_frames=5, size=(40, 48))
+    command = [sys.executable, "-m", "mmviews.cli", "bench", "train", "--recipe", "ucf101_smoke",
+               "--set", f"data.root={root}", "--set", "data.batch_size=2", "--set", "data.num_workers=0",
+               "--set", "data.options.num_frames=3", "--set", "data.options.size=32",
+               "--device", "cpu", "--steps", "1", "--warmup", "0", "--output", str(tmp_path / "b.json")]
+    done = subprocess.run(command, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert "the realistic case is left out" in done.stderr and "video" in done.stderr
+    import json
+
+    row = json.loads((tmp_path / "b.json").read_text())["cases"][0]
+    assert row["case"] == "quickstart" and row["recipe"] == "ucf101_smoke" and row["M"] == 5
+    assert row["adapters"] == {"video": "small_cnn", "flow": "flow_cnn", "audio": "audio_cnn"}
+    assert row["mixed_precision_asked"] == "auto" and set(row["phase_ms"]) >= {"data", "flow", "forward", "backward"}
