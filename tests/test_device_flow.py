@@ -237,3 +237,64 @@ def test_an_encoder_without_device_flow_names_the_frames(ucf, raft_file):
     parts.encoder.device_flow = None
     with pytest.raises(ValueError, match=r"modalities \['flow'\] carry frames for flow computed on the device"):
         parts.encoder(batch)
+
+
+def test_options_defaults_and_values_given() -> None:
+    assert RAFTOptions.from_data_options({"flow": "raft"}) == RAFTOptions("raft_small", "DEFAULT", None, 12, 64)
+    given = RAFTOptions.from_data_options({"flow": "raft", "raft_model": "raft_large", "raft_weights": "C_T_V2",
+                                           "raft_weights_sha256": "abc", "raft_iterations": 3,
+                                           "raft_pairs_per_call": 5, "raft_ignored": 1})
+    assert given == RAFTOptions("raft_large", "C_T_V2", "abc", 3, 5)
+    for bad, message in (({"raft_weights": 5}, "data.options.raft_weights: a weight tag, a file or 'random', got 5"),
+                         ({"raft_iterations": True}, "data.options.raft_iterations: must be an integer >= 1, got True")):
+        with pytest.raises(ValueError) as raised:
+            RAFTOptions.from_data_options({"flow": "raft", **bad})
+        assert str(raised.value) == message
+
+
+def test_random_weights_are_frozen_and_a_tag_without_network_is_one_line(monkeypatch) -> None:
+    from urllib.error import URLError
+
+    from torchvision.models import optical_flow
+
+    from mmviews.modalities.device_flow import build_raft
+
+    net = build_raft(RAFTOptions(weights="random"))
+    assert not net.training and not any(q.requires_grad for q in net.parameters())
+    flow = RAFTFlow(RAFTOptions(weights="random"), net=net)
+    assert flow.net is net and repr(flow) == "RAFTFlow(raft_small, weights='random', iterations=12)"
+    calls = []
+
+    def offline(weights: object = None, progress: bool = True) -> None:
+        calls.append((weights, progress))
+        raise URLError("no network")
+
+    monkeypatch.setattr(optical_flow, "raft_small", offline)
+    with pytest.raises(OSError) as raised:
+        build_raft(RAFTOptions(weights="C_T_V2"))
+    assert calls == [("C_T_V2", False)]
+    assert str(raised.value) == (
+        "data.options.raft_weights: cannot get torchvision's raft_small weights 'C_T_V2' (URLError: <urlopen error no "
+        "network>); give a local file (data.options.raft_weights: /path/raft_small_C_T_V2-<hash>.pth, checked by the hex "
+        "digits of its name or data.options.raft_weights_sha256)")
+
+
+def test_bad_frames_and_what_convert_keeps(raft_file: Path) -> None:
+    from mmviews.data.batch import ViewBatch, ViewInfo
+
+    flow = RAFTFlow(RAFTOptions(weights=str(raft_file), iterations=1))
+    for shape in ((2, 3, SIZE, SIZE), (1, 1, 3, SIZE, SIZE), (1, 2, 2, SIZE, SIZE)):
+        with pytest.raises(ValueError, match=r"frames must be \[B, T >= 2, 3, H, W\], got shape"):
+            flow(torch.rand(shape))
+    assert holds_frames({"frames": 1}) and not holds_frames({"frames": 1, "values": 2}) and not holds_frames([1])
+    views = [ViewInfo("video_0", "video", 0), ViewInfo("flow_0", "flow", 0)]
+    video = {"values": torch.rand(1, 2, 3, SIZE, SIZE)}
+    plain = ViewBatch(inputs={"video": video, "flow": {"values": torch.zeros(1, 1, 2, SIZE, SIZE)}}, views=views,
+                      mask=torch.ones(1, 2, dtype=torch.bool))
+    assert flow.convert(plain) is plain  # no frames: the same batch
+    batch = ViewBatch(inputs={"video": video, "flow": {"frames": video["values"], "extra": 7}}, views=views,
+                      mask=torch.ones(1, 2, dtype=torch.bool), inputs_checked=True)
+    out = flow.convert(batch)
+    assert set(out.inputs["flow"]) == {"values", "extra"} and out.inputs["flow"]["extra"] == 7
+    assert out.inputs["video"] is video and out.inputs_checked and holds_frames(batch.inputs["flow"])  # not changed
+    torch.testing.assert_close(out.inputs["flow"]["values"], flow(video["values"]), rtol=0, atol=0)
