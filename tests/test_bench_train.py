@@ -225,9 +225,10 @@ def test_train_step_reports_its_phases_in_order(tmp_path: Path, chunk: int | Non
         seen.append((name, p.nonfinite is not None, any(q.grad is not None for q in model.parameters())))
 
     train_step(p, next(batches_forever(p, parts)), config.optimisation.max_grad_norm, phase_end)
-    assert seen == [("forward", False, False), ("objective", True, False), ("backward", True, True),
-                    ("optimiser", True, False)]
-    assert STEP_PHASES == ("forward", "objective", "backward", "optimiser") and train_measure.PHASES == ("data", *STEP_PHASES)
+    assert seen == [("flow", False, False), ("forward", False, False), ("objective", True, False),
+                    ("backward", True, True), ("optimiser", True, False)]
+    assert (STEP_PHASES == ("flow", "forward", "objective", "backward", "optimiser")
+            and train_measure.PHASES == ("data", *STEP_PHASES))
 
 
 def test_gradient_checkpointing_option(tmp_path: Path) -> None:

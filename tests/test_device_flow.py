@@ -298,3 +298,49 @@ def test_bad_frames_and_what_convert_keeps(raft_file: Path) -> None:
     assert set(out.inputs["flow"]) == {"values", "extra"} and out.inputs["flow"]["extra"] == 7
     assert out.inputs["video"] is video and out.inputs_checked and holds_frames(batch.inputs["flow"])  # not changed
     torch.testing.assert_close(out.inputs["flow"]["values"], flow(video["values"]), rtol=0, atol=0)
+
+
+def test_the_edges_of_the_options_and_of_the_weights(raft_file: Path, tmp_path: Path, monkeypatch) -> None:
+    from urllib.error import URLError
+
+    from torchvision.models import optical_flow
+
+    from mmviews.modalities.device_flow import build_raft, device_flow_for
+
+    assert RAFTOptions.from_data_options({"flow": "raft", "raft_iterations": 1, "raft_pairs_per_call": 1}).iterations == 1
+    with pytest.raises(ValueError, match="data.options.raft_weights: a weight tag, a file or 'random', got ''"):
+        RAFTOptions.from_data_options({"flow": "raft", "raft_weights": ""})
+    assert device_flow_for({"flow": "farneback"}) is None
+    made = device_flow_for({"flow": "raft", "raft_weights": "random", "raft_iterations": 2})
+    assert isinstance(made, RAFTFlow) and made.options.iterations == 2
+    loose = raft_small(weights=None)  # given trainable: frozen by RAFTFlow
+    assert not any(q.requires_grad for q in RAFTFlow(RAFTOptions(weights="random"), net=loose).net.parameters())
+    # an explicit sha256 is checked too (the file's name says nothing here)
+    plain = tmp_path / "raft.pth"
+    plain.write_bytes(raft_file.read_bytes())
+    with pytest.raises(ValueError, match=r"raft.pth: sha256 .* does not begin with 'abcd'"):
+        build_raft(RAFTOptions(weights=str(plain), weights_sha256="abcd"))
+    good = hashlib.sha256(plain.read_bytes()).hexdigest()[:10]
+    assert build_raft(RAFTOptions(weights=str(plain), weights_sha256=good)) is not None
+    large = tmp_path / "other.pth"
+    torch.save({"w": torch.zeros(1)}, large)
+    with pytest.raises(ValueError) as raised:
+        build_raft(RAFTOptions(weights=str(large)))
+    assert str(raised.value).startswith(f"{large}: not raft_small weights (Error(s) in loading state_dict for RAFT:")
+    with pytest.raises(FileNotFoundError) as raised:
+        build_raft(RAFTOptions(weights="C_T_V9"))
+    assert str(raised.value) == ("data.options.raft_weights: 'C_T_V9' is neither a file nor a weight tag of raft_small "
+                                 "(C_T_V1, C_T_V2, DEFAULT), nor 'random'")
+    calls = []
+
+    def offline(weights: object = None, progress: bool = True) -> None:
+        calls.append(weights)
+        raise RuntimeError()
+
+    monkeypatch.setattr(optical_flow, "raft_small", offline)
+    with pytest.raises(OSError) as raised:
+        build_raft(RAFTOptions())  # DEFAULT: torchvision's best weights of the model
+    assert calls == ["DEFAULT"]
+    assert str(raised.value).startswith("data.options.raft_weights: cannot get torchvision's raft_small weights "
+                                        "'DEFAULT' (RuntimeError: ); give a local file")
+    assert str(raised.value).endswith("checked by the hex digits of its name or data.options.raft_weights_sha256)")
