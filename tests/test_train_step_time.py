@@ -56,7 +56,7 @@ def check_same_setup(ours: dict, theirs: dict) -> None:
     assert ours["weight_decay"] == [0.0] and ours["threads"] == 1
     for row in (ours, theirs):
         assert len(row["steps_s"]) == len(row["steps_cpu_s"]) == 2 and row["cpu_s"] > 0 and row["peak_rss_mb"] > 0
-    assert set(ours["phase_s"]) == {"data", "forward", "objective", "backward", "optimiser"}
+    assert set(ours["phase_s"]) == {"data", "flow", "forward", "objective", "backward", "optimiser"}
 
 
 def test_both_sides_train_with_the_same_setup(tiny_text_model: Path, mmviews_row: dict) -> None:
