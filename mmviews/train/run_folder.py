@@ -80,6 +80,7 @@ PREFIX = "mmviews train"
 # Files at the top of a run folder that mmviews writes atomically: a temporary file of one of
 # them (".NAME.<random>.tmp") is a left-over of a write cut short.
 _ATOMIC_FILES = (RUN_MANIFEST, CONFIG_FILE, LOG_FILE, RESULTS_FILE, REPORT_FILE)
+_STARTED_AGAIN = "{run_dir} has no checkpoint (the run stopped before its first one): starting it again from step 0"
 
 
 @dataclass(frozen=True)
@@ -196,8 +197,7 @@ class RunFolder:
         run_dir = self.run_dir
         if intent.resume is not None:
             if not has_checkpoint_or_results(run_dir):
-                return Decision(START, run_dir, again=True, notes=[
-                    f"{run_dir} has no checkpoint (the run stopped before its first one): starting it again from step 0"])
+                return Decision(START, run_dir, again=True, notes=[_STARTED_AGAIN.format(run_dir=run_dir)])
             if intent.recipe_given:
                 refused = _recipe_refusal(config, run_dir, "--resume")
                 if refused is not None:
@@ -222,7 +222,7 @@ class RunFolder:
             return _refuse(run_dir, f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose "
                                     "another --output (or --overwrite to replace what that run wrote)", RunExistsError)
         if is_run:
-            return Decision(START, run_dir, again=True)
+            return Decision(START, run_dir, again=True, notes=[_STARTED_AGAIN.format(run_dir=run_dir)])
         return Decision(START, run_dir)
 
     def claim(self, decision: Decision, config: TrainConfig) -> None:

@@ -1,0 +1,268 @@
+"""What a command does with a run folder (:mod:`mmviews.train.run_folder`), one command at a
+time (:class:`mmviews.run.RunFolderLock`), and error lines whose hints agree with the error.
+
+- A recipe given with ``--resume`` that is not the run's own is refused naming the keys, and the
+  folder is left as it was (issue 49's case: a finished 16-step run resumed with the recipe it
+  was started from, less its ``--set``); the run's own recipe, or ``--set`` alone, continues.
+- Two real commands on one folder: while a run holds it (held in its first epoch without
+  ``auto_resume``, or while its checkpoint is in its temporary folder with it), a second
+  ``train`` (the same command), ``--resume``, ``--overwrite``, ``eval`` and ``--check`` are each
+  refused in one line naming the process and host; the live run's files are untouched; once the
+  first is SIGKILLed the same command continues (the kernel released the lock).
+- ``--resume`` of a run whose newest ``train_state.json`` is corrupt names the intact checkpoint
+  before it (and the command continues from it); ``--resume RUN/checkpoints`` and
+  ``RUN/encoder`` name the run folder; each line is also checked for what it must not say.
+- ``--check`` refuses what the run refuses, in the same line (``--overwrite`` with
+  ``output.auto_resume``), and says what the run would do with its folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from crafted_files import cli, copy_run, one_line_error
+from test_train_utils import env, own_accelerate_state, started, tiny_config, train_in_process, wait_for_file, write_recipe
+
+from mmviews.config import load_config
+from mmviews.run import LOCK_FILE, FolderInUseError, RunFolderLock, list_checkpoints, lock_holder
+from mmviews.train.run_folder import CONTINUE, REFUSE, REPLACE, START, Intent, RunFolder, claim_run_dir
+
+SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
+
+
+def _files(run: Path) -> dict[Path, tuple[int, bytes]]:
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
+
+
+# --------------------------------------------------------------------------- one decision
+
+
+def test_a_recipe_given_with_resume_must_be_the_runs_own(tiny_run, tmp_path, capsys):
+    """Issue 49, item 0: ``mmviews train RECIPE --resume RUN`` with the recipe the run was started
+    from but without its ``--set`` is refused naming the key, before anything in the folder
+    changes (``config.yaml`` above all); the run's own recipe continues it."""
+    run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
+    shutil.rmtree(run / "encoder")
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    started_from = write_recipe(tmp_path / "recipe.yaml", dict(saved, optimisation={**saved["optimisation"],
+                                                                                     "epochs": 6}))
+    before = _files(run)
+    with own_accelerate_state():
+        rc, out, err = cli(capsys, "train", str(started_from), "--resume", str(run))
+    line = one_line_error(err)
+    assert rc == 2 and line.startswith(f"mmviews train: error: --resume: the recipe differs from the one {run} was "
+                                       "started with") and " in optimisation.epochs;" in line, line
+    assert f"--resume {run} --set KEY=VALUE" in line and "resumed" not in out + err and "latest checkpoint" not in line
+    assert _files(run) == before and not (run / LOCK_FILE).exists()  # not a file touched; the lock gone with the command
+    # --check says the same, as the run would
+    with own_accelerate_state():
+        rc, _, err = cli(capsys, "train", str(started_from), "--resume", str(run), "--check")
+    assert rc == 2 and one_line_error(err) == line
+    # the run's own recipe continues it; --set alone changes it on purpose, config.yaml rewritten after the load
+    own = write_recipe(tmp_path / "own.yaml", saved)
+    decision = RunFolder(run).decide(load_config(own), Intent(resume=run), act=False)
+    assert (decision.action, decision.checkpoint) == (CONTINUE, list_checkpoints(run)[-1])
+    r = train_in_process("--resume", str(run), "--set", "optimisation.epochs=3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"mmviews train: warning: resumed from {decision.checkpoint} at step 4 of 6" in r.stderr
+    assert yaml.safe_load((run / "config.yaml").read_text())["optimisation"]["epochs"] == 3
+
+
+def test_the_decision_for_each_folder_state(tmp_path):
+    config = load_config(write_recipe(tmp_path / "a.yaml", tiny_config(text=False)))
+    auto = load_config(write_recipe(tmp_path / "b.yaml", tiny_config(text=False)), ["output.auto_resume=true"])
+    new = tmp_path / "new"
+    decided = RunFolder(new).decide(config, Intent(), act=False)
+    assert (decided.action, decided.again, decided.line()) == (START, False, f"{new}: a new run starts there")
+    assert not new.exists()
+    for intent, cfg, words in ((Intent(overwrite=True), auto, "output.auto_resume continues it"),
+                               (Intent(resume=new, overwrite=True), config, "--resume continues it")):
+        decided = RunFolder(new).decide(cfg, intent, act=False)
+        assert decided.action == REFUSE and str(decided.error) == f"--overwrite replaces the run, {words}: choose one"
+    assert "nothing to resume" in str(RunFolder(new).decide(config, Intent(resume=new), act=False).error)
+    stopped = tmp_path / "stopped"
+    claim_run_dir(stopped)
+    (stopped / "metrics.csv").write_text("step,loss\n")
+    for intent in (Intent(), Intent(resume=stopped, recipe_given=False)):
+        decided = RunFolder(stopped).decide(config, intent, act=False)
+        assert (decided.action, decided.again) == (START, True), intent
+    (stopped / "results.json").write_text("{}")
+    assert RunFolder(stopped).decide(config, Intent(overwrite=True), act=False).action == REPLACE
+    assert RunFolder(stopped).decide(config, Intent(), act=False).action == REFUSE
+    assert "no complete checkpoint in" in str(RunFolder(stopped).decide(config, Intent(resume=stopped), act=False).error)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert "is a file" in str(RunFolder(afile).decide(config, Intent(), act=False).error)
+    # acting takes the lock (and creates the new folder for it); a second decision in this process is refused
+    first = RunFolder(new)
+    assert first.decide(config, Intent()).action == START and (new / LOCK_FILE).is_file()
+    held = RunFolder(new).decide(config, Intent())
+    assert held.action == REFUSE and isinstance(held.error, FolderInUseError)
+    assert f"process {os.getpid()} on host {socket.gethostname()}" in str(held.error)
+    first.release()
+    assert not (new / LOCK_FILE).exists() and lock_holder(new) is None
+
+
+def test_a_stale_lock_file_is_taken_over(tmp_path):
+    """A killed holder's lock file stays; nobody holds its lock, so the next command takes it,
+    and a folder holding only that file counts as empty."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_text('{"pid": 1, "host": "elsewhere", "command": "mmviews train"}\n')
+    assert lock_holder(run) is None
+    config = load_config(write_recipe(tmp_path / "a.yaml", tiny_config(text=False)))
+    folder = RunFolder(run)
+    assert folder.decide(config, Intent()).action == START
+    assert f'"pid": {os.getpid()}' in (run / LOCK_FILE).read_text()
+    folder.release()
+    with RunFolderLock(run, "mmviews eval") as lock:
+        assert lock.held and "(mmviews eval, this process)" in lock_holder(run)
+
+
+# --------------------------------------------------------------------------- one command per folder
+
+
+@pytest.mark.parametrize("auto_resume", [False, True], ids=["plain", "auto_resume"])
+def test_a_second_command_on_a_held_folder_is_refused(tmp_path, capsys, auto_resume):
+    """Issue 49, item 2, with two real commands. Without ``auto_resume`` the first run is held
+    after step 1, before its first checkpoint (a second command used to start it over in place,
+    replacing its ``metrics.csv``); with it, while its checkpoint of step 2 is in its temporary
+    folder (a second copy used to remove it as a left-over and resume from the one before)."""
+    raw = tiny_config(num_samples=32, batch_size=16, epochs=2, text=False)
+    raw["output"].update(checkpoint_every=1, keep_last=3, auto_resume=auto_resume)
+    recipe, run, held = write_recipe(tmp_path / "tiny.yaml", raw), tmp_path / "run", tmp_path / "held"
+    hold = (["--hold-after-checkpoint", "2", "--checkpoint-hold-marker", str(held)] if auto_resume
+            else ["--hold-after-step", "1", "--hold-marker", str(held)])
+    command = [sys.executable, str(SLOW_TRAIN), *hold, "--", str(recipe), "--output", str(run)]
+    with started(command, env=env()) as first:
+        wait_for_file(first, held, "the first run's hold")
+        before = _files(run)
+        holder = f"process {first.pid} on host {socket.gethostname()} (mmviews train)"
+        refusal = (f"mmviews train: error: {run} is in use by {holder}: one command at a time uses a run folder; wait "
+                   "for it to end (or stop it), or choose another --output")
+        attempts = [["train", str(recipe), "--output", str(run)], ["train", "--resume", str(run)],
+                    ["train", str(recipe), "--output", str(run), "--check"]]
+        if not auto_resume:
+            attempts.append(["train", str(recipe), "--output", str(run), "--overwrite"])
+        for args in attempts:
+            with own_accelerate_state():
+                rc, out, err = cli(capsys, *args)
+            assert rc == 2 and one_line_error(err) == refusal, (args, err)
+            assert "resumed" not in out + err and "removed" not in err and "starting it again" not in err, args
+        rc, _, err = cli(capsys, "eval", str(run))  # an evaluation that writes into the run
+        assert rc == 2 and one_line_error(err) == refusal.replace("mmviews train:", "mmviews eval:"), err
+        assert _files(run) == before, "a refused command changed the live run's folder"
+        if auto_resume:
+            assert (run / "checkpoints" / ".tmp-checkpoint-00000002" / "train_state.json").is_file()
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    # the kernel released the lock with the process: the same command goes on
+    r = train_in_process(str(recipe), "--output", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    if auto_resume:
+        assert f"resumed from {run / 'checkpoints' / 'checkpoint-00000001'} at step 1 of 4" in r.stderr
+    else:
+        assert "has no checkpoint (the run stopped before its first one): starting it again" in r.stderr
+    assert [c.name for c in list_checkpoints(run)][-1] == "checkpoint-00000004"
+    assert not (run / LOCK_FILE).exists()
+
+
+# --------------------------------------------------------------------------- hints that agree with the error
+
+
+def test_a_corrupt_newest_train_state_names_the_intact_checkpoint_before_it(tiny_run, tmp_path, capsys):
+    run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
+    shutil.rmtree(run / "encoder")
+    first, last = list_checkpoints(run)
+    (last / "train_state.json").write_text("{")
+    rc, _, err = cli(capsys, "train", "--resume", str(run))
+    line = one_line_error(err)
+    assert rc == 2 and str(last / "train_state.json") in line, line
+    assert line.endswith(f"the newest intact checkpoint before it is {first} (step 2): continue from it with "
+                         f"mmviews train --resume {first}"), line
+    assert "checkpoints/checkpoint-N" not in line and "latest checkpoint is kept" not in line, line
+    # the same with the checkpoint folder itself given
+    rc, _, err = cli(capsys, "train", "--resume", str(last))
+    assert rc == 2 and f"mmviews train --resume {first}" in one_line_error(err)
+    # the command it names continues from there
+    r = train_in_process("--resume", str(first))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"mmviews train: warning: resumed from {first} at step 2 of 4" in r.stderr
+
+
+def test_no_intact_checkpoint_before_it_says_only_overwrite_helps(tiny_run, tmp_path, capsys):
+    run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
+    first, last = list_checkpoints(run)
+    (last / "train_state.json").write_text("{")
+    (first / "optimizer.bin").write_bytes(b"x")
+    rc, _, err = cli(capsys, "train", "--resume", str(run))
+    line = one_line_error(err)
+    assert rc == 2 and line.endswith(f"no earlier checkpoint of {run} is intact, nothing to continue from: "
+                                     "--overwrite starts the run again"), line
+    assert "--resume" not in line and "latest checkpoint is kept" not in line and "same command" not in line, line
+
+
+def test_a_damaged_file_of_the_resumed_checkpoint_names_the_one_before(tiny_run, tmp_path, capsys):
+    """A file that fails its recorded checksum while the checkpoint is loaded: the line names it
+    and the intact checkpoint to pass instead, not "the latest checkpoint is kept"."""
+    run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
+    first, last = list_checkpoints(run)
+    (last / "optimizer.bin").write_bytes(b"x")
+    with own_accelerate_state():
+        rc, _, err = cli(capsys, "train", "--resume", str(run))
+    line = one_line_error(err)
+    assert rc == 2 and str(last / "optimizer.bin") in line and f"mmviews train --resume {first}" in line, line
+    assert "latest checkpoint is kept" not in line and not re.search(rf"--resume {re.escape(str(run))}(;|$| )", line), line
+
+
+@pytest.mark.parametrize("inside", ["checkpoints", "encoder"])
+def test_resume_of_a_folder_inside_a_run_names_the_run(tiny_run, tmp_path, capsys, inside):
+    run = copy_run(tiny_run, tmp_path / "run")
+    rc, _, err = cli(capsys, "train", "--resume", str(run / inside))
+    line = one_line_error(err)
+    assert rc == 2 and f"(--resume {run}" in line and f"of the run {run}" in line, line
+    assert "checkpoints/checkpoints" not in line and "expected" not in line, line
+
+
+# --------------------------------------------------------------------------- --check decides as the run does
+
+
+def test_check_refuses_overwrite_with_auto_resume_as_the_run_does(tmp_path, capsys):
+    """Issue 50, item 2: ``--overwrite --set output.auto_resume=true`` is refused by ``--check``
+    in the run's own line (it used to say OK)."""
+    recipe, run = write_recipe(tmp_path / "tiny.yaml", tiny_config(text=False)), tmp_path / "run"
+    args = ["train", str(recipe), "--output", str(run), "--overwrite", "--set", "output.auto_resume=true"]
+    with own_accelerate_state():
+        rc, _, err = cli(capsys, *args)
+    refused = one_line_error(err)
+    assert rc == 2 and refused == ("mmviews train: error: --overwrite replaces the run, output.auto_resume continues "
+                                   "it: choose one")
+    with own_accelerate_state():
+        rc, out, err = cli(capsys, *args, "--check")
+    assert rc == 2 and one_line_error(err) == refused and "run folder:" not in out
+    assert not run.exists()
+
+
+def test_check_says_what_the_run_would_do_with_its_folder(tiny_run, tmp_path, capsys):
+    run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
+    shutil.rmtree(run / "encoder")
+    last = list_checkpoints(run)[-1]
+    (last / "model.safetensors").write_bytes(b"x")
+    before = _files(run)
+    with own_accelerate_state():
+        rc, out, err = cli(capsys, "train", str(run / "config.yaml"), "--output", str(run), "--set",
+                           "output.auto_resume=true", "--check")
+    first = list_checkpoints(run)[0]
+    assert rc == 0, err
+    assert out.splitlines()[-1] == f"run folder: {run}: the run continues from {first} (step 2)"
+    assert f"mmviews train: warning: skipping the damaged checkpoint {last}: " in err
+    assert _files(run) == before and not (run / LOCK_FILE).exists()  # --check writes nothing
