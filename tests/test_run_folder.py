@@ -266,3 +266,242 @@ def test_check_says_what_the_run_would_do_with_its_folder(tiny_run, tmp_path, ca
     assert out.splitlines()[-1] == f"run folder: {run}: the run continues from {first} (step 2)"
     assert f"mmviews train: warning: skipping the damaged checkpoint {last}: " in err
     assert _files(run) == before and not (run / LOCK_FILE).exists()  # --check writes nothing
+
+
+# --------------------------------------------------------------------------- units (no training)
+
+
+def _run_with_checkpoints(run: Path, *steps: int, config: dict[str, Any] | None = None) -> list[Path]:
+    """An mmviews run folder (manifest, ``config.yaml``) with fake checkpoints of ``steps``."""
+    from test_train_auto_resume import _fake_checkpoint
+
+    claim_run_dir(run)
+    if config is not None:
+        write_recipe(run / "config.yaml", config)
+    return [_fake_checkpoint(run, step) for step in steps]
+
+
+def _look(run: Path, config: Any, **intent: Any) -> Any:
+    return RunFolder(run).decide(config, Intent(**intent), act=False)
+
+
+RAW = tiny_config(text=False)
+
+
+@pytest.fixture
+def config(tmp_path) -> Any:
+    return load_config(write_recipe(tmp_path / "recipe.yaml", RAW))
+
+
+def test_decision_lines_and_their_plain_data(tmp_path):
+    from mmviews.run import RunExistsError, RunFolderRefused
+    from mmviews.train.run_folder import Decision
+
+    run, checkpoint = tmp_path / "run", tmp_path / "run" / "checkpoints" / "checkpoint-00000003"
+    assert Decision(CONTINUE, run, checkpoint, 3).line() == f"{run}: the run continues from {checkpoint} (step 3)"
+    assert Decision(REPLACE, run).line() == f"{run}: --overwrite replaces the run there (only what it wrote is removed)"
+    assert Decision(START, run, again=True).line() == (f"{run}: the run there stopped before its first checkpoint; it "
+                                                        "starts again from step 0")
+    refused = Decision(REFUSE, run, error=RunExistsError("no"))
+    assert refused.line() == "no"
+    with pytest.raises(RunExistsError, match="^no$"):
+        refused.raise_if_refused()
+    Decision(START, run).raise_if_refused()  # nothing to raise
+    for decision in (Decision(CONTINUE, run, checkpoint, 3, notes=["a", "b"]), Decision(START, run, again=True),
+                     refused, Decision(REFUSE, run, error=FolderInUseError("held")),
+                     Decision(REFUSE, run, error=RunFolderRefused("plain"))):
+        back = Decision.from_data(decision.to_data())
+        assert (back.action, back.run_dir, back.checkpoint, back.step, back.again, back.notes) == (
+            decision.action, decision.run_dir, decision.checkpoint, decision.step, decision.again, decision.notes)
+        assert type(back.error) is type(decision.error) and str(back.error) == str(decision.error)
+
+
+def test_folders_that_are_not_runs_are_refused_before_any_lock(tmp_path, config):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("a", "b", "c", "d", "e", "f"):
+        (mine / name).write_text("mine")
+    for act in (False, True):
+        decided = RunFolder(mine).decide(config, Intent(overwrite=True), act=act)
+        assert str(decided.error) == (f"{mine} is not empty and not an mmviews run folder (it holds a, b, c, d, e, ...); "
+                                      "mmviews writes only into a new or empty folder or one of its own runs: choose "
+                                      "another --output")
+        assert not (mine / LOCK_FILE).exists()  # nothing written into a folder of the user's
+    (mine / "f").unlink()
+    assert "(it holds a, b, c, d, e);" in str(_look(mine, config))
+    unwritable = Path("/proc/mmviews-no-such-run")  # no file can be created in /proc, not even by root
+    for act in (False, True):
+        decided = RunFolder(unwritable).decide(config, Intent(), act=act)
+        assert decided.action == REFUSE and str(decided.error).startswith(f"cannot write {unwritable}: /proc refuses")
+
+
+def test_every_branch_of_the_decision(tmp_path, config):
+    from mmviews.run import RunExistsError
+
+    run = tmp_path / "run"
+    first, second = _run_with_checkpoints(run, 2, 4, config=RAW)
+    assert _look(run, config).action == REFUSE and isinstance(_look(run, config).error, RunExistsError)
+    assert str(_look(run, config).error) == (f"{run} already holds a run; continue it with --resume {run}, or choose "
+                                             "another --output (or --overwrite to replace what that run wrote)")
+    assert _look(run, config, overwrite=True).action == REPLACE
+    for resume, expected in ((run, second), (first, first), (second, second)):
+        decided = _look(run, config, resume=resume)
+        assert (decided.action, decided.checkpoint, decided.step) == (CONTINUE, expected, int(expected.name[-2:])), resume
+    other = load_config(write_recipe(tmp_path / "other.yaml", dict(RAW, seed=5)))
+    assert _look(run, other, resume=run, recipe_given=False).action == CONTINUE  # --resume RUN --set: on purpose
+    decided = _look(run, other, resume=run)
+    assert str(decided.error) == (f"--resume: the recipe differs from the one {run} was started with "
+                                  f"({run / 'config.yaml'}) in seed; leave the recipe out to continue with the run's "
+                                  f"own (--resume {run}), --resume {run} --set KEY=VALUE to change it on purpose, or "
+                                  "another --output to start a new run")
+    auto = load_config(write_recipe(tmp_path / "auto.yaml", RAW), ["output.auto_resume=true"])
+    decided = _look(run, auto)  # output.* may differ
+    assert (decided.action, decided.checkpoint, decided.notes) == (CONTINUE, second, [])
+    auto_other = load_config(write_recipe(tmp_path / "auto2.yaml", dict(RAW, seed=5)), ["output.auto_resume=true"])
+    assert str(_look(run, auto_other).error).startswith("output.auto_resume: the recipe differs from the one")
+    assert "; use that recipe to continue the run, --resume" in str(_look(run, auto_other).error)
+    # every differing key named up to eight, then counted
+    many = dict(RAW, seed=9, data={**RAW["data"], "batch_size": 4, "eval_batch_size": 8},
+                optimisation={**RAW["optimisation"], "lr": 1.0, "epochs": 9, "warmup_steps": 0, "max_grad_norm": 1.0,
+                              "optimizer": "sgd"})
+    message = str(_look(run, load_config(write_recipe(tmp_path / "many.yaml", many)), resume=run).error)
+    assert " in data.batch_size, data.eval_batch_size, optimisation.epochs, optimisation.lr, optimisation.max_grad_norm, " \
+           "optimisation.optimizer, optimisation.warmup_steps, seed;" in message
+    many["encoder"] = {"embed_dim": 8}
+    message = str(_look(run, load_config(write_recipe(tmp_path / "many.yaml", many)), resume=run).error)
+    assert "optimisation.optimizer, optimisation.warmup_steps and 1 more;" in message
+    # without a config.yaml there is nothing to compare with
+    (run / "config.yaml").unlink()
+    assert _look(run, other, resume=run).action == CONTINUE and _look(run, auto_other).action == CONTINUE
+    # a run with results but no checkpoint: nothing to continue from
+    results_only = tmp_path / "results_only"
+    claim_run_dir(results_only)
+    (results_only / "results.json").write_text("{}")
+    assert str(_look(results_only, config, resume=results_only).error) == (
+        f"no complete checkpoint in {results_only} (expected {results_only}/checkpoints/checkpoint-N): nothing to "
+        "continue from; --overwrite starts the run again")
+
+
+def test_resume_checkpoints_that_cannot_be_read(tmp_path, config):
+    from mmviews.train.run_folder import add_damaged_checkpoint_hint, earlier_intact_hint, HINTED
+
+    run = tmp_path / "run"
+    one, two, three = _run_with_checkpoints(run, 1, 2, 3, config=RAW)
+    (three / "train_state.json").write_text("[]")
+    for resume in (run, three):
+        decided = _look(run, config, resume=resume)
+        assert decided.action == REFUSE and str(decided.error).startswith(f"{three / 'train_state.json'}: ")
+        assert str(decided.error).endswith(f"; the newest intact checkpoint before it is {two} (step 2): continue "
+                                           f"from it with mmviews train --resume {two}")
+    assert _look(run, config, resume=two).checkpoint == two  # an intact one given itself
+    (two / "model.safetensors").write_bytes(b"")
+    assert earlier_intact_hint(three, run).startswith(f"the newest intact checkpoint before it is {one} (step 1)")
+    assert earlier_intact_hint(two, run).startswith(f"the newest intact checkpoint before it is {one} (step 1)")
+    assert earlier_intact_hint(one, run) == (f"no earlier checkpoint of {run} is intact, nothing to continue from: "
+                                             "--overwrite starts the run again")
+    error = ValueError("x.bin: truncated")
+    add_damaged_checkpoint_hint(error, two)
+    assert error.__notes__ == [earlier_intact_hint(two, run)] and getattr(error, HINTED) is True
+
+
+def test_resume_of_a_folder_inside_a_run(tmp_path):
+    from mmviews.run import RunFolderRefused
+    from mmviews.train.run_folder import resume_folder, run_folder_above
+
+    run = tmp_path / "run"
+    (checkpoint,) = _run_with_checkpoints(run, 1, config=RAW)
+    assert resume_folder(run) == run and resume_folder(checkpoint) == run
+    (run / "encoder").mkdir()
+    (run / "exported").mkdir()
+    (run / "exported" / "encoder.json").write_text("{}")
+    assert run_folder_above(run / "encoder") == (f"{run / 'encoder'} is the trained encoder of the run {run}, not a "
+                                                 f"run folder: give the run folder (--resume {run})")
+    assert run_folder_above(run / "exported").startswith(f"{run / 'exported'} is the trained encoder of the run")
+    assert run_folder_above(run / "checkpoints") == (
+        f"{run / 'checkpoints'} is the checkpoints folder of the run {run}: give the run folder (--resume {run} "
+        f"continues from its newest checkpoint) or one checkpoint in it ({run / 'checkpoints'}/checkpoint-N)")
+    with pytest.raises(RunFolderRefused, match="is the checkpoints folder of the run"):
+        resume_folder(run / "checkpoints")
+    assert run_folder_above(run / "notes") is None and resume_folder(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+    assert run_folder_above(tmp_path) is None  # the folder above a run is not inside one
+    nested = run / "old"
+    claim_run_dir(nested)  # a run inside a run is a run
+    assert run_folder_above(nested) is None
+
+
+def test_claim_does_what_was_decided(tmp_path, config, capsys):
+    from mmviews.run import read_manifest
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")  # the user's, there before the run
+    (checkpoint,) = _run_with_checkpoints(run, 1, config=dict(RAW, seed=7))
+    (run / "metrics.csv").write_text("old rows\n")
+    tmp = run / "checkpoints" / ".tmp-checkpoint-00000002"
+    tmp.mkdir()
+    folder = RunFolder(run)
+    auto = load_config(write_recipe(tmp_path / "auto.yaml", dict(RAW, seed=7)), ["output.auto_resume=true"])
+    decided = folder.decide(auto, Intent())
+    assert decided.action == CONTINUE
+    folder.claim(decided, auto)
+    err = capsys.readouterr().err
+    assert err == (f"mmviews train: warning: removed 1 temporary left-over(s) of a write cut short: "
+                   f"checkpoints/.tmp-checkpoint-00000002\n")
+    assert not tmp.exists() and (run / "metrics.csv").read_text() == "old rows\n"
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 7  # rewritten only once loaded
+    folder.continued(auto)
+    assert yaml.safe_load((run / "config.yaml").read_text())["output"]["auto_resume"] is True
+    folder.release()
+    replace = folder.decide(config, Intent(overwrite=True))
+    assert replace.action == REPLACE
+    folder.claim(replace, config)
+    assert capsys.readouterr().err == ""
+    assert sorted(p.name for p in run.iterdir()) == [".mmviews-lock", ".mmviews-run.json", "config.yaml", "notes.txt"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == RAW["seed"]
+    assert read_manifest(run)["created"] == ["config.yaml"] and read_manifest(run)["foreign"] == ["notes.txt"]
+    folder.release()
+    with pytest.raises(FolderInUseError):
+        folder.claim(Decision_refused(run), config)
+
+
+def Decision_refused(run: Path) -> Any:
+    from mmviews.train.run_folder import Decision
+
+    return Decision(REFUSE, run, error=FolderInUseError("held"))
+
+
+def test_the_main_process_decides_and_says_the_notes(tmp_path, config, capsys):
+    from mmviews.train.run_folder import decide_on_every_process
+
+    run = tmp_path / "run"
+    claim_run_dir(run)
+    folder = RunFolder(run)
+    decided = decide_on_every_process(folder, config, Intent(), True, 1)
+    assert (decided.action, decided.again) == (START, True) and folder.lock.held
+    assert capsys.readouterr().err == (f"mmviews train: warning: {run} has no checkpoint (the run stopped before its "
+                                       "first one): starting it again from step 0\n")
+    folder.release()
+    # a look from another command while it is held, and the lock's own refusal, name this process
+    with RunFolderLock(run):
+        looked = _look(run, config)
+        assert isinstance(looked.error, FolderInUseError)
+        assert str(looked.error) == (f"{run} is in use by process {os.getpid()} on host {socket.gethostname()} "
+                                     "(mmviews train, this process): one command at a time uses a run folder; wait "
+                                     "for it to end (or stop it), or choose another --output")
+        with pytest.raises(FolderInUseError, match="this process"):
+            RunFolderLock(run).acquire()
+    assert lock_holder(run) is None
+
+
+def test_the_lock_file_names_its_holder(tmp_path):
+    from mmviews.run import read_lock_holder
+
+    path = tmp_path / LOCK_FILE
+    path.write_text('{"pid": 12, "host": "h", "command": "mmviews eval"}')
+    assert read_lock_holder(path) == "process 12 on host h (mmviews eval)"
+    for text in ("", "{", '{"pid": "x", "host": "h", "command": "c"}', '{"pid": 1}', "[1]"):
+        path.write_text(text)
+        assert read_lock_holder(path) == "another process (it has not written its process id yet)", text
+    path.unlink()
+    assert read_lock_holder(path) == "another process (it has not written its process id yet)"
+    assert lock_holder(tmp_path / "missing") is None
