@@ -28,6 +28,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: run folders are not locked (RunFolderLock.unsupported says so)
+    fcntl = None  # type: ignore[assignment]
+
 from mmviews.config import ConfigError, TrainConfig, load_config
 from mmviews.data.loaders import build_eval_loaders
 from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError
@@ -115,11 +120,18 @@ class RunFolderLock:
         key = self.run_dir.resolve()
         if key in _HELD:
             raise FolderInUseError(in_use_message(self.run_dir, _held_by_this_process(_HELD[key])))
+        if fcntl is None:
+            self.unsupported = "this platform has no fcntl record locks"
+            return
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:  # a link planted in the folder is never followed (nor the file it names truncated)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+            except OSError as error:
+                if error.errno == errno.ELOOP:
+                    raise RunFolderRefused(f"{self.path} is a symbolic link, not mmviews's lock file: remove it "
+                                           "(mmviews never writes through a link in a run folder)") from None
+                raise
             try:
-                import fcntl
-
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
                 os.close(fd)
@@ -173,13 +185,13 @@ def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
     if key is not None and key in _HELD:
         return _held_by_this_process(_HELD[key])
     path = run_dir / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:  # no lock file (nobody holds it), or not ours to open
+    if fcntl is None:
         return None
     try:
-        import fcntl
-
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:  # no lock file (nobody holds it), a link (not a lock), or not ours to open
+        return None
+    try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
         if error.errno in (errno.EACCES, errno.EAGAIN):

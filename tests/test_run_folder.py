@@ -505,3 +505,16 @@ def test_the_lock_file_names_its_holder(tmp_path):
     path.unlink()
     assert read_lock_holder(path) == "another process (it has not written its process id yet)"
     assert lock_holder(tmp_path / "missing") is None
+
+
+def test_a_link_planted_as_the_lock_file_is_never_written_through(tmp_path, config):
+    from mmviews.run import RunFolderRefused
+
+    run, target = tmp_path / "run", tmp_path / "precious.txt"
+    claim_run_dir(run)
+    target.write_text("keep")
+    (run / LOCK_FILE).symlink_to(target)
+    assert lock_holder(run) is None
+    with pytest.raises(RunFolderRefused, match="is a symbolic link, not mmviews's lock file"):
+        RunFolderLock(run).acquire()
+    assert target.read_text() == "keep" and (run / LOCK_FILE).is_symlink()
