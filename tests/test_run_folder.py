@@ -88,20 +88,31 @@ def test_the_decision_for_each_folder_state(tmp_path):
                                (Intent(resume=new, overwrite=True), config, "--resume continues it")):
         decided = RunFolder(new).decide(cfg, intent, act=False)
         assert decided.action == REFUSE and str(decided.error) == f"--overwrite replaces the run, {words}: choose one"
-    assert "nothing to resume" in str(RunFolder(new).decide(config, Intent(resume=new), act=False).error)
+    assert str(RunFolder(new).decide(config, Intent(resume=new), act=False).error) == (
+        f"{new} is not an mmviews run folder (no .mmviews-run.json or config.yaml): nothing to resume")
     stopped = tmp_path / "stopped"
     claim_run_dir(stopped)
     (stopped / "metrics.csv").write_text("step,loss\n")
     for intent in (Intent(), Intent(resume=stopped, recipe_given=False)):
         decided = RunFolder(stopped).decide(config, intent, act=False)
-        assert (decided.action, decided.again) == (START, True), intent
+        assert (decided.action, decided.again, decided.run_dir) == (START, True, stopped), intent
+        assert decided.notes == [f"{stopped} has no checkpoint (the run stopped before its first one): starting it "
+                                 "again from step 0"]
     (stopped / "results.json").write_text("{}")
     assert RunFolder(stopped).decide(config, Intent(overwrite=True), act=False).action == REPLACE
+    assert _look(stopped, config, overwrite=True).line().startswith(f"{stopped}: --overwrite replaces")
     assert RunFolder(stopped).decide(config, Intent(), act=False).action == REFUSE
     assert "no complete checkpoint in" in str(RunFolder(stopped).decide(config, Intent(resume=stopped), act=False).error)
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert "is a file" in str(RunFolder(afile).decide(config, Intent(), act=False).error)
+    assert str(_look(afile, config).error) == f"{afile} is a file, not a run folder: choose another --output"
+    for intent, cfg in ((Intent(overwrite=True), auto), (Intent(resume=new, overwrite=True), config)):
+        assert _look(new, cfg, **vars(intent)).action == REFUSE
+    nested = tmp_path / "a" / "b" / "c"  # acting creates a new folder with its parents, for the lock
+    made = RunFolder(nested)
+    assert made.decide(config, Intent()).action == START and (nested / LOCK_FILE).is_file()
+    made.release()
+    assert RunFolder(nested, "mmviews eval").lock.command == "mmviews eval"
     # acting takes the lock (and creates the new folder for it); a second decision in this process is refused
     first = RunFolder(new)
     assert first.decide(config, Intent()).action == START and (new / LOCK_FILE).is_file()
@@ -282,7 +293,9 @@ def _run_with_checkpoints(run: Path, *steps: int, config: dict[str, Any] | None 
 
 
 def _look(run: Path, config: Any, **intent: Any) -> Any:
-    return RunFolder(run).decide(config, Intent(**intent), act=False)
+    decided = RunFolder(run).decide(config, Intent(**intent), act=False)
+    assert decided.run_dir == run, decided
+    return decided
 
 
 RAW = tiny_config(text=False)
@@ -314,6 +327,8 @@ def test_decision_lines_and_their_plain_data(tmp_path):
         assert (back.action, back.run_dir, back.checkpoint, back.step, back.again, back.notes) == (
             decision.action, decision.run_dir, decision.checkpoint, decision.step, decision.again, decision.notes)
         assert type(back.error) is type(decision.error) and str(back.error) == str(decision.error)
+    unknown = Decision.from_data(("refuse", str(run), None, None, False, [], ("SomethingElse", "why")))
+    assert type(unknown.error) is RunFolderRefused and str(unknown.error) == "why"
 
 
 def test_folders_that_are_not_runs_are_refused_before_any_lock(tmp_path, config):
@@ -393,7 +408,13 @@ def test_resume_checkpoints_that_cannot_be_read(tmp_path, config):
         assert decided.action == REFUSE and str(decided.error).startswith(f"{three / 'train_state.json'}: ")
         assert str(decided.error).endswith(f"; the newest intact checkpoint before it is {two} (step 2): continue "
                                            f"from it with mmviews train --resume {two}")
+        assert "resume from an earlier one" not in str(decided.error)  # train_state.json's own generic hint, cut
     assert _look(run, config, resume=two).checkpoint == two  # an intact one given itself
+    best = shutil.copytree(three, run / "checkpoints" / "best")  # a checkpoint folder of the user's name
+    decided = _look(run, config, resume=best)
+    assert str(decided.error).endswith(f"no earlier checkpoint of {run} is intact, nothing to continue from: "
+                                       "--overwrite starts the run again")  # no step in its name: none is before it
+    shutil.rmtree(best)
     (two / "model.safetensors").write_bytes(b"")
     assert earlier_intact_hint(three, run).startswith(f"the newest intact checkpoint before it is {one} (step 1)")
     assert earlier_intact_hint(two, run).startswith(f"the newest intact checkpoint before it is {one} (step 1)")
@@ -427,6 +448,8 @@ def test_resume_of_a_folder_inside_a_run(tmp_path):
     nested = run / "old"
     claim_run_dir(nested)  # a run inside a run is a run
     assert run_folder_above(nested) is None
+    claim_run_dir(run / "checkpoints", resume=True)  # even one named like a run's checkpoints folder
+    assert run_folder_above(run / "checkpoints") is None
 
 
 def test_claim_does_what_was_decided(tmp_path, config, capsys):
@@ -439,14 +462,15 @@ def test_claim_does_what_was_decided(tmp_path, config, capsys):
     (run / "metrics.csv").write_text("old rows\n")
     tmp = run / "checkpoints" / ".tmp-checkpoint-00000002"
     tmp.mkdir()
+    (run / ".results.json.a1b2c3d4.tmp").write_text("{")
     folder = RunFolder(run)
     auto = load_config(write_recipe(tmp_path / "auto.yaml", dict(RAW, seed=7)), ["output.auto_resume=true"])
     decided = folder.decide(auto, Intent())
     assert decided.action == CONTINUE
     folder.claim(decided, auto)
     err = capsys.readouterr().err
-    assert err == (f"mmviews train: warning: removed 1 temporary left-over(s) of a write cut short: "
-                   f"checkpoints/.tmp-checkpoint-00000002\n")
+    assert err == (f"mmviews train: warning: removed 2 temporary left-over(s) of a write cut short: "
+                   f"checkpoints/.tmp-checkpoint-00000002, .results.json.a1b2c3d4.tmp\n")
     assert not tmp.exists() and (run / "metrics.csv").read_text() == "old rows\n"
     assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 7  # rewritten only once loaded
     folder.continued(auto)
@@ -518,3 +542,67 @@ def test_a_link_planted_as_the_lock_file_is_never_written_through(tmp_path, conf
     with pytest.raises(RunFolderRefused, match="is a symbolic link, not mmviews's lock file"):
         RunFolderLock(run).acquire()
     assert target.read_text() == "keep" and (run / LOCK_FILE).is_symlink()
+
+
+def test_claim_of_a_run_from_before_manifests_and_of_a_new_nested_folder(tmp_path):
+    from mmviews.run import read_manifest
+
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    for name in ("config.yaml", "metrics.csv", "mine.txt"):
+        (legacy / name).write_text("x")
+    claim_run_dir(legacy, resume=True)  # continued: its known outputs are the run's, the rest the user's
+    assert read_manifest(legacy)["created"] == ["config.yaml", "metrics.csv"]
+    assert read_manifest(legacy)["foreign"] == ["mine.txt"]
+    (legacy / "eval").mkdir()
+    claim_run_dir(legacy, resume=True)  # written since: the run's
+    assert read_manifest(legacy)["created"] == ["config.yaml", "eval", "metrics.csv"]
+    claim_run_dir(legacy)  # started again: only what the run wrote is removed
+    assert sorted(p.name for p in legacy.iterdir()) == [".mmviews-run.json", "mine.txt"]
+    deep = tmp_path / "x" / "y" / "run"
+    claim_run_dir(deep)
+    assert read_manifest(deep) == {**read_manifest(deep), "created": [], "foreign": []}
+
+
+def test_a_file_system_without_locks_goes_on_unlocked_and_says_so(tmp_path, config, capsys, monkeypatch):
+    import errno
+
+    import mmviews.run as run_module
+
+    def refuse(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(run_module.fcntl, "lockf", refuse)
+    run = tmp_path / "run"
+    folder = RunFolder(run)
+    assert folder.decide(config, Intent()).action == START and not folder.lock.held
+    assert capsys.readouterr().err == (f"mmviews train: warning: {run / LOCK_FILE}: this file system gives no lock "
+                                       f"({os.strerror(errno.ENOLCK)}): another command on {run} would not be refused\n")
+    folder.release()
+
+
+def test_the_decision_is_sent_to_every_process(tmp_path, config, monkeypatch, capsys):
+    """With several processes the main process decides and broadcasts plain data (the
+    broadcast recorded here; two real processes resume in test_reliability.py)."""
+    import torch.distributed as dist
+
+    from mmviews.train.run_folder import decide_on_every_process
+
+    run = tmp_path / "run"
+    claim_run_dir(run)
+    sent: list[Any] = []
+
+    def broadcast(data: list[Any], src: int) -> None:
+        sent.append((list(data), src))
+        data[:] = sent[0][0]  # what the main process sent, on every process
+
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    folder = RunFolder(run)
+    main = decide_on_every_process(folder, config, Intent(), True, 2)
+    assert len(sent) == 1 and sent[0][1] == 0 and sent[0][0] == [main.to_data()] and folder.lock.held
+    other = RunFolder(run)
+    follower = decide_on_every_process(other, config, Intent(), False, 2)
+    assert sent[1] == ([None], 0) and not other.lock.held  # only the main process takes the lock
+    assert follower.to_data() == main.to_data()
+    assert capsys.readouterr().err.count("starting it again") == 1  # said by the main process only
+    folder.release()

@@ -283,7 +283,8 @@ def test_newest_intact_checkpoint_units(tmp_path):
     (first / "train_state.json").unlink()  # checkpoint-1 lost its record
     assert newest_intact_checkpoint(run, said.append) is None
     decided = _decide(config, run)
-    assert decided.action == REFUSE and decided.checkpoint is None
+    assert decided.action == REFUSE and decided.checkpoint is None and decided.run_dir == run
+    assert len(decided.notes) == 3 and all(n.startswith("skipping the damaged checkpoint") for n in decided.notes)
     assert str(decided.error) == (f"{run}: none of its 3 checkpoint(s) is intact (see above), nothing to continue "
                                   "from; --overwrite starts the run again")
 

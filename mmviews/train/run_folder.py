@@ -151,8 +151,7 @@ class RunFolder:
     def release(self) -> None:
         self.lock.release()
 
-    def decide(self, config: TrainConfig, intent: Intent, *, act: bool = True,
-               say: Callable[[str], None] | None = None) -> Decision:
+    def decide(self, config: TrainConfig, intent: Intent, *, act: bool = True) -> Decision:
         """What the command will do with the folder. ``act``: take the folder's lock first (the
         main process of a run; it stays held until :meth:`release`), which creates the folder
         when it is new; without it (``--check``) only look: nothing is created or written."""
@@ -189,10 +188,9 @@ class RunFolder:
             holder = lock_holder(run_dir)
             if holder is not None:
                 return _refuse(run_dir, in_use_message(run_dir, holder), FolderInUseError)
-        return self._decide_held(config, intent, is_run, say)
+        return self._decide_held(config, intent, is_run)
 
-    def _decide_held(self, config: TrainConfig, intent: Intent, is_run: bool,
-                     say: Callable[[str], None] | None) -> Decision:
+    def _decide_held(self, config: TrainConfig, intent: Intent, is_run: bool) -> Decision:
         """The rules, once no other command can change the folder."""
         run_dir = self.run_dir
         if intent.resume is not None:
@@ -208,7 +206,7 @@ class RunFolder:
             if refused is not None:
                 return refused
             notes: list[str] = []
-            found = newest_intact_checkpoint(run_dir, say or notes.append)
+            found = newest_intact_checkpoint(run_dir, notes.append)
             if found is None:  # every checkpoint damaged: the notes above name each
                 refused = _refuse(run_dir, f"{run_dir}: none of its {len(list_checkpoints(run_dir))} checkpoint(s) is "
                                            "intact (see above), nothing to continue from; --overwrite starts the run "
