@@ -2,8 +2,8 @@
 time (:class:`mmviews.run.RunFolderLock`), and error lines whose hints agree with the error.
 
 - A recipe given with ``--resume`` that is not the run's own is refused naming the keys, and the
-  folder is left as it was (issue 49's case: a finished 16-step run resumed with the recipe it
-  was started from, less its ``--set``); the run's own recipe, or ``--set`` alone, continues.
+  folder is left as it was (a finished run resumed with the recipe it was started from, less
+  its ``--set``); the run's own recipe, or ``--set`` alone, continues.
 - Two real commands on one folder: while a run holds it (held in its first epoch without
   ``auto_resume``, or while its checkpoint is in its temporary folder with it), a second
   ``train`` (the same command), ``--resume``, ``--overwrite``, ``eval`` and ``--check`` are each
@@ -47,7 +47,7 @@ def _files(run: Path) -> dict[Path, tuple[int, bytes]]:
 
 
 def test_a_recipe_given_with_resume_must_be_the_runs_own(tiny_run, tmp_path, capsys):
-    """Issue 49, item 0: ``mmviews train RECIPE --resume RUN`` with the recipe the run was started
+    """``mmviews train RECIPE --resume RUN`` with the recipe the run was started
     from but without its ``--set`` is refused naming the key, before anything in the folder
     changes (``config.yaml`` above all); the run's own recipe continues it."""
     run = copy_run(tiny_run, tmp_path / "run", unfinished=True)
@@ -144,7 +144,7 @@ def test_a_stale_lock_file_is_taken_over(tmp_path):
 
 @pytest.mark.parametrize("auto_resume", [False, True], ids=["plain", "auto_resume"])
 def test_a_second_command_on_a_held_folder_is_refused(tmp_path, capsys, auto_resume):
-    """Issue 49, item 2, with two real commands. Without ``auto_resume`` the first run is held
+    """Two real commands on one folder. Without ``auto_resume`` the first run is held
     after step 1, before its first checkpoint (a second command used to start it over in place,
     replacing its ``metrics.csv``); with it, while its checkpoint of step 2 is in its temporary
     folder (a second copy used to remove it as a left-over and resume from the one before)."""
@@ -248,7 +248,7 @@ def test_resume_of_a_folder_inside_a_run_names_the_run(tiny_run, tmp_path, capsy
 
 
 def test_check_refuses_overwrite_with_auto_resume_as_the_run_does(tmp_path, capsys):
-    """Issue 50, item 2: ``--overwrite --set output.auto_resume=true`` is refused by ``--check``
+    """``--overwrite --set output.auto_resume=true`` is refused by ``--check``
     in the run's own line (it used to say OK)."""
     recipe, run = write_recipe(tmp_path / "tiny.yaml", tiny_config(text=False)), tmp_path / "run"
     args = ["train", str(recipe), "--output", str(run), "--overwrite", "--set", "output.auto_resume=true"]

@@ -235,7 +235,7 @@ def test_every_checkpoint_damaged_is_one_line(reference, tmp_path, capsys):
     rc, out, err = cli(capsys, "train", str(run / "config.yaml"), "--output", str(run))
     line = one_line_error(err)
     assert rc == 2 and f"none of its {TOTAL} checkpoint(s) is intact" in line and "--overwrite" in line
-    # only --overwrite helps: no hint that the same command, or --resume, would continue (issue 49, item 4)
+    # only --overwrite helps: no hint that the same command, or --resume, would continue
     assert "latest checkpoint is kept" not in line and "same command" not in line and "--resume" not in line, line
     assert err.count("mmviews train: warning: skipping the damaged checkpoint") == TOTAL and "skipping" not in out
 
