@@ -20,6 +20,11 @@ wrong ``input_dim``) holds nothing to keep: the same command starts it again in 
 does ``--resume DIR`` (with the run's ``config.yaml``).
 With ``output.auto_resume: true`` the same command continues a run from its newest intact
 checkpoint (:mod:`mmviews.train.resume`; every fault and what it costs: ``docs/reliability.md``).
+What the command does with its folder (start, continue from checkpoint N, replace, refuse) is
+decided in one place, :mod:`mmviews.train.run_folder`, which ``--check`` asks too (it prints the
+decision, or refuses as the run would): a recipe named with ``--resume`` must be the run's own
+outside ``output`` (``--resume DIR --set KEY=VALUE`` changes it on purpose), and one command at a
+time uses a folder (a held one is refused, naming the process and host that hold it).
 
 Ctrl-C (SIGINT) or SIGTERM finishes the current optimiser step, writes a checkpoint, prints one
 line with the command that resumes the run and exits with 130 (SIGINT) or 143 (SIGTERM); a
@@ -54,7 +59,6 @@ from mmviews.run import (
     CONFIG_FILE,
     RESULTS_FILE,
     RunExistsError,
-    RunFolderError,
     RunFolderRefused,
     has_checkpoint_or_results,
     is_checkpoint,
