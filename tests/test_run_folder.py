@@ -88,7 +88,7 @@ def test_the_decision_for_each_folder_state(tmp_path):
                                (Intent(resume=new, overwrite=True), config, "--resume continues it")):
         decided = RunFolder(new).decide(cfg, intent, act=False)
         assert decided.action == REFUSE and str(decided.error) == f"--overwrite replaces the run, {words}: choose one"
-    assert str(RunFolder(new).decide(config, Intent(resume=new), act=False).error) == (
+    assert str(_look(new, config, resume=new).error) == (
         f"{new} is not an mmviews run folder (no .mmviews-run.json or config.yaml): nothing to resume")
     stopped = tmp_path / "stopped"
     claim_run_dir(stopped)
@@ -117,7 +117,7 @@ def test_the_decision_for_each_folder_state(tmp_path):
     first = RunFolder(new)
     assert first.decide(config, Intent()).action == START and (new / LOCK_FILE).is_file()
     held = RunFolder(new).decide(config, Intent())
-    assert held.action == REFUSE and isinstance(held.error, FolderInUseError)
+    assert held.action == REFUSE and isinstance(held.error, FolderInUseError) and held.run_dir == new
     assert f"process {os.getpid()} on host {socket.gethostname()}" in str(held.error)
     first.release()
     assert not (new / LOCK_FILE).exists() and lock_holder(new) is None
@@ -347,7 +347,7 @@ def test_folders_that_are_not_runs_are_refused_before_any_lock(tmp_path, config)
     unwritable = Path("/proc/mmviews-no-such-run")  # no file can be created in /proc, not even by root
     for act in (False, True):
         decided = RunFolder(unwritable).decide(config, Intent(), act=act)
-        assert decided.action == REFUSE and str(decided.error).startswith(f"cannot write {unwritable}: /proc refuses")
+        assert decided.run_dir == unwritable and decided.action == REFUSE and str(decided.error).startswith(f"cannot write {unwritable}: /proc refuses")
 
 
 def test_every_branch_of_the_decision(tmp_path, config):
