@@ -467,14 +467,17 @@ def test_claim_does_what_was_decided(tmp_path, config, capsys):
     auto = load_config(write_recipe(tmp_path / "auto.yaml", dict(RAW, seed=7)), ["output.auto_resume=true"])
     decided = folder.decide(auto, Intent())
     assert decided.action == CONTINUE
+    before = _files(run)
     folder.claim(decided, auto)
+    assert _files(run) == before and tmp.is_dir() and capsys.readouterr().err == ""  # nothing before the load
+    (run / "eval").mkdir()  # written after the last manifest update (before a kill): the run's
+    folder.continued(auto)
     err = capsys.readouterr().err
     assert err == (f"mmviews train: warning: removed 2 temporary left-over(s) of a write cut short: "
                    f"checkpoints/.tmp-checkpoint-00000002, .results.json.a1b2c3d4.tmp\n")
     assert not tmp.exists() and (run / "metrics.csv").read_text() == "old rows\n"
-    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 7  # rewritten only once loaded
-    folder.continued(auto)
     assert yaml.safe_load((run / "config.yaml").read_text())["output"]["auto_resume"] is True
+    assert "eval" in read_manifest(run)["created"] and read_manifest(run)["foreign"] == ["notes.txt"]
     folder.release()
     replace = folder.decide(config, Intent(overwrite=True))
     assert replace.action == REPLACE

@@ -25,10 +25,10 @@ The rules:
   one whose ``train_state.json`` cannot be read is refused, naming the newest intact checkpoint
   before it to pass instead. ``output.auto_resume`` continues from the newest intact checkpoint
   (:func:`newest_intact_checkpoint`: each newer damaged one is skipped with one warning line);
-- nothing in the folder changes before the decision is to go on: :meth:`RunFolder.claim` (the
+- nothing in the folder changes before the run really goes on: :meth:`RunFolder.claim` (the
   main process, once the run is built) removes what a replaced run wrote and mmviews's own
-  temporary left-overs (:func:`remove_leftovers`), writes the manifest and, for a run that starts,
-  ``config.yaml``; a run that continues rewrites ``config.yaml`` only once its checkpoint is loaded
+  temporary left-overs (:func:`remove_leftovers`) and writes the manifest and ``config.yaml`` of a
+  run that starts; a run that continues changes its folder only once its checkpoint is loaded
   (:meth:`RunFolder.continued`). This module is the only code that writes ``config.yaml`` or
   removes what is in a run folder before training (the checkpoint writer rotates its own
   checkpoints, :mod:`mmviews.train.checkpoint`).
@@ -224,25 +224,32 @@ class RunFolder:
         return Decision(START, run_dir)
 
     def claim(self, decision: Decision, config: TrainConfig) -> None:
-        """The main process, once the run is built and before it writes anything: what a
-        replaced (or started again) run wrote removed (only the entries its manifest lists),
-        mmviews's temporary left-overs removed (one warning line), the manifest written, and for a
-        run that starts, ``config.yaml``."""
+        """The main process, once the run is built and before it writes anything. A run that
+        starts: what a replaced (or started again) run wrote removed (only the entries its
+        manifest lists), mmviews's temporary left-overs removed (one warning line), the manifest
+        and ``config.yaml`` written. A run that continues: nothing yet (:meth:`continued`, once its
+        checkpoint is loaded)."""
         decision.raise_if_refused()
-        claim_run_dir(self.run_dir, resume=decision.action == CONTINUE)
+        if decision.action != CONTINUE:
+            claim_run_dir(self.run_dir)
+            self._remove_leftovers()
+            save_config(config, self.run_dir / CONFIG_FILE)
+            record_run_outputs(self.run_dir)
+
+    def continued(self, config: TrainConfig) -> None:
+        """The main process, once a continued run's checkpoint is loaded (the run really goes
+        on): the manifest brought up to date, mmviews's temporary left-overs removed (one warning
+        line) and ``config.yaml`` rewritten with the recipe it continues with (``--set``)."""
+        claim_run_dir(self.run_dir, resume=True)
+        self._remove_leftovers()
+        save_config(config, self.run_dir / CONFIG_FILE)
+        record_run_outputs(self.run_dir)
+
+    def _remove_leftovers(self) -> None:
         removed = remove_leftovers(self.run_dir)  # mmviews's own temporary names only
         if removed:
             print_warning(PREFIX, f"removed {len(removed)} temporary left-over(s) of a write cut short: "
                                   f"{', '.join(str(p.relative_to(self.run_dir)) for p in removed)}")
-        if decision.action != CONTINUE:
-            self.continued(config)
-        record_run_outputs(self.run_dir)
-
-    def continued(self, config: TrainConfig) -> None:
-        """The main process, once the run has started or its checkpoint is loaded: the resolved
-        ``config.yaml`` (with a continued run's ``--set``) written."""
-        save_config(config, self.run_dir / CONFIG_FILE)
-        record_run_outputs(self.run_dir)
 
 
 def decide_on_every_process(folder: RunFolder, config: TrainConfig, intent: Intent, is_main: bool,
