@@ -609,3 +609,97 @@ def test_the_decision_is_sent_to_every_process(tmp_path, config, monkeypatch, ca
     assert follower.to_data() == main.to_data()
     assert capsys.readouterr().err.count("starting it again") == 1  # said by the main process only
     folder.release()
+
+
+_HOLDER = """
+import sys, time
+from mmviews.run import RunFolderLock
+lock = RunFolderLock(sys.argv[1], "mmviews eval")
+lock.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_lock_of_another_process(tmp_path):
+    """A real second process holds the folder's lock: this one is refused by name, sees it held,
+    reads its record; once that process is killed the lock is free (the kernel released it)."""
+    import json
+    import stat
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with started([sys.executable, "-c", _HOLDER, str(run)], env=env()) as other:
+        assert other.stdout.readline().strip() == "held", other.stderr.read()[-2000:]
+        host = socket.gethostname()
+        assert json.loads((run / LOCK_FILE).read_text()) == {"pid": other.pid, "host": host, "command": "mmviews eval"}
+        assert (run / LOCK_FILE).read_text().endswith("}\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        assert stat.S_IMODE((run / LOCK_FILE).stat().st_mode) == 0o666 & ~umask
+        holder = f"process {other.pid} on host {host} (mmviews eval)"
+        assert lock_holder(run) == holder
+        lock = RunFolderLock(run)
+        with pytest.raises(FolderInUseError) as caught:
+            lock.acquire()
+        assert str(caught.value) == (f"{run} is in use by {holder}: one command at a time uses a run folder; wait for "
+                                     "it to end (or stop it), or choose another --output")
+        assert not lock.held
+        other.kill()
+        other.wait(timeout=60)
+    assert lock_holder(run) is None
+    lock.acquire()
+    assert lock.held and lock.unsupported is None
+    lock.release()
+    assert not lock.held and not (run / LOCK_FILE).exists()
+    lock.release()  # twice: nothing to do
+
+
+def test_the_lock_in_this_process_and_without_fcntl(tmp_path, monkeypatch):
+    import mmviews.run as run_module
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with RunFolderLock(run) as lock:
+        with pytest.raises(FolderInUseError) as caught:
+            RunFolderLock(run).acquire()
+        assert str(caught.value) == (f"{run} is in use by process {os.getpid()} on host {socket.gethostname()} "
+                                     "(mmviews train, this process): one command at a time uses a run folder; wait "
+                                     "for it to end (or stop it), or choose another --output")
+        assert lock.held
+    assert not lock.held
+    (run / LOCK_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(Exception) as caught:
+        RunFolderLock(run).acquire()
+    assert str(caught.value) == (f"{run / LOCK_FILE} is a symbolic link, not mmviews's lock file: remove it (mmviews "
+                                 "never writes through a link in a run folder)")
+    (run / LOCK_FILE).unlink()
+    monkeypatch.setattr(run_module, "fcntl", None)
+    unlocked = RunFolderLock(run)
+    unlocked.acquire()
+    assert unlocked.unsupported == "this platform has no fcntl record locks" and not unlocked.held
+    assert lock_holder(run) is None and not (run / LOCK_FILE).exists()
+
+
+def test_the_lock_is_taken_on_the_file_that_is_there(tmp_path, monkeypatch):
+    """The lock file removed between the open and the lock (its holder ended): the file is
+    opened again, so the lock is on the file named .mmviews-lock, not on an unlinked one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / LOCK_FILE
+    real_stat, looked = os.stat, []
+
+    def stat_once_missing(target: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(target) == str(path):
+            looked.append(target)
+            if len(looked) == 1:
+                raise FileNotFoundError(target)
+        return real_stat(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat_once_missing)
+    lock = RunFolderLock(run)
+    lock.acquire()
+    monkeypatch.setattr(os, "stat", real_stat)
+    assert len(looked) == 2 and lock.held
+    assert os.path.samestat(os.fstat(lock._fd), os.stat(path))
+    lock.release()
