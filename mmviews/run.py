@@ -1,8 +1,10 @@
 """The run folder: its layout, its checkpoints, and loading a trained run back.
 
-Two promises live here. Never delete what mmviews did not write: a run takes only a new, empty or
-mmviews folder (:func:`check_run_dir`), and replacing one removes only the entries its manifest
-lists (:func:`claim_run_dir`, :func:`record_run_outputs`). Checkpoints are data, not code: every
+Two promises live here. Never delete what mmviews did not write: what a command does with a run
+folder is decided in one place (:mod:`mmviews.train.run_folder`, which takes only a new, empty or
+mmviews folder and, replacing one, removes only the entries its manifest lists, see
+:func:`record_run_outputs`), and one command at a time holds a folder (:class:`RunFolderLock`).
+Checkpoints are data, not code: every
 checkpoint file is checked against the size and SHA-256 that ``train_state.json`` records
 (:func:`verify_checkpoint_file`) before it is read, and pickles load weights-only
 (:func:`load_torch_file`). Both the trainer and ``mmviews eval`` use this module, so evaluation
@@ -11,12 +13,13 @@ never depends on the training code. The folder's layout is in ``docs/cli.md`` ("
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import pickle
 import re
-import shutil
+import socket
 import zipfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,10 +28,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: run folders are not locked (RunFolderLock.unsupported says so)
+    fcntl = None  # type: ignore[assignment]
+
 from mmviews.config import ConfigError, TrainConfig, load_config
 from mmviews.data.loaders import build_eval_loaders
 from mmviews.data.safe_pickle import CorruptFileError, UnsafePickleError
-from mmviews.fileio import atomic_write_text, check_writable, read_json_object
+from mmviews.fileio import atomic_write_text, read_json_object
 from mmviews.modalities.multiview import ENCODER_CONFIG, MultiViewEncoder
 
 CONFIG_FILE = "config.yaml"
@@ -44,6 +52,8 @@ EVAL_METRICS_FILE = "metrics.json"  # inside each evaluation folder
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 RUN_MANIFEST = ".mmviews-run.json"
+# The file on which the command that uses a run folder holds its lock (RunFolderLock).
+LOCK_FILE = ".mmviews-lock"
 MANIFEST_FORMAT = "mmviews-run"
 MANIFEST_VERSION = 1
 # What runs written before the manifest existed put in their folder (removed by --overwrite
@@ -57,9 +67,158 @@ class RunFolderError(ValueError):
     """A folder cannot be used as (or is not) a run folder; the message names it."""
 
 
-class RunExistsError(RunFolderError):
+class RunFolderRefused(RunFolderError):
+    """What a command asked of a run folder is refused, before anything in it changed (one line:
+    what is wrong and the command that does what was meant). Raised by
+    :mod:`mmviews.train.run_folder`; no "the latest checkpoint is kept" hint applies to it."""
+
+
+class RunExistsError(RunFolderRefused):
     """A new run was asked for in a folder that holds a run worth keeping: training there needs
     ``--resume`` or ``--overwrite`` (``mmviews train --check`` only notes it)."""
+
+
+class FolderInUseError(RunFolderRefused):
+    """Another command (another process) holds the run folder's lock (:class:`RunFolderLock`)."""
+
+
+# ----------------------------------------------------------------------- one command per run folder
+
+
+# Folders this process holds (resolved paths): a POSIX lock does not conflict with its own
+# process, and closing any other descriptor of the lock file would release it.
+_HELD: dict[Path, "RunFolderLock"] = {}
+# flock/fcntl errors of a file system that does not lock (e.g. NFS mounted with nolock on some
+# kernels, Lustre without its flock option): the run goes on unlocked, with one warning.
+_NO_LOCKING = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+class RunFolderLock:
+    """An advisory lock (``fcntl`` record lock, ``lockf``) on ``RUN/.mmviews-lock``, held by the
+    one process of a command that writes the folder (the main process of a launch) for as long as
+    the command uses it. The kernel releases it when the process ends, however it ends (a SIGKILL
+    included), so a killed run's folder can be resumed at once; the lock is not inherited by
+    forked children (data-loading workers). The file holds the holder's process id, host and
+    command, for the refusal of the next command. It is removed when the lock is released (a
+    killed holder's file stays and is taken over). On a network file system the lock is as good
+    as the file system's record locks (``docs/reliability.md``)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], command: str = "mmviews train") -> None:
+        self.run_dir, self.command = Path(run_dir), command
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+        self.unsupported: str | None = None  # why the file system gave no lock (the run goes on)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock (the folder must exist), or raise :class:`FolderInUseError` naming the
+        process and host that hold it. A file system without record locks leaves the folder
+        unlocked and says why in :attr:`unsupported`."""
+        key = self.run_dir.resolve()
+        if key in _HELD:
+            raise FolderInUseError(in_use_message(self.run_dir, _held_by_this_process(_HELD[key])))
+        if fcntl is None:
+            self.unsupported = "this platform has no fcntl record locks"
+            return
+        while True:
+            try:  # a link planted in the folder is never followed (nor the file it names truncated)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+            except OSError as error:
+                if error.errno == errno.ELOOP:
+                    raise RunFolderRefused(f"{self.path} is a symbolic link, not mmviews's lock file: remove it "
+                                           "(mmviews never writes through a link in a run folder)") from None
+                raise
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                os.close(fd)
+                if error.errno in (errno.EACCES, errno.EAGAIN):
+                    raise FolderInUseError(in_use_message(self.run_dir, read_lock_holder(self.path))) from None
+                if error.errno in _NO_LOCKING:
+                    self.unsupported = f"{self.path}: this file system gives no lock ({os.strerror(error.errno)})"
+                    return
+                raise
+            # The holder before us may have removed the file after we opened it: lock the file
+            # that is there now, not an unlinked one (another command could lock the new file).
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        host = socket.gethostname()
+        record = f"{json.dumps({'pid': os.getpid(), 'host': host, 'command': self.command})}\n".encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+        self._fd = fd
+        _HELD[key] = self
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (nothing when not held)."""
+        if self._fd is None:
+            return
+        _HELD.pop(self.run_dir.resolve(), None)
+        try:
+            self.path.unlink()  # while still holding it: the next command creates a new one
+        except OSError:
+            pass
+        os.close(self._fd)  # closing the descriptor releases the record lock
+        self._fd = None
+
+    def __enter__(self) -> "RunFolderLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
+    """Who holds the lock of ``run_dir`` now (``"process 123 on host h (mmviews train)"``), or
+    None when nobody does. Looks without taking it for longer than the look, and creates nothing."""
+    run_dir = Path(run_dir)
+    key = run_dir.resolve() if run_dir.exists() else None
+    if key is not None and key in _HELD:
+        return _held_by_this_process(_HELD[key])
+    path = run_dir / LOCK_FILE
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:  # no lock file (nobody holds it), a link (not a lock), or not ours to open
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EACCES, errno.EAGAIN):
+            return read_lock_holder(path)
+        return None
+    finally:
+        os.close(fd)  # releases the look's lock
+    return None
+
+
+def read_lock_holder(path: Path) -> str:
+    """The holder a lock file names, in words."""
+    try:
+        data = json.loads(path.read_text())
+        return f"process {int(data['pid'])} on host {data['host']} ({data['command']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (it has not written its process id yet)"
+
+
+def _held_by_this_process(lock: RunFolderLock) -> str:
+    return f"process {os.getpid()} on host {socket.gethostname()} ({lock.command}, this process)"
+
+
+def in_use_message(run_dir: Path, holder: str) -> str:
+    """The refusal of a command on a folder another process holds."""
+    return (f"{run_dir} is in use by {holder}: one command at a time uses a run folder; wait for it to end "
+            "(or stop it), or choose another --output")
 
 
 # --------------------------------------------------------------------------- run folders
@@ -93,14 +252,15 @@ def is_run_dir(run_dir: str | os.PathLike[str]) -> bool:
     return run_dir.is_dir() and ((run_dir / RUN_MANIFEST).is_file() or _is_legacy_run(run_dir))
 
 
-def _entries(run_dir: Path) -> set[str]:
-    return {p.name for p in run_dir.iterdir()} - {RUN_MANIFEST} if run_dir.is_dir() else set()
+def entries(run_dir: Path) -> set[str]:
+    """Top-level names of a run folder, its manifest and lock file left out (mmviews's bookkeeping)."""
+    return {p.name for p in run_dir.iterdir()} - {RUN_MANIFEST, LOCK_FILE} if run_dir.is_dir() else set()
 
 
-def _run_outputs(run_dir: Path) -> list[str]:
+def run_outputs(run_dir: Path) -> list[str]:
     """Top-level entries of a run folder that the run wrote."""
     manifest = read_manifest(run_dir)
-    present = _entries(run_dir)
+    present = entries(run_dir)
     if manifest is not None:
         return sorted(present & set(manifest["created"]))
     return sorted(n for n in present if n in LEGACY_OUTPUTS or n.startswith(LEGACY_OUTPUT_PREFIXES))
@@ -114,61 +274,7 @@ def has_checkpoint_or_results(run_dir: str | os.PathLike[str]) -> bool:
     return bool(list_checkpoints(run_dir)) or (run_dir / ENCODER_DIR).is_dir() or (run_dir / RESULTS_FILE).is_file()
 
 
-def check_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, resume: bool = False) -> None:
-    """Raise :class:`RunFolderError` (naming the folder) unless a run may write to ``run_dir``.
-
-    A fresh run needs a folder that does not exist or is empty, or an mmviews run without a
-    checkpoint or results (:func:`has_checkpoint_or_results`: it stopped before its first
-    checkpoint, nothing is lost by starting it again); another mmviews run only with
-    ``overwrite``; a folder holding anything else, never (whatever ``overwrite`` says).
-    ``resume`` needs an mmviews run. In every case the folder (or the ancestor it would be
-    created in) must be writable (tried with a file created and removed at once: nothing else is written).
-    """
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunFolderError(f"{run_dir} is a file, not a run folder: choose another --output")
-    if resume:
-        if not is_run_dir(run_dir):
-            raise RunFolderError(f"{run_dir} is not an mmviews run folder (no {RUN_MANIFEST} or {CONFIG_FILE}): "
-                                 "nothing to resume")
-    elif run_dir.is_dir() and any(run_dir.iterdir()):
-        if not is_run_dir(run_dir):
-            found = sorted(p.name for p in run_dir.iterdir())
-            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-            raise RunFolderError(f"{run_dir} is not empty and not an mmviews run folder (it holds {shown}); mmviews "
-                                 "writes only into a new or empty folder or one of its own runs: choose another --output")
-        if not overwrite and has_checkpoint_or_results(run_dir):
-            raise RunExistsError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
-                                 "or choose another --output (or --overwrite to replace what that run wrote)")
-    check_writable(run_dir)
-
-
-def claim_run_dir(run_dir: str | os.PathLike[str], *, overwrite: bool = False, resume: bool = False) -> None:
-    """Main process, before a run writes anything: check the folder (:func:`check_run_dir`),
-    remove what a replaced run wrote (``overwrite``; only the entries its manifest lists),
-    create the folder and write its manifest."""
-    run_dir = Path(run_dir)
-    check_run_dir(run_dir, overwrite=overwrite, resume=resume)
-    old = read_manifest(run_dir) if run_dir.is_dir() else None
-    if resume:
-        # Entries the user had put here stay foreign; everything else found now was written
-        # by this run (possibly after its last manifest update, before a kill).
-        foreign = set(old["foreign"]) if old is not None else _entries(run_dir) - set(_run_outputs(run_dir))
-        created = set(old["created"]) if old is not None else set(_run_outputs(run_dir))
-    else:
-        if run_dir.is_dir():
-            for name in _run_outputs(run_dir):  # empty unless replacing a run (overwrite)
-                target = run_dir / name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        foreign, created = _entries(run_dir), set()
-    _write_manifest(run_dir, created | (_entries(run_dir) - foreign), foreign)
-
-
-def _write_manifest(run_dir: Path, created: Iterable[str], foreign: Iterable[str]) -> None:
+def write_manifest(run_dir: Path, created: Iterable[str], foreign: Iterable[str]) -> None:
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
             "note": "written by mmviews train: 'created' lists what --overwrite may remove",
             "created": sorted(created), "foreign": sorted(foreign)}
@@ -183,9 +289,9 @@ def record_run_outputs(run_dir: str | os.PathLike[str]) -> None:
     if manifest is None:
         return
     foreign = set(manifest["foreign"])
-    created = set(manifest["created"]) | (_entries(run_dir) - foreign)
+    created = set(manifest["created"]) | (entries(run_dir) - foreign)
     if created != set(manifest["created"]):
-        _write_manifest(run_dir, created, foreign)
+        write_manifest(run_dir, created, foreign)
 
 
 # --------------------------------------------------------------------------- checkpoint files

@@ -100,7 +100,8 @@ def untrained_run(run: Path, raw: dict[str, Any]) -> Path:
     that read a run, in a moment): its manifest, the recipe ``raw`` as ``config.yaml`` and the
     recipe's freshly initialised ``encoder/``. Returns ``run``."""
     from mmviews.config import load_config
-    from mmviews.run import build_encoder, claim_run_dir, record_run_outputs
+    from mmviews.run import build_encoder, record_run_outputs
+    from mmviews.train.run_folder import claim_run_dir
 
     claim_run_dir(run)
     config = load_config(write_recipe(run / "config.yaml", raw))
@@ -130,6 +131,6 @@ def one_line_error(err: str) -> str:
     """The single ``mmviews ...: error: ...`` line of ``err`` (asserting there is exactly one
     line apart from warnings, and no traceback)."""
     assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("mmviews ")]
+    lines = [ln for ln in err.splitlines() if ln.startswith("mmviews ") and ": warning: " not in ln]
     assert len(lines) == 1 and ": error: " in lines[0], err
     return lines[0]

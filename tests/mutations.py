@@ -234,24 +234,24 @@ def _commit_without_flush() -> tuple[Any, str, Any]:
 
 def _resume_newest_unchecked() -> tuple[Any, str, Any]:
     """``output.auto_resume`` takes the newest checkpoint without checking its files."""
-    import mmviews.train.resume as resume
+    import mmviews.train.run_folder as run_folder
     from mmviews.run import list_checkpoints
 
-    return resume, "newest_intact_checkpoint", lambda run_dir, say=None: (list_checkpoints(run_dir) or [None])[-1]
+    return run_folder, "newest_intact_checkpoint", lambda run_dir, say=None: (list_checkpoints(run_dir) or [None])[-1]
 
 
 def _keep_leftovers() -> tuple[Any, str, Any]:
     """Temporary left-overs of a run cut short stay in the run folder."""
-    import mmviews.train.checkpoint as checkpoint
+    import mmviews.train.run_folder as run_folder
 
-    return checkpoint, "remove_leftovers", lambda run_dir: []
+    return run_folder, "remove_leftovers", lambda run_dir: []
 
 
 def _any_recipe_continues() -> tuple[Any, str, Any]:
     """``output.auto_resume`` continues a run whatever recipe the command gives."""
-    import mmviews.train.resume as resume
+    import mmviews.train.run_folder as run_folder
 
-    return resume, "check_same_recipe", lambda config, run_dir: None
+    return run_folder, "_recipe_refusal", lambda config, run_dir, how: None
 
 
 def _disk_full_passes_through() -> tuple[Any, str, Any]:

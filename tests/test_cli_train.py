@@ -31,7 +31,8 @@ from mmviews.cli.train import (
     resume_command,
 )
 from mmviews.eval.report import format_metric
-from mmviews.run import CONFIG_FILE, claim_run_dir, list_checkpoints
+from mmviews.run import CONFIG_FILE, list_checkpoints
+from mmviews.train.run_folder import claim_run_dir
 from mmviews.train.callbacks import TrainCallback
 from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.eval.summary import RESULTS_LOGGER
@@ -239,9 +240,11 @@ def test_an_error_before_the_first_checkpoint_says_the_same_command_starts_again
     with own_accelerate_state():
         rc, out, err = cli(capsys, "train", "--resume", str(run), "--check")
     assert rc == 0, err
-    assert out.splitlines()[0] == (f"mmviews train: {run} has no checkpoint (the run stopped before its first one): "
-                                   "starting it again from step 0")
-    assert out.splitlines()[1].startswith(f"{run / CONFIG_FILE}: OK (2 views: image_0, image_1;")
+    assert err.splitlines()[0] == (f"mmviews train: warning: {run} has no checkpoint (the run stopped before its first "
+                                   "one): starting it again from step 0")
+    assert out.splitlines()[0].startswith(f"{run / CONFIG_FILE}: OK (2 views: image_0, image_1;")
+    assert out.splitlines()[-1] == (f"run folder: {run}: the run there stopped before its first checkpoint; it starts "
+                                    "again from step 0")
 
 
 def test_ctrl_c_in_the_loop_prints_the_resume_command_and_exits_130(tmp_path: Path,

@@ -88,7 +88,7 @@ def test_planted_custom_checkpoint_is_never_loaded(tiny_run, tmp_path, capsys):
     rc, out, err = cli(capsys, "train", "--resume", str(run))
     assert rc == 0, err
     assert not marker.exists(), "code from custom_checkpoint_0.pkl ran"
-    assert f"resumed from {checkpoint} at step 4 of 4" in out  # the checkpoint was really restored
+    assert f"mmviews train: warning: resumed from {checkpoint} at step 4 of 4" in err  # the checkpoint was really restored
     assert (run / "encoder" / "encoder.json").is_file()
 
 

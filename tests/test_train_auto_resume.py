@@ -1,4 +1,4 @@
-"""The same command continues a run (``output.auto_resume``, :mod:`mmviews.train.resume`), and a
+"""The same command continues a run (``output.auto_resume``, :mod:`mmviews.train.run_folder`), and a
 run's commits are durable (:mod:`mmviews.fileio`).
 
 - A run stopped after step 3 of 4 (checkpoints at steps 1 and 2), whose newest checkpoint is then
@@ -25,7 +25,8 @@ from test_train_utils import CallRecorder, check_committed_durably, load_weights
 
 from mmviews.config import load_config
 from mmviews.run import list_checkpoints
-from mmviews.train.resume import checkpoint_fault, recipe_differences, remove_leftovers
+from mmviews.train.resume import checkpoint_fault, recipe_differences
+from mmviews.train.run_folder import remove_leftovers
 
 CONFIG = tiny_config(num_samples=32, batch_size=16, epochs=2, text=False)
 CONFIG["output"].update(checkpoint_every=1, keep_last=10, auto_resume=True)
@@ -130,11 +131,14 @@ def check_continued(r: Any, run: Path, damaged: Path, leftovers: list[Path], min
     """The same command continued from the checkpoint of ``resumed_step``, skipping ``damaged``
     in one line, removing the ``leftovers`` and none of the user's files (``mine``)."""
     assert r.returncode == 0, r.stderr[-3000:]
-    skipped = [line for line in r.stdout.splitlines() if "skipping the damaged checkpoint" in line]
-    assert len(skipped) == 1 and str(damaged) in skipped[0] and "100 bytes" in skipped[0], r.stdout
+    # the folder's lines are warnings, on stderr (docs/cli.md: "Errors and warnings")
+    assert "skipping" not in r.stdout and "resumed from" not in r.stdout and "removed" not in r.stdout, r.stdout
+    skipped = [line for line in r.stderr.splitlines() if "skipping the damaged checkpoint" in line]
+    assert len(skipped) == 1 and str(damaged) in skipped[0] and "100 bytes" in skipped[0], r.stderr
+    assert skipped[0].startswith("mmviews train: warning: skipping the damaged checkpoint ")
     resumed = run / "checkpoints" / f"checkpoint-{resumed_step:08d}"
-    assert f"resumed from {resumed} at step {resumed_step} of {TOTAL}" in r.stdout
-    assert f"removed {len(leftovers)} temporary left-over(s)" in r.stdout
+    assert f"mmviews train: warning: resumed from {resumed} at step {resumed_step} of {TOTAL}" in r.stderr
+    assert f"mmviews train: warning: removed {len(leftovers)} temporary left-over(s)" in r.stderr
     assert not any(path.exists() for path in leftovers)
     assert all(path.read_text() == "mine" for path in mine)
 
@@ -231,7 +235,9 @@ def test_every_checkpoint_damaged_is_one_line(reference, tmp_path, capsys):
     rc, out, err = cli(capsys, "train", str(run / "config.yaml"), "--output", str(run))
     line = one_line_error(err)
     assert rc == 2 and f"none of its {TOTAL} checkpoint(s) is intact" in line and "--overwrite" in line
-    assert out.count("skipping the damaged checkpoint") == TOTAL
+    # only --overwrite helps: no hint that the same command, or --resume, would continue
+    assert "latest checkpoint is kept" not in line and "same command" not in line and "--resume" not in line, line
+    assert err.count("mmviews train: warning: skipping the damaged checkpoint") == TOTAL and "skipping" not in out
 
 
 def _fake_checkpoint(run: Path, step: int) -> Path:
@@ -248,55 +254,65 @@ def _fake_checkpoint(run: Path, step: int) -> Path:
     return folder
 
 
+def _decide(config: Any, run: Path, **intent: Any) -> Any:
+    """What the command would do with ``run`` (looked at only, as ``--check`` does)."""
+    from mmviews.train.run_folder import Intent, RunFolder
+
+    return RunFolder(run).decide(config, Intent(**intent), act=False)
+
+
 def test_newest_intact_checkpoint_units(tmp_path):
-    from mmviews.run import RunFolderError
-    from mmviews.train.resume import auto_resume_checkpoint, newest_intact_checkpoint
+    from mmviews.train.run_folder import CONTINUE, REFUSE, START, claim_run_dir, newest_intact_checkpoint
 
     run = tmp_path / "run"
     said: list[str] = []
     assert newest_intact_checkpoint(run, said.append) is None and said == []
     config = load_config(write_recipe(tmp_path / "a.yaml", CONFIG))
-    assert auto_resume_checkpoint(config, run, True, 1) is None
+    assert _decide(config, run).action == START and not run.exists()  # looking creates nothing
+    claim_run_dir(run)  # an mmviews run folder (its manifest)
     first, second, third = (_fake_checkpoint(run, step) for step in (1, 2, 3))
     (third / "model.safetensors").write_bytes(b"")  # its size's message goes on "; resume from an earlier ..."
     (second / "model.safetensors").unlink()
     assert newest_intact_checkpoint(run, said.append) == first
-    assert len(said) == 2 and said[0].startswith(f"mmviews train: skipping the damaged checkpoint {third}: ")
+    assert len(said) == 2 and said[0].startswith(f"skipping the damaged checkpoint {third}: ")
     assert said[0].endswith("0 bytes, 30 when the checkpoint was written: truncated or replaced"), said[0]
     assert str(second) in said[1] and "is missing" in said[1] and ";" not in said[1]
-    assert auto_resume_checkpoint(config, run, True, 1) == first
-    assert auto_resume_checkpoint(config, run, False, 1) is None  # only the main process checks (and tells the others)
-    (first / "train_state.json").unlink()
-    with pytest.raises(RunFolderError) as caught:  # checkpoint-1 lost its record
-        newest_intact_checkpoint(run, said.append)
-    assert str(caught.value) == (f"{run}: none of its 3 checkpoint(s) is intact (see above), nothing to continue "
-                                 "from; --overwrite starts the run again")
+    decided = _decide(config, run)
+    assert (decided.action, decided.checkpoint, decided.step, decided.notes) == (CONTINUE, first, 1, said)
+    assert decided.line() == f"{run}: the run continues from {first} (step 1)"
+    (first / "train_state.json").unlink()  # checkpoint-1 lost its record
+    assert newest_intact_checkpoint(run, said.append) is None
+    decided = _decide(config, run)
+    assert decided.action == REFUSE and decided.checkpoint is None and decided.run_dir == run
+    assert len(decided.notes) == 3 and all(n.startswith("skipping the damaged checkpoint") for n in decided.notes)
+    assert str(decided.error) == (f"{run}: none of its 3 checkpoint(s) is intact (see above), nothing to continue "
+                                  "from; --overwrite starts the run again")
 
 
 def test_recipe_check_units(tmp_path):
-    from mmviews.config import ConfigError
     from mmviews.config import dotted_keys
-    from mmviews.train.resume import check_same_recipe
+    from mmviews.train.run_folder import CONTINUE, REFUSE
 
     assert dotted_keys({"a": {"b": 1, "c": {}}, "d": [1, {"e": 2}]}) == {"a.b": 1, "a.c": {}, "d": [1, {"e": 2}]}
     run = tmp_path / "run"
-    run.mkdir()
+    _fake_checkpoint(run, 1)
+    (run / ".mmviews-run.json").write_text('{"format": "mmviews-run", "version": 1, "created": [], "foreign": []}')
     config = load_config(write_recipe(tmp_path / "a.yaml", CONFIG))
-    check_same_recipe(config, run)  # no config.yaml: nothing to compare
+    assert _decide(config, run).action == CONTINUE  # no config.yaml: nothing to compare
     write_recipe(run / "config.yaml", CONFIG)
-    check_same_recipe(config, run)
+    assert _decide(config, run).action == CONTINUE
     many = dict(CONFIG, seed=3, optimisation={**CONFIG["optimisation"], "lr": 1.0, "epochs": 9, "warmup_steps": 0,
                                                "max_grad_norm": 1.0, "optimizer": "sgd", "momentum": 0.5,
                                                "weight_decay": 0.5}, data={**CONFIG["data"], "batch_size": 8})
-    with pytest.raises(ConfigError) as caught:
-        check_same_recipe(load_config(write_recipe(tmp_path / "b.yaml", many)), run)
-    message = str(caught.value)
+    decided = _decide(load_config(write_recipe(tmp_path / "b.yaml", many)), run)
+    message = str(decided.error)
+    assert decided.action == REFUSE
     assert message.startswith(f"output.auto_resume: the recipe differs from the one {run} was started with")
     assert "in data.batch_size, optimisation.epochs, optimisation.lr," in message and "weight_decay and 1 more;" in message
     assert f"--resume {run} --set KEY=VALUE" in message
     eight = dict(many, seed=CONFIG["seed"])  # eight keys: all named, no "more"
-    with pytest.raises(ConfigError, match=r"optimisation.weight_decay; use that recipe"):
-        check_same_recipe(load_config(write_recipe(tmp_path / "c.yaml", eight)), run)
+    assert "optimisation.weight_decay; use that recipe" in str(_decide(load_config(write_recipe(tmp_path / "c.yaml",
+                                                                                                  eight)), run).error)
 
 
 def test_recipe_differences_count_keys_on_one_side_only():

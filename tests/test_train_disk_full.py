@@ -94,7 +94,7 @@ def test_full_tmpfs_stops_the_run_and_the_same_command_continues(recipe, referen
     subprocess.run(["mount", "-o", f"remount,size={8 * CHECKPOINT_BYTES}", str(disk)], check=True)  # room again
     r = train_in_process(str(recipe), "--output", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {run / 'checkpoints' / 'checkpoint-00000002'} at step 2 of {TOTAL}" in r.stdout
+    assert f"resumed from {run / 'checkpoints' / 'checkpoint-00000002'} at step 2 of {TOTAL}" in r.stderr
     got, want = load_weights(run / "encoder"), load_weights(reference / "encoder")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 

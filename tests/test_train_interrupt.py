@@ -39,15 +39,15 @@ from test_train_utils import (
 )
 
 from mmviews.cli import main
+from mmviews.config import load_config
 from mmviews.run import (
     RUN_MANIFEST,
-    RunFolderError,
-    check_run_dir,
-    claim_run_dir,
+    RunExistsError,
     list_checkpoints,
     read_manifest,
     read_train_state,
 )
+from mmviews.train.run_folder import Intent, RunFolder, claim_run_dir
 
 SLOW_TRAIN = Path(__file__).resolve().parent / "slow_train.py"
 
@@ -219,7 +219,7 @@ def test_sigterm_exits_143_with_a_checkpoint_and_overwrite_removes_the_whole_run
                                       f"resume with: mmviews train --resume {run}")
     (run / "notes.txt").write_text("the user's own file, put next to the run: --overwrite must keep it")
     # What --overwrite does first: remove what the run wrote, which is everything but notes.txt.
-    claim_run_dir(run, overwrite=True)
+    claim_run_dir(run)
     assert sorted(p.name for p in run.iterdir()) == [RUN_MANIFEST, "notes.txt"]
     assert read_manifest(run)["foreign"] == ["notes.txt"]
 
@@ -248,7 +248,8 @@ def test_second_sigint_aborts_at_once_and_leaves_no_corrupt_checkpoint(recipe, r
     # The printed command starts the run again and finishes it exactly.
     r = _run_printed(line)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "has no checkpoint (the run stopped before its first one): starting it again from step 0" in r.stdout
+    assert ("mmviews train: warning: " f"{run} has no checkpoint (the run stopped before its first one): starting it "
+            "again from step 0") in r.stderr
     assert not list(folder.glob(".tmp-*"))
     _assert_same_weights(run, reference)
 
@@ -283,8 +284,8 @@ def test_setup_failure_then_the_same_command_starts_again(tmp_path, capsys):
     assert (run / "encoder").is_dir()
     assert read_manifest(run)["foreign"] == []
     # A run that has something to keep is still protected.
-    with pytest.raises(RunFolderError, match="already holds a run"):
-        check_run_dir(run)
+    decided = RunFolder(run).decide(load_config(recipe), Intent(), act=False)
+    assert isinstance(decided.error, RunExistsError) and "already holds a run" in str(decided.error)
 
 
 def test_resume_of_a_finished_run_does_nothing_unless_reevaluate(reference, tmp_path, capsys):

@@ -79,7 +79,7 @@ def train_recorded(tmp_path: Path, *args: str, timeout: float = 300) -> list[dic
 def train_recorded_in_process(tmp_path: Path, *args: str,
                               options: tuple[str, ...] = ()) -> tuple[str, list[dict[str, Any]]]:
     """``tests/slow_train.py --record FILE OPTIONS -- ARGS`` in the test's own process, one
-    interpreter start fewer than :func:`train_recorded`: (stdout, the per-step counters, also
+    interpreter start fewer than :func:`train_recorded`: (stdout then stderr, the per-step counters, also
     left in ``tmp_path/steps-<k>.jsonl``). ``slow_train``'s patches (its callback, a ``--break``)
     are undone on return. One torch thread, as the subprocesses (``OMP_NUM_THREADS=1``): the
     weights are bitwise those of the same run in a subprocess. For runs that are not killed or
@@ -99,7 +99,7 @@ def train_recorded_in_process(tmp_path: Path, *args: str,
         except slow_train.StopAfterStep:  # --stop-after-step: the steps needed are done
             rc = 0
     assert rc == 0, err.getvalue()[-3000:]
-    return out.getvalue(), read_record(record)
+    return out.getvalue() + err.getvalue(), read_record(record)
 
 
 def _resume_here(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[dict[str, Any]]]:
@@ -140,13 +140,13 @@ def _kill_when_held(proc: subprocess.Popen, marker: Path, what: str, timeout: fl
 
 
 def _resume(run: Path, tmp_path: Path, *options: str) -> tuple[str, list[dict[str, Any]]]:
-    """``mmviews train --resume RUN`` through ``slow_train --record``: (stdout, the rows of the
+    """``mmviews train --resume RUN`` through ``slow_train --record``: (stdout then stderr, the rows of the
     optimiser steps this process ran)."""
     record = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}.jsonl"
     r = subprocess.run([sys.executable, str(SLOW_TRAIN), "--record", str(record), *options, "--", "--resume", str(run)],
                        capture_output=True, text=True, timeout=180, env=env(), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout, read_record(record)
+    return r.stdout + r.stderr, read_record(record)
 
 
 def check_resumed_exactly(stdout: str, rows: list[dict[str, Any]], checkpoint: Path, total: int,
@@ -156,8 +156,8 @@ def check_resumed_exactly(stdout: str, rows: list[dict[str, Any]], checkpoint: P
     them its counters (samples seen, epoch, batch in epoch, the scheduler's step and learning
     rates) are those of the uninterrupted run (``reference_rows``, from ``slow_train --record``)."""
     at = int(checkpoint.name.split("-")[1])
-    line = f"resumed from {checkpoint} at step {at} of {total}"
-    assert [ln for ln in stdout.splitlines() if ln.startswith("resumed from")] == [line], stdout[-2000:]
+    line = f"mmviews train: warning: resumed from {checkpoint} at step {at} of {total}"  # on stderr
+    assert [ln for ln in stdout.splitlines() if "resumed from" in ln] == [line], stdout[-2000:]
     steps = [row["step"] for row in rows]
     assert steps == list(range(at + 1, total + 1)), f"resumed from step {at}, ran steps {steps}"
     assert [r["step"] for r in reference_rows] == list(range(1, total + 1))

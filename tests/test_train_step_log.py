@@ -29,7 +29,8 @@ from mmviews.eval.summary import read_training_log
 from mmviews.fileio import DiskFullError
 from mmviews.notices import MMViewsWarning
 from mmviews.objectives import ObjectiveOutput
-from mmviews.run import claim_run_dir, read_manifest
+from mmviews.run import read_manifest
+from mmviews.train.run_folder import claim_run_dir
 from mmviews.train.state import TrainState
 from mmviews.train.step_log import CSVLogger, StepLogger
 from mmviews.train.trackers import flat_hparams

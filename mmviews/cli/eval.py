@@ -21,7 +21,9 @@ dedicated flags (``--tasks``, ``--fuse``) win over it. Other sections are refuse
 encoder and the data are the run's.
 
 The report goes to a new folder, ``RUN/eval-N`` (the first N from 1 that is free) unless
-``--output`` names one, and the folder is printed. The terminal gets the headline metrics (the probes and retrieval R@1,
+``--output`` names one, and the folder is printed. A report written into the run folder takes
+the folder's lock (:class:`mmviews.run.RunFolderLock`) for as long as the evaluation runs: a run
+folder that another command (a training) holds is refused, naming its process and host. The terminal gets the headline metrics (the probes and retrieval R@1,
 with the run's random-init baseline when the evaluation is the run's own, and chance levels)
 and the health checks' warnings, as ``mmviews train`` prints them; every metric is in the
 report's ``summary.md`` and ``metrics.json``. The run's own evaluations (``eval/``, which
@@ -33,6 +35,7 @@ Multi-process: ``accelerate launch -m mmviews.cli eval RUN``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -48,7 +51,8 @@ from mmviews.export.onnx_runtime import is_onnx_folder
 from mmviews.fileio import check_writable
 from mmviews.modalities.remote import allow_remote_models
 from mmviews.notices import print_warning
-from mmviews.run import CONFIG_FILE, LOG_FILE, eval_loaders, is_checkpoint, load_run, record_run_outputs, run_dir_of
+from mmviews.run import (CONFIG_FILE, LOG_FILE, RunFolderLock, eval_loaders, is_checkpoint, load_run,
+                         record_run_outputs, run_dir_of)
 
 DEFAULT_TASKS = ["retrieval", "diagnostics"]
 # The run's own evaluations, written by the trainer (report.md links to eval/): never replaced.
@@ -153,13 +157,21 @@ def run(args: argparse.Namespace) -> int:
     if args.device is not None:
         run_device(False, args.device)  # likewise
     check_overrides(args.overrides)  # likewise
+    out = Path(args.output) if args.output else default_output(run_dir)
+    with contextlib.ExitStack() as held:
+        if out.resolve().parent == run_dir.resolve() and os.environ.get("RANK", "0") == "0":
+            # the report goes into the run folder: one command at a time (a run training there is refused)
+            held.enter_context(RunFolderLock(run_dir, "mmviews eval"))
+        return _evaluate(args, path, run_dir, out)
+
+
+def _evaluate(args: argparse.Namespace, path: Path, run_dir: Path, out: Path) -> int:
     with allow_remote_models(args.allow_remote_models):
         encoder, run_config, loaders = load_run(path)
     config = evaluation_config(run_dir, run_config, args.overrides)
     if config.evaluation.views != run_config.evaluation.views:  # the only overridable key the loaders read
         loaders = eval_loaders(config)
     tasks = args.tasks or config.evaluation.tasks or DEFAULT_TASKS
-    out = Path(args.output) if args.output else default_output(run_dir)
     log_csv = args.log_csv  # an explicit log that is missing gets a note in the report
     if log_csv is None and (run_dir / LOG_FILE).is_file():
         log_csv = run_dir / LOG_FILE

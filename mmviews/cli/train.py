@@ -20,6 +20,11 @@ wrong ``input_dim``) holds nothing to keep: the same command starts it again in 
 does ``--resume DIR`` (with the run's ``config.yaml``).
 With ``output.auto_resume: true`` the same command continues a run from its newest intact
 checkpoint (:mod:`mmviews.train.resume`; every fault and what it costs: ``docs/reliability.md``).
+What the command does with its folder (start, continue from checkpoint N, replace, refuse) is
+decided in one place, :mod:`mmviews.train.run_folder`, which ``--check`` asks too (it prints the
+decision, or refuses as the run would): a recipe named with ``--resume`` must be the run's own
+outside ``output`` (``--resume DIR --set KEY=VALUE`` changes it on purpose), and one command at a
+time uses a folder (a held one is refused, naming the process and host that hold it).
 
 Ctrl-C (SIGINT) or SIGTERM finishes the current optimiser step, writes a checkpoint, prints one
 line with the command that resumes the run and exits with 130 (SIGINT) or 143 (SIGTERM); a
@@ -44,7 +49,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from mmviews.cli import USER_ERRORS, same_on_every_process, worker_error
+from mmviews.cli import SAME_ON_EVERY_PROCESS, USER_ERRORS, same_on_every_process, worker_error
 from mmviews.config import ConfigError, TrainConfig, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.remote import allow_remote_models
@@ -54,15 +59,12 @@ from mmviews.run import (
     CONFIG_FILE,
     RESULTS_FILE,
     RunExistsError,
-    RunFolderError,
-    check_run_dir,
-    find_checkpoint,
+    RunFolderRefused,
     has_checkpoint_or_results,
     is_checkpoint,
     is_run_dir,
     list_checkpoints,
     read_train_state,
-    run_dir_of,
 )
 from mmviews.train import RunParts, TrainCallback, build_run, train
 from mmviews.train.compiled import COMPILE_NOTE, quiet_compiler_logs
@@ -75,6 +77,7 @@ from mmviews.train.memory import estimate_memory, processes_from_environment
 from mmviews.train.resume import restart_attempt, restart_setup_lines
 from mmviews.train.precision import resolve_precision, slow_bf16_line
 from mmviews.train.preflight import run_checks
+from mmviews.train.run_folder import HINTED, REFUSE, Decision, Intent, RunFolder, resume_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,62 +155,50 @@ def run(args: argparse.Namespace, callback: TrainCallback | None = None) -> int:
             _close_process_group(barrier=ended)
 
 
-def _recipe_and_folder(args: argparse.Namespace) -> tuple[Path, TrainConfig, Path, Exception | None]:
-    """The recipe file, its config (``--set`` applied), the run folder, and (``--check`` only)
-    why training could not start in that folder yet."""
-    folder_problem: Exception | None = None
+def _recipe_and_folder(args: argparse.Namespace) -> tuple[Path, TrainConfig, Path]:
+    """The recipe file (given, or with ``--resume DIR`` alone the run's ``config.yaml``), its
+    config (``--set`` applied) and the run folder. What the command will do with the folder is
+    decided later, once (:mod:`mmviews.train.run_folder`)."""
     if args.memory_budget_gb is not None and not args.check:
         raise ValueError("--memory-budget-gb applies with --check (mmviews train RECIPE --check --memory-budget-gb G)")
     for flag in ("resume_ignore_rng", "reevaluate"):
         if getattr(args, flag) and args.resume is None:
             raise ValueError(f"--{flag.replace('_', '-')} only applies with --resume DIR")
-    if args.resume is not None and _stopped_before_first_checkpoint(Path(args.resume)):
-        # Nothing to resume: start it again in place (check_run_dir allows it) with its recipe.
-        run_dir, args.resume = Path(args.resume), None
-        recipe = resolve_recipe(args.recipe) if args.recipe is not None else run_dir / CONFIG_FILE
-        config = load_config(recipe, args.overrides)
-        if _is_first_process():
-            print(f"mmviews train: {run_dir} has no checkpoint (the run stopped before its first one): "
-                  "starting it again from step 0", flush=True)
-    elif args.resume is not None:
-        checkpoint = find_checkpoint(args.resume)
-        run_dir = run_dir_of(checkpoint) if Path(args.resume).resolve() == checkpoint.resolve() else Path(args.resume)
+    if args.resume is not None:
+        run_dir = resume_folder(args.resume)  # a run's checkpoints/ or encoder/ names the run folder above
+        if args.recipe is None and not (run_dir / CONFIG_FILE).is_file():
+            raise RunFolderRefused(f"{run_dir} is not an mmviews run folder (no {CONFIG_FILE}): nothing to resume")
         recipe = resolve_recipe(args.recipe) if args.recipe is not None else run_dir / CONFIG_FILE
         config = load_config(recipe, args.overrides)
         if args.output is not None and Path(args.output).resolve() != run_dir.resolve():
             raise ValueError(f"--output {args.output} differs from the resumed run folder {run_dir}")
-        if _is_first_process():
-            check_run_dir(run_dir, resume=True)
     else:
         if args.recipe is None:
             raise ValueError("give a RECIPE (path or name in recipes/) or --resume DIR")
         recipe = resolve_recipe(args.recipe)
         config = load_config(recipe, args.overrides)
         run_dir = Path(args.output or config.output.dir or Path("runs") / config.name)
-        if _is_first_process():  # before any work: new, empty, a run to --overwrite or to continue
-            continues = (config.output.auto_resume and not args.overwrite and is_run_dir(run_dir)
-                         and bool(list_checkpoints(run_dir)))
-            try:
-                check_run_dir(run_dir, overwrite=args.overwrite, resume=continues)
-            except (RunFolderError, PermissionError) as error:
-                if args.check:
-                    # a dry run checks the recipe, data and memory whatever the folder holds; the folder's
-                    # verdict follows them (a note for a run to resume or replace, else the error)
-                    folder_problem = error
-                else:
-                    if restart_attempt() and not config.output.auto_resume:
-                        error.add_note(f"the elastic agent restarted this process (restart {restart_attempt()}): with "
-                                       "--set output.auto_resume=true a restart continues from the newest checkpoint")
-                    raise
     # a tracker the recipe names but this environment lacks would otherwise surface only after
     # the datasets and models are built (train() resolves the trackers after build_run)
     check_trackers_installed(config, str(recipe))
-    return recipe, config, run_dir, folder_problem
+    return recipe, config, run_dir
+
+
+def _intent(args: argparse.Namespace) -> Intent:
+    return Intent(None if args.resume is None else Path(args.resume), args.overwrite, args.recipe is not None)
+
+
+def _folder_decision(args: argparse.Namespace, config: TrainConfig, run_dir: Path) -> Decision:
+    """``--check``: what the run would do with its folder, decided as the run decides it
+    (:meth:`RunFolder.decide`) without acting on it."""
+    return RunFolder(run_dir).decide(config, _intent(args), act=False)
 
 
 def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     with same_on_every_process():  # the options and the recipe are every process's: their errors print once
-        recipe, config, run_dir, folder_problem = _recipe_and_folder(args)
+        recipe, config, run_dir = _recipe_and_folder(args)
+        # --check: what the run would do with its folder (looked at, nothing written), said after the checks
+        decision = _folder_decision(args, config, run_dir) if args.check and _is_first_process() else None
     # before the run's memory is allocated, --check included: its estimate measures the allocator the run has
     host_memory = configure_host_memory(config.host_memory, owns_process=getattr(args, "owns_process", False),
                                         on_cpu=steps_on_cpu(config))
@@ -235,18 +226,22 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         if host_memory == "hold":
             print(f"note: {HOLD_NOTE}")
         sys.stdout.flush()  # the verdict above comes first on a terminal that shows both streams
-        # an output this user cannot write fails below: its disk's free space is beside the point
-        unwritable = folder_problem is not None and not isinstance(folder_problem, RunExistsError)
-        space = None if unwritable else disk_space_line(parts, run_dir)
+        assert decision is not None
+        for line in decision.notes:  # e.g. a damaged checkpoint the run would skip
+            print_warning("mmviews train", line)
+        # an output the run would refuse fails below: its disk's free space is beside the point
+        refused = decision.action == REFUSE and not isinstance(decision.error, RunExistsError)
+        space = None if refused else disk_space_line(parts, run_dir)
         if space:
             print_warning("mmviews train", space)
         for line in data_check_lines(parts):
             print_warning("mmviews train", line)
-        if isinstance(folder_problem, RunExistsError):
+        if isinstance(decision.error, RunExistsError):
             print(f"note: {run_dir} already holds a run: training there needs --resume {shlex.quote(str(run_dir))} "
                   "(continue it) or --overwrite (replace what it wrote)")
-        elif folder_problem is not None:
-            raise folder_problem
+            return 0
+        decision.raise_if_refused()  # what the run would refuse, --check refuses the same way
+        print(f"run folder: {decision.line()}")
         return 0
     quiet_results_logger()  # this command prints the headline metrics and warnings itself
     if _is_first_process():
@@ -261,7 +256,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         with _overrides_named(str(recipe), args.overrides):
             summary = train(config, run_dir, resume=args.resume, source=str(recipe), callback=callback,
                             overwrite=args.overwrite, resume_ignore_rng=args.resume_ignore_rng,
-                            reevaluate=args.reevaluate)
+                            reevaluate=args.reevaluate, recipe_given=args.recipe is not None)
     except KeyboardInterrupt as stopped:  # SIGINT/SIGTERM (mmviews.train.interrupt)
         if not (isinstance(stopped, TrainingInterrupted) and stopped.checkpoint is not None):
             _close_process_group(barrier=False)  # not a stop agreed by all processes: some may be gone
@@ -271,10 +266,17 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
     except CollectiveFailure as error:  # a peer hung or died: this process's one line, with the command that resumes
         error.add_note(f"resume with: {resume_command(run_dir, args.allow_remote_models)}")
         raise
+    except RunFolderRefused as error:  # decided before anything in the folder changed: no hint about what it keeps
+        if restart_attempt() and not config.output.auto_resume:
+            error.add_note(f"the elastic agent restarted this process (restart {restart_attempt()}): with "
+                           "--set output.auto_resume=true a restart continues from the newest checkpoint")
+        setattr(error, SAME_ON_EVERY_PROCESS, True)  # every process got the main process's decision
+        raise
     except Exception as error:
         if _stopped_before_first_checkpoint(run_dir):
             error.add_note(f"{run_dir} holds no checkpoint: once fixed, the same command starts it again there")
-        elif _is_first_process() and isinstance(worker_error(error), USER_ERRORS) and list_checkpoints(run_dir):
+        elif (_is_first_process() and isinstance(worker_error(error), USER_ERRORS) and list_checkpoints(run_dir)
+              and not getattr(error, HINTED, False)):
             # e.g. a file that cannot be read: nothing was deleted, the run continues from its last checkpoint
             how = ("run the same command again (output.auto_resume)" if config.output.auto_resume
                    else f"continue with mmviews train --resume {shlex.quote(str(run_dir))}")

@@ -41,27 +41,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from mmviews.config import TrainConfig, save_config
 from mmviews.data.safe_pickle import CorruptFileError
 from mmviews.fileio import atomic_write_text, commit_folder, disk_full, folder_bytes
 from mmviews.run import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
-    CONFIG_FILE,
     OBJECTIVE_FILE,
     TEACHER_FILE,
     TMP_PREFIX,
     TRAIN_STATE_FILE,
     check_safetensors,
     checkpoint_file_records,
-    claim_run_dir,
     list_checkpoints,
     load_torch_file,
     read_train_state,
     record_run_outputs,
     verify_checkpoint_file,
 )
-from mmviews.train.resume import remove_leftovers
 from mmviews.train.state import TrainState
 from mmviews.notices import MMViewsWarning
 
@@ -90,20 +86,6 @@ class ReproducibilityWarning(MMViewsWarning):
 def rng_file(process_index: int) -> str:
     """Accelerate's RNG-state file of one process."""
     return f"random_states_{process_index}.pkl"
-
-
-def prepare_run_dir(run_dir: Path, config: TrainConfig, fresh: bool, overwrite: bool = False) -> None:
-    """Main process, before training: claim the run folder (:func:`mmviews.run.claim_run_dir`:
-    a fresh run needs a new or empty folder, or ``overwrite`` to replace an mmviews run, of
-    which only what it wrote is removed) and write the resolved ``config.yaml``. Temporary
-    checkpoint folders and files left by a kill are removed (:func:`mmviews.train.resume.remove_leftovers`)."""
-    claim_run_dir(run_dir, overwrite=overwrite, resume=not fresh)
-    removed = remove_leftovers(run_dir)  # mmviews's own temporary names only (mmviews.train.resume)
-    if removed:
-        print(f"mmviews train: removed {len(removed)} temporary left-over(s) of a write cut short: "
-              f"{', '.join(str(p.relative_to(run_dir)) for p in removed)}", flush=True)
-    save_config(config, run_dir / CONFIG_FILE)
-    record_run_outputs(run_dir)
 
 
 def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_last: int, objective: nn.Module,

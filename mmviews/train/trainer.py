@@ -72,6 +72,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ from typing import Any
 
 from torch import nn
 
-from mmviews.config import ConfigError, TrainConfig
+from mmviews.config import TrainConfig
 from mmviews.data.batch import ViewBatch
 from mmviews.data.losses import (
     ABSENT_MODALITIES_KEY,
@@ -92,12 +93,13 @@ from mmviews.data.losses import (
 )
 from mmviews.eval.health import HealthSettings
 from mmviews.fileio import save_folder
+from mmviews.notices import print_warning
 from mmviews.eval.summary import (RESULTS_LOGGER, finalise_summary, headline_lines, headline_metrics, read_eval_metrics,
                                   write_results)
-from mmviews.run import ENCODER_DIR, LOG_FILE, find_checkpoint, list_checkpoints, read_finished_run, record_run_outputs
+from mmviews.run import ENCODER_DIR, LOG_FILE, list_checkpoints, read_finished_run, record_run_outputs
 from mmviews.train.build import RunParts, build_run
 from mmviews.train.callbacks import TrainCallback
-from mmviews.train.checkpoint import load_checkpoint, prepare_run_dir, save_checkpoint
+from mmviews.train.checkpoint import load_checkpoint, save_checkpoint
 from mmviews.train.distributed import (check_launch, collective_failure, configure_determinism, process_state, steps_on_cpu,
                                       timeout_of)
 from mmviews.train.evaluation import run_evaluation
@@ -108,7 +110,8 @@ from mmviews.train.step_log import StepLogger
 from mmviews.train.trackers import resolve_trackers
 from mmviews.train.model_card import write_model_card
 from mmviews.train.precision import PrecisionChoice, announce_precision, resolve_precision
-from mmviews.train.resume import auto_resume_checkpoint
+from mmviews.train.run_folder import (CONTINUE, Decision, Intent, RunFolder, add_damaged_checkpoint_hint,
+                                     decide_on_every_process)
 from mmviews.train.state import TrainState
 from mmviews.train.setup import epoch_loader, make_accelerator, planned_steps, prepare_run
 from mmviews.train.sharding import full_model_state, launcher_fsdp_hidden, whole_encoder
@@ -178,7 +181,7 @@ def record_evaluated_sizes(losses: DataLosses, eval_dir: Path, datasets: dict[st
 
 def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os.PathLike[str] | None = None,
           source: str = "recipe", callback: TrainCallback | None = None, *, overwrite: bool = False,
-          resume_ignore_rng: bool = False, reevaluate: bool = False) -> dict[str, Any]:
+          resume_ignore_rng: bool = False, reevaluate: bool = False, recipe_given: bool = False) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the summary also written to
     ``results.json``: among others ``"eval"`` and ``"eval_random"`` (the final evaluation of
     the trained and of the randomly initialised encoder), ``"headline"`` (the probes' and
@@ -186,9 +189,14 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     ``"warnings"`` (the health checks of :mod:`mmviews.eval.health`), both also logged on the
     ``mmviews.train.results`` logger (:func:`log_run_end`). ``resume``: a run folder (latest checkpoint) or a checkpoint folder.
     A fresh run needs ``run_dir`` new, empty, or a run that stopped before its first checkpoint
-    (:func:`mmviews.run.check_run_dir`), or ``overwrite`` to replace an mmviews run (only what
-    that run wrote is removed; see :func:`mmviews.run.claim_run_dir`).
+    (:mod:`mmviews.train.run_folder`), or ``overwrite`` to replace an mmviews run (only what
+    that run wrote is removed).
     ``resume_ignore_rng``: resume even if the checkpoint's RNG states cannot be read.
+    ``recipe_given`` (with ``resume``): ``config`` comes from a recipe of the caller's rather than
+    from the run's ``config.yaml``, so it must be the run's own outside ``output``. What the call
+    does with ``run_dir`` (start, continue, replace, refuse) is decided once, by
+    :class:`mmviews.train.run_folder.RunFolder`, whose lock the main process holds until the call
+    returns: another command on the same folder meanwhile is refused.
 
     Resuming a finished run (its checkpoint at the last step, ``results.json`` written) changes
     nothing and returns that summary with ``"already_finished": True``; with ``reevaluate`` the
@@ -199,9 +207,9 @@ def train(config: TrainConfig, run_dir: str | os.PathLike[str], resume: str | os
     progress: list[TrainState] = []  # the loop's state, once there is one (for the error below)
     with StopOnSignal() as stop, ExitStack() as on_exit:  # the previous signal handlers come back at the end
         try:
-            return _train(config, Path(run_dir), resume, source, callback or TrainCallback(), stop, on_exit,
-                          overwrite=overwrite, resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate,
-                          progress=progress)
+            intent = Intent(None if resume is None else Path(resume), overwrite, recipe_given or resume is None)
+            return _train(config, Path(run_dir), intent, source, callback or TrainCallback(), stop, on_exit,
+                          resume_ignore_rng=resume_ignore_rng, reevaluate=reevaluate, progress=progress)
         except Exception as error:  # a peer that hung or died: one line of ours (the engine's error chained)
             found = list_checkpoints(run_dir)
             failure = collective_failure(error, config.distributed.timeout_s, progress[-1].step if progress else None,
@@ -243,21 +251,21 @@ class _Run:
     precision: PrecisionChoice
 
 
-def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | None, source: str,
-           callback: TrainCallback, stop: StopOnSignal, on_exit: ExitStack, *, overwrite: bool,
-           resume_ignore_rng: bool, reevaluate: bool, progress: list[TrainState]) -> dict[str, Any]:
-    # Setup: build and check the run, the accelerator, the run folder, prepare, resume.
+def _train(config: TrainConfig, run_dir: Path, intent: Intent, source: str, callback: TrainCallback,
+           stop: StopOnSignal, on_exit: ExitStack, *, resume_ignore_rng: bool, reevaluate: bool,
+           progress: list[TrainState]) -> dict[str, Any]:
+    # Setup: what happens to the run folder, build and check the run, the accelerator, prepare, resume.
     started = time.perf_counter()
-    checkpoint = find_checkpoint(resume) if resume is not None else None
     processes = _start_processes(config)
     # "auto" resolved for this device once, before the recipe is compared with a run's or saved
     config, precision = resolve_precision(config, processes.device.type)
     if processes.is_main_process:
         announce_precision(precision)
-    if checkpoint is None and config.output.auto_resume:  # the same command continues (mmviews.train.resume)
-        if overwrite:
-            raise ConfigError("--overwrite replaces the run, output.auto_resume continues it: choose one")
-        checkpoint = auto_resume_checkpoint(config, run_dir, processes.is_main_process, processes.num_processes)
+    folder = RunFolder(run_dir)
+    on_exit.callback(folder.release)  # the main process holds the folder's lock until the end
+    decision = decide_on_every_process(folder, config, intent, processes.is_main_process, processes.num_processes)
+    decision.raise_if_refused()
+    checkpoint = decision.checkpoint if decision.action == CONTINUE else None
     parts = build_run(config, processes.num_processes, source)
     finished = None if checkpoint is None else read_finished_run(
         run_dir, checkpoint, planned_steps(config, len(parts.train_loader))[0], reevaluate)
@@ -265,11 +273,11 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
         return {**finished, "already_finished": True}
     trackers = resolve_trackers(config, source)  # a tracker asked for but not installed fails here too
     accelerator = make_accelerator(config, run_dir, trackers)
-    _claim_run_dir(accelerator, parts, run_dir, on_exit, fresh=checkpoint is None, overwrite=overwrite)
+    _claim_run_dir(accelerator, parts, folder, decision, on_exit)
     losses, absent = _announce_data_losses(accelerator, parts)
     p = prepare_run(accelerator, parts)
     progress.append(p.state)
-    random_metrics = _resume_or_evaluate_random(p, parts, run_dir, checkpoint, resume_ignore_rng)
+    random_metrics = _resume_or_evaluate_random(p, parts, folder, checkpoint, resume_ignore_rng)
     log = StepLogger(accelerator, config, run_dir, trackers=trackers, total_steps=p.total_steps,
                      batches_per_epoch=p.batches_per_epoch, poly_view_bound=parts.objective.poly_view_bound,
                      state=p.state, resumed=checkpoint is not None, started=started)
@@ -311,13 +319,14 @@ def _start_processes(config: TrainConfig) -> Any:
     return processes
 
 
-def _claim_run_dir(accelerator: Any, parts: RunParts, run_dir: Path, on_exit: ExitStack, *, fresh: bool,
-                   overwrite: bool) -> None:
-    """The run folder made ready by the main process (its manifest written however the run
-    ends), and what the data says of itself printed there; every process waits for it."""
+def _claim_run_dir(accelerator: Any, parts: RunParts, folder: RunFolder, decision: Decision,
+                   on_exit: ExitStack) -> None:
+    """The run folder made ready by the main process as decided (:meth:`RunFolder.claim`; its
+    manifest written however the run ends), and what the data says of itself printed there;
+    every process waits for it."""
     if accelerator.is_main_process:
-        prepare_run_dir(run_dir, parts.config, fresh=fresh, overwrite=overwrite)
-        on_exit.callback(record_run_outputs, run_dir)  # however the run ends, its manifest lists what it wrote
+        folder.claim(decision, parts.config)
+        on_exit.callback(record_run_outputs, folder.run_dir)  # however the run ends, its manifest lists what it wrote
         note = getattr(parts.datasets["train"], "source_note", None)  # e.g. which split lists a video folder read
         if isinstance(note, str):
             print(f"data: {note}", flush=True)
@@ -336,23 +345,29 @@ def _announce_data_losses(accelerator: Any, parts: RunParts) -> tuple[DataLosses
     return losses, absent
 
 
-def _resume_or_evaluate_random(p: Prepared, parts: RunParts, run_dir: Path, checkpoint: Path | None,
+def _resume_or_evaluate_random(p: Prepared, parts: RunParts, folder: RunFolder, checkpoint: Path | None,
                                ignore_rng: bool) -> dict[str, float] | None:
-    """Resuming: the checkpoint's state loaded and the random baseline's metrics read back.
+    """Resuming: the checkpoint's state loaded, then (only then) the run's ``config.yaml``
+    rewritten with the recipe it continues with, and the random baseline's metrics read back.
     Fresh: the randomly initialised encoder evaluated (``evaluation.random_baseline``)."""
-    accelerator, state, evaluation = p.accelerator, p.state, parts.config.evaluation
+    accelerator, state, evaluation, run_dir = p.accelerator, p.state, parts.config.evaluation, folder.run_dir
     if checkpoint is None:
         if evaluation.random_baseline and evaluation.tasks:
             return run_evaluation(accelerator.unwrap_model(p.model), parts, run_dir / "eval_random", accelerator,
                                   meta={"encoder": "random initialisation (before training)"})
         return None
-    load_checkpoint(checkpoint, accelerator, state, parts.objective, p.teacher, ignore_rng=ignore_rng,
-                    sharded=_sharded(p))
+    try:
+        load_checkpoint(checkpoint, accelerator, state, parts.objective, p.teacher, ignore_rng=ignore_rng,
+                        sharded=_sharded(p))
+    except (OSError, ValueError, pickle.UnpicklingError) as error:  # a damaged file, named: which checkpoint instead
+        add_damaged_checkpoint_hint(error, checkpoint)
+        raise
     if state.stream is not None and state.stream_state is not None:
         state.stream.load_state_dict(state.stream_state)  # refuses other shards, seed or process count
     p.checked_step = state.step
     if accelerator.is_main_process:  # one line, so that a user (and the tests) see where it continues
-        print(f"resumed from {checkpoint} at step {state.step} of {p.total_steps}", flush=True)
+        folder.continued(parts.config)
+        print_warning("mmviews train", f"resumed from {checkpoint} at step {state.step} of {p.total_steps}")
     return read_eval_metrics(run_dir / "eval_random")
 
 
