@@ -155,6 +155,7 @@ def test_every_documented_restart_line_has_the_rendezvous_it_needs():
                 continue
             assert "--rdzv_backend c10d" in line and line.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "), \
                 f"{page.name}: {line}"
+            assert re.search(r"--main_process_port \d+ ", line), f"{page.name}: {line}"  # not c10d's shared 29400
             assert "--set output.auto_resume=true" in line, f"{page.name}: {line}"
             if "--set cpu=true" in line:
                 cpu_pages.add(page.name)
