@@ -652,6 +652,7 @@ def test_the_bar_titles_and_labels_do_not_overlap(tmp_path: Path, monkeypatch):
     compare.compare_runs(runs, tmp_path / "cmp")
     fig = kept["metrics_bar.png"]
     assert [ax.get_visible() for ax in fig.axes] == [True] * 5 + [False] * 3  # 4 to a row
+    assert tuple(fig.get_size_inches()) == pytest.approx((2.8 * 4, 3.6 * 2))  # each row as tall as one alone
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     renderer = FigureCanvasAgg(fig).get_renderer()  # the saved figure was closed: a canvas to measure on

@@ -271,7 +271,8 @@ def run_headline(run: RunMetrics) -> list[str]:
     listed = run.results.get("headline")
     keys = [h["metric"] for h in listed if isinstance(h, dict) and h.get("metric") in run.metrics] \
         if isinstance(listed, list) else []
-    return keys or [h["metric"] for h in run_headline_metrics(run.metrics, run.random_init)]
+    # (which keys it picks does not depend on the baseline: none is given)
+    return keys or [h["metric"] for h in run_headline_metrics(run.metrics, None)]
 
 
 def headline_keys(runs: list[RunMetrics]) -> list[str]:
