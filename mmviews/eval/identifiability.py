@@ -242,4 +242,4 @@ def finding_lines(trained: Mapping[str, Any] | None, random_init: Mapping[str, A
             "content shared by the modalities (nonlinear R^2 near 1), not the modality-specific factors (near 0).",
             "",
             f"This run {verdict}. Nonlinear (kernel ridge) R^2, mean over modalities: {measured}. {rule}", "",
-            *(_readability(trained, random_init) if baseline else [])]
+            *_readability(trained, random_init)]
