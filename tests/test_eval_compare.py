@@ -18,6 +18,10 @@ import yaml
 
 from mmviews.eval import compare
 
+# headline metrics as the trainer names them (the probes' and retrieval's)
+ACC = "test/linear/class/acc"
+R1 = "test/retrieval/mean/R@1"
+
 
 @pytest.mark.parametrize("values", [[0.5], [0.70, 0.74, 0.72], [1.0, 2.0], [0.1, 0.4, 0.2, 0.9, 0.3]])
 def test_mean_and_sample_std(values):
@@ -168,9 +172,6 @@ def test_labels_metrics_and_headline(tmp_path: Path):
     assert [r.label for r in runs] == ["a", "b", "a#1", "a#2", "b#1"]
     assert compare.is_metric("test/x/acc") and not compare.is_metric("linear/class/weight_decay")
     assert not compare.is_metric("chance/test/x/acc")
-    keys = ["a/acc", "b/loss", "c/top1", "d/R@1", "e/MAE", "f/erank/fused", "g/Acc_2", "h/Has0_acc_2", "i/acc"]
-    assert compare.headline_metrics(keys) == ["a/acc", "c/top1", "d/R@1", "e/MAE", "f/erank/fused", "g/Acc_2"]
-    assert compare.headline_metrics(keys, limit=2) == ["a/acc", "c/top1"]
     run = compare.RunMetrics("x", tmp_path, {}, meta={"num_views": True, "objective": 3})
     assert run.num_views is None and run.objective == "run" and run.warnings == []
     assert compare.RunMetrics("x", tmp_path, {}, results={"warnings": "one"}).warnings == []
@@ -281,6 +282,7 @@ def figures(monkeypatch) -> dict:
         kept[Path(path).name]["xlabels"] = [ax.get_xlabel() for ax in fig.axes]
         kept[Path(path).name]["legends"] = [[t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else None
                                             for ax in fig.axes]
+        kept[Path(path).name]["figure_legends"] = [[t.get_text() for t in legend.get_texts()] for legend in fig.legends]
         kept[Path(path).name]["patches"] = [[(p.get_height(), p.get_facecolor()) for p in ax.patches] for ax in fig.axes]
         kept[Path(path).name]["ticks"] = [([t.get_text() for t in ax.get_xticklabels()],
                                            [t.get_rotation() for t in ax.get_xticklabels()]) for ax in fig.axes]
@@ -293,11 +295,12 @@ def figures(monkeypatch) -> dict:
 
 def _plotted_runs(tmp_path: Path) -> list[Path]:
     log = "step,loss,pos_sim,neg_sim,mi_lower_bound\n1,3.0,0.2,0.1,0.5\n2,2.0,0.4,0.0,1.0\n"
-    return [write_run(tmp_path, "r0", {"t/acc": 0.5, "t/R@1": 0.2}, meta={"objective": "a", "num_views": 2},
-                      random_init={"t/acc": 0.3}, log=log),
-            write_run(tmp_path, "r1", {"t/acc": 0.7, "t/R@1": 0.4}, meta={"objective": "a", "num_views": 4},
-                      log="step,loss\n1,5.0\n"),
-            write_run(tmp_path, "r2", {"t/acc": 0.6}, meta={"objective": "b", "num_views": 3})]
+    # the class probe's chance is the same for the three runs, the retrieval's differs (other test sizes)
+    return [write_run(tmp_path, "r0", {ACC: 0.5, R1: 0.2, "chance/" + ACC: 0.25, "chance/" + R1: 0.1},
+                      meta={"objective": "a", "num_views": 2}, random_init={ACC: 0.3}, log=log),
+            write_run(tmp_path, "r1", {ACC: 0.7, R1: 0.4, "chance/" + ACC: 0.25, "chance/" + R1: 0.05},
+                      meta={"objective": "a", "num_views": 4}, log="step,loss\n1,5.0\n"),
+            write_run(tmp_path, "r2", {ACC: 0.6, "chance/" + ACC: 0.25}, meta={"objective": "b", "num_views": 3})]
 
 
 def test_the_bars_show_each_runs_value_and_its_random_init_tick(tmp_path: Path, figures):
@@ -305,18 +308,33 @@ def test_the_bars_show_each_runs_value_and_its_random_init_tick(tmp_path: Path, 
 
     compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
     bars = figures["metrics_bar.png"]
-    assert bars["size"] == pytest.approx((4.0 * 2 / 1.5, 4.0))  # max(4, 1.2 * 3 runs) per metric, 2 metrics
-    assert bars["titles"] == ["t/R@1", "t/acc"]
+    assert bars["size"] == pytest.approx((2.8 * 2, 3.6))  # two panels of at least 2.8 inches
+    assert bars["titles"] == [ACC, "test/retrieval/\nmean/R@1"]  # the headline's order; a long name on two lines
     heights = [[h for h, _ in axis] for axis in bars["patches"]]
-    assert heights[1] == [0.5, 0.7, 0.6] and heights[0][:2] == [0.2, 0.4] and math.isnan(heights[0][2])
-    assert [mcolors.to_hex(c) for _, c in bars["patches"][1]] == [mcolors.to_hex(f"C{i}") for i in range(3)]
-    assert bars["ticks"][1] == (["r0", "r1", "r2"], [45.0, 45.0, 45.0])
-    assert bars["legends"] == [None, ["random init"]]  # the tick only where a run has its random-init value
-    ticks = bars["scatter"][1][0]
+    assert heights[0] == [0.5, 0.7, 0.6] and heights[1][:2] == [0.2, 0.4] and math.isnan(heights[1][2])
+    assert [mcolors.to_hex(c) for _, c in bars["patches"][0]] == [mcolors.to_hex(f"C{i}") for i in range(3)]
+    assert bars["ticks"][0] == (["r0", "r1", "r2"], [45.0, 45.0, 45.0])
+    # one legend under the panels (none in them): the random-init tick, the chance
+    assert bars["legends"] == [None, None] and bars["figure_legends"] == [["random init", "chance"]]
+    ticks = bars["scatter"][0][0]
     assert ticks[0] == [0.0, 0.3] and all(math.isnan(y) for _, y in ticks[1:])
-    wide = compare.compare_runs(_plotted_runs(tmp_path / "w") + [write_run(tmp_path / "w", f"x{i}", {"t/acc": 0.1})
-                                                                 for i in range(2)], tmp_path / "cmp2", ["t/acc"])
-    assert figures["metrics_bar.png"]["size"] == pytest.approx((1.2 * 5 / 1.5, 4.0)) and wide
+    # one chance for every run: a grey dotted line across the panel
+    (chance,) = bars["ax_lines"][0]
+    assert chance[1] == [0.25, 0.25] and chance[2] == ":" and chance[4] == "chance"
+    assert mcolors.to_hex(chance[3]) == mcolors.to_hex("grey")
+    # runs with different chances (other test sizes): a grey tick per run, none where unknown
+    assert bars["ax_lines"][1] == [] and len(bars["scatter"][1]) == 1
+    per_run = bars["scatter"][1][0]
+    assert per_run[:2] == [[0.0, 0.1], [1.0, 0.05]] and math.isnan(per_run[2][1])
+    wide = compare.compare_runs(_plotted_runs(tmp_path / "w") + [write_run(tmp_path / "w", f"x{i}", {ACC: 0.1})
+                                                                 for i in range(4)], tmp_path / "cmp2", [ACC])
+    assert figures["metrics_bar.png"]["size"] == pytest.approx((0.45 * 7 + 1.2, 3.6)) and wide
+    # a run without a chance for the metric at all: no line, no legend
+    compare.compare_runs([write_run(tmp_path / "n", "a", {ACC: 0.5})], tmp_path / "cmp3")
+    assert figures["metrics_bar.png"]["figure_legends"] == [] and figures["metrics_bar.png"]["ax_lines"] == [[]]
+    # only a chance (no random init): the legend names it alone
+    compare.compare_runs([write_run(tmp_path / "c", "a", {ACC: 0.5, "chance/" + ACC: 0.25})], tmp_path / "cmp4")
+    assert figures["metrics_bar.png"]["figure_legends"] == [["chance"]]
 
 
 def test_the_training_curves_show_each_logged_column_per_run(tmp_path: Path, figures):
@@ -332,7 +350,7 @@ def test_the_training_curves_show_each_logged_column_per_run(tmp_path: Path, fig
         ([0.2, 0.4], "-", "r0"), ([0.1, 0.0], "--", "_child1")]
     assert mi[0][1] == [0.5, 1.0] and mi[1][1] == [0.0, 0.0]  # the run's bound, then the zero line (chance)
     assert curves["legends"] == [["r0", "r1"], ["r0"], ["r0"]]
-    only_loss = [write_run(tmp_path / "l", "a", {"t/acc": 0.5}, log="step,loss\n1,1.0\n")]
+    only_loss = [write_run(tmp_path / "l", "a", {ACC: 0.5}, log="step,loss\n1,1.0\n")]
     compare.compare_runs(only_loss, tmp_path / "cmp2")
     assert figures["training_curves.png"]["titles"] == ["training loss"]
     assert figures["training_curves.png"]["size"] == pytest.approx((4.8, 3.6))
@@ -341,13 +359,13 @@ def test_the_training_curves_show_each_logged_column_per_run(tmp_path: Path, fig
 def test_the_metric_against_views_plot_has_one_line_per_objective(tmp_path: Path, figures):
     compare.compare_runs(_plotted_runs(tmp_path), tmp_path / "cmp")
     views = figures["metric_vs_views.png"]
-    assert views["titles"] == ["t/R@1", "t/acc"] and views["xlabels"] == ["number of views M"] * 2
+    assert views["titles"] == [ACC, R1] and views["xlabels"] == ["number of views M"] * 2
     assert views["size"] == pytest.approx((4.5 * 2, 3.6))
-    acc = views["ax_lines"][1]
+    acc = views["ax_lines"][0]
     assert [(x, y, label, marker) for x, y, _, _, label, marker in acc] == [
         ([2.0, 4.0], [0.5, 0.7], "a", "o"), ([3.0], [0.6], "b", "o")]
-    assert views["legends"][1] == ["a", "b"] and [line[4] for line in views["ax_lines"][0]] == ["a"]
-    same = [write_run(tmp_path / "s", n, {"t/acc": 0.5}, meta={"num_views": 2}) for n in ("a", "b")]
+    assert views["legends"][0] == ["a", "b"] and [line[4] for line in views["ax_lines"][1]] == ["a"]
+    same = [write_run(tmp_path / "s", n, {ACC: 0.5}, meta={"num_views": 2}) for n in ("a", "b")]
     assert "metric_vs_views" not in compare.compare_runs(same, tmp_path / "cmp2")
 
 
@@ -361,10 +379,10 @@ def test_mmviews_compare_writes_to_the_output_folder_it_is_given(tmp_path: Path,
         out = capsys.readouterr().out
         assert (tmp_path / folder / "comparison.md").read_text() in out
         assert f"written: {Path(folder) / 'comparison.csv'}" in out
-    assert main(["compare", *runs, "--output", "o4", "--metrics", "t/R@1"]) == 0
+    assert main(["compare", *runs, "--output", "o4", "--metrics", R1]) == 0
     capsys.readouterr()
-    assert "| t/acc |" in (tmp_path / "o4" / "comparison.md").read_text()
-    assert figures["metrics_bar.png"]["titles"] == ["t/R@1"]  # --metrics: the plotted metrics
+    assert "| test/linear/class/acc |" in (tmp_path / "o4" / "comparison.md").read_text()
+    assert figures["metrics_bar.png"]["titles"] == ["test/retrieval/\nmean/R@1"]  # --metrics: the plotted metrics
     with pytest.raises(SystemExit):
         main(["compare"])
 
@@ -450,8 +468,8 @@ def test_the_help_says_what_each_argument_is():
 
 
 def test_the_warnings_and_the_random_init_table_read_as_written_here(tmp_path: Path):
-    runs = [write_run(tmp_path, "r0", {"t/acc": 0.5}, results={"warnings": ["collapse: x"]}, random_init={"t/acc": 0.3}),
-            write_run(tmp_path, "r1", {"t/acc": 0.7})]
+    runs = [write_run(tmp_path, "r0", {ACC: 0.5}, results={"warnings": ["collapse: x"]}, random_init={ACC: 0.3}),
+            write_run(tmp_path, "r1", {ACC: 0.7})]
     compare.compare_runs(runs, tmp_path / "cmp")
     lines = (tmp_path / "cmp" / "comparison.md").read_text().split("\n")
     assert lines[:7] == ["# Run comparison", "", "## Warnings: did it learn?", "", "- r0: collapse: x", "",
@@ -460,14 +478,14 @@ def test_the_warnings_and_the_random_init_table_read_as_written_here(tmp_path: P
                         "random-init value in brackets):")
     assert lines[start - 1:start + 6] == [
         "", "Trained minus random init (each run against its own encoder as initialised; random-init value in brackets):",
-        "", "| metric | r0 | r1 |", "|---|---|---|", "| t/acc | +0.2000 (0.3000) | - |", ""]
+        "", "| metric | r0 | r1 |", "|---|---|---|", "| test/linear/class/acc | +0.2000 (0.3000) | - |", ""]
 
 
 def test_the_terminal_summary_the_runs_line_and_empty_csv_cells_read_as_written_here(tmp_path: Path):
-    runs = [write_run(tmp_path, "r0", {"t/acc": 0.5, "t/other": 0.1}, results={"warnings": ["collapse: x"]}),
-            write_run(tmp_path, "r1", {"t/acc": 0.7})]
+    runs = [write_run(tmp_path, "r0", {ACC: 0.5, "test/linear/other/acc": 0.1}, results={"warnings": ["collapse: x"]}),
+            write_run(tmp_path, "r1", {ACC: 0.7})]
     summary: list[str] = []
-    compare.compare_runs(runs, tmp_path / "cmp", ["t/acc"], summary)
+    compare.compare_runs(runs, tmp_path / "cmp", [ACC], summary)
     assert summary[:5] == ["## Warnings: did it learn?", "", "- r0: collapse: x", "", "## Per run (headline metrics)"]
     assert summary[5] == ""
     lines = (tmp_path / "cmp" / "comparison.md").read_text().split("\n")
@@ -479,9 +497,9 @@ def test_the_terminal_summary_the_runs_line_and_empty_csv_cells_read_as_written_
     # no results.json: steps, final loss and wall time are empty cells
     assert [(r["steps"], r["final_loss"], r["wall_time_s"]) for r in rows] == [("", "", ""), ("", "", "")]
     every: list[str] = []
-    compare.compare_runs(runs, tmp_path / "all", ["t/acc", "t/other"], every)
+    compare.compare_runs(runs, tmp_path / "all", [ACC, "test/linear/other/acc"], every)
     assert "## Per run" in every and "## Per run (headline metrics)" not in every
-    seeds = [write_run(tmp_path / "s", f"s{seed}", {"t/acc": 0.5 + seed / 10}, config={"name": "toy", "seed": seed},
+    seeds = [write_run(tmp_path / "s", f"s{seed}", {ACC: 0.5 + seed / 10}, config={"name": "toy", "seed": seed},
                        results={"warnings": ["collapse: x"]} if seed == 0 else None) for seed in (0, 1)]
     seeded: list[str] = []
     compare.compare_runs(seeds, tmp_path / "seeded", None, seeded)
@@ -495,15 +513,15 @@ def test_the_plots_line_and_the_json_record_of_each_run(tmp_path: Path):
     assert lines[-2] == ("Plots: [metrics_bar.png](metrics_bar.png), [metric_vs_views.png](metric_vs_views.png), "
                          "[training_curves.png](training_curves.png)")
     saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
-    run = write_run(tmp_path / "one", "r", {"t/acc": 0.5}, meta={"objective": "a", "num_views": 2},
+    run = write_run(tmp_path / "one", "r", {ACC: 0.5}, meta={"objective": "a", "num_views": 2},
                     results={"steps": 4, "final_loss": 1.5, "wall_time_s": 2.0})
     compare.compare_runs([run], tmp_path / "one_cmp")
     assert json.loads((tmp_path / "one_cmp" / "comparison.json").read_text()) == {"r": {
-        "path": str(run), "objective": "a", "num_views": 2, "metrics": {"t/acc": 0.5}, "random_init": {},
+        "path": str(run), "objective": "a", "num_views": 2, "metrics": {ACC: 0.5}, "random_init": {},
         "steps": 4, "final_loss": 1.5, "wall_time_s": 2.0, "warnings": [], "configuration": "r"}}
     assert set(saved) == {"r0", "r1", "r2"}
     # nothing to plot (the run's only figures are settings and chances): no Plots line
-    bare = write_run(tmp_path / "bare", "b", {"linear/class/weight_decay": 0.01, "chance/t/acc": 0.5})
+    bare = write_run(tmp_path / "bare", "b", {"linear/class/weight_decay": 0.01, "chance/" + ACC: 0.5})
     compare.compare_runs([bare], tmp_path / "bare_cmp")
     assert "Plots:" not in (tmp_path / "bare_cmp" / "comparison.md").read_text()
 
@@ -514,13 +532,14 @@ def test_the_bars_random_init_ticks_labels_and_grid(tmp_path: Path, monkeypatch)
     import matplotlib.colors as mcolors
 
     kept = _compared_figures(tmp_path, monkeypatch)
-    ax = kept["metrics_bar.png"].axes[1]  # t/acc: r0 has a random-init value
+    ax = kept["metrics_bar.png"].axes[0]  # the class accuracy: r0 has a random-init value
     (ticks,) = ax.collections
     assert list(ticks.get_sizes()) == [400] and mcolors.to_hex(ticks.get_facecolor()[0]) == "#000000"
     assert ticks.get_zorder() > max(bar.get_zorder() for bar in ax.patches)
     marker = ticks.get_paths()[0].vertices  # "_": a horizontal line
     assert set(marker[:, 1].round(6)) == {0.0} and marker[:, 0].max() > 0
-    assert all(t.get_fontsize() == 7 for t in ax.get_legend().get_texts())
+    (legend,) = kept["metrics_bar.png"].legends  # the figure's, under the panels
+    assert all(t.get_fontsize() == 7 for t in legend.get_texts())
     assert ax.title.get_fontsize() == 9
     labels = ax.get_xticklabels()
     assert all(t.get_fontsize() == 8 and t.get_horizontalalignment() == "right" for t in labels)
@@ -532,7 +551,130 @@ def test_the_latest_numbered_evaluation_with_a_report_is_read(tmp_path: Path):
     run = tmp_path / "run"
     for n, value in ((1, 0.1), (2, 0.2)):
         (run / f"eval-{n}").mkdir(parents=True)
-        (run / f"eval-{n}" / "metrics.json").write_text(json.dumps({"metrics": {"t/acc": value}, "meta": "not a dict"}))
+        (run / f"eval-{n}" / "metrics.json").write_text(json.dumps({"metrics": {ACC: value}, "meta": "not a dict"}))
     (run / "eval-3").mkdir()  # started, never written
     loaded = compare.load_run_metrics(run)
-    assert loaded.metrics == {"t/acc": 0.2} and loaded.meta == {}
+    assert loaded.metrics == {ACC: 0.2} and loaded.meta == {}
+
+
+# --- the headline: each run's own, as `mmviews train` printed it -----------------------------------
+
+SENTIMENT = ("test/regression/sentiment/mae", "test/regression/sentiment/mse", "test/regression/sentiment/r2")
+# what `mmviews train quickstart` prints (README): the class probe, the sentiment regression, mean R@1
+QUICKSTART_HEADLINE = [ACC, *SENTIMENT, R1]
+
+
+def _quickstart_metrics(acc: float) -> dict[str, float]:
+    """A quickstart evaluation's metrics: probes, 12 retrieval directions with their counts and
+    their mean, diagnostics."""
+    metrics = {ACC: acc, SENTIMENT[0]: 0.25, SENTIMENT[1]: 0.1, SENTIMENT[2]: 0.7, R1: 0.03, "chance/" + R1: 0.002,
+               "chance/" + ACC: 0.26, "test/diag/erank/fused": 30.0, "test/diag/align": 0.5}
+    modalities = ("text", "audio", "image", "flow")
+    for a in modalities:
+        for b in modalities:
+            if a != b:
+                metrics[f"test/retrieval/{a}->{b}/R@1"] = 0.01
+                metrics[f"test/retrieval/{a}->{b}/n"] = 512
+    return metrics
+
+
+def _headline(keys: list[str]) -> dict:
+    return {"headline": [{"metric": k, "trained": 0.0, "random_init": None, "chance": None} for k in keys]}
+
+
+def test_the_tables_and_bars_show_the_headline_the_trainer_printed(tmp_path: Path, monkeypatch):
+    """The issue's case: class accuracy and five per-direction R@1 were shown, mean R@1 and the
+    sentiment metrics left out. Two seeds of the quickstart: the over-seeds rows, the per-run
+    rows and the bar panels are the five metrics `mmviews train` printed, in its order."""
+    runs = [write_run(tmp_path, f"s{seed}", _quickstart_metrics(0.7 + seed / 10), config={"name": "quickstart",
+                                                                                          "seed": seed},
+                      results=_headline(QUICKSTART_HEADLINE)) for seed in (0, 1)]
+    kept = {}
+    real = compare._save_figure
+    monkeypatch.setattr(compare, "_save_figure", lambda fig, path: kept.setdefault(Path(path).name, fig) and real(fig, path))
+    summary: list[str] = []
+    compare.compare_runs(runs, tmp_path / "cmp", None, summary)
+    seeds = summary[:summary.index("## Per run (headline metrics)")]
+    per_run = summary[summary.index("## Per run (headline metrics)"):]
+    rows = lambda lines: [line.split(" | ")[0][2:] for line in lines if line.startswith("| test/")]  # noqa: E731
+    assert rows(seeds) == QUICKSTART_HEADLINE and rows(per_run) == QUICKSTART_HEADLINE
+    assert f"| {R1} | 0.0300 ± 0.0000 (n=2) |" in seeds
+    assert f"| {R1} | 0.0300 | 0.0300 | 0.00200 |" in per_run  # with its chance
+    titles = [ax.get_title() for ax in kept["metrics_bar.png"].axes if ax.get_visible()]
+    assert [t.replace("\n(lower is better)", "").replace("\n", "") for t in titles] == QUICKSTART_HEADLINE
+    assert titles[1].endswith("\n(lower is better)") and titles[2].endswith("\n(lower is better)")
+    assert not titles[0].endswith("better)") and not titles[3].endswith("better)")
+    # the whole comparison.md still lists every metric
+    assert "| test/retrieval/text->audio/R@1 |" in (tmp_path / "cmp" / "comparison.md").read_text()
+
+
+def test_a_run_without_a_recorded_headline_gets_the_trainers_choice(tmp_path: Path):
+    """No results.json (a metrics.json file, mmviews eval's folder): the same choice the trainer
+    makes, over the run's metrics: probes and the mean R@1, not the per-direction figures, not
+    the diagnostics (shown only when nothing else is evaluated)."""
+    run = compare.load_run_metrics(write_run(tmp_path, "r", _quickstart_metrics(0.7)))
+    assert compare.run_headline(run) == QUICKSTART_HEADLINE
+    diag = compare.load_run_metrics(write_run(tmp_path, "d", {"test/diag/erank/fused": 3.0, "test/diag/unif": -1.0,
+                                                              "test/diag/rank": 4.0}))
+    assert compare.run_headline(diag) == ["test/diag/erank/fused", "test/diag/unif"]
+
+
+def test_the_recorded_headline_wins_and_the_runs_headlines_are_joined_in_order(tmp_path: Path):
+    # the recorded order and choice, not a recomputed one; entries the evaluation lacks or that are not
+    # entries at all are passed over
+    recorded = _headline([R1, "test/gone/acc", ACC]) | {"headline": _headline([R1, "test/gone/acc", ACC])["headline"]
+                                                        + ["x", {"metric": 3}]}
+    a = compare.load_run_metrics(write_run(tmp_path, "a", _quickstart_metrics(0.7), results=recorded))
+    assert compare.run_headline(a) == [R1, ACC]
+    # a headline none of whose metrics the compared evaluation holds (a later `mmviews eval` with other
+    # tasks): the choice over the metrics there
+    stale = compare.load_run_metrics(write_run(tmp_path, "s", {"val/knn/class/top1": 0.4},
+                                               results=_headline([ACC])))
+    assert compare.run_headline(stale) == ["val/knn/class/top1"]
+    not_a_list = compare.load_run_metrics(write_run(tmp_path, "n", {ACC: 0.4}, results={"headline": {"metric": R1}}))
+    assert compare.run_headline(not_a_list) == [ACC]
+    b = compare.load_run_metrics(write_run(tmp_path, "b", _quickstart_metrics(0.7), results=_headline([ACC, SENTIMENT[0]])))
+    assert compare.headline_keys([b, a]) == [ACC, SENTIMENT[0], R1]
+    # chance keys and chosen settings are never headline rows
+    odd = compare.load_run_metrics(write_run(tmp_path, "o", {ACC: 0.5, "chance/" + ACC: 0.2},
+                                             results=_headline(["chance/" + ACC, ACC])))
+    assert compare.headline_keys([odd]) == [ACC]
+
+
+def test_the_bar_titles_and_labels_do_not_overlap(tmp_path: Path, monkeypatch):
+    """Rendered: no panel title meets another, nor any run label of the panels above; five
+    headline metrics wrap onto a second row, whose unused panels are hidden."""
+    runs = [write_run(tmp_path, name, _quickstart_metrics(0.7), results=_headline(QUICKSTART_HEADLINE))
+            for name in ("quickstart-seed0-long-name", "quickstart-seed1-long-name", "q2")]
+    kept = {}
+    real = compare._save_figure
+    monkeypatch.setattr(compare, "_save_figure", lambda fig, path: kept.setdefault(Path(path).name, fig) and real(fig, path))
+    compare.compare_runs(runs, tmp_path / "cmp")
+    fig = kept["metrics_bar.png"]
+    assert [ax.get_visible() for ax in fig.axes] == [True] * 5 + [False] * 3  # 4 to a row
+    assert tuple(fig.get_size_inches()) == pytest.approx((2.8 * 4, 3.6 * 2))  # each row as tall as one alone
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the saved figure was closed: a canvas to measure on
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    titles = [ax.title.get_window_extent(renderer) for ax in visible]
+    labels = [t.get_window_extent(renderer) for ax in visible for t in ax.get_xticklabels()]
+    for i, box in enumerate(titles):
+        assert not any(box.overlaps(other) for other in titles[i + 1:]), visible[i].get_title()
+        assert not any(box.overlaps(label) for label in labels), visible[i].get_title()
+        assert box.width > 0
+    assert all(ax.get_title().count("\n") <= 2 for ax in visible)
+    # the saved PNG is the figure laid out as checked
+    assert (tmp_path / "cmp" / "metrics_bar.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_long_titles_break_at_the_slash_nearest_the_middle():
+    assert compare.panel_title("test/linear/class/acc") == "test/linear/class/acc"  # 21 characters: one line
+    assert compare.panel_title(R1) == "test/retrieval/\nmean/R@1"
+    assert compare.panel_title("test/regression/sentiment/r2") == "test/regression/\nsentiment/r2"
+    assert compare.panel_title("test/regression/sentiment/mae") == ("test/regression/\nsentiment/mae\n"
+                                                                     "(lower is better)")
+    assert compare.panel_title("a_very_long_metric_name_without_a_slash") == "a_very_long_metric_name_without_a_slash"
+    assert compare.panel_title("abc/de", width=3) == "abc/\nde"
+    assert compare.panel_title("ab/cdefgh", width=3) == "ab/\ncdefgh"  # the only slash
+    assert compare.panel_title("val/loss") == "val/loss\n(lower is better)"

@@ -204,8 +204,8 @@ def test_the_report_says_whether_the_run_shows_the_identifiability_finding(tmp_p
     write_results(tmp_path, summary_of(eval=trained, eval_random=random_init))
     report = (tmp_path / "report.md").read_text()
     assert "## Identifiability" in report
-    assert ("This run shows it: nonlinear R^2, mean over modalities, content 0.900 (recovered from 0.8), specific "
-            "0.100 (left out up to 0.2) (random init: content 0.300, specific 0.250).") in report
+    assert ("This run shows it. Nonlinear (kernel ridge) R^2, mean over modalities: content 0.900, +0.600 over the "
+            "encoder as initialised (0.300); specific 0.250 at random init -> 0.100 trained (-0.150).") in report
 
 
 def test_a_probe_below_its_random_init_is_warned_about(tmp_path: Path) -> None:

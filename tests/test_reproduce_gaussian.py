@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from repo_state import repository_unchanged
 
 SCRIPT = Path(__file__).resolve().parents[1] / "recipes" / "reproduce" / "polyview_gaussian.py"
 
@@ -93,8 +94,12 @@ def test_grouped_training_equals_separate_training(recipe):
     assert not torch.allclose(grouped.w2[0], grouped.w2[1])  # the two objectives did train differently
 
 
-def test_smoke_run_writes_tables_and_plot(recipe, tmp_path):
-    assert recipe.main(["--smoke", "--out", str(tmp_path), "--no-progress"]) == 0
+def test_smoke_run_writes_tables_and_plot(recipe, tmp_path, monkeypatch):
+    # from a temporary current folder, without --out: the default folder there, nothing in the repository
+    monkeypatch.chdir(tmp_path)
+    with repository_unchanged():
+        assert recipe.main(["--smoke", "--no-progress"]) == 0
+    tmp_path = tmp_path / "runs" / "reproduce" / "polyview_gaussian"
     with open(tmp_path / "runs.csv") as handle:
         rows = list(csv.DictReader(handle))
     smoke = recipe.regimes_for("smoke")

@@ -5,7 +5,10 @@ writes its tables and a PNG plot.
 The scripts are run in this process (``main(argv)``) so that torch and the trainer are imported
 once; each smoke run trains 2 to 4 tiny runs (32 samples, one epoch). The sweeps run in this
 process too (``--jobs 1``: a worker process pays about 3 s of imports before its first run), except
-the f-MICL one, which goes through ``run_sweep``'s pool of worker processes (``--jobs 2``)."""
+the f-MICL one, which goes through ``run_sweep``'s pool of worker processes (``--jobs 2``).
+
+Each smoke run but one is started from a temporary current folder without ``--out``: it writes
+under ``runs/reproduce/<name>/`` there and leaves every file of the repository as it was."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from repo_state import repository_unchanged
 
 REPRO = Path(__file__).resolve().parents[1] / "recipes" / "reproduce"
 
@@ -28,6 +32,16 @@ def _load(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _smoke_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, argv: list[str], folder: str,
+              module=None) -> Path:
+    """``script``'s ``main(argv)`` run from ``tmp_path`` with the default output folder, which
+    it returns; the repository is unchanged after it."""
+    monkeypatch.chdir(tmp_path)
+    with repository_unchanged():
+        assert (module or _load(script)).main(argv) == 0
+    return tmp_path / "runs" / "reproduce" / folder
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -62,9 +76,8 @@ def _check_common(out: Path, png: str, n_runs: int) -> list[dict[str, str]]:
     return rows
 
 
-def test_er_batch_size_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "er"
-    assert _load("er_batch_size").main(["--smoke", "--jobs", "1", "--out", str(out)]) == 0
+def test_er_batch_size_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _smoke_in(tmp_path, monkeypatch, "er_batch_size", ["--smoke", "--jobs", "1"], "er_batch_size")
     rows = _check_common(out, "er_batch_size.png", 3)
     assert {r["objective"] for r in rows} == {"simclr", "er", "er_ema"}
     for r in rows:
@@ -92,22 +105,21 @@ def test_er_batch_size_equal_teacher_horizon(tmp_path: Path) -> None:
     assert 8 / (1 - momentum[8]) == pytest.approx(32 / (1 - momentum[32]))
 
 
-def test_fmicl_similarity_smoke(tmp_path: Path) -> None:
+def test_fmicl_similarity_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = _load("fmicl_similarity")
     # the cosine temperature of VLC must be above the admissible bound 1 of its conjugate
     assert module.cosine_temperature("vlc", 0.2, 1.05) > 1.0
     assert module.cosine_temperature("js", 0.2, 1.05) > 1 / math.log(2)
     assert module.cosine_temperature("kl", 0.2, 1.05) == 0.2
-    out = tmp_path / "fmicl"
     # --jobs 2: the one sweep of these tests run by the worker processes (one run each)
-    assert module.main(["--smoke", "--jobs", "2", "--out", str(out)]) == 0
+    out = _smoke_in(tmp_path, monkeypatch, "fmicl_similarity", ["--smoke", "--jobs", "2"], "fmicl_similarity", module)
     rows = _check_common(out, "fmicl_similarity.png", 2)
     sims = {r["similarity"]: r["_config"]["objective"]["params"] for r in rows}
     assert sims["cosine"]["similarity"] == "cosine" and sims["cosine"]["temperature"] > 1.0
     assert sims["gaussian"]["similarity"] == "gaussian" and sims["gaussian"]["divergence"] == "vlc"
 
 
-def test_view_multiplicity_smoke(tmp_path: Path) -> None:
+def test_view_multiplicity_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = _load("view_multiplicity")
     natural = ("text", "audio", "image", "flow")
     for M in (4, 5, 6, 8, 9):
@@ -126,8 +138,8 @@ def test_view_multiplicity_smoke(tmp_path: Path) -> None:
             assert v["params"]["flip_p"] == 0.0
     (image_views,) = module.image_views_for(4)
     assert image_views["copies"] == 4 and image_views["augment"] == "simclr" and image_views["params"]["flip_p"] == 0.0
-    out = tmp_path / "vm"
-    assert module.main(["--smoke", "--modes", "fixed", "fixed_steps", "--jobs", "1", "--out", str(out)]) == 0
+    out = _smoke_in(tmp_path, monkeypatch, "view_multiplicity", ["--smoke", "--modes", "fixed", "fixed_steps", "--jobs", "1"],
+                    "view_multiplicity", module)
     rows = _check_common(out, "view_multiplicity.png", 4)
     for r in rows:
         config = r["_config"]
@@ -142,9 +154,9 @@ def test_view_multiplicity_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("views", ["natural", "colour", "augmented"])
-def test_ipmc_ablation_smoke(tmp_path: Path, views: str) -> None:
-    out = tmp_path / "ipmc"
-    assert _load("ipmc_ablation").main(["--smoke", "--views", views, "--jobs", "1", "--out", str(out)]) == 0
+def test_ipmc_ablation_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, views: str) -> None:
+    out = _smoke_in(tmp_path, monkeypatch, "ipmc_ablation", ["--smoke", "--views", views, "--jobs", "1"],
+                    "ipmc_ablation" if views == "natural" else f"ipmc_ablation_{views}")
     rows = _check_common(out, "ipmc_ablation.png", 2)
     params = {r["variant"]: r["_config"]["objective"]["params"] for r in rows}
     assert params["Fp"]["beta"] == 0.0 and "view_filter_k" not in params["Fp"]

@@ -49,7 +49,32 @@ def reference(recipe, tmp_path_factory) -> tuple[Path, CallRecorder]:
         r = train_in_process(str(recipe), "--output", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed" not in r.stdout
+    assert "output.keep_last" not in r.stderr  # 10 kept: no warning
     return run, calls
+
+
+KEEP_ONE = ("mmviews train: warning: output.keep_last = 1 with output.auto_resume: if the newest checkpoint is damaged "
+            "there is no other to continue from and the same command refuses the folder; set output.keep_last=2 "
+            "(one more checkpoint on the disk)")
+
+
+def test_keeping_one_checkpoint_under_auto_resume_is_warned_about(recipe, tmp_path):
+    """The reliability page's case: with one checkpoint kept, a damaged newest one leaves nothing
+    to continue from. `--check` and the run's start say so once; two kept, or no auto_resume,
+    say nothing."""
+    from mmviews.train.resume import auto_resume_lines
+
+    checked = train_in_process(str(recipe), "--output", str(tmp_path / "c"), "--check", "--set", "output.keep_last=1")
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert checked.stderr.count(KEEP_ONE) == 1, checked.stderr
+    run = train_in_process(str(recipe), "--output", str(tmp_path / "r"), "--set", "output.keep_last=1",
+                           "--set", "optimisation.max_steps=1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stderr.count(KEEP_ONE) == 1, run.stderr
+    config = load_config(recipe, ["output.keep_last=2"])
+    assert auto_resume_lines(config) == []
+    assert auto_resume_lines(load_config(recipe, ["output.keep_last=1", "output.auto_resume=false"])) == []
+    assert auto_resume_lines(load_config(recipe, ["output.keep_last=1"])) == [KEEP_ONE.split("warning: ", 1)[1]]
 
 
 def test_checkpoints_encoder_and_results_are_committed_durably(reference):

@@ -74,7 +74,7 @@ from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.eval.summary import RESULTS_LOGGER, data_left_out_lines, headline_lines
 from mmviews.train.trackers import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
-from mmviews.train.resume import restart_attempt, restart_setup_lines
+from mmviews.train.resume import auto_resume_lines, restart_attempt, restart_setup_lines
 from mmviews.train.precision import resolve_precision, slow_bf16_line
 from mmviews.train.preflight import run_checks
 from mmviews.train.run_folder import HINTED, REFUSE, Decision, Intent, RunFolder, resume_folder
@@ -234,7 +234,7 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         space = None if refused else disk_space_line(parts, run_dir)
         if space:
             print_warning("mmviews train", space)
-        for line in data_check_lines(parts):
+        for line in data_check_lines(parts) + auto_resume_lines(config):
             print_warning("mmviews train", line)
         if isinstance(decision.error, RunExistsError):
             print(f"note: {run_dir} already holds a run: training there needs --resume {shlex.quote(str(run_dir))} "
@@ -245,7 +245,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
         return 0
     quiet_results_logger()  # this command prints the headline metrics and warnings itself
     if _is_first_process():
-        for line in restart_setup_lines(config):  # torch's elastic agent asked to restart workers
+        # torch's elastic agent asked to restart workers; a restart with too few checkpoints kept
+        for line in restart_setup_lines(config) + auto_resume_lines(config):
             print_warning("mmviews train", line)
     if config.optimisation.compile:
         if not args.debug:

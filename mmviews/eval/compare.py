@@ -24,6 +24,8 @@ import numpy as np
 from mmviews.eval.health import chance_level, is_chance_key
 from mmviews.eval.report import (_format, _pyplot, _save_figure, acc2_note, atomic_write_json, atomic_write_text,
                                  format_metric)
+from mmviews.eval.summary import _lower_is_better
+from mmviews.eval.summary import headline_metrics as run_headline_metrics
 from mmviews.fileio import check_writable, read_json_object
 from mmviews.run import CONFIG_FILE, EVAL_METRICS_FILE, LOG_FILE, RESULTS_FILE
 
@@ -35,8 +37,10 @@ CURVE_PANELS: dict[str, tuple[str, ...]] = {
     "MI lower bound (nats)": ("mi_lower_bound",),
 }
 
-# Suffixes of the metrics plotted by default (the ones papers print).
-HEADLINE_SUFFIXES = ("/acc", "/top1", "Has0_acc_2", "Non0_acc_2", "/Acc_2", "/R@1", "/MAE", "erank/fused")
+# The bar plot's panels per row (more headline metrics wrap onto further rows).
+BAR_COLUMNS = 4
+# A panel title longer than this is broken at a "/" onto two lines, so neighbours' titles never meet.
+TITLE_WIDTH = 22
 
 
 @dataclass
@@ -259,9 +263,24 @@ def _to_float(value: Any) -> float:
         return math.nan
 
 
-def headline_metrics(keys: list[str], limit: int = 6) -> list[str]:
-    chosen = [k for k in keys if k.endswith(HEADLINE_SUFFIXES)]
-    return chosen[:limit]
+def run_headline(run: RunMetrics) -> list[str]:
+    """The metrics a run leads with, as ``mmviews train`` printed them: the ``headline`` of its
+    ``results.json`` (those of them the compared evaluation holds); for a run without one (a
+    ``metrics.json`` file, an evaluation of ``mmviews eval``), the same choice
+    (:func:`mmviews.eval.summary.headline_metrics`) made over its metrics."""
+    listed = run.results.get("headline")
+    keys = [h["metric"] for h in listed if isinstance(h, dict) and h.get("metric") in run.metrics] \
+        if isinstance(listed, list) else []
+    # (which keys it picks does not depend on the baseline: none is given)
+    return keys or [h["metric"] for h in run_headline_metrics(run.metrics, None)]
+
+
+def headline_keys(runs: list[RunMetrics]) -> list[str]:
+    """Every run's headline (:func:`run_headline`), in the order the runs first list them."""
+    keys: list[str] = []
+    for run in runs:
+        keys += [k for k in run_headline(run) if k not in keys and is_metric(k)]
+    return keys
 
 
 def _unique_labels(runs: list[RunMetrics]) -> None:
@@ -310,7 +329,7 @@ def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str
         missing = [m for m in metrics if m not in keys]
         if missing:
             raise ValueError(f"metrics {missing} are in none of the runs; known: {keys}")
-    plotted = metrics or headline_metrics(keys)
+    plotted = metrics or headline_keys(runs)
     configurations = group_by_configuration(runs)
     out = Path(out_dir)
     written: dict[str, Path] = {}
@@ -376,19 +395,55 @@ def compare_runs(paths: list[str | Path], out_dir: str | Path, metrics: list[str
     return written
 
 
+def panel_title(key: str, width: int = TITLE_WIDTH) -> str:
+    """``key`` as a panel title: broken at the "/" nearest its middle when longer than
+    ``width`` (so titles of neighbouring panels do not run into each other), with "(lower is
+    better)" for an error or loss."""
+    title = key
+    if len(key) > width and "/" in key:
+        cuts = [i + 1 for i, c in enumerate(key[:-1]) if c == "/"]
+        cut = min(cuts, key=lambda i: abs(len(key) - 2 * i))
+        title = key[:cut] + "\n" + key[cut:]
+    return title + ("\n(lower is better)" if _lower_is_better(key) else "")
+
+
 def _plot_bars(runs: list[RunMetrics], keys: list[str], path: Path) -> Path:
+    """One panel per metric, :data:`BAR_COLUMNS` to a row: a bar per run, each run's random-init
+    value as a black tick over its bar, and the metric's chance level as a grey dotted line
+    (one line where the runs share it, else a tick per run); one legend under the panels."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(keys), figsize=(max(4.0, 1.2 * len(runs)) * len(keys) / 1.5, 4), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    columns = min(len(keys), BAR_COLUMNS)
+    rows = math.ceil(len(keys) / columns)
+    width = max(2.8, 0.45 * len(runs) + 1.2)  # inches per panel: room for the runs' bars and a title
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, 3.6 * rows), squeeze=False)
+    x = np.arange(len(runs))
+    for ax, key in zip(axes.flat, keys):
         values = [r.metrics.get(key, math.nan) for r in runs]
-        ax.bar(np.arange(len(runs)), values, color=[f"C{i % 10}" for i in range(len(runs))])
+        ax.bar(x, values, color=[f"C{i % 10}" for i in range(len(runs))])
         baseline = [r.random_init.get(key, math.nan) for r in runs]
         if any(math.isfinite(v) for v in baseline):  # each run's encoder as initialised
-            ax.scatter(np.arange(len(runs)), baseline, marker="_", s=400, color="black", label="random init", zorder=3)
-            ax.legend(fontsize=7)
-        ax.set_xticks(np.arange(len(runs)), [r.label for r in runs], rotation=45, ha="right", fontsize=8)
-        ax.set_title(key, fontsize=9)
+            ax.scatter(x, baseline, marker="_", s=400, color="black", label="random init", zorder=3)
+        chances = [chance_level(key, r.metrics) if key in r.metrics else None for r in runs]
+        known = {c for c in chances if c is not None}
+        if len(known) == 1:
+            ax.axhline(known.pop(), color="grey", ls=":", lw=1.2, label="chance", zorder=2)
+        elif known:  # runs on different data: each its own chance
+            ax.scatter(x, [math.nan if c is None else c for c in chances], marker="_", s=400, color="grey",
+                       label="chance", zorder=3)
+        ax.set_xticks(x, [r.label for r in runs], rotation=45, ha="right", fontsize=8)
+        ax.set_title(panel_title(key), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:  # the last row's empty panels
+        ax.set_visible(False)
+    fig.tight_layout()
+    # one legend for the figure, under the panels: in a panel it would cover bars and ticks
+    legend: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=len(legend), fontsize=7, frameon=False)
     return _save_figure(fig, path)
 
 

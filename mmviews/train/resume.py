@@ -65,6 +65,24 @@ def restart_attempt() -> int:
     return int(count) if count.isdigit() else 0
 
 
+# Checkpoints output.auto_resume should keep: with one, a damaged newest checkpoint (a disk fault,
+# a file cut short outside mmviews) leaves none intact, and the same command refuses the folder.
+AUTO_RESUME_KEEP_LAST = 2
+
+
+def auto_resume_lines(config: TrainConfig) -> list[str]:
+    """Under ``output.auto_resume``, a warning line when ``output.keep_last`` is below
+    :data:`AUTO_RESUME_KEEP_LAST` (``mmviews train`` prints it at the start of the run and with
+    ``--check``). A warning, not a refusal: keeping one checkpoint is a choice for a disk too
+    small for two, whose cost the line states."""
+    keep = config.output.keep_last
+    if not config.output.auto_resume or keep >= AUTO_RESUME_KEEP_LAST:
+        return []
+    return [f"output.keep_last = {keep} with output.auto_resume: if the newest checkpoint is damaged there is no "
+            f"other to continue from and the same command refuses the folder; set output.keep_last="
+            f"{AUTO_RESUME_KEEP_LAST} (one more checkpoint on the disk)"]
+
+
 def restart_setup_lines(config: TrainConfig) -> list[str]:
     """Under torch's elastic agent asked for restarts (``accelerate launch --max_restarts N``,
     ``torchrun --max-restarts N``), what would keep a restart from continuing the run, one line

@@ -14,6 +14,12 @@ Probes (trainer's evaluation): a linear probe on the class and the representatio
 natural views' embeddings (``evaluation.fuse: mean``, as in quickstart), for every run and for
 the encoder as initialised (``random_init.json``): a trained encoder is only better than nothing
 if it beats the latter.
+
+Where a script writes (one rule, :func:`output_dir`, for every script): under a folder of the
+user's, ``runs/reproduce/<name>/`` below the current directory by default, or ``--out DIR``;
+never into the repository's shipped tables (``recipes/reproduce/results/``), which only
+``--update-shipped`` regenerates (and never from ``--smoke``, whose numbers test the plumbing
+only: its first line of output says so).
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ REPRO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = REPRO_DIR.parents[1]
 RESULTS_DIR = REPRO_DIR / "results"
 QUICKSTART = REPRO_DIR.parent / "quickstart.yaml"
+# Where a script writes by default, relative to the current directory (the trainer's own ``runs/``).
+RUNS_DIR = Path("runs") / "reproduce"
+SMOKE_NOTICE = ("--smoke: tiny data and a few steps; these numbers test the plumbing only and say nothing "
+                "about the method (the default size gives results)")
 
 ACC = "test/linear/class/acc"
 ERANK = "test/diag/erank/fused"
@@ -200,13 +210,18 @@ def write_table(rows: Sequence[Mapping[str, Any]], out_dir: Path, stem: str = "r
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    def fmt(v: Any) -> str:
+    """A markdown table of ``columns``: floats to 3 decimals, a missing cell empty; a standard
+    deviation (a column named ``*_std*``) that is nan, as for one seed (:func:`mean_std`), is
+    ``-``: it is not known, not zero."""
+    def fmt(v: Any, column: str) -> str:
         if isinstance(v, float):
-            return "nan" if v != v else f"{v:.3f}"
+            if v != v:
+                return "-" if "_std" in column else "nan"
+            return f"{v:.3f}"
         return str(v)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(r.get(c, ""), c) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -232,6 +247,41 @@ def add_size_arguments(parser: Any) -> None:
                         help="runs trained at once, one process each (default: the CPU count, at most 4)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per run (default 1)")
     parser.add_argument("--no-reuse", action="store_true", help="retrain runs whose folder already holds a result")
+
+
+def add_output_arguments(parser: Any, default: str) -> None:
+    """``--out`` and ``--update-shipped``, the arguments :func:`output_dir` reads. ``default``:
+    the folder name under ``runs/reproduce/`` (or its description, where a choice picks it)."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default: {RUNS_DIR}/{default}/ under the current directory)")
+    parser.add_argument("--update-shipped", action="store_true",
+                        help=f"write into the tables shipped with the repository, "
+                             f"{repo_relative(RESULTS_DIR)}/{default}/ (or the --out folder under it), "
+                             f"to regenerate them; refused with --smoke")
+
+
+def output_dir(parser: Any, args: Any, name: str) -> Path:
+    """The folder a script writes into, absolute, after printing :data:`SMOKE_NOTICE` at smoke
+    size (the script's first line of output). ``args.out``, else ``runs/reproduce/<name>/``
+    under the current directory. A folder in the shipped tables (``recipes/reproduce/results/``)
+    needs ``--update-shipped``, whose default is ``results/<name>/``; smoke runs never go there.
+    Errors go through ``parser.error`` (one line, exit status 2) before anything is written."""
+    smoke = bool(getattr(args, "smoke", False)) or getattr(args, "size", None) == "smoke"
+    if smoke:
+        print(SMOKE_NOTICE, flush=True)
+    shipped = RESULTS_DIR.resolve()
+    if args.update_shipped:
+        if smoke:
+            parser.error("--update-shipped with --smoke: smoke numbers test the plumbing only and are never shipped")
+        out = (RESULTS_DIR / name if args.out is None else Path(args.out)).resolve()
+        if not out.is_relative_to(shipped):
+            parser.error(f"--update-shipped: --out {args.out} is not under {shipped}, the shipped tables")
+        return out
+    out = (RUNS_DIR / name if args.out is None else Path(args.out)).resolve()
+    if out.is_relative_to(shipped):
+        parser.error(f"--out {args.out}: inside the tables shipped with the repository ({shipped}); "
+                     f"pass --update-shipped to regenerate them, or choose another folder")
+    return out
 
 
 def size_of(args: Any) -> str:
@@ -361,13 +411,14 @@ def run_sweep(specs: Sequence[Mapping[str, Any]], recipe_path: Path, out_dir: Pa
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value, nan for none), ignoring nan."""
+    """Mean and sample standard deviation, ignoring nan; the deviation is nan (unknown, printed
+    ``-``) for one value, both are nan for none."""
     vals = [float(v) for v in values if v == v]
     if not vals:
         return math.nan, math.nan
     mean = sum(vals) / len(vals)
     if len(vals) == 1:
-        return mean, 0.0
+        return mean, math.nan
     return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
 
 

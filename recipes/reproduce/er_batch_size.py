@@ -68,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
                              "close to its initial weights)")
     parser.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES),
                         help="objectives to run (default: all)")
-    parser.add_argument("--out", type=Path, default=C.RESULTS_DIR / "er_batch_size")
+    C.add_output_arguments(parser, "er_batch_size")
     args = parser.parse_args(argv)
     size = C.size_of(args)
     batch_sizes = args.batch_sizes or {"smoke": [8], "default": [256, 64, 16], "full": [512, 128, 32]}[size]
     seeds = args.seeds or ([0] if size == "smoke" else [0, 1, 2, 3, 4])
-    out: Path = args.out
+    out = C.output_dir(parser, args, "er_batch_size")
     recipe = C.small_recipe("er_batch_size", modalities=("audio", "image"), size=size, batch_size=max(batch_sizes))
     if size == "default":
         recipe["data"]["split_options"]["train"]["num_samples"] = 2048

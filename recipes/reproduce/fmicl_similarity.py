@@ -58,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cosine-margin", type=float, default=1.05,
                         help="cosine temperature of js/sh/vlc = this x the smallest admissible one")
     parser.add_argument("--batch-size", type=int, default=None, help="K (default 64; smoke 16)")
-    parser.add_argument("--out", type=Path, default=C.RESULTS_DIR / "fmicl_similarity")
+    C.add_output_arguments(parser, "fmicl_similarity")
     args = parser.parse_args(argv)
     size = C.size_of(args)
     divergences = args.divergences or (["vlc"] if size == "smoke" else list(DIVERGENCES))
     seeds = args.seeds or {"smoke": [0], "default": [0, 1], "full": [0, 1, 2]}[size]
     K = args.batch_size or (8 if size == "smoke" else 64 if size == "default" else 256)
-    out: Path = args.out
+    out = C.output_dir(parser, args, "fmicl_similarity")
     recipe = C.small_recipe("fmicl_similarity", modalities=("image", "flow") if size == "smoke" else C.NATURAL,
                             size=size, batch_size=K)
     recipe_path = C.write_recipe(recipe, out / "recipes" / "base.yaml")

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="part a's settings (default: all four)")
     parser.add_argument("--steps-a", type=int, default=None, help="optimiser steps of part a (default: the size's)")
     parser.add_argument("--steps-b", type=int, default=None, help="optimiser steps of part b (default: the size's)")
-    parser.add_argument("--out", type=Path, default=C.RESULTS_DIR / "identifiability")
+    C.add_output_arguments(parser, "identifiability")
     args = parser.parse_args(argv)
     size = C.size_of(args)
     # the command line's choices replace the size's (a copy: SIZES stays as written)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                        ("steps_a", args.steps_a), ("steps_b", args.steps_b)):
         if value is not None:
             SIZES[size][key] = value
-    out: Path = args.out
+    out = C.output_dir(parser, args, "identifiability")
     recipe_path = C.write_recipe(base_recipe(size), out / "recipes" / "base.yaml")
     if args.part in ("a", "both"):
         table = part_a(recipe_path, out, size, args)

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0 1 2; --smoke: 0)")
     parser.add_argument("--beta", type=float, default=0.1, help="weight of the distribution alignment")
     parser.add_argument("--batch-size", type=int, default=None, help="K (default 64; smoke 16)")
-    parser.add_argument("--out", type=Path, default=None, help="default: results/ipmc_ablation[_colour|_augmented]")
+    C.add_output_arguments(parser, "ipmc_ablation[_colour|_augmented]")
     parser.add_argument("--views", choices=["natural", "colour", "augmented"], default="natural",
                         help="the four synthetic modalities (default), the paper's RGB / L / ab colour views of the "
                              "image, or three SimCLR-augmented copies of the image")
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     size = C.size_of(args)
     seeds = args.seeds or ([0] if size == "smoke" else [0, 1, 2])
     K = args.batch_size or (8 if size == "smoke" else 64 if size == "default" else 256)
-    out: Path = args.out or C.RESULTS_DIR / ("ipmc_ablation" if args.views == "natural" else f"ipmc_ablation_{args.views}")
+    out = C.output_dir(parser, args, "ipmc_ablation" if args.views == "natural" else f"ipmc_ablation_{args.views}")
     if args.views in ("colour", "augmented"):
         recipe = C.small_recipe("ipmc_ablation", modalities=("image",), size=size, batch_size=K)
         view_override = [f"views={COLOUR_VIEWS if args.views == 'colour' else AUGMENTED_VIEWS}"]

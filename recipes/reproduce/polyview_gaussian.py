@@ -34,7 +34,8 @@ Usage::
     python recipes/reproduce/polyview_gaussian.py --full     # paper size (K = 1024, M in {2,4,8,10}, 16 seeds): hours
     python recipes/reproduce/polyview_gaussian.py --smoke    # a few steps, for tests
 
-Writes to ``--out`` (default ``recipes/reproduce/results/polyview_gaussian``): ``runs.csv`` (one row
+Writes to ``--out`` (default ``runs/reproduce/polyview_gaussian/`` under the current directory;
+``--update-shipped`` regenerates the shipped ``recipes/reproduce/results/polyview_gaussian``): ``runs.csv`` (one row
 per regime/objective/M/seed), ``summary.csv`` and ``summary.json`` (mean and std over seeds) and
 ``mi_gap.png`` (bands: mean +- std over seeds). Each finished (regime, M) piece is kept in
 ``OUT/cache/`` and reused by a later run with identical settings, so a long run can be split
@@ -60,8 +61,10 @@ from torch import nn
 from mmviews.fileio import atomic_write_bytes
 from mmviews.objectives import get_objective, mi_lower_bound
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
 OBJECTIVES: tuple[str, ...] = ("multi_crop", "arithmetic_pvc", "geometric_pvc", "sufficient_statistics")
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "polyview_gaussian"
 FIGURE_CITATION = "cf. Shidani et al., Poly-View Contrastive Learning (ICLR 2024), Fig. 2"
 
 
@@ -195,7 +198,8 @@ def run_multiplicity(regime: Regime, M: int, objectives: tuple[str, ...], progre
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Mean and (population) std over seeds of the bound and gap, per regime/objective/M."""
+    """Mean and (population) std over seeds of the bound and gap, per regime/objective/M; the
+    std of one seed is nan (unknown; printed ``-``)."""
     keys = sorted({(r["regime"], r["objective"], r["M"]) for r in rows}, key=lambda k: (k[0], OBJECTIVES.index(k[1]) if k[1] in OBJECTIVES else 99, k[2]))
     out = []
     for regime, objective, M in keys:
@@ -205,7 +209,7 @@ def summarise(rows: list[dict]) -> list[dict]:
         for field in ("loss", "bound", "gap"):
             values = torch.tensor([r[field] for r in group], dtype=torch.float64)
             entry[f"{field}_mean"] = values.mean().item()
-            entry[f"{field}_std"] = values.std(unbiased=False).item()
+            entry[f"{field}_std"] = values.std(unbiased=False).item() if len(group) > 1 else math.nan
         out.append(entry)
     return out
 
@@ -289,12 +293,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="override the training steps")
     parser.add_argument("--batch-size", type=int, default=None, help="override K of the large regime")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    C.add_output_arguments(parser, "polyview_gaussian")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--no-cache", action="store_true",
                         help="retrain every piece; by default each finished (regime, M) is kept in OUT/cache and "
                              "reused by a later run with the same settings, so a run can be split or resumed")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.out = C.output_dir(parser, args, "polyview_gaussian")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,10 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_bytes(args.out / "summary.json", (json.dumps(meta, indent=2) + "\n").encode())
     plot(summary, regimes, args.out / "mi_gap.png")
 
+    def spread(std: float) -> str:
+        return "    -" if math.isnan(std) else f"{std:5.3f}"  # one seed: unknown, not 0
+
     print(f"{'regime':6} {'K':>5} {'objective':22} {'M':>3} {'true MI':>8} {'bound':>15} {'gap':>15}")
     for e in summary:
         print(f"{e['regime']:6} {e['K']:5d} {e['objective']:22} {e['M']:3d} {e['true_mi']:8.3f} "
-              f"{e['bound_mean']:7.3f} +- {e['bound_std']:5.3f} {e['gap_mean']:7.3f} +- {e['gap_std']:5.3f}")
+              f"{e['bound_mean']:7.3f} +- {spread(e['bound_std'])} {e['gap_mean']:7.3f} +- {spread(e['gap_std'])}")
     print(f"wall time {wall:.0f}s (training + evaluation, cached pieces included: {compute_seconds:.0f}s); wrote {args.out}")
     return 0
 

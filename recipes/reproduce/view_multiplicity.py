@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(K*M fixed, same optimiser steps as the reference M)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0; --full: 0 1 2)")
     parser.add_argument("--batch-size", type=int, default=None, help="K at the reference M (default 64; smoke 8)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="default: results/view_multiplicity, or results/view_multiplicity_image")
+    C.add_output_arguments(parser, "view_multiplicity[_image]")
     args = parser.parse_args(argv)
     size = C.size_of(args)
     unimodal = args.views == "image"
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["fixed"] if size == "smoke" and args.modes == ["growing", "fixed", "fixed_steps"] else args.modes
     seeds = args.seeds or ([0, 1, 2] if size == "full" else [0])
     K = args.batch_size or (8 if size == "smoke" else 64 if size == "default" else 256)
-    out: Path = args.out or C.RESULTS_DIR / ("view_multiplicity_image" if unimodal else "view_multiplicity")
+    out = C.output_dir(parser, args, "view_multiplicity_image" if unimodal else "view_multiplicity")
     recipe = C.small_recipe("view_multiplicity", modalities=natural, size=size, batch_size=K)
     M0 = Ms[0] if unimodal else len(natural)  # the reference M of the fixed-batch setting
     recipe["data"]["reference_views"] = M0
