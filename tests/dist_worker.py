@@ -214,13 +214,14 @@ def run_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def launch(out_dir: str, timeout: float = 300.0) -> None:
-    """Run :func:`run_rank` in ``WORLD`` spawned processes; raise if one fails or hangs."""
+def launch(out_dir: str, timeout: float = 300.0, target: Any = None) -> None:
+    """Run ``target(rank, world, init_file, out_dir)`` (default :func:`run_rank`) in ``WORLD``
+    spawned processes; raise if one fails or hangs."""
     import torch.multiprocessing as mp
 
     init_file = os.path.join(out_dir, "store")
     context = mp.start_processes(
-        run_rank, args=(WORLD, init_file, out_dir), nprocs=WORLD, join=False, start_method="spawn"
+        target or run_rank, args=(WORLD, init_file, out_dir), nprocs=WORLD, join=False, start_method="spawn"
     )
     import time
 
