@@ -536,6 +536,18 @@ class MultiViewObjective(nn.Module):
         """After every optimiser step (not inside an accumulation window): e.g. clamp a learned
         temperature (:class:`ContrastiveObjective`)."""
 
+    def trained_parameters(self) -> list[nn.Parameter]:
+        """The parameters the trainer's optimiser updates with the encoder's (a learned
+        temperature, SigLIP's bias): their own learning rate (``objective.lr``), no weight decay,
+        gradients averaged over processes. Auxiliary models with their own optimiser (IPMC's
+        critic) are not among them."""
+        return []
+
+    def learned_values(self) -> dict[str, float]:
+        """The current values of the learned parameters, by name (e.g. ``temperature``), for
+        ``results.json`` and the exported encoder; empty when nothing is learned."""
+        return {}
+
     # ---- input handling ------------------------------------------------------------------
     def check_views(self, M: int) -> None:
         """``ValueError`` if the objective is not defined for ``M`` views per sample."""
@@ -660,6 +672,15 @@ class ContrastiveObjective(MultiViewObjective):
         pushed past it comes back as soon as its gradient says so."""
         if self.logit_scale is not None:
             self.logit_scale.clamp_(max=MAX_LOGIT_SCALE)
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        return [p for p in (self.logit_scale, getattr(self, "logit_bias", None)) if p is not None]
+
+    def learned_values(self) -> dict[str, float]:
+        if self.logit_scale is None:
+            return {}
+        scale = min(float(self.logit_scale.detach()), MAX_LOGIT_SCALE)
+        return {"temperature": math.exp(-scale), "logit_scale": scale}
 
     def compute(self, z: torch.Tensor, mask: torch.Tensor | None = None, **extra) -> ObjectiveOutput:
         output = super().compute(z, mask, **extra)

@@ -89,6 +89,12 @@ class SigLIP(ContrastiveObjective):
             with torch.no_grad():
                 self.logit_bias.fill_(self._fixed_bias)
 
+    def learned_values(self) -> dict[str, float]:
+        values = super().learned_values()
+        if self.logit_bias is not None:
+            values["bias"] = float(self.logit_bias.detach())
+        return values
+
     def loss(self, views: ViewSet) -> ObjectiveOutput:
         K, M, _ = views.u.shape
         dtype = views.u.dtype

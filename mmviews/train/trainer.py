@@ -38,6 +38,10 @@ Accelerate example loop, a contrastive trainer needs:
      (IPMC's critic updates with the objective's own optimiser); its metrics are logged.
    - ``on_step_end(z, index)``: after every micro-batch's backward (memory banks).
    - ``on_epoch_end(epoch)``: after each epoch (view-filter warm-up, epoch statistics).
+   - ``trained_parameters()``: a learned temperature (and siglip's bias), optimised with the
+     encoder in a group of their own (``objective.lr``, no weight decay), their gradients averaged
+     over processes, clamped by ``on_optimizer_step()``; their values end in ``results.json``
+     (``objective_learned``) and the exported encoder.
    - ``state_dict()``/``load_state_dict()``: saved in every checkpoint.
    - ``poly_view_bound``: ``mi_lower_bound`` is logged.
 
@@ -470,6 +474,8 @@ def _summary(run: _Run, *, started: float, finished: dict[str, Any] | None, chec
         # never gone through: 0 completed epochs)
         "epochs_trained": round(state.epoch + state.batch_in_epoch / p.batches_per_epoch, 6),
         "samples_seen": state.samples, "final_loss": run.log.last_loss,
+        # the objective's learned parameters at the end (a learned temperature, siglip's bias), if any
+        "objective_learned": run.parts.objective.learned_values(),
         # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
         "global_batch_size": config.data.batch_size, "grad_accum_steps": config.optimisation.grad_accum_steps,
         # an evaluation run again (reevaluate) keeps the wall time of the training
