@@ -172,3 +172,64 @@ def test_objective_lr_is_validated(tmp_path):
     raw["objective"]["lr"] = -1.0
     with pytest.raises(ConfigError, match=r"key 'objective.lr': must be >= 0, got -1.0"):
         load_config(write_recipe(tmp_path / "bad.yaml", raw))
+
+
+def _open_clip_checkpoint(path: Path, logit_scale: float, logit_bias: float | None) -> Path:
+    import open_clip
+
+    from mmviews.modalities.presets import TINY_CLIP_OVERRIDES
+
+    overrides = dict(TINY_CLIP_OVERRIDES)
+    if logit_bias is not None:
+        overrides["init_logit_bias"] = 0.0  # a SigLIP-style model: it has a logit_bias
+    model = open_clip.create_model("ViT-B-32", pretrained=None, **overrides)
+    with torch.no_grad():
+        model.logit_scale.fill_(logit_scale)
+        if logit_bias is not None:
+            model.logit_bias.fill_(logit_bias)
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def _pretrained_recipe(folder: Path, objective: dict[str, Any], checkpoint: Path | None, siglip_model: bool = False) -> Path:
+    from mmviews.modalities.presets import TINY_CLIP_OVERRIDES
+    from mmviews.modalities.presets import tiny_config as adapter_preset
+
+    raw = tiny_config(text=False, batch_norm=False, num_samples=32, batch_size=8, epochs=1)
+    head = raw["adapters"]["image"]["head"]
+    raw["adapters"]["image"] = {**adapter_preset("open_clip", **({"pretrained": str(checkpoint)} if checkpoint else {})),
+                                "head": head}
+    if siglip_model:  # the architecture of a model with a logit_bias, as the checkpoint's
+        raw["adapters"]["image"]["model_overrides"] = {**TINY_CLIP_OVERRIDES, "init_logit_bias": 0.0}
+    raw["objective"] = objective
+    return write_recipe(folder / "pretrained.yaml", raw)
+
+
+@pytest.mark.parametrize("name,params,bias", [("siglip", {}, -6.5), ("mv_dhel", {"learn_temperature": True}, None),
+                                              ("geometric_pvc", {}, -6.5)])
+def test_temperature_pretrained_starts_from_the_open_clip_checkpoint(tmp_path, name, params, bias):
+    from mmviews.config import load_config
+    from mmviews.train.build import build_run
+
+    checkpoint = _open_clip_checkpoint(tmp_path / "clip.pt", math.log(42.0), bias)
+    recipe = _pretrained_recipe(tmp_path, {"name": name, "params": {"temperature": "pretrained", **params}}, checkpoint,
+                                siglip_model=bias is not None)
+    objective = build_run(load_config(recipe), with_eval=False).objective
+    # the checkpoint holds logit_scale in float32: equal to its rounding
+    assert float(torch.as_tensor(objective.temperature)) == pytest.approx(1 / 42.0, rel=1e-6)
+    if objective.logit_scale is not None:  # learned: the parameter starts there
+        assert float(objective.logit_scale.detach()) == pytest.approx(math.log(42.0), rel=1e-7)
+    else:
+        assert isinstance(objective.temperature, float)
+    if name == "siglip":
+        assert float(objective.logit_bias.detach()) == pytest.approx(-6.5, rel=1e-7)
+
+
+def test_temperature_pretrained_without_an_open_clip_checkpoint_is_refused(tmp_path):
+    from mmviews.config import ConfigError, load_config
+    from mmviews.train.build import build_run
+
+    recipe = _pretrained_recipe(tmp_path, {"name": "siglip", "params": {"temperature": "pretrained"}}, None)
+    with pytest.raises(ConfigError, match=r"key 'objective.params.temperature': 'pretrained' starts from a pretrained "
+                                          r"open_clip model's logit_scale, but no adapter was loaded"):
+        build_run(load_config(recipe), with_eval=False)
