@@ -233,3 +233,39 @@ def test_temperature_pretrained_without_an_open_clip_checkpoint_is_refused(tmp_p
     with pytest.raises(ConfigError, match=r"key 'objective.params.temperature': 'pretrained' starts from a pretrained "
                                           r"open_clip model's logit_scale, but no adapter was loaded"):
         build_run(load_config(recipe), with_eval=False)
+
+
+@pytest.mark.slow
+def test_the_encoder_folder_and_the_hf_export_carry_the_learned_values(trained, tmp_path):
+    from mmviews.export import export_hf
+    from mmviews.modalities.multiview import MultiViewEncoder
+
+    run = trained["one-siglip"]
+    expected = {"name": "siglip", **_learned(run)}
+    assert json.loads((run / "encoder" / "encoder.json").read_text())["objective"] == expected
+    assert MultiViewEncoder.from_pretrained(run / "encoder").objective_info == expected
+    exported = export_hf(run, tmp_path / "hf")
+    assert json.loads((exported / "encoder.json").read_text())["objective"] == expected
+    # a fixed temperature learns nothing: no entry
+    encoder = MultiViewEncoder.from_pretrained(run / "encoder")
+    encoder.objective_info = None
+    encoder.save_pretrained(tmp_path / "plain")
+    assert "objective" not in json.loads((tmp_path / "plain" / "encoder.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry,message", [({"temperature": 0.1}, "string 'name'"), ("siglip", "string 'name'"),
+                                           ({"name": "siglip", "temperature": "hot"}, "'objective.temperature' must be a finite number"),
+                                           ({"name": "siglip", "bias": float("nan")}, "'objective.bias' must be a finite number")])
+def test_a_malformed_objective_entry_in_encoder_json_is_named(trained, tmp_path, entry, message):
+    import shutil
+
+    from mmviews.modalities.multiview import MultiViewEncoder
+
+    folder = tmp_path / "encoder"
+    shutil.copytree(trained["one-siglip"] / "encoder", folder)
+    data = json.loads((folder / "encoder.json").read_text())
+    data["objective"] = entry
+    (folder / "encoder.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        MultiViewEncoder.from_pretrained(folder)

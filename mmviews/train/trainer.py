@@ -437,12 +437,16 @@ def _save_encoder(run: _Run, source: str) -> nn.Module:
     when the run is sharded: a collective gather first); the unwrapped encoder."""
     accelerator, p = run.p.accelerator, run.p
     encoder = accelerator.unwrap_model(p.model)
+    learned = run.parts.objective.learned_values()  # a learned temperature: kept in encoder.json (and exports)
+    info = {"name": run.config.objective.name, **learned} if learned else None
+    encoder.objective_info = info
     # encoder/ is written in a temporary folder and committed durably (mmviews.fileio.save_folder)
     if p.sharded:
         full = full_model_state(encoder)
         if accelerator.is_main_process:
-            save_folder(run.run_dir / ENCODER_DIR, whole_encoder(run.config, full, source).save_pretrained,
-                        needed=tensor_bytes(full.values()))
+            whole = whole_encoder(run.config, full, source)
+            whole.objective_info = info
+            save_folder(run.run_dir / ENCODER_DIR, whole.save_pretrained, needed=tensor_bytes(full.values()))
     elif accelerator.is_main_process:
         save_folder(run.run_dir / ENCODER_DIR, encoder.save_pretrained, needed=tensor_bytes(encoder.state_dict().values()))
     accelerator.wait_for_everyone()
