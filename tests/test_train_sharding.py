@@ -18,6 +18,8 @@ dropout off.
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -48,6 +50,11 @@ VARIANTS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
     "ipmc-sgd-cached": (IPMC, {**SGD, "encode_chunk_size": 3}),
     "er-ema-teacher-sgd": ({"name": "er", "params": {"temperature": 0.2}, "ema_teacher": True}, SGD),
     "mv_dhel-missing-image-sgd": (None, SGD),
+    # learned objective parameters (outside FSDP: their gradients averaged by the trainer)
+    "siglip-learned-sgd-cached": ({"name": "siglip", "params": {"temperature": 0.2, "bias": -2.0}, "lr": 0.2},
+                                  {**SGD, "encode_chunk_size": 3}),
+    "mv_dhel-learned-temperature-sgd": ({"name": "mv_dhel", "params": {"temperature": 0.2, "learn_temperature": True},
+                                         "lr": 0.2}, SGD),
 }
 # Variants with an image view that is mostly missing: in some steps one process's share of the
 # batch has no image while the other's has some (checked below), so the process without one
@@ -134,6 +141,11 @@ def test_two_sharded_processes_match_one_process(trained, name):
     assert '"sharding": "none"' in (one / "results.json").read_text()
     assert '"num_processes": 2' in (two / "results.json").read_text()
     check_same_training(one, two, steps=4)
+    learned_one = json.loads((one / "results.json").read_text())["objective_learned"]
+    learned_two = json.loads((two / "results.json").read_text())["objective_learned"]
+    assert learned_one.keys() == learned_two.keys() and bool(learned_one) == ("learned" in name)
+    for key, value in learned_one.items():  # the learned temperature (and bias) moved alike
+        assert math.isclose(learned_two[key], value, rel_tol=1e-5, abs_tol=1e-6), (key, learned_one, learned_two)
 
 
 def test_sharded_checkpoints_hold_full_tensors_and_resume_on_the_other_process_count(trained, tmp_path):
