@@ -208,11 +208,15 @@ def test_siglip_without_any_positive_pair_is_a_finite_zero_gradient_loss():
     loss = objective(z, mask)
     (grad,) = torch.autograd.grad(loss, z)
     assert float(loss.detach()) == 0.0 and torch.all(grad == 0)
-    # views of different indices but one per sample: negatives only, divided by no positive
+    # views of different indices but one per sample: negatives only, their sum undivided
+    views = torch.tensor([0, 1, 2, 0])
     mask = torch.zeros(4, 3, dtype=torch.bool)
-    mask[torch.arange(4), torch.tensor([0, 1, 2, 0])] = True
+    mask[torch.arange(4), views] = True
     loss = objective(z, mask)
-    assert torch.isfinite(loss) and float(loss.detach()) > 0
+    u = torch.nn.functional.normalize(z.detach(), dim=-1)
+    expected = sum(torch.nn.functional.softplus(10.0 * (u[i, views[i]] @ u[j, views[j]]) - 10.0)
+                   for i in range(4) for j in range(4) if i != j and views[i] != views[j])
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_siglip_float32_scores_under_bf16_autocast():
@@ -222,3 +226,25 @@ def test_siglip_float32_scores_under_bf16_autocast():
         loss = objective(z.float())
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss.double(), siglip_reference(z, 0.1), rtol=1e-5, atol=1e-5)
+
+
+def test_learned_values_and_repr_name_what_is_learned():
+    siglip = get_objective("siglip", temperature=0.25, bias=-3.0)
+    values = siglip.learned_values()
+    assert values == {"temperature": pytest.approx(0.25, rel=1e-14), "logit_scale": pytest.approx(math.log(4.0), rel=1e-14),
+                      "bias": -3.0}
+    assert repr(siglip) == "SigLIP(temperature=0.25, learn_temperature=True, bias=-3.0)"
+    fixed_bias = get_objective("siglip", temperature=0.25, bias=-3.0, learn_bias=False)
+    assert set(fixed_bias.learned_values()) == {"temperature", "logit_scale"}
+    assert repr(fixed_bias) == "SigLIP(temperature=0.25, learn_temperature=True, bias=-3.0, learn_bias=False)"
+    nothing = get_objective("siglip", learn_temperature=False, learn_bias=False)
+    assert nothing.learned_values() == {} and nothing.trained_parameters() == []
+    assert repr(nothing) == "SigLIP(temperature=0.1, bias=-10.0, learn_bias=False)"
+    learned = get_objective("mv_dhel", temperature=0.5, learn_temperature=True)
+    with torch.no_grad():
+        learned.logit_scale.fill_(10.0)  # above the bound: reported at it, as the loss uses it
+    assert learned.learned_values() == {"temperature": pytest.approx(0.01, rel=1e-14), "logit_scale": MAX_LOGIT_SCALE}
+    assert learned.trained_parameters() == [learned.logit_scale]
+    assert repr(learned) == "MVDHEL(temperature=0.5, learn_temperature=True)"
+    assert get_objective("mv_dhel").learned_values() == {} and get_objective("mv_dhel").trained_parameters() == []
+    assert get_objective("er").learned_values() == {} and get_objective("er").trained_parameters() == []

@@ -61,6 +61,7 @@ VARIANTS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
 # must still run the sharded image adapter's gathers and reductions.
 MISSING_IMAGE = {"mv_dhel-missing-image-sgd": 0.9}
 RESUMED = "mv_dhel-adamw"  # checkpoints of this variant resume on the other process count
+LEARNED = "siglip-learned-sgd-cached"  # ... and of this one (the optimiser's objective group)
 
 
 def _recipe(folder: Path, name: str) -> Path:
@@ -123,8 +124,10 @@ def trained(tmp_path_factory) -> dict[str, Any]:
             assert train_series.run_one(run_argv) == 0, run_argv
     # A 1-process checkpoint (step 2) that the 2-process launch resumes sharded.
     from_one = _resumable_copy(folder / f"one-{RESUMED}", folder / "resumed-on-two")
+    from_one_learned = _resumable_copy(folder / f"one-{LEARNED}", folder / "resumed-learned-on-two")
     two = {name: ["--", str(recipes[name]), "--output", str(folder / f"two-{name}")] for name in VARIANTS}
     two["resumed-on-two"] = ["--", "--resume", str(from_one), "--resume-ignore-rng"]
+    two["resumed-learned-on-two"] = ["--", "--resume", str(from_one_learned), "--resume-ignore-rng"]
     for name, (break_name, variant) in BROKEN.items():
         two[name] = ["--break", break_name, "--", str(recipes[variant]), "--output", str(folder / f"broken-{name}")]
     ranks = run_ranks([sys.executable, str(TRAIN_SERIES), *_series(two)], folder, timeout=400)
@@ -169,6 +172,24 @@ def test_sharded_checkpoints_hold_full_tensors_and_resume_on_the_other_process_c
     with own_accelerate_state():
         assert train_series.run_one(["--", "--resume", str(checkpoint)]) == 0
     check_same_training(folder / f"one-{RESUMED}", tmp_path / "resumed-on-one", steps=None)
+
+
+def test_learned_parameters_resume_across_sharded_and_unsharded_checkpoints(trained, tmp_path):
+    """siglip's learned scale and bias and their optimiser state (the objective's group, outside
+    the sharded encoder) go through a sharded checkpoint both ways: 1 process -> 2 sharded
+    (resumed in the launch) and 2 sharded -> 1 process (here), ending with the one-process run's
+    values and weights."""
+    folder = trained["folder"]
+    expected = json.loads((folder / f"one-{LEARNED}" / "results.json").read_text())["objective_learned"]
+    checkpoint = _resumable_copy(folder / f"two-{LEARNED}", tmp_path / "resumed-learned-on-one")
+    with own_accelerate_state():
+        assert train_series.run_one(["--", "--resume", str(checkpoint)]) == 0
+    for run in (folder / "resumed-learned-on-two", tmp_path / "resumed-learned-on-one"):
+        check_same_training(folder / f"one-{LEARNED}", run, steps=None)
+        learned = json.loads((run / "results.json").read_text())["objective_learned"]
+        assert learned.keys() == expected.keys() == {"temperature", "logit_scale", "bias"}
+        for key, value in expected.items():
+            assert math.isclose(learned[key], value, rel_tol=1e-5, abs_tol=1e-6), (run, key, learned, expected)
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))

@@ -110,7 +110,8 @@ class SigLIP(ContrastiveObjective):
         valid = views.pair_valid
         total = negatives.sum() - torch.where(valid, positives, positives.new_zeros(())).sum()
         count = distributed.all_reduce_sum(valid.sum().to(dtype))
-        # No positive pair anywhere: a zero loss that still belongs to the graph, not x / 0.
+        # No positive pair anywhere (every sample with one present view): the negatives' sum as
+        # it is (the count clamped at 1), not x / 0; nothing scored at all gives 0 in the graph.
         loss = total * views.world / count.clamp_min(1)
         metrics = similarity_metrics(views)
         if self.logit_bias is not None:

@@ -22,7 +22,7 @@ from mmviews.train.build import RunParts, uses_teacher
 from mmviews.train.compiled import compile_encoder
 from mmviews.train.distributed import process_group_kwargs
 from mmviews.train.optim import build_optimizer, build_scheduler
-from mmviews.train.sharding import launcher_fsdp_hidden, run_sharding, shard_encoder
+from mmviews.train.sharding import OBJECTIVE_GROUP, launcher_fsdp_hidden, run_sharding, shard_encoder
 from mmviews.train.state import TrainState
 from mmviews.train.step import Prepared, warn_batch_norm
 from mmviews.train.teacher import EMATeacher
@@ -97,7 +97,7 @@ def prepare_run(accelerator: Any, parts: RunParts) -> Prepared:
     groups = encoder.param_groups(backbone_lr, o.lr, o.weight_decay)
     learned = objective.trained_parameters()
     if learned:
-        groups.append({"name": "objective", "params": learned, "lr": o.lr if config.objective.lr is None else config.objective.lr,
+        groups.append({"name": OBJECTIVE_GROUP, "params": learned, "lr": o.lr if config.objective.lr is None else config.objective.lr,
                        "weight_decay": 0.0})
     optimizer = build_optimizer(groups, o)
     batches_per_epoch = len(parts.train_loader)
