@@ -51,8 +51,10 @@ VARIANTS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
     "er-ema-teacher-sgd": ({"name": "er", "params": {"temperature": 0.2}, "ema_teacher": True}, SGD),
     "mv_dhel-missing-image-sgd": (None, SGD),
     # learned objective parameters (outside FSDP: their gradients averaged by the trainer)
-    "siglip-learned-sgd-cached": ({"name": "siglip", "params": {"temperature": 0.2, "bias": -2.0}, "lr": 0.2},
-                                  {**SGD, "encode_chunk_size": 3}),
+    # (AdamW: it has optimiser state to resume; torch's sharded optimiser load refuses a state
+    # with no tensor, which momentum-free SGD's is)
+    "siglip-learned-adamw-cached": ({"name": "siglip", "params": {"temperature": 0.2, "bias": -2.0}, "lr": 0.05},
+                                    {"encode_chunk_size": 3}),
     "mv_dhel-learned-temperature-sgd": ({"name": "mv_dhel", "params": {"temperature": 0.2, "learn_temperature": True},
                                          "lr": 0.2}, SGD),
 }
@@ -61,7 +63,7 @@ VARIANTS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
 # must still run the sharded image adapter's gathers and reductions.
 MISSING_IMAGE = {"mv_dhel-missing-image-sgd": 0.9}
 RESUMED = "mv_dhel-adamw"  # checkpoints of this variant resume on the other process count
-LEARNED = "siglip-learned-sgd-cached"  # ... and of this one (the optimiser's objective group)
+LEARNED = "siglip-learned-adamw-cached"  # ... and of this one (the optimiser's objective group)
 
 
 def _recipe(folder: Path, name: str) -> Path:
