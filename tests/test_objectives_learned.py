@@ -248,3 +248,40 @@ def test_learned_values_and_repr_name_what_is_learned():
     assert repr(learned) == "MVDHEL(temperature=0.5, learn_temperature=True)"
     assert get_objective("mv_dhel").learned_values() == {} and get_objective("mv_dhel").trained_parameters() == []
     assert get_objective("er").learned_values() == {} and get_objective("er").trained_parameters() == []
+
+
+def test_trained_parameters_and_the_repr_of_the_streaming_settings():
+    siglip = get_objective("siglip")
+    assert siglip.trained_parameters() == [siglip.logit_scale, siglip.logit_bias]
+    only_bias = get_objective("siglip", learn_temperature=False)
+    assert only_bias.trained_parameters() == [only_bias.logit_bias]
+    assert repr(get_objective("mv_dhel", chunk_size=3, score_budget_mb=64)) == \
+        "MVDHEL(temperature=0.1, chunk_size=3, score_budget_mb=64.0)"
+    assert repr(get_objective("mv_dhel", score_budget_mb=64)) == "MVDHEL(temperature=0.1, score_budget_mb=64.0)"
+    assert repr(get_objective("mv_dhel", chunk_size=3)) == "MVDHEL(temperature=0.1, chunk_size=3)"
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_pairs_reduce_scores_with_the_temperature_or_the_given_anchors(chunk_size, temperature):
+    """ViewSet.pairs_reduce: the all-pairs scores ``<u_ia, u_jb> / temperature`` by default, and
+    ``anchors . candidates`` when both are given (siglip's extra bias coordinate), whole or in blocks."""
+    from mmviews.objectives._base import ViewSet
+
+    z = _z(5, 3, 4, seed=21).detach()
+    u = torch.nn.functional.normalize(z, dim=-1)
+    present = torch.ones(5, 3, dtype=torch.bool)
+    views = ViewSet(u=u, present=present, U=u, present_all=present, offset=0, world=1, masked=False, chunk_size=chunk_size)
+
+    def per_sample(scores, start, stop):  # [k, M, C, M] -> [k]: a reduction that sees every score
+        return (scores * torch.arange(1.0, scores[0].numel() + 1, dtype=scores.dtype).view(scores.shape[1:])).sum((1, 2, 3))
+
+    expected = per_sample(torch.einsum("iad,jbd->iajb", u / temperature, u), 0, 5)
+    torch.testing.assert_close(views.pairs_reduce(per_sample, temperature), expected, rtol=1e-12, atol=1e-12)
+    if temperature == 1.0:  # the default
+        torch.testing.assert_close(views.pairs_reduce(per_sample), expected, rtol=1e-12, atol=1e-12)
+    anchors = torch.cat([u / temperature, torch.full((5, 3, 1), -2.0, dtype=u.dtype)], dim=-1)
+    candidates = torch.cat([u, torch.ones(5, 3, 1, dtype=u.dtype)], dim=-1)
+    shifted = per_sample(torch.einsum("iad,jbd->iajb", u / temperature, u) - 2.0, 0, 5)
+    torch.testing.assert_close(views.pairs_reduce(per_sample, anchors=anchors, candidates=candidates), shifted,
+                               rtol=1e-12, atol=1e-12)
