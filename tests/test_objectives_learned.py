@@ -262,7 +262,7 @@ def test_trained_parameters_and_the_repr_of_the_streaming_settings():
 
 
 @pytest.mark.parametrize("chunk_size", [None, 2])
-@pytest.mark.parametrize("temperature", [1.0, 0.5])
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
 def test_pairs_reduce_scores_with_the_temperature_or_the_given_anchors(chunk_size, temperature):
     """ViewSet.pairs_reduce: the all-pairs scores ``<u_ia, u_jb> / temperature`` by default, and
     ``anchors . candidates`` when both are given (siglip's extra bias coordinate), whole or in blocks."""
@@ -285,3 +285,26 @@ def test_pairs_reduce_scores_with_the_temperature_or_the_given_anchors(chunk_siz
     shifted = per_sample(torch.einsum("iad,jbd->iajb", u / temperature, u) - 2.0, 0, 5)
     torch.testing.assert_close(views.pairs_reduce(per_sample, anchors=anchors, candidates=candidates), shifted,
                                rtol=1e-12, atol=1e-12)
+
+
+def test_siglip_streams_in_blocks_sized_by_the_budget(monkeypatch):
+    """Beyond ``score_budget_mb`` the all-pairs block is streamed, in blocks of as many anchor
+    samples as fit the budget with the reduction's 4 working copies (float64: 8 bytes a score)."""
+    from mmviews.objectives import _streaming
+
+    calls: list[tuple[int, int]] = []
+    original = _streaming._block_scores
+
+    def spy(anchors, candidates, start, stop, *args):
+        calls.append((start, stop))
+        return original(anchors, candidates, start, stop, *args)
+
+    monkeypatch.setattr(_streaming, "_block_scores", spy)
+    K, M = 11, 3
+    per_sample = M * K * M * 4 * 8  # scores of one anchor sample x working copies x bytes
+    z = _z(K, M, 4, seed=22)
+    objective = get_objective("siglip", score_budget_mb=4 * per_sample / 2**20)
+    streamed = objective(z)
+    assert calls[:3] == [(0, 4), (4, 8), (8, 11)], calls
+    whole = get_objective("siglip", score_budget_mb=math.inf)(z)
+    torch.testing.assert_close(streamed, whole, rtol=1e-12, atol=1e-12)
