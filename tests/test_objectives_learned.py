@@ -308,3 +308,8 @@ def test_siglip_streams_in_blocks_sized_by_the_budget(monkeypatch):
     assert calls[:3] == [(0, 4), (4, 8), (8, 11)], calls
     whole = get_objective("siglip", score_budget_mb=math.inf)(z)
     torch.testing.assert_close(streamed, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_the_default_temperature_is_the_documented_one():
+    assert get_objective("mv_dhel").temperature == 0.1  # ContrastiveObjective's (SimCLR's and CMC's)
+    assert get_objective("geometric_pvc", learn_temperature=True).learned_values()["temperature"] == pytest.approx(0.1, rel=1e-14)
