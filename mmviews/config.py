@@ -86,12 +86,17 @@ class ObjectiveConfig:
     ``ema_teacher``: keep an EMA copy of the encoder and give its embeddings (stop-gradient)
     to the objective as ``teacher=`` (``er``'s distillation form); objectives whose class sets
     ``needs_teacher`` get one anyway. ``teacher_momentum`` is the EMA decay.
+
+    ``lr``: the learning rate of the objective's learned parameters (a learned temperature,
+    ``params.learn_temperature: true``; ``siglip``'s scale and bias), which never take weight
+    decay, as in open_clip; None: ``optimisation.lr``. They follow the run's schedule.
     """
 
     name: str = "mv_dhel"
     params: dict[str, Any] = field(default_factory=dict)
     ema_teacher: bool = False
     teacher_momentum: float = 0.996
+    lr: float | None = None
 
 
 @dataclass
@@ -396,6 +401,7 @@ def _check_values(config: TrainConfig, source: str) -> None:
          "recomputation; turn one of the three off")
     need(not (config.distributed.sharding == "fsdp" and o.mixed_precision == "fp16"), "optimisation.mixed_precision",
          FSDP_FP16_REFUSAL)
+    need(config.objective.lr is None or config.objective.lr >= 0, "objective.lr", f"must be >= 0, got {config.objective.lr}")
     need(0 <= config.objective.teacher_momentum < 1, "objective.teacher_momentum", f"must be in [0, 1), got {config.objective.teacher_momentum}")
     need(e.every_epochs >= 0, "evaluation.every_epochs", f"must be >= 0, got {e.every_epochs}")
     need(out.log_every >= 1, "output.log_every", f"must be >= 1, got {out.log_every}")

@@ -58,8 +58,12 @@ def objective_variants() -> list[tuple[str, str, dict[str, Any]]]:
     out = []
     for name in list_objectives():
         variants = list(VARIANTS.get(name, [{}]))
-        if "chunk_size" in inspect.signature(objective_class(name).__init__).parameters:
+        parameters = inspect.signature(objective_class(name).__init__).parameters
+        if "chunk_size" in parameters:
             variants.append({**variants[0], "chunk_size": STREAMED_CHUNK})
+        if "learn_temperature" in parameters and parameters["learn_temperature"].default is False:
+            # the learned temperature's gradient too (siglip learns by default), streamed as well
+            variants.append({**variants[0], "learn_temperature": True, "chunk_size": STREAMED_CHUNK})
         for params in variants:
             key = name + "".join(f"[{k}={v}]" for k, v in sorted(params.items()))
             out.append((key, name, params))
@@ -77,6 +81,15 @@ def build_objective(name: str, params: dict[str, Any]):
         params.setdefault("temperature", TEMPERATURE)
     torch.manual_seed(1234)
     return get_objective(name, **params)
+
+
+def learned_gradients(objective) -> list[torch.Tensor]:
+    """The gradients of the objective's learned parameters (a learned temperature, siglip's
+    bias), then cleared; empty for objectives that learn none."""
+    grads = [q.grad.detach().clone() for q in objective.trained_parameters()]
+    for q in objective.trained_parameters():
+        q.grad = None
+    return grads
 
 
 def views_of(name: str) -> int:
@@ -180,7 +193,8 @@ def run_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 mask = full_mask(num_views)[part] if masked else None
                 loss = objective(z, mask)
                 loss.backward()
-                results[f"{key}|mask={masked}"] = {"loss": loss.detach(), "grad": z.grad.detach()}
+                results[f"{key}|mask={masked}"] = {"loss": loss.detach(), "grad": z.grad.detach(),
+                                                   "param_grads": learned_gradients(objective)}
 
             # DDP: every rank encodes its inputs; DDP averages the parameter gradients.
             model = DistributedDataParallel(encoder())
@@ -214,13 +228,14 @@ def run_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def launch(out_dir: str, timeout: float = 300.0) -> None:
-    """Run :func:`run_rank` in ``WORLD`` spawned processes; raise if one fails or hangs."""
+def launch(out_dir: str, timeout: float = 300.0, target: Any = None) -> None:
+    """Run ``target(rank, world, init_file, out_dir)`` (default :func:`run_rank`) in ``WORLD``
+    spawned processes; raise if one fails or hangs."""
     import torch.multiprocessing as mp
 
     init_file = os.path.join(out_dir, "store")
     context = mp.start_processes(
-        run_rank, args=(WORLD, init_file, out_dir), nprocs=WORLD, join=False, start_method="spawn"
+        target or run_rank, args=(WORLD, init_file, out_dir), nprocs=WORLD, join=False, start_method="spawn"
     )
     import time
 

@@ -34,13 +34,13 @@ def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(W.WORLD)]
 
 
-def _single_process(name: str, params: dict, masked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _single_process(name: str, params: dict, masked: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     objective = W.build_objective(name, params)
     num_views = W.views_of(name)
     z = W.full_batch(num_views).clone().requires_grad_(True)
     loss = objective(z, W.full_mask(num_views) if masked else None)
     loss.backward()
-    return loss.detach(), z.grad.detach()
+    return loss.detach(), z.grad.detach(), W.learned_gradients(objective)
 
 
 def _errors(results: list[dict], key: str) -> None:
@@ -54,7 +54,7 @@ def _errors(results: list[dict], key: str) -> None:
 )
 def test_loss_and_input_gradient_match_single_process(rank_results, key, name, params, masked):
     _errors(rank_results, key)
-    loss, grad = _single_process(name, params, masked)
+    loss, grad, param_grads = _single_process(name, params, masked)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     per_rank = [res[f"{key}|mask={masked}"] for res in rank_results]
     mean_loss = torch.stack([r["loss"] for r in per_rank]).mean()
@@ -64,6 +64,13 @@ def test_loss_and_input_gradient_match_single_process(rank_results, key, name, p
     gathered_grad = torch.cat([r["grad"] for r in per_rank])
     torch.testing.assert_close(gathered_grad, W.WORLD * grad, **TOLERANCE)
     assert grad.abs().max() > 0
+    # Learned parameters (a learned temperature, siglip's bias) are replicated: the trainer
+    # averages their gradients over ranks, and that mean is the single-process gradient.
+    assert len(param_grads) == len(per_rank[0]["param_grads"]) == (2 if name == "siglip" else int("learn_temperature" in params))
+    for index, expected in enumerate(param_grads):
+        mean = torch.stack([r["param_grads"][index] for r in per_rank]).mean(dim=0)
+        torch.testing.assert_close(mean, expected, **TOLERANCE)
+        assert expected.abs().max() > 0
 
 
 @pytest.mark.parametrize("key,name,params", CASES, ids=[c[0] for c in CASES])

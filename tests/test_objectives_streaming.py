@@ -36,6 +36,8 @@ CASES = [
     ("avg", "avg", {}),
     ("mv_dhel", "mv_dhel", {}),
     ("mv_cl2", "mv_cl2", {}),
+    ("siglip", "siglip", {}),
+    ("siglip-fixed", "siglip", {"learn_temperature": False, "learn_bias": False, "bias": -1.0}),
     ("er-joe", "er", {"estimator": "joe"}),
     ("er-plugin", "er", {"estimator": "plugin"}),
     ("fmicl-kl", "fmicl", {"divergence": "kl"}),
@@ -245,7 +247,7 @@ def _saved_bytes(objective, z: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("name", ["geometric_pvc", "mv_infonce", "mv_cl1", "multi_crop", "sufficient_statistics", "fmicl", "ipmc"])
+@pytest.mark.parametrize("name", ["geometric_pvc", "mv_infonce", "mv_cl1", "multi_crop", "sufficient_statistics", "fmicl", "ipmc", "siglip"])
 def test_backward_does_not_keep_the_all_pairs_scores(name):
     z = _z(name, samples=MEMORY_K, dim=MEMORY_D, dtype=torch.float32, views=MEMORY_M)
     params = {"beta": 0.0} if name == "ipmc" else {}
@@ -289,7 +291,7 @@ def _peak_live_bytes(objective, z: torch.Tensor) -> int:
     return int(max(sum(row) for row in sizes))
 
 
-@pytest.mark.parametrize("name", ["geometric_pvc", "fmicl", "mv_dhel"])
+@pytest.mark.parametrize("name", ["geometric_pvc", "fmicl", "mv_dhel", "siglip"])
 def test_peak_memory_is_a_few_blocks_not_the_score_matrix(name):
     """Forward + backward of a mid-size case: the unchunked peak holds the whole score block,
     the streamed one a few blocks of 8 anchor samples plus O(K M d)."""

@@ -18,6 +18,8 @@ dropout off.
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -48,12 +50,20 @@ VARIANTS: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
     "ipmc-sgd-cached": (IPMC, {**SGD, "encode_chunk_size": 3}),
     "er-ema-teacher-sgd": ({"name": "er", "params": {"temperature": 0.2}, "ema_teacher": True}, SGD),
     "mv_dhel-missing-image-sgd": (None, SGD),
+    # learned objective parameters (outside FSDP: their gradients averaged by the trainer)
+    # (AdamW: it has optimiser state to resume; torch's sharded optimiser load refuses a state
+    # with no tensor, which momentum-free SGD's is)
+    "siglip-learned-adamw-cached": ({"name": "siglip", "params": {"temperature": 0.2, "bias": -2.0}, "lr": 0.05},
+                                    {"encode_chunk_size": 3}),
+    "mv_dhel-learned-temperature-sgd": ({"name": "mv_dhel", "params": {"temperature": 0.2, "learn_temperature": True},
+                                         "lr": 0.2}, SGD),
 }
 # Variants with an image view that is mostly missing: in some steps one process's share of the
 # batch has no image while the other's has some (checked below), so the process without one
 # must still run the sharded image adapter's gathers and reductions.
 MISSING_IMAGE = {"mv_dhel-missing-image-sgd": 0.9}
 RESUMED = "mv_dhel-adamw"  # checkpoints of this variant resume on the other process count
+LEARNED = "siglip-learned-adamw-cached"  # ... and of this one (the optimiser's objective group)
 
 
 def _recipe(folder: Path, name: str) -> Path:
@@ -116,8 +126,10 @@ def trained(tmp_path_factory) -> dict[str, Any]:
             assert train_series.run_one(run_argv) == 0, run_argv
     # A 1-process checkpoint (step 2) that the 2-process launch resumes sharded.
     from_one = _resumable_copy(folder / f"one-{RESUMED}", folder / "resumed-on-two")
+    from_one_learned = _resumable_copy(folder / f"one-{LEARNED}", folder / "resumed-learned-on-two")
     two = {name: ["--", str(recipes[name]), "--output", str(folder / f"two-{name}")] for name in VARIANTS}
     two["resumed-on-two"] = ["--", "--resume", str(from_one), "--resume-ignore-rng"]
+    two["resumed-learned-on-two"] = ["--", "--resume", str(from_one_learned), "--resume-ignore-rng"]
     for name, (break_name, variant) in BROKEN.items():
         two[name] = ["--break", break_name, "--", str(recipes[variant]), "--output", str(folder / f"broken-{name}")]
     ranks = run_ranks([sys.executable, str(TRAIN_SERIES), *_series(two)], folder, timeout=400)
@@ -134,6 +146,11 @@ def test_two_sharded_processes_match_one_process(trained, name):
     assert '"sharding": "none"' in (one / "results.json").read_text()
     assert '"num_processes": 2' in (two / "results.json").read_text()
     check_same_training(one, two, steps=4)
+    learned_one = json.loads((one / "results.json").read_text())["objective_learned"]
+    learned_two = json.loads((two / "results.json").read_text())["objective_learned"]
+    assert learned_one.keys() == learned_two.keys() and bool(learned_one) == ("learned" in name)
+    for key, value in learned_one.items():  # the learned temperature (and bias) moved alike
+        assert math.isclose(learned_two[key], value, rel_tol=1e-5, abs_tol=1e-6), (key, learned_one, learned_two)
 
 
 def test_sharded_checkpoints_hold_full_tensors_and_resume_on_the_other_process_count(trained, tmp_path):
@@ -157,6 +174,24 @@ def test_sharded_checkpoints_hold_full_tensors_and_resume_on_the_other_process_c
     with own_accelerate_state():
         assert train_series.run_one(["--", "--resume", str(checkpoint)]) == 0
     check_same_training(folder / f"one-{RESUMED}", tmp_path / "resumed-on-one", steps=None)
+
+
+def test_learned_parameters_resume_across_sharded_and_unsharded_checkpoints(trained, tmp_path):
+    """siglip's learned scale and bias and their optimiser state (the objective's group, outside
+    the sharded encoder) go through a sharded checkpoint both ways: 1 process -> 2 sharded
+    (resumed in the launch) and 2 sharded -> 1 process (here), ending with the one-process run's
+    values and weights."""
+    folder = trained["folder"]
+    expected = json.loads((folder / f"one-{LEARNED}" / "results.json").read_text())["objective_learned"]
+    checkpoint = _resumable_copy(folder / f"two-{LEARNED}", tmp_path / "resumed-learned-on-one")
+    with own_accelerate_state():
+        assert train_series.run_one(["--", "--resume", str(checkpoint)]) == 0
+    for run in (folder / "resumed-learned-on-two", tmp_path / "resumed-learned-on-one"):
+        check_same_training(folder / f"one-{LEARNED}", run, steps=None)
+        learned = json.loads((run / "results.json").read_text())["objective_learned"]
+        assert learned.keys() == expected.keys() == {"temperature", "logit_scale", "bias"}
+        for key, value in expected.items():
+            assert math.isclose(learned[key], value, rel_tol=1e-5, abs_tol=1e-6), (run, key, learned, expected)
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))

@@ -17,6 +17,7 @@ tokenised there (token ids, which the text adapter takes as it takes raw text).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,19 @@ class HostBatchPreparation:
         return batch
 
 
+def _objective_info(value: Any, path: Path) -> dict[str, Any] | None:
+    """encoder.json's ``objective`` entry (the objective's name and learned values), checked:
+    None, or a mapping with a string ``name`` and finite numbers for every other key."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ValueError(f"{path}: 'objective' must be an object with a string 'name', got {value!r}")
+    for key, number in value.items():
+        if key != "name" and (isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number)):
+            raise ValueError(f"{path}: 'objective.{key}' must be a finite number, got {number!r}")
+    return dict(value)
+
+
 class MultiViewEncoder(nn.Module):
     def __init__(self, adapters: Mapping[str, Adapter]) -> None:
         super().__init__()
@@ -87,6 +101,9 @@ class MultiViewEncoder(nn.Module):
         # Flow computed on the device from the frames a batch carries (data.options.flow: raft;
         # mmviews.modalities.device_flow): a frozen RAFTFlow, not a submodule (no parameters, not saved).
         self.device_flow: Any = None
+        # The training objective's learned values (``{"name": "siglip", "temperature": ..., "bias": ...}``),
+        # written into encoder.json by save_pretrained and read back by from_pretrained; None: none learned.
+        self.objective_info: dict[str, Any] | None = None
 
     # ---- construction / persistence --------------------------------------------
 
@@ -130,7 +147,10 @@ class MultiViewEncoder(nn.Module):
         d.mkdir(parents=True, exist_ok=True)
         for name, adapter in self.adapters.items():
             adapter.save_pretrained(d / name)
-        atomic_write_text(d / ENCODER_CONFIG, json.dumps({"modalities": list(self.adapters)}, indent=2))
+        data: dict[str, Any] = {"modalities": list(self.adapters)}
+        if self.objective_info is not None:
+            data["objective"] = self.objective_info
+        atomic_write_text(d / ENCODER_CONFIG, json.dumps(data, indent=2))
         return d
 
     @classmethod
@@ -156,7 +176,9 @@ class MultiViewEncoder(nn.Module):
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and is_folder_name(n) for n in names):
             raise ValueError(f"{path}: 'modalities' must be a non-empty list of modality names, each a single "
                              f"sub-folder name (no '/', '\\' or '..'), got {names!r}")
-        return cls({name: Adapter.from_pretrained(d / name) for name in names})
+        encoder = cls({name: Adapter.from_pretrained(d / name) for name in names})
+        encoder.objective_info = _objective_info(data.get("objective"), path)
+        return encoder
 
     def push_to_hub(self, repo_id: str, *, model_card: str | None = None, commit_message: str = "Upload mmviews encoder",
                     private: bool | None = None, token: str | None = None, revision: str | None = None) -> Any:

@@ -143,7 +143,14 @@ def create_open_clip_visual(config: OpenCLIPVisionConfig, load_weights: bool) ->
     if config.image_size:
         kwargs["force_image_size"] = config.image_size
     model = open_clip.create_model(config.model, pretrained=pretrained, weights_only=True, **kwargs)
-    return model.visual
+    visual = model.visual
+    if pretrained:
+        # The checkpoint's learned logit_scale (and SigLIP's logit_bias), kept for an objective's
+        # ``temperature: pretrained`` (mmviews.train.build) after the text tower and they are dropped.
+        visual.pretrained_logit_scale = float(model.logit_scale.detach().reshape(-1)[0])
+        bias = getattr(model, "logit_bias", None)
+        visual.pretrained_logit_bias = None if bias is None else float(bias.detach().reshape(-1)[0])
+    return visual
 
 
 def _clip_blocks(visual: nn.Module) -> list[nn.Module]:
@@ -175,6 +182,17 @@ class OpenCLIPTower:
         size = self.backbone.image_size
         self.image_size = (size, size) if isinstance(size, int) else tuple(size)
         self.feature_dim = int(self.backbone.output_dim)
+
+    @property
+    def pretrained_logit_scale(self) -> float | None:
+        """The pretrained checkpoint's learned ``logit_scale`` (log of the inverse temperature),
+        or None when the tower was not loaded from one."""
+        return getattr(self.backbone, "pretrained_logit_scale", None)
+
+    @property
+    def pretrained_logit_bias(self) -> float | None:
+        """The pretrained checkpoint's ``logit_bias`` (SigLIP models), else None."""
+        return getattr(self.backbone, "pretrained_logit_bias", None)
 
     def backbone_blocks(self) -> list[nn.Module]:
         return _clip_blocks(self.backbone)

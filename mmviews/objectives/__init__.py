@@ -37,7 +37,7 @@ from ._base import (
 # Importing the modules registers the objectives.
 from . import simclr, geometric_pvc, arithmetic_pvc, sufficient_statistics, multi_crop, avg  # noqa: F401,E401
 from . import mv_infonce, mv_dhel, mv_cl1, mv_cl2  # noqa: F401,E401
-from . import fmicl, er, ipmc  # noqa: F401,E401
+from . import fmicl, er, ipmc, siglip  # noqa: F401,E401
 
 __all__ = [
     "ContrastiveObjective",

@@ -358,6 +358,7 @@ class ViewSet:
         temperature: float = 1.0,
         candidates: torch.Tensor | None = None,
         working_copies: int = 4,
+        anchors: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``reduce(S, 0, K)`` of the all-pairs scores ``S`` ``[K, M, C, M]`` (with ``C``
         candidate samples, ``U`` by default), or the concatenation along dim 0 of
@@ -366,11 +367,15 @@ class ViewSet:
         ``reduce`` returns a tensor whose dim 0 is the block's samples and must be
         differentiable in ``S`` only (see :func:`._streaming.streamed_reduce`). The block is
         sized for ``working_copies`` block-sized temporaries of the reduction within the budget.
+        ``anchors``: ``[K, M, e]`` in place of ``u / temperature`` (``candidates`` then
+        ``[C, M, e]``), e.g. with an extra coordinate that adds a learned bias to every score.
         """
-        K, M, d = self.u.shape
+        K, M, _ = self.u.shape
         candidates = self.U if candidates is None else candidates
         C = candidates.shape[0]
-        anchors = self.u / temperature if temperature != 1.0 else self.u
+        if anchors is None:
+            anchors = self.u if isinstance(temperature, float) and temperature == 1.0 else self.u / temperature
+        d = anchors.shape[-1]
         block = self.block_size(M * C * M * working_copies, M)
         if block is None:
             return reduce((anchors.reshape(K * M, d) @ candidates.reshape(C * M, d).T).view(K, M, C, M), 0, K)
@@ -443,8 +448,12 @@ class MultiViewObjective(nn.Module):
 
     Stateful objectives override the hooks, which are no-ops here: ``critic_step(z)`` on every
     micro-batch, with detached embeddings, before the loss (returns extra metrics);
-    ``on_step_end(z, index)`` after each micro-batch's backward; ``on_epoch_end(epoch)`` after
-    each epoch (counted from 0).
+    ``on_step_end(z, index)`` after each micro-batch's backward; ``on_optimizer_step()`` after
+    each optimiser step; ``on_epoch_end(epoch)`` after each epoch (counted from 0).
+
+    Objectives with learned parameters (a learned temperature, SigLIP's bias) hold them as
+    ``nn.Parameter``: the trainer optimises ``objective.parameters()`` (see
+    :class:`ContrastiveObjective`), averages their gradients over processes and saves them.
     """
 
     name: ClassVar[str] = ""
@@ -523,6 +532,22 @@ class MultiViewObjective(nn.Module):
     def on_epoch_end(self, epoch: int) -> None:
         """After epoch ``epoch`` (counted from 0)."""
 
+    def on_optimizer_step(self) -> None:
+        """After every optimiser step (not inside an accumulation window): e.g. clamp a learned
+        temperature (:class:`ContrastiveObjective`)."""
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        """The parameters the trainer's optimiser updates with the encoder's (a learned
+        temperature, SigLIP's bias): their own learning rate (``objective.lr``), no weight decay,
+        gradients averaged over processes. Auxiliary models with their own optimiser (IPMC's
+        critic) are not among them."""
+        return []
+
+    def learned_values(self) -> dict[str, float]:
+        """The current values of the learned parameters, by name (e.g. ``temperature``), for
+        ``results.json`` and the exported encoder; empty when nothing is learned."""
+        return {}
+
     # ---- input handling ------------------------------------------------------------------
     def check_views(self, M: int) -> None:
         """``ValueError`` if the objective is not defined for ``M`` views per sample."""
@@ -570,6 +595,18 @@ class MultiViewObjective(nn.Module):
         )
 
 
+#: The bound on a learned inverse temperature ``exp(logit_scale)``: 100, CLIP's (Radford et al.,
+#: 2021) and open_clip's, which clamp ``logit_scale`` at ``log 100`` after every optimiser step.
+MAX_LOGIT_SCALE = math.log(100.0)
+
+
+def check_flag(value: object, what: str) -> bool:
+    """``value`` as a bool; ``ValueError`` unless it is one (a YAML ``"yes"`` string is not)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be true or false, got {value!r}")
+    return value
+
+
 class ContrastiveObjective(MultiViewObjective):
     """An objective over temperature-scaled cosine scores that honours a view mask.
 
@@ -580,21 +617,85 @@ class ContrastiveObjective(MultiViewObjective):
     0.848 at 0.2, a difference inside the seed spread (about 0.04-0.09), so the default was
     kept. Start at 0.1-0.2; see ``recipes/README.md``.
 
+    ``learn_temperature``: the temperature is learned, as in CLIP and open_clip. The objective
+    then holds the parameter ``logit_scale`` = log(1 / temperature), initialised from
+    ``temperature``; scores are ``<u, v> * exp(min(logit_scale, log 100))`` (the bound of
+    :data:`MAX_LOGIT_SCALE`, which :meth:`on_optimizer_step` also applies to the parameter, as
+    open_clip does after every step). The trainer gives it its own learning rate and no weight
+    decay (``objective.temperature_lr``) and saves it with the run's checkpoints; ``temperature``
+    (the property) is then a 0-dim tensor in the graph, and the metrics report its value. The
+    parameter is float64 (one number): the temperature a recipe gives is the one used, to
+    1e-16, and the scores keep the embeddings' dtype.
+
     ``chunk_size`` / ``score_budget_mb``: how its large score blocks are evaluated (see the
     memory model in ``docs/objectives.md``); they change memory and speed, not the loss."""
 
     supports_mask: ClassVar[bool] = True
 
-    def __init__(self, temperature: float = 0.1, chunk_size: int | None = None, score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB) -> None:
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        chunk_size: int | None = None,
+        score_budget_mb: float = DEFAULT_SCORE_BUDGET_MB,
+        learn_temperature: bool = False,
+    ) -> None:
         super().__init__()
-        self.temperature = check_temperature(temperature)
+        initial = check_temperature(temperature)
+        self.learn_temperature = check_flag(learn_temperature, f"objective {self.name!r}: learn_temperature")
+        if self.learn_temperature:
+            self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / initial), dtype=torch.float64))
+        else:
+            self.register_parameter("logit_scale", None)
+        self._fixed_temperature = initial
         self.set_streaming(chunk_size, score_budget_mb)
+
+    @property
+    def temperature(self) -> float | torch.Tensor:
+        """The fixed temperature (a float), or the learned one, ``exp(-min(logit_scale, log 100))``
+        (a 0-dim tensor whose gradient reaches ``logit_scale``)."""
+        if self.logit_scale is None:
+            return self._fixed_temperature
+        return torch.exp(-self.logit_scale.clamp(max=MAX_LOGIT_SCALE))
+
+    def set_temperature(self, temperature: float) -> None:
+        """Start from ``temperature`` (e.g. a pretrained model's learned value): the fixed value,
+        or the learned parameter's (``logit_scale = log(1 / temperature)``, in place)."""
+        temperature = check_temperature(temperature)
+        self._fixed_temperature = temperature
+        if self.logit_scale is not None:
+            with torch.no_grad():
+                self.logit_scale.fill_(math.log(1.0 / temperature))
+
+    @torch.no_grad()
+    def on_optimizer_step(self) -> None:
+        """Clamp the learned ``logit_scale`` at log 100 (open_clip's bound), so that a value
+        pushed past it comes back as soon as its gradient says so."""
+        if self.logit_scale is not None:
+            self.logit_scale.clamp_(max=MAX_LOGIT_SCALE)
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        return [p for p in (self.logit_scale, getattr(self, "logit_bias", None)) if p is not None]
+
+    def learned_values(self) -> dict[str, float]:
+        if self.logit_scale is None:
+            return {}
+        scale = min(float(self.logit_scale.detach()), MAX_LOGIT_SCALE)
+        return {"temperature": math.exp(-scale), "logit_scale": scale}
+
+    def compute(self, z: torch.Tensor, mask: torch.Tensor | None = None, **extra) -> ObjectiveOutput:
+        output = super().compute(z, mask, **extra)
+        if self.logit_scale is not None:
+            value = torch.exp(-self.logit_scale.detach().clamp(max=MAX_LOGIT_SCALE))
+            output.metrics["temperature"] = value
+            self.last_metrics["temperature"] = value
+        return output
 
     def extra_repr(self) -> str:
         streaming = "" if self.chunk_size is None else f", chunk_size={self.chunk_size}"
         if self.score_budget_mb != DEFAULT_SCORE_BUDGET_MB:
             streaming += f", score_budget_mb={self.score_budget_mb}"
-        return f"temperature={self.temperature}{streaming}"
+        learned = ", learn_temperature=True" if self.learn_temperature else ""
+        return f"temperature={self._fixed_temperature}{learned}{streaming}"
 
 
 def mi_lower_bound(loss: torch.Tensor | float, K: int, M: int) -> torch.Tensor | float:

@@ -20,9 +20,13 @@ contract:
   rest-of-views mean does not exist);
 - the loss is the mean over the valid terms at the formula's own unit of averaging
   (triples (i, a, b) for geometric_pvc and multi_crop; anchors (i, a) for arithmetic_pvc,
-  sufficient_statistics, mv_cl1 and mv_cl2; samples i for mv_infonce and mv_dhel).
+  sufficient_statistics, mv_cl1 and mv_cl2; samples i for mv_infonce and mv_dhel);
+  ``siglip`` sums a term over every scored pair, a sample with one present view included
+  (as a negative), and divides by its number of positive pairs (i, a, b).
 
 ``simclr`` and ``avg`` take no mask; :data:`MASKED` lists the references that take one.
+``siglip``'s reference also takes ``bias`` (default -10, the objective's), and its temperature
+and bias may be 0-dim tensors, so that the gradients of the learned scale and bias can be taken.
 The objectives with more parameters have their own signatures: :func:`fmicl_reference`,
 :func:`er_reference` (and :func:`er_reference_terms`), :func:`ipmc_reference`.
 """
@@ -590,6 +594,33 @@ def ipmc_reference(
     return scale * mean(losses)
 
 
+def siglip_reference(
+    z: torch.Tensor, temperature: float | Scalar, mask: torch.Tensor | None = None, bias: float | Scalar = -10.0
+) -> Scalar:
+    """SigLIP over M views: for every present (i, a) and present (j, b) with a != b, the binary
+    loss -log sigmoid(y * (<u[i,a], u[j,b]> / tau + bias)), y = +1 for i = j and -1 otherwise;
+    their sum divided by the number of positive pairs, the ordered (i, a, b), a != b, both
+    present. ``temperature`` and ``bias`` may be 0-dim tensors (for their gradients)."""
+    u, present, K, M = _setup(z, mask)
+    total = u[0][0].new_zeros(())
+    positives = 0
+    for i in range(K):
+        for a in range(M):
+            if not present[i][a]:
+                continue
+            for j in range(K):
+                for b in range(M):
+                    if b == a or not present[j][b]:
+                        continue
+                    label = 1.0 if i == j else -1.0
+                    logit = dot(u[i][a], u[j][b]) / temperature + bias
+                    total = total - torch.log(torch.sigmoid(label * logit))
+                    positives += i == j
+    if positives == 0:
+        raise ValueError("no positive pair: the reference is undefined")
+    return total / positives
+
+
 def mi_lower_bound_reference(loss: float, K: int, M: int) -> float:
     """Poly-view c(B, M) - L with B = K*M: log(K*M - M + 1) - loss (nats)."""
     return math.log(K * M - M + 1) - loss
@@ -606,7 +637,9 @@ REFERENCES: dict[str, Callable[..., Scalar]] = {
     "mv_dhel": mv_dhel_reference,
     "mv_cl1": mv_cl1_reference,
     "mv_cl2": mv_cl2_reference,
+    "siglip": siglip_reference,
 }
 
 #: objectives whose reference (and implementation) take a view mask
-MASKED = ("multi_crop", "geometric_pvc", "arithmetic_pvc", "sufficient_statistics", "mv_infonce", "mv_dhel", "mv_cl1", "mv_cl2")
+MASKED = ("multi_crop", "geometric_pvc", "arithmetic_pvc", "sufficient_statistics", "mv_infonce", "mv_dhel", "mv_cl1", "mv_cl2",
+          "siglip")

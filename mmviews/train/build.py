@@ -9,6 +9,7 @@ multiple of N.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from mmviews.modalities.dropout import enable_sample_keyed_dropout
 from mmviews.objectives import MultiViewObjective, get_objective, list_objectives, objective_class
 from mmviews.run import build_encoder, eval_loaders
 
-__all__ = ["RunParts", "build_encoder", "build_objective", "build_run", "uses_teacher"]
+__all__ = ["RunParts", "build_encoder", "build_objective", "build_run", "start_from_pretrained", "uses_teacher"]
 
 
 @dataclass
@@ -63,6 +64,8 @@ def build_objective(config: TrainConfig, num_views: int, source: str = "recipe",
     objectives that take one (``takes_dataset_size``) when the recipe leaves it out."""
     name = config.objective.name
     params = dict(config.objective.params)
+    if params.get("temperature") == PRETRAINED:  # a placeholder until the encoder is built (start_from_pretrained)
+        params["temperature"] = 1.0
     if (dataset_size is not None and "dataset_size" not in params and name in list_objectives()
             and objective_class(name).takes_dataset_size):
         params["dataset_size"] = dataset_size
@@ -79,6 +82,37 @@ def build_objective(config: TrainConfig, num_views: int, source: str = "recipe",
         raise ConfigError(f"{source}: key 'objective.ema_teacher': objective {name!r} takes no teacher "
                           "embeddings (its loss has no 'teacher' argument)")
     return objective
+
+
+#: ``objective.params.temperature: pretrained``: start from the pretrained open_clip model's value.
+PRETRAINED = "pretrained"
+
+
+def start_from_pretrained(config: TrainConfig, objective: MultiViewObjective, encoder: nn.Module,
+                          source: str = "recipe") -> None:
+    """``objective.params.temperature: pretrained``: the objective starts from the learned
+    ``logit_scale`` of the open_clip checkpoint an adapter was loaded from (``adapters.<m>.pretrained``),
+    and ``siglip`` also from its ``logit_bias`` when the checkpoint has one (a SigLIP model).
+    Learned or fixed as ``learn_temperature`` says. A ``ConfigError`` when no adapter has such a
+    checkpoint, or two have different values."""
+    if config.objective.params.get("temperature") != PRETRAINED:
+        return
+    key = f"{source}: key 'objective.params.temperature'"
+    if not hasattr(objective, "set_temperature"):
+        raise ConfigError(f"{key}: 'pretrained' needs an objective with a temperature; {objective.name!r} has none")
+    found = {name: (adapter.pretrained_logit_scale, adapter.pretrained_logit_bias)
+             for name, adapter in encoder.adapters.items() if getattr(adapter, "pretrained_logit_scale", None) is not None}
+    if not found:
+        raise ConfigError(f"{key}: 'pretrained' starts from a pretrained open_clip model's logit_scale, but no adapter "
+                          f"was loaded from an open_clip checkpoint (adapters: {sorted(encoder.adapters)}; set "
+                          "adapters.<modality>.pretrained of an open_clip adapter, or give a number)")
+    if len(set(found.values())) > 1:
+        raise ConfigError(f"{key}: 'pretrained' is ambiguous: the open_clip adapters' checkpoints disagree "
+                          f"(logit_scale, logit_bias by modality: {found}); give a number")
+    logit_scale, logit_bias = next(iter(found.values()))
+    objective.set_temperature(math.exp(-logit_scale))
+    if logit_bias is not None and hasattr(objective, "set_bias"):
+        objective.set_bias(logit_bias)
 
 
 def stream_loader(dataset: Any, K: int, num_processes: int, collator: Any, config: TrainConfig) -> Any:
@@ -174,6 +208,7 @@ def build_run(config: TrainConfig, num_processes: int = 1, source: str = "recipe
                                   **loader_options(d.num_workers, pin_memory=pin_memory_default(config.cpu)))
     set_seed(config.seed)  # identical initial weights on every process and every run
     encoder = build_encoder(config, source)
+    start_from_pretrained(config, objective, encoder, source)
     if config.optimisation.sample_keyed_dropout:
         try:
             enable_sample_keyed_dropout(encoder)

@@ -23,7 +23,7 @@ from mmviews.train.compiled import compile_encoder
 from mmviews.train.distributed import process_group_kwargs
 from mmviews.train.optim import build_optimizer, build_scheduler
 from mmviews.train.precision import resolve_precision
-from mmviews.train.sharding import launcher_fsdp_hidden, run_sharding, shard_encoder
+from mmviews.train.sharding import OBJECTIVE_GROUP, launcher_fsdp_hidden, run_sharding, shard_encoder
 from mmviews.train.state import TrainState
 from mmviews.train.step import Prepared, warn_batch_norm
 from mmviews.train.teacher import EMATeacher
@@ -93,12 +93,19 @@ def prepare_run(accelerator: Any, parts: RunParts) -> Prepared:
         if teacher is not None:
             shard_encoder(teacher.module, config, accelerator.device, accelerator.num_processes)
     backbone_lr = o.lr if o.backbone_lr is None else o.backbone_lr
-    optimizer = build_optimizer(encoder.param_groups(backbone_lr, o.lr, o.weight_decay), o)
+    # The objective's learned parameters (a learned temperature, siglip's bias) in a group of
+    # their own: objective.lr, never weight decay (open_clip's treatment of logit_scale).
+    objective.to(accelerator.device)  # before the optimiser holds its parameters
+    groups = encoder.param_groups(backbone_lr, o.lr, o.weight_decay)
+    learned = objective.trained_parameters()
+    if learned:
+        groups.append({"name": OBJECTIVE_GROUP, "params": learned, "lr": o.lr if config.objective.lr is None else config.objective.lr,
+                       "weight_decay": 0.0})
+    optimizer = build_optimizer(groups, o)
     batches_per_epoch = len(parts.train_loader)
     total_steps, steps_per_epoch = planned_steps(config, batches_per_epoch)
     scheduler = build_scheduler(optimizer, o, total_steps, steps_per_epoch)
 
-    objective.to(accelerator.device)
     # The objective's own check of z (a host read of isfinite(z).all() per call, i.e. a
     # device synchronisation per step) is replaced by the loop's non-finite-loss check at
     # log steps (the trainer's _check_losses).

@@ -167,21 +167,79 @@ def load_full_model_state(module: nn.Module, state: dict[str, torch.Tensor]) -> 
     set_model_state_dict(module, state, options=_options(strict=True))
 
 
+#: The optimiser group of the objective's learned parameters (:func:`mmviews.train.setup.prepare_run`):
+#: replicated plain tensors outside the sharded encoder, which torch's sharded state-dict functions
+#: cannot name. Their state is written beside the encoder's as ``objective.<k>`` (k: their order).
+OBJECTIVE_GROUP = "objective"
+
+
+def _outside_parameters(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
+    """(name, parameter) of the optimiser's parameters outside the sharded module, in group order."""
+    params = [q for group in optimizer.param_groups if group.get("name") == OBJECTIVE_GROUP for q in group["params"]]
+    return [(f"{OBJECTIVE_GROUP}.{k}", q) for k, q in enumerate(params)]
+
+
+@contextlib.contextmanager
+def _module_groups_only(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """The optimiser as if it held the sharded module's parameters alone: its objective group
+    and that group's state set aside, and put back on leaving."""
+    groups = optimizer.param_groups
+    if not any(g.get("name") == OBJECTIVE_GROUP for g in groups):
+        yield
+        return
+    outside = [q for _, q in _outside_parameters(optimizer)]
+    saved = {q: optimizer.state.pop(q) for q in outside if q in optimizer.state}
+    optimizer.param_groups = [g for g in groups if g.get("name") != OBJECTIVE_GROUP]
+    try:
+        yield
+    finally:
+        # the module's groups as they are now (a load replaces them, with the checkpoint's
+        # hyperparameters), the objective's where they were
+        current = iter(optimizer.param_groups)
+        optimizer.param_groups = [g if g.get("name") == OBJECTIVE_GROUP else next(current) for g in groups]
+        optimizer.state.update(saved)
+
+
 def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimiser's state with full tensors, keyed by parameter name, on rank 0 (empty on the
-    others). Collective."""
+    others). Collective. The objective's learned parameters (replicated) come last, as
+    ``objective.<k>``."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return get_optimizer_state_dict(module, optimizer, options=_options(cpu_offload=True))
+    with _module_groups_only(optimizer):
+        state = get_optimizer_state_dict(module, optimizer, options=_options(cpu_offload=True))
+    outside = _outside_parameters(optimizer)
+    if state and outside:
+        for group in optimizer.param_groups:
+            if group.get("name") == OBJECTIVE_GROUP:
+                ids = {id(q) for q in group["params"]}
+                state["param_groups"].append({**{k: v for k, v in group.items() if k != "params"},
+                                              "params": [name for name, q in outside if id(q) in ids]})
+        for name, q in outside:
+            if q in optimizer.state:
+                state["state"][name] = {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v
+                                        for k, v in optimizer.state[q].items()}
+    return state
 
 
 def load_full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """A state written by :func:`full_optimizer_state` (every process holds it) into the optimiser."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+    outside = dict(_outside_parameters(optimizer))
+    module_state = {"state": {k: v for k, v in state["state"].items() if k not in outside},
+                    "param_groups": [g for g in state["param_groups"] if g.get("name") != OBJECTIVE_GROUP]}
     # Not strict: a parameter that never had a gradient (e.g. BERT's pooler under mean pooling)
     # has no state in an unsharded run's checkpoint, and starts without one, as it would there.
-    set_optimizer_state_dict(module, optimizer, state, options=_options(strict=False))
+    with _module_groups_only(optimizer):
+        set_optimizer_state_dict(module, optimizer, module_state, options=_options(strict=False))
+    for name, q in outside.items():
+        if name in state["state"]:  # "step" stays on the CPU, as torch.optim keeps it
+            optimizer.state[q] = {k: v.to(q.device, q.dtype) if isinstance(v, torch.Tensor) and k != "step" else v
+                                  for k, v in state["state"][name].items()}
+    saved_groups = [g for g in state["param_groups"] if g.get("name") == OBJECTIVE_GROUP]
+    for group, saved in zip([g for g in optimizer.param_groups if g.get("name") == OBJECTIVE_GROUP], saved_groups):
+        group.update({k: v for k, v in saved.items() if k != "params"})
 
 
 @contextlib.contextmanager
@@ -224,6 +282,7 @@ def optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
 def optimizer_state_by_name(state: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The reverse of :func:`optimizer_state_by_index` for ``optimizer`` over ``module``'s parameters."""
     name_of = {id(param): name for name, param in module.named_parameters()}
+    name_of.update({id(param): name for name, param in _outside_parameters(optimizer)})
     names = [name_of[id(param)] for group in optimizer.param_groups for param in group["params"]]
     groups = state["param_groups"]
     if sum(len(group["params"]) for group in groups) != len(names):

@@ -24,6 +24,7 @@ from torch import nn
 from mmviews.data.batch import ViewBatch
 from mmviews.modalities.dropout import dropout_step
 from mmviews.objectives import MultiViewObjective, ObjectiveOutput
+from mmviews.objectives import _distributed as distributed
 from mmviews.train.state import TrainState
 from mmviews.train.teacher import EMATeacher
 from mmviews.notices import MMViewsWarning
@@ -89,13 +90,32 @@ def record_nonfinite(p: Prepared, loss: torch.Tensor) -> None:
     p.nonfinite = bad if p.nonfinite is None else p.nonfinite | bad
 
 
+def average_objective_gradients(objective: MultiViewObjective) -> None:
+    """The gradients of the objective's learned parameters (a learned temperature, siglip's
+    bias) averaged over processes, as DDP and FSDP do for the encoder's: each process's loss
+    scores its own anchors, so each holds its share of the gradient, and their mean is one
+    process's on the whole batch. One small all-reduce per optimiser step; none on one process."""
+    grads = [q.grad for q in objective.trained_parameters() if q.grad is not None]
+    if grads and distributed.world_size() > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        distributed.average_(flat)
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+
+
 def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
-    """The end of every micro-batch's step: clip (when the accumulation window ends and
-    ``max_grad_norm`` is set), then the optimiser and the schedule (Accelerate makes both no-ops
-    inside an accumulation window) and clear the gradients."""
-    if p.accelerator.sync_gradients and max_grad_norm is not None:
-        p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
+    """The end of every micro-batch's step: when the accumulation window ends, the objective's
+    learned parameters' gradients averaged over processes and the encoder's clipped (when
+    ``max_grad_norm`` is set); then the optimiser and the schedule (Accelerate makes both no-ops
+    inside an accumulation window), the objective's clamp of its learned parameters after a real
+    step, and the gradients cleared."""
+    if p.accelerator.sync_gradients:
+        average_objective_gradients(p.objective)
+        if max_grad_norm is not None:
+            p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
     p.optimizer.step()
+    if p.accelerator.sync_gradients:
+        p.objective.on_optimizer_step()
     p.scheduler.step()
     p.optimizer.zero_grad(set_to_none=True)
 

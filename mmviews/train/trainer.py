@@ -38,6 +38,10 @@ Accelerate example loop, a contrastive trainer needs:
      (IPMC's critic updates with the objective's own optimiser); its metrics are logged.
    - ``on_step_end(z, index)``: after every micro-batch's backward (memory banks).
    - ``on_epoch_end(epoch)``: after each epoch (view-filter warm-up, epoch statistics).
+   - ``trained_parameters()``: a learned temperature (and siglip's bias), optimised with the
+     encoder in a group of their own (``objective.lr``, no weight decay), their gradients averaged
+     over processes, clamped by ``on_optimizer_step()``; their values end in ``results.json``
+     (``objective_learned``) and the exported encoder.
    - ``state_dict()``/``load_state_dict()``: saved in every checkpoint.
    - ``poly_view_bound``: ``mi_lower_bound`` is logged.
 
@@ -454,12 +458,16 @@ def _save_encoder(run: _Run, source: str) -> nn.Module:
     when the run is sharded: a collective gather first); the unwrapped encoder."""
     accelerator, p = run.p.accelerator, run.p
     encoder = accelerator.unwrap_model(p.model)
+    learned = run.parts.objective.learned_values()  # a learned temperature: kept in encoder.json (and exports)
+    info = {"name": run.config.objective.name, **learned} if learned else None
+    encoder.objective_info = info
     # encoder/ is written in a temporary folder and committed durably (mmviews.fileio.save_folder)
     if p.sharded:
         full = full_model_state(encoder)
         if accelerator.is_main_process:
-            save_folder(run.run_dir / ENCODER_DIR, whole_encoder(run.config, full, source).save_pretrained,
-                        needed=tensor_bytes(full.values()))
+            whole = whole_encoder(run.config, full, source)
+            whole.objective_info = info
+            save_folder(run.run_dir / ENCODER_DIR, whole.save_pretrained, needed=tensor_bytes(full.values()))
     elif accelerator.is_main_process:
         save_folder(run.run_dir / ENCODER_DIR, encoder.save_pretrained, needed=tensor_bytes(encoder.state_dict().values()))
     accelerator.wait_for_everyone()
@@ -491,6 +499,8 @@ def _summary(run: _Run, *, started: float, finished: dict[str, Any] | None, chec
         # never gone through: 0 completed epochs)
         "epochs_trained": round(state.epoch + state.batch_in_epoch / p.batches_per_epoch, 6),
         "samples_seen": state.samples, "final_loss": run.log.last_loss,
+        # the objective's learned parameters at the end (a learned temperature, siglip's bias), if any
+        "objective_learned": run.parts.objective.learned_values(),
         # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
         "global_batch_size": config.data.batch_size, "grad_accum_steps": config.optimisation.grad_accum_steps,
         # an evaluation run again (reevaluate) keeps the wall time of the training
