@@ -375,3 +375,77 @@ def test_hf_video_checkpointing_last_n_and_lora(model_type: str):
     wrapped = {n.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for n, p in lora.backbone.named_parameters()
                if p.requires_grad}
     assert wrapped == {"videomae": {"query", "value"}, "timesformer": {"qkv"}, "xclip": {"q_proj", "v_proj"}}[model_type]
+
+
+# --------------------------------------------------------------------------- a run on real clips
+
+
+@pytest.fixture(scope="module")
+def clip_folder(tmp_path_factory) -> Path:
+    """A UCF-101-style folder of MPEG-4 clips written with PyAV: two classes, three training
+    clips and one test clip each, 8 frames of 32x32, no audio track."""
+    from test_data_video import write_clip
+
+    root = tmp_path_factory.mktemp("clips") / "UCF"
+    lists = root / "ucfTrainTestlist"
+    lists.mkdir(parents=True)
+    train, test = [], []
+    for c, cls in enumerate(("Jump", "Run")):
+        (root / cls).mkdir()
+        for k in range(4):
+            rel = f"{cls}/v_{cls}_g0{k}_c01.avi"
+            write_clip(root / rel, n_frames=8, audio=False, size=(32, 32), shade=30 * k + 110 * c)
+            (train if k < 3 else test).append(f"{rel} {c + 1}" if k < 3 else rel)
+    (lists / "classInd.txt").write_text("1 Jump\n2 Run\n")
+    (lists / "trainlist01.txt").write_text("\n".join(train) + "\n")
+    (lists / "testlist01.txt").write_text("\n".join(test) + "\n")
+    return root
+
+
+def clip_recipe(root: Path, adapter: dict) -> dict:
+    """The video recipes' views (a natural clip and an augmented copy) on ``root``: one epoch of
+    batches of 3, a k-NN probe."""
+    return {
+        "name": "clips", "seed": 0,
+        "data": {"name": "ucf101", "root": str(root), "options": {"num_frames": 4, "size": 32, "audio": False},
+                 "train_split": "train", "val_split": None, "test_split": "test", "batch_size": 3,
+                 "num_workers": 0, "eval_batch_size": 4},
+        "views": [{"modality": "video"}, {"modality": "video", "augment": "video_default"}],
+        "encoder": {"embed_dim": 8},
+        "adapters": {"video": {**adapter, "head": {"kind": "linear"}}},
+        "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
+        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": 1, "warmup_steps": 1},
+        "evaluation": {"tasks": ["knn:class"], "random_baseline": False},
+        "output": {"log_every": 1, "checkpoint_every": 100, "keep_last": 1, "progress_bar": False},
+    }
+
+
+@pytest.mark.slow
+def test_a_run_on_real_clips_checks_trains_embeds_and_exports(clip_folder: Path, tmp_path: Path):
+    """The video recipes' encoder, R(2+1)D-18, on clips decoded from real files: ``--check``
+    prints the memory estimate, one epoch trains the backbone, the run's encoder loads with
+    ``from_pretrained``, and ``mmviews embed`` on its ONNX export gives the torch embeddings
+    (1e-4) of the test clips."""
+    from test_export import check_onnx_embed_matches_torch
+    from test_train_utils import train_in_process, write_recipe
+
+    from mmviews.cli import main
+    from mmviews.modalities import MultiViewEncoder
+
+    adapter = {"type": "torchvision_video", "model": "r2plus1d_18", "image_size": 32}
+    recipe = write_recipe(tmp_path / "clips.yaml", clip_recipe(clip_folder, adapter))
+    checked = train_in_process(str(recipe), "--check", "--output", str(tmp_path / "checked"))
+    assert checked.returncode == 0, checked.stderr
+    assert "estimated peak memory per device (plain step; K = 3 samples, M = 2 views" in checked.stdout
+    size, unit = re.search(r"\n  parameters +([\d.]+) (MiB|GiB)", checked.stdout).groups()  # type: ignore[union-attr]
+    backbone = sum(p.numel() for p in build_adapter(adapter).backbone.parameters()) * 4 / 2**20  # float32, MiB
+    assert abs(float(size) * (1024 if unit == "GiB" else 1) - backbone) <= 0.005 * 1024 + 1  # printed to 0.01 GiB
+    done = train_in_process(str(recipe), "--output", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    encoder = MultiViewEncoder.from_pretrained(tmp_path / "run" / "encoder")
+    norms = [m for m in encoder.adapters["video"].backbone.modules() if isinstance(m, nn.BatchNorm3d)]
+    # BatchNorm starts at weight 1, bias 0, running mean 0: trained in training mode, all moved
+    assert norms and all(not torch.equal(m.weight, torch.ones_like(m.weight)) for m in norms)
+    assert all(m.running_mean.abs().sum() > 0 for m in norms)
+    assert main(["export", str(tmp_path / "run"), "--format", "onnx", "--output", str(tmp_path / "onnx")]) == 0
+    assert check_onnx_embed_matches_torch(tmp_path / "run", tmp_path / "onnx", tmp_path) <= 1e-4
