@@ -178,7 +178,8 @@ def test_torchvision_video_weights_from_a_tag_or_a_file(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"^torchvision_video adapter: weights 'KINETICS400_V1' of 'mc3_18' "
                                                 r"could not be downloaded from https://download\.pytorch\.org/models/"
                                                 r"mc3_18-a90a0ba3\.pth \(no route to host\); download the file "
-                                                r"elsewhere and give its path as weights$"):
+                                                r"elsewhere and give its path as weights, or set weights: null for "
+                                                r"random weights$"):
         build_adapter({"type": "torchvision_video", "model": "mc3_18", "weights": "KINETICS400_V1"})
     with pytest.raises(FileNotFoundError, match=r"weights 'K400' is neither a file nor a weight tag of 'mc3_18' "
                                                 r"\(KINETICS400_V1\)"):
@@ -449,3 +450,33 @@ def test_a_run_on_real_clips_checks_trains_embeds_and_exports(clip_folder: Path,
     assert all(m.running_mean.abs().sum() > 0 for m in norms)
     assert main(["export", str(tmp_path / "run"), "--format", "onnx", "--output", str(tmp_path / "onnx")]) == 0
     assert check_onnx_embed_matches_torch(tmp_path / "run", tmp_path / "onnx", tmp_path) <= 1e-4
+
+
+@pytest.mark.parametrize("recipe", ["ucf101", "hmdb51"])
+def test_the_video_recipes_encode_clips_with_r2plus1d_from_kinetics(recipe: str, monkeypatch):
+    """The video recipes' video adapter: R(2+1)D-18 from torchvision's Kinetics-400 file (its
+    loader replaced here: nothing is fetched), on the recipe's clips (8 frames of 112 px; on the
+    meta device, shapes only)."""
+    import torchvision
+
+    from mmviews.config import load_config, resolve_recipe
+
+    config = load_config(resolve_recipe(recipe))
+    video = config.adapters["video"]
+    assert (video["type"], video["model"], video["weights"]) == ("torchvision_video", "r2plus1d_18", "KINETICS400_V1")
+    asked = []
+
+    def from_url(url, *args, **kwargs):
+        asked.append(url)
+        with torch.device("meta"):
+            return torchvision.models.video.r2plus1d_18().state_dict()
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", from_url)
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", from_url, raising=False)
+    with torch.device("meta"):
+        adapter = build_adapter({**video, "embed_dim": config.encoder["embed_dim"]})
+        options = config.data.options
+        z = adapter({"values": torch.empty(2, options["num_frames"], 3, options["size"], options["size"])},
+                    check_inputs=False)
+    assert asked == ["https://download.pytorch.org/models/r2plus1d_18-91a641e6.pth"]
+    assert z.shape == (2, config.encoder["embed_dim"]) and adapter.config.image_size == options["size"] == 112

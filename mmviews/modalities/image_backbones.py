@@ -376,7 +376,8 @@ def torchvision_backbone(config: ClassifierBackboneConfig, module: Any, where: s
     except URLError as err:  # the tag's file is not in torch's cache and cannot be downloaded
         url = torchvision.models.get_model_weights(config.model)[tag].url
         raise FileNotFoundError(f"{where}: weights {tag!r} of {config.model!r} could not be downloaded from {url} "
-                                f"({err.reason}); download the file elsewhere and give its path as weights") from None
+                                f"({err.reason}); download the file elsewhere and give its path as weights, or set "
+                                "weights: null for random weights") from None
     feature_dim, dropped = drop(model, where)
     if weights is not None:
         load_backbone_state(model, read_weights_file(weights, config.weights_sha256, "weights"), dropped, weights)
