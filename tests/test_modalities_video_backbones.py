@@ -53,26 +53,27 @@ def hf_video(model_type: str, **keys) -> Adapter:
 
 
 def test_torchvision_video_features_are_the_models_penultimate_layer():
-    """R(2+1)D-18 (the video recipes' backbone): the features are torchvision's model with its
-    ``fc`` replaced by the identity, on clips normalised by the Kinetics-400 statistics and laid
-    out ``[B, 3, T, H, W]``; frames of another size are resized to ``image_size`` first."""
+    """The features are torchvision's model with its ``fc`` replaced by the identity, on clips
+    normalised by the Kinetics-400 statistics and laid out ``[B, 3, T, H, W]``; frames of another
+    size are resized to ``image_size`` first (MC3-18 here, the smallest; the recipes' R(2+1)D-18 is
+    the same family, built below and in the recipes' test)."""
     import torchvision
     from torchvision.transforms.v2 import functional as TF
 
-    adapter = build_adapter({"type": "torchvision_video", "model": "r2plus1d_18", "image_size": 32}).eval()
+    adapter = build_adapter({"type": "torchvision_video", "model": "mc3_18", "image_size": 16}).eval()
     assert adapter.config.mean == pytest.approx(KINETICS_MEAN.flatten().tolist())
     assert adapter.config.std == pytest.approx(KINETICS_STD.flatten().tolist())
     assert adapter.feature_dim == 512 and adapter.exact_frames is None and adapter.min_frames == 1
-    reference = torchvision.models.video.r2plus1d_18().eval()
+    reference = torchvision.models.video.mc3_18().eval()
     reference.fc = nn.Identity()
     reference.load_state_dict(adapter.backbone.state_dict())
-    x = clips(2, 4, 32)
-    wide = clips(2, 4, 40, seed=1)[..., :36]  # 40x36 frames: resized (shorter side 32), centre-cropped
+    x = clips(2, 3, 16)
+    wide = clips(2, 3, 20, seed=1)[..., :18]  # 20x18 frames: resized (shorter side 16), centre-cropped
     with torch.no_grad():
         expected = reference((x.transpose(1, 2) - KINETICS_MEAN) / KINETICS_STD)
         torch.testing.assert_close(adapter.features({"values": x}), expected)
-        small = TF.center_crop(TF.resize(wide.flatten(0, 1), [32], antialias=True), [32, 32]).clamp(0, 1)
-        expected = reference((small.view(2, 4, 3, 32, 32).transpose(1, 2) - KINETICS_MEAN) / KINETICS_STD)
+        small = TF.center_crop(TF.resize(wide.flatten(0, 1), [16], antialias=True), [16, 16]).clamp(0, 1)
+        expected = reference((small.view(2, 3, 3, 16, 16).transpose(1, 2) - KINETICS_MEAN) / KINETICS_STD)
         torch.testing.assert_close(adapter.features({"values": wide}), expected)
     with torch.device("meta"):
         assert build_adapter({"type": "torchvision_video"}).config.image_size == 112  # the weights' own crop
