@@ -33,8 +33,9 @@ HF_CONFIGS = {
     "videomae": TINY_VIDEOMAE,
     "timesformer": {**TINY_SHAPE, "model_type": "timesformer", "num_frames": 4},
     "vivit": {**TINY_SHAPE, "model_type": "vivit", "num_frames": 4, "tubelet_size": [2, 8, 8]},
-    "xclip": {"model_type": "xclip", "projection_dim": 32, "prompt_layers": 1, "prompt_attention_heads": 2,
-              "vision_config": {**TINY_SHAPE, "num_frames": 4, "mit_hidden_size": 32, "mit_intermediate_size": 64,
+    # a projection narrower than the vision tower (its multi-frame transformer runs at that width)
+    "xclip": {"model_type": "xclip", "projection_dim": 24, "prompt_layers": 1, "prompt_attention_heads": 2,
+              "vision_config": {**TINY_SHAPE, "num_frames": 4, "mit_hidden_size": 24, "mit_intermediate_size": 48,
                                 "mit_num_hidden_layers": 1, "mit_num_attention_heads": 2},
               "text_config": {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
                               "intermediate_size": 32, "vocab_size": 50}},
@@ -103,6 +104,7 @@ def test_every_torchvision_video_model_builds_and_embeds_its_smallest_clip():
             z = adapter({"values": torch.empty(2, max(t, 2), 3, side, side)}, check_inputs=False)
         assert (adapter.feature_dim, adapter.config.image_size, len(adapter.backbone_blocks())) == (width, side, blocks)
         assert z.shape == (2, 8), name
+        assert adapter.any_frames_in_onnx == name.startswith(("r", "mc", "s3d")), name  # the traced T is dynamic
         names = {n for n, _ in adapter.backbone.named_modules()}
         targets = adapter.default_lora_targets
         assert targets and all(t in names or any(n.endswith(f".{t}") for n in names) for t in targets), name
@@ -295,6 +297,7 @@ def test_hf_video_features_pool_as_each_model_does(model_type: str, tmp_path):
             expected = tokens.mean(1) if model_type == "videomae" else tokens[:, 0]
         torch.testing.assert_close(adapter.features({"values": x}), expected)
     assert adapter.config.pooling == {"videomae": "mean", "xclip": None}.get(model_type, "cls")
+    assert adapter.feature_dim == (24 if model_type == "xclip" else 32)  # X-CLIP: its projection's width
     adapter.save_pretrained(tmp_path / "saved")
     loaded = Adapter.from_pretrained(tmp_path / "saved").eval()
     with torch.no_grad():
@@ -324,8 +327,25 @@ def test_hf_video_checkpoint_folder_brings_its_processors_statistics(tmp_path):
                "shape (2, 6, 3, 32, 32))")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         adapter({"values": clips(2, 6, 32)})
-    with pytest.raises(FileNotFoundError, match="has no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"^video model: local folder .* has no config\.json"):
         build_adapter({"type": "hf_video", "model": str(tmp_path)})
+    bare = dict(TINY_VIDEOMAE)
+    del bare["model_type"]
+    assert type(build_adapter({"type": "hf_video", "backbone_config": bare}).backbone).__name__ == "VideoMAEModel"
+
+
+def test_clips_are_resized_within_the_unit_range_and_an_empty_batch_passes():
+    """Bicubic resizing overshoots at sharp edges: the resized frames are clamped to [0, 1]
+    before normalising; a batch of no clip (a process whose share of a view is empty) is resized
+    as any other."""
+    adapter = hf_video("videomae", interpolation="bicubic").eval()
+    edge = torch.zeros(1, 4, 3, 40, 40)
+    edge[..., 21:] = 1.0  # a step: bicubic resizing to 32 px gives -0.025 and 1.036 beside it
+    pixels = adapter.preprocess({"values": edge})["pixels"] * IMAGENET_STD + IMAGENET_MEAN
+    assert pixels.shape == (1, 4, 3, 32, 32)
+    assert pixels.min() >= -1e-6 and pixels.max() <= 1 + 1e-6
+    assert (pixels <= 1e-6).float().mean() > 0.4 and (pixels >= 1 - 1e-6).float().mean() > 0.4  # clamped, not scaled
+    assert adapter.preprocess({"values": torch.rand(0, 4, 3, 48, 40)})["pixels"].shape == (0, 4, 3, 32, 32)
 
 
 def test_hf_video_refuses_what_the_model_cannot_take():
@@ -370,8 +390,12 @@ def test_hf_video_checkpointing_last_n_and_lora(model_type: str):
     trained = {n for n, p in last.backbone.named_parameters() if p.requires_grad}
     prefix = "vision_model.encoder.layers." if model_type == "xclip" else "encoder.layer."
     assert {n[len(prefix):].split(".")[0] for n in trained if n.startswith(prefix)} == {"1"}
-    if model_type == "xclip":
-        assert {"visual_projection.weight", "mit.position_embedding"} <= trained
+    tail = {n for n in trained if not n.startswith(prefix)}
+    if model_type == "xclip":  # the vision tower's final norm, the projection, the multi-frame transformer
+        assert tail == {n for n, _ in last.backbone.named_parameters()
+                        if n.startswith(("vision_model.post_layernorm.", "visual_projection.", "mit."))}
+    else:  # TimeSformer's final LayerNorm; VideoMAE (mean pooling) has none
+        assert tail == ({"layernorm.weight", "layernorm.bias"} if model_type == "timesformer" else set())
     pytest.importorskip("peft", reason="peft (the optional 'lora' extra) is not installed")
     lora = hf_video(model_type, finetune={"mode": "frozen", "lora": {"r": 2}})
     wrapped = {n.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for n, p in lora.backbone.named_parameters()

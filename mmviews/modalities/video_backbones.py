@@ -29,8 +29,6 @@ from .base import register_adapter
 from .checkpointing import checkpoint_blocks, enable_transformers_checkpointing
 from .hf_backbone import transformers_backbone
 from .image_backbones import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     ClassifierBackboneConfig,
     ImageInputAdapter,
     ImageInputConfig,
@@ -48,10 +46,10 @@ class ClipInputAdapter(ImageInputAdapter):
     """An adapter whose backbone takes whole clips: ``pixels [B, T, 3, S, S]`` normalised, ``T``
     checked against :attr:`min_frames` / :attr:`exact_frames` (set by :meth:`_set_frames`)."""
 
-    min_frames: int = 1
-    exact_frames: int | None = None
-    frames_reason: str = ""
-    model_label: str = ""
+    min_frames: int
+    exact_frames: int | None
+    frames_reason: str
+    model_label: str
 
     def _set_frames(self, label: str, minimum: int, exact: int | None, reason: str) -> None:
         self.model_label, self.min_frames, self.exact_frames, self.frames_reason = label, int(minimum), exact, reason
@@ -79,7 +77,7 @@ class ClipInputAdapter(ImageInputAdapter):
             raise ValueError(f"{where}: clips must be float in [0, 1], got dtype {x.dtype}")
         x = to_device(x, self.mean.device, torch.float32)
         size = int(self.config.image_size)  # type: ignore[arg-type]
-        if shape[0] and tuple(shape[-2:]) != (size, size):
+        if tuple(shape[-2:]) != (size, size):
             b, t = shape[:2]
             x = resize_shortest_center_crop(x.reshape(b * t, *shape[2:]), (size, size), self.config.interpolation)
             x = x.clamp(0, 1).reshape(b, t, 3, size, size)
@@ -204,9 +202,9 @@ class HFVideoConfig(ImageInputConfig):
     tokens: VideoMAE, which has no class token), ``pooler`` (the model's pooled output); None:
     ``cls`` when the model has a class token, else ``mean``. X-CLIP pools with its own
     multi-frame integration transformer (``pooling`` stays None; its text tower is dropped).
-    The frame size, mean and std default to the checkpoint's processor (the size then to the
-    model config's ``image_size``, which its position embeddings fix); the clips take the
-    model config's ``num_frames``."""
+    The frame size, mean and std default to the checkpoint's processor (else ImageNet's
+    statistics, and the size the model config's ``image_size``, which its position embeddings
+    fix); the clips take the model config's ``num_frames``."""
 
     type = "hf_video"
     model: str | None = None
@@ -255,8 +253,7 @@ class HFVideoAdapter(ClipInputAdapter):
                              "hidden_size; image models take the hf_vision adapter)")
         processor = video_processor(config.model) if saved_dir is None and config.model else None
         side = int(processor_side(processor) or bcfg.image_size)
-        self._set_image_input(side, getattr(processor, "image_mean", None) or IMAGENET_MEAN,
-                              getattr(processor, "image_std", None) or IMAGENET_STD)
+        self._set_image_input(side, getattr(processor, "image_mean", None), getattr(processor, "image_std", None))
         if config.image_size != int(bcfg.image_size):
             raise ValueError(f"{where}: {name} takes frames of {bcfg.image_size}x{bcfg.image_size} px (its config's "
                              f"image_size, which its position embeddings fix), got image_size {config.image_size}")
@@ -291,8 +288,7 @@ class HFVideoAdapter(ClipInputAdapter):
     def backbone_tail(self) -> list[nn.Parameter]:
         params: list[nn.Parameter] = []
         for name, module in self.backbone.named_modules():
-            if name.rsplit(".", 1)[-1] in ("layernorm", "post_layernorm", "pooler", "fc_norm", "visual_projection",
-                                           "mit"):
+            if name.rsplit(".", 1)[-1] in ("layernorm", "post_layernorm", "pooler", "visual_projection", "mit"):
                 params += list(module.parameters())
         return params
 
