@@ -305,8 +305,9 @@ def test_hf_video_features_pool_as_each_model_does(model_type: str, tmp_path):
 
 
 def test_hf_video_checkpoint_folder_brings_its_processors_statistics(tmp_path):
-    """A local VideoMAE checkpoint with its video processor: the processor's crop, mean and std;
-    its weights; and the frames checked against its config's ``num_frames``."""
+    """A local VideoMAE checkpoint with its video processor: the processor's mean and std, the
+    crop of the model's size; its weights; the frames checked against its config's
+    ``num_frames``. The saved adapter loads without the checkpoint folder."""
     from transformers import AutoConfig, AutoModel, VideoMAEImageProcessor
 
     keys = dict(TINY_VIDEOMAE)
@@ -327,11 +328,34 @@ def test_hf_video_checkpoint_folder_brings_its_processors_statistics(tmp_path):
                "shape (2, 6, 3, 32, 32))")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         adapter({"values": clips(2, 6, 32)})
+    adapter.save_pretrained(tmp_path / "saved")
+    import shutil
+
+    shutil.rmtree(tmp_path / "ckpt")
+    loaded = Adapter.from_pretrained(tmp_path / "saved").eval()
+    assert (loaded.config.mean, loaded.config.std) == (mean, std)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded({"values": x}), adapter({"values": x}))
     with pytest.raises(FileNotFoundError, match=r"^video model: local folder .* has no config\.json"):
         build_adapter({"type": "hf_video", "model": str(tmp_path)})
     bare = dict(TINY_VIDEOMAE)
     del bare["model_type"]
     assert type(build_adapter({"type": "hf_video", "backbone_config": bare}).backbone).__name__ == "VideoMAEModel"
+
+
+def test_hf_video_without_checkpointing_or_layer_list_is_named(monkeypatch):
+    """A transformers class without activation checkpointing, or without a layer list for
+    ``last_n``, is refused naming the adapter and the class."""
+    from transformers import VideoMAEModel
+
+    import mmviews.modalities.video_backbones as video
+
+    monkeypatch.setattr(VideoMAEModel, "supports_gradient_checkpointing", False)
+    with pytest.raises(ValueError, match=r"^hf_video adapter: VideoMAEModel does not support gradient checkpointing$"):
+        hf_video("videomae", gradient_checkpointing=True)
+    monkeypatch.setattr(video, "_first_module_list", lambda model, names: None)
+    with pytest.raises(NotImplementedError, match=r"^last_n: no layer list found in VideoMAEModel$"):
+        hf_video("videomae", finetune={"mode": "last_n", "last_n": 1})
 
 
 def test_clips_are_resized_within_the_unit_range_and_an_empty_batch_passes():
@@ -359,7 +383,8 @@ def test_hf_video_refuses_what_the_model_cannot_take():
     with pytest.raises(ValueError, match=r"^hf_video adapter: X-CLIP pools its frames with its own multi-frame "
                                          r"transformer; remove pooling \('mean'\)$"):
         hf_video("xclip", pooling="mean")
-    with pytest.raises(ValueError, match=r"^hf_video adapter: ViTModel is not a video model"):
+    with pytest.raises(ValueError, match=r"^hf_video adapter: ViTModel is not a video model \(it has no num_frames, "
+                                         r"image_size and hidden_size; image models take the hf_vision adapter\)$"):
         build_adapter({"type": "hf_video", "backbone_config": TINY_VIT})
     with pytest.raises(ValueError, match=r"^hf_video adapter: TimesformerModel has no pooled output"):
         hf_video("timesformer", pooling="pooler")({"values": clips(1, 4, 32)})

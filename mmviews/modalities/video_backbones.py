@@ -35,7 +35,6 @@ from .image_backbones import (
     _first_module_list,
     attention_lora_targets,
     drop_classifier,
-    processor_side,
     torchvision_backbone,
 )
 from .inputs import require_tensor, to_device
@@ -202,9 +201,9 @@ class HFVideoConfig(ImageInputConfig):
     tokens: VideoMAE, which has no class token), ``pooler`` (the model's pooled output); None:
     ``cls`` when the model has a class token, else ``mean``. X-CLIP pools with its own
     multi-frame integration transformer (``pooling`` stays None; its text tower is dropped).
-    The frame size, mean and std default to the checkpoint's processor (else ImageNet's
-    statistics, and the size the model config's ``image_size``, which its position embeddings
-    fix); the clips take the model config's ``num_frames``."""
+    The frames are cropped to the model config's ``image_size`` (which its position embeddings
+    fix) and normalised by the checkpoint's processor's mean and std (else ImageNet's); the clips
+    take the model config's ``num_frames``."""
 
     type = "hf_video"
     model: str | None = None
@@ -219,15 +218,14 @@ _XCLIP_TEXT_PARTS = ("text_model", "text_projection", "prompts_generator", "prom
 
 
 def video_processor(model: str) -> Any:
-    """The video (else image) processor of a transformers checkpoint; None without one."""
-    from transformers import AutoImageProcessor, AutoVideoProcessor
+    """The video processor of a transformers checkpoint (transformers makes one from a video
+    model's image processor config too); None without one."""
+    from transformers import AutoVideoProcessor
 
-    for auto in (AutoVideoProcessor, AutoImageProcessor):
-        try:
-            return auto.from_pretrained(model)
-        except (OSError, ValueError, TypeError):
-            continue  # no (or another kind of) preprocessor config
-    return None
+    try:
+        return AutoVideoProcessor.from_pretrained(model)
+    except (OSError, ValueError, TypeError):  # no (or another kind of) preprocessor config
+        return None
 
 
 @register_adapter
@@ -252,8 +250,9 @@ class HFVideoAdapter(ClipInputAdapter):
             raise ValueError(f"{where}: {name} is not a video model (it has no num_frames, image_size and "
                              "hidden_size; image models take the hf_vision adapter)")
         processor = video_processor(config.model) if saved_dir is None and config.model else None
-        side = int(processor_side(processor) or bcfg.image_size)
-        self._set_image_input(side, getattr(processor, "image_mean", None), getattr(processor, "image_std", None))
+        # the frames are cropped to the size the position embeddings were made for
+        self._set_image_input(int(bcfg.image_size), getattr(processor, "image_mean", None),
+                              getattr(processor, "image_std", None))
         if config.image_size != int(bcfg.image_size):
             raise ValueError(f"{where}: {name} takes frames of {bcfg.image_size}x{bcfg.image_size} px (its config's "
                              f"image_size, which its position embeddings fix), got image_size {config.image_size}")
