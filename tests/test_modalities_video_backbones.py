@@ -136,6 +136,8 @@ def test_torchvision_video_frame_sizes_and_inputs_are_checked():
                                          r"\(torchvision\.models\.list_models\(module=torchvision\.models\.video\)\)$"):
         build_adapter({"type": "torchvision_video", "model": "resnet18"})
     adapter = build_adapter(tiny_config("torchvision_video"))
+    with pytest.raises(ValueError, match=r"^torchvision_video adapter: input dict has no key 'values' \(keys: \['clips'\]\)$"):
+        adapter({"clips": torch.rand(2, 2, 3, 16, 16)})
     for bad, message in [(torch.rand(2, 3, 16, 16), r"values must be clips \[B, T, 3, H, W\], got shape \(2, 3, 16, 16\)"),
                          (torch.rand(2, 2, 1, 16, 16), r"values must be clips \[B, T, 3, H, W\], got shape \(2, 2, 1, 16, 16\)"),
                          (torch.rand(2, 2, 3, 0, 16), r"empty spatial size in shape \(2, 2, 3, 0, 16\)"),
