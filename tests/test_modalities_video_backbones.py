@@ -102,6 +102,8 @@ def test_every_torchvision_video_model_builds_and_embeds_its_smallest_clip():
             exact = isinstance(frames, str)
             t = int(str(frames).lstrip("="))
             z = adapter({"values": torch.empty(2, max(t, 2), 3, side, side)}, check_inputs=False)
+        on_host = torch.zeros(1, max(t, 2), 3, side, side, device="cpu")
+        assert adapter.preprocess({"values": on_host})["pixels"].device.type == "meta"  # moved to the weights'
         assert (adapter.feature_dim, adapter.config.image_size, len(adapter.backbone_blocks())) == (width, side, blocks)
         assert z.shape == (2, 8), name
         assert adapter.any_frames_in_onnx == name.startswith(("r", "mc", "s3d")), name  # the traced T is dynamic
@@ -138,9 +140,13 @@ def test_torchvision_video_frame_sizes_and_inputs_are_checked():
     adapter = build_adapter(tiny_config("torchvision_video"))
     with pytest.raises(ValueError, match=r"^torchvision_video adapter: input dict has no key 'values' \(keys: \['clips'\]\)$"):
         adapter({"clips": torch.rand(2, 2, 3, 16, 16)})
+    one_pixel_wide = adapter.preprocess({"values": torch.rand(1, 2, 3, 20, 1)})["pixels"]  # resized, not refused
+    assert one_pixel_wide.shape == (1, 2, 3, 16, 16)
+    assert adapter.preprocess({"values": torch.rand(1, 2, 3, 16, 16, dtype=torch.float64)})["pixels"].dtype == torch.float32
     for bad, message in [(torch.rand(2, 3, 16, 16), r"values must be clips \[B, T, 3, H, W\], got shape \(2, 3, 16, 16\)"),
                          (torch.rand(2, 2, 1, 16, 16), r"values must be clips \[B, T, 3, H, W\], got shape \(2, 2, 1, 16, 16\)"),
                          (torch.rand(2, 2, 3, 0, 16), r"empty spatial size in shape \(2, 2, 3, 0, 16\)"),
+                         (torch.rand(2, 2, 3, 16, 0), r"empty spatial size in shape \(2, 2, 3, 16, 0\)"),
                          (torch.zeros(2, 2, 3, 16, 16, dtype=torch.uint8), r"clips must be float in \[0, 1\], got dtype torch.uint8"),
                          (torch.rand(2, 2, 3, 16, 16) * 255, r"images must be in \[0, 1\], got range")]:
         with pytest.raises(ValueError, match=f"^torchvision_video adapter: {message}"):
@@ -372,6 +378,9 @@ def test_clips_are_resized_within_the_unit_range_and_an_empty_batch_passes():
     assert pixels.min() >= -1e-6 and pixels.max() <= 1 + 1e-6
     assert (pixels <= 1e-6).float().mean() > 0.4 and (pixels >= 1 - 1e-6).float().mean() > 0.4  # clamped, not scaled
     assert adapter.preprocess({"values": torch.rand(0, 4, 3, 48, 40)})["pixels"].shape == (0, 4, 3, 32, 32)
+    exact = torch.full((1, 4, 3, 32, 32), 1.0005)  # at the model's size (and within the value check's 1e-3)
+    unchanged = adapter.preprocess({"values": exact})["pixels"] * IMAGENET_STD + IMAGENET_MEAN
+    torch.testing.assert_close(unchanged, exact)  # not resampled, not clamped
 
 
 def test_hf_video_refuses_what_the_model_cannot_take():
