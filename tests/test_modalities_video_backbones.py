@@ -377,6 +377,11 @@ def test_clips_are_resized_within_the_unit_range_and_an_empty_batch_passes():
     assert pixels.shape == (1, 4, 3, 32, 32)
     assert pixels.min() >= -1e-6 and pixels.max() <= 1 + 1e-6
     assert (pixels <= 1e-6).float().mean() > 0.4 and (pixels >= 1 - 1e-6).float().mean() > 0.4  # clamped, not scaled
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    bicubic = TF.resize(edge[0], [32], interpolation=InterpolationMode.BICUBIC, antialias=True).clamp(0, 1)
+    torch.testing.assert_close(pixels[0], TF.center_crop(bicubic, [32, 32]))
     assert adapter.preprocess({"values": torch.rand(0, 4, 3, 48, 40)})["pixels"].shape == (0, 4, 3, 32, 32)
     exact = torch.full((1, 4, 3, 32, 32), 1.0005)  # at the model's size (and within the value check's 1e-3)
     unchanged = adapter.preprocess({"values": exact})["pixels"] * IMAGENET_STD + IMAGENET_MEAN
@@ -397,7 +402,8 @@ def test_hf_video_refuses_what_the_model_cannot_take():
     with pytest.raises(ValueError, match=r"^hf_video adapter: ViTModel is not a video model \(it has no num_frames, "
                                          r"image_size and hidden_size; image models take the hf_vision adapter\)$"):
         build_adapter({"type": "hf_video", "backbone_config": TINY_VIT})
-    with pytest.raises(ValueError, match=r"^hf_video adapter: TimesformerModel has no pooled output"):
+    with pytest.raises(ValueError, match=r"^hf_video adapter: TimesformerModel has no pooled output; use pooling "
+                                         r"'cls' or 'mean'$"):
         hf_video("timesformer", pooling="pooler")({"values": clips(1, 4, 32)})
     vivit = hf_video("vivit", pooling="pooler").eval()
     with torch.no_grad():
@@ -405,7 +411,7 @@ def test_hf_video_refuses_what_the_model_cannot_take():
         torch.testing.assert_close(vivit.features({"values": clips(1, 4, 32)}), pooled)
 
 
-@pytest.mark.parametrize("model_type", ["videomae", "timesformer", "xclip"])
+@pytest.mark.parametrize("model_type", ["videomae", "timesformer", "vivit", "xclip"])
 def test_hf_video_checkpointing_last_n_and_lora(model_type: str):
     """transformers' checkpointing gives the same gradients; ``last_n`` trains the last layers
     (of X-CLIP's vision tower, with its multi-frame transformer and projection as the tail); LoRA
@@ -424,19 +430,22 @@ def test_hf_video_checkpointing_last_n_and_lora(model_type: str):
         torch.testing.assert_close(grads_ckpt[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
     last = hf_video(model_type, finetune={"mode": "last_n", "last_n": 1})
     trained = {n for n, p in last.backbone.named_parameters() if p.requires_grad}
-    prefix = "vision_model.encoder.layers." if model_type == "xclip" else "encoder.layer."
+    prefix = {"xclip": "vision_model.encoder.layers.", "vivit": "layers."}.get(model_type, "encoder.layer.")
     assert {n[len(prefix):].split(".")[0] for n in trained if n.startswith(prefix)} == {"1"}
     tail = {n for n in trained if not n.startswith(prefix)}
     if model_type == "xclip":  # the vision tower's final norm, the projection, the multi-frame transformer
         assert tail == {n for n, _ in last.backbone.named_parameters()
                         if n.startswith(("vision_model.post_layernorm.", "visual_projection.", "mit."))}
-    else:  # TimeSformer's final LayerNorm; VideoMAE (mean pooling) has none
-        assert tail == ({"layernorm.weight", "layernorm.bias"} if model_type == "timesformer" else set())
+    else:  # TimeSformer's final LayerNorm, ViViT's and its pooler; VideoMAE (mean pooling) has none
+        norm = {"layernorm.weight", "layernorm.bias"}
+        assert tail == {"videomae": set(), "timesformer": norm,
+                        "vivit": norm | {"pooler.dense.weight", "pooler.dense.bias"}}[model_type]
     pytest.importorskip("peft", reason="peft (the optional 'lora' extra) is not installed")
     lora = hf_video(model_type, finetune={"mode": "frozen", "lora": {"r": 2}})
     wrapped = {n.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for n, p in lora.backbone.named_parameters()
                if p.requires_grad}
-    assert wrapped == {"videomae": {"query", "value"}, "timesformer": {"qkv"}, "xclip": {"q_proj", "v_proj"}}[model_type]
+    assert wrapped == {"videomae": {"query", "value"}, "timesformer": {"qkv"}, "vivit": {"q_proj", "v_proj"},
+                       "xclip": {"q_proj", "v_proj"}}[model_type]
 
 
 # --------------------------------------------------------------------------- a run on real clips

@@ -285,11 +285,11 @@ class HFVideoAdapter(ClipInputAdapter):
         return blocks
 
     def backbone_tail(self) -> list[nn.Parameter]:
-        params: list[nn.Parameter] = []
-        for name, module in self.backbone.named_modules():
-            if name.rsplit(".", 1)[-1] in ("layernorm", "post_layernorm", "pooler", "visual_projection", "mit"):
-                params += list(module.parameters())
-        return params
+        model = self.backbone
+        parts = [getattr(model, "layernorm", None), getattr(model, "pooler", None)]  # TimeSformer, ViViT
+        if self.xclip:  # after the vision layers: their final norm, the projection, the multi-frame transformer
+            parts += [model.vision_model.post_layernorm, model.visual_projection, model.mit]
+        return [p for part in parts if isinstance(part, nn.Module) for p in part.parameters()]
 
     def pooled(self, pixels: torch.Tensor) -> torch.Tensor:
         if self.xclip:
