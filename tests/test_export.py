@@ -32,6 +32,9 @@ RUNS: dict[str, dict[str, str]] = {
     "cnn": {"image": "small_cnn", "flow": "flow_cnn", "audio": "audio_cnn"},
     "mlp": {"x": "mlp"},
     "sequence": {"x": "feature_sequence"},
+    # whole clips through spatiotemporal backbones: MC3-18 (any number of frames), a tiny VideoMAE (4)
+    "video3d": {"video": "torchvision_video"},
+    "videomae": {"video": "hf_video"},
 }
 
 
@@ -47,6 +50,8 @@ def make_run(folder: Path, adapters: dict[str, str]) -> Path:
         overrides: dict[str, Any] = {"input_dim": 1}
     else:
         raw["data"]["options"].update(modalities=list(adapters), missing_rate=0.25)
+        if "hf_video" in adapters.values():
+            raw["data"]["options"]["num_frames"] = 4  # the tiny VideoMAE's
         raw["data"]["eval_batch_size"] = 16  # several batches per split, the last one short
         overrides = {}
     raw["adapters"] = {}
@@ -57,6 +62,8 @@ def make_run(folder: Path, adapters: dict[str, str]) -> Path:
             cfg = adapter_config(kind, **(overrides if kind == "feature_sequence" else {}))
         if kind == "flow_clip":
             cfg["stacked_flows"] = 1
+        if kind == "torchvision_video":
+            cfg["image_size"] = 32  # the synthetic clips' (the graph takes frames at its size)
         raw["adapters"][modality] = cfg
     raw["views"] = [{"modality": m} for m in adapters]
     config = config_from_dict(raw)
@@ -142,7 +149,8 @@ def test_manifest_names_inputs_with_dynamic_batch_and_length(exported):
 
 # adapter type -> (test run, modality) whose export holds its graph; flow_cnn-stack: exported here
 GRAPHS = {"text": ("multimodal", "text"), "hf_audio": ("multimodal", "audio"), "audio_cnn": ("cnn", "audio"),
-          "feature_sequence": ("sequence", "x"), "small_cnn": ("cnn", "image"), "flow_cnn-stack": (None, None)}
+          "feature_sequence": ("sequence", "x"), "small_cnn": ("cnn", "image"), "flow_cnn-stack": (None, None),
+          "torchvision_video": ("video3d", "video"), "hf_video": ("videomae", "video")}
 
 
 @pytest.mark.parametrize("kind", list(GRAPHS))
@@ -175,6 +183,8 @@ def test_graphs_take_other_batch_sizes_and_lengths(exported, kind: str, tmp_path
             inputs["lengths"] = inputs["lengths"].clamp_max(cut)
         if base == "small_cnn":  # another image size: a CNN pools over any
             inputs["values"] = torch.rand(batch, 3, 24, 40, generator=torch.Generator().manual_seed(seed))
+        if base == "torchvision_video":  # clips of 3 and 9 frames (traced at the run's 6): a 3-D CNN takes any
+            inputs["values"] = torch.rand(batch, 3 * seed ** 2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
             reference = adapter(inputs).numpy()
         np.testing.assert_allclose(runtime.embed(inputs), reference, rtol=0, atol=1e-4)
@@ -236,6 +246,20 @@ def test_onnx_runtime_refuses_what_the_graphs_cannot_take(exported):
         encoder.embed("image", {"values": torch.rand(2, 3, 32, 32) * 2})
     with pytest.raises(ValueError, match="frames of 24x24; the graph takes 32x32"):
         encoder.embed("image", {"values": torch.rand(2, 3, 24, 24)})
+    # whole clips: the graph's frame size and number of frames, the unit range
+    video, mae = OnnxEncoder(exported["video3d"][1]), OnnxEncoder(exported["videomae"][1])
+    where = r"^video \((torchvision|hf)_video, ONNX\): "
+    for encoder, clip, message in [
+        (video, torch.rand(2, 3, 32, 32), r"values must be clips \[B, T, 3, H, W\], got shape \(2, 3, 32, 32\)$"),
+        (video, torch.rand(2, 4, 3, 24, 32), r"frames of 24x32; the graph takes 32x32 \(resizing is not part of the ONNX "
+                                             r"export: resize the frames first\)$"),
+        (video, torch.rand(2, 1, 3, 32, 32) * 2, r"clips must be in \[0, 1\], got range \[.*\] in inputs\['values'\] "
+                                                 r"of shape \(2, 1, 3, 32, 32\)$"),
+        (mae, torch.rand(2, 6, 3, 32, 32), r"the graph takes clips of 4 frames, got 6$"),
+    ]:
+        with pytest.raises(ValueError, match=where + message):
+            encoder.embed("video", {"values": clip})
+    assert video.adapters["video"].pre["frames"] is None and mae.adapters["video"].pre["frames"] == 4
 
 
 def test_export_refuses_an_existing_folder(exported, tmp_path: Path, capsys):

@@ -107,7 +107,8 @@ def test_unsupported_adapter_is_refused_by_name() -> None:
     for kind in ("feature_sequence", "mlp"):
         config = tiny_config(kind) if kind != "mlp" else {"type": "mlp", "embed_dim": 16}
         with pytest.raises(ValueError, match=rf"'{kind}' adapter does not support gradient_checkpointing.*"
-                                             r"audio_cnn, flow_clip, flow_cnn, hf_audio, hf_vision, open_clip, small_cnn, text, timm"):
+                                             r"audio_cnn, flow_clip, flow_cnn, hf_audio, hf_video, hf_vision, open_clip, small_cnn, text, timm, "
+                                             r"torchvision_video\)"):
             build_adapter({**config, "gradient_checkpointing": True})
         build_adapter({**config, "gradient_checkpointing": False})  # false is accepted everywhere
     # a mapping is checked by the recipe's validator; a config built in Python by the adapter itself

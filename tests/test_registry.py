@@ -112,6 +112,7 @@ def test_adapter_registry():
     assert set(ADAPTER_TYPES) | {"mlp"} <= set(types)
     assert all(types.values())  # every adapter class has a docstring
     assert adapter_class("mlp") is MLPAdapter and adapter_class("small_cnn") is SmallCNNVisionAdapter
+    assert {"torchvision_video", "hf_video"} <= set(types)  # the spatiotemporal video backbones
     with pytest.raises(ValueError, match="adapter type 'mlp' is registered twice"):
         register_adapter(MLPAdapter)
     with pytest.raises(ValueError, match=r"unknown adapter type 'smell'; known: .*mlp.*small_cnn"):

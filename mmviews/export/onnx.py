@@ -129,6 +129,19 @@ def _flow_clip_spec(adapter: Any) -> GraphSpec:
     return _flow_spec(int(adapter.config.stacked_flows), tuple(adapter.image_size), "per-frame")
 
 
+def _video_spec(adapter: Any) -> GraphSpec:
+    """Whole clips ``[batch, T, 3, S, S]`` at the adapter's frame size; T fixed (the model's own)
+    unless the backbone's graph takes any (torchvision's video ResNets and S3D, from their
+    smallest clip on)."""
+    side = int(adapter.config.image_size)
+    any_frames = adapter.exact_frames is None and getattr(adapter, "any_frames_in_onnx", False)
+    frames = adapter.exact_frames or max(adapter.min_frames, 2)
+    values = torch.rand(2, frames, 3, side, side, generator=_generator())
+    return GraphSpec({"values": values}, {"values": {0: "batch", 1: "frames"} if any_frames else {0: "batch"}},
+                     preprocessing={"channels": 3, "image_size": [side, side], "frames": None if any_frames else frames,
+                                    "min_frames": int(adapter.min_frames), "clips": "video"})
+
+
 def _sequence_spec(adapter: Any) -> GraphSpec:
     values = torch.randn(2, 5, adapter.config.input_dim, generator=_generator())
     # torch.export: the tracer fixes the batch size in nn.MultiheadAttention's reshapes
@@ -145,7 +158,7 @@ def _mlp_spec(adapter: Any) -> GraphSpec:
 
 _SPECS: dict[str, Callable[[Any], GraphSpec]] = {
     "text": _text_spec, "hf_audio": _waveform_spec, "audio_cnn": _waveform_spec, "open_clip": _open_clip_spec,
-    "small_cnn": _small_cnn_spec,
+    "small_cnn": _small_cnn_spec, "torchvision_video": _video_spec, "hf_video": _video_spec,
     "flow_cnn": _flow_cnn_spec, "flow_clip": _flow_clip_spec, "feature_sequence": _sequence_spec, "mlp": _mlp_spec,
 }
 def graph_spec(adapter: Any) -> GraphSpec:

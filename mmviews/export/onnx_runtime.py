@@ -11,7 +11,8 @@ vectors are averaged and normalised again.
 Inputs follow the layout of mmviews batches (:mod:`mmviews.data.batch`), as numpy arrays (or
 anything ``numpy.asarray`` takes): ``{"text": [str, ...]}`` or token ids; ``{"values": [B, T],
 "sample_rate": r, "lengths": [B]}`` for waveforms; ``{"values": [B, C, H, W] or [B, T, C, H,
-W]}`` for images and clips; ``{"values": [B, T, 2, H, W]}`` for flow; ``{"values": [B, L, D],
+W]}`` for images and clips (whole clips ``[B, T, 3, S, S]`` for the spatiotemporal video
+backbones); ``{"values": [B, T, 2, H, W]}`` for flow; ``{"values": [B, L, D],
 "lengths": [B]}`` for feature sequences. :meth:`OnnxEncoder.__call__` takes a whole
 ``ViewBatch`` (as ``mmviews embed`` does; that bridge alone converts torch tensors).
 """
@@ -95,6 +96,8 @@ class OnnxAdapter:
             return self._run(self._waveforms(inputs))
         if self.kind in ("feature_sequence", "mlp"):
             return self._run(self._sequences(inputs))
+        if self.pre.get("clips") == "video":
+            return self._run(self._clips(inputs))
         return self._frames(inputs)
 
     def _tokens(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -151,6 +154,26 @@ class OnnxAdapter:
         if "lengths" in self.input_names:
             feeds["lengths"] = self._lengths(inputs, values)
         return feeds
+
+    def _clips(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Whole clips ``[B, T, 3, S, S]`` in [0, 1] for a spatiotemporal graph: the frame size
+        and the number of frames it takes."""
+        values = _array(inputs, "values", self.where).astype(np.float32)
+        side = self.pre["image_size"]
+        if values.ndim != 5 or values.shape[2] != 3:
+            raise ValueError(f"{self.where}: values must be clips [B, T, 3, H, W], got shape {values.shape}")
+        if list(values.shape[-2:]) != list(side):
+            raise ValueError(f"{self.where}: frames of {values.shape[-2]}x{values.shape[-1]}; the graph takes "
+                             f"{side[0]}x{side[1]} (resizing is not part of the ONNX export: resize the frames first)")
+        t, fixed, least = values.shape[1], self.pre.get("frames"), int(self.pre.get("min_frames", 1))
+        if fixed is not None and t != int(fixed):
+            raise ValueError(f"{self.where}: the graph takes clips of {fixed} frames, got {t}")
+        if t < least:
+            raise ValueError(f"{self.where}: the graph takes clips of at least {least} frames, got {t}")
+        if values.size and (values.min() < -1e-3 or values.max() > 1 + 1e-3):
+            raise ValueError(f"{self.where}: clips must be in [0, 1], got range [{values.min():.3g}, "
+                             f"{values.max():.3g}] in inputs['values'] of shape {values.shape}")
+        return {"values": values}
 
     def _frames(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """Images, clips and flow: rows of ``frames_per_row`` frames through the graph; a clip's

@@ -31,6 +31,7 @@ from .mlp import MLPAdapter, MLPConfig
 from .multiview import MultiViewEncoder
 from .sequence import FeatureSequenceAdapter, FeatureSequenceConfig
 from .text import TextAdapter, TextConfig, build_word_vocab
+from .video_backbones import HFVideoAdapter, HFVideoConfig, TorchvisionVideoAdapter, TorchvisionVideoConfig
 from .vision import OpenCLIPVisionAdapter, OpenCLIPVisionConfig, SmallCNNVisionAdapter, SmallCNNVisionConfig
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "HFAudioAdapter",
     "HFAudioConfig",
     "HeadConfig",
+    "HFVideoAdapter",
+    "HFVideoConfig",
     "HFVisionConfig",
     "HFVisionAdapter",
     "LoRAConfig",
@@ -65,6 +68,8 @@ __all__ = [
     "TimmConfig",
     "TorchvisionAdapter",
     "TorchvisionConfig",
+    "TorchvisionVideoAdapter",
+    "TorchvisionVideoConfig",
     "TextAdapter",
     "TextConfig",
     "adapt_patch_embedding",

@@ -14,7 +14,8 @@ sample-keyed dropout replay the forward's keys instead (:mod:`mmviews.modalities
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import functools
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -45,18 +46,18 @@ def running_stats_frozen(module: nn.Module) -> Iterator[None]:
 
 
 class _ForwardThenRecompute:
-    """``block(*args)``; calls after the first (the recomputations in backward) leave the
-    running statistics of its BatchNorm layers alone."""
+    """``block(*args)`` (or ``call(*args)``, a function of ``block``); calls after the first (the
+    recomputations in backward) leave the running statistics of its BatchNorm layers alone."""
 
-    def __init__(self, block: nn.Module) -> None:
-        self.block, self.calls = block, 0
+    def __init__(self, block: nn.Module, call: Callable[..., Any] | None = None) -> None:
+        self.block, self.call, self.calls = block, call or block, 0
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
         if self.calls == 1:
-            return self.block(*args)
+            return self.call(*args)
         with running_stats_frozen(self.block):
-            return self.block(*args)
+            return self.call(*args)
 
 
 def checkpointed(block: nn.Module, *args: Any) -> Any:
@@ -67,6 +68,30 @@ def checkpointed(block: nn.Module, *args: Any) -> Any:
     if not torch.is_grad_enabled():
         return block(*args)
     return checkpoint(_ForwardThenRecompute(block), *args, use_reentrant=False)
+
+
+class _RecomputedForward:
+    """What :func:`checkpoint_blocks` puts in a block's ``forward``: its class's own forward, run
+    under :func:`checkpointed`'s rules. An instance attribute, so that the block keeps its place
+    and its parameters' names in the model (a wrapping module would rename them)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        self.block = block
+
+    def __call__(self, *args: Any) -> Any:
+        forward = functools.partial(type(self.block).forward, self.block)
+        if not torch.is_grad_enabled():
+            return forward(*args)
+        return checkpoint(_ForwardThenRecompute(self.block, forward), *args, use_reentrant=False)
+
+
+def checkpoint_blocks(blocks: Iterable[nn.Module]) -> None:
+    """Make each of ``blocks`` (modules of a library's model, called by its own forward) run as
+    :func:`checkpointed` runs a block: only its inputs kept for backward, its BatchNorm running
+    statistics updated once. Tensors and plain values (an MViT block's ``(T, H, W)``) may be
+    its arguments."""
+    for block in blocks:
+        block.forward = _RecomputedForward(block)  # type: ignore[method-assign]
 
 
 def enable_transformers_checkpointing(model: nn.Module, where: str) -> None:

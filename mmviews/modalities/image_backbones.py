@@ -21,7 +21,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+from urllib.error import URLError
 
 import torch
 from torch import nn
@@ -203,6 +204,18 @@ def processor_side(processor: Any) -> int | None:
     return None
 
 
+def attention_lora_targets(model: nn.Module) -> list[str]:
+    """The LoRA targets of a transformers model: its attention's query and value projections
+    (``query``/``value`` as BERT and ViT name them, else ``q_proj``/``v_proj``), or its fused
+    ``qkv`` projection (TimeSformer)."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    if "query" in names:
+        return ["query", "value"]
+    if "q_proj" not in names and "qkv" in names:
+        return ["qkv"]
+    return ["q_proj", "v_proj"]
+
+
 def _first_module_list(model: nn.Module, names: tuple[str, ...]) -> list[nn.Module] | None:
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in names and len(module):
@@ -243,8 +256,7 @@ class HFVisionAdapter(ImageInputAdapter):
         if config.pooling not in (None, "pooler", "cls", "mean"):
             raise ValueError(f"hf_vision: pooling must be 'pooler', 'cls' or 'mean', got {config.pooling!r}")
         self.feature_dim = int(bcfg.hidden_size)
-        names = {n.rsplit(".", 1)[-1] for n, m in self.backbone.named_modules() if isinstance(m, nn.Linear)}
-        self.default_lora_targets = ["query", "value"] if "query" in names else ["q_proj", "v_proj"]
+        self.default_lora_targets = attention_lora_targets(self.backbone)
         self._finish_init()
 
     def _save_extra(self, directory: Path) -> None:
@@ -338,6 +350,40 @@ def drop_classifier(model: nn.Module, where: str) -> tuple[int, set[str]]:
     return int(linear.in_features), {f"{last}.{k}" for k, _ in linear.named_parameters()}
 
 
+def torchvision_backbone(config: ClassifierBackboneConfig, module: Any, where: str, *, load_weights: bool,
+                         drop: Callable[[nn.Module, str], tuple[int, set[str]]] = drop_classifier) -> tuple[nn.Module, int]:
+    """``(model, feature width)``: torchvision's ``config.model`` (one of ``module``'s models:
+    ``torchvision.models``, ``torchvision.models.video``) without its classifier (``drop``), with
+    ``config.weights`` when ``load_weights``: a local file (:func:`read_weights_file`: checked by
+    sha256, read weights-only) or one of the model's weight tags, which torchvision downloads
+    (and checks by its own hash) into torch's cache."""
+    import torchvision
+
+    listing = "torchvision.models.list_models()" if module is torchvision.models else \
+        f"torchvision.models.list_models(module={module.__name__})"
+    require_known_model(config.model, torchvision.models.list_models(module=module), where, listing)
+    kwargs = plain_kwargs(config.model_kwargs, where)
+    weights = config.weights if load_weights else None
+    tag = None
+    if weights is not None and not os.path.isfile(os.path.expanduser(weights)):
+        tags = [w.name for w in torchvision.models.get_model_weights(config.model)]
+        if weights not in tags:
+            raise FileNotFoundError(f"{where}: weights {weights!r} is neither a file nor a weight tag of "
+                                    f"{config.model!r} ({', '.join(tags) or 'none'})")
+        tag, weights = weights, None
+    try:
+        model = torchvision.models.get_model(config.model, weights=tag, **kwargs)
+    except URLError as err:  # the tag's file is not in torch's cache and cannot be downloaded
+        url = torchvision.models.get_model_weights(config.model)[tag].url
+        raise FileNotFoundError(f"{where}: weights {tag!r} of {config.model!r} could not be downloaded from {url} "
+                                f"({err.reason}); download the file elsewhere and give its path as weights, or set "
+                                "weights: null for random weights") from None
+    feature_dim, dropped = drop(model, where)
+    if weights is not None:
+        load_backbone_state(model, read_weights_file(weights, config.weights_sha256, "weights"), dropped, weights)
+    return model, feature_dim
+
+
 @dataclass
 class TorchvisionConfig(ClassifierBackboneConfig):
     __doc__ = ClassifierBackboneConfig.__doc__
@@ -356,23 +402,8 @@ class TorchvisionAdapter(ImageInputAdapter):
         super().__init__(config)
         import torchvision
 
-        where = "torchvision adapter"
-        require_known_model(config.model, torchvision.models.list_models(module=torchvision.models), where,
-                            "torchvision.models.list_models()")
-        kwargs = plain_kwargs(config.model_kwargs, where)
-        weights = config.weights if load_weights and saved_dir is None else None
-        tag = None
-        if weights is not None and not os.path.isfile(os.path.expanduser(weights)):
-            tags = [w.name for w in torchvision.models.get_model_weights(config.model)]
-            if weights not in tags:
-                raise FileNotFoundError(f"{where}: weights {weights!r} is neither a file nor a weight tag of "
-                                        f"{config.model!r} ({', '.join(tags) or 'none'})")
-            tag, weights = weights, None
-        self.backbone = torchvision.models.get_model(config.model, weights=tag, **kwargs)
-        self.feature_dim, dropped = drop_classifier(self.backbone, where)
-        if weights is not None:
-            load_backbone_state(self.backbone, read_weights_file(weights, config.weights_sha256, "weights"),
-                                dropped, weights)
+        self.backbone, self.feature_dim = torchvision_backbone(config, torchvision.models, "torchvision adapter",
+                                                               load_weights=load_weights and saved_dir is None)
         size = None
         if config.model.startswith(("vit_", "swin_", "maxvit")):  # fixed input size
             size = int(getattr(self.backbone, "image_size", 224))

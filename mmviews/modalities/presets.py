@@ -46,6 +46,9 @@ TINY_VIT: dict[str, Any] = {
     "patch_size": 8,
 }
 
+# A 2-layer VideoMAE on clips of 4 frames of 32x32 (transformers), 2x8x8 tubelets.
+TINY_VIDEOMAE: dict[str, Any] = {**TINY_VIT, "model_type": "videomae", "num_frames": 4, "tubelet_size": 2}
+
 TINY_BERT: dict[str, Any] = {
     "hidden_size": 32,
     "num_hidden_layers": 2,
@@ -63,6 +66,9 @@ _TINY: dict[str, dict[str, Any]] = {
     "torchvision": {"type": "torchvision", "model": "mobilenet_v2", "model_kwargs": {"width_mult": 0.25},
                     "image_size": 32},
     "timm": {"type": "timm", "model": "test_resnet", "image_size": 32},
+    # torchvision's smallest video model (MC3-18, 11.7 M parameters; none is smaller) on 16 px frames
+    "torchvision_video": {"type": "torchvision_video", "model": "mc3_18", "image_size": 16},
+    "hf_video": {"type": "hf_video", "backbone_config": TINY_VIDEOMAE},
     "hf_audio": {"type": "hf_audio", "backbone_config": TINY_HUBERT},
     "audio_cnn": {"type": "audio_cnn", "n_mels": 16, "channels": [16, 16]},
     "flow_cnn": {"type": "flow_cnn", "channels": [8, 16]},
@@ -79,6 +85,9 @@ _REALISTIC: dict[str, dict[str, Any]] = {
     "hf_vision": {"type": "hf_vision", "backbone_config": {"model_type": "vit"}},
     "torchvision": {"type": "torchvision", "model": "resnet50", "image_size": 224},
     "timm": {"type": "timm", "model": "vit_small_patch16_224"},
+    # R(2+1)D-18 on 8 frames of 112 px (31 M parameters); VideoMAE-base on 16 frames of 224 px (86 M)
+    "torchvision_video": {"type": "torchvision_video", "model": "r2plus1d_18"},
+    "hf_video": {"type": "hf_video", "backbone_config": {"model_type": "videomae"}},
     # HuBERT-base sized (95 M parameters), random weights.
     "hf_audio": {"type": "hf_audio", "backbone_config": {"model_type": "hubert"}},
     "audio_cnn": {"type": "audio_cnn", "n_mels": 64, "channels": [128, 256, 256]},
@@ -116,6 +125,12 @@ def example_inputs(kind: str, batch: int, realistic: bool = False, seed: int = 0
     if kind in ("open_clip", "small_cnn", "hf_vision", "torchvision", "timm"):
         size = 224 if (realistic and kind != "small_cnn") else 32
         return {"values": torch.rand(batch, 3, size, size, generator=g)}
+    if kind in ("torchvision_video", "hf_video"):
+        if kind == "torchvision_video":
+            t, size = (8, 112) if realistic else (2, 16)
+        else:
+            t, size = (16, 224) if realistic else (4, 32)
+        return {"values": torch.rand(batch, t, 3, size, size, generator=g)}
     if kind in ("hf_audio", "audio_cnn"):
         n = 16000 if realistic else 4000
         lengths = torch.randint(n // 2, n + 1, (batch,), generator=g)

@@ -127,6 +127,8 @@ _EXAMPLE_INPUTS: dict[str, str] = {
     "small_cnn": '{"values": images}  # [B, C, H, W] float',
     "open_clip": '{"values": images}  # [B, 3, H, W] float',
     "torchvision": '{"values": images}  # [B, 3, H, W] float',
+    "torchvision_video": '{"values": clips}  # [B, T, 3, H, W] float in [0, 1]',
+    "hf_video": '{"values": clips}  # [B, T, 3, H, W] float in [0, 1], T the model\'s num_frames',
     "flow_cnn": '{"values": flows}  # [B, T, 2, H, W] optical flow',
     "flow_clip": '{"values": flows}  # [B, T, 2, H, W] optical flow',
     "feature_sequence": '{"values": features, "lengths": lengths}  # [B, L, D] float, [B] int',
