@@ -35,7 +35,7 @@ import yaml
 
 from mmviews.fileio import atomic_write_text, is_folder_name
 from mmviews.registry import did_you_mean
-from mmviews.schema import FLOAT_LITERAL, ConfigError, build_section, check_keys, coerce
+from mmviews.schema import FLOAT_LITERAL, ConfigError, build_section, check_keys, coerce, where
 
 if TYPE_CHECKING:
     from mmviews.data.views import ViewSpec
@@ -314,6 +314,9 @@ def _adapter_configs(config: TrainConfig, source: str) -> dict[str, AdapterConfi
     embed_dim = config.encoder.get("embed_dim")
     if embed_dim is not None:  # fills the adapters that do not set their own
         coerce(embed_dim, int, "encoder.embed_dim", source)
+        if embed_dim < 1:  # a zero-width projection builds, and fails only in the first evaluation or step
+            raise ConfigError(f"{where(source, 'encoder.embed_dim')}: must be >= 1 (the size of the shared "
+                              f"embedding), got {embed_dim}")
     out = {}
     for modality, raw in config.adapters.items():
         key = f"adapters.{modality}"

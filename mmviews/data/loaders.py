@@ -23,8 +23,9 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mmviews.data.registry import build_dataset, list_datasets
+from mmviews.data.registry import build_dataset, dataset_option_types, list_datasets
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.schema import ConfigError, coerce
 
 
 class DataSource(Protocol):
@@ -125,6 +126,7 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
             raise ValueError(f"key 'data.streaming': streaming reads Parquet shards through data.name: hf, not "
                              f"{data.name!r}; write them with `mmviews prepare {data.name} ROOT --format parquet`")
         kwargs["streaming"] = True
+    kwargs.update(_typed_options(data, split, kwargs))
     try:
         dataset = build_dataset(data.name, split=split, **kwargs)
     except TypeError as error:
@@ -153,6 +155,33 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
                 prefix = f"dataset {data.name!r}, split {split!r}: "
         raise type(error)(prefix + message) from None
     return CachedDataset(dataset) if data.cache else dataset
+
+
+def _typed_options(data: DataSource, split: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` checked against the annotations of dataset ``data.name``'s options
+    (:func:`mmviews.data.registry.dataset_option_types`), as a recipe section is checked: a
+    ``ValueError`` naming the key (``data.options.OPTION``, or ``data.split_options.SPLIT.OPTION``
+    when set there), the type expected and the value, before the dataset sees it (where a wrong
+    type fails deep inside it). The values as checked (``1e-3`` read as a number). An option of
+    an annotation the recipe validator does not type (a tuple, a path object) is left to the dataset."""
+    types = dataset_option_types(data.name)
+    checked = {}
+    for option, value in options.items():
+        if option not in types:
+            continue  # the dataset's own (unknown options are refused when it is called)
+        key = (f"data.split_options.{split}.{option}" if option in data.split_options.get(split, {})
+               else f"data.options.{option}")
+        try:
+            checked[option] = coerce(value, types[option], key, _CHECKED)
+        except ConfigError as error:
+            raise ValueError(str(error).removeprefix(f"{_CHECKED}: ")) from None
+        except TypeError:  # an annotation beyond the recipe types (coerce's own refusal)
+            continue
+    return checked
+
+
+# the source given to mmviews.schema.coerce, removed from its message (the caller names the recipe)
+_CHECKED = "<data options>"
 
 
 def _split_keys(data: DataSource, split: str) -> list[str]:

@@ -107,6 +107,7 @@ from mmviews.train.memory import tensor_bytes
 from mmviews.train.step_log import StepLogger
 from mmviews.train.trackers import resolve_trackers
 from mmviews.train.model_card import write_model_card
+from mmviews.train.preflight import check_evaluation_labels
 from mmviews.train.resume import auto_resume_checkpoint
 from mmviews.train.state import TrainState
 from mmviews.train.setup import epoch_loader, make_accelerator, planned_steps, prepare_run
@@ -253,6 +254,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
             raise ConfigError("--overwrite replaces the run, output.auto_resume continues it: choose one")
         checkpoint = auto_resume_checkpoint(config, run_dir, processes.is_main_process, processes.num_processes)
     parts = build_run(config, processes.num_processes, source)
+    check_evaluation_labels(parts, source)  # as --check does: else found at the first evaluation, maybe the last
     finished = None if checkpoint is None else read_finished_run(
         run_dir, checkpoint, planned_steps(config, len(parts.train_loader))[0], reevaluate)
     if finished is not None and not reevaluate:
