@@ -25,7 +25,7 @@ from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics
 from mmviews.eval.probes import (class_prototype_accuracy, knn_accuracy, linear_probe_classification,
                                  linear_probe_regression)
 from mmviews.eval.retrieval import cross_view_retrieval
-from mmviews.eval.tasks import EvalTask, parse_tasks
+from mmviews.eval.tasks import EvalTask, extracted_splits, parse_tasks
 
 # The function that runs each task kind: its signature holds the defaults of TASK_PARAMS
 # (``mmviews list tasks`` reads them from there).
@@ -259,19 +259,18 @@ def evaluate_encoder(
     parsed = parse_tasks(tasks)
     if test_loader is None and val_loader is None:
         raise ValueError("evaluate_encoder needs a test or a validation loader to evaluate on")
-    needs_train = any(t.needs_train for t in parsed)
-    if needs_train and train_loader is None:
+    extracted = extracted_splits(parsed, val_loader is not None, test_loader is not None)
+    if "train" in extracted and train_loader is None:
         kinds = sorted({t.kind for t in parsed if t.needs_train})
         raise ValueError(f"tasks {kinds} need a train_loader")
-    split = "test" if test_loader is not None else "val"
-    eval_loader = test_loader if test_loader is not None else val_loader
+    split = extracted[-1]
+    eval_loader = test_loader if split == "test" else val_loader
 
     def extract(loader: Any, name: str) -> Embeddings:
         return extract_embeddings(encoder, loader, accelerator, fuse, desc=f"embeddings ({name})", progress=progress)
 
-    needs_val = needs_train or any(t.needs_val for t in parsed)
-    train = extract(train_loader, "train") if needs_train else None
-    val = extract(val_loader, "val") if needs_val and val_loader is not None and split == "test" else None
+    train = extract(train_loader, "train") if "train" in extracted else None
+    val = extract(val_loader, "val") if "val" in extracted[:-1] else None
     ev = extract(eval_loader, split)
 
     is_main = accelerator is None or accelerator.is_main_process
