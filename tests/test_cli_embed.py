@@ -86,7 +86,7 @@ def test_embed_writes_the_runs_evaluation_views(run_with_evaluation_views: Path,
     out = tmp_path / "emb.parquet"
     rc, printed, err = cli(capsys, "embed", str(run), str(run / "config.yaml"), "--output", str(out))
     assert rc == 0, err
-    assert "(image_0, image_1, audio_0; precision no)" in printed
+    assert "(image_0, image_1, audio_0; precision float32)" in printed  # not "precision no" (issue 50)
     table = datasets.Dataset.from_parquet(str(out))
     assert table.column_names[:2] == ["split", "sample_id"]
     assert {"image_0", "image_1", "audio_0"} <= set(table.column_names) and "image_aug_1" not in table.column_names

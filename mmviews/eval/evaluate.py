@@ -217,6 +217,33 @@ def _halves(emb: Embeddings) -> tuple[Embeddings, Embeddings]:
     return part(slice(0, half)), part(slice(half, None))
 
 
+def check_task_labels(tasks: Sequence[EvalTask], loaders: Mapping[str, Any]) -> None:
+    """A ``ValueError`` naming the task, the label and the labels there are, when a label a task
+    reads (``linear:KEY``, ``knn:KEY``...) is not carried by the first sample of a split it is
+    extracted from (``loaders``: split name -> loader): said before any split is embedded, not
+    after. Loaders whose samples are not mmviews sample dicts are not checked."""
+    from mmviews.data.streaming import first_samples
+    from mmviews.registry import did_you_mean
+
+    wanted = [task for task in tasks if task.label is not None]
+    for split, loader in loaders.items():
+        dataset = getattr(loader, "dataset", None)
+        if not wanted or dataset is None:
+            continue
+        try:
+            first = first_samples(dataset, 1)
+        except (TypeError, NotImplementedError):  # an iterable dataset of the caller's, without a length
+            continue
+        if not first or not isinstance(first[0], Mapping) or not isinstance(first[0].get("labels", {}), Mapping):
+            continue
+        carried = sorted(first[0].get("labels") or {})
+        for task in wanted:
+            if task.label not in carried:
+                raise ValueError(f"task '{task.kind}:{task.label}' reads the label {task.label!r}, which the samples of "
+                                 f"the {split} split do not carry{did_you_mean(task.label, carried)}; they carry "
+                                 f"{carried or 'no labels'}")
+
+
 def evaluate_encoder(
     encoder: Encoder,
     train_loader: Any | None,
@@ -265,6 +292,8 @@ def evaluate_encoder(
         raise ValueError(f"tasks {kinds} need a train_loader")
     split = extracted[-1]
     eval_loader = test_loader if split == "test" else val_loader
+    by_split = {"train": train_loader, "val": val_loader, "test": test_loader}
+    check_task_labels(parsed, {name: by_split[name] for name in extracted})  # before the (slow) extraction
 
     def extract(loader: Any, name: str) -> Embeddings:
         return extract_embeddings(encoder, loader, accelerator, fuse, desc=f"embeddings ({name})", progress=progress)
