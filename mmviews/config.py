@@ -509,12 +509,35 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>", *, adapt
     return config
 
 
+def _refuse_duplicate_keys(node: Any, path: Path, prefix: str = "") -> None:
+    """A :class:`ConfigError` naming a key that a mapping of the recipe gives twice, with both
+    lines: YAML keeps the last one silently, so the first would be lost without a word."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            # a scalar key by its tag and text: 1 and '1' are two keys
+            key = (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            dotted = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key is not None and key in seen:
+                raise ConfigError(f"{path}: key '{dotted}' is given twice, on lines {seen[key]} and {line} (YAML would "
+                                  "keep the second silently): keep one")
+            if key is not None:
+                seen[key] = line
+            _refuse_duplicate_keys(value_node, path, dotted)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, path, f"{prefix}.{i}" if prefix else str(i))
+
+
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"recipe not found: {path}")
+    text = path.read_text()
     try:
-        data = yaml.safe_load(path.read_text())
+        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if data is None:

@@ -164,6 +164,25 @@ def test_dataset_options_are_checked_against_the_datasets_annotations(data: Data
     assert str(raised.value) == message
 
 
+def test_an_option_left_from_the_recipes_dataset_says_to_drop_it(capsys, tmp_path: Path) -> None:
+    """Issue 50: `--set data.name=hf` over the quickstart kept its synthetic split_options
+    (num_samples), and the hf dataset failed on them without saying to drop them."""
+    root = _image_folder(tmp_path / "images", label_folders=True)
+    rc, out, err = cli(capsys, "train", "quickstart", "--check", "--set", "data.name=hf", "--set", f"data.root={root}",
+                       "--set", "data.options={format: imagefolder, image_size: 8}")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert line.startswith("mmviews train: error: key 'data.split_options.train.num_samples': dataset 'hf' has no "
+                           "option 'num_samples' (an option of 'gaussian_latents', 'identifiability', 'synthetic': left "
+                           "from the recipe's dataset?); drop it: remove it from the recipe, or replace the section, "
+                           "--set data.split_options.train={...} ({} for none); the options of 'hf': audio, "), line
+    # a misspelt option gets the spelling instead
+    data = DataConfig(name="hf", root=str(root), options={"image_sise": 8})
+    with pytest.raises(ValueError, match=r"^key 'data.options.image_sise': dataset 'hf' has no option 'image_sise' "
+                                         r"\(did you mean 'image_size'\?\); the options of 'hf': audio, "):
+        build_dataset_split(data, "train")
+
+
 def test_dataset_options_of_the_right_type_reach_the_dataset_as_checked() -> None:
     """Right values pass, per split too; an annotation the recipe types do not cover (the video
     size's tuple) is left to the dataset, which refuses what it cannot take itself."""

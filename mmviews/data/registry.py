@@ -79,6 +79,36 @@ def _annotations(function: Callable[..., Any]) -> dict[str, Any]:
             if p.kind in keyword and name in hints and name not in _NOT_OPTIONS}
 
 
+def _takes_any_keyword(function: Callable[..., Any]) -> bool:
+    target = getattr(function, "func", function)
+    target = target.__init__ if isinstance(target, type) else target
+    try:
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return True
+
+
+def dataset_takes_other_options(name: str) -> bool:
+    """Whether dataset ``name`` may take options beyond :func:`dataset_option_types` (a builder or
+    a target of its ``options_from`` that takes ``**options`` and passes them on unseen): then an
+    option not among them cannot be called unknown before the dataset is built."""
+    builder = _DATASETS.get(name)
+    if not _takes_any_keyword(builder):
+        return False
+    targets = _OPTIONS_FROM.get(name, ())
+    if not targets:
+        return True
+    return any(_takes_any_keyword(_resolved(target)) for target in targets)
+
+
+def _resolved(target: Callable[..., Any] | str) -> Callable[..., Any]:
+    """An ``options_from`` entry as the callable it names (``"module:name"`` imported now)."""
+    if isinstance(target, str):
+        module, _, attribute = target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    return target
+
+
 def dataset_option_types(name: str) -> dict[str, Any]:
     """``{option: annotation}`` of dataset ``name``'s options: its builder's own keyword
     parameters, and those of the callables its ``**options`` go to (``options_from``; an option
@@ -86,10 +116,7 @@ def dataset_option_types(name: str) -> dict[str, Any]:
     own = _annotations(_DATASETS.get(name))
     passed: dict[str, list[Any]] = {}
     for target in _OPTIONS_FROM.get(name, ()):
-        if isinstance(target, str):  # "module:name", imported now
-            module, _, attribute = target.partition(":")
-            target = getattr(importlib.import_module(module), attribute)
-        for option, annotation in _annotations(target).items():
+        for option, annotation in _annotations(_resolved(target)).items():
             if option not in own and annotation not in passed.setdefault(option, []):
                 passed[option].append(annotation)
     return {**own, **{option: typing.Union[tuple(types)] for option, types in passed.items()}}
