@@ -479,7 +479,8 @@ def test_baseline_and_framework_are_the_processes_readings(tiny_parts, monkeypat
     estimate = estimate_memory(tiny_parts, measure_slack=False, on_host=True)
     assert estimate.baseline == 900 * MB - estimate.parameters and estimate.framework == 48 * MB
     assert estimate.evaluation_kept == 0
-    assert estimate.host == estimate.baseline + estimate.framework  # no sample cache in this recipe
+    # no sample cache in this recipe; the sampler's order of its 24 training samples
+    assert estimate.host == estimate.baseline + estimate.framework + estimate.sampler and estimate.sampler == 8 * 24
     assert next(readings, None) is None  # every reading used
 
 
@@ -1001,13 +1002,20 @@ def test_sample_bytes_is_the_mean_of_the_first_samples_tensors_and_utf8_text() -
     assert memory.sample_bytes([]) == 0.0
 
 
-def test_split_datasets_are_the_training_split_and_each_evaluation_split_once() -> None:
-    train, valid = ["train"], ["valid"]
-    parts = SimpleNamespace(datasets={"train": train}, eval_loaders={
-        "train": SimpleNamespace(dataset=train), "valid": SimpleNamespace(dataset=valid), "test": None,
-        "again": SimpleNamespace(dataset=valid)})
-    found = memory._split_datasets(parts)
+def test_split_datasets_are_the_training_split_and_each_evaluated_split_once() -> None:
+    from mmviews.eval.tasks import parse_tasks
+
+    def parts(tasks, test):
+        config = SimpleNamespace(evaluation=SimpleNamespace(tasks=tasks), eval_tasks=parse_tasks(tasks) if tasks else [])
+        return SimpleNamespace(config=config, datasets={"train": train}, eval_loaders={
+            "train": SimpleNamespace(dataset=train), "val": SimpleNamespace(dataset=valid), "test": test})
+
+    train, valid, test = ["train"], ["valid"], ["test"]
+    found = memory._split_datasets(parts(["linear:class"], SimpleNamespace(dataset=valid)))  # valid twice: once
     assert len(found) == 2 and found[0] is train and found[1] is valid
+    found = memory._split_datasets(parts(["retrieval"], SimpleNamespace(dataset=test)))  # valid is not embedded
+    assert len(found) == 2 and found[0] is train and found[1] is test
+    assert memory._split_datasets(parts([], SimpleNamespace(dataset=test))) == [train]  # no evaluation
 
 
 @pytest.mark.parametrize("workers,batches", [(0, 0), (1, 2), (3, 6)])
