@@ -264,6 +264,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: str | os.PathLike[str] | 
     _claim_run_dir(accelerator, parts, run_dir, on_exit, fresh=checkpoint is None, overwrite=overwrite)
     losses, absent = _announce_data_losses(accelerator, parts)
     p = prepare_run(accelerator, parts)
+    p.state.leg_started = started  # a resume adds the earlier legs' wall time (from the checkpoint) to this one's
     progress.append(p.state)
     random_metrics = _resume_or_evaluate_random(p, parts, run_dir, checkpoint, resume_ignore_rng)
     log = StepLogger(accelerator, config, run_dir, trackers=trackers, total_steps=p.total_steps,
@@ -474,8 +475,9 @@ def _summary(run: _Run, *, started: float, finished: dict[str, Any] | None, chec
         "samples_seen": state.samples, "final_loss": run.log.last_loss,
         # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
         "global_batch_size": config.data.batch_size, "grad_accum_steps": config.optimisation.grad_accum_steps,
-        # an evaluation run again (reevaluate) keeps the wall time of the training
-        "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
+        # every leg of the run (a resume counts the legs before it up to its checkpoint); an evaluation
+        # run again (reevaluate) keeps the wall time of the training
+        "wall_time_s": (finished or {}).get("wall_time_s") or state.wall_time_s,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "sharding": "fsdp" if p.sharded else "none", "mixed_precision": accelerator.mixed_precision,
         "compile": bool(config.optimisation.compile), "host_memory": host_memory_state(),
