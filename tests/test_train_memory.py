@@ -444,18 +444,6 @@ def test_the_identifiability_tasks_kernels_are_counted_on_the_splits_it_fits_and
     assert _static_estimate(tiny_parts).evaluation_tasks == identifiability_peak_bytes(8, 8) > 0
 
 
-def test_extracted_splits_without_a_test_or_a_validation_split() -> None:
-    from mmviews.eval.tasks import extracted_splits, parse_tasks
-
-    linear, identifiability = parse_tasks(["linear:class"]), parse_tasks(["identifiability"])
-    assert extracted_splits(linear, has_val=True, has_test=False) == ("train", "val")  # val is the evaluated split
-    assert extracted_splits(linear, has_val=False, has_test=True) == ("train", "test")
-    assert extracted_splits(identifiability, has_val=False, has_test=True) == ("test",)  # fits on halves of test
-    assert extracted_splits(identifiability, has_val=True, has_test=False) == ("val",)
-    with pytest.raises(ValueError, match="needs a test or a validation split"):
-        extracted_splits(linear, has_val=False, has_test=False)
-
-
 def test_the_sample_cache_counts_the_splits_the_run_reads(tiny_parts, monkeypatch) -> None:
     """With data.cache, a split the evaluation never embeds is never read into the cache."""
     from mmviews.eval.tasks import parse_tasks
