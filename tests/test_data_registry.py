@@ -87,3 +87,24 @@ def test_dataset_option_types_without_targets_or_annotations(empty_registry):
         return []
 
     assert registry.dataset_option_types("bare") == {}
+
+
+def test_whether_a_dataset_takes_options_beyond_its_annotated_ones(empty_registry):
+    @registry.register_dataset("closed", "c", options_from=[_ToyData])
+    def build_closed(root=None, split="train", **options):
+        return _ToyData(3, **options)
+
+    @registry.register_dataset("open", "o", options_from=[_ToyData, _OtherToyData])  # _OtherToyData takes **rest
+    def build_open(root=None, split="train", **options):
+        return []
+
+    @registry.register_dataset("unsaid", "u")  # **options going nobody knows where
+    def build_unsaid(root=None, split="train", **options):
+        return []
+
+    @registry.register_dataset("plain", "p")
+    def build_plain(root=None, split="train", size: int = 3):
+        return []
+
+    assert [registry.dataset_takes_other_options(n) for n in ("closed", "open", "unsaid", "plain")] == [
+        False, True, True, False]

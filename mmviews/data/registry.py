@@ -52,7 +52,8 @@ def register_dataset(name: str, description: str = "",
     ``name`` (``description`` defaults to the first line of the builder's docstring).
     ``options_from``: the callables a builder's ``**options`` are passed on to (a dataset class,
     or ``"module:name"`` for one imported only when needed), whose annotated keyword parameters
-    type the recipe's ``data.options`` (:func:`dataset_option_types`). A name registered twice raises ``ValueError``."""
+    type the recipe's ``data.options`` (:func:`dataset_option_types`). A name registered twice
+    raises ``ValueError``."""
     _OPTIONS_FROM[name] = tuple(options_from)
     return _DATASETS.register(name, description)
 
@@ -80,6 +81,7 @@ def _annotations(function: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _takes_any_keyword(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` (a class: its ``__init__``) takes ``**kwargs`` (unknown: as if it did)."""
     target = getattr(function, "func", function)
     target = target.__init__ if isinstance(target, type) else target
     try:
