@@ -83,11 +83,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mmviews.data.streaming import first_samples
+from mmviews.eval.tasks import extracted_splits
 from mmviews.process_memory import reset_resident_peak, resident_bytes, resident_peak_bytes, trim_host_memory
 from mmviews.train.build import RunParts, uses_teacher
 from mmviews.train.distributed import steps_on_cpu
 from mmviews.train.sharding import run_sharding, unit_parameter_bytes
-from mmviews.eval.tasks import extracted_splits
 
 GB = 1024**3
 
@@ -115,7 +115,7 @@ class MemoryEstimate:
     batch_per_sample: float = 0.0  # collated (and host-prepared) inputs, bytes per sample
     prefetched_batches: int = 0  # batches waiting from the loader's workers
     baseline: int = 0  # measured resident set of the process without the parameters (host)
-    sample_cache: int = 0  # data.cache: the samples of every split the run reads, once each has been read (host)
+    sample_cache: int = 0  # data.cache: the samples of the splits the run reads, once each is read (host)
     sampler: int = 0  # the training sampler's shuffled order of the epoch, int64 per sample (host)
     evaluation: int = 0  # embeddings extracted by the evaluation (the splits its tasks embed)
     evaluation_tasks: int = 0  # the largest working memory of a task on them (identifiability's kernels)
@@ -628,9 +628,10 @@ def sample_bytes(dataset: Any, count: int = 4) -> float:
 
 
 def evaluated_loaders(parts: RunParts) -> dict[str, Any]:
-    """The evaluation loaders whose splits the recipe's tasks embed (:func:`mmviews.eval.tasks.extracted_splits`:
-    e.g. not the training split for ``identifiability``, which fits on valid and scores on test);
-    empty without tasks or without a split to evaluate on."""
+    """The evaluation loaders whose splits the recipe's tasks embed
+    (:func:`mmviews.eval.tasks.extracted_splits`: e.g. not the training split for
+    ``identifiability``, which fits on valid and scores on test); empty without tasks or without
+    a split to evaluate on."""
     loaders = {role: loader for role, loader in (parts.eval_loaders or {}).items() if loader is not None}
     if not parts.config.evaluation.tasks or not ({"val", "test"} & set(loaders)):
         return {}
