@@ -346,10 +346,10 @@ def disk_space_line(parts: RunParts, run_dir: Path) -> str | None:
     free, needed = free_bytes(run_dir), parts.config.output.keep_last + 1
     if free >= needed * one:
         return None
-    return (f"{run_dir}: {free} bytes free, less than {needed} checkpoints (output.keep_last = {needed - 1} kept and the "
-            f"next one, written before the oldest is deleted; about {one} bytes each, from the parameter and optimiser "
-            f"sizes): the run would stop on a full disk at its checkpoint {needed} or before; free some space or choose another "
-            "--output")
+    return (f"{run_dir}: {free} bytes free, less than {needed} checkpoints (output.keep_last = {needed - 1} kept and "
+            f"the next one, written before the oldest is deleted; about {one} bytes each, from the parameter and "
+            f"optimiser sizes): the run would stop on a full disk at its checkpoint {needed} or before; free some "
+            "space or choose another --output")
 
 
 def data_check_lines(parts: RunParts) -> list[str]:
