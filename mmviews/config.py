@@ -35,7 +35,7 @@ import yaml
 
 from mmviews.fileio import atomic_write_text, is_folder_name
 from mmviews.registry import did_you_mean
-from mmviews.schema import FLOAT_LITERAL, ConfigError, build_section, check_keys, coerce
+from mmviews.schema import FLOAT_LITERAL, ConfigError, build_section, check_keys, coerce, where
 
 if TYPE_CHECKING:
     from mmviews.data.views import ViewSpec
@@ -321,6 +321,9 @@ def _adapter_configs(config: TrainConfig, source: str) -> dict[str, AdapterConfi
     embed_dim = config.encoder.get("embed_dim")
     if embed_dim is not None:  # fills the adapters that do not set their own
         coerce(embed_dim, int, "encoder.embed_dim", source)
+        if embed_dim < 1:  # a zero-width projection builds, and fails only in the first evaluation or step
+            raise ConfigError(f"{where(source, 'encoder.embed_dim')}: must be >= 1 (the size of the shared "
+                              f"embedding), got {embed_dim}")
     out = {}
     for modality, raw in config.adapters.items():
         key = f"adapters.{modality}"
@@ -514,12 +517,35 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<config>", *, adapt
     return config
 
 
+def _refuse_duplicate_keys(node: Any, path: Path, prefix: str = "") -> None:
+    """A :class:`ConfigError` naming a key that a mapping of the recipe gives twice, with both
+    lines: YAML keeps the last one silently, so the first would be lost without a word."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            # a scalar key by its tag and text: 1 and '1' are two keys
+            key = (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            dotted = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key is not None and key in seen:
+                raise ConfigError(f"{path}: key '{dotted}' is given twice, on lines {seen[key]} and {line} (YAML would "
+                                  "keep the second silently): keep one")
+            if key is not None:
+                seen[key] = line
+            _refuse_duplicate_keys(value_node, path, dotted)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, path, f"{prefix}.{i}" if prefix else str(i))
+
+
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"recipe not found: {path}")
+    text = path.read_text()
     try:
-        data = yaml.safe_load(path.read_text())
+        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if data is None:

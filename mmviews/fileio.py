@@ -13,7 +13,8 @@ kernel crash the file system may hold the new name pointing at data never writte
 data flushed (``fsync``), then the rename, then the parent folder flushed (``fsync`` of the
 folder makes the rename itself durable). A folder (a checkpoint, ``encoder/``, an export) is
 committed the same way by :func:`commit_folder`: every file and sub-folder in it flushed, the
-folder renamed, its parent flushed.
+folder renamed, its parent flushed. Its files and folders get the umask's permissions too,
+whichever library wrote them (safetensors leaves 0600, ``mkdtemp`` 0700).
 
 **A full disk** (``ENOSPC``, or ``EDQUOT`` when a quota is reached) while writing is turned into
 a :class:`DiskFullError` naming the folder, the bytes the write needed and the bytes free
@@ -41,10 +42,26 @@ class DiskFullError(OSError):
     folder, the bytes needed and the bytes free."""
 
 
-def _umask_mode() -> int:
+def _umask() -> int:
     mask = os.umask(0)  # reading the umask means setting it; put it back at once
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+def _umask_mode() -> int:
+    """The mode ``open`` gives a new file under the process's umask."""
+    return 0o666 & ~_umask()
+
+
+def follow_umask(path: str | os.PathLike[str]) -> None:
+    """Give ``path`` the permissions the process's umask gives a new file (``0o666 & ~umask``)
+    or folder (``0o777 & ~umask``): for what another library created with its own (``mkstemp``
+    and safetensors leave files 0600, ``mkdtemp`` folders 0700), so that a colleague reads a run
+    as the umask allows. A symbolic link is left alone (chmod would change its target)."""
+    path = Path(path)
+    if path.is_symlink():
+        return
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -112,10 +129,14 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
 
 def commit_folder(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
     """Rename the complete folder ``tmp`` to ``final`` durably: every file and sub-folder of
-    ``tmp`` flushed, then the rename (``final`` must not exist), then the parent folder flushed."""
+    ``tmp`` given the umask's permissions (:func:`follow_umask`: whichever library wrote them,
+    e.g. safetensors' 0600 weights) and flushed, then the rename (``final`` must not exist), then
+    the parent folder flushed."""
     tmp, final = Path(tmp), Path(final)
     for path in sorted(tmp.rglob("*"), reverse=True):  # a path sorts after its folder: files flushed first
+        follow_umask(path)
         fsync_path(path)
+    follow_umask(tmp)
     fsync_path(tmp)
     os.replace(tmp, final)
     fsync_path(final.parent)

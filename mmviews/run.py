@@ -365,7 +365,8 @@ _STATE_KEYS = ("epoch", "batch_in_epoch", "step", "samples")
 
 def read_train_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
     """A checkpoint's ``train_state.json``: ``{"epoch", "batch_in_epoch", "step", "samples"}``
-    (non-negative ints) and ``"files"`` (the :func:`checkpoint_file_records` written with it,
+    (non-negative ints), ``"wall_time_s"`` (the run's wall time up to it, every leg; 0.0 in
+    checkpoints from before it was kept) and ``"files"`` (the :func:`checkpoint_file_records` written with it,
     or None for checkpoints from before they were recorded). Anything else is a
     :class:`CorruptFileError` naming the file."""
     path = Path(checkpoint) / TRAIN_STATE_FILE
@@ -382,10 +383,14 @@ def read_train_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
             isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
             for v in files.values())):
         raise CorruptFileError(f"{path}: key 'files' must map file names to {{'bytes', 'sha256'}}")
+    wall_time = data.get("wall_time_s", 0.0)  # the run's wall time up to the checkpoint (absent in older ones)
+    if isinstance(wall_time, bool) or not isinstance(wall_time, (int, float)) or not 0 <= wall_time < float("inf"):
+        raise CorruptFileError(f"{path}: key 'wall_time_s' must be a non-negative number of seconds, got {wall_time!r}")
     stream = data.get("stream")  # a streamed run's loader position (mmviews.data.streaming), JSON data
     if stream is not None and not isinstance(stream, dict):
         raise CorruptFileError(f"{path}: key 'stream' must be an object, got {type(stream).__name__}")
-    return {**{k: int(data.get(k, 0)) for k in _STATE_KEYS}, "files": files, "stream": stream}
+    return {**{k: int(data.get(k, 0)) for k in _STATE_KEYS}, "wall_time_s": float(wall_time), "files": files,
+            "stream": stream}
 
 
 def verify_checkpoint_file(checkpoint: Path, name: str, records: dict[str, dict[str, Any]] | None) -> Path:

@@ -110,7 +110,7 @@ def coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise fail("a list")
         (item_tp,) = typing.get_args(tp) or (Any,)
         return [coerce(v, item_tp, f"{key}.{i}", source) for i, v in enumerate(value)]
-    if origin in (dict, Mapping) or tp is dict:
+    if origin in (dict, Mapping, collections.abc.Mapping) or tp is dict:
         if not isinstance(value, Mapping):
             raise fail("a mapping")
         key_tp, item_tp = typing.get_args(tp) or (str, Any)

@@ -138,6 +138,60 @@ def test_option_set_per_split_and_root_errors_name_their_keys() -> None:
         build_dataset_split(DataConfig(name="gaussian_latents", options={"sigma0": -1.0}), "train")
 
 
+def test_a_dataset_option_of_the_wrong_type_is_one_line_naming_its_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 50: `--set data.options.num_classes=four --check` was a 29-line TypeError traceback
+    from inside the dataset; the options are typed by the dataset's own annotations."""
+    rc, out, err = cli(capsys, "train", "quickstart", "--check", "--set", "data.options.num_classes=four")
+    assert rc == 2 and "OK" not in out and "Traceback" not in err
+    assert one_line_error(err) == "mmviews train: error: key 'data.options.num_classes': expected int, got str 'four'"
+
+
+@pytest.mark.parametrize("data,message", [
+    (DataConfig(name="synthetic", split_options={"train": {"num_samples": "many"}}),
+     "key 'data.split_options.train.num_samples': expected int, got str 'many'"),
+    (DataConfig(name="synthetic", options={"modalities": "text"}),
+     "key 'data.options.modalities': expected a list, got str 'text'"),
+    (DataConfig(name="synthetic", options={"missing_rate": {"text": "half"}}),
+     "key 'data.options.missing_rate': expected float or Mapping, got dict {'text': 'half'}"),
+    (DataConfig(name="identifiability", options={"statistical_dependence": "yes please"}),
+     "key 'data.options.statistical_dependence': expected bool, got str 'yes please'"),
+    (DataConfig(name="hf", root="/", options={"columns": {"x": 3}}),
+     "key 'data.options.columns.x': expected str, got int 3"),
+])
+def test_dataset_options_are_checked_against_the_datasets_annotations(data: DataConfig, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(data, "train")
+    assert str(raised.value) == message
+
+
+def test_an_option_left_from_the_recipes_dataset_says_to_drop_it(capsys, tmp_path: Path) -> None:
+    """Issue 50: `--set data.name=hf` over the quickstart kept its synthetic split_options
+    (num_samples), and the hf dataset failed on them without saying to drop them."""
+    root = _image_folder(tmp_path / "images", label_folders=True)
+    rc, out, err = cli(capsys, "train", "quickstart", "--check", "--set", "data.name=hf", "--set", f"data.root={root}",
+                       "--set", "data.options={format: imagefolder, image_size: 8}")
+    line = one_line_error(err)
+    assert rc == 2 and "OK" not in out
+    assert line.startswith("mmviews train: error: key 'data.split_options.train.num_samples': dataset 'hf' has no "
+                           "option 'num_samples' (an option of 'gaussian_latents', 'identifiability', 'synthetic': left "
+                           "from the recipe's dataset?); drop it: remove it from the recipe, or replace the section, "
+                           "--set data.split_options.train={...} ({} for none); the options of 'hf': audio, "), line
+    # a misspelt option gets the spelling instead
+    data = DataConfig(name="hf", root=str(root), options={"image_sise": 8})
+    with pytest.raises(ValueError, match=r"^key 'data.options.image_sise': dataset 'hf' has no option 'image_sise' "
+                                         r"\(did you mean 'image_size'\?\); the options of 'hf': audio, "):
+        build_dataset_split(data, "train")
+
+
+def test_dataset_options_of_the_right_type_reach_the_dataset_as_checked() -> None:
+    """Right values pass, per split too; an annotation the recipe types do not cover (the video
+    size's tuple) is left to the dataset, which refuses what it cannot take itself."""
+    data = DataConfig(name="synthetic", options={"missing_rate": "1e-1", "num_classes": 3},
+                      split_options={"valid": {"num_samples": 8}})
+    dataset = build_dataset_split(data, "valid")
+    assert len(dataset) == 8 and dataset.num_classes == 3
+
+
 def test_wrong_column_through_the_command_line(capsys: pytest.CaptureFixture[str], rows_dataset: Path,
                                                tmp_path: Path) -> None:
     recipe = tmp_path / "rows.yaml"
@@ -377,3 +431,57 @@ def test_check_says_when_the_estimate_does_not_bound_the_peak(capsys, monkeypatc
     rc, out, err = cli(capsys, "train", str(recipe), "--check")
     assert rc == 0, err
     assert (f"note: {host_memory.HOLD_NOTE}" in out) is (state == "hold")
+
+
+def _image_folder(root: Path, label_folders: bool) -> Path:
+    from PIL import Image
+
+    for split, n in (("train", 4), ("test", 4)):
+        for i in range(n):
+            folder = root / split / (f"c{i % 2}" if label_folders else "")
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(folder / f"{i}.png")
+    return root
+
+
+def _image_recipe(tmp_path: Path, root: Path) -> Path:
+    recipe = tmp_path / "images.yaml"
+    recipe.write_text(f"""name: images
+data: {{name: hf, root: {root}, options: {{format: imagefolder, image_size: 8}}, train_split: train, val_split: null,
+        test_split: test, batch_size: 2}}
+views: [{{modality: image, copies: 2}}]
+adapters: {{image: {{type: small_cnn, channels: [4], embed_dim: 4, head: {{kind: linear}}}}}}
+optimisation: {{max_steps: 1}}
+evaluation: {{tasks: ['linear:class']}}
+output: {{progress_bar: false}}
+""")
+    return recipe
+
+
+def test_an_image_folder_without_label_folders_is_refused_saying_where_labels_come_from(capsys, tmp_path: Path) -> None:
+    """Issue 50: images straight in ROOT/SPLIT/ got the split's name as their label from datasets
+    ('train' rows: None), --check said OK and the run failed at its first evaluation. Both refuse
+    it now, the same way, before the run folder is written."""
+    recipe = _image_recipe(tmp_path, _image_folder(tmp_path / "flat", label_folders=False))
+    expected = ("task 'linear' reads the label 'class', which the samples of split 'train' do not carry; they carry "
+                "no labels: use a task without a label, e.g. 'retrieval', or map the label to a dataset column "
+                "(data.options.labels: {class: <column>}); an image folder's label 'class' is the name of the folder "
+                f"each image is in: ROOT/SPLIT/LABEL/x.png; the images of {tmp_path / 'flat'} lie directly in "
+                "ROOT/SPLIT/, with no LABEL/ folders")
+    rc, out, err = cli(capsys, "train", str(recipe), "--check", "--output", str(tmp_path / "run"))
+    assert rc == 2 and "OK" not in out and expected in one_line_error(err)
+    rc, _, err = cli(capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
+    assert rc == 2 and expected in one_line_error(err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_image_folder_with_label_folders_carries_their_names(capsys, tmp_path: Path) -> None:
+    from mmviews.data.hf import HFDataset
+
+    root = _image_folder(tmp_path / "classes", label_folders=True)
+    dataset = HFDataset(root, "train", image_size=8)
+    assert sorted(dataset[i]["labels"]["class"] for i in range(4)) == [0, 0, 1, 1]
+    assert dataset.label_note.startswith("an image folder's label 'class' is the name of the folder")
+    assert "no LABEL/ folders" not in dataset.label_note
+    rc, out, _ = cli(capsys, "train", str(_image_recipe(tmp_path, root)), "--check", "--output", str(tmp_path / "run"))
+    assert rc == 0 and "OK" in out

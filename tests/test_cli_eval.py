@@ -286,10 +286,29 @@ def test_options_override_the_runs_settings(run: Path, tmp_path: Path, capsys) -
     assert folder == out_dir
     meta = report["meta"]
     assert (meta["precision"], meta["seed"], meta["fuse"], meta["tasks"]) == ("no", 9, "concat", "knn:class")
+    assert f"report written to {out_dir} (precision float32, seed 9, fuse concat;" in out  # not "precision no"
     assert "test/knn/class/top1" in report["metrics"] and not any("retrieval" in key for key in report["metrics"])
     assert meta["n_val"] > 0  # the validation split was read (it picks the probes' settings)
     assert f"No training log at {tmp_path / 'no-log.csv'}" in (folder / "summary.md").read_text()
     assert set(read_manifest(run)["created"]) == before  # a folder outside the run is not the run's
+
+
+def test_a_label_the_data_lacks_is_refused_before_any_split_is_embedded(run: Path, tmp_path: Path, capsys,
+                                                                          monkeypatch) -> None:
+    """Issue 50: `mmviews eval RUN --tasks knn:colour` embedded every split before saying the
+    label does not exist."""
+    import mmviews.eval.evaluate as evaluate
+
+    embedded = []
+    monkeypatch.setattr(evaluate, "extract_embeddings", lambda *a, **k: embedded.append(k["desc"]))
+    rc, _, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "out"), "--tasks", "retrieval", "knn:colour")
+    assert rc == 2 and embedded == []
+    assert one_line_error(err) == ("mmviews eval: error: task 'knn:colour' reads the label 'colour', which the samples "
+                                   "of the train split do not carry; they carry ['class', 'content_u', 'content_v', "
+                                   "'sentiment']")
+    rc, _, err = cli(capsys, "eval", str(run), "--output", str(tmp_path / "out"), "--tasks", "linear:clas")
+    assert rc == 2 and embedded == [] and "reads the label 'clas', which the samples of the train split do not carry " \
+        "(did you mean 'class'?)" in one_line_error(err)
 
 
 def test_without_tasks_in_the_recipe_retrieval_and_diagnostics_are_evaluated(tmp_path: Path, capsys) -> None:

@@ -57,3 +57,54 @@ def test_register_dataset_with_a_description_keeps_it(empty_registry):
     assert registry.list_datasets() == {"toy": "given here"}
     with pytest.raises(ValueError, match="dataset 'toy' is registered twice"):
         registry.register_dataset("toy")(build_toy)
+
+
+class _ToyData:
+    def __init__(self, size: int, *, scale: float = 1.0, name: str = "toy", shape: tuple[int, int] = (1, 1)) -> None:
+        self.size, self.scale = size, scale
+
+
+class _OtherToyData:
+    def __init__(self, *, scale: str = "log", depth: int = 2, **rest: object) -> None:
+        pass
+
+
+def test_dataset_option_types_are_the_builders_own_then_those_its_options_go_to(empty_registry):
+    @registry.register_dataset("toy", "t", options_from=[_ToyData, f"{__name__}:_OtherToyData"])
+    def build_toy(root=None, split: str = "train", size: int | None = None, **options):
+        return _ToyData(size or 3, **options)
+
+    types = registry.dataset_option_types("toy")
+    # the builder's own parameters win over the targets' (size), root and split are the recipe's keys,
+    # an option two targets type differently is typed by the union, **rest is no option
+    assert types == {"size": int | None, "scale": float | str, "name": str, "shape": tuple[int, int], "depth": int}
+
+
+def test_dataset_option_types_without_targets_or_annotations(empty_registry):
+    @registry.register_dataset("bare")
+    def build_bare(root=None, split="train", size=3, **options):
+        """Bare."""
+        return []
+
+    assert registry.dataset_option_types("bare") == {}
+
+
+def test_whether_a_dataset_takes_options_beyond_its_annotated_ones(empty_registry):
+    @registry.register_dataset("closed", "c", options_from=[_ToyData])
+    def build_closed(root=None, split="train", **options):
+        return _ToyData(3, **options)
+
+    @registry.register_dataset("open", "o", options_from=[_ToyData, _OtherToyData])  # _OtherToyData takes **rest
+    def build_open(root=None, split="train", **options):
+        return []
+
+    @registry.register_dataset("unsaid", "u")  # **options going nobody knows where
+    def build_unsaid(root=None, split="train", **options):
+        return []
+
+    @registry.register_dataset("plain", "p")
+    def build_plain(root=None, split="train", size: int = 3):
+        return []
+
+    assert [registry.dataset_takes_other_options(n) for n in ("closed", "open", "unsaid", "plain")] == [
+        False, True, True, False]

@@ -111,3 +111,24 @@ def test_batch_policy_growing_vs_fixed():
     assert list(s) != batches
     with pytest.raises(ValueError, match="empty"):
         ViewSetBatchSampler(0, 4, 2)
+
+
+def test_the_sampler_draws_torchs_permutation_without_a_list_of_every_index():
+    """The epoch's order is torch.randperm seeded by seed and epoch, batch after batch (the same
+    order as ever: runs and resumes stay bit-identical); it is kept as one int64 tensor, not a
+    list of 2^24 Python ints (0.6 GB on the identifiability recipe, issue 50)."""
+    import tracemalloc
+
+    s = ViewSetBatchSampler(10, 4, num_views=2, seed=3, drop_last=False)
+    s.set_epoch(2)
+    order = torch.randperm(10, generator=torch.Generator().manual_seed(3 * 1_000_003 + 2)).tolist()
+    assert list(s) == [order[:4], order[4:8], order[8:]]
+    assert list(ViewSetBatchSampler(10, 4, num_views=2, shuffle=False)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    big = ViewSetBatchSampler(2**22, 1024, num_views=2)
+    tracemalloc.start()
+    try:
+        first = next(iter(big))
+        python_bytes = tracemalloc.get_traced_memory()[1]  # the peak of Python objects (a tensor's are not)
+    finally:
+        tracemalloc.stop()
+    assert len(first) == 1024 and python_bytes < 2**20  # a list of every index: 150 MB here

@@ -345,3 +345,23 @@ def test_the_task_passes_its_folds_and_reads_view_names_without_modalities():
     score.view_names, score.view_modalities = ["x1", "x2"], []
     named = identifiability_metrics(fit, score, "test", blocks=["content"], fit_samples=12)
     assert {k.split("/")[2] for k in named if k.startswith("test/")} == {"x1", "x2"}
+
+
+@pytest.mark.parametrize("fit,score,fit_samples", [(512, 1024, 256), (1024, 512, 512), (600, 300, 2048)])
+def test_the_peak_bytes_counted_for_check_are_the_metrics_live_tensors(fit, score, fit_samples):
+    """``mmviews train --check`` counts the kernel ridge's float64 kernels in the evaluation's peak
+    (issue 50: without them the identifiability estimate fell short once the training split was no
+    longer counted): within 15 % of the live tensors measured while the metrics run, in the
+    scoring-bound and the refit-bound regime and with fewer fit samples than the limit."""
+    from mmviews.eval.identifiability import identifiability_peak_bytes
+    from mmviews.train.memory import LiveTensorBytes
+
+    ds = build_dataset("identifiability", split="valid", num_samples=fit + score, num_modalities=2)
+    both = _embeddings(ds, fit + score, {"x1": "content", "x2": "content"})
+    half = lambda rows: Embeddings(both.views[rows], both.mask[rows], both.fused[rows],  # noqa: E731
+                                   {k: v[rows] for k, v in both.labels.items()}, both.view_names, None,
+                                   both.view_modalities)
+    with LiveTensorBytes() as live:
+        identifiability_metrics(half(slice(0, fit)), half(slice(fit, None)), "test", fit_samples=fit_samples,
+                                gammas=(1.0,), alphas=(0.1,))
+    assert abs(identifiability_peak_bytes(fit, score, fit_samples) - live.peak) <= 0.15 * live.peak, live.peak

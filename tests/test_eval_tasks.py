@@ -56,3 +56,29 @@ def test_every_kind_has_a_function_a_description_and_the_function_s_parameters()
         accepted = set(inspect.signature(TASK_FUNCTIONS[kind]).parameters)
         # "pairs" chooses the views the function is called on; every other parameter is the function's
         assert TASK_PARAMS[kind] - {"pairs"} <= accepted, kind
+
+
+@pytest.mark.parametrize("tasks,has_val,has_test,splits", [
+    (["linear:class"], True, True, ("train", "val", "test")),  # fits on train, selects on val, scores on test
+    (["knn"], True, True, ("train", "val", "test")),
+    (["retrieval", "diagnostics"], True, True, ("test",)),  # the evaluated split alone
+    (["identifiability"], True, True, ("val", "test")),  # fits on valid: never the training split
+    (["identifiability", "retrieval"], True, True, ("val", "test")),
+    (["linear:class"], True, False, ("train", "val")),  # val is the evaluated split: extracted once
+    (["linear:class"], False, True, ("train", "test")),
+    (["identifiability"], False, True, ("test",)),  # fits and scores on halves of test
+    (["identifiability"], True, False, ("val",)),
+    (["retrieval"], True, False, ("val",)),
+])
+def test_extracted_splits_are_the_ones_the_tasks_embed(tasks, has_val, has_test, splits):
+    """Issue 50: what the evaluation embeds, and so what ``--check`` counts."""
+    from mmviews.eval.tasks import extracted_splits
+
+    assert extracted_splits(parse_tasks(tasks), has_val=has_val, has_test=has_test) == splits
+
+
+def test_extracted_splits_need_a_split_to_evaluate_on():
+    from mmviews.eval.tasks import extracted_splits
+
+    with pytest.raises(ValueError, match="^an evaluation needs a test or a validation split to evaluate on$"):
+        extracted_splits(parse_tasks(["linear:class"]), has_val=False, has_test=False)

@@ -48,6 +48,35 @@ def test_permissions_follow_the_umask(tmp_path: Path, umask: int, mode: int):
     assert stat.S_IMODE(path.stat().st_mode) == mode
 
 
+@pytest.mark.parametrize("umask", [0o027, 0o002])
+def test_a_committed_folder_follows_the_umask_whichever_library_wrote_it(tmp_path: Path, umask: int):
+    """safetensors writes its files 0600 and mkdtemp makes folders 0700: a folder committed by
+    save_folder / commit_folder gives each the umask's permissions (issue 50)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from mmviews.fileio import save_folder
+
+    def write(folder: Path) -> None:
+        save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        (folder / "sub").mkdir(mode=0o700)
+        (folder / "sub" / "state.bin").write_bytes(b"x")
+        os.chmod(folder / "sub" / "state.bin", 0o600)
+        (folder / "link").symlink_to(folder / "sub" / "state.bin")
+
+    old = os.umask(umask)
+    try:
+        final = save_folder(tmp_path / "checkpoint", write)
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in [final, *final.rglob("*")]
+             if not p.is_symlink()}
+    files, folders = 0o666 & ~umask, 0o777 & ~umask
+    assert modes == {"checkpoint": folders, "checkpoint/model.safetensors": files, "checkpoint/sub": folders,
+                     "checkpoint/sub/state.bin": files}
+    assert (final / "link").is_symlink()
+
+
 def test_disk_full_errors_name_folder_needed_and_free(tmp_path, monkeypatch):
     """Unit: ENOSPC and EDQUOT become one DiskFullError naming the folder, the bytes needed and
     free; the partial folder is removed; other errors pass unchanged."""

@@ -424,3 +424,17 @@ def test_nan_label_in_a_hf_dataset_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"split 'train'\]: label 'score' \(column 'score'\) is not finite \(nan\) at row 1"):
         build_dataset("hf", root=root, split="train", columns={"x": "x"}, labels={"score": "score"})
 
+
+
+def test_every_file_and_folder_of_a_run_follows_the_umask(tiny_run):
+    """Issue 50: the checkpoints' model.safetensors (written by safetensors) were 0600 while the
+    run's other files were 0644: a colleague on a shared cluster could not read the weights."""
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)  # the umask the run's process inherited from this one
+    modes = {str(p.relative_to(tiny_run)): stat.S_IMODE(p.stat().st_mode) for p in tiny_run.rglob("*")}
+    assert any(name.endswith("model.safetensors") and "checkpoint" in name for name in modes)
+    expected = {name: (0o777 if (tiny_run / name).is_dir() else 0o666) & ~umask for name in modes}
+    assert modes == expected

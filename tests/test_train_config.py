@@ -46,6 +46,34 @@ def test_unknown_key_names_key_and_file(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("text,message", [
+    ("name: a\ndata:\n  batch_size: 8\n  name: synthetic\n  batch_size: 16\n",
+     "key 'data.batch_size' is given twice, on lines 3 and 5"),
+    ("name: a\nseed: 1\nname: b\n", "key 'name' is given twice, on lines 1 and 3"),
+    ("views:\n  - {modality: image, copies: 2, copies: 3}\n", "key 'views.0.copies' is given twice, on lines 2 and 2"),
+    ("objective: {name: mv_dhel, params: {temperature: 0.1, temperature: 0.2}}\n",
+     "key 'objective.params.temperature' is given twice, on lines 1 and 1"),
+])
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, text, message):
+    """Issue 50: YAML keeps the last of two equal keys silently: the first value was lost."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{path}: {message} (YAML would keep the second silently): keep one"
+
+
+def test_keys_that_differ_in_type_or_place_are_not_duplicates(tmp_path):
+    path = tmp_path / "fine.yaml"
+    path.write_text("name: a\ndata: {name: synthetic, options: {1: x, '1': y}}\n"
+                    "views: [{modality: image}, {modality: image}]\nadapters: {image: {type: small_cnn, "
+                    "head: {kind: linear}}}\n")
+    from mmviews.config import read_yaml
+
+    assert read_yaml(path)["data"]["options"] == {1: "x", "1": "y"}
+    assert read_yaml(path)["views"] == [{"modality": "image"}, {"modality": "image"}]
+
+
 def test_wrong_type_names_key_and_file(tmp_path):
     raw = tiny_config()
     raw["data"]["batch_size"] = "sixteen"

@@ -40,7 +40,9 @@ def test_short_run_trains_checkpoints_evaluates_and_reports(tmp_path):
     assert [c.name for c in ckpts] == ["checkpoint-00000021", "checkpoint-00000024"]
     assert not list((run / "checkpoints").glob(".tmp-*"))
     train_state = json.loads((ckpts[-1] / "train_state.json").read_text())
-    assert {k: v for k, v in train_state.items() if k != "files"} == {"epoch": 4, "batch_in_epoch": 0, "step": 24, "samples": 384}
+    assert {k: v for k, v in train_state.items() if k not in ("files", "wall_time_s")} == {
+        "epoch": 4, "batch_in_epoch": 0, "step": 24, "samples": 384}
+    assert 0 < train_state["wall_time_s"] <= json.loads((run / "results.json").read_text())["wall_time_s"]
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "objective.pt"} <= set(train_state["files"])
 
     # Evaluation of the trained and of the randomly initialised encoder, and the report.

@@ -260,7 +260,7 @@ MB = 2**20
 PARTS = dict(parameters=1 * MB, gradients=2 * MB, optimizer_state=4 * MB, teacher=8 * MB, baseline=16 * MB,
              framework=32 * MB, sample_cache=64 * MB, allocator_slack=128 * MB, objective=256 * MB,
              activation_fixed=512 * MB, activation_per_sample=1024.0, working_fixed=2048 * MB,
-             working_per_sample=4096.0, batch_per_sample=8192.0, prefetched_batches=2, evaluation=0)
+             working_per_sample=4096.0, batch_per_sample=8192.0, prefetched_batches=2, evaluation=0, sampler=4096 * MB)
 
 
 def _parts(**changes) -> MemoryEstimate:
@@ -271,7 +271,7 @@ def _parts(**changes) -> MemoryEstimate:
 
 
 def _expected_step(e: MemoryEstimate, encoded: int, cached: bool) -> int:
-    host = e.baseline + e.framework + e.sample_cache if e.on_host else 0
+    host = e.baseline + e.framework + e.sample_cache + e.sampler if e.on_host else 0
     weights = e.parameters + e.gradients + e.optimizer_state + e.teacher
     batches = e.batch_per_sample * e.samples_per_device * (1 + e.prefetched_batches)
     encoder = (e.activation_fixed + e.activation_per_sample * encoded + e.working_fixed
@@ -288,9 +288,9 @@ def test_every_part_is_in_the_plain_steps_peak(on_host: bool) -> None:
     assert e.step == e.total == _expected_step(e, 16, cached=False)
     # each part alone: the total moves by exactly that part (host parts only on the host)
     for name in ("parameters", "gradients", "optimizer_state", "teacher", "allocator_slack", "objective",
-                 "activation_fixed", "working_fixed", "baseline", "framework", "sample_cache"):
+                 "activation_fixed", "working_fixed", "baseline", "framework", "sample_cache", "sampler"):
         without = _parts(on_host=on_host, **{name: 0})
-        host_part = name in ("baseline", "framework", "sample_cache")
+        host_part = name in ("baseline", "framework", "sample_cache", "sampler")
         assert e.total - without.total == (0 if host_part and not on_host else PARTS[name]), name
 
 
@@ -311,10 +311,11 @@ def test_the_evaluations_peak_holds_no_gradients() -> None:
     """The evaluation holds the weights, optimiser state, teacher and the extracted embeddings,
     not the gradients; the peak is the larger of it and the step."""
     e = _parts(evaluation=2**40)
-    evaluating = (e.baseline + e.framework + e.sample_cache + e.parameters + e.optimizer_state + e.teacher
+    evaluating = (e.baseline + e.framework + e.sample_cache + e.sampler + e.parameters + e.optimizer_state + e.teacher
                   + e.evaluation)
     assert e.evaluating == e.total == evaluating
     assert _parts(evaluation=2**40, gradients=0).total == e.total  # no gradient term in the evaluation's peak
+    assert _parts(evaluation=2**40, evaluation_tasks=2**30).total == e.total + 2**30  # a task's kernels add
     assert _parts(evaluation=0).total == _expected_step(e, 16, cached=False)
 
 
@@ -385,6 +386,77 @@ def test_evaluation_part_is_the_embeddings_extracted_from_every_split(tiny_parts
     assert _static_estimate(tiny_parts).evaluation == 0
 
 
+@pytest.mark.parametrize("tasks,splits", [
+    (["linear:class"], ("train", "val", "test")),  # fits on train, selects on val, scores on test
+    (["retrieval", "diagnostics"], ("test",)),  # the evaluated split alone
+    (["identifiability"], ("val", "test")),  # fits on val: no training split (issue 50: 2.00 GiB counted)
+])
+def test_evaluation_part_counts_only_the_splits_the_tasks_embed(tiny_parts, monkeypatch, tasks, splits) -> None:
+    """Issue 50: ``--check`` on identifiability counted the embeddings of the training split
+    (2^24 samples), which that task never extracts. Each split is counted by what the real
+    evaluation extracts (evaluate_encoder, its extraction recorded), 24, 8 and 16 samples."""
+    import mmviews.eval.evaluate as evaluate
+    from mmviews.eval.tasks import parse_tasks
+
+    monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", tasks)
+    monkeypatch.setitem(tiny_parts.config.__dict__, "eval_tasks", parse_tasks(tasks))  # the resolved tasks
+    real, extracted = evaluate.extract_embeddings, {}
+
+    def recording(encoder, loader, *args, **kwargs):
+        extracted[kwargs["desc"]] = real(encoder, loader, *args, **kwargs)
+        if len(extracted) == len(splits):
+            raise StopIteration  # the extraction is what is compared: no task needs to run
+        return extracted[kwargs["desc"]]
+
+    monkeypatch.setattr(evaluate, "extract_embeddings", recording)
+    loaders = tiny_parts.eval_loaders
+    with pytest.raises(StopIteration):
+        evaluate.evaluate_encoder(tiny_parts.encoder, loaders["train"], loaders["val"], loaders["test"], tasks,
+                                  progress=False)
+    names = {"train": "embeddings (train)", "val": "embeddings (val)", "test": "embeddings (test)"}
+    assert list(extracted) == [names[split] for split in splits]
+    assert _static_estimate(tiny_parts).evaluation == _storage_bytes(e.views for e in extracted.values()) > 0
+
+
+def test_the_sampler_order_is_one_int64_per_training_sample(tiny_parts) -> None:
+    """The shuffled order the training sampler holds for the epoch (issue 50: 0.6 GB on the
+    identifiability recipe's 2^24 samples, then as Python ints, were not in the estimate)."""
+    estimate = _static_estimate(tiny_parts)
+    assert estimate.sampler == 8 * 24 and estimate.sampler == torch.randperm(24).nbytes
+    line = "  sampler order     0.0 MiB (the epoch's shuffled order of the training samples, 8 bytes each)"
+    assert line in estimate.lines()
+
+
+def test_the_identifiability_tasks_kernels_are_counted_on_the_splits_it_fits_and_scores(tiny_parts, monkeypatch):
+    from mmviews.eval.identifiability import identifiability_peak_bytes
+    from mmviews.eval.tasks import parse_tasks
+
+    for tasks, expected in ((["identifiability"], identifiability_peak_bytes(8, 16)),  # fit on valid, scored on test
+                            ([{"kind": "identifiability", "fit_samples": 6}], identifiability_peak_bytes(8, 16, 6)),
+                            (["linear:class", "retrieval"], 0)):
+        monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", tasks)
+        monkeypatch.setitem(tiny_parts.config.__dict__, "eval_tasks", parse_tasks(tasks))
+        estimate = _static_estimate(tiny_parts)
+        assert estimate.evaluation_tasks == expected
+    monkeypatch.setitem(tiny_parts.eval_loaders, "val", None)  # no validation split: the test split's halves
+    monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", ["identifiability"])
+    monkeypatch.setitem(tiny_parts.config.__dict__, "eval_tasks", parse_tasks(["identifiability"]))
+    assert _static_estimate(tiny_parts).evaluation_tasks == identifiability_peak_bytes(8, 8) > 0
+
+
+def test_the_sample_cache_counts_the_splits_the_run_reads(tiny_parts, monkeypatch) -> None:
+    """With data.cache, a split the evaluation never embeds is never read into the cache."""
+    from mmviews.eval.tasks import parse_tasks
+    from mmviews.train.memory import sample_bytes
+
+    monkeypatch.setattr(tiny_parts.config.data, "cache", True)
+    sizes = {role: sample_bytes(loader.dataset) * len(loader.dataset) for role, loader in tiny_parts.eval_loaders.items()}
+    for tasks, read in ((["linear:class"], ("train", "val", "test")), (["retrieval"], ("train", "test"))):
+        monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", tasks)
+        monkeypatch.setitem(tiny_parts.config.__dict__, "eval_tasks", parse_tasks(tasks))
+        assert _static_estimate(tiny_parts).sample_cache == int(sum(sizes[role] for role in read))
+
+
 def test_baseline_and_framework_are_the_processes_readings(tiny_parts, monkeypatch) -> None:
     import mmviews.train.memory as memory
 
@@ -395,7 +467,8 @@ def test_baseline_and_framework_are_the_processes_readings(tiny_parts, monkeypat
     estimate = estimate_memory(tiny_parts, measure_slack=False, on_host=True)
     assert estimate.baseline == 900 * MB - estimate.parameters and estimate.framework == 48 * MB
     assert estimate.evaluation_kept == 0
-    assert estimate.host == estimate.baseline + estimate.framework  # no sample cache in this recipe
+    # no sample cache in this recipe; the sampler's order of its 24 training samples
+    assert estimate.host == estimate.baseline + estimate.framework + estimate.sampler and estimate.sampler == 8 * 24
     assert next(readings, None) is None  # every reading used
 
 
@@ -629,7 +702,7 @@ def test_the_report_of_a_plain_step_on_the_host_line_by_line() -> None:
         "16 samples per device; resident set of the process): 83.0 MiB",
         "  process baseline  16.0 MiB (measured: interpreter, libraries, datasets)",
         "  framework state   8.0 MiB (measured: what the process keeps once it has run a step: kernels, their caches)",
-        "  sample cache      4.0 MiB (data.cache: every split's samples)",
+        "  sample cache      4.0 MiB (data.cache: the samples of the splits the run reads)",
         "  parameters        1.0 MiB",
         "  gradients         2.0 MiB",
         "  optimiser state   4.0 MiB (adamw)",
@@ -656,7 +729,7 @@ def test_the_report_of_a_cached_step_on_a_device_line_by_line() -> None:
         "  process baseline  16.0 MiB (measured: interpreter, libraries, datasets)" + not_counted,
         "  framework state   4.0 MiB (measured: what the process keeps once it has run a step: kernels, "
         "their caches)" + not_counted,
-        "  sample cache      4.0 MiB (data.cache: every split's samples)" + not_counted,
+        "  sample cache      4.0 MiB (data.cache: the samples of the splits the run reads)" + not_counted,
         "  parameters        1.0 MiB",
         "  gradients         2.0 MiB",
         "  optimiser state   2.0 MiB (sgd)",
@@ -917,13 +990,20 @@ def test_sample_bytes_is_the_mean_of_the_first_samples_tensors_and_utf8_text() -
     assert memory.sample_bytes([]) == 0.0
 
 
-def test_split_datasets_are_the_training_split_and_each_evaluation_split_once() -> None:
-    train, valid = ["train"], ["valid"]
-    parts = SimpleNamespace(datasets={"train": train}, eval_loaders={
-        "train": SimpleNamespace(dataset=train), "valid": SimpleNamespace(dataset=valid), "test": None,
-        "again": SimpleNamespace(dataset=valid)})
-    found = memory._split_datasets(parts)
+def test_split_datasets_are_the_training_split_and_each_evaluated_split_once() -> None:
+    from mmviews.eval.tasks import parse_tasks
+
+    def parts(tasks, test):
+        config = SimpleNamespace(evaluation=SimpleNamespace(tasks=tasks), eval_tasks=parse_tasks(tasks) if tasks else [])
+        return SimpleNamespace(config=config, datasets={"train": train}, eval_loaders={
+            "train": SimpleNamespace(dataset=train), "val": SimpleNamespace(dataset=valid), "test": test})
+
+    train, valid, test = ["train"], ["valid"], ["test"]
+    found = memory._split_datasets(parts(["linear:class"], SimpleNamespace(dataset=valid)))  # valid twice: once
     assert len(found) == 2 and found[0] is train and found[1] is valid
+    found = memory._split_datasets(parts(["retrieval"], SimpleNamespace(dataset=test)))  # valid is not embedded
+    assert len(found) == 2 and found[0] is train and found[1] is test
+    assert memory._split_datasets(parts([], SimpleNamespace(dataset=test))) == [train]  # no evaluation
 
 
 @pytest.mark.parametrize("workers,batches", [(0, 0), (1, 2), (3, 6)])

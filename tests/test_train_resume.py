@@ -381,3 +381,56 @@ def test_resume_restores_ema_teacher(tmp_path):
     stdout, rows = _resume_here(part, tmp_path)
     check_resumed_exactly(stdout, rows, checkpoint, TOTAL, reference_rows)
     _assert_identical(load_weights(part / "encoder"), load_weights(full / "encoder"))
+
+
+def test_wall_time_after_a_resume_counts_every_leg(tmp_path):
+    """Issue 50: results.json's wall_time_s counted only the last leg of a resumed run. Each
+    checkpoint records the run's wall time up to it; the resumed leg adds its own (here the
+    first leg's record is raised to 10000 s, so that the sum is told from either leg alone)."""
+    import time
+
+    from mmviews.config import config_from_dict
+    from mmviews.run import read_train_state
+    from mmviews.train import train
+    from mmviews.train.callbacks import TrainCallback
+
+    class StopAfter(TrainCallback):
+        def on_step_end(self, state):
+            if state.step == 3:
+                raise RuntimeError("stopped after step 3")
+
+    raw = tiny_config(num_samples=32, batch_size=16, epochs=2, image=False, tasks=[])
+    raw["output"].update(checkpoint_every=2, keep_last=2)
+    config = config_from_dict(raw, "tiny.yaml")
+    run = tmp_path / "run"
+    begun = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stopped after step 3"):
+        train(config, run, source="tiny.yaml", callback=StopAfter())
+    first_leg = time.perf_counter() - begun
+    (checkpoint,) = list_checkpoints(run)
+    record = json.loads((checkpoint / "train_state.json").read_text())
+    assert 0 < record["wall_time_s"] < first_leg and read_train_state(checkpoint)["wall_time_s"] == record["wall_time_s"]
+    record["wall_time_s"] = 10000.0
+    (checkpoint / "train_state.json").write_text(json.dumps(record))
+    begun = time.perf_counter()
+    summary = train(config, run, resume=run, source="tiny.yaml")
+    second_leg = time.perf_counter() - begun
+    assert 10000.0 < summary["wall_time_s"] < 10000.0 + second_leg
+    assert json.loads((run / "results.json").read_text())["wall_time_s"] == pytest.approx(summary["wall_time_s"])
+    assert "(every leg of the resumed run, each up to the checkpoint the next one resumed from)" in \
+        (run / "report.md").read_text()
+    # a checkpoint written after the resume goes on from the earlier legs' time
+    assert read_train_state(list_checkpoints(run)[-1])["wall_time_s"] > 10000.0
+
+
+@pytest.mark.parametrize("value", [-1.0, "12", True, float("nan")])
+def test_a_wall_time_that_is_not_a_number_of_seconds_is_a_corrupt_checkpoint(tmp_path, value):
+    from mmviews.data.safe_pickle import CorruptFileError
+    from mmviews.run import read_train_state
+
+    (tmp_path / "train_state.json").write_text(json.dumps({"epoch": 0, "batch_in_epoch": 0, "step": 2,
+                                                           "wall_time_s": value}))
+    with pytest.raises(CorruptFileError, match=r"key 'wall_time_s' must be a non-negative number of seconds"):
+        read_train_state(tmp_path)
+    (tmp_path / "train_state.json").write_text(json.dumps({"epoch": 0, "batch_in_epoch": 0, "step": 2}))
+    assert read_train_state(tmp_path)["wall_time_s"] == 0.0  # a checkpoint from before it was recorded

@@ -160,6 +160,29 @@ def mlflow_uri_restored(monkeypatch: pytest.MonkeyPatch):
     mlflow.set_tracking_uri(before)
 
 
+@pytest.mark.parametrize("level,shown", [(None, False), ("INFO", True)])
+def test_mlflows_lines_on_creating_its_store_are_off_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capfd: pytest.CaptureFixture[str], mlflow_uri_restored,
+                                                                  level: str | None, shown: bool) -> None:
+    """Issue 50: "INFO mlflow.store.db.utils: Creating initial MLflow database tables..." on
+    stderr when a run's store is made; MLFLOW_LOGGING_LEVEL (mmviews --debug sets INFO) shows it."""
+    import logging
+
+    for name in trackers_module.MLFLOW_STORE_LOGGERS:  # as a fresh process has them
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    if level is None:
+        monkeypatch.delenv("MLFLOW_LOGGING_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", level)
+    mlflow = mlflow_uri_restored
+    tracker_init_kwargs(["mlflow"], tmp_path, resumed=False)
+    capfd.readouterr()
+    mlflow.tracking.MlflowClient().search_experiments()  # the store (the SQLite tables) is made here
+    err = capfd.readouterr().err
+    assert ("Creating initial MLflow database tables" in err) == shown, err
+    assert (tmp_path / "logs" / "mlflow.db").is_file()
+
+
 def test_mlflow_gets_a_sqlite_store_in_the_run_unless_a_server_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                        mlflow_uri_restored) -> None:
     import os

@@ -11,7 +11,8 @@ and its subclasses, ``KeyError``, ``OSError``, a refused pickle: a bad recipe, f
 dataset, split or option) is one line naming what is at fault, exit status 2; any other exception
 is a bug and keeps its traceback (``--debug`` shows every traceback and warning). Warnings, the
 health checks' verdicts included, are one line each on stderr, ``mmviews COMMAND: warning: ...``;
-W&B's own lines (``WANDB_SILENT``) and torch's C++ warnings are off unless ``--debug``.
+W&B's own lines (``WANDB_SILENT``), MLflow's INFO lines on creating its store and torch's C++
+warnings are off unless ``--debug``.
 After a collective failed because another process hung or died, the command's own process ends
 without the interpreter's teardown (:func:`leave_without_teardown`).
 Which errors and warnings print how: ``docs/cli.md`` ("Errors and warnings").
@@ -117,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # W&B's own lines (its version, where it syncs, the sync hint) describe its machinery: the
         # run folder's logs/ and the tracker's own files say where the run went
         os.environ.setdefault("WANDB_SILENT", "true")
+    else:  # MLflow's INFO lines on its store (mmviews.train.trackers.quiet_mlflow_store_logs) shown
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "INFO")
     module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
     args.owns_process = owns_process

@@ -29,7 +29,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings
+from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings, precision_name
 from mmviews.export.onnx_runtime import RECIPE_FILE, OnnxEncoder, is_onnx_folder
 from mmviews.fileio import atomic_save, check_writable
 
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     encoder.to(run_device(config.cpu, args.device))
     columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders, dataset_split_names(data))
     rows = write_embeddings(columns, view_names, output)
-    print(f"wrote {rows} samples x {len(view_names)} views ({', '.join(view_names)}; precision {precision}) "
+    print(f"wrote {rows} samples x {len(view_names)} views ({', '.join(view_names)}; precision {precision_name(precision)}) "
           f"to {output}")
     return 0
 

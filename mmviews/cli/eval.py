@@ -44,7 +44,7 @@ import torch
 
 from mmviews.config import ConfigError, TrainConfig, apply_overrides, load_config, parse_override
 from mmviews.eval.evaluate import evaluate_encoder
-from mmviews.eval.extract import PRECISIONS, AutocastEncoder
+from mmviews.eval.extract import PRECISIONS, AutocastEncoder, precision_name
 from mmviews.eval.health import HealthSettings, evaluation_warnings
 from mmviews.eval.summary import headline_lines, headline_metrics, read_eval_metrics
 from mmviews.export.onnx_runtime import is_onnx_folder
@@ -208,6 +208,6 @@ def _evaluate(args: argparse.Namespace, path: Path, run_dir: Path, out: Path) ->
         sys.stdout.flush()
         for message in evaluation_warnings(metrics, random_init, HealthSettings.from_config(config)):
             print_warning("mmviews eval", message)
-        print(f"report written to {out} (precision {precision}, seed {seed}, fuse {fuse}; every metric in "
-              f"{out / 'summary.md'})")
+        print(f"report written to {out} (precision {precision_name(precision)}, seed {seed}, fuse {fuse}; every metric "
+              f"in {out / 'summary.md'})")
     return 0

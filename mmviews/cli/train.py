@@ -342,9 +342,10 @@ def quiet_results_logger() -> None:
 
 
 def disk_space_line(parts: RunParts, run_dir: Path) -> str | None:
-    """``--check``'s line when the run folder's disk has less free space than two checkpoints
-    (a new one is written before the oldest kept is deleted), estimated from the parameter,
-    optimiser and objective sizes (:func:`mmviews.train.checkpoint.estimate_checkpoint_bytes`)."""
+    """``--check``'s line when the run folder's disk has less free space than ``output.keep_last
+    + 1`` checkpoints (the ``keep_last`` kept ones, and a new one written before the oldest is
+    deleted), each estimated from the parameter, optimiser and objective sizes
+    (:func:`mmviews.train.checkpoint.estimate_checkpoint_bytes`)."""
     from mmviews.fileio import free_bytes
     from mmviews.train.build import uses_teacher
     from mmviews.train.checkpoint import estimate_checkpoint_bytes
@@ -352,12 +353,13 @@ def disk_space_line(parts: RunParts, run_dir: Path) -> str | None:
     o = parts.config.optimisation
     one = estimate_checkpoint_bytes(parts.encoder, parts.objective, o.optimizer, o.momentum,
                                     uses_teacher(parts.config, parts.objective), processes_from_environment())
-    free = free_bytes(run_dir)
-    if free >= 2 * one:
+    free, needed = free_bytes(run_dir), parts.config.output.keep_last + 1
+    if free >= needed * one:
         return None
-    return (f"{run_dir}: {free} bytes free, less than two checkpoints (about {one} bytes each, from the parameter and "
-            "optimiser sizes): the run would stop on a full disk at its second checkpoint or before; free some space "
-            "or choose another --output")
+    return (f"{run_dir}: {free} bytes free, less than {needed} checkpoints (output.keep_last = {needed - 1} kept and "
+            f"the next one, written before the oldest is deleted; about {one} bytes each, from the parameter and "
+            f"optimiser sizes): the run would stop on a full disk at its checkpoint {needed} or before; free some "
+            "space or choose another --output")
 
 
 def data_check_lines(parts: RunParts) -> list[str]:

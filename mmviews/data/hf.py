@@ -54,6 +54,19 @@ def missing_split_error(root: Path, split: str, available: Any) -> KeyError:
     return dataset_error(KeyError, f"{root}: no split {split!r}; available: {available}{note}", "split")
 
 
+#: Where an image folder's labels come from (said where a label is missing).
+IMAGEFOLDER_LABELS = "an image folder's label 'class' is the name of the folder each image is in: ROOT/SPLIT/LABEL/x.png"
+
+
+def _labels_are_split_folders(feature: Any) -> bool:
+    """Whether an ``imagefolder`` split's ``label`` column names split folders (``train``,
+    ``test``...): what ``datasets`` makes of ``ROOT/SPLIT/x.png``, images without ``LABEL/`` folders."""
+    import datasets
+
+    return isinstance(feature, datasets.ClassLabel) and bool(feature.names) and \
+        all(name in SPLIT_FOLDER_NAMES for name in feature.names)
+
+
 def _audiofolder(root: Path, split: str) -> Any:
     import datasets
 
@@ -87,8 +100,11 @@ class HFDataset(Dataset):
         sample_rate: audio is resampled to it (torchaudio) after decoding with soundfile.
 
     Modality values: images FloatTensor[3, H, W] in [0, 1]; audio FloatTensor[T] mono; text str;
-    numeric list columns FloatTensor of their shape.
+    numeric list columns FloatTensor of their shape. ``label_note``: where an image folder's labels
+    come from (None for the other formats), said by the checks that find a label missing.
     """
+
+    label_note: str | None = None
 
     def __init__(self, root: str | os.PathLike[str], split: str = "train", *, format: str = "auto",
                  columns: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
@@ -125,6 +141,12 @@ class HFDataset(Dataset):
             if split not in splits:
                 raise missing_split_error(self.root, split, splits)
             ds = splits[split]
+            self.label_note = IMAGEFOLDER_LABELS
+            if _labels_are_split_folders(ds.features.get("label")):
+                # images straight in ROOT/SPLIT/: datasets names each image's folder, the split, as its "label"
+                ds = ds.remove_columns("label")
+                self.label_note = (f"{IMAGEFOLDER_LABELS}; the images of {self.root} lie directly in ROOT/SPLIT/, "
+                                   "with no LABEL/ folders")
         elif format == "audiofolder":
             ds = _audiofolder(self.root, split)
         else:
@@ -228,7 +250,7 @@ class HFDataset(Dataset):
 
 
 @register_dataset("hf", "a HuggingFace dataset (save_to_disk, imagefolder, audiofolder, Parquet shards, streamed) "
-                        "with a column mapping")
+                        "with a column mapping", options_from=[HFDataset, "mmviews.data.streaming:ShardSource"])
 def _build_hf(root: Any = None, split: str = "train", streaming: bool = False, **options: Any) -> Dataset:
     """``format="parquet"`` (or ``"auto"`` on a folder of ``<split>/*.parquet``, or a URL) reads Parquet
     shards (:mod:`mmviews.data.streaming`), streamed with ``streaming=True``; the other formats

@@ -275,7 +275,8 @@ class IdentifiabilityData(Dataset):
 
 
 @register_dataset("identifiability", "latent content / style / modality-specific blocks mixed by one invertible MLP "
-                                     "per modality (Daunhawer et al. 2023; ground truth for identifiability)")
+                                     "per modality (Daunhawer et al. 2023; ground truth for identifiability)",
+                  options_from=[IdentifiabilityData])
 def _build_identifiability(root: Any = None, split: str = "train", num_samples: int | None = None, seed: int = 0,
                            **options: Any) -> Dataset:
     if split not in _SPLIT_OFFSET:

@@ -23,8 +23,10 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mmviews.data.registry import build_dataset, list_datasets
+from mmviews.data.registry import build_dataset, dataset_option_types, dataset_takes_other_options, list_datasets
 from mmviews.data.views import ViewSetBatchSampler, ViewSetCollator, ViewSpec
+from mmviews.registry import did_you_mean
+from mmviews.schema import ConfigError, coerce
 
 
 class DataSource(Protocol):
@@ -118,6 +120,7 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
         raise FileNotFoundError(f"dataset {data.name!r} not found at {data.root}, see data_cards/{data.name}.md "
                                 f"(set data.root, e.g. --set data.root=/path/to/{data.name})")
     kwargs = {**data.options, **data.split_options.get(split, {})}
+    kwargs.update(_typed_options(data, split, kwargs))  # the recipe's options only (root, streaming are mmviews's)
     if data.root is not None:
         kwargs["root"] = str(data.root) if "://" in str(data.root) else str(Path(data.root).expanduser())
     if data.streaming:
@@ -153,6 +156,42 @@ def build_dataset_split(data: DataSource, split: str) -> Dataset:
                 prefix = f"dataset {data.name!r}, split {split!r}: "
         raise type(error)(prefix + message) from None
     return CachedDataset(dataset) if data.cache else dataset
+
+
+def _typed_options(data: DataSource, split: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` checked against the annotations of dataset ``data.name``'s options
+    (:func:`mmviews.data.registry.dataset_option_types`), as a recipe section is checked: a
+    ``ValueError`` naming the key (``data.options.OPTION``, or ``data.split_options.SPLIT.OPTION``
+    when set there), the type expected and the value, before the dataset sees it (where a wrong
+    type fails deep inside it). The values as checked (``1e-3`` read as a number). An option of
+    an annotation the recipe validator does not type (a tuple, a path object) is left to the dataset."""
+    types, others = dataset_option_types(data.name), dataset_takes_other_options(data.name)
+    checked = {}
+    for option, value in options.items():
+        per_split = option in data.split_options.get(split, {})
+        key = f"data.split_options.{split}.{option}" if per_split else f"data.options.{option}"
+        if option not in types and not others:
+            # e.g. the quickstart's synthetic num_samples kept after --set data.name=hf
+            section = f"data.split_options.{split}" if per_split else "data.options"
+            owners = [name for name in list_datasets() if name != data.name and option in dataset_option_types(name)]
+            drop = (f" (an option of {', '.join(map(repr, owners))}: left from the recipe's dataset?); drop it: remove "
+                    f"it from the recipe, or replace the section, --set {section}={{...}} ({{}} for none)" if owners
+                    else did_you_mean(option, types))
+            raise ValueError(f"key '{key}': dataset {data.name!r} has no option {option!r}{drop}; the options of "
+                             f"{data.name!r}: {', '.join(sorted(types))}")
+        if option not in types:
+            continue  # the dataset's own (an option it does not take is refused when it is called)
+        try:
+            checked[option] = coerce(value, types[option], key, _CHECKED)
+        except ConfigError as error:
+            raise ValueError(str(error).removeprefix(f"{_CHECKED}: ")) from None
+        except TypeError:  # an annotation beyond the recipe types (coerce's own refusal)
+            continue
+    return checked
+
+
+# the source given to mmviews.schema.coerce, removed from its message (the caller names the recipe)
+_CHECKED = "<data options>"
 
 
 def _split_keys(data: DataSource, split: str) -> list[str]:

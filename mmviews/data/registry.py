@@ -8,9 +8,12 @@ them, so after ``import mmviews.data`` every name below is known.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import typing
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from torch.utils.data import Dataset
 
@@ -43,11 +46,82 @@ def dataset_folder(root: str | os.PathLike[str], expected: str) -> Path:
     return path
 
 
-def register_dataset(name: str, description: str = "") -> Callable[[DatasetBuilder], DatasetBuilder]:
+def register_dataset(name: str, description: str = "",
+                     options_from: Sequence[Callable[..., Any] | str] = ()) -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Decorator: register ``builder(root=None, split="train", **options) -> Dataset`` as
     ``name`` (``description`` defaults to the first line of the builder's docstring).
-    A name registered twice raises ``ValueError``."""
+    ``options_from``: the callables a builder's ``**options`` are passed on to (a dataset class,
+    or ``"module:name"`` for one imported only when needed), whose annotated keyword parameters
+    type the recipe's ``data.options`` (:func:`dataset_option_types`). A name registered twice
+    raises ``ValueError``."""
+    _OPTIONS_FROM[name] = tuple(options_from)
     return _DATASETS.register(name, description)
+
+
+# name -> the callables its builder's **options go to (register_dataset's options_from)
+_OPTIONS_FROM: dict[str, tuple[Callable[..., Any] | str, ...]] = {}
+# builder arguments that a recipe sets through its own keys (data.root, data.*_split, data.streaming)
+_NOT_OPTIONS = ("root", "split", "streaming", "return")
+
+
+def _annotations(function: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved annotations of ``function``'s parameters (a class: of its ``__init__``; a
+    ``functools.partial``: of its function), without those it takes by position only or as
+    ``*args``/``**kwargs``; empty when they cannot be resolved."""
+    target = getattr(function, "func", function)  # functools.partial
+    target = target.__init__ if isinstance(target, type) else target
+    try:
+        hints = typing.get_type_hints(target)
+        parameters = inspect.signature(target).parameters
+    except (NameError, TypeError, ValueError):  # an annotation naming what is not importable here
+        return {}
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {name: hints[name] for name, p in parameters.items()
+            if p.kind in keyword and name in hints and name not in _NOT_OPTIONS}
+
+
+def _takes_any_keyword(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` (a class: its ``__init__``) takes ``**kwargs`` (unknown: as if it did)."""
+    target = getattr(function, "func", function)
+    target = target.__init__ if isinstance(target, type) else target
+    try:
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return True
+
+
+def dataset_takes_other_options(name: str) -> bool:
+    """Whether dataset ``name`` may take options beyond :func:`dataset_option_types` (a builder or
+    a target of its ``options_from`` that takes ``**options`` and passes them on unseen): then an
+    option not among them cannot be called unknown before the dataset is built."""
+    builder = _DATASETS.get(name)
+    if not _takes_any_keyword(builder):
+        return False
+    targets = _OPTIONS_FROM.get(name, ())
+    if not targets:
+        return True
+    return any(_takes_any_keyword(_resolved(target)) for target in targets)
+
+
+def _resolved(target: Callable[..., Any] | str) -> Callable[..., Any]:
+    """An ``options_from`` entry as the callable it names (``"module:name"`` imported now)."""
+    if isinstance(target, str):
+        module, _, attribute = target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    return target
+
+
+def dataset_option_types(name: str) -> dict[str, Any]:
+    """``{option: annotation}`` of dataset ``name``'s options: its builder's own keyword
+    parameters, and those of the callables its ``**options`` go to (``options_from``; an option
+    several of them take, with different annotations, is typed by their union)."""
+    own = _annotations(_DATASETS.get(name))
+    passed: dict[str, list[Any]] = {}
+    for target in _OPTIONS_FROM.get(name, ()):
+        for option, annotation in _annotations(_resolved(target)).items():
+            if option not in own and annotation not in passed.setdefault(option, []):
+                passed[option].append(annotation)
+    return {**own, **{option: typing.Union[tuple(types)] for option, types in passed.items()}}
 
 
 def list_datasets() -> dict[str, str]:

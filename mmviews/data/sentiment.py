@@ -519,4 +519,4 @@ def _build_sentiment(dataset: str, *, root: Any, split: str, **options: Any) -> 
 for _name, _desc in (("mosi", "CMU-MOSI features (MMSA or MulT pickle, or a prepared store)"),
                      ("mosei", "CMU-MOSEI features (MMSA or MulT pickle, or a prepared store)"),
                      ("sims", "CH-SIMS features (MMSA pickle or a prepared store)")):
-    register_dataset(_name, _desc)(functools.partial(_build_sentiment, _name))
+    register_dataset(_name, _desc, options_from=[open_sentiment])(functools.partial(_build_sentiment, _name))

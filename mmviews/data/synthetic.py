@@ -321,7 +321,8 @@ _SPLIT_OFFSET = {"train": 0, "valid": 1, "test": 2}
 SYNTHETIC_DEFAULT_SIZES = {"train": 2048, "valid": 512, "test": 512}
 
 
-@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class, a sentiment and a per-sample content (no download)")
+@register_dataset("synthetic", "embedded text/audio/image/video/flow data sharing a class, a sentiment and a per-sample content (no download)",
+                  options_from=[SyntheticMultimodal])
 def _build_synthetic(root: Any = None, split: str = "train", num_samples: int | None = None, seed: int = 0,
                      **options: Any) -> Dataset:
     # split s of seed k draws from seed 1000 k + offset(s): disjoint splits, one per seed.

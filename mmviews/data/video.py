@@ -472,5 +472,7 @@ def _video_builder(dataset: str) -> Callable[..., Dataset]:
     return build
 
 
-register_dataset("ucf101", "UCF-101 video folder with split lists: frames, flow images, audio track")(_video_builder("ucf101"))
-register_dataset("hmdb51", "HMDB-51 video folder with split lists: frames, flow images")(_video_builder("hmdb51"))
+register_dataset("ucf101", "UCF-101 video folder with split lists: frames, flow images, audio track",
+                 options_from=[VideoFolder])(_video_builder("ucf101"))
+register_dataset("hmdb51", "HMDB-51 video folder with split lists: frames, flow images",
+                 options_from=[VideoFolder])(_video_builder("hmdb51"))

@@ -440,13 +440,15 @@ class ViewSetBatchSampler(Sampler[list[int]]):
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
+        # The epoch's order stays one int64 tensor (8 bytes a sample); only each batch becomes a
+        # list. As a list of Python ints it took 36 bytes a sample: 0.6 GB for 2^24 samples.
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.num_samples, generator=g).tolist()
+            order = torch.randperm(self.num_samples, generator=g)
         else:
-            order = list(range(self.num_samples))
+            order = torch.arange(self.num_samples)
         for start in range(0, self.num_samples, self.K):
-            chunk = order[start : start + self.K]
+            chunk = order[start : start + self.K].tolist()
             if len(chunk) < self.K and self.drop_last:
                 return
             yield chunk

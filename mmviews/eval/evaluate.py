@@ -25,7 +25,7 @@ from mmviews.eval.metrics import ACC2_CONVENTIONS, msa_metrics
 from mmviews.eval.probes import (class_prototype_accuracy, knn_accuracy, linear_probe_classification,
                                  linear_probe_regression)
 from mmviews.eval.retrieval import cross_view_retrieval
-from mmviews.eval.tasks import EvalTask, parse_tasks
+from mmviews.eval.tasks import EvalTask, extracted_splits, parse_tasks
 
 # The function that runs each task kind: its signature holds the defaults of TASK_PARAMS
 # (``mmviews list tasks`` reads them from there).
@@ -217,6 +217,33 @@ def _halves(emb: Embeddings) -> tuple[Embeddings, Embeddings]:
     return part(slice(0, half)), part(slice(half, None))
 
 
+def check_task_labels(tasks: Sequence[EvalTask], loaders: Mapping[str, Any]) -> None:
+    """A ``ValueError`` naming the task, the label and the labels there are, when a label a task
+    reads (``linear:KEY``, ``knn:KEY``...) is not carried by the first sample of a split it is
+    extracted from (``loaders``: split name -> loader): said before any split is embedded, not
+    after. Loaders whose samples are not mmviews sample dicts are not checked."""
+    from mmviews.data.streaming import first_samples
+    from mmviews.registry import did_you_mean
+
+    wanted = [task for task in tasks if task.label is not None]
+    for split, loader in loaders.items():
+        dataset = getattr(loader, "dataset", None)
+        if not wanted or dataset is None:
+            continue
+        try:
+            first = first_samples(dataset, 1)
+        except (TypeError, NotImplementedError):  # an iterable dataset of the caller's, without a length
+            continue
+        if not first or not isinstance(first[0], Mapping) or not isinstance(first[0].get("labels", {}), Mapping):
+            continue
+        carried = sorted(first[0].get("labels") or {})
+        for task in wanted:
+            if task.label not in carried:
+                raise ValueError(f"task '{task.kind}:{task.label}' reads the label {task.label!r}, which the samples of "
+                                 f"the {split} split do not carry{did_you_mean(task.label, carried)}; they carry "
+                                 f"{carried or 'no labels'}")
+
+
 def evaluate_encoder(
     encoder: Encoder,
     train_loader: Any | None,
@@ -259,19 +286,20 @@ def evaluate_encoder(
     parsed = parse_tasks(tasks)
     if test_loader is None and val_loader is None:
         raise ValueError("evaluate_encoder needs a test or a validation loader to evaluate on")
-    needs_train = any(t.needs_train for t in parsed)
-    if needs_train and train_loader is None:
+    extracted = extracted_splits(parsed, val_loader is not None, test_loader is not None)
+    if "train" in extracted and train_loader is None:
         kinds = sorted({t.kind for t in parsed if t.needs_train})
         raise ValueError(f"tasks {kinds} need a train_loader")
-    split = "test" if test_loader is not None else "val"
-    eval_loader = test_loader if test_loader is not None else val_loader
+    split = extracted[-1]
+    eval_loader = test_loader if split == "test" else val_loader
+    by_split = {"train": train_loader, "val": val_loader, "test": test_loader}
+    check_task_labels(parsed, {name: by_split[name] for name in extracted})  # before the (slow) extraction
 
     def extract(loader: Any, name: str) -> Embeddings:
         return extract_embeddings(encoder, loader, accelerator, fuse, desc=f"embeddings ({name})", progress=progress)
 
-    needs_val = needs_train or any(t.needs_val for t in parsed)
-    train = extract(train_loader, "train") if needs_train else None
-    val = extract(val_loader, "val") if needs_val and val_loader is not None and split == "test" else None
+    train = extract(train_loader, "train") if "train" in extracted else None
+    val = extract(val_loader, "val") if "val" in extracted[:-1] else None
     ev = extract(eval_loader, split)
 
     is_main = accelerator is None or accelerator.is_main_process

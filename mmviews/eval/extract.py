@@ -152,6 +152,11 @@ def extract_embeddings(
 
 
 PRECISIONS = ("no", "bf16", "fp16")
+
+
+def precision_name(precision: str) -> str:
+    """A :data:`PRECISIONS` value as a command prints it: ``"no"`` (no mixed precision) is float32."""
+    return "float32" if precision == "no" else precision
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

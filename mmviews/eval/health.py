@@ -38,6 +38,9 @@ LIVE_CHECKS = 20
 # The diagnoses, most basic first: a run's warnings carry the hint of the first one found.
 DIVERGENCE, COLLAPSE, NO_ALIGNMENT, BELOW_RANDOM = "divergence", "collapse", "no alignment", "below random init"
 DIAGNOSES = (DIVERGENCE, COLLAPSE, NO_ALIGNMENT, BELOW_RANDOM)
+# Each diagnosis as the cause other warnings refer to ("likely a consequence of ...").
+AS_CAUSE = {DIVERGENCE: "the divergence", COLLAPSE: "the collapse", NO_ALIGNMENT: "the views' lack of alignment",
+            BELOW_RANDOM: "the probes below random init"}
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,7 @@ def with_hints(findings: Sequence[tuple[str, str]], settings: HealthSettings | N
         if diagnosis == primary:
             out.append(f"{message}; {hint(diagnosis, settings)}")
         else:
-            out.append(f"{message}; likely a consequence of the {primary} (see that warning and its hint)")
+            out.append(f"{message}; likely a consequence of {AS_CAUSE[primary]} (see that warning and its hint)")
     return out
 
 

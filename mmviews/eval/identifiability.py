@@ -134,6 +134,21 @@ def kernel_ridge_r2(x_fit: torch.Tensor, targets_fit: Mapping[str, torch.Tensor]
     return out
 
 
+# Live float64 tensors at the peak of kernel_ridge_r2, in kernel entries: scoring holds about 3.6
+# [score, fit] kernels (the distances' terms, then the kernel), the refit about 4.9 [fit, fit]
+# (the kernel, the identity, their sum, its Cholesky factor). Measured with
+# mmviews.train.memory.LiveTensorBytes (tests/test_eval_identifiability.py compares).
+_SCORE_KERNELS, _FIT_KERNELS = 3.6, 4.9
+
+
+def identifiability_peak_bytes(fit: int, score: int, fit_samples: int = DEFAULT_FIT_SAMPLES) -> int:
+    """Bytes of the tensors :func:`identifiability_metrics` holds at its peak, fitted on ``fit``
+    samples (at most ``fit_samples`` of them in the kernel ridge) and scored on ``score``: the
+    float64 kernels of the kernel ridge (``mmviews train --check`` counts them in the evaluation)."""
+    kernel = min(fit, fit_samples)
+    return int(8 * max(_SCORE_KERNELS * score * kernel, _FIT_KERNELS * kernel * kernel))
+
+
 def _modality_views(view_modalities: Sequence[str], view_names: Sequence[str]) -> dict[str, int]:
     """modality -> the position of its first view."""
     first: dict[str, int] = {}

@@ -191,7 +191,9 @@ def write_results(run_dir: Path, summary: dict[str, Any], settings: HealthSettin
              + (f"; global batch {summary['global_batch_size']} x {summary.get('grad_accum_steps', 1)} micro-batch(es)"
                 if summary.get("global_batch_size") is not None else "") + ")",
              f"- final training loss: {format_metric(summary['final_loss'])}",
-             f"- wall time: {summary['wall_time_s']:.1f} s on {summary['num_processes']} process(es), {summary['device']}",
+             f"- wall time: {summary['wall_time_s']:.1f} s on {summary['num_processes']} process(es), {summary['device']}"
+             + (" (every leg of the resumed run, each up to the checkpoint the next one resumed from)"
+                if summary.get("resumed_from") else ""),
              *([f"- status: **failed**: {summary['reason']}"] if summary["status"] == "failed" else []),
              ""]
     if summary["warnings"]:

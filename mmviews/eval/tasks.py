@@ -96,6 +96,22 @@ class EvalTask:
         return TASKS[self.kind].needs_val
 
 
+def extracted_splits(tasks: Sequence[EvalTask], has_val: bool, has_test: bool) -> tuple[str, ...]:
+    """The splits (``"train"``, ``"val"``, ``"test"``) whose embeddings an evaluation of ``tasks``
+    extracts, in the order it extracts them: the training split when a task fits on it
+    (``needs_train``), the validation split when a task fits or selects on it and the test split
+    is the one evaluated, and the evaluated split (the test split, else the validation split).
+    What :func:`mmviews.eval.evaluate.evaluate_encoder` embeds, and so what the memory estimate
+    of ``--check`` counts."""
+    if not (has_val or has_test):
+        raise ValueError("an evaluation needs a test or a validation split to evaluate on")
+    evaluated = "test" if has_test else "val"
+    fits_on_train = any(task.needs_train for task in tasks)
+    fits_on_val = fits_on_train or any(task.needs_val for task in tasks)
+    return ((("train",) if fits_on_train else ()) + (("val",) if fits_on_val and has_val and evaluated == "test" else ())
+            + (evaluated,))
+
+
 def parse_tasks(tasks: Iterable[str | Mapping[str, Any] | EvalTask] | str, source: str | None = None,
                 key: str = "evaluation.tasks") -> list[EvalTask]:
     """Task strings / mappings (see the module docstring) as :class:`EvalTask` objects.

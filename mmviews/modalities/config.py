@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
-from mmviews.schema import build_section
+from mmviews.schema import ConfigError, build_section, where
 
 
 @dataclass
@@ -79,4 +79,9 @@ class AdapterConfig:
         given_type = data.pop("type", cls.type)
         if given_type != cls.type:
             raise ValueError(f"config of type {given_type!r} given to {cls.__name__} (type {cls.type!r})")
-        return build_section(cls, data, key, f"{cls.type!r} adapter config" if source is None else source)
+        source = f"{cls.type!r} adapter config" if source is None else source
+        config = build_section(cls, data, key, source)
+        if config.embed_dim < 1:  # a zero-width projection builds, and fails only in the first evaluation or step
+            raise ConfigError(f"{where(source, f'{key}.embed_dim' if key else 'embed_dim')}: must be >= 1 (the size "
+                              f"of the shared embedding), got {config.embed_dim}")
+        return config

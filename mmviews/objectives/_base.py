@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from mmviews.registry import Registry
+from mmviews.registry import Registry, did_you_mean
 
 from . import _distributed as distributed
 from ._streaming import (
@@ -76,13 +76,27 @@ def objective_class(name: str) -> type["MultiViewObjective"]:
     return _CLASSES.get(name)
 
 
+def _parameter_hint(word: str, accepted: list[str]) -> str:
+    """The did-you-mean of a misspelt parameter: the one parameter the word abbreviates
+    (``temp``: ``temperature``, too short for a spelling match), else the closest spelling."""
+    abbreviated = [p for p in accepted if p.startswith(word)] if len(word) >= 3 else []
+    return f" (did you mean {abbreviated[0]!r}?)" if len(abbreviated) == 1 else did_you_mean(word, accepted)
+
+
 def get_objective(name: str, **params) -> "MultiViewObjective":
     """Build the objective registered as ``name`` with its keyword parameters."""
     cls = objective_class(name)
+    signature = inspect.signature(cls.__init__).parameters
+    accepted = [p for p, parameter in signature.items() if p != "self"
+                and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in signature.values())
+    unknown = [key for key in params if key not in accepted]
+    if unknown and not takes_any:  # named before the constructor says "unexpected keyword argument"
+        raise ValueError(f"objective {name!r}: unknown parameter {unknown[0]!r}{_parameter_hint(unknown[0], accepted)}; "
+                         f"accepted parameters: {accepted}")
     try:
         return cls(**params)
-    except TypeError as error:  # unexpected keyword: say which objective and what it takes
-        accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    except TypeError as error:  # e.g. a value of the wrong type: say which objective and what it takes
         raise ValueError(f"objective {name!r}: {error}; accepted parameters: {accepted}") from None
 
 

@@ -20,8 +20,11 @@ every part as a measured or counted figure:
 - **optimiser state**: AdamW two moments per parameter with a gradient, SGD and LARS one
   momentum buffer (none for SGD without momentum), in the parameters' dtype;
 - **EMA teacher**: a copy of the encoder's tensors when the objective keeps one;
-- **sample cache** (``data.cache``; host memory): the tensors of a few samples of each split
-  (measured) times the split's size; in-memory sample caches fill during the run;
+- **sample cache** (``data.cache``; host memory): the tensors of a few samples of each split the
+  run reads (the training split, and those its evaluation embeds) (measured) times the split's
+  size; in-memory sample caches fill during the run;
+- **sampler order** (host memory): the training sampler's shuffled order of the epoch, one int64
+  per training sample (128 MiB for the 2^24 of ``identifiability``; none for a streamed split);
 - **batch**: the collated inputs of K/N samples (measured on a few samples), which the step
   holds throughout, and ``prefetch_factor`` batches per loader worker (``data.num_workers``);
 - **encoder activations** and **backward working memory**, measured: one forward and backward
@@ -37,8 +40,10 @@ every part as a measured or counted figure:
 - **objective**, measured: the peak of live tensors while the objective's loss and backward run
   on random ``[K, M, d]`` embeddings (the gathered embeddings, their gradient, the score blocks;
   at K itself up to 512 samples, beyond that extrapolated from two smaller K);
-- **evaluation** (with ``evaluation.tasks``): the embeddings extracted from each split
-  (``[n, M, d]`` float32), held with the weights and optimiser state, and one evaluation batch
+- **evaluation** (with ``evaluation.tasks``): the embeddings extracted from each split the tasks
+  embed (``[n, M, d]`` float32; :func:`mmviews.eval.tasks.extracted_splits`: the training split
+  only for a task that fits on it, so not for ``identifiability``), held with the weights and
+  optimiser state, and one evaluation batch
   (``data.eval_batch_size`` samples with the evaluation's views) encoded as the evaluation does
   it (eval mode, no gradients), measured: the collated batch, the forward's live tensors at
   their peak and the resident set's growth beyond them. The peak is the larger of the step's
@@ -78,6 +83,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mmviews.data.streaming import first_samples
+from mmviews.eval.tasks import extracted_splits
 from mmviews.process_memory import reset_resident_peak, resident_bytes, resident_peak_bytes, trim_host_memory
 from mmviews.train.build import RunParts, uses_teacher
 from mmviews.train.distributed import steps_on_cpu
@@ -109,8 +115,10 @@ class MemoryEstimate:
     batch_per_sample: float = 0.0  # collated (and host-prepared) inputs, bytes per sample
     prefetched_batches: int = 0  # batches waiting from the loader's workers
     baseline: int = 0  # measured resident set of the process without the parameters (host)
-    sample_cache: int = 0  # data.cache: every split's samples, once each has been read (host)
-    evaluation: int = 0  # embeddings extracted by the evaluation (all splits)
+    sample_cache: int = 0  # data.cache: the samples of the splits the run reads, once each is read (host)
+    sampler: int = 0  # the training sampler's shuffled order of the epoch, int64 per sample (host)
+    evaluation: int = 0  # embeddings extracted by the evaluation (the splits its tasks embed)
+    evaluation_tasks: int = 0  # the largest working memory of a task on them (identifiability's kernels)
     # measured: one evaluation batch (data.eval_batch_size samples, the evaluation's views) collated and
     # encoded without gradients, its live tensors at the peak and the resident set's growth beyond them
     evaluation_batch: int = 0
@@ -168,7 +176,7 @@ class MemoryEstimate:
     @property
     def host(self) -> int:
         """The process's host memory that is not a tensor of the step (counted on CPU only)."""
-        return self.baseline + self.framework + self.sample_cache if self.on_host else 0
+        return self.baseline + self.framework + self.sample_cache + self.sampler if self.on_host else 0
 
     @property
     def step_alone(self) -> int:
@@ -193,7 +201,7 @@ class MemoryEstimate:
         """The evaluation's peak: weights and optimiser state, the extracted embeddings, and one
         evaluation batch encoded without gradients (at small K larger than the training step)."""
         return (self.host + self.static - self.gradients + self.evaluation + self.evaluation_batch
-                + self.evaluation_forward + self.evaluation_slack)
+                + self.evaluation_forward + self.evaluation_slack + self.evaluation_tasks)
 
     @property
     def total(self) -> int:
@@ -228,7 +236,11 @@ class MemoryEstimate:
             out.append(f"  framework state   {_gb(self.framework)} (measured: what the process keeps once it has run "
                        f"a step: kernels, their caches){host}")
         if self.sample_cache:
-            out.append(f"  sample cache      {_gb(self.sample_cache)} (data.cache: every split's samples){host}")
+            out.append(f"  sample cache      {_gb(self.sample_cache)} (data.cache: the samples of the splits the run "
+                       f"reads){host}")
+        if self.sampler:
+            out.append(f"  sampler order     {_gb(self.sampler)} (the epoch's shuffled order of the training samples, "
+                       f"8 bytes each){host}")
         out += [
             f"  parameters        {_gb(self.parameters)}",
             f"  gradients         {_gb(self.gradients)}",
@@ -257,9 +269,10 @@ class MemoryEstimate:
                        "the process once freed; the steps after the random-init evaluation run beside it)")
         if self.evaluation:
             encoded = self.evaluation_batch + self.evaluation_forward + self.evaluation_slack
+            tasks = f" + {_gb(self.evaluation_tasks)} for its tasks' kernels" if self.evaluation_tasks else ""
             out.append(f"  evaluation        {_gb(self.evaluation)} extracted embeddings + {_gb(encoded)} for one "
-                       f"evaluation batch encoded (measured); evaluation peak {_gb(self.evaluating)}, the training "
-                       f"step's {_gb(self.step)}: the estimate is the larger")
+                       f"evaluation batch encoded (measured){tasks}; evaluation peak {_gb(self.evaluating)}, the "
+                       f"training step's {_gb(self.step)}: the estimate is the larger")
         if budget_gb is not None:
             out.append(self.advice(budget_gb))
         return out
@@ -614,10 +627,38 @@ def sample_bytes(dataset: Any, count: int = 4) -> float:
     return total / n
 
 
+def evaluated_loaders(parts: RunParts) -> dict[str, Any]:
+    """The evaluation loaders whose splits the recipe's tasks embed
+    (:func:`mmviews.eval.tasks.extracted_splits`: e.g. not the training split for
+    ``identifiability``, which fits on valid and scores on test); empty without tasks or without
+    a split to evaluate on."""
+    loaders = {role: loader for role, loader in (parts.eval_loaders or {}).items() if loader is not None}
+    if not parts.config.evaluation.tasks or not ({"val", "test"} & set(loaders)):
+        return {}
+    roles = extracted_splits(parts.config.eval_tasks, "val" in loaders, "test" in loaders)
+    return {role: loaders[role] for role in roles if role in loaders}
+
+
+def task_working_bytes(tasks: list[Any], evaluated: dict[str, Any]) -> int:
+    """The largest working memory of an evaluation task on the splits ``evaluated`` (role ->
+    loader): ``identifiability``'s float64 kernels (fitted on valid and scored on test, else on
+    the two halves of the evaluated split; :func:`mmviews.eval.identifiability.identifiability_peak_bytes`).
+    The probes' is left out: on the embeddings of a split (``[n, d]`` float32) it is of their size."""
+    from mmviews.eval.identifiability import DEFAULT_FIT_SAMPLES, identifiability_peak_bytes
+
+    sizes = {role: len(loader.dataset) for role, loader in evaluated.items() if hasattr(loader.dataset, "__len__")}
+    scored = sizes.get("test", sizes.get("val"))
+    if scored is None:
+        return 0
+    fit, score = (sizes["val"], scored) if "val" in sizes and "test" in sizes else (scored // 2, scored - scored // 2)
+    return max((identifiability_peak_bytes(fit, score, task.params.get("fit_samples", DEFAULT_FIT_SAMPLES))
+                for task in tasks if task.kind == "identifiability"), default=0)
+
+
 def _split_datasets(parts: RunParts) -> list[Any]:
-    """The distinct datasets of the run: training split and the evaluation loaders' splits."""
+    """The distinct datasets the run reads: the training split and the splits its evaluation embeds."""
     found: dict[int, Any] = {id(parts.datasets["train"]): parts.datasets["train"]}
-    for loader in parts.eval_loaders.values():
+    for loader in evaluated_loaders(parts).values():
         dataset = getattr(loader, "dataset", None)
         if dataset is not None:
             found.setdefault(id(dataset), dataset)
@@ -676,13 +717,19 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
                 batch_per_sample = max(batch_per_sample, ref.batch_growth / ref.samples)
     datasets = _split_datasets(parts)
     cache = int(sum(sample_bytes(ds) * len(ds) for ds in datasets)) if config.data.cache else 0
+    # a map-style training split is drawn from a shuffled order of all its indices (ViewSetBatchSampler)
+    train = parts.datasets["train"]
+    sampler = 0 if getattr(train, "streamed", False) else 8 * len(train)
     # a DataLoader has no view spec: the evaluation's views (evaluation.views) are its collator's
     eval_views = max((len(getattr(loader.collate_fn, "view_spec", ())) or M for loader in parts.eval_loaders.values()
                       if loader is not None), default=M)
     evaluation = evaluation_batch = evaluation_forward = evaluation_slack = evaluation_kept = 0
-    if config.evaluation.tasks:
-        evaluation = sum(4 * len(loader.dataset) * eval_views * d for loader in parts.eval_loaders.values()
-                         if loader is not None and hasattr(loader, "dataset"))
+    evaluation_tasks = 0
+    if config.evaluation.tasks:  # the embeddings of the splits the tasks extract, [n, M, d] float32 each
+        evaluated = evaluated_loaders(parts)
+        evaluation = sum(4 * len(loader.dataset) * eval_views * d for loader in evaluated.values()
+                         if hasattr(loader, "dataset"))
+        evaluation_tasks = task_working_bytes(config.eval_tasks, evaluated)
         forward = measure_evaluation_forward(parts) if activations is None else None
         if forward is not None:
             evaluation_batch, evaluation_forward = forward.batch, forward.peak
@@ -706,7 +753,8 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
         activation_fixed=fixed, activation_per_sample=per_sample, objective=objective_peak,
         optimizer=o.optimizer, working_fixed=working_fixed, working_per_sample=working_per_sample,
         batch_per_sample=batch_per_sample, prefetched_batches=_prefetched_batches(config), baseline=baseline,
-        sample_cache=cache, evaluation=evaluation, on_host=on_host, allocator_slack=slack, framework=framework,
+        sample_cache=cache, sampler=sampler, evaluation=evaluation, evaluation_tasks=evaluation_tasks,
+        on_host=on_host, allocator_slack=slack, framework=framework,
         evaluation_batch=evaluation_batch, evaluation_forward=evaluation_forward, evaluation_slack=evaluation_slack,
         evaluation_kept=evaluation_kept, sharded=sharded, gathered=gathered)
 

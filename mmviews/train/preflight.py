@@ -159,11 +159,13 @@ def check_evaluation_labels(parts: RunParts, source: str) -> None:
             spec = config.evaluation.tasks[i]
             works = [f"{task.kind}:{label}" for label in carried]
             value = (f"e.g. {works[0]!r}" if works else "a task without a label, e.g. 'retrieval'")
+            note = getattr(dataset, "label_note", None)  # where this dataset's labels come from (an image folder's)
             raise ConfigError(
                 f"{source}: key 'evaluation.tasks.{i}' = {spec!r}: task {task.kind!r} reads the label "
                 f"{task.label!r}, which the samples of split {_split_name(split)!r} do not carry"
                 f"{did_you_mean(task.label, carried)}; they carry {carried or 'no labels'}: use {value}, or map the "
-                f"label to a dataset column (data.options.labels: {{{task.label}: <column>}})")
+                f"label to a dataset column (data.options.labels: {{{task.label}: <column>}})"
+                + (f"; {note}" if isinstance(note, str) else ""))
 
 
 #: The checks of :func:`run_checks`, in order (a modality first, then what reads it).

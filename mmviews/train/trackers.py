@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import warnings
@@ -115,6 +116,7 @@ def tracker_init_kwargs(trackers: Sequence[str], run_dir: Path, resumed: bool) -
         kwargs["mlflow"] = {"run_id": previous["mlflow"]} if previous.get("mlflow") else {}
         # MLflow's set_tracking_uri also sets the variable: a value this module set is a run's own
         # store, not the user's choice (a second run in the same process gets its own store)
+        quiet_mlflow_store_logs()
         if os.environ.get("MLFLOW_TRACKING_URI", "") in _RUN_STORES | {""}:
             import mlflow
 
@@ -135,6 +137,21 @@ def tracker_init_kwargs(trackers: Sequence[str], run_dir: Path, resumed: bool) -
         if previous.get("wandb"):
             kwargs["wandb"].update(id=previous["wandb"], resume="allow")
     return kwargs
+
+
+#: MLflow's loggers that describe its store's machinery at INFO ("Creating initial MLflow database
+#: tables...", "Updating database tables", alembic's migrations) on stderr when a store is made.
+MLFLOW_STORE_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")
+
+
+def quiet_mlflow_store_logs() -> None:
+    """MLflow's INFO lines about creating its SQLite store off (its warnings stay), unless the
+    user sets ``MLFLOW_LOGGING_LEVEL`` (``mmviews COMMAND --debug`` sets it to INFO): the run
+    folder's ``logs/`` says where the run went."""
+    if os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        return
+    for name in MLFLOW_STORE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def mlflow_store_uri(run_dir: Path) -> str:

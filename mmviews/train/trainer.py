@@ -114,6 +114,7 @@ from mmviews.train.step_log import StepLogger
 from mmviews.train.trackers import resolve_trackers
 from mmviews.train.model_card import write_model_card
 from mmviews.train.precision import PrecisionChoice, announce_precision, resolve_precision
+from mmviews.train.preflight import check_evaluation_labels
 from mmviews.train.run_folder import (CONTINUE, Decision, Intent, RunFolder, add_damaged_checkpoint_hint,
                                      decide_on_every_process)
 from mmviews.train.state import TrainState
@@ -271,6 +272,7 @@ def _train(config: TrainConfig, run_dir: Path, intent: Intent, source: str, call
     decision.raise_if_refused()
     checkpoint = decision.checkpoint if decision.action == CONTINUE else None
     parts = build_run(config, processes.num_processes, source)
+    check_evaluation_labels(parts, source)  # as --check does: else found at the first evaluation, maybe the last
     finished = None if checkpoint is None else read_finished_run(
         run_dir, checkpoint, planned_steps(config, len(parts.train_loader))[0], reevaluate)
     if finished is not None and not reevaluate:
@@ -280,6 +282,7 @@ def _train(config: TrainConfig, run_dir: Path, intent: Intent, source: str, call
     _claim_run_dir(accelerator, parts, folder, decision, on_exit)
     losses, absent = _announce_data_losses(accelerator, parts)
     p = prepare_run(accelerator, parts)
+    p.state.leg_started = started  # a resume adds the earlier legs' wall time (from the checkpoint) to this one's
     progress.append(p.state)
     random_metrics = _resume_or_evaluate_random(p, parts, folder, checkpoint, resume_ignore_rng)
     log = StepLogger(accelerator, config, run_dir, trackers=trackers, total_steps=p.total_steps,
@@ -503,8 +506,9 @@ def _summary(run: _Run, *, started: float, finished: dict[str, Any] | None, chec
         "objective_learned": run.parts.objective.learned_values(),
         # K (samples per micro-batch over all processes) and the micro-batches of one optimiser step
         "global_batch_size": config.data.batch_size, "grad_accum_steps": config.optimisation.grad_accum_steps,
-        # an evaluation run again (reevaluate) keeps the wall time of the training
-        "wall_time_s": (finished or {}).get("wall_time_s") or time.perf_counter() - started,
+        # every leg of the run (a resume counts the legs before it up to its checkpoint); an evaluation
+        # run again (reevaluate) keeps the wall time of the training
+        "wall_time_s": (finished or {}).get("wall_time_s") or state.wall_time_s,
         "num_processes": accelerator.num_processes, "device": str(accelerator.device),
         "sharding": "fsdp" if p.sharded else "none", "mixed_precision": accelerator.mixed_precision,
         "mixed_precision_choice": run.precision.to_dict(),  # asked (auto...), used, why
