@@ -147,9 +147,18 @@ class RunFolder:
     def __init__(self, run_dir: str | Path, command: str = PREFIX) -> None:
         self.run_dir = Path(run_dir)
         self.lock = RunFolderLock(self.run_dir, command)
+        self._created: list[Path] = []  # the folders decide() made, deepest first
 
     def release(self) -> None:
+        """Let the folder go: the lock released, and the folders :meth:`decide` made for it removed
+        again while they are empty (a run refused before it wrote anything leaves no folder)."""
         self.lock.release()
+        for folder in self._created:
+            try:
+                folder.rmdir()  # only while empty: anything written there stays
+            except OSError:
+                break
+        self._created = []
 
     def decide(self, config: TrainConfig, intent: Intent, *, act: bool = True) -> Decision:
         """What the command will do with the folder. ``act``: take the folder's lock first (the
@@ -177,7 +186,9 @@ class RunFolder:
         except PermissionError as error:
             return _refuse(run_dir, str(error))
         if act:
+            missing = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
             run_dir.mkdir(parents=True, exist_ok=True)
+            self._created = missing
             try:
                 self.lock.acquire()
             except FolderInUseError as error:
