@@ -15,9 +15,11 @@ folder makes the rename itself durable). A folder (a checkpoint, ``encoder/``, a
 committed the same way by :func:`commit_folder`: every file and sub-folder in it flushed, the
 folder renamed, its parent flushed.
 
-**A full disk** (``ENOSPC``, or ``EDQUOT`` when a quota is reached) while writing is turned into
-a :class:`DiskFullError` naming the folder, the bytes the write needed and the bytes free
-(:func:`disk_full`), after the partial temporary file or folder is removed.
+**A full disk** (or a quota reached) while writing is turned into a :class:`DiskFullError`
+naming the folder, the bytes the write needed and the bytes free (:func:`disk_full`), after the
+partial temporary file or folder is removed. Whether a failed write was a full disk is decided
+from the device (:func:`full_device`: its free space against the write's size, a probe for a
+quota), whatever the writer's error says.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import os
 import re
 import shutil
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -168,52 +171,98 @@ def free_bytes(folder: str | os.PathLike[str]) -> int:
     return shutil.disk_usage(nearest_folder(folder)).free
 
 
-# How writers that do not raise an OSError say it: safetensors ("I/O error: No space left on device
-# (os error 28)"), torch.save ("PytorchStreamWriter failed writing file ...: file write failed").
-_FULL_WORDS = ("no space left on device", "disk quota exceeded", f"os error {errno.ENOSPC})",
-               f"os error {getattr(errno, 'EDQUOT', errno.ENOSPC)})")
-_WRITE_FAILED = "file write failed"
+def disk_full_errno(error: BaseException) -> int | None:
+    """ENOSPC or EDQUOT when ``error``, or an error it was raised from (``__cause__``,
+    ``__context__``), is an ``OSError`` with the system's own code for a full device or quota."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS:
+            return cause.errno
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def is_disk_full(error: BaseException) -> bool:
-    """Whether ``error`` says that the device or the quota is full: an ``OSError`` of ENOSPC or
-    EDQUOT, or another writer's error with the system's words for it."""
-    if isinstance(error, OSError) and error.errno is not None:
-        return error.errno in DISK_FULL_ERRNOS
-    return any(word in str(error).lower() for word in _FULL_WORDS)
+    """Whether ``error`` (or an error it was raised from) is an ``OSError`` of ENOSPC or EDQUOT."""
+    return disk_full_errno(error) is not None
+
+
+# A probe written where a write failed although the device reports room: a quota (invisible to
+# the device's free count) refuses it too.
+_PROBE_BYTES = 64 * 1024
+
+
+def _probe_refused(folder: str | os.PathLike[str]) -> int | None:
+    """The errno (ENOSPC or EDQUOT) with which ``folder``'s device refuses a small file written and
+    flushed there, or None when it takes it (or the folder cannot be written for another reason)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=nearest_folder(folder), prefix=".mmviews-space-probe-")
+    except OSError as error:
+        return error.errno if error.errno in DISK_FULL_ERRNOS else None
+    try:
+        os.write(fd, bytes(_PROBE_BYTES))
+        os.fsync(fd)
+    except OSError as error:
+        return error.errno if error.errno in DISK_FULL_ERRNOS else None
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    return None
+
+
+def full_device(error: BaseException, folder: str | os.PathLike[str],
+                needed: int | Callable[[], int]) -> tuple[int, int] | None:
+    """Whether the write into ``folder`` that raised ``error`` failed for want of space, decided
+    from the device, not from the error's words (each writer words it its own way: torch's zip
+    writer "iostream error" or "unexpected pos", safetensors "I/O error"): the error carries the
+    system's ENOSPC or EDQUOT (:func:`disk_full_errno`), or the folder's device has less free
+    space than the write ``needed`` (a number, or a function called now), none at all, or it
+    refuses a small probe file for want of space (a quota, which the free count does not show).
+    ``(bytes needed or 0 when unknown, errno)`` then, else None (the device had room: another
+    error). An estimate of ``needed`` that itself fails does not count against the device."""
+    code = disk_full_errno(error)
+    try:
+        free: int | None = free_bytes(folder)
+    except OSError:
+        free = None
+    try:
+        bytes_needed: int | None = needed() if callable(needed) else needed
+    except Exception:  # e.g. a sharded model's state after a failed collective cannot be measured
+        bytes_needed = None
+    short = free is not None and (free == 0 or (bytes_needed is not None and free < bytes_needed))
+    if code is None:
+        code = errno.ENOSPC if short else _probe_refused(folder)
+    return None if code is None else (bytes_needed or 0, code)
 
 
 @contextlib.contextmanager
 def disk_full(folder: str | os.PathLike[str], what: str, needed: int | Callable[[], int],
               cleanup: str | os.PathLike[str] | None = None) -> Iterator[None]:
-    """Around a write into ``folder``: an error of a full device or quota (:func:`is_disk_full`;
-    or torch's "file write failed" while less than ``needed`` is free) becomes a
-    :class:`DiskFullError` naming ``folder``, ``what`` was written, the bytes it ``needed`` (a
-    number, or a function called after the failure) and the bytes free, once the partial folder
-    ``cleanup`` (if given) is removed. Other errors pass unchanged."""
+    """Around a write into ``folder``: an error raised while the device or the quota is full
+    (:func:`full_device`, whatever the error says) becomes a :class:`DiskFullError` naming
+    ``folder``, ``what`` was written, the bytes it ``needed`` (a number, or a function called after
+    the failure) and the bytes free, once the partial folder ``cleanup`` (if given) is removed.
+    Other errors pass unchanged."""
     try:
         yield
     except Exception as error:
         # (a DiskFullError of a write inside: said again for the whole of this one, its folder removed)
-        if not isinstance(error, (OSError, RuntimeError)) and type(error).__name__ != "SafetensorError":
+        full = full_device(error, folder, needed)
+        if full is None:
             raise
-        # ``needed`` is asked only when the answer depends on it or the error reports it: any other error
-        # (a collective that timed out mid-checkpoint) passes unchanged, never replaced by an error of the
-        # estimate itself (a sharded model's state after a failed collective cannot always be measured)
-        full = is_disk_full(error)
-        if not (full or _WRITE_FAILED in str(error)):
-            raise
-        bytes_needed = needed() if callable(needed) else needed
-        if not (full or free_bytes(folder) < bytes_needed):
-            raise
+        bytes_needed, code = full
+        # the failed writer's frames may still hold its open file (a deleted file's space is freed
+        # only when it is closed): their locals released, the free space below is the device's
+        traceback.clear_frames(error.__traceback__)
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
-        free = free_bytes(folder)
-        quota = " (disk quota exceeded)" if "quota" in str(error).lower() or getattr(error, "errno", None) == getattr(
-            errno, "EDQUOT", None) else ""
-        stopped = DiskFullError(f"{folder}: no space left{quota} while writing {what}: it needs about {bytes_needed} "
-                                f"bytes, {free} bytes are free; nothing partial was left there")
-        stopped.errno = getattr(error, "errno", None) or errno.ENOSPC
+        quota = code != errno.ENOSPC  # EDQUOT (the same number as ENOSPC where a system has no quotas)
+        stopped = DiskFullError(f"{folder}: no space left{' (disk quota exceeded)' if quota else ''} while writing "
+                                f"{what}: it needs about {bytes_needed} bytes, {free_bytes(folder)} bytes are free; "
+                                "nothing partial was left there")
+        stopped.errno = code
         raise stopped from error
 
 

@@ -154,32 +154,66 @@ def test_a_full_disk_in_an_atomic_write_names_the_bytes(tmp_path, monkeypatch):
         atomic_save(tmp_path / "x.bin", lambda tmp: Path(tmp).write_bytes(b"1234567"))
 
 
-def test_writers_own_words_for_a_full_disk(tmp_path, monkeypatch):
-    """safetensors' and the system's words count as a full disk; torch's "file write failed" only
-    when less than the bytes needed are free."""
+def test_a_full_disk_is_decided_from_the_device_not_the_errors_words(tmp_path, monkeypatch):
+    """The system's code (ENOSPC, EDQUOT, also as the cause of another error) is a full disk; any
+    other error is one when the folder's device has less free space than the write needed, or
+    none, or refuses a small probe file for want of space (a quota); the words of an error
+    decide nothing."""
     import mmviews.fileio as fileio
-    from mmviews.fileio import DiskFullError, disk_full, is_disk_full
+    from mmviews.fileio import DiskFullError, disk_full, disk_full_errno, is_disk_full
 
-    safetensors_error = type("SafetensorError", (Exception,), {})
-    assert is_disk_full(safetensors_error("Error while serializing: I/O error: No space left on device (os error 28)"))
-    assert is_disk_full(RuntimeError("write: Disk quota exceeded"))
     assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
     assert not is_disk_full(OSError(errno.EACCES, "No space left on device"))  # the errno decides
-    assert not is_disk_full(RuntimeError("file write failed"))
-    with pytest.raises(DiskFullError, match=r"\(disk quota exceeded\) while writing q: it needs about 5 bytes"):
-        with disk_full(tmp_path, "q", 5):
-            raise safetensors_error("I/O error: Disk quota exceeded (os error 122)")
-    torch_error = RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
-    monkeypatch.setattr(fileio, "free_bytes", lambda folder: 100)
-    with pytest.raises(DiskFullError, match="it needs about 101 bytes, 100 bytes are free"):
+    assert not is_disk_full(RuntimeError("I/O error: No space left on device (os error 28)"))
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("unexpected pos 930112 vs 930004")  # torch's writer, after the system's error
+    except RuntimeError as error:
+        assert disk_full_errno(error) == errno.ENOSPC
+    free = [100]
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: free[0])
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 930112 vs 930004")
+    with pytest.raises(DiskFullError, match=r"^/.*: no space left while writing x: it needs about 101 bytes, 100 bytes "
+                                            "are free; nothing partial was left there$") as caught:
         with disk_full(tmp_path, "x", 101):
             raise torch_error
-    with pytest.raises(RuntimeError, match="file write failed"):  # enough room: another cause, passed on
-        with disk_full(tmp_path, "x", 100):
-            raise torch_error
-    with pytest.raises(KeyError):
-        with disk_full(tmp_path, "x", 1):
-            raise KeyError("No space left on device")
+    assert caught.value.__cause__ is torch_error and caught.value.errno == errno.ENOSPC
+    with pytest.raises(DiskFullError, match="it needs about 7 bytes"):  # any error, what it says aside
+        with disk_full(tmp_path, "x", lambda: 7 if free[0] else 0):
+            free[0] = 3
+            raise KeyError("model")
+    free[0] = 0
+    with pytest.raises(DiskFullError, match="it needs about 0 bytes, 0 bytes are free"):  # nothing free, size unknown
+        with disk_full(tmp_path, "x", lambda: 1 // 0):
+            raise ValueError("half a header")
+    free[0] = 100
+    for error in (RuntimeError("basic_ios::clear: iostream error"), KeyError("No space left on device"),
+                  OSError(errno.EIO, "No space left on device")):
+        with pytest.raises(type(error)) as passed:  # room on the device: another cause, passed on as it is
+            with disk_full(tmp_path, "x", 100):
+                raise error
+        assert passed.value is error
+    with pytest.raises(RuntimeError, match="collective"):  # an estimate that fails never replaces the error
+        with disk_full(tmp_path, "x", lambda: 1 // 0):
+            raise RuntimeError("collective timed out")
+
+    # a quota: the device shows room, the probe file is refused
+    fsync = os.fsync
+
+    def quota_reached(fd: int) -> None:
+        if ".mmviews-space-probe-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", quota_reached)
+    with pytest.raises(DiskFullError, match=r"no space left \(disk quota exceeded\) while writing q: it needs about 5 "
+                                            "bytes") as caught:
+        with disk_full(tmp_path, "q", 5):
+            raise RuntimeError("basic_ios::clear: iostream error")
+    assert caught.value.errno == errno.EDQUOT
+    assert list(tmp_path.iterdir()) == []  # the probe removed
 
 
 def test_sizes_names_and_free_space(tmp_path):
