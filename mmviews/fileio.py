@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -135,8 +136,8 @@ def temporary_folder(final: str | os.PathLike[str]) -> Path:
 def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], needed: int | None = None) -> Path:
     """``write(folder)`` fills a temporary folder beside ``final`` (:func:`temporary_folder`) that
     then replaces ``final`` durably (:func:`commit_folder`; a ``final`` already there, which the
-    caller wrote before, is renamed away first and deleted after). If ``write`` raises, the
-    temporary folder is removed and ``final`` is left as it was; a full disk is a
+    caller wrote before, is swapped out by :func:`replace_folder` and deleted after). If ``write``
+    raises, the temporary folder is removed and ``final`` is left as it was; a full disk is a
     :class:`DiskFullError` (``needed``: the bytes the folder needs, when known)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -144,17 +145,82 @@ def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], nee
     try:
         with disk_full(final.parent, f"{final.name}/", lambda: needed if needed is not None else folder_bytes(tmp)):
             write(tmp)
-        if final.exists():  # moved aside first: no moment without a complete final folder on the disk
-            old = temporary_folder(final)
-            os.replace(final, old / final.name)
-            commit_folder(tmp, final)
-            shutil.rmtree(old)
-        else:
-            commit_folder(tmp, final)
+        replace_folder(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return final
+
+
+#: ``.<name>.previous-<random>``: a complete folder moved aside while its replacement is renamed in
+#: (:func:`replace_folder` where folders cannot be exchanged); the next start puts it back if the
+#: replacement never came (:func:`is_previous_folder_of`).
+PREVIOUS_INFIX = ".previous-"
+
+
+def replace_folder(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
+    """Commit the complete folder ``tmp`` as ``final`` (:func:`commit_folder`), replacing a
+    ``final`` already there, with a complete folder named ``final`` at every moment: the two are
+    exchanged in one atomic rename (Linux ``renameat2(RENAME_EXCHANGE)``), then the old one, now
+    named ``tmp``, is deleted. Where folders cannot be exchanged (another system, some network file
+    systems) the old one is first moved into ``.<name>.previous-<random>/``, which
+    :func:`mmviews.train.resume.remove_leftovers` moves back when a kill came before ``final``
+    was there again, and deletes otherwise."""
+    tmp, final = Path(tmp), Path(final)
+    if not final.exists():
+        return commit_folder(tmp, final)
+    for path in sorted(tmp.rglob("*"), reverse=True):
+        fsync_path(path)
+    fsync_path(tmp)
+    if _exchange(tmp, final):
+        fsync_path(final.parent)
+        shutil.rmtree(tmp)  # the old folder
+        return final
+    previous = Path(tempfile.mkdtemp(prefix=f".{final.name}{PREVIOUS_INFIX}", dir=final.parent))
+    os.replace(final, previous / final.name)
+    commit_folder(tmp, final)
+    shutil.rmtree(previous)
+    return final
+
+
+def is_previous_folder_of(path: str | os.PathLike[str], name: str) -> bool:
+    """Whether ``path`` is the name :func:`replace_folder` moves a complete ``name`` folder to
+    while its replacement is renamed in (``.<name>.previous-<random>``)."""
+    rest = Path(path).name.removeprefix(f".{name}{PREVIOUS_INFIX}")
+    return rest != Path(path).name and re.fullmatch(r"[a-z0-9_]+", rest) is not None
+
+
+def is_temporary_folder_of(path: str | os.PathLike[str], name: str) -> bool:
+    """Whether ``path`` is one of :func:`temporary_folder`'s folders for a folder called ``name``
+    (``.<name>.tmp-<random>``, the random part of ``tempfile.mkdtemp``): only such a name, not one
+    that merely starts like it (a user's ``.encoder.tmp-backup.old``)."""
+    rest = Path(path).name.removeprefix(f".{name}.tmp-")
+    return rest != Path(path).name and re.fullmatch(r"[a-z0-9_]+", rest) is not None
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names of ``a`` and ``b`` atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``);
+    False where the system or the file system cannot (nothing is changed then)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):  # a C library without renameat2 (glibc < 2.28, some others)
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EINVAL), errno.EPERM):
+        return False  # not supported here
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 
 def nearest_folder(path: str | os.PathLike[str]) -> Path:

@@ -169,8 +169,9 @@ def rotate_checkpoints(run_dir: Path, committed: Path, step: int, keep_last: int
     for later in [c for c in list_checkpoints(run_dir) if _step_of(c) > step]:
         aside = _free_name(later.with_name(SET_ASIDE_PREFIX + later.name))
         os.replace(later, aside)
-        warnings.warn(f"{later} is of a step after the {step} this run continued from: kept aside as {aside.name} "
-                      "(training never reads it; delete it once you no longer need it)", MMViewsWarning, stacklevel=3)
+        warnings.warn(f"{later} is of a later step than the checkpoint of step {step} just written, so not of this "
+                      f"run's course since it was resumed: kept aside as {aside.name} (training never reads it; delete "
+                      "it once you no longer need it)", MMViewsWarning, stacklevel=3)
     ours = [c for c in list_checkpoints(run_dir) if c != committed]
     removed = ours[:max(len(ours) - (keep_last - 1), 0)]
     for old in removed:
