@@ -93,7 +93,8 @@ def test_a_collective_failure_returns_2_to_a_program_that_called_main(monkeypatc
 def test_leaving_without_teardown_flushes_stdout_first(tmp_path):
     script = ("import sys, mmviews.cli as cli\nsys.stdout.write('said before leaving')\n"
               "sys.stderr.write('and on stderr')\ncli.leave_without_teardown(3)\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env(), cwd=REPO,
+    buffered = {k: v for k, v in env().items() if k != "PYTHONUNBUFFERED"}  # a pipe: block-buffered, as for a user
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=buffered, cwd=REPO,
                        timeout=120)
     assert r.returncode == 3 and r.stdout == "said before leaving" and r.stderr == "and on stderr", r
 
