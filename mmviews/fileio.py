@@ -324,12 +324,18 @@ def disk_full(folder: str | os.PathLike[str], what: str, needed: int | Callable[
         traceback.clear_frames(error.__traceback__)
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
-        quota = code != errno.ENOSPC  # EDQUOT (the same number as ENOSPC where a system has no quotas)
-        stopped = DiskFullError(f"{folder}: no space left{' (disk quota exceeded)' if quota else ''} while writing "
-                                f"{what}: it needs about {bytes_needed} bytes, {free_bytes(folder)} bytes are free; "
-                                "nothing partial was left there")
-        stopped.errno = code
-        raise stopped from error
+        raise disk_full_error(folder, what, bytes_needed, code) from error
+
+
+def disk_full_error(folder: str | os.PathLike[str], what: str, bytes_needed: int, code: int = errno.ENOSPC) -> DiskFullError:
+    """The :class:`DiskFullError` of a write of ``what`` into ``folder`` (its partial output
+    already removed) that needed about ``bytes_needed``; ``code``: ENOSPC, or EDQUOT for a quota."""
+    quota = code != errno.ENOSPC  # EDQUOT (the same number as ENOSPC where a system has no quotas)
+    stopped = DiskFullError(f"{folder}: no space left{' (disk quota exceeded)' if quota else ''} while writing "
+                            f"{what}: it needs about {bytes_needed} bytes, {free_bytes(folder)} bytes are free; "
+                            "nothing partial was left there")
+    stopped.errno = code
+    return stopped
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
