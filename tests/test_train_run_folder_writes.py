@@ -248,3 +248,55 @@ def test_the_next_start_removes_mmviews_temporary_names_only(tmp_path):
     assert sorted(remove_leftovers(run)) == sorted(ours)
     assert all((path / "model.safetensors").read_bytes() == b"weights" for path in users)
     assert not any(path.exists() for path in ours)
+
+
+def _checkpoint_folders(run: Path, steps: list[int]) -> None:
+    for step in steps:
+        folder = run / "checkpoints" / f"checkpoint-{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "train_state.json").write_text(f'{{"step": {step}}}')
+
+
+@pytest.mark.parametrize("keep_last, kept", [(1, [4]), (2, [3, 4]), (5, [2, 3, 4])])
+def test_rotation_keeps_the_newest_up_to_the_one_written_and_sets_later_ones_aside(keep_last, kept, tmp_path):
+    from mmviews.train.checkpoint import rotate_checkpoints
+
+    run = tmp_path / "run"
+    _checkpoint_folders(run, [2, 3, 4, 6, 10])
+    (run / "checkpoints" / "set-aside-checkpoint-00000006").mkdir()  # from an earlier resume: not replaced
+    committed = run / "checkpoints" / "checkpoint-00000004"
+    with pytest.warns(MMViewsWarning) as said:
+        removed = rotate_checkpoints(run, committed, 4, keep_last)
+    assert [c.name for c in list_checkpoints(run)] == [f"checkpoint-{s:08d}" for s in kept]
+    assert removed == [run / "checkpoints" / f"checkpoint-{s:08d}" for s in [2, 3, 4] if s not in kept]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("set-aside-")) == [
+        "set-aside-checkpoint-00000006", "set-aside-checkpoint-00000006.2", "set-aside-checkpoint-00000010"]
+    assert (run / "checkpoints" / "set-aside-checkpoint-00000010" / "train_state.json").read_text() == '{"step": 10}'
+    assert [str(w.message).split(" is of ")[0] for w in said] == [
+        str(run / "checkpoints" / "checkpoint-00000006"), str(run / "checkpoints" / "checkpoint-00000010")]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # the removals finished
+
+
+def test_rotation_without_later_checkpoints_says_nothing(tmp_path, recwarn):
+    from mmviews.train.checkpoint import rotate_checkpoints
+
+    run = tmp_path / "run"
+    _checkpoint_folders(run, [1, 2, 3])
+    assert rotate_checkpoints(run, run / "checkpoints" / "checkpoint-00000003", 3, 2) == [
+        run / "checkpoints" / "checkpoint-00000001"]
+    assert not [w for w in recwarn if issubclass(w.category, MMViewsWarning)]
+
+
+def test_the_log_is_flushed_when_asked(tmp_path, monkeypatch):
+    from mmviews.train.step_log import CSVLogger
+
+    flushed: list[str] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd)))
+    log = CSVLogger(tmp_path / "metrics.csv")
+    log.sync()  # nothing written yet: nothing to flush
+    assert flushed == []
+    log.log({"step": 1, "loss": 2.0})
+    flushed.clear()
+    log.sync()
+    assert flushed == [str(tmp_path / "metrics.csv")]
