@@ -200,6 +200,9 @@ def is_temporary_folder_of(path: str | os.PathLike[str], name: str) -> bool:
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
+# renameat2's errors where the system or the file system cannot exchange: not supported, not for
+# these (e.g. a folder into its own sub-folder), not permitted (a container's seccomp filter)
+_CANNOT_EXCHANGE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM})
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -210,16 +213,14 @@ def _exchange(a: Path, b: Path) -> bool:
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):  # a C library without renameat2 (glibc < 2.28, some others)
         return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EINVAL), errno.EPERM):
-        return False  # not supported here
+    if code in _CANNOT_EXCHANGE:
+        return False
     raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 

@@ -4,6 +4,7 @@ disk is one error naming the folder, the bytes needed and free."""
 import errno
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -335,3 +336,117 @@ def test_other_errors_pass_unchanged_without_estimating_the_bytes(tmp_path):
         with disk_full(tmp_path, "x", lambda: asked.append(1) or 10 ** 18):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert asked == [1]  # a full disk: the estimate is asked, for the message
+
+
+def test_exchange_swaps_two_folders_or_says_it_cannot(tmp_path, monkeypatch):
+    import ctypes
+
+    import mmviews.fileio as fileio
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "name").write_text(folder.name)
+    assert fileio._exchange(a, b)
+    assert ((a / "name").read_text(), (b / "name").read_text()) == ("b", "a")
+    (a / "inside").mkdir()
+    assert not fileio._exchange(a, a / "inside")  # EINVAL: not for these two; nothing changed
+    assert sorted(p.name for p in a.iterdir()) == ["inside", "name"]
+    with pytest.raises(OSError) as caught:  # a real error is one
+        fileio._exchange(a, tmp_path / "missing")
+    assert (caught.value.errno, caught.value.filename, caught.value.filename2) == (
+        errno.ENOENT, str(a), str(tmp_path / "missing"))
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "platform", "darwin")
+        assert not fileio._exchange(a, b)
+    with monkeypatch.context() as patch:
+        def no_library(*args, **kwargs):
+            raise OSError("no C library here")
+
+        patch.setattr(ctypes, "CDLL", no_library)
+        assert not fileio._exchange(a, b)
+    assert ((a / "name").read_text(), (b / "name").read_text()) == ("b", "a")
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchanged", "moved-aside"])
+def test_replace_folder_flushes_every_file_before_its_folder_and_the_rename(exchange, tmp_path, monkeypatch):
+    import mmviews.fileio as fileio
+
+    final, tmp = tmp_path / "encoder", tmp_path / ".encoder.tmp-x1"
+    for folder, tag in ((final, "old"), (tmp, "new")):
+        (folder / "text").mkdir(parents=True)
+        (folder / "encoder.json").write_text(tag)
+        (folder / "text" / "model.safetensors").write_text(tag)
+    calls: list[tuple[str, str]] = []
+    fsync, exchanged, replace = os.fsync, fileio._exchange, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), fsync(fd)))
+    monkeypatch.setattr(fileio, "_exchange", lambda a, b: (calls.append(("rename", str(a))), exchanged(a, b))[1]
+                        if exchange else False)
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("rename", str(a))), replace(a, b))[1])
+    fileio.replace_folder(tmp, final)
+    assert (final / "encoder.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["encoder"]
+    renamed = calls.index(("rename", str(tmp) if exchange else str(final)))
+    for path in [tmp / "encoder.json", tmp / "text" / "model.safetensors", tmp / "text", tmp]:
+        assert calls.index(("fsync", str(path))) < renamed, path
+    # a file before its folder: flushing a folder makes its entries durable, the files' data first
+    assert calls.index(("fsync", str(tmp / "text" / "model.safetensors"))) < calls.index(("fsync", str(tmp / "text")))
+    assert ("fsync", str(tmp_path)) in calls[renamed + 1:]
+
+
+def test_the_space_probe_is_a_file_in_the_folder_that_is_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    import mmviews.fileio as fileio
+
+    probes: list[str] = []
+    fsync = os.fsync
+
+    def failing(code):
+        def fsync_probe(fd: int) -> None:
+            probes.append(os.readlink(f"/proc/self/fd/{fd}"))
+            if code is not None:
+                raise OSError(code, os.strerror(code))
+            fsync(fd)
+        return fsync_probe
+
+    for code, said in [(None, None), (errno.EIO, None), (errno.ENOSPC, errno.ENOSPC), (errno.EDQUOT, errno.EDQUOT)]:
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fsync", failing(code))
+            assert fileio._probe_refused(tmp_path / "not" / "yet") == said  # probed where the folder would be
+        assert Path(probes[-1]).parent == tmp_path and Path(probes[-1]).name.startswith(".mmviews-space-probe-")
+        assert not Path(probes[-1]).exists()  # removed
+    for code, said in [(errno.ENOSPC, errno.ENOSPC), (errno.EACCES, None)]:  # not even a new file
+        with monkeypatch.context() as patch:
+            def refused(*args, code=code, **kwargs):
+                raise OSError(code, os.strerror(code))
+
+            patch.setattr(tempfile, "mkstemp", refused)
+            assert fileio._probe_refused(tmp_path) == said
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_error_chains_and_an_unreadable_device(tmp_path, monkeypatch):
+    import mmviews.fileio as fileio
+    from mmviews.fileio import disk_full, disk_full_errno
+
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__context__, b.__context__ = b, a  # a cycle, as code that sets __context__ by hand can make
+    assert disk_full_errno(a) is None
+    c = OSError(errno.EDQUOT, "quota")
+    d = RuntimeError("d")
+    d.__cause__ = c
+    assert disk_full_errno(d) == errno.EDQUOT
+
+    def unreadable(folder):
+        raise OSError(errno.EIO, "the device does not answer")
+
+    monkeypatch.setattr(fileio, "free_bytes", unreadable)
+    monkeypatch.setattr(fileio, "_probe_refused", lambda folder: None)
+    error = RuntimeError("basic_ios::clear: iostream error")
+    with pytest.raises(RuntimeError) as passed:  # nothing known of the device: the error as it was
+        with disk_full(tmp_path, "x", 100):
+            raise error
+    assert passed.value is error
+    assert fileio.full_device(error, tmp_path, 100) is None
+    monkeypatch.setattr(fileio, "_probe_refused", lambda folder: errno.ENOSPC)
+    assert fileio.full_device(error, tmp_path, 100) == (100, errno.ENOSPC)
