@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import os
 import re
@@ -320,12 +321,23 @@ def disk_full(folder: str | os.PathLike[str], what: str, needed: int | Callable[
         if full is None:
             raise
         bytes_needed, code = full
-        # the failed writer's frames may still hold its open file (a deleted file's space is freed
-        # only when it is closed): their locals released, the free space below is the device's
-        traceback.clear_frames(error.__traceback__)
+        _release_frames(error)
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
         raise disk_full_error(folder, what, bytes_needed, code) from error
+
+
+def _release_frames(error: BaseException) -> None:
+    """Clear the locals of the finished frames of ``error`` and of the errors it was raised from:
+    a failed writer's frames may still hold its open file (torch's zip writer), whose space a
+    device frees only when it is closed, so that the free space then told is the device's."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        traceback.clear_frames(cause.__traceback__)
+        cause = cause.__cause__ or cause.__context__
+    gc.collect()  # a writer caught in a reference cycle
 
 
 def disk_full_error(folder: str | os.PathLike[str], what: str, bytes_needed: int, code: int = errno.ENOSPC) -> DiskFullError:

@@ -182,10 +182,13 @@ def test_check_warns_when_free_space_is_below_two_checkpoints(recipe, reference,
 # says nothing of space ("basic_ios::clear: iostream error", then "unexpected pos ...").
 QUICKSTART_ON_FULL_TMPFS = ["quickstart", "--set", "output.checkpoint_every=1", "--set", "output.keep_last=1",
                             "--set", "output.progress_bar=false", "--set", "evaluation.random_baseline=false",
-                            "--set", "evaluation.at_end=false", "--set", "optimisation.max_steps=3",
-                            "--set", "data.split_options.train.num_samples=512"]
+                            "--set", "evaluation.at_end=false", "--set", "optimisation.max_steps=2",
+                            "--set", "data.split_options.train.num_samples=256",
+                            "--set", "data.split_options.valid.num_samples=16",
+                            "--set", "data.split_options.test.num_samples=16"]
 
 
+@pytest.mark.slow
 def test_quickstart_model_fills_a_real_tmpfs_inside_torchs_writer(small_disk, monkeypatch):
     """The issue's case: the failure inside ``torch.save`` of the optimiser state is a RuntimeError
     without an errno or a word about space; decided from the device, it is the short error, the
@@ -222,5 +225,5 @@ def test_quickstart_model_fills_a_real_tmpfs_inside_torchs_writer(small_disk, mo
     subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)  # room again
     r = train_in_process("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {first} at step 1 of 3" in r.stdout
-    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-00000003"]
+    assert f"resumed from {first} at step 1 of 2" in r.stdout
+    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-00000002"] and (run / "encoder").is_dir()

@@ -425,7 +425,7 @@ def _checkpoint(run: _Run) -> Path:
     non-finite loss), ``metrics.csv`` flushed, then a checkpoint; its folder."""
     p = run.p
     _check_losses(p, p.state, run.config.output.log_every)
-    run.log.sync()  # the log's rows up to this step on the disk before the checkpoint of the step is
+    run.log.sync()  # the log's rows up to this step reach the disk before this step's checkpoint is committed
     return save_checkpoint(p.accelerator, run.run_dir, p.state, run.config.output.keep_last, run.parts.objective,
                            run.callback, p.teacher, sharded=_sharded(p))
 
