@@ -187,3 +187,27 @@ def test_identifiability_mixing_matrices_have_unit_norm_columns():
             np.testing.assert_allclose(np.linalg.norm(w, axis=0), 1.0, rtol=0, atol=1e-12)
             assert np.abs(w).max() <= 1.0
             assert not np.allclose(np.linalg.norm(w, axis=1), 1.0)  # the rows are not what is normalised
+
+
+@pytest.mark.parametrize("optimizer, momentum, teacher, processes, optimizer_state", [
+    ("adamw", 0.9, False, 1, 2 * 40), ("adamw", 0.9, True, 3, 2 * 40), ("sgd", 0.9, False, 2, 40),
+    ("sgd", 0.0, True, 1, 0)])
+def test_checkpoint_estimate_written_out(optimizer, momentum, teacher, processes, optimizer_state):
+    """The estimate of one checkpoint, by its documented parts, for a module whose sizes are known:
+    the encoder's 7 tensors of 72 bytes (twice with a teacher), the optimiser's state of its 40
+    trainable bytes (AdamW two moments, SGD with momentum one), the objective's buffer, 300 bytes
+    of records per tensor written, 16 KiB of RNG states per process and 4 KiB of small files."""
+    from torch import nn
+
+    from mmviews.train.checkpoint import estimate_checkpoint_bytes
+
+    encoder = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))  # 12 parameters, 4 float and 1 int64 buffers
+    encoder[1].bias.requires_grad_(False)  # trainable: 10 floats in 3 tensors
+    objective = nn.Module()
+    objective.register_buffer("bank", torch.zeros(5))
+    weights = 12 * 4 + 4 * 4 + 8
+    tensors = 7 * (2 if teacher else 1) + 3 * 3 + 1
+    want = weights * (2 if teacher else 1) + optimizer_state + 20 + 300 * tensors + 16 * 1024 * processes + 4 * 1024
+    assert estimate_checkpoint_bytes(encoder, objective, optimizer, momentum, teacher, processes) == want
+    if processes == 1:  # one process unless told
+        assert estimate_checkpoint_bytes(encoder, objective, optimizer, momentum, teacher) == want
