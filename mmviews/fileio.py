@@ -146,7 +146,7 @@ def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], nee
     try:
         with disk_full(final.parent, f"{final.name}/", lambda: needed if needed is not None else folder_bytes(tmp)):
             write(tmp)
-        replace_folder(tmp, final)
+            replace_folder(tmp, final)  # its flushes may be where a full disk shows (delayed allocation)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
