@@ -450,3 +450,24 @@ def test_error_chains_and_an_unreadable_device(tmp_path, monkeypatch):
     assert fileio.full_device(error, tmp_path, 100) is None
     monkeypatch.setattr(fileio, "_probe_refused", lambda folder: errno.ENOSPC)
     assert fileio.full_device(error, tmp_path, 100) == (100, errno.ENOSPC)
+
+
+def test_a_full_disk_at_a_folders_commit_is_the_short_error(tmp_path, monkeypatch):
+    """Delayed allocation: the disk fills when the committed folder itself is flushed."""
+    import mmviews.fileio as fileio
+    from mmviews.fileio import DiskFullError
+
+    final = tmp_path / "encoder"
+    fileio.save_folder(final, lambda f: (f / "a.bin").write_bytes(b"old"))
+    fsync = os.fsync
+
+    def full_at_the_folder(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.name.startswith(".encoder.tmp-") and path.is_dir():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_the_folder)
+    with pytest.raises(DiskFullError, match=r"no space left while writing encoder/: it needs about 4 bytes"):
+        fileio.save_folder(final, lambda f: (f / "a.bin").write_bytes(b"new!"), needed=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder"] and (final / "a.bin").read_bytes() == b"old"
