@@ -471,3 +471,57 @@ def test_a_full_disk_at_a_folders_commit_is_the_short_error(tmp_path, monkeypatc
     with pytest.raises(DiskFullError, match=r"no space left while writing encoder/: it needs about 4 bytes"):
         fileio.save_folder(final, lambda f: (f / "a.bin").write_bytes(b"new!"), needed=4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder"] and (final / "a.bin").read_bytes() == b"old"
+
+
+def test_a_failed_writers_frames_are_released_before_the_free_space_is_told(tmp_path, monkeypatch):
+    """What the failed writer's frames hold (torch's zip writer: its deleted partial file, still
+    open) is let go, in every error of the chain, before the free space is measured for the message."""
+    import weakref
+
+    import mmviews.fileio as fileio
+    from mmviews.fileio import DiskFullError, disk_full
+
+    class OpenFile:
+        pass
+
+    held: list[weakref.ref] = []
+
+    def write() -> None:
+        partial = OpenFile()
+        held.append(weakref.ref(partial))
+        raise RuntimeError("basic_ios::clear: iostream error")
+
+    def close_the_zip() -> None:
+        try:
+            write()
+        except RuntimeError:
+            writer = OpenFile()
+            held.append(weakref.ref(writer))
+            raise RuntimeError("unexpected pos 930112 vs 930004")
+
+    alive_when_measured: list[list[bool]] = []
+    free = fileio.free_bytes
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: (alive_when_measured.append([r() is not None for r in held]),
+                                                               0)[1] if held else free(folder))
+    with pytest.raises(DiskFullError):
+        with disk_full(tmp_path, "x", 100):
+            close_the_zip()
+    assert alive_when_measured[0] == [True, True]  # the decision: while the partial file is held
+    assert alive_when_measured[-1] == [False, False]  # the message: after both frames let go
+
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__context__, b.__context__ = b, a
+    fileio._release_frames(a)  # a cycle ends
+
+
+def test_exchange_of_relative_paths(tmp_path, monkeypatch):
+    import mmviews.fileio as fileio
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        Path(name).mkdir()
+        (Path(name) / "name").write_text(name)
+    assert fileio._exchange(Path("a"), Path("b")) and (Path("a") / "name").read_text() == "b"
+    with pytest.raises(OSError) as caught:
+        fileio._exchange(Path("a"), Path("missing"))
+    assert caught.value.strerror == os.strerror(errno.ENOENT)
