@@ -105,3 +105,14 @@ def test_a_signal_stop_called_from_a_program_returns_its_status(monkeypatch, cap
     monkeypatch.setattr(sys, "argv", ["mmviews", "stopping"])
     cli.main()  # the command's own process: it leaves without the teardown
     assert left == [143]
+
+
+def test_help_and_version_are_answered_in_this_process(capsys):
+    import mmviews
+    import mmviews.cli as cli
+
+    for flag in ("-h", "--help"):
+        assert cli.main([flag]) == 0
+        assert "Run 'mmviews COMMAND --help'" in capsys.readouterr().out
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"{mmviews.__version__}\n"
