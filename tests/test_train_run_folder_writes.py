@@ -300,3 +300,37 @@ def test_the_log_is_flushed_when_asked(tmp_path, monkeypatch):
     flushed.clear()
     log.sync()
     assert flushed == [str(tmp_path / "metrics.csv")]
+
+
+def test_the_next_start_puts_an_encoder_moved_aside_back_and_says_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    aside = run / ".encoder.previous-k2j4x9q1"
+    (aside / "encoder").mkdir(parents=True)
+    (aside / "encoder" / "encoder.json").write_text("old")
+    assert remove_leftovers(run) == []
+    assert (run / "encoder" / "encoder.json").read_text() == "old" and not aside.exists()
+    assert capsys.readouterr().out == ("mmviews train: put encoder/ back from .encoder.previous-k2j4x9q1/ (its "
+                                       "replacement was cut short)\n")
+
+
+def test_a_left_over_that_cannot_be_removed_whole_does_not_stop_the_start(tmp_path, monkeypatch):
+    """A file of a temporary folder that the system refuses to delete (another process holds it on
+    a network file system, a read-only snapshot) is left: the run starts all the same."""
+    import shutil
+
+    run = tmp_path / "run"
+    leftovers = [run / "checkpoints" / ".tmp-checkpoint-00000003", run / ".encoder.tmp-a8b7c6d5"]
+    for folder in leftovers:
+        folder.mkdir(parents=True)
+        (folder / "stuck.bin").write_bytes(b"x")
+    unlink = os.unlink
+
+    def refusing(path, *args, **kwargs):
+        if str(path).endswith("stuck.bin"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refusing)
+    assert sorted(remove_leftovers(run)) == sorted(leftovers)
+    monkeypatch.setattr(os, "unlink", unlink)
+    shutil.rmtree(run)
