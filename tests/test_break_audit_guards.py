@@ -128,30 +128,61 @@ def test_checkpoint_estimate_counts_the_ema_teacher(tmp_path):
     assert abs(estimate - real) <= 0.15 * real, (estimate, real)
 
 
-def test_a_timed_out_gpu_check_leaves_no_process_behind(tmp_path):
+def test_a_timed_out_gpu_check_leaves_no_process_behind(tmp_path, monkeypatch):
+    """The check's own child, and that child's child in a session of its own (a test's subprocess
+    starting another), are gone after the budget; a process of the caller's is not touched; the
+    check's output, both streams, is in its log."""
     import psutil
 
     from mmviews.bench.gpu import _run_within
 
-    pid_file = tmp_path / "grandchild"
+    pid_file = tmp_path / "descendants"
+    inner = ("import subprocess, sys, time\n"
+             "p = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+             f"open({str(pid_file)!r}, 'a').write(str(p.pid) + '\\n')\n"
+             "time.sleep(600)\n")
     script = ("import subprocess, sys, time\n"
-              "p = subprocess.Popen(['sleep', '600'], start_new_session=True)  # a test's subprocess\n"
-              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+              f"p = subprocess.Popen([sys.executable, '-c', {inner!r}], start_new_session=True)\n"
+              f"open({str(pid_file)!r}, 'a').write(str(p.pid) + '\\n')\n"
+              "print('said on stdout', flush=True)\nprint('said on stderr', file=sys.stderr, flush=True)\n"
               "time.sleep(600)\n")
-    status, seconds = _run_within([sys.executable, "-c", script], 3, tmp_path / "log")
-    assert status is None and seconds < 60
-    grandchild = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(grandchild, signal.SIGKILL)
-        pytest.fail("the check's grandchild in a session of its own outlived the check's timeout")
+    bystander = subprocess.Popen(["sleep", "600"])  # the caller's own
+    kill = psutil.Process.kill
+    raced: list[int] = []
+
+    def killed_meanwhile(self: psutil.Process) -> None:  # the first one ends by itself just before the kill
+        kill(self)
+        if not raced:
+            raced.append(self.pid)
+            raise psutil.NoSuchProcess(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "kill", killed_meanwhile)
+    try:
+        deadline = time.monotonic() + 120
+
+        def started_both() -> bool:
+            return pid_file.is_file() and len(pid_file.read_text().split()) == 2
+
+        status, seconds = _run_within([sys.executable, "-c", script], 10, tmp_path / "log")
+        assert status is None and seconds < 60
+        assert started_both() and time.monotonic() < deadline
+        assert (tmp_path / "log").read_text().split("\n")[:2] == ["said on stdout", "said on stderr"]
+        for pid in map(int, pid_file.read_text().split()):
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                try:
+                    if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"process {pid} below the check outlived the check's timeout")
+        assert bystander.poll() is None  # not one of the check's
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 def test_backbone_lr_zero_freezes_the_backbone(tmp_path):

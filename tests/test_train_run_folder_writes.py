@@ -334,3 +334,18 @@ def test_a_left_over_that_cannot_be_removed_whole_does_not_stop_the_start(tmp_pa
     assert sorted(remove_leftovers(run)) == sorted(leftovers)
     monkeypatch.setattr(os, "unlink", unlink)
     shutil.rmtree(run)
+
+
+def test_a_full_disk_when_the_log_is_flushed_is_the_short_error(tmp_path, monkeypatch):
+    import errno
+
+    from mmviews.fileio import DiskFullError
+    from mmviews.train.step_log import CSVLogger
+
+    log = CSVLogger(tmp_path / "metrics.csv")
+    log.log({"step": 1, "loss": 2.0})
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: 0)
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(DiskFullError, match=f"^{tmp_path}: no space left while writing metrics.csv: it needs about 0 "
+                                            "bytes, 0 bytes are free"):
+        log.sync()
