@@ -16,20 +16,25 @@ committed the same way by :func:`commit_folder`: every file and sub-folder in it
 folder renamed, its parent flushed. Its files and folders get the umask's permissions too,
 whichever library wrote them (safetensors leaves 0600, ``mkdtemp`` 0700).
 
-**A full disk** (``ENOSPC``, or ``EDQUOT`` when a quota is reached) while writing is turned into
-a :class:`DiskFullError` naming the folder, the bytes the write needed and the bytes free
-(:func:`disk_full`), after the partial temporary file or folder is removed.
+**A full disk** (or a quota reached) while writing is turned into a :class:`DiskFullError`
+naming the folder, the bytes the write needed and the bytes free (:func:`disk_full`), after the
+partial temporary file or folder is removed. Whether a failed write was a full disk is decided
+from the device (:func:`full_device`: its free space against the write's size, a probe for a
+quota), whatever the writer's error says.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -153,8 +158,8 @@ def temporary_folder(final: str | os.PathLike[str]) -> Path:
 def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], needed: int | None = None) -> Path:
     """``write(folder)`` fills a temporary folder beside ``final`` (:func:`temporary_folder`) that
     then replaces ``final`` durably (:func:`commit_folder`; a ``final`` already there, which the
-    caller wrote before, is renamed away first and deleted after). If ``write`` raises, the
-    temporary folder is removed and ``final`` is left as it was; a full disk is a
+    caller wrote before, is swapped out by :func:`replace_folder` and deleted after). If ``write``
+    raises, the temporary folder is removed and ``final`` is left as it was; a full disk is a
     :class:`DiskFullError` (``needed``: the bytes the folder needs, when known)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -162,17 +167,83 @@ def save_folder(final: str | os.PathLike[str], write: Callable[[Path], Any], nee
     try:
         with disk_full(final.parent, f"{final.name}/", lambda: needed if needed is not None else folder_bytes(tmp)):
             write(tmp)
-        if final.exists():  # moved aside first: no moment without a complete final folder on the disk
-            old = temporary_folder(final)
-            os.replace(final, old / final.name)
-            commit_folder(tmp, final)
-            shutil.rmtree(old)
-        else:
-            commit_folder(tmp, final)
+            replace_folder(tmp, final)  # its flushes may be where a full disk shows (delayed allocation)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return final
+
+
+#: ``.<name>.previous-<random>``: a complete folder moved aside while its replacement is renamed in
+#: (:func:`replace_folder` where folders cannot be exchanged); the next start puts it back if the
+#: replacement never came (:func:`is_previous_folder_of`).
+PREVIOUS_INFIX = ".previous-"
+
+
+def replace_folder(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
+    """Commit the complete folder ``tmp`` as ``final`` (:func:`commit_folder`), replacing a
+    ``final`` already there, with a complete folder named ``final`` at every moment: the two are
+    exchanged in one atomic rename (Linux ``renameat2(RENAME_EXCHANGE)``), then the old one, now
+    named ``tmp``, is deleted. Where folders cannot be exchanged (another system, some network file
+    systems) the old one is first moved into ``.<name>.previous-<random>/``, which
+    :func:`mmviews.train.run_folder.remove_leftovers` moves back when a kill came before ``final``
+    was there again, and deletes otherwise."""
+    tmp, final = Path(tmp), Path(final)
+    if not final.exists():
+        return commit_folder(tmp, final)
+    for path in sorted(tmp.rglob("*"), reverse=True):
+        fsync_path(path)
+    fsync_path(tmp)
+    if _exchange(tmp, final):
+        fsync_path(final.parent)
+        shutil.rmtree(tmp)  # the old folder
+        return final
+    previous = Path(tempfile.mkdtemp(prefix=f".{final.name}{PREVIOUS_INFIX}", dir=final.parent))
+    os.replace(final, previous / final.name)
+    commit_folder(tmp, final)
+    shutil.rmtree(previous)
+    return final
+
+
+def is_previous_folder_of(path: str | os.PathLike[str], name: str) -> bool:
+    """Whether ``path`` is the name :func:`replace_folder` moves a complete ``name`` folder to
+    while its replacement is renamed in (``.<name>.previous-<random>``)."""
+    rest = Path(path).name.removeprefix(f".{name}{PREVIOUS_INFIX}")
+    return rest != Path(path).name and re.fullmatch(r"[a-z0-9_]+", rest) is not None
+
+
+def is_temporary_folder_of(path: str | os.PathLike[str], name: str) -> bool:
+    """Whether ``path`` is one of :func:`temporary_folder`'s folders for a folder called ``name``
+    (``.<name>.tmp-<random>``, the random part of ``tempfile.mkdtemp``): only such a name, not one
+    that merely starts like it (a user's ``.encoder.tmp-backup.old``)."""
+    rest = Path(path).name.removeprefix(f".{name}.tmp-")
+    return rest != Path(path).name and re.fullmatch(r"[a-z0-9_]+", rest) is not None
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+# renameat2's errors where the system or the file system cannot exchange: not supported, not for
+# these (e.g. a folder into its own sub-folder), not permitted (a container's seccomp filter)
+_CANNOT_EXCHANGE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM})
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names of ``a`` and ``b`` atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``);
+    False where the system or the file system cannot (nothing is changed then)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without renameat2 (glibc < 2.28, some others)
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _CANNOT_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 
 def nearest_folder(path: str | os.PathLike[str]) -> Path:
@@ -189,53 +260,116 @@ def free_bytes(folder: str | os.PathLike[str]) -> int:
     return shutil.disk_usage(nearest_folder(folder)).free
 
 
-# How writers that do not raise an OSError say it: safetensors ("I/O error: No space left on device
-# (os error 28)"), torch.save ("PytorchStreamWriter failed writing file ...: file write failed").
-_FULL_WORDS = ("no space left on device", "disk quota exceeded", f"os error {errno.ENOSPC})",
-               f"os error {getattr(errno, 'EDQUOT', errno.ENOSPC)})")
-_WRITE_FAILED = "file write failed"
+def disk_full_errno(error: BaseException) -> int | None:
+    """ENOSPC or EDQUOT when ``error``, or an error it was raised from (``__cause__``,
+    ``__context__``), is an ``OSError`` with the system's own code for a full device or quota."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS:
+            return cause.errno
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def is_disk_full(error: BaseException) -> bool:
-    """Whether ``error`` says that the device or the quota is full: an ``OSError`` of ENOSPC or
-    EDQUOT, or another writer's error with the system's words for it."""
-    if isinstance(error, OSError) and error.errno is not None:
-        return error.errno in DISK_FULL_ERRNOS
-    return any(word in str(error).lower() for word in _FULL_WORDS)
+    """Whether ``error`` (or an error it was raised from) is an ``OSError`` of ENOSPC or EDQUOT."""
+    return disk_full_errno(error) is not None
+
+
+# A probe written where a write failed although the device reports room: a quota (invisible to
+# the device's free count) refuses it too.
+_PROBE_BYTES = 64 * 1024
+
+
+def _probe_refused(folder: str | os.PathLike[str]) -> int | None:
+    """The errno (ENOSPC or EDQUOT) with which ``folder``'s device refuses a small file written and
+    flushed there, or None when it takes it (or the folder cannot be written for another reason)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=nearest_folder(folder), prefix=".mmviews-space-probe-")
+    except OSError as error:
+        return error.errno if error.errno in DISK_FULL_ERRNOS else None
+    try:
+        os.write(fd, bytes(_PROBE_BYTES))
+        os.fsync(fd)
+    except OSError as error:
+        return error.errno if error.errno in DISK_FULL_ERRNOS else None
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    return None
+
+
+def full_device(error: BaseException, folder: str | os.PathLike[str],
+                needed: int | Callable[[], int]) -> tuple[int, int] | None:
+    """Whether the write into ``folder`` that raised ``error`` failed for want of space, decided
+    from the device, not from the error's words (each writer words it its own way: torch's zip
+    writer "iostream error" or "unexpected pos", safetensors "I/O error"): the error carries the
+    system's ENOSPC or EDQUOT (:func:`disk_full_errno`), or the folder's device has less free
+    space than the write ``needed`` (a number, or a function called now), none at all, or it
+    refuses a small probe file for want of space (a quota, which the free count does not show).
+    ``(bytes needed or 0 when unknown, errno)`` then, else None (the device had room: another
+    error). An estimate of ``needed`` that itself fails does not count against the device."""
+    code = disk_full_errno(error)
+    try:
+        free: int | None = free_bytes(folder)
+    except OSError:
+        free = None
+    try:
+        bytes_needed: int | None = needed() if callable(needed) else needed
+    except Exception:  # e.g. a sharded model's state after a failed collective cannot be measured
+        bytes_needed = None
+    short = free is not None and (free == 0 or (bytes_needed is not None and free < bytes_needed))
+    if code is None:
+        code = errno.ENOSPC if short else _probe_refused(folder)
+    return None if code is None else (bytes_needed or 0, code)
 
 
 @contextlib.contextmanager
 def disk_full(folder: str | os.PathLike[str], what: str, needed: int | Callable[[], int],
               cleanup: str | os.PathLike[str] | None = None) -> Iterator[None]:
-    """Around a write into ``folder``: an error of a full device or quota (:func:`is_disk_full`;
-    or torch's "file write failed" while less than ``needed`` is free) becomes a
-    :class:`DiskFullError` naming ``folder``, ``what`` was written, the bytes it ``needed`` (a
-    number, or a function called after the failure) and the bytes free, once the partial folder
-    ``cleanup`` (if given) is removed. Other errors pass unchanged."""
+    """Around a write into ``folder``: an error raised while the device or the quota is full
+    (:func:`full_device`, whatever the error says) becomes a :class:`DiskFullError` naming
+    ``folder``, ``what`` was written, the bytes it ``needed`` (a number, or a function called after
+    the failure) and the bytes free, once the partial folder ``cleanup`` (if given) is removed.
+    Other errors pass unchanged."""
     try:
         yield
     except Exception as error:
         # (a DiskFullError of a write inside: said again for the whole of this one, its folder removed)
-        if not isinstance(error, (OSError, RuntimeError)) and type(error).__name__ != "SafetensorError":
+        full = full_device(error, folder, needed)
+        if full is None:
             raise
-        # ``needed`` is asked only when the answer depends on it or the error reports it: any other error
-        # (a collective that timed out mid-checkpoint) passes unchanged, never replaced by an error of the
-        # estimate itself (a sharded model's state after a failed collective cannot always be measured)
-        full = is_disk_full(error)
-        if not (full or _WRITE_FAILED in str(error)):
-            raise
-        bytes_needed = needed() if callable(needed) else needed
-        if not (full or free_bytes(folder) < bytes_needed):
-            raise
+        bytes_needed, code = full
+        _release_frames(error)
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
-        free = free_bytes(folder)
-        quota = " (disk quota exceeded)" if "quota" in str(error).lower() or getattr(error, "errno", None) == getattr(
-            errno, "EDQUOT", None) else ""
-        stopped = DiskFullError(f"{folder}: no space left{quota} while writing {what}: it needs about {bytes_needed} "
-                                f"bytes, {free} bytes are free; nothing partial was left there")
-        stopped.errno = getattr(error, "errno", None) or errno.ENOSPC
-        raise stopped from error
+        raise disk_full_error(folder, what, bytes_needed, code) from error
+
+
+def _release_frames(error: BaseException) -> None:
+    """Clear the locals of the finished frames of ``error`` and of the errors it was raised from:
+    a failed writer's frames may still hold its open file (torch's zip writer), whose space a
+    device frees only when it is closed, so that the free space then told is the device's."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        traceback.clear_frames(cause.__traceback__)
+        cause = cause.__cause__ or cause.__context__
+    gc.collect()  # a writer caught in a reference cycle
+
+
+def disk_full_error(folder: str | os.PathLike[str], what: str, bytes_needed: int, code: int = errno.ENOSPC) -> DiskFullError:
+    """The :class:`DiskFullError` of a write of ``what`` into ``folder`` (its partial output
+    already removed) that needed about ``bytes_needed``; ``code``: ENOSPC, or EDQUOT for a quota."""
+    quota = code != errno.ENOSPC  # EDQUOT (the same number as ENOSPC where a system has no quotas)
+    stopped = DiskFullError(f"{folder}: no space left{' (disk quota exceeded)' if quota else ''} while writing "
+                            f"{what}: it needs about {bytes_needed} bytes, {free_bytes(folder)} bytes are free; "
+                            "nothing partial was left there")
+    stopped.errno = code
+    return stopped
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

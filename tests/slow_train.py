@@ -13,7 +13,8 @@ to signal. ``--hold-after-step N`` / ``--hold-after-checkpoint N`` / ``--hold-af
 stop (sleep until killed) after optimiser step N (its callback, before its checkpoint), once the
 checkpoint of step N is written to its temporary folder (before the rename), or after the N-th
 micro-batch of this process (counted over epochs; mid accumulation window when
-``grad_accum_steps`` > 1). ``--hold-in-removal`` stops in the middle of the first folder
+``grad_accum_steps`` > 1). ``--stop-self-after-checkpoint N`` stops the process (SIGSTOP) once the
+checkpoint of step N is complete on every process (on ``--hold-rank`` only, when given). ``--hold-in-removal`` stops in the middle of the first folder
 deletion of the run's ``checkpoints/`` (one file deleted, the rest not): a kill there is a
 deletion cut short. ``--hold-marker FILE`` is created when a hold starts (``--checkpoint-hold-marker
 FILE`` for the checkpoint hold, default the same), so the test waits for a file, not for a
@@ -176,6 +177,21 @@ def _hold_in_removal(marker: str | None, set_attribute: Setter) -> None:
     set_attribute(shutil, "rmtree", rmtree_cut_short)
 
 
+def _stop_self_after_checkpoint(step: int, rank: int | None, set_attribute: Setter) -> None:
+    """SIGSTOP this process (on ``rank``, else any) once the checkpoint of ``step`` is complete on
+    every process (``save_checkpoint`` has returned, after its last collective): a peer that hangs
+    while the others are leaving."""
+    save = trainer.save_checkpoint
+
+    def save_then_stop(accelerator: Any, run_dir: Path, state: TrainState, *args: Any, **kwargs: Any) -> Any:
+        saved = save(accelerator, run_dir, state, *args, **kwargs)
+        if state.step == step and rank in (None, int(os.environ.get("RANK", "0"))):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return saved
+
+    set_attribute(trainer, "save_checkpoint", save_then_stop)
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """(slow_train's options, ``mmviews train``'s arguments)."""
     ours = argparse.ArgumentParser(prog="slow_train")
@@ -188,6 +204,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ours.add_argument("--hold-after-checkpoint", type=int, default=None)
     ours.add_argument("--hold-after-micro-batch", type=int, default=None)
     ours.add_argument("--hold-in-removal", action="store_true")
+    ours.add_argument("--stop-self-after-checkpoint", type=int, default=None)
     ours.add_argument("--hold-marker", default=None, metavar="FILE")
     ours.add_argument("--checkpoint-hold-marker", default=None, metavar="FILE")
     ours.add_argument("--stop-after-step", type=int, default=None)
@@ -208,6 +225,8 @@ def install(opts: argparse.Namespace, set_attribute: Setter = setattr) -> None:
         _hold_after_micro_batch(opts.hold_after_micro_batch, opts.hold_marker, set_attribute)
     if opts.hold_in_removal:
         _hold_in_removal(opts.hold_marker, set_attribute)
+    if opts.stop_self_after_checkpoint is not None:
+        _stop_self_after_checkpoint(opts.stop_self_after_checkpoint, opts.hold_rank, set_attribute)
     callback = ControlCallback(opts, _prepared_holder(set_attribute))
     # Exactly `mmviews train TRAIN_ARGS` (its error and interrupt handling, exit status), with the callback.
     command = train_command.run

@@ -25,6 +25,7 @@ import torch
 from mmviews.data import video_io
 from mmviews.data.video import VideoFolder
 from mmviews.data.video_io import probe_video, read_video_frames, read_video_window
+from mmviews.fileio import DiskFullError
 from mmviews.data.video_store import (
     CLIP_ENTRY,
     MANIFEST,
@@ -1265,9 +1266,28 @@ def test_a_store_write_failure_after_decoding_stops_the_prepare(tmp_path, monkey
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(np, "save", disk_full)
-    with pytest.raises(OSError, match="No space left on device"):
+    with pytest.raises(DiskFullError, match=f"^{tmp_path / 'store'}: no space left while writing the clip of "
+                                            r"Jump/v_Jump_0.avi: it needs about \d+ bytes, \d+ bytes are free"):
         prepare_video_store(root, tmp_path / "store", image_format="npy", workers=0, progress=False)
     assert sorted(p.name for p in (tmp_path / "store" / "clips" / "Jump").iterdir()) == []
+
+
+def test_a_jpeg_write_refused_by_a_full_device_is_a_full_disk(tmp_path, monkeypatch):
+    """OpenCV only answers False when a write fails: with the store's device short of a frame's
+    bytes that is the full-disk error (folder, bytes needed, bytes free), with room it stays the
+    store's write error (``test_store_write_failure_stops_the_prepare``)."""
+    import cv2
+
+    import mmviews.fileio as fileio
+
+    root = make_folder(tmp_path / "ucf", {"Jump": [6]})
+    monkeypatch.setattr(cv2, "imwrite", lambda *args: False)
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: 1000)  # less than one frame
+    with pytest.raises(DiskFullError, match=r"no space left while writing the clip of Jump/v_Jump_0.avi: it needs "
+                                            r"about \d+ bytes, 1000 bytes are free") as caught:
+        prepare_video_store(root, tmp_path / "store", workers=0, progress=False, on_error="skip")
+    assert "cannot write" in str(caught.value.__cause__)
+    assert not list((tmp_path / "store").glob(f"clips/*/{TMP_PREFIX}*"))
 
 
 def test_progress_counts_the_clips_already_done(tmp_path, capsys):

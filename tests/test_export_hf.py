@@ -111,6 +111,28 @@ def test_an_export_that_fails_leaves_nothing(run: Path, tmp_path: Path, monkeypa
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("format", ["hf", "onnx"])
+def test_a_full_disk_during_an_export_is_one_line_with_the_bytes(format: str, run: Path, tmp_path: Path, monkeypatch,
+                                                                 capsys):
+    """A writer failing with its own words (no errno) while the device is short of the export's
+    bytes: one line naming the folder, the bytes needed and free, exit status 2, nothing left."""
+    import mmviews.fileio as fileio
+    from mmviews.export import onnx
+    from mmviews.modalities.multiview import MultiViewEncoder
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("basic_ios::clear: iostream error")
+
+    monkeypatch.setattr(*((MultiViewEncoder, "save_pretrained", fail) if format == "hf" else
+                          (onnx, "export_adapter", fail)))
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: 10)
+    assert main(["export", str(run), "--format", format, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mmviews export: error: {tmp_path}: no space left while writing the export out/: it needs "
+                          "about ") and err.endswith(", 10 bytes are free; nothing partial was left there\n"), err
+    assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_output_must_be_a_new_folder_in_an_existing_one(tmp_path: Path):
     (tmp_path / "taken").mkdir()
     with pytest.raises(FileExistsError, match=rf"^--output {tmp_path / 'taken'} exists: give a new folder$"):

@@ -4,6 +4,7 @@ disk is one error naming the folder, the bytes needed and free."""
 import errno
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -183,32 +184,66 @@ def test_a_full_disk_in_an_atomic_write_names_the_bytes(tmp_path, monkeypatch):
         atomic_save(tmp_path / "x.bin", lambda tmp: Path(tmp).write_bytes(b"1234567"))
 
 
-def test_writers_own_words_for_a_full_disk(tmp_path, monkeypatch):
-    """safetensors' and the system's words count as a full disk; torch's "file write failed" only
-    when less than the bytes needed are free."""
+def test_a_full_disk_is_decided_from_the_device_not_the_errors_words(tmp_path, monkeypatch):
+    """The system's code (ENOSPC, EDQUOT, also as the cause of another error) is a full disk; any
+    other error is one when the folder's device has less free space than the write needed, or
+    none, or refuses a small probe file for want of space (a quota); the words of an error
+    decide nothing."""
     import mmviews.fileio as fileio
-    from mmviews.fileio import DiskFullError, disk_full, is_disk_full
+    from mmviews.fileio import DiskFullError, disk_full, disk_full_errno, is_disk_full
 
-    safetensors_error = type("SafetensorError", (Exception,), {})
-    assert is_disk_full(safetensors_error("Error while serializing: I/O error: No space left on device (os error 28)"))
-    assert is_disk_full(RuntimeError("write: Disk quota exceeded"))
     assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
     assert not is_disk_full(OSError(errno.EACCES, "No space left on device"))  # the errno decides
-    assert not is_disk_full(RuntimeError("file write failed"))
-    with pytest.raises(DiskFullError, match=r"\(disk quota exceeded\) while writing q: it needs about 5 bytes"):
-        with disk_full(tmp_path, "q", 5):
-            raise safetensors_error("I/O error: Disk quota exceeded (os error 122)")
-    torch_error = RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
-    monkeypatch.setattr(fileio, "free_bytes", lambda folder: 100)
-    with pytest.raises(DiskFullError, match="it needs about 101 bytes, 100 bytes are free"):
+    assert not is_disk_full(RuntimeError("I/O error: No space left on device (os error 28)"))
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("unexpected pos 930112 vs 930004")  # torch's writer, after the system's error
+    except RuntimeError as error:
+        assert disk_full_errno(error) == errno.ENOSPC
+    free = [100]
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: free[0])
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 930112 vs 930004")
+    with pytest.raises(DiskFullError, match=r"^/.*: no space left while writing x: it needs about 101 bytes, 100 bytes "
+                                            "are free; nothing partial was left there$") as caught:
         with disk_full(tmp_path, "x", 101):
             raise torch_error
-    with pytest.raises(RuntimeError, match="file write failed"):  # enough room: another cause, passed on
-        with disk_full(tmp_path, "x", 100):
-            raise torch_error
-    with pytest.raises(KeyError):
-        with disk_full(tmp_path, "x", 1):
-            raise KeyError("No space left on device")
+    assert caught.value.__cause__ is torch_error and caught.value.errno == errno.ENOSPC
+    with pytest.raises(DiskFullError, match="it needs about 7 bytes"):  # any error, what it says aside
+        with disk_full(tmp_path, "x", lambda: 7 if free[0] else 0):
+            free[0] = 3
+            raise KeyError("model")
+    free[0] = 0
+    with pytest.raises(DiskFullError, match="it needs about 0 bytes, 0 bytes are free"):  # nothing free, size unknown
+        with disk_full(tmp_path, "x", lambda: 1 // 0):
+            raise ValueError("half a header")
+    free[0] = 100
+    for error in (RuntimeError("basic_ios::clear: iostream error"), KeyError("No space left on device"),
+                  OSError(errno.EIO, "No space left on device")):
+        with pytest.raises(type(error)) as passed:  # room on the device: another cause, passed on as it is
+            with disk_full(tmp_path, "x", 100):
+                raise error
+        assert passed.value is error
+    with pytest.raises(RuntimeError, match="collective"):  # an estimate that fails never replaces the error
+        with disk_full(tmp_path, "x", lambda: 1 // 0):
+            raise RuntimeError("collective timed out")
+
+    # a quota: the device shows room, the probe file is refused
+    fsync = os.fsync
+
+    def quota_reached(fd: int) -> None:
+        if ".mmviews-space-probe-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", quota_reached)
+    with pytest.raises(DiskFullError, match=r"no space left \(disk quota exceeded\) while writing q: it needs about 5 "
+                                            "bytes") as caught:
+        with disk_full(tmp_path, "q", 5):
+            raise RuntimeError("basic_ios::clear: iostream error")
+    assert caught.value.errno == errno.EDQUOT
+    assert list(tmp_path.iterdir()) == []  # the probe removed
 
 
 def test_sizes_names_and_free_space(tmp_path):
@@ -330,3 +365,192 @@ def test_other_errors_pass_unchanged_without_estimating_the_bytes(tmp_path):
         with disk_full(tmp_path, "x", lambda: asked.append(1) or 10 ** 18):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert asked == [1]  # a full disk: the estimate is asked, for the message
+
+
+def test_exchange_swaps_two_folders_or_says_it_cannot(tmp_path, monkeypatch):
+    import ctypes
+
+    import mmviews.fileio as fileio
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "name").write_text(folder.name)
+    assert fileio._exchange(a, b)
+    assert ((a / "name").read_text(), (b / "name").read_text()) == ("b", "a")
+    (a / "inside").mkdir()
+    assert not fileio._exchange(a, a / "inside")  # EINVAL: not for these two; nothing changed
+    assert sorted(p.name for p in a.iterdir()) == ["inside", "name"]
+    with pytest.raises(OSError) as caught:  # a real error is one
+        fileio._exchange(a, tmp_path / "missing")
+    assert (caught.value.errno, caught.value.filename, caught.value.filename2) == (
+        errno.ENOENT, str(a), str(tmp_path / "missing"))
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "platform", "darwin")
+        assert not fileio._exchange(a, b)
+    with monkeypatch.context() as patch:
+        def no_library(*args, **kwargs):
+            raise OSError("no C library here")
+
+        patch.setattr(ctypes, "CDLL", no_library)
+        assert not fileio._exchange(a, b)
+    assert ((a / "name").read_text(), (b / "name").read_text()) == ("b", "a")
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchanged", "moved-aside"])
+def test_replace_folder_flushes_every_file_before_its_folder_and_the_rename(exchange, tmp_path, monkeypatch):
+    import mmviews.fileio as fileio
+
+    final, tmp = tmp_path / "encoder", tmp_path / ".encoder.tmp-x1"
+    for folder, tag in ((final, "old"), (tmp, "new")):
+        (folder / "text").mkdir(parents=True)
+        (folder / "encoder.json").write_text(tag)
+        (folder / "text" / "model.safetensors").write_text(tag)
+    calls: list[tuple[str, str]] = []
+    fsync, exchanged, replace = os.fsync, fileio._exchange, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), fsync(fd)))
+    monkeypatch.setattr(fileio, "_exchange", lambda a, b: (calls.append(("rename", str(a))), exchanged(a, b))[1]
+                        if exchange else False)
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("rename", str(a))), replace(a, b))[1])
+    fileio.replace_folder(tmp, final)
+    assert (final / "encoder.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["encoder"]
+    renamed = calls.index(("rename", str(tmp) if exchange else str(final)))
+    for path in [tmp / "encoder.json", tmp / "text" / "model.safetensors", tmp / "text", tmp]:
+        assert calls.index(("fsync", str(path))) < renamed, path
+    # a file before its folder: flushing a folder makes its entries durable, the files' data first
+    assert calls.index(("fsync", str(tmp / "text" / "model.safetensors"))) < calls.index(("fsync", str(tmp / "text")))
+    assert ("fsync", str(tmp_path)) in calls[renamed + 1:]
+
+
+def test_the_space_probe_is_a_file_in_the_folder_that_is_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    import mmviews.fileio as fileio
+
+    probes: list[str] = []
+    fsync = os.fsync
+
+    def failing(code):
+        def fsync_probe(fd: int) -> None:
+            probes.append(os.readlink(f"/proc/self/fd/{fd}"))
+            if code is not None:
+                raise OSError(code, os.strerror(code))
+            fsync(fd)
+        return fsync_probe
+
+    for code, said in [(None, None), (errno.EIO, None), (errno.ENOSPC, errno.ENOSPC), (errno.EDQUOT, errno.EDQUOT)]:
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fsync", failing(code))
+            assert fileio._probe_refused(tmp_path / "not" / "yet") == said  # probed where the folder would be
+        assert Path(probes[-1]).parent == tmp_path and Path(probes[-1]).name.startswith(".mmviews-space-probe-")
+        assert not Path(probes[-1]).exists()  # removed
+    for code, said in [(errno.ENOSPC, errno.ENOSPC), (errno.EACCES, None)]:  # not even a new file
+        with monkeypatch.context() as patch:
+            def refused(*args, code=code, **kwargs):
+                raise OSError(code, os.strerror(code))
+
+            patch.setattr(tempfile, "mkstemp", refused)
+            assert fileio._probe_refused(tmp_path) == said
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_error_chains_and_an_unreadable_device(tmp_path, monkeypatch):
+    import mmviews.fileio as fileio
+    from mmviews.fileio import disk_full, disk_full_errno
+
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__context__, b.__context__ = b, a  # a cycle, as code that sets __context__ by hand can make
+    assert disk_full_errno(a) is None
+    c = OSError(errno.EDQUOT, "quota")
+    d = RuntimeError("d")
+    d.__cause__ = c
+    assert disk_full_errno(d) == errno.EDQUOT
+
+    def unreadable(folder):
+        raise OSError(errno.EIO, "the device does not answer")
+
+    monkeypatch.setattr(fileio, "free_bytes", unreadable)
+    monkeypatch.setattr(fileio, "_probe_refused", lambda folder: None)
+    error = RuntimeError("basic_ios::clear: iostream error")
+    with pytest.raises(RuntimeError) as passed:  # nothing known of the device: the error as it was
+        with disk_full(tmp_path, "x", 100):
+            raise error
+    assert passed.value is error
+    assert fileio.full_device(error, tmp_path, 100) is None
+    monkeypatch.setattr(fileio, "_probe_refused", lambda folder: errno.ENOSPC)
+    assert fileio.full_device(error, tmp_path, 100) == (100, errno.ENOSPC)
+
+
+def test_a_full_disk_at_a_folders_commit_is_the_short_error(tmp_path, monkeypatch):
+    """Delayed allocation: the disk fills when the committed folder itself is flushed."""
+    import mmviews.fileio as fileio
+    from mmviews.fileio import DiskFullError
+
+    final = tmp_path / "encoder"
+    fileio.save_folder(final, lambda f: (f / "a.bin").write_bytes(b"old"))
+    fsync = os.fsync
+
+    def full_at_the_folder(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.name.startswith(".encoder.tmp-") and path.is_dir():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_the_folder)
+    with pytest.raises(DiskFullError, match=r"no space left while writing encoder/: it needs about 4 bytes"):
+        fileio.save_folder(final, lambda f: (f / "a.bin").write_bytes(b"new!"), needed=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder"] and (final / "a.bin").read_bytes() == b"old"
+
+
+def test_a_failed_writers_frames_are_released_before_the_free_space_is_told(tmp_path, monkeypatch):
+    """What the failed writer's frames hold (torch's zip writer: its deleted partial file, still
+    open) is let go, in every error of the chain, before the free space is measured for the message."""
+    import weakref
+
+    import mmviews.fileio as fileio
+    from mmviews.fileio import DiskFullError, disk_full
+
+    class OpenFile:
+        pass
+
+    held: list[weakref.ref] = []
+
+    def write() -> None:
+        partial = OpenFile()
+        held.append(weakref.ref(partial))
+        raise RuntimeError("basic_ios::clear: iostream error")
+
+    def close_the_zip() -> None:
+        try:
+            write()
+        except RuntimeError:
+            writer = OpenFile()
+            held.append(weakref.ref(writer))
+            raise RuntimeError("unexpected pos 930112 vs 930004")
+
+    alive_when_measured: list[list[bool]] = []
+    free = fileio.free_bytes
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: (alive_when_measured.append([r() is not None for r in held]),
+                                                               0)[1] if held else free(folder))
+    with pytest.raises(DiskFullError):
+        with disk_full(tmp_path, "x", 100):
+            close_the_zip()
+    assert alive_when_measured[0] == [True, True]  # the decision: while the partial file is held
+    assert alive_when_measured[-1] == [False, False]  # the message: after both frames let go
+
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__context__, b.__context__ = b, a
+    fileio._release_frames(a)  # a cycle ends
+
+
+def test_exchange_of_relative_paths(tmp_path, monkeypatch):
+    import mmviews.fileio as fileio
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        Path(name).mkdir()
+        (Path(name) / "name").write_text(name)
+    assert fileio._exchange(Path("a"), Path("b")) and (Path("a") / "name").read_text() == "b"
+    with pytest.raises(OSError) as caught:
+        fileio._exchange(Path("a"), Path("missing"))
+    assert caught.value.strerror == os.strerror(errno.ENOENT)

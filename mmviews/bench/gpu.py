@@ -25,6 +25,7 @@ says so in one line and exits 0. Exit status 1 when a check failed or ran out of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -187,9 +188,24 @@ def plan_lines(names: list[str], work: Path) -> list[str]:
     return lines
 
 
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every process below ``pid``, those in sessions of their own too (a test's
+    subprocesses, a launcher's ranks), which a kill of ``pid``'s process group does not reach."""
+    import psutil  # (a dependency of accelerate)
+
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for process in below:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
 def _run_within(command: list[str], budget_s: float, log: Path) -> tuple[int | None, float]:
-    """``command`` in a session of its own, output to ``log``; its whole process group is
-    killed at ``budget_s``. Returns its exit status (None: timed out) and its seconds."""
+    """``command`` in a session of its own, output to ``log``; at ``budget_s`` every process
+    below it (:func:`_kill_descendants`) and its whole process group are killed. Returns its exit
+    status (None: timed out) and its seconds."""
     start = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -197,6 +213,7 @@ def _run_within(command: list[str], budget_s: float, log: Path) -> tuple[int | N
             status: int | None = proc.wait(timeout=budget_s)
         except subprocess.TimeoutExpired:
             status = None
+            _kill_descendants(proc.pid)  # while it still runs, its descendants are found through it
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # a timed-out check, or a process it left behind

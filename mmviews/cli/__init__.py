@@ -13,8 +13,10 @@ is a bug and keeps its traceback (``--debug`` shows every traceback and warning)
 health checks' verdicts included, are one line each on stderr, ``mmviews COMMAND: warning: ...``;
 W&B's own lines (``WANDB_SILENT``), MLflow's INFO lines on creating its store and torch's C++
 warnings are off unless ``--debug``.
-After a collective failed because another process hung or died, the command's own process ends
-without the interpreter's teardown (:func:`leave_without_teardown`).
+After a collective failed because another process hung or died, and after a stop on SIGINT or
+SIGTERM (when a peer may be gone too), the command's own process ends without the interpreter's
+teardown (:func:`leave_without_teardown`); called from a program of yours (``main([...])``), it
+returns the status instead.
 Which errors and warnings print how: ``docs/cli.md`` ("Errors and warnings").
 """
 
@@ -126,11 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with contextlib.nullcontext() if args.debug else one_line_warnings(f"mmviews {name}"):
             return int(module.run(args) or 0)
-    except KeyboardInterrupt:
-        if args.debug:
+    except KeyboardInterrupt as stopped:
+        # SIGINT or SIGTERM (mmviews train's stop after a step, a second signal, one outside its loop:
+        # the command said what happened itself, with the status 128 + signal)
+        said = bool(getattr(stopped, SAID, False))
+        if args.debug and not said:
             raise
-        print(f"mmviews {name}: interrupted", file=sys.stderr)
-        return 130  # the shell's status for a process stopped by SIGINT
+        if not said:
+            print(f"mmviews {name}: interrupted", file=sys.stderr)
+        status = int(getattr(stopped, "exit_status", 130))  # 130: the shell's status for a process stopped by SIGINT
+        if owns_process:  # a peer may be gone or stopped with operations to it in flight: as after a collective failure
+            leave_without_teardown(status)
+        return status
     except Exception as caught:
         # An error raised in a DataLoader worker reaches here rebuilt by torch around the
         # worker's whole traceback (or as a RuntimeError when its type cannot be rebuilt): it is
@@ -148,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if peer_failed:
             leave_without_teardown(status)
         return status
+
+
+#: Set on a ``KeyboardInterrupt`` whose command has printed its own line about it (:func:`main` then adds none).
+SAID = "mmviews_said"
 
 
 def _collective_failed(error: BaseException) -> bool:

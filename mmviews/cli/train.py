@@ -49,7 +49,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from mmviews.cli import SAME_ON_EVERY_PROCESS, USER_ERRORS, same_on_every_process, worker_error
+from mmviews.cli import SAID, SAME_ON_EVERY_PROCESS, USER_ERRORS, same_on_every_process, worker_error
 from mmviews.config import ConfigError, TrainConfig, load_config, name_the_override, resolve_recipe
 from mmviews.data.losses import DATA_LOSSES_KEY, DataLosses, absent_modalities, excluded_lines, loss_lines, run_datasets
 from mmviews.modalities.remote import allow_remote_models
@@ -263,7 +263,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
             _close_process_group(barrier=False)  # not a stop agreed by all processes: some may be gone
         if _is_first_process():
             print(f"mmviews train: {_interrupted_line(stopped, run_dir, args)}", file=sys.stderr, flush=True)
-        return stopped.exit_status if isinstance(stopped, TrainingInterrupted) else 128 + signal.SIGINT
+        setattr(stopped, SAID, True)  # mmviews.cli.main leaves with its status (128 + signal), no line of its own
+        raise
     except CollectiveFailure as error:  # a peer hung or died: this process's one line, with the command that resumes
         error.add_note(f"resume with: {resume_command(run_dir, args.allow_remote_models)}")
         raise

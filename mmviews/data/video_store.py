@@ -36,7 +36,7 @@ from mmviews.data.video_io import (
     list_video_clips,
     to_gray,
 )
-from mmviews.fileio import atomic_write_text, read_json_object
+from mmviews.fileio import atomic_write_text, disk_full_error, folder_bytes, full_device, read_json_object
 
 STORE_KIND = "mmviews-video-store"
 STORE_VERSION = 1
@@ -280,6 +280,7 @@ def _prepare_clip(root: str, rel: str, store: str, options: dict[str, Any],
     if tmp.exists():  # left by a killed worker that had the same process id
         _remove_clip_folder(tmp, None)
     reading = True  # until the video is decoded, an exception means the video cannot be read
+    n = out_h = out_w = 0
     try:
         st = src.stat()
         fingerprint = source_fingerprint(src)
@@ -352,9 +353,16 @@ def _prepare_clip(root: str, rel: str, store: str, options: dict[str, Any],
         os.rename(tmp, final)  # atomic: the clip folder appears complete or not at all
         return rel, entry, None
     except Exception as err:  # PyAV and OpenCV raise their own types; report, never half-write
+        writing = not reading or isinstance(err, StoreWriteError)
+        # a write that failed on a full device (or quota), whatever the writer said (cv2.imwrite only
+        # returns False): decided while the partial clip still holds its space
+        frame = out_h * out_w * 3 * (max(n, 1) if fmt == "npy" else 1)  # what was being written: a frame, or them all
+        full = full_device(err, Path(store), lambda: folder_bytes(tmp) + frame) if writing else None
         if tmp.exists():
             _remove_clip_folder(tmp, None)
-        if not reading or isinstance(err, StoreWriteError):
+        if full is not None:
+            raise disk_full_error(store, f"the clip of {rel}", *full) from err
+        if writing:
             raise
         return rel, None, f"{src}: {type(err).__name__}: {err}"
 

@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mmviews.fileio import atomic_write_text, commit_folder, read_json_object, temporary_folder
+from mmviews.fileio import atomic_write_text, commit_folder, disk_full, folder_bytes, read_json_object, temporary_folder
 
-__all__ = ["export_hf", "hub_model_card", "prepare_output_folder", "finish_output_folder"]
+__all__ = ["export_hf", "export_space", "hub_model_card", "prepare_output_folder", "finish_output_folder"]
 
 
 def prepare_output_folder(output: Path) -> Path:
@@ -28,6 +28,17 @@ def prepare_output_folder(output: Path) -> Path:
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: folder {output.parent} does not exist")
     return temporary_folder(output)
+
+
+def export_space(output: Path, tmp: Path, encoder: Any) -> Any:
+    """Around the writes of an export into ``tmp``: a full disk (or quota) is one
+    :class:`~mmviews.fileio.DiskFullError` naming ``output``'s folder, the bytes the export needs
+    (about the encoder's weights, or what was written when more) and the bytes free, the partial
+    folder removed (:func:`mmviews.fileio.disk_full`)."""
+    from mmviews.train.memory import tensor_bytes
+
+    return disk_full(output.parent, f"the export {output.name}/",
+                     lambda: max(tensor_bytes(encoder.state_dict().values()), folder_bytes(tmp)), cleanup=tmp)
 
 
 def finish_output_folder(tmp: Path, output: Path) -> Path:
@@ -61,9 +72,10 @@ def export_hf(run: str | os.PathLike[str], output: str | os.PathLike[str], licen
     card = hub_model_card(run, config, license)
     tmp = prepare_output_folder(output)
     try:
-        encoder.save_pretrained(tmp)
-        atomic_write_text(tmp / MODEL_CARD_FILE, card)
-        return finish_output_folder(tmp, output)
+        with export_space(output, tmp, encoder):
+            encoder.save_pretrained(tmp)
+            atomic_write_text(tmp / MODEL_CARD_FILE, card)
+            return finish_output_folder(tmp, output)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -215,7 +215,7 @@ def export_onnx(run: str | os.PathLike[str], output: str | os.PathLike[str]) -> 
     ``onnx_manifest.json`` and the run's ``config.yaml`` (its data and views, for ``mmviews
     embed``). Returns the folder and the modalities not exported, with the reason."""
     from mmviews.config import save_config
-    from mmviews.export.hf import finish_output_folder, prepare_output_folder
+    from mmviews.export.hf import export_space, finish_output_folder, prepare_output_folder
     from mmviews.fileio import atomic_write_text
     from mmviews.run import load_trained_encoder
 
@@ -223,29 +223,30 @@ def export_onnx(run: str | os.PathLike[str], output: str | os.PathLike[str]) -> 
     encoder, config = load_trained_encoder(run)
     tmp = prepare_output_folder(output)
     try:
-        modalities: dict[str, Any] = {}
-        skipped: dict[str, str] = {}
-        for name, adapter in encoder.adapters.items():
-            folder = tmp / name
-            folder.mkdir()
-            try:
-                entry = export_adapter(adapter, folder)
-            except NotExportable as reason:
-                folder.rmdir()
-                skipped[name] = str(reason)
-                continue
-            entry["graph"] = f"{name}/{entry['graph']}"  # relative to the export folder
-            if "tokenizer" in entry["preprocessing"]:
-                entry["preprocessing"]["tokenizer"] = f"{name}/{entry['preprocessing']['tokenizer']}"
-            modalities[name] = entry
-        if not modalities:
-            raise ValueError(f"{run}: no adapter of the encoder can be exported to ONNX: "
-                             + "; ".join(f"{n}: {r}" for n, r in skipped.items()))
-        save_config(config, tmp / RECIPE_FILE)
-        manifest = {"format": FORMAT, "version": VERSION, "torch": torch.__version__,
-                    "recipe": RECIPE_FILE, "modalities": modalities, "not_exported": skipped}
-        atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2))
-        return finish_output_folder(tmp, output), skipped
+        with export_space(output, tmp, encoder):
+            modalities: dict[str, Any] = {}
+            skipped: dict[str, str] = {}
+            for name, adapter in encoder.adapters.items():
+                folder = tmp / name
+                folder.mkdir()
+                try:
+                    entry = export_adapter(adapter, folder)
+                except NotExportable as reason:
+                    folder.rmdir()
+                    skipped[name] = str(reason)
+                    continue
+                entry["graph"] = f"{name}/{entry['graph']}"  # relative to the export folder
+                if "tokenizer" in entry["preprocessing"]:
+                    entry["preprocessing"]["tokenizer"] = f"{name}/{entry['preprocessing']['tokenizer']}"
+                modalities[name] = entry
+            if not modalities:
+                raise ValueError(f"{run}: no adapter of the encoder can be exported to ONNX: "
+                                 + "; ".join(f"{n}: {r}" for n, r in skipped.items()))
+            save_config(config, tmp / RECIPE_FILE)
+            manifest = {"format": FORMAT, "version": VERSION, "torch": torch.__version__,
+                        "recipe": RECIPE_FILE, "modalities": modalities, "not_exported": skipped}
+            atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2))
+            return finish_output_folder(tmp, output), skipped
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -13,7 +13,9 @@ A checkpoint folder holds:
 Everything is written into ``checkpoints/.tmp-checkpoint-N`` and the folder is renamed to
 ``checkpoint-N`` only when complete, so a kill mid-write leaves the previous checkpoint
 intact; the last ``keep_last`` are kept (an older one is renamed to a temporary name before it
-is deleted, so that no folder named ``checkpoint-N`` is ever incomplete).
+is deleted, so that no folder named ``checkpoint-N`` is ever incomplete), the one just written
+always among them: a checkpoint of a later step (a damaged one a resume skipped) is kept aside
+under a name training never reads (:func:`rotate_checkpoints`).
 
 Loading (:func:`load_checkpoint`) runs no code from the folder. Nothing is registered with
 ``accelerator.register_for_checkpointing`` (Accelerate reads such objects back with full
@@ -127,11 +129,49 @@ def save_checkpoint(accelerator: Any, run_dir: Path, state: TrainState, keep_las
                 _remove_checkpoint(final)
             commit_folder(tmp, final)  # the flushes may be where a full disk shows (delayed allocation)
     if accelerator.is_main_process:
-        for old in list_checkpoints(run_dir)[:-keep_last]:
-            _remove_checkpoint(old)
+        rotate_checkpoints(run_dir, final, state.step, keep_last)
         record_run_outputs(run_dir)
     accelerator.wait_for_everyone()
     return final
+
+
+#: The name a checkpoint beyond the step a run continued from is kept under (:func:`rotate_checkpoints`):
+#: not ``checkpoint-N``, so that neither loading nor rotation ever takes it for one of the run's own.
+SET_ASIDE_PREFIX = "set-aside-"
+
+
+def rotate_checkpoints(run_dir: Path, committed: Path, step: int, keep_last: int) -> list[Path]:
+    """After the checkpoint ``committed`` of ``step`` is written: keep the newest ``keep_last``
+    checkpoints up to it, ``committed`` always among them; returns those removed.
+
+    A checkpoint of a later step is not this run's any more (a damaged one that the resume skipped,
+    or the rest of a run continued from an earlier checkpoint): ranked by step, it would push the
+    checkpoint just written out. It is first kept aside, renamed ``set-aside-checkpoint-N`` (one
+    warning line each), a name training never reads; the user decides what becomes of it."""
+    for later in [c for c in list_checkpoints(run_dir) if _step_of(c) > step]:
+        aside = _free_name(later.with_name(SET_ASIDE_PREFIX + later.name))
+        os.replace(later, aside)
+        warnings.warn(f"{later} is of a later step than the checkpoint of step {step} just written, so not of this "
+                      f"run's course since it was resumed: kept aside as {aside.name} (training never reads it; delete "
+                      "it once you no longer need it)", MMViewsWarning, stacklevel=3)
+    ours = [c for c in list_checkpoints(run_dir) if c != committed]
+    removed = ours[:max(len(ours) - (keep_last - 1), 0)]
+    for old in removed:
+        _remove_checkpoint(old)
+    return removed
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name[len(CHECKPOINT_PREFIX):])
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.2``, ``path.3``... : the first that does not exist."""
+    candidate, n = path, 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
 
 
 def checkpoint_bytes(run_dir: Path, partial: Path, accelerator: Any, objective: nn.Module,

@@ -36,13 +36,15 @@ The rules:
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from mmviews.config import TrainConfig, load_config, save_config
-from mmviews.fileio import check_writable, is_temporary_file_of
+from mmviews.fileio import check_writable, is_previous_folder_of, is_temporary_file_of, is_temporary_folder_of
 from mmviews.modalities.multiview import ENCODER_CONFIG
 from mmviews.notices import print_warning
 from mmviews.run import (
@@ -407,13 +409,17 @@ def claim_run_dir(run_dir: str | Path, *, resume: bool = False) -> None:
 
 def remove_leftovers(run_dir: Path) -> list[Path]:
     """Remove what a run cut short left in ``run_dir``: temporary checkpoint folders
-    (``checkpoints/.tmp-checkpoint-*``, complete ones being removed included) and temporary files
-    of mmviews's atomic writes of its top-level files and of ``encoder/``. Returns what was removed."""
+    (``checkpoints/.tmp-checkpoint-N``, complete ones being removed included), temporary files
+    of mmviews's atomic writes of its top-level files and ``encoder/``'s temporary folders, by
+    their exact names only (a user's ``.encoder-backup/`` or ``.tmp-checkpoint-mine/`` stays). An
+    ``encoder/`` moved aside while its replacement was renamed in
+    (:func:`mmviews.fileio.replace_folder`) is put back when the replacement never came. Returns
+    what was removed."""
     removed = []
     folder = run_dir / CHECKPOINTS_DIR
     if folder.is_dir():
         for path in sorted(folder.iterdir()):
-            if path.name.startswith(TMP_PREFIX) and path.is_dir() and not path.is_symlink():
+            if _TEMPORARY_CHECKPOINT.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     if run_dir.is_dir():
@@ -423,7 +429,16 @@ def remove_leftovers(run_dir: Path) -> list[Path]:
             if path.is_file() and any(is_temporary_file_of(path, name) for name in _ATOMIC_FILES):
                 path.unlink()
                 removed.append(path)
-            elif path.is_dir() and path.name.startswith(f".{ENCODER_DIR}.tmp-"):  # mmviews.fileio.save_folder's
+            elif path.is_dir() and is_previous_folder_of(path, ENCODER_DIR) and not (run_dir / ENCODER_DIR).exists() \
+                    and (path / ENCODER_DIR).is_dir():
+                os.replace(path / ENCODER_DIR, run_dir / ENCODER_DIR)  # the replacement was cut short: the old one back
+                path.rmdir()
+                print_warning(PREFIX, f"put {ENCODER_DIR}/ back from {path.name}/ (its replacement was cut short)")
+            elif path.is_dir() and (is_temporary_folder_of(path, ENCODER_DIR) or is_previous_folder_of(path, ENCODER_DIR)):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
+
+
+# Checkpoint folders of mmviews.train.checkpoint being written or deleted (TMP_PREFIX + step, or + "removed-" + name)
+_TEMPORARY_CHECKPOINT = re.compile(re.escape(TMP_PREFIX) + r"(removed-checkpoint-)?\d+")

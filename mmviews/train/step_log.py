@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from mmviews.config import TrainConfig
 from mmviews.eval.health import HealthSettings, LiveHealth
-from mmviews.fileio import DiskFullError, atomic_write_text, disk_full
+from mmviews.fileio import DiskFullError, atomic_write_text, disk_full, fsync_path
 from mmviews.notices import MMViewsWarning
 from mmviews.objectives import ObjectiveOutput, mi_lower_bound
 from mmviews.run import LOG_FILE, REPORT_FILE, RESULTS_FILE, record_run_outputs
@@ -33,7 +33,8 @@ from mmviews.train.trackers import flat_hparams, record_tracker_runs, tracker_in
 
 class CSVLogger:
     """Appends one row per logged step to ``metrics.csv`` (main process only). The columns
-    are fixed by the first row. On resume, rows after the checkpoint's step are dropped."""
+    are fixed by the first row. On resume, rows after the checkpoint's step are dropped. The rows
+    reach the disk (:meth:`sync`) before each checkpoint is committed."""
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
@@ -76,6 +77,12 @@ class CSVLogger:
         if new:
             record_run_outputs(self.path.parent)  # the run's manifest lists the log from its first row
 
+    def sync(self) -> None:
+        """Flush the rows written so far to the disk (``fsync``): called before each checkpoint is
+        committed, so that after a power cut a resumed run's log has every row up to its step."""
+        if self.path.exists():
+            with disk_full(self.path.parent, self.path.name, 0):
+                fsync_path(self.path)
 
 
 class StepLogger:
@@ -194,6 +201,11 @@ class StepLogger:
             if "wandb" in self.trackers:
                 run = self.accelerator.get_tracker("wandb", unwrap=True)
                 run.save(str(path), base_path=str(self.run_dir), policy="now")
+
+    def sync(self) -> None:
+        """``metrics.csv``'s rows so far flushed to the disk (main process; :meth:`CSVLogger.sync`)."""
+        if self.csv is not None:
+            self.csv.sync()
 
     def close(self) -> None:
         self.bar.close()

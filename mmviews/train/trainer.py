@@ -288,6 +288,7 @@ def _train(config: TrainConfig, run_dir: Path, intent: Intent, source: str, call
     log = StepLogger(accelerator, config, run_dir, trackers=trackers, total_steps=p.total_steps,
                      batches_per_epoch=p.batches_per_epoch, poly_view_bound=parts.objective.poly_view_bound,
                      state=p.state, resumed=checkpoint is not None, started=started)
+    on_exit.callback(log.close)  # an error's line then starts on a line of its own, after the bar
     if trackers:  # however the run ends (an error too): a tracker run left open would block the next one
         on_exit.callback(accelerator.end_training)
     run = _Run(config, run_dir, parts, p, log, losses, callback, stop, precision)
@@ -449,9 +450,10 @@ def _after_optimiser_step(run: _Run, out: Any, critic_metrics: dict[str, Any], b
 
 def _checkpoint(run: _Run) -> Path:
     """The losses since the last check checked (no checkpoint holds weights updated from a
-    non-finite loss), then a checkpoint; its folder."""
+    non-finite loss), ``metrics.csv`` flushed, then a checkpoint; its folder."""
     p = run.p
     _check_losses(p, p.state, run.config.output.log_every)
+    run.log.sync()  # the log's rows up to this step reach the disk before this step's checkpoint is committed
     return save_checkpoint(p.accelerator, run.run_dir, p.state, run.config.output.keep_last, run.parts.objective,
                            run.callback, p.teacher, sharded=_sharded(p))
 
