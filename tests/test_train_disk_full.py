@@ -220,11 +220,14 @@ def test_quickstart_model_fills_a_real_tmpfs_inside_torchs_writer(small_disk, mo
                                "checkpoint of step 2")
     first = run / "checkpoints" / "checkpoint-00000001"
     assert abs(needed - fileio.folder_bytes(first)) < 0.05 * needed  # the size of a checkpoint of this run
-    assert free == fileio.free_bytes(run) and free < needed  # the device's free space, the partial one removed
+    # the device's free space, the partial one removed; the run folder's lock file (one block), held
+    # while the line was written, is gone since the command ended
+    assert 0 <= fileio.free_bytes(run) - free <= 4096 and free < needed
+    assert not (run / ".mmviews-lock").exists()
     assert [p for p in run.rglob("*") if ".tmp" in p.name] == []
     assert list_checkpoints(run) == [first] and checkpoint_fault(first) is None
     subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)  # room again
     r = train_in_process("--resume", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {first} at step 1 of 2" in r.stdout
+    assert f"resumed from {first} at step 1 of 2" in r.stderr
     assert [c.name for c in list_checkpoints(run)] == ["checkpoint-00000002"] and (run / "encoder").is_dir()

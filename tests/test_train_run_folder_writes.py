@@ -86,21 +86,21 @@ def reference(recipe, tmp_path_factory) -> tuple[Path, FlushRecorder]:
 def _stopped_run(*args: str, after_step: int) -> tuple[str, list[str]]:
     """``mmviews train ARGS`` in this process, stopped after optimiser step ``after_step``
     (before its checkpoint: ``tests/slow_train.py --stop-after-step``); what it printed on
-    stdout, and its mmviews warnings (each one line ``mmviews train: warning: ...`` on the
-    command's stderr; pytest records them instead)."""
+    stdout and stderr (where the ``resumed from`` line goes), and its mmviews warnings (each one
+    line ``mmviews train: warning: ...`` on the command's stderr; pytest records them instead)."""
     import slow_train
 
     from mmviews.cli import main
 
     opts, rest = slow_train.parse(["--stop-after-step", str(after_step), "--", *args])
-    out = io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         slow_train.install(opts, patch.setattr)
-        with own_accelerate_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        with own_accelerate_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             with pytest.raises(slow_train.StopAfterStep):
                 main(["train", *rest])
-    return out.getvalue(), [str(w.message) for w in caught if issubclass(w.category, MMViewsWarning)]
+    return out.getvalue() + err.getvalue(), [str(w.message) for w in caught if issubclass(w.category, MMViewsWarning)]
 
 
 def test_rotation_keeps_the_checkpoint_just_written_when_a_damaged_later_one_was_skipped(recipe, reference, tmp_path):
@@ -128,7 +128,7 @@ def test_rotation_keeps_the_checkpoint_just_written_when_a_damaged_later_one_was
 
     r = train_in_process(*again)  # the next start continues from the checkpoint kept, to the end
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {run / 'checkpoints' / 'checkpoint-00000005'} at step 5 of {TOTAL}" in r.stdout
+    assert f"resumed from {run / 'checkpoints' / 'checkpoint-00000005'} at step 5 of {TOTAL}" in r.stderr
     assert [c.name for c in list_checkpoints(run)] == [f"checkpoint-{TOTAL:08d}"] and aside.is_dir()
     got, want = load_weights(run / "encoder"), load_weights(reference[0] / "encoder")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
