@@ -108,3 +108,25 @@ def test_whether_a_dataset_takes_options_beyond_its_annotated_ones(empty_registr
 
     assert [registry.dataset_takes_other_options(n) for n in ("closed", "open", "unsaid", "plain")] == [
         False, True, True, False]
+
+
+def test_option_types_through_a_partial_an_unreadable_target_and_a_name_added_directly(empty_registry):
+    """A builder made with functools.partial is read through its function (the sentiment datasets'),
+    a target whose signature cannot be read may take anything, and a name registered on the
+    registry itself (without register_dataset) has its builder's options only."""
+    import functools
+
+    def build(kind: str, root=None, split="train", *, size: int = 3, **options):
+        return []
+
+    empty_registry.add("direct", functools.partial(build, "x"), "d")
+    assert registry.dataset_option_types("direct") == {"kind": str, "size": int}
+    assert registry.dataset_takes_other_options("direct")  # **options, going nowhere named
+
+    @registry.register_dataset("closed_partial", "c", options_from=[functools.partial(_ToyData, 3)])
+    def build_closed(root=None, split="train", **options):
+        return _ToyData(3, **options)
+
+    assert registry.dataset_option_types("closed_partial")["scale"] is float
+    assert not registry.dataset_takes_other_options("closed_partial")
+    assert registry._takes_any_keyword(3)  # not a callable: nothing is known of it
