@@ -107,6 +107,9 @@ def test_every_torchvision_video_model_builds_and_embeds_its_smallest_clip():
         assert (adapter.feature_dim, adapter.config.image_size, len(adapter.backbone_blocks())) == (width, side, blocks)
         assert z.shape == (2, 8), name
         assert adapter.any_frames_in_onnx == name.startswith(("r", "mc", "s3d")), name  # the traced T is dynamic
+        head = getattr(adapter.backbone, "fc", None) or getattr(adapter.backbone, "classifier", None) or \
+            adapter.backbone.head
+        assert isinstance(head, nn.Identity), name  # the whole head, its dropout too (MViT, S3D)
         names = {n for n, _ in adapter.backbone.named_modules()}
         targets = adapter.default_lora_targets
         assert targets and all(t in names or any(n.endswith(f".{t}") for n in names) for t in targets), name
@@ -206,6 +209,12 @@ def test_torchvision_video_weights_from_a_tag_or_a_file(tmp_path, monkeypatch):
     own = adapter.backbone.state_dict()
     assert set(s3d) - set(own) == {"classifier.1.weight", "classifier.1.bias"}
     assert all(torch.equal(own[k], s3d[k]) for k in own)
+    from mmviews.modalities import adapter_class
+
+    cls = adapter_class("torchvision_video")
+    with torch.device("meta"):  # the architecture alone (a saved adapter's): the file is not read
+        cls(cls.config_class.from_dict({"model": "s3d", "weights": str(tmp_path / "never-read.pth")}),
+            load_weights=False)
     wrong = tmp_path / "s3d-00000000.pth"
     named.rename(wrong)
     with pytest.raises(ValueError, match=r"s3d-00000000\.pth: sha256 [0-9a-f]{16}\.\.\. does not begin with '00000000'"):
