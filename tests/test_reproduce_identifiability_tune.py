@@ -89,9 +89,9 @@ def test_log_steps(tune) -> None:
 
 @pytest.mark.slow
 def test_screen_and_curve_smoke(tune, tmp_path: Path) -> None:
-    assert tune.main(["--smoke", "--stage", "screen", "--settings", "base", "l2_d5", "--out", str(tmp_path)]) == 0
+    assert tune.main(["--smoke", "--stage", "screen", "--settings", "cheap", "wide_l2_d5", "--out", str(tmp_path)]) == 0
     rows = _rows(tmp_path / "screen.csv")
-    assert [(r["setting"], r["step"]) for r in rows] == [("base", "3"), ("base", "6"), ("l2_d5", "3"), ("l2_d5", "6")]
+    assert [(r["setting"], r["step"]) for r in rows] == [("cheap", "3"), ("cheap", "6"), ("wide_l2_d5", "3"), ("wide_l2_d5", "6")]
     assert {r["critic"] for r in rows} == {"cosine", "l2"} and {r["embed_dim"] for r in rows if r["critic"] == "l2"} == {"5"}
     for r in rows:
         assert all(math.isfinite(float(r[k])) for k in ("content", "specific", "style", "content_lin", "train_cpu_s"))

@@ -67,20 +67,26 @@ DEFAULT_OUT = C.REPO_ROOT / "runs" / "reproduce" / "identifiability_tune"
 BLOCKS = ("content", "style", "specific")
 MODALITIES = ("x1", "x2")
 
-# The screen's base setting and its one-axis changes (name -> the keys changed).
-BASE: dict[str, Any] = {"critic": "cosine", "embed_dim": 16, "tau": 0.1, "lr": 1e-3, "schedule": "constant",
-                        "K": 256, "hidden": 128, "steps": 3000}
+# The screen: two bases, one axis changed at a time. "wide": the earlier recipe's encoders (width
+# 256) at K = 512 for 600 steps; "cheap": width 128 at K = 256 for 3000 steps (a step about 6
+# times cheaper). Evaluated with the kernel fitted on 1024 samples, scored on 2048.
+WIDE: dict[str, Any] = {"critic": "cosine", "embed_dim": 16, "tau": 0.1, "lr": 1e-3, "schedule": "cosine",
+                        "K": 512, "hidden": 256, "steps": 600}
+CHEAP: dict[str, Any] = {"critic": "cosine", "embed_dim": 16, "tau": 0.1, "lr": 1e-3, "schedule": "constant",
+                         "K": 256, "hidden": 128, "steps": 3000}
 SCREEN: dict[str, dict[str, Any]] = {
-    "base": {},
-    "tau_0.3": {"tau": 0.3},
-    "tau_1": {"tau": 1.0},
-    "embed_8": {"embed_dim": 8},
-    "l2_d5": {"critic": "l2", "embed_dim": 5, "tau": 1.0},
-    "l2_d16": {"critic": "l2", "embed_dim": 16, "tau": 1.0},
-    "lr_3e-3": {"lr": 3e-3},
-    "cosine_schedule": {"schedule": "cosine"},
-    "K_1024_hidden_256": {"K": 1024, "hidden": 256, "steps": 1500},
+    "wide": WIDE,
+    "wide_constant": {**WIDE, "schedule": "constant"},
+    "wide_lr_3e-3": {**WIDE, "lr": 3e-3},
+    "wide_tau_0.3": {**WIDE, "tau": 0.3},
+    "wide_tau_0.05": {**WIDE, "tau": 0.05},
+    "wide_l2_d5": {**WIDE, "critic": "l2", "embed_dim": 5, "tau": 1.0},
+    "wide_l2_d16": {**WIDE, "critic": "l2", "tau": 1.0},
+    "cheap": CHEAP,
+    "cheap_tau_0.3": {**CHEAP, "tau": 0.3},
+    "cheap_l2_d5": {**CHEAP, "critic": "l2", "embed_dim": 5, "tau": 1.0},
 }
+SCREEN_FIT, SCREEN_SCORE = 1024, 2048
 # The curve's settings: the recipe's defaults, and the paper's critic on the same budget.
 CURVES: dict[str, dict[str, Any]] = {
     "recipe": {},
@@ -228,10 +234,11 @@ def stage_screen(args: Any, out: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     names = args.settings or list(SCREEN)
     for name in names:
-        setting = {**BASE, **SCREEN[name]}
+        setting = dict(SCREEN[name])
         if args.size == "smoke":
             setting.update(steps=sz["steps"], K=sz["K"], hidden=sz["hidden"])
-        evals = sz["evals"] or sorted({setting["steps"] // 2, setting["steps"]})
+        evals = sz["evals"] or sorted({setting["steps"] // 4, setting["steps"] // 2, setting["steps"]})
+        fit, score = (sz["fit"], sz["score"]) if args.size == "smoke" else (SCREEN_FIT, SCREEN_SCORE)
 
         def report(row: dict[str, Any], name: str = name, setting: dict[str, Any] = setting) -> None:
             rows.append({"setting": name, **setting, **row})
@@ -240,7 +247,7 @@ def stage_screen(args: Any, out: Path) -> list[dict[str, Any]]:
             _table(rows, out, "screen")
 
         for seed in args.seeds or [0]:
-            train_curve(setting, seed, evals, sz["fit"], sz["score"], report)
+            train_curve(setting, seed, evals, fit, score, report)
     return rows
 
 
@@ -253,7 +260,7 @@ def stage_curve(args: Any, out: Path) -> list[dict[str, Any]]:
             setting["steps"] = args.steps
         if args.size == "smoke":
             setting.update(steps=sz["steps"], K=sz["K"], hidden=sz["hidden"])
-        evals = sz["evals"] or log_steps(setting["steps"])
+        evals = sz["evals"] or args.evals or log_steps(setting["steps"])
 
         def report(row: dict[str, Any], name: str = name, setting: dict[str, Any] = setting) -> None:
             rows.append({"setting": name, **setting, **row})
@@ -413,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"screen: among {', '.join(SCREEN)}; curve: among {', '.join(CURVES)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--steps", type=int, default=None, help="curve / authors: optimiser steps (default the recipe's)")
+    parser.add_argument("--evals", type=int, nargs="+", default=None,
+                        help="curve: the steps scored (0: the encoder as initialised; default about 6, spaced geometrically)")
     parser.add_argument("--authors-code", type=Path, default=None, help="a checkout of the authors' repository")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--no-reuse", action="store_true", help="confirm: retrain runs that already hold a result")
