@@ -1,0 +1,444 @@
+#!/usr/bin/env python
+"""Identifiability on a CPU budget: the search for the settings of ``recipes/identifiability.yaml``.
+
+The question (Daunhawer et al., ICLR 2023, numerical simulation, M = 2, p = 0.75, statistical and
+content-dependent style dependences): which training settings bring the content's kernel ridge
+R^2 near 1 and the modality-specific block's near 0 within minutes of one CPU core, where the
+paper trained 300,000 steps of K = 6144. The axes: learning rate and schedule, temperature,
+embedding size, the sphere (cosine critic, the library's) against an unnormalised encoding with a
+squared-L2 critic (the paper's), batch size K and the encoder's width.
+
+Stages (``--stage``):
+
+- ``screen``: one seed, short runs, one axis changed at a time from a base setting; each run's
+  R^2 (content, style, specific; kernel ridge and linear, mean over the two modalities) at a few
+  steps, and its training CPU time.
+- ``curve``: the chosen settings (``--settings``, default: the recipe's defaults and the paper's
+  critic at the same budget), 3 seeds, R^2 of every block against optimiser steps.
+- ``authors``: the authors' ``main_mlp.py`` (github.com/imantdaunhawer/multimodal-contrastive-
+  learning, a checkout you give with ``--authors-code DIR``; it is imported from there, not
+  shipped here) at the same K and steps, its own settings otherwise (lr 1e-4, squared L2 critic
+  at temperature 1 with negatives from a second batch of the same modality, 5-d encoding, 6
+  hidden layers up to 750 wide, gradient clipping at norm 2), scored at its log steps with the
+  same protocol as the curve.
+
+The loop is a lean copy of the trainer's (``mmviews.train``): the ``identifiability`` dataset's
+samples by index (fresh at every step), the recipe's ``mlp`` adapters built by
+:func:`mmviews.modalities.build_adapter`, the registered ``simclr`` objective (its cosine critic on
+the sphere), AdamW with :func:`mmviews.train.optim.warmup_then_decay`; the evaluation is the
+``identifiability`` task's (:mod:`mmviews.eval.identifiability`: RBF kernel ridge fitted on
+2048 valid samples, least squares on all 4096, scored on 4096 test samples; the screen fits on
+1024 and scores on 2048). It skips the trainer's per-sample items and their collation (measured:
+0.025 CPU-s for the items of 1024 samples, against 0.08 for a training step of width 256 at
+K = 1024), so that a grid fits the budget; the chosen settings are then run through the trainer
+itself (``stage confirm``: ``mmviews train identifiability`` with the recipe as committed).
+
+The squared-L2 critic of the unnormalised encoding, ``S[i,a,j,b] = -||z_ia - z_jb||^2 / tau``, is
+defined here, in SimCLR's form (the 2K anchors of both modalities, the other modality's view the
+positive, the 2(K - 1) views of the other samples the negatives): the library's objectives all
+score unit vectors, and the study found no reason to add it (see ``recipes/README.md``).
+
+Usage::
+
+    python recipes/reproduce/identifiability_tune.py --stage screen
+    python recipes/reproduce/identifiability_tune.py --stage curve --seeds 0 1 2
+    python recipes/reproduce/identifiability_tune.py --stage authors --authors-code /path/to/checkout --steps 1000
+    python recipes/reproduce/identifiability_tune.py --stage confirm --seeds 0 1 2
+    python recipes/reproduce/identifiability_tune.py --smoke         # seconds (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+RECIPE = C.REPRO_DIR.parent / "identifiability.yaml"
+DEFAULT_OUT = C.REPO_ROOT / "runs" / "reproduce" / "identifiability_tune"
+BLOCKS = ("content", "style", "specific")
+MODALITIES = ("x1", "x2")
+
+# The screen: two bases, one axis changed at a time. "wide": the earlier recipe's encoders (width
+# 256) at K = 512 for 600 steps; "cheap": width 128 at K = 256 for 3000 steps (a step about 6
+# times cheaper). Evaluated with the kernel fitted on 1024 samples, scored on 2048.
+WIDE: dict[str, Any] = {"critic": "cosine", "embed_dim": 16, "tau": 0.1, "lr": 1e-3, "schedule": "cosine",
+                        "K": 512, "hidden": 256, "steps": 600}
+CHEAP: dict[str, Any] = {"critic": "cosine", "embed_dim": 16, "tau": 0.1, "lr": 1e-3, "schedule": "constant",
+                         "K": 256, "hidden": 128, "steps": 3000}
+SCREEN: dict[str, dict[str, Any]] = {
+    "wide": WIDE,
+    "wide_constant": {**WIDE, "schedule": "constant"},
+    "wide_lr_3e-3": {**WIDE, "lr": 3e-3},
+    "wide_tau_0.3": {**WIDE, "tau": 0.3},
+    "wide_tau_0.05": {**WIDE, "tau": 0.05},
+    "wide_l2_d5": {**WIDE, "critic": "l2", "embed_dim": 5, "tau": 1.0},
+    "wide_l2_d16": {**WIDE, "critic": "l2", "tau": 1.0},
+    "cheap": CHEAP,
+    "cheap_tau_0.3": {**CHEAP, "tau": 0.3},
+    "cheap_l2_d5": {**CHEAP, "critic": "l2", "embed_dim": 5, "tau": 1.0},
+}
+SCREEN_FIT, SCREEN_SCORE = 1024, 2048
+# The curve's settings: the recipe's defaults, and the paper's critic on the same budget.
+CURVES: dict[str, dict[str, Any]] = {
+    "recipe": {},
+    "l2_d5": {"critic": "l2", "embed_dim": 5, "tau": 1.0},
+}
+SIZES: dict[str, dict[str, Any]] = {
+    "smoke": {"steps": 6, "evals": [3, 6], "K": 16, "hidden": 16, "fit": 96, "score": 128},
+    "default": {"steps": None, "evals": None, "K": None, "hidden": None, "fit": 2048, "score": 4096},
+}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def recipe_setting() -> dict[str, Any]:
+    """The settings of ``recipes/identifiability.yaml`` in the study's keys."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    opt, adapter = recipe["optimisation"], recipe["adapters"]["x1"]
+    return {"critic": "cosine", "embed_dim": recipe["encoder"]["embed_dim"],
+            "tau": recipe["objective"]["params"]["temperature"], "lr": opt["lr"], "schedule": opt["schedule"],
+            "warmup": opt.get("warmup_steps", 0), "K": recipe["data"]["batch_size"], "hidden": adapter["hidden_dim"],
+            "steps": opt["max_steps"]}
+
+
+def l2_simclr(z: Any, tau: float) -> Any:
+    """SimCLR's loss with the critic ``-||z_ia - z_jb||^2 / tau`` on unnormalised ``z`` ``[K, 2, d]``."""
+    import torch
+    import torch.nn.functional as F
+
+    K, M, d = z.shape
+    flat = z.reshape(K * M, d)
+    scores = -(flat.pow(2).sum(1)[:, None] + flat.pow(2).sum(1)[None, :] - 2 * flat @ flat.T) / tau
+    scores = scores.masked_fill(torch.eye(K * M, dtype=torch.bool), float("-inf"))
+    positives = torch.arange(K * M).view(K, M).flip(1).reshape(-1)
+    return F.cross_entropy(scores, positives)
+
+
+def score_blocks(emb_fit: Mapping[str, Any], lat_fit: Mapping[str, np.ndarray], emb_score: Mapping[str, Any],
+                 lat_score: Mapping[str, np.ndarray], fit: int) -> dict[str, float]:
+    """Per modality and block, the ``identifiability`` task's kernel ridge (on ``fit`` samples) and
+    linear R^2, and their means over the modalities (``<block>`` / ``<block>_lin``)."""
+    import torch
+
+    from mmviews.eval.identifiability import kernel_ridge_r2, linear_r2, standardise
+
+    row: dict[str, float] = {}
+    for m in emb_fit:
+        x_fit, x_score = standardise(torch.as_tensor(emb_fit[m]), torch.as_tensor(emb_score[m]))
+        keys = {"content": "content", "style": f"style_{m}", "specific": f"specific_{m}"}
+        y_fit = {b: torch.as_tensor(lat_fit[k]) for b, k in keys.items()}
+        y_score = {b: torch.as_tensor(lat_score[k]) for b, k in keys.items()}
+        kernel = kernel_ridge_r2(x_fit[:fit], {b: y[:fit] for b, y in y_fit.items()}, x_score, y_score)
+        for b in BLOCKS:
+            row[f"{m}_{b}"] = kernel.r2[b]
+            row[f"{m}_{b}_lin"] = linear_r2(x_fit, y_fit[b], x_score, y_score[b])
+    for b in BLOCKS:
+        for leaf in ("", "_lin"):
+            row[f"{b}{leaf}"] = sum(row[f"{m}_{b}{leaf}"] for m in emb_fit) / len(emb_fit)
+    return row
+
+
+def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit: int, score: int,
+                on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Train one setting (M = 2, p = 0.75, both dependences) from seed ``seed``; the R^2 rows at
+    the steps ``evals`` (0: the encoder as initialised) and at the last step, each with the
+    training CPU seconds so far (evaluation excluded)."""
+    import torch
+
+    from mmviews.data.identifiability import IdentifiabilityData
+    from mmviews.modalities import build_adapter
+    from mmviews.objectives import get_objective
+    from mmviews.train.optim import warmup_then_decay
+
+    torch.manual_seed(seed)
+    train = IdentifiabilityData(1 << 24, seed, 0)
+    valid, test = IdentifiabilityData(4096, seed, 1), IdentifiabilityData(4096, seed, 2)
+    lat_fit, lat_score = valid.latents(np.arange(4096)), test.latents(np.arange(score))
+    x_fit = {m: torch.from_numpy(v.astype(np.float32))[:, None] for m, v in valid.observations(lat_fit).items()}
+    x_score = {m: torch.from_numpy(v.astype(np.float32))[:, None] for m, v in test.observations(lat_score).items()}
+    adapters = torch.nn.ModuleList(build_adapter({
+        "type": "mlp", "input_dim": 15, "hidden_dim": setting["hidden"], "num_layers": 3, "activation": "leaky_relu",
+        "head": {"kind": "linear"}, "embed_dim": setting["embed_dim"]}) for _ in MODALITIES)
+    unit = setting["critic"] == "cosine"
+
+    def embed(adapter: Any, values: Any) -> Any:
+        # the sphere: the adapter's output; the L2 critic: the head's output before the normalisation
+        return adapter({"values": values}) if unit else adapter.head(adapter.features({"values": values}))
+
+    objective = get_objective("simclr", temperature=setting["tau"]) if unit else None
+    optimizer = torch.optim.AdamW(adapters.parameters(), lr=setting["lr"], weight_decay=0.0)
+    steps, K = int(setting["steps"]), int(setting["K"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: warmup_then_decay(
+        t, warmup=int(setting.get("warmup", 0)), total=steps, cosine=setting["schedule"] == "cosine"))
+    rows: list[dict[str, Any]] = []
+    started, evaluating = cpu_seconds(), 0.0
+
+    def evaluate(step: int) -> None:
+        nonlocal evaluating
+        t0 = cpu_seconds()
+        adapters.eval()
+        with torch.no_grad():
+            fit_emb = {m: embed(a, x_fit[m]).double() for a, m in zip(adapters, MODALITIES)}
+            score_emb = {m: embed(a, x_score[m]).double() for a, m in zip(adapters, MODALITIES)}
+        adapters.train()
+        row = {"seed": seed, "step": step, **score_blocks(fit_emb, lat_fit, score_emb, lat_score, fit)}
+        evaluating += cpu_seconds() - t0
+        row["train_cpu_s"] = round(cpu_seconds() - started - evaluating, 2)
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
+    if 0 in evals:
+        evaluate(0)
+    for step in range(1, steps + 1):
+        index = np.arange((step - 1) * K, step * K)
+        x = train.observations(train.latents(index))
+        z = torch.stack([embed(a, torch.from_numpy(x[m].astype(np.float32))[:, None])
+                         for a, m in zip(adapters, MODALITIES)], dim=1)
+        loss = objective(z) if objective is not None else l2_simclr(z, setting["tau"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step in evals or step == steps:
+            evaluate(step)
+    return rows
+
+
+def log_steps(steps: int, points: int = 6) -> list[int]:
+    """0 and about ``points`` steps spaced geometrically up to ``steps``."""
+    out = {0, steps}
+    for k in range(1, points):
+        out.add(int(round(steps ** (k / points) / 50)) * 50 or 50)
+    return sorted(s for s in out if s <= steps)
+
+
+def _table(rows: Sequence[Mapping[str, Any]], out: Path, stem: str) -> None:
+    C.write_table([dict(r) for r in rows], out, stem)
+
+
+def stage_screen(args: Any, out: Path) -> list[dict[str, Any]]:
+    sz = SIZES[args.size]
+    rows: list[dict[str, Any]] = []
+    names = args.settings or list(SCREEN)
+    for name in names:
+        setting = dict(SCREEN[name])
+        if args.size == "smoke":
+            setting.update(steps=sz["steps"], K=sz["K"], hidden=sz["hidden"])
+        evals = sz["evals"] or sorted({setting["steps"] // 4, setting["steps"] // 2, setting["steps"]})
+        fit, score = (sz["fit"], sz["score"]) if args.size == "smoke" else (SCREEN_FIT, SCREEN_SCORE)
+
+        def report(row: dict[str, Any], name: str = name, setting: dict[str, Any] = setting) -> None:
+            rows.append({"setting": name, **setting, **row})
+            print(f"screen {name} step {row['step']}: content {row['content']:.3f} (linear {row['content_lin']:.3f}), "
+                  f"specific {row['specific']:.3f}, train CPU {row['train_cpu_s']} s", flush=True)
+            _table(rows, out, "screen")
+
+        for seed in args.seeds or [0]:
+            train_curve(setting, seed, evals, fit, score, report)
+    return rows
+
+
+def stage_curve(args: Any, out: Path) -> list[dict[str, Any]]:
+    sz = SIZES[args.size]
+    rows: list[dict[str, Any]] = []
+    for name in args.settings or list(CURVES):
+        setting = {**recipe_setting(), **CURVES[name]}
+        if args.steps:
+            setting["steps"] = args.steps
+        if args.size == "smoke":
+            setting.update(steps=sz["steps"], K=sz["K"], hidden=sz["hidden"])
+        evals = sz["evals"] or args.evals or log_steps(setting["steps"])
+
+        def report(row: dict[str, Any], name: str = name, setting: dict[str, Any] = setting) -> None:
+            rows.append({"setting": name, **setting, **row})
+            print(f"curve {name} seed {row['seed']} step {row['step']}: content {row['content']:.3f}, "
+                  f"specific {row['specific']:.3f}, style {row['style']:.3f}, train CPU {row['train_cpu_s']} s",
+                  flush=True)
+            _table(rows, out, "curve")
+
+        for seed in args.seeds or [0, 1, 2]:
+            train_curve(setting, seed, evals, sz["fit"], sz["score"], report)
+    return rows
+
+
+def stage_authors(args: Any, out: Path) -> list[dict[str, Any]]:
+    """The authors' main_mlp.py, imported from ``--authors-code``, at the recipe's K and ``--steps``
+    (default the recipe's): its training loop unchanged; at each of its log steps its encoders are
+    scored with :func:`score_blocks` on 4096 fresh samples of its own latent space for fitting
+    and 4096 for scoring (torch's RNG state restored afterwards, so training draws what an
+    unpatched run draws)."""
+    if args.authors_code is None:
+        raise SystemExit("--stage authors needs --authors-code DIR (a checkout of "
+                         "github.com/imantdaunhawer/multimodal-contrastive-learning)")
+    import torch
+
+    code = Path(args.authors_code).resolve()
+    if not (code / "main_mlp.py").is_file():
+        raise SystemExit(f"--authors-code {code}: no main_mlp.py there")
+    sys.path.insert(0, str(code))
+    import main_mlp  # type: ignore[import-not-found]
+
+    setting = recipe_setting()
+    steps = args.steps or setting["steps"]
+    K = setting["K"] if args.size != "smoke" else SIZES["smoke"]["K"]
+    steps = steps if args.size != "smoke" else SIZES["smoke"]["steps"]
+    every = max(1, steps // 6) if args.size != "smoke" else 3
+    generate, step_fn = main_mlp.generate_data, main_mlp.train_step
+    rows: list[dict[str, Any]] = []
+    state = {"step": 0, "evaluating": 0.0, "started": cpu_seconds()}
+
+    def counting_step(data: Any, h1: Any, h2: Any, loss_func: Any, optimizer: Any, params: Any) -> Any:
+        if optimizer is not None:
+            state["step"] += 1
+        return step_fn(data, h1, h2, loss_func, optimizer, params)
+
+    def scoring_generate(latent_space: Any, h1: Any, h2: Any, device: Any, num_batches: int = 1,
+                         batch_size: int = 4096, loss_func: Any = None, permuted_content: bool = False) -> Any:
+        result = generate(latent_space, h1, h2, device, num_batches, batch_size, loss_func, permuted_content)
+        if loss_func is None or num_batches != 1:  # only the training loop's log-step calls are scored
+            return result
+        t0, rng = cpu_seconds(), torch.get_rng_state()
+        fit = generate(latent_space, h1, h2, device, 1, 4096)
+        score = generate(latent_space, h1, h2, device, 1, SIZES[args.size]["score"])
+        torch.set_rng_state(rng)
+        names = {"content": "c", "specific_x1": "m1", "specific_x2": "m2", "style_x1": "s", "style_x2": "s~"}
+        row = {"seed": args.seeds[0] if args.seeds else 0, "step": state["step"],
+               **score_blocks({"x1": fit["hz1"], "x2": fit["hz2"]}, {k: fit[v] for k, v in names.items()},
+                              {"x1": score["hz1"], "x2": score["hz2"]}, {k: score[v] for k, v in names.items()},
+                              SIZES[args.size]["fit"])}
+        state["evaluating"] += cpu_seconds() - t0
+        row["train_cpu_s"] = round(cpu_seconds() - state["started"] - state["evaluating"], 2)
+        rows.append({"setting": "authors main_mlp.py", "K": K, **row})
+        print(f"authors step {row['step']}: content {row['content']:.3f}, specific {row['specific']:.3f}, "
+              f"train CPU {row['train_cpu_s']} s", flush=True)
+        _table(rows, out, "authors")
+        return result
+
+    main_mlp.generate_data, main_mlp.train_step = scoring_generate, counting_step
+    torch.set_num_threads(args.threads)
+    argv = sys.argv
+    sys.argv = ["main_mlp.py", "--model-dir", str(out / "authors_models"), "--model-id", "run",
+                "--style-change-prob", "0.75", "--statistical-dependence", "--content-dependent-style",
+                "--seed", str(args.seeds[0] if args.seeds else 0), "--batch-size", str(K),
+                "--train-steps", str(steps), "--log-steps", str(every), "--no-cuda"]
+    try:
+        main_mlp.main()
+    finally:
+        sys.argv = argv
+        main_mlp.generate_data, main_mlp.train_step = generate, step_fn
+    return rows
+
+
+def stage_confirm(args: Any, out: Path) -> list[dict[str, Any]]:
+    """``mmviews train identifiability`` (the recipe as committed) for each seed, through the
+    trainer in this process; its final R^2 and the CPU seconds of the whole run."""
+    import torch
+
+    rows = []
+    for seed in args.seeds or [0, 1, 2]:
+        overrides = [f"seed={seed}", f"data.options.seed={seed}", "output.progress_bar=false"]
+        if args.size == "smoke":
+            overrides += ["optimisation.max_steps=3", "data.batch_size=32", "evaluation.plots=false",
+                          "data.split_options={valid: {num_samples: 256}, test: {num_samples: 256}}",
+                          "evaluation.tasks=[{kind: identifiability, fit_samples: 96}]"]
+        t0 = cpu_seconds()
+        row = C.train_run(RECIPE, out / "confirm" / f"seed{seed}", overrides, threads=args.threads,
+                          reuse=not args.no_reuse)
+        cpu = cpu_seconds() - t0
+        results = json.loads((out / "confirm" / f"seed{seed}" / "results.json").read_text())
+        entry: dict[str, Any] = {"seed": seed, "steps": row["steps"], "cpu_s": round(cpu, 1), "status": row["status"]}
+        for key, label in (("eval", ""), ("eval_random", "random_")):
+            metrics = results.get(key) or {}
+            for b in BLOCKS:
+                for leaf, short in (("r2_nonlinear", ""), ("r2_linear", "_lin")):
+                    vals = [metrics.get(f"test/identifiability/{m}/{b}/{leaf}", math.nan) for m in MODALITIES]
+                    entry[f"{label}{b}{short}"] = sum(vals) / len(vals)
+        entry["command"] = row["command"]
+        rows.append(entry)
+        print(f"confirm seed {seed}: content {entry['content']:.3f}, specific {entry['specific']:.3f} "
+              f"(random init {entry['random_content']:.3f} / {entry['random_specific']:.3f}), CPU {entry['cpu_s']} s",
+              flush=True)
+        _table(rows, out, "confirm")
+    torch.set_num_threads(args.threads)
+    return rows
+
+
+def plot_curves(out: Path) -> Path | None:
+    """R^2 of every block against optimiser steps, one line per setting and seed (the seeds may
+    reach different steps), the authors' code beside them."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    for stem in ("curve", "authors"):
+        path = out / f"{stem}.json"
+        if path.is_file():
+            for row in json.loads(path.read_text()):
+                series.setdefault(f"{row['setting']}, seed {row['seed']}", []).append(row)
+    if not series:
+        return None
+    plt = C.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for name, rows in series.items():
+        rows = sorted(rows, key=lambda r: int(r["step"]))
+        for ax, block in zip(axes, BLOCKS):
+            ax.plot([max(int(r["step"]), 1) for r in rows], [r[block] for r in rows], marker="o", ms=3,
+                    ls="--" if name.startswith("authors") else "-", label=name)
+    for ax, block in zip(axes, BLOCKS):
+        ax.set_xscale("log")
+        ax.set_xlabel("optimiser steps (step 0 drawn at 1)")
+        ax.set_ylabel(f"{block}: kernel ridge R^2 (test, mean of x1, x2)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].axhline(0.95, color="gray", ls=":", lw=1)
+    axes[2].axhline(0.05, color="gray", ls=":", lw=1)
+    fig.suptitle("Identifiability, M = 2, p = 0.75, both dependences: R^2 against optimiser steps", fontsize=9)
+    return C.save_figure(fig, out / "curve.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=["screen", "curve", "authors", "confirm", "plot"], default="screen")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of tiny runs (tests)")
+    parser.add_argument("--settings", nargs="+", default=None,
+                        help=f"screen: among {', '.join(SCREEN)}; curve: among {', '.join(CURVES)}")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--steps", type=int, default=None, help="curve / authors: optimiser steps (default the recipe's)")
+    parser.add_argument("--evals", type=int, nargs="+", default=None,
+                        help="curve: the steps scored (0: the encoder as initialised; default about 6, spaced geometrically)")
+    parser.add_argument("--authors-code", type=Path, default=None, help="a checkout of the authors' repository")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--no-reuse", action="store_true", help="confirm: retrain runs that already hold a result")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {C.repo_relative(DEFAULT_OUT)})")
+    args = parser.parse_args(argv)
+    args.size = "smoke" if args.smoke else "default"
+    for name in args.settings or []:
+        known = SCREEN if args.stage == "screen" else CURVES
+        if args.stage in ("screen", "curve") and name not in known:
+            parser.error(f"--settings {name}: not a {args.stage} setting; choose from {', '.join(known)}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    stage = {"screen": stage_screen, "curve": stage_curve, "authors": stage_authors, "confirm": stage_confirm,
+             "plot": lambda a, o: []}[args.stage]
+    stage(args, out)
+    if args.stage in ("curve", "authors", "plot"):
+        plot_curves(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""recipes/reproduce/identifiability_tune.py: the study's squared-L2 critic against a float64 loop
+written from its formula, its block scores against known embeddings (the true content scores 1,
+a block the embedding lacks 0), the screen and curve stages at --smoke size (the tables hold the
+settings and the steps asked for), and the authors' stage against a stand-in checkout whose
+main_mlp.py calls the two functions the stage hooks (the scored steps are the optimiser steps
+done)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPRO = Path(__file__).resolve().parents[1] / "recipes" / "reproduce"
+
+
+@pytest.fixture(scope="module")
+def tune():
+    spec = importlib.util.spec_from_file_location("reproduce_identifiability_tune", REPRO / "identifiability_tune.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _l2_simclr_loop(z: torch.Tensor, tau: float) -> float:
+    K, M, _ = z.shape
+    z = z.double()
+    terms = []
+    for i in range(K):
+        for a in range(M):
+            def score(j: int, b: int) -> float:
+                return -float(((z[i, a] - z[j, b]) ** 2).sum()) / tau
+            positive = score(i, 1 - a)
+            candidates = [positive] + [score(j, b) for j in range(K) if j != i for b in range(M)]
+            top = max(candidates)
+            terms.append(top + math.log(sum(math.exp(c - top) for c in candidates)) - positive)
+    return sum(terms) / len(terms)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.3])
+def test_l2_critic_matches_the_formula(tune, tau: float) -> None:
+    z = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(1)) * 2
+    assert float(tune.l2_simclr(z, tau)) == pytest.approx(_l2_simclr_loop(z, tau), rel=1e-5)
+
+
+def test_l2_critic_rewards_aligned_pairs(tune) -> None:
+    g = torch.Generator().manual_seed(0)
+    anchors = torch.randn(8, 1, 4, generator=g)
+    aligned = torch.cat([anchors, anchors + 0.01 * torch.randn(8, 1, 4, generator=g)], dim=1)
+    shuffled = torch.cat([anchors, anchors[torch.randperm(8, generator=g)]], dim=1)
+    assert float(tune.l2_simclr(aligned, 1.0)) < float(tune.l2_simclr(shuffled, 1.0)) - 1.0
+
+
+def test_score_blocks_find_the_block_an_embedding_holds(tune) -> None:
+    rng = np.random.default_rng(0)
+    n = 600
+
+    def latents() -> dict[str, np.ndarray]:
+        return {"content": rng.standard_normal((n, 3)), "style_x1": rng.standard_normal((n, 3)),
+                "style_x2": rng.standard_normal((n, 3)), "specific_x1": rng.standard_normal((n, 3)),
+                "specific_x2": rng.standard_normal((n, 3))}
+
+    fit, score = latents(), latents()
+    # x1 holds the content (through a monotone warp), x2 holds its own specific block
+    emb_fit = {"x1": np.tanh(fit["content"]), "x2": fit["specific_x2"]}
+    emb_score = {"x1": np.tanh(score["content"]), "x2": score["specific_x2"]}
+    row = tune.score_blocks(emb_fit, fit, emb_score, score, fit=300)
+    assert row["x1_content"] > 0.95 and row["x2_specific"] > 0.95
+    assert abs(row["x1_specific"]) < 0.05 and abs(row["x2_content"]) < 0.05 and abs(row["x1_style"]) < 0.05
+    assert row["content"] == pytest.approx((row["x1_content"] + row["x2_content"]) / 2)
+    assert 0.8 < row["x1_content_lin"] < row["x1_content"]  # the warp costs the linear fit, not the kernel
+
+
+def test_log_steps(tune) -> None:
+    steps = tune.log_steps(12000)
+    assert steps[0] == 0 and steps[-1] == 12000 and steps == sorted(set(steps)) and len(steps) >= 5
+
+
+@pytest.mark.slow
+def test_screen_and_curve_smoke(tune, tmp_path: Path) -> None:
+    assert tune.main(["--smoke", "--stage", "screen", "--settings", "cheap", "wide_l2_d5", "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path / "screen.csv")
+    assert [(r["setting"], r["step"]) for r in rows] == [("cheap", "3"), ("cheap", "6"), ("wide_l2_d5", "3"), ("wide_l2_d5", "6")]
+    assert {r["critic"] for r in rows} == {"cosine", "l2"} and {r["embed_dim"] for r in rows if r["critic"] == "l2"} == {"5"}
+    for r in rows:
+        assert all(math.isfinite(float(r[k])) for k in ("content", "specific", "style", "content_lin", "train_cpu_s"))
+    cpu = [float(r["train_cpu_s"]) for r in rows]
+    assert cpu[0] <= cpu[1] and cpu[2] <= cpu[3]  # training CPU accumulates within a run
+
+    assert tune.main(["--smoke", "--stage", "curve", "--settings", "recipe", "--seeds", "0", "1",
+                      "--out", str(tmp_path)]) == 0
+    curve = _rows(tmp_path / "curve.csv")
+    assert [(r["seed"], r["step"]) for r in curve] == [("0", "3"), ("0", "6"), ("1", "3"), ("1", "6")]
+    assert curve[0]["content"] != curve[2]["content"]  # each seed its own process and initialisation
+    png = tmp_path / "curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+STAND_IN = '''
+import numpy as np, torch
+def train_step(data, h1, h2, loss_func, optimizer, params):
+    return 0.0
+def generate_data(latent_space, h1, h2, device, num_batches=1, batch_size=4096, loss_func=None, permuted_content=False):
+    g = torch.Generator().manual_seed(batch_size)
+    c = torch.randn(batch_size, 2)
+    out = {"c": c.numpy(), "s": torch.randn(batch_size, 2).numpy(), "s~": torch.randn(batch_size, 2).numpy(),
+           "m1": torch.randn(batch_size, 2).numpy(), "m2": torch.randn(batch_size, 2).numpy()}
+    out["hz1"] = out["hz2"] = (c * 2).numpy()
+    return out
+def main():
+    import sys
+    args = sys.argv
+    steps = int(args[args.index("--train-steps") + 1]); every = int(args[args.index("--log-steps") + 1])
+    for step in range(1, steps + 1):
+        train_step(None, None, None, None, object(), None)
+        if step % every == 1 or step == steps:
+            generate_data(None, None, None, "cpu", loss_func=object())
+'''
+
+
+def test_authors_stage_scores_each_log_step(tune, tmp_path: Path) -> None:
+    code = tmp_path / "checkout"
+    code.mkdir()
+    (code / "main_mlp.py").write_text(STAND_IN)
+    try:
+        assert tune.main(["--smoke", "--stage", "authors", "--authors-code", str(code), "--out", str(tmp_path)]) == 0
+    finally:
+        sys.modules.pop("main_mlp", None)
+        sys.path.remove(str(code.resolve()))
+    rows = _rows(tmp_path / "authors.csv")
+    assert [r["step"] for r in rows] == ["1", "4", "6"]  # after its steps 1, 4 and the last (6), as logged
+    assert all(float(r["content"]) > 0.95 and abs(float(r["specific"])) < 0.1 for r in rows)
+
+
+def test_authors_stage_needs_a_checkout(tune, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="authors-code"):
+        tune.main(["--stage", "authors", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no main_mlp.py"):
+        tune.main(["--stage", "authors", "--authors-code", str(tmp_path), "--out", str(tmp_path)])
