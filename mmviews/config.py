@@ -140,7 +140,7 @@ class OptimisationConfig:
     # the plain step, which keeps the activations of all K samples for backward.
     encode_chunk_size: int | None = None
     # auto: bf16 where the device computes it natively (a bf16 GPU, a CPU with AVX512-BF16/AMX),
-    # else float32; resolved once when a run starts (mmviews.train.precision)
+    # else float32; resolved once when a run starts (mmviews.eval.precision)
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     # torch.compile of every adapter's backbone and head, in place (mmviews.train.compiled):
     # the same parameter names and checkpoints; the first step of a shape compiles.

@@ -139,7 +139,7 @@ def test_option_set_per_split_and_root_errors_name_their_keys() -> None:
 
 
 def test_a_dataset_option_of_the_wrong_type_is_one_line_naming_its_key(capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 50: `--set data.options.num_classes=four --check` was a 29-line TypeError traceback
+    """`--set data.options.num_classes=four --check` was a 29-line TypeError traceback
     from inside the dataset; the options are typed by the dataset's own annotations."""
     rc, out, err = cli(capsys, "train", "quickstart", "--check", "--set", "data.options.num_classes=four")
     assert rc == 2 and "OK" not in out and "Traceback" not in err
@@ -165,7 +165,7 @@ def test_dataset_options_are_checked_against_the_datasets_annotations(data: Data
 
 
 def test_an_option_left_from_the_recipes_dataset_says_to_drop_it(capsys, tmp_path: Path) -> None:
-    """Issue 50: `--set data.name=hf` over the quickstart kept its synthetic split_options
+    """`--set data.name=hf` over the quickstart kept its synthetic split_options
     (num_samples), and the hf dataset failed on them without saying to drop them."""
     root = _image_folder(tmp_path / "images", label_folders=True)
     rc, out, err = cli(capsys, "train", "quickstart", "--check", "--set", "data.name=hf", "--set", f"data.root={root}",
@@ -459,7 +459,7 @@ output: {{progress_bar: false}}
 
 
 def test_an_image_folder_without_label_folders_is_refused_saying_where_labels_come_from(capsys, tmp_path: Path) -> None:
-    """Issue 50: images straight in ROOT/SPLIT/ got the split's name as their label from datasets
+    """images straight in ROOT/SPLIT/ got the split's name as their label from datasets
     ('train' rows: None), --check said OK and the run failed at its first evaluation. Both refuse
     it now, the same way, before the run folder is written."""
     recipe = _image_recipe(tmp_path, _image_folder(tmp_path / "flat", label_folders=False))

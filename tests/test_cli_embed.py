@@ -86,7 +86,7 @@ def test_embed_writes_the_runs_evaluation_views(run_with_evaluation_views: Path,
     out = tmp_path / "emb.parquet"
     rc, printed, err = cli(capsys, "embed", str(run), str(run / "config.yaml"), "--output", str(out))
     assert rc == 0, err
-    assert "(image_0, image_1, audio_0; precision float32)" in printed  # not "precision no" (issue 50)
+    assert "(image_0, image_1, audio_0; precision float32)" in printed  # not "precision no"
     table = datasets.Dataset.from_parquet(str(out))
     assert table.column_names[:2] == ["split", "sample_id"]
     assert {"image_0", "image_1", "audio_0"} <= set(table.column_names) and "image_aug_1" not in table.column_names
@@ -432,7 +432,7 @@ def test_the_runs_precision_unless_told_and_the_line_printed(bf16_untrained: Pat
                            *options)
     assert rc == 0, err
     table = datasets.Dataset.from_parquet(str(out))
-    printed_precision = "float32" if precision == "no" else precision  # "precision no" read as a refusal (issue 50)
+    printed_precision = "float32" if precision == "no" else precision  # "precision no" read as a refusal
     assert printed.splitlines()[-1] == (f"wrote {table.num_rows} samples x 2 views (image_0, audio_0; precision "
                                         f"{printed_precision}) to {out}")
     assert table.features["image_0"] == datasets.List(datasets.Value("float32"))

@@ -295,7 +295,7 @@ def test_options_override_the_runs_settings(run: Path, tmp_path: Path, capsys) -
 
 def test_a_label_the_data_lacks_is_refused_before_any_split_is_embedded(run: Path, tmp_path: Path, capsys,
                                                                           monkeypatch) -> None:
-    """Issue 50: `mmviews eval RUN --tasks knn:colour` embedded every split before saying the
+    """`mmviews eval RUN --tasks knn:colour` embedded every split before saying the
     label does not exist."""
     import mmviews.eval.evaluate as evaluate
 

@@ -81,7 +81,7 @@ def test_a_config_made_in_python_resolves_at_first_use():
     ({"adapters.image.finetune": {"mode": "full", "lora": {"r": "8"}}},
      "key 'adapters.image.finetune.lora.r': expected int, got str '8'"),
     ({"encoder.embed_dim": "big"}, "key 'encoder.embed_dim': expected int, got str 'big'"),
-    # a zero-width embedding builds, and failed only at the first evaluation (issue 50)
+    # a zero-width embedding builds, and failed only at the first evaluation
     ({"encoder.embed_dim": 0}, "key 'encoder.embed_dim': must be >= 1 (the size of the shared embedding), got 0"),
     ({"adapters.x.embed_dim": -1}, "key 'adapters.x.embed_dim': must be >= 1 (the size of the shared embedding), "
                                    "got -1"),

@@ -116,7 +116,7 @@ def test_batch_policy_growing_vs_fixed():
 def test_the_sampler_draws_torchs_permutation_without_a_list_of_every_index():
     """The epoch's order is torch.randperm seeded by seed and epoch, batch after batch (the same
     order as ever: runs and resumes stay bit-identical); it is kept as one int64 tensor, not a
-    list of 2^24 Python ints (0.6 GB on the identifiability recipe, issue 50)."""
+    list of 2^24 Python ints (0.6 GB on the identifiability recipe)."""
     import tracemalloc
 
     s = ViewSetBatchSampler(10, 4, num_views=2, seed=3, drop_last=False)

@@ -680,7 +680,7 @@ def test_with_hints_keeps_an_earlier_primary_over_a_less_basic_finding() -> None
     assert health.with_hints(found, None, health.COLLAPSE) == [
         "probe below random init: x; likely a consequence of the collapse (see that warning and its hint)"]
     assert health.with_hints(found) == [f"probe below random init: x; {health.hint(health.BELOW_RANDOM, HealthSettings())}"]
-    # each diagnosis reads as a cause (issue 50: "a consequence of the no alignment")
+    # each diagnosis reads as a cause ("a consequence of the no alignment")
     assert health.with_hints(found, None, health.NO_ALIGNMENT) == [
         "probe below random init: x; likely a consequence of the views' lack of alignment (see that warning and its "
         "hint)"]

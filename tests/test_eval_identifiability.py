@@ -350,7 +350,7 @@ def test_the_task_passes_its_folds_and_reads_view_names_without_modalities():
 @pytest.mark.parametrize("fit,score,fit_samples", [(512, 1024, 256), (1024, 512, 512), (600, 300, 2048)])
 def test_the_peak_bytes_counted_for_check_are_the_metrics_live_tensors(fit, score, fit_samples):
     """``mmviews train --check`` counts the kernel ridge's float64 kernels in the evaluation's peak
-    (issue 50: without them the identifiability estimate fell short once the training split was no
+    (without them the identifiability estimate fell short once the training split was no
     longer counted): within 15 % of the live tensors measured while the metrics run, in the
     scoring-bound and the refit-bound regime and with fewer fit samples than the limit."""
     from mmviews.eval.identifiability import identifiability_peak_bytes

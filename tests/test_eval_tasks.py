@@ -71,7 +71,7 @@ def test_every_kind_has_a_function_a_description_and_the_function_s_parameters()
     (["retrieval"], True, False, ("val",)),
 ])
 def test_extracted_splits_are_the_ones_the_tasks_embed(tasks, has_val, has_test, splits):
-    """Issue 50: what the evaluation embeds, and so what ``--check`` counts."""
+    """What the evaluation embeds, and so what ``--check`` counts."""
     from mmviews.eval.tasks import extracted_splits
 
     assert extracted_splits(parse_tasks(tasks), has_val=has_val, has_test=has_test) == splits

@@ -52,7 +52,7 @@ def test_permissions_follow_the_umask(tmp_path: Path, umask: int, mode: int):
 @pytest.mark.parametrize("umask", [0o027, 0o002])
 def test_a_committed_folder_follows_the_umask_whichever_library_wrote_it(tmp_path: Path, umask: int):
     """safetensors writes its files 0600 and mkdtemp makes folders 0700: a folder committed by
-    save_folder / commit_folder gives each the umask's permissions (issue 50)."""
+    save_folder / commit_folder gives each the umask's permissions."""
     import torch
     from safetensors.torch import save_file
 

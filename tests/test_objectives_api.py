@@ -76,11 +76,11 @@ def test_unknown_name_lists_known_names():
 def test_unknown_parameter_is_a_value_error_naming_it():
     with pytest.raises(ValueError, match="temprature"):
         get_objective("mv_dhel", temprature=0.1)
-    # issue 50: the constructor's "got an unexpected keyword argument" said neither what is wrong nor the fix
+    # the constructor's "got an unexpected keyword argument" said neither what is wrong nor the fix
     with pytest.raises(ValueError) as info:
         get_objective("mv_dhel", temp=0.2)
     assert str(info.value) == ("objective 'mv_dhel': unknown parameter 'temp' (did you mean 'temperature'?); accepted "
-                               "parameters: ['temperature', 'chunk_size', 'score_budget_mb']")
+                               "parameters: ['temperature', 'chunk_size', 'score_budget_mb', 'learn_temperature']")
     with pytest.raises(ValueError, match=r"^objective 'mv_dhel': unknown parameter 'zzz'; accepted parameters: \["):
         get_objective("mv_dhel", temperature=0.2, zzz=1)
 
@@ -92,7 +92,7 @@ def test_unknown_parameter_through_the_recipe_names_the_set(capsys):
     assert rc == 2 and one_line_error(err) == (
         "mmviews train: error: --set 'objective.params={temp: 0.2}': key 'objective.params': objective 'mv_dhel': "
         "unknown parameter 'temp' (did you mean 'temperature'?); accepted parameters: ['temperature', 'chunk_size', "
-        "'score_budget_mb']")
+        "'score_budget_mb', 'learn_temperature']")
 
 
 # ---- bad input -------------------------------------------------------------------------

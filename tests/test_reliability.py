@@ -427,7 +427,7 @@ def test_nan_label_in_a_hf_dataset_is_named(tmp_path):
 
 
 def test_every_file_and_folder_of_a_run_follows_the_umask(tiny_run):
-    """Issue 50: the checkpoints' model.safetensors (written by safetensors) were 0600 while the
+    """the checkpoints' model.safetensors (written by safetensors) were 0600 while the
     run's other files were 0644: a colleague on a shared cluster could not read the weights."""
     import os
     import stat

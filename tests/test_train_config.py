@@ -55,7 +55,7 @@ def test_unknown_key_names_key_and_file(tmp_path):
      "key 'objective.params.temperature' is given twice, on lines 1 and 1"),
 ])
 def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, text, message):
-    """Issue 50: YAML keeps the last of two equal keys silently: the first value was lost."""
+    """YAML keeps the last of two equal keys silently: the first value was lost."""
     path = tmp_path / "twice.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError) as caught:

@@ -154,7 +154,7 @@ def test_disk_full_check_fails_when_broken(name, what, recipe, tmp_path, monkeyp
 
 def test_check_warns_when_free_space_is_below_two_checkpoints(recipe, reference, tmp_path, monkeypatch, capsys):
     """``--check`` warns when the output folder's disk has less than ``keep_last + 1`` checkpoints
-    free (here 3: it counted two, issue 50); its estimate of one checkpoint is within 15 % of the
+    free (here 3: it counted two); its estimate of one checkpoint is within 15 % of the
     run's real ones."""
     import re
 

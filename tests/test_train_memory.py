@@ -389,10 +389,10 @@ def test_evaluation_part_is_the_embeddings_extracted_from_every_split(tiny_parts
 @pytest.mark.parametrize("tasks,splits", [
     (["linear:class"], ("train", "val", "test")),  # fits on train, selects on val, scores on test
     (["retrieval", "diagnostics"], ("test",)),  # the evaluated split alone
-    (["identifiability"], ("val", "test")),  # fits on val: no training split (issue 50: 2.00 GiB counted)
+    (["identifiability"], ("val", "test")),  # fits on val: no training split (2.00 GiB counted)
 ])
 def test_evaluation_part_counts_only_the_splits_the_tasks_embed(tiny_parts, monkeypatch, tasks, splits) -> None:
-    """Issue 50: ``--check`` on identifiability counted the embeddings of the training split
+    """``--check`` on identifiability counted the embeddings of the training split
     (2^24 samples), which that task never extracts. Each split is counted by what the real
     evaluation extracts (evaluate_encoder, its extraction recorded), 24, 8 and 16 samples."""
     import mmviews.eval.evaluate as evaluate
@@ -419,7 +419,7 @@ def test_evaluation_part_counts_only_the_splits_the_tasks_embed(tiny_parts, monk
 
 
 def test_the_sampler_order_is_one_int64_per_training_sample(tiny_parts) -> None:
-    """The shuffled order the training sampler holds for the epoch (issue 50: 0.6 GB on the
+    """The shuffled order the training sampler holds for the epoch (0.6 GB on the
     identifiability recipe's 2^24 samples, then as Python ints, were not in the estimate)."""
     estimate = _static_estimate(tiny_parts)
     assert estimate.sampler == 8 * 24 and estimate.sampler == torch.randperm(24).nbytes

@@ -384,7 +384,7 @@ def test_resume_restores_ema_teacher(tmp_path):
 
 
 def test_wall_time_after_a_resume_counts_every_leg(tmp_path):
-    """Issue 50: results.json's wall_time_s counted only the last leg of a resumed run. Each
+    """results.json's wall_time_s counted only the last leg of a resumed run. Each
     checkpoint records the run's wall time up to it; the resumed leg adds its own (here the
     first leg's record is raised to 10000 s, so that the sum is told from either leg alone)."""
     import time

@@ -164,7 +164,7 @@ def mlflow_uri_restored(monkeypatch: pytest.MonkeyPatch):
 def test_mlflows_lines_on_creating_its_store_are_off_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   capfd: pytest.CaptureFixture[str], mlflow_uri_restored,
                                                                   level: str | None, shown: bool) -> None:
-    """Issue 50: "INFO mlflow.store.db.utils: Creating initial MLflow database tables..." on
+    """"INFO mlflow.store.db.utils: Creating initial MLflow database tables..." on
     stderr when a run's store is made; MLFLOW_LOGGING_LEVEL (mmviews --debug sets INFO) shows it."""
     import logging
 

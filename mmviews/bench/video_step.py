@@ -124,7 +124,7 @@ def run_recipe(args: argparse.Namespace) -> dict[str, Any]:
     from mmviews.config import load_config, resolve_recipe
     from mmviews.data.loaders import loader_options
     from mmviews.train.build import build_run
-    from mmviews.train.precision import announce_precision, resolve_precision
+    from mmviews.eval.precision import announce_precision, resolve_precision
     from mmviews.train.setup import HostPreparedCollate
 
     config = load_config(resolve_recipe(args.recipe), list(args.set))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmviews.eval.extract import PRECISIONS, AutocastEncoder, extract_embeddings, precision_name
+from mmviews.eval.precision import choose_precision
 from mmviews.export.onnx_runtime import RECIPE_FILE, OnnxEncoder, is_onnx_folder
 from mmviews.fileio import atomic_save, check_writable
 
@@ -161,6 +162,9 @@ def run(args: argparse.Namespace) -> int:
     loaders = build_eval_loaders(data, views, config.seed)
     _check_modalities(args.data, loaders, views)  # before any work: the data must have what the views read
     precision = config.optimisation.mixed_precision if args.precision == "run" else args.precision
+    if precision == "auto":  # resolved for the device the encoder runs on, as a run resolves it
+        device = next((p.device.type for p in encoder.parameters()), "cpu")
+        precision = choose_precision(precision, device).used
     encoder.to(run_device(config.cpu, args.device))
     columns, view_names = embedding_table(AutocastEncoder(encoder, precision), loaders, dataset_split_names(data))
     rows = write_embeddings(columns, view_names, output)

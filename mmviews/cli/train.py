@@ -75,7 +75,7 @@ from mmviews.eval.summary import RESULTS_LOGGER, data_left_out_lines, headline_l
 from mmviews.train.trackers import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
 from mmviews.train.resume import auto_resume_lines, restart_attempt, restart_setup_lines
-from mmviews.train.precision import resolve_precision, slow_bf16_line
+from mmviews.eval.precision import resolve_precision, slow_bf16_line
 from mmviews.train.preflight import run_checks
 from mmviews.train.run_folder import HINTED, REFUSE, Decision, Intent, RunFolder, resume_folder
 

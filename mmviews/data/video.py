@@ -181,7 +181,7 @@ class VideoFolder(Dataset):
             given = sorted(k for k, v in raft.items() if v is not None)
             raise dataset_error(ValueError, f"{', '.join(given)} apply with flow='raft', got flow={flow!r}", given[0])
         if flow == "raft":  # the options' own check (the step's RAFT reads them, mmviews.modalities.device_flow)
-            from mmviews.modalities.device_flow import RAFTOptions
+            from mmviews.data.flow_options import RAFTOptions
 
             RAFTOptions.from_data_options({"flow": "raft", **raft})
         if flow == "precomputed" and flow_root is None:

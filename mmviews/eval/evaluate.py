@@ -221,7 +221,7 @@ def check_task_labels(tasks: Sequence[EvalTask], loaders: Mapping[str, Any]) -> 
     """A ``ValueError`` naming the task, the label and the labels there are, when a label a task
     reads (``linear:KEY``, ``knn:KEY``...) is not carried by the first sample of a split it is
     extracted from (``loaders``: split name -> loader): said before any split is embedded, not
-    after. Loaders whose samples are not mmviews sample dicts are not checked."""
+    after. Loaders whose samples are not mmviews sample dicts with a ``labels`` mapping are not checked."""
     from mmviews.data.streaming import first_samples
     from mmviews.registry import did_you_mean
 
@@ -234,7 +234,8 @@ def check_task_labels(tasks: Sequence[EvalTask], loaders: Mapping[str, Any]) -> 
             first = first_samples(dataset, 1)
         except (TypeError, NotImplementedError):  # an iterable dataset of the caller's, without a length
             continue
-        if not first or not isinstance(first[0], Mapping) or not isinstance(first[0].get("labels", {}), Mapping):
+        # samples without a "labels" mapping (labels a collator of the caller's adds) are not checked
+        if not first or not isinstance(first[0], Mapping) or not isinstance(first[0].get("labels"), Mapping):
             continue
         carried = sorted(first[0].get("labels") or {})
         for task in wanted:

@@ -181,8 +181,8 @@ class AutocastEncoder(torch.nn.Module):
         params = list(self.encoder.parameters()) if isinstance(self.encoder, torch.nn.Module) else []
         device_type = params[0].device.type if params else "cpu"
         precision = self.precision
-        if precision == "auto":  # as a run resolves it (mmviews.train.precision)
-            from mmviews.train.precision import choose_precision
+        if precision == "auto":  # as a run resolves it (mmviews.eval.precision)
+            from mmviews.eval.precision import choose_precision
 
             precision = choose_precision("auto", device_type).used
         if precision == "no":

@@ -40,11 +40,10 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as TF
 
-RAFT_MODELS = ("raft_small", "raft_large")
+from mmviews.data.flow_options import RAFT_MODELS, RAFT_OPTIONS, RAFTOptions  # noqa: F401 (re-exported)
+
 #: RAFT's smallest input side: its 1/8 feature map must survive three halvings of the correlation pyramid.
 RAFT_MIN_SIDE = 128
-#: The ``data.options`` keys read here (the video datasets accept them with ``flow: raft``).
-RAFT_OPTIONS = ("raft_model", "raft_weights", "raft_weights_sha256", "raft_iterations", "raft_pairs_per_call")
 #: The key of a flow view's inputs that holds frames still to be turned into flow.
 FRAMES_KEY = "frames"
 
@@ -57,34 +56,6 @@ def holds_frames(inputs: Any) -> bool:
 def raft_input_side(side: int) -> int:
     """The side RAFT runs at for frames of ``side`` px: the next multiple of 8, at least :data:`RAFT_MIN_SIDE`."""
     return max(RAFT_MIN_SIDE, -(-int(side) // 8) * 8)
-
-
-@dataclass(frozen=True)
-class RAFTOptions:
-    """The RAFT settings of ``data.options`` (see the module docstring)."""
-
-    model: str = "raft_small"
-    weights: str = "DEFAULT"
-    weights_sha256: str | None = None
-    iterations: int = 12
-    pairs_per_call: int = 64
-
-    @classmethod
-    def from_data_options(cls, options: Mapping[str, Any]) -> "RAFTOptions | None":
-        """The settings when ``options`` asks for ``flow: raft``, else None; a bad value is a
-        ``ValueError`` naming its key."""
-        if options.get("flow") != "raft":
-            return None
-        given = {key[len("raft_"):]: options[key] for key in RAFT_OPTIONS if options.get(key) is not None}
-        out = cls(**given)
-        if out.model not in RAFT_MODELS:
-            raise ValueError(f"data.options.raft_model: must be one of {', '.join(RAFT_MODELS)}, got {out.model!r}")
-        if not isinstance(out.weights, str) or not out.weights:
-            raise ValueError(f"data.options.raft_weights: a weight tag, a file or 'random', got {out.weights!r}")
-        for key, value in (("raft_iterations", out.iterations), ("raft_pairs_per_call", out.pairs_per_call)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"data.options.{key}: must be an integer >= 1, got {value!r}")
-        return out
 
 
 def build_raft(options: RAFTOptions) -> torch.nn.Module:

@@ -22,7 +22,7 @@ from mmviews.train.build import RunParts, uses_teacher
 from mmviews.train.compiled import compile_encoder
 from mmviews.train.distributed import process_group_kwargs
 from mmviews.train.optim import build_optimizer, build_scheduler
-from mmviews.train.precision import resolve_precision
+from mmviews.eval.precision import resolve_precision
 from mmviews.train.sharding import OBJECTIVE_GROUP, launcher_fsdp_hidden, run_sharding, shard_encoder
 from mmviews.train.state import TrainState
 from mmviews.train.step import Prepared, warn_batch_norm

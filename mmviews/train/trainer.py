@@ -113,7 +113,7 @@ from mmviews.train.memory import tensor_bytes
 from mmviews.train.step_log import StepLogger
 from mmviews.train.trackers import resolve_trackers
 from mmviews.train.model_card import write_model_card
-from mmviews.train.precision import PrecisionChoice, announce_precision, resolve_precision
+from mmviews.eval.precision import PrecisionChoice, announce_precision, resolve_precision
 from mmviews.train.preflight import check_evaluation_labels
 from mmviews.train.run_folder import (CONTINUE, Decision, Intent, RunFolder, add_damaged_checkpoint_hint,
                                      decide_on_every_process)

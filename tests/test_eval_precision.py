@@ -15,7 +15,7 @@ from test_train_utils import tiny_config, train_in_process, write_recipe
 from mmviews.cli import main
 from mmviews.config import OptimisationConfig, config_from_dict
 from mmviews.eval.extract import AutocastEncoder
-from mmviews.train import precision as P
+from mmviews.eval import precision as P
 
 NATIVE = P.cpu_has_native_bf16()
 
