@@ -34,8 +34,6 @@ def test_a_short_run_recovers_the_content_better_than_its_random_init(tmp_path):
         str(RECIPE), "--output", str(tmp_path / "run"),
         "--set", "data.batch_size=256", "--set", f"adapters={{x1: {adapter}, x2: {adapter}}}",
         "--set", "optimisation.max_steps=100",
-        # the constant lr this test was written with (the recipe's cosine decay is for its 12,000 steps)
-        "--set", "optimisation.schedule=constant",
         "--set", "data.split_options={valid: {num_samples: 1024}, test: {num_samples: 1024}}",
         "--set", "evaluation.tasks=[{kind: identifiability, fit_samples: 256, blocks: [content, specific]}]",
         "--set", "evaluation.plots=false", "--set", "output.progress_bar=false")

@@ -98,7 +98,7 @@ def test_screen_and_curve_smoke(tune, tmp_path: Path) -> None:
     cpu = [float(r["train_cpu_s"]) for r in rows]
     assert cpu[0] <= cpu[1] and cpu[2] <= cpu[3]  # training CPU accumulates within a run
 
-    assert tune.main(["--smoke", "--stage", "curve", "--settings", "recipe", "--seeds", "0", "1",
+    assert tune.main(["--smoke", "--stage", "curve", "--settings", "candidate", "--seeds", "0", "1",
                       "--out", str(tmp_path)]) == 0
     curve = _rows(tmp_path / "curve.csv")
     assert [(r["seed"], r["step"]) for r in curve] == [("0", "3"), ("0", "6"), ("1", "3"), ("1", "6")]

@@ -91,9 +91,6 @@ def base_recipe(size: str) -> dict[str, Any]:
     recipe["name"] = "identifiability_reproduce"
     recipe["data"]["split_options"] = {"valid": {"num_samples": sz["eval"]}, "test": {"num_samples": sz["eval"]}}
     recipe["data"]["reference_views"] = 2
-    # parts a and b keep the constant learning rate their tables were measured with (the recipe's
-    # cosine schedule is tuned for its own 12,000 steps: recipes/reproduce/identifiability_tune.py)
-    recipe["optimisation"]["schedule"] = "constant"
     recipe["evaluation"] = {"tasks": [{"kind": "identifiability", "fit_samples": sz["fit"]}], "random_baseline": False,
                             "plots": size != "smoke"}
     recipe["output"] = {"log_every": 10, "checkpoint_every": 0, "keep_last": 1, "tensorboard": False,
