@@ -58,3 +58,20 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from crafted_files import train_tiny_run
 
     return train_tiny_run(tmp_path_factory.mktemp("tiny_run"))
+
+
+@pytest.fixture
+def block_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Records (start, stop) of every streamed block of scores computed (forward and backward),
+    for the objectives' memory-bounded paths (``mmviews.objectives._streaming``)."""
+    from mmviews.objectives import _streaming
+
+    calls: list[tuple[int, int]] = []
+    original = _streaming._block_scores
+
+    def spy(anchors, candidates, start, stop, *args):
+        calls.append((start, stop))
+        return original(anchors, candidates, start, stop, *args)
+
+    monkeypatch.setattr(_streaming, "_block_scores", spy)
+    return calls

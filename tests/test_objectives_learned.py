@@ -287,19 +287,10 @@ def test_pairs_reduce_scores_with_the_temperature_or_the_given_anchors(chunk_siz
                                rtol=1e-12, atol=1e-12)
 
 
-def test_siglip_streams_in_blocks_sized_by_the_budget(monkeypatch):
+def test_siglip_streams_in_blocks_sized_by_the_budget(block_spy):
     """Beyond ``score_budget_mb`` the all-pairs block is streamed, in blocks of as many anchor
     samples as fit the budget with the reduction's 4 working copies (float64: 8 bytes a score)."""
-    from mmviews.objectives import _streaming
-
-    calls: list[tuple[int, int]] = []
-    original = _streaming._block_scores
-
-    def spy(anchors, candidates, start, stop, *args):
-        calls.append((start, stop))
-        return original(anchors, candidates, start, stop, *args)
-
-    monkeypatch.setattr(_streaming, "_block_scores", spy)
+    calls = block_spy
     K, M = 11, 3
     per_sample = M * K * M * 4 * 8  # scores of one anchor sample x working copies x bytes
     z = _z(K, M, 4, seed=22)

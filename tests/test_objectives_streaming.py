@@ -86,18 +86,7 @@ def _loss_and_grad(objective, z: torch.Tensor, mask: torch.Tensor | None, autoca
     return loss.detach(), z.grad.detach()
 
 
-@pytest.fixture
-def block_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Records (start, stop) of every streamed block computed (forward and backward)."""
-    calls: list[tuple[int, int]] = []
-    original = _streaming._block_scores
-
-    def spy(anchors, candidates, start, stop, *args):
-        calls.append((start, stop))
-        return original(anchors, candidates, start, stop, *args)
-
-    monkeypatch.setattr(_streaming, "_block_scores", spy)
-    return calls
+# block_spy (conftest.py): the (start, stop) of every streamed block computed
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
