@@ -34,13 +34,12 @@ Options (``data.options``):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as TF
 
-from mmviews.data.flow_options import RAFT_MODELS, RAFT_OPTIONS, RAFTOptions  # noqa: F401 (re-exported)
+from mmviews.data.flow_options import RAFTOptions
 
 #: RAFT's smallest input side: its 1/8 feature map must survive three halvings of the correlation pyramid.
 RAFT_MIN_SIDE = 128
