@@ -58,7 +58,16 @@ def recipe(tmp_path_factory) -> Path:
     return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", CONFIG)
 
 
-def test_killed_worker_is_restarted_and_the_run_continues(recipe, tmp_path):
+@pytest.fixture(scope="module")
+def restart_recipe(tmp_path_factory) -> Path:
+    """CONFIG with a generous collective timeout: the restart claim needs no timeout (the agent sees
+    the killed worker and restarts the group), and on a loaded machine a start of one worker more
+    than 3 s after the other would fail the group's first rendezvous for the wrong reason."""
+    return write_recipe(tmp_path_factory.mktemp("recipe") / "tiny.yaml", dict(CONFIG, distributed={"timeout_s": 120}))
+
+
+def test_killed_worker_is_restarted_and_the_run_continues(restart_recipe, tmp_path):
+    recipe = restart_recipe
     run = tmp_path / "run"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--max_restarts", "1", "--rdzv_backend", "c10d", "--main_process_port", str(free_port()),
