@@ -376,17 +376,28 @@ def test_the_progress_bar_follows_the_terminals_width(tmp_path: Path, monkeypatc
     def resize(columns: int) -> None:
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
 
+    def drain() -> str:
+        """Everything written so far: a pseudo-terminal passes writes to its master side
+        asynchronously, so one read right after the flush can return part of them on a loaded
+        machine; read until nothing more comes for a while."""
+        import select
+
+        chunks = []
+        while select.select([master], [], [], 0.3)[0]:
+            chunks.append(os.read(master, 1 << 16))
+        return b"".join(chunks).decode()
+
     resize(60)
     with os.fdopen(follower, "w") as terminal:
         monkeypatch.setattr(sys, "stderr", terminal)  # where tqdm draws
         logger, _ = step_logger(tmp_path, monkeypatch, progress_bar=True, total_steps=4)
         logger.log(TrainState(step=1), output(0.5), {}, OPTIMIZER, num_samples=4, num_views=2)
         terminal.flush()
-        before = os.read(master, 1 << 16).decode()
+        before = drain()
         resize(100)
         logger.log(TrainState(step=2), output(0.5), {}, OPTIMIZER, num_samples=4, num_views=2)
         terminal.flush()
-        after = os.read(master, 1 << 16).decode()
+        after = drain()
         logger.close()
     os.close(master)
     widths = lambda text: {len(line) for line in text.split("\r") if "train" in line}  # noqa: E731
