@@ -367,14 +367,33 @@ def test_a_workers_error_is_its_own_type_and_message(message):
 
 def test_a_worker_error_raised_where_the_traceback_has_one_frame(monkeypatch):
     try:
-        raise ValueError("the labels of /data/a.parquet hold no 'class' column")
+        raise ValueError("/data/a.parquet: no 'class' column")
     except ValueError:
         wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
     with pytest.raises(ValueError) as caught:
         wrapped.reraise()
     text = str(caught.value).split("\n")
     assert text[2].startswith('  File "') and not text[3].startswith('  File "')  # one frame
-    assert error_message(worker_error(caught.value)) == "the labels of /data/a.parquet hold no 'class' column"
+    assert text[3].strip().startswith("raise ValueError(")  # its source line, which holds ': ' too
+    assert error_message(worker_error(caught.value)) == "/data/a.parquet: no 'class' column"
+
+
+def test_a_workers_message_over_several_lines_is_one_line():
+    caught = reraised(ValueError("cannot decode /data/Run/v_bad.avi\n  (truncated: 3 of 40 packets)"))
+    assert error_message(worker_error(caught)) == "cannot decode /data/Run/v_bad.avi (truncated: 3 of 40 packets)"
+
+
+def test_a_worker_error_of_a_class_defined_inside_a_function_keeps_its_type():
+    """Its qualified name (``...<locals>.BadClip``) names no module attribute; torch rebuilt it
+    (one message), so the type is the re-raised error's own."""
+
+    class BadClip(ValueError):
+        pass
+
+    caught = reraised(BadClip("/data/Run/v_bad.avi: 0 frames"))
+    assert type(caught) is BadClip
+    error = worker_error(caught)
+    assert type(error) is BadClip and error_message(error) == "/data/Run/v_bad.avi: 0 frames"
 
 
 def test_a_worker_error_raised_in_code_without_source_lines():
@@ -420,6 +439,8 @@ def test_a_re_raise_whose_traceback_lists_no_frame_still_gives_the_errors_line()
     assert type(error) is ValueError and error_message(error) == "cannot decode /data/Run/v_bad.avi"
     indented = worker_error(ValueError(text + "    ValueError: cannot decode /data/Run/v_bad.avi"))
     assert error_message(indented) == "cannot decode /data/Run/v_bad.avi"
+    lines = worker_error(ValueError(text + "ValueError: cannot decode /data/Run/v_bad.avi\n  (truncated)\n"))
+    assert error_message(lines) == "cannot decode /data/Run/v_bad.avi (truncated)"
 
 
 # --------------------------------------------------------------------------- the one line
