@@ -165,3 +165,36 @@ def test_check_warns_below_keep_last_plus_one_checkpoints_of_free_space(parts, t
     free[0] = 2 * one - 1
     assert "less than 2 checkpoints (output.keep_last = 1 kept" in disk_space_line(parts, run)
     assert "at its checkpoint 2 or before" in disk_space_line(parts, run)
+
+
+def test_the_space_line_counts_the_recipes_optimiser_teacher_and_processes(parts, tmp_path, monkeypatch):
+    """One checkpoint as the recipe writes it: SGD with momentum keeps one float32 copy of the
+    trainable weights, AdamW two (its moments), plain SGD none; an EMA teacher adds a copy of the
+    encoder's weights; every process adds its RNG state."""
+    import mmviews.fileio as fileio
+
+    monkeypatch.setattr(fileio, "free_bytes", lambda folder: 0)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def one() -> int:
+        return int(re.search(r"about (\d+) bytes each", disk_space_line(parts, tmp_path / "run")).group(1))
+
+    o, encoder = parts.config.optimisation, parts.encoder
+    trainable = sum(p.numel() * p.element_size() for p in encoder.parameters() if p.requires_grad)
+    weights = sum(t.numel() * t.element_size() for t in [*encoder.parameters(), *encoder.buffers()])
+    assert trainable > 0 and not parts.objective.needs_teacher
+    monkeypatch.setattr(o, "optimizer", "sgd")
+    monkeypatch.setattr(o, "momentum", 0.0)
+    plain = one()
+    monkeypatch.setattr(o, "momentum", 0.9)
+    assert one() - plain == trainable
+    monkeypatch.setattr(o, "optimizer", "adamw")
+    assert one() - plain == 2 * trainable
+    monkeypatch.setattr(o, "optimizer", "sgd")
+    monkeypatch.setattr(o, "momentum", 0.0)
+    monkeypatch.setattr(parts.config.objective, "ema_teacher", True)
+    tensors = len(encoder.state_dict())
+    assert weights <= one() - plain <= weights + 1024 * tensors  # the copy, and each of its tensors' header
+    monkeypatch.setattr(parts.config.objective, "ema_teacher", False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert plain < one() < plain + 3 * 1024 * 1024  # three more processes' RNG states
