@@ -319,9 +319,9 @@ def test_leaving_without_teardown_runs_the_exit_handlers_flushes_both_streams_an
 
 # --------------------------------------------------------------------------- a DataLoader worker's error
 
-# an error type of a module the worker imported: PyAV's are built from (code, message, filename),
-# which torch cannot rebuild from its one message
-DECODER = types.ModuleType("clip_decoder")
+# an error type of a module the worker imported, in a package as PyAV's are (av.error.InvalidDataError),
+# built from (code, message, filename) as PyAV's are, which torch cannot rebuild from its one message
+DECODER = types.ModuleType("clip_decoder.errors")
 exec(
     "class DecodeError(OSError):\n"
     "    def __init__(self, code, path):\n"
@@ -406,7 +406,7 @@ def test_a_worker_error_raised_in_code_without_source_lines():
 
 
 def test_a_worker_error_torch_cannot_rebuild_becomes_its_user_error_base(monkeypatch):
-    monkeypatch.setitem(sys.modules, "clip_decoder", DECODER)
+    monkeypatch.setitem(sys.modules, "clip_decoder.errors", DECODER)
     caught = reraised(DECODER.DecodeError(5, "/data/Run/v_bad.avi"))
     assert type(caught) is RuntimeError  # torch could not build a DecodeError from one message
     caught.add_note("the latest checkpoint is kept: runs/r/checkpoints/checkpoint-00000004")
@@ -416,12 +416,23 @@ def test_a_worker_error_torch_cannot_rebuild_becomes_its_user_error_base(monkeyp
                                     "the latest checkpoint is kept: runs/r/checkpoints/checkpoint-00000004")
 
 
+def test_a_workers_builtin_error_torch_cannot_rebuild_becomes_its_user_error_base():
+    """A text file read with the wrong encoding: UnicodeDecodeError takes five arguments, so torch
+    re-raises a RuntimeError; the worker's error is a ValueError naming its type (status 2)."""
+    caught = reraised(ValueError("unused"), raise_in=lambda error: b"\xff labels".decode("utf-8"))
+    assert type(caught) is RuntimeError
+    error = worker_error(caught)
+    assert type(error) is ValueError
+    assert error_message(error) == ("UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: "
+                                    "invalid start byte")
+
+
 def test_a_worker_error_that_is_no_user_error_or_of_a_module_not_imported_is_left_as_it_is(monkeypatch):
-    monkeypatch.setitem(sys.modules, "clip_decoder", DECODER)
+    monkeypatch.setitem(sys.modules, "clip_decoder.errors", DECODER)
     bug = reraised(DECODER.DecoderBug(5, "/data/Run/v_bad.avi"))
     assert worker_error(bug) is bug  # a bug: torch's error, traceback and all
     caught = reraised(DECODER.DecodeError(5, "/data/Run/v_bad.avi"))
-    monkeypatch.delitem(sys.modules, "clip_decoder")  # imported by the worker only: never imported here
+    monkeypatch.delitem(sys.modules, "clip_decoder.errors")  # imported by the worker only: never imported here
     assert worker_error(caught) is caught
 
 
