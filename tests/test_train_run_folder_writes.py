@@ -350,3 +350,54 @@ def test_a_full_disk_when_the_log_is_flushed_is_the_short_error(tmp_path, monkey
     with pytest.raises(DiskFullError, match=f"^{tmp_path}: no space left while writing metrics.csv: it needs about 0 "
                                             "bytes, 0 bytes are free"):
         log.sync()
+
+
+class _Processes:
+    """The part of an Accelerator that ``_claim_run_dir`` uses: which process this is, and the barrier."""
+
+    def __init__(self, main: bool) -> None:
+        self.is_main_process, self.waited = main, 0
+
+    def wait_for_everyone(self) -> None:
+        self.waited += 1
+
+
+def test_the_main_process_claims_the_folder_says_where_the_data_comes_from_and_records_what_the_run_wrote(
+        tmp_path, capsys):
+    """Without a training: the folder claimed as decided (manifest, ``config.yaml``), the
+    training split's own note printed (a video folder says which split lists it read), every
+    process at the barrier, and however the run ends the manifest lists what it wrote by then;
+    another process only waits."""
+    from types import SimpleNamespace
+
+    from mmviews.config import load_config
+    from mmviews.run import CONFIG_FILE, read_manifest
+    from mmviews.train.run_folder import Intent, RunFolder
+    from mmviews.train.trainer import _claim_run_dir
+
+    config = load_config(write_recipe(tmp_path / "tiny.yaml", CONFIG))
+    run = tmp_path / "run"
+    folder = RunFolder(run)
+    note = "ucf101 /data/ucf: 7 clips, split lists from /data/ucf/ucfTrainTestlist"
+    parts = SimpleNamespace(config=config, datasets={"train": SimpleNamespace(source_note=note)})
+    other = _Processes(main=False)
+    with contextlib.ExitStack() as on_exit:
+        _claim_run_dir(other, parts, folder, folder.decide(config, Intent(), act=False), on_exit)
+    assert other.waited == 1 and not run.exists() and capsys.readouterr().out == ""
+    main = _Processes(main=True)
+    try:
+        decision = folder.decide(config, Intent())
+        with contextlib.ExitStack() as on_exit:
+            _claim_run_dir(main, parts, folder, decision, on_exit)
+            assert main.waited == 1 and (run / CONFIG_FILE).is_file()
+            assert capsys.readouterr().out == f"data: {note}\n"
+            (run / "metrics.csv").write_text("step\n")  # written by the run after the claim
+        assert "metrics.csv" in read_manifest(run)["created"]  # recorded on the way out
+        parts.datasets["train"] = SimpleNamespace()  # a dataset with nothing to say prints nothing
+        again = RunFolder(tmp_path / "second")
+        with contextlib.ExitStack() as on_exit:
+            _claim_run_dir(main, parts, again, again.decide(config, Intent()), on_exit)
+        again.release()
+        assert capsys.readouterr().out == ""
+    finally:
+        folder.release()
