@@ -401,3 +401,24 @@ def test_the_main_process_claims_the_folder_says_where_the_data_comes_from_and_r
         assert capsys.readouterr().out == ""
     finally:
         folder.release()
+
+
+def test_no_checkpoint_follows_a_non_finite_loss(tmp_path):
+    """``_checkpoint`` checks the losses since the last check first: after a NaN it raises the
+    run's one-line error naming the steps and the log interval, before the log is flushed or
+    anything is written."""
+    from types import SimpleNamespace
+
+    from mmviews.train.trainer import _checkpoint
+
+    flushed: list[int] = []
+    state = SimpleNamespace(step=4, epoch=1)
+    p = SimpleNamespace(nonfinite=torch.tensor(True), checked_step=2, state=state,
+                        accelerator=SimpleNamespace(num_processes=1))
+    run = SimpleNamespace(p=p, run_dir=tmp_path / "run", config=SimpleNamespace(output=SimpleNamespace(
+        log_every=5, keep_last=2)), log=SimpleNamespace(sync=lambda: flushed.append(1)))
+    with pytest.raises(FloatingPointError) as raised:
+        _checkpoint(run)
+    assert str(raised.value).startswith("non-finite loss (NaN or inf) at one of steps 3-4 (epoch 1; the loss is checked "
+                                        "at log steps, output.log_every = 5, and before checkpoints)")
+    assert flushed == [] and not (tmp_path / "run").exists()
