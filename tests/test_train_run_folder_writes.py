@@ -20,6 +20,7 @@ import contextlib
 import csv
 import io
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -363,7 +364,7 @@ class _Processes:
 
 
 def test_the_main_process_claims_the_folder_says_where_the_data_comes_from_and_records_what_the_run_wrote(
-        tmp_path, capsys):
+        tmp_path, capsys, monkeypatch):
     """Without a training: the folder claimed as decided (manifest, ``config.yaml``), the
     training split's own note printed (a video folder says which split lists it read), every
     process at the barrier, and however the run ends the manifest lists what it wrote by then;
@@ -387,10 +388,13 @@ def test_the_main_process_claims_the_folder_says_where_the_data_comes_from_and_r
     main = _Processes(main=True)
     try:
         decision = folder.decide(config, Intent())
+        piped = io.BytesIO()  # stdout into a pipe (block-buffered): the line must be there before the run's bars
         with contextlib.ExitStack() as on_exit:
-            _claim_run_dir(main, parts, folder, decision, on_exit)
+            with monkeypatch.context() as patch:
+                patch.setattr(sys, "stdout", io.TextIOWrapper(piped, encoding="utf-8"))
+                _claim_run_dir(main, parts, folder, decision, on_exit)
+                assert piped.getvalue().decode() == f"data: {note}\n"  # flushed, not left in the buffer
             assert main.waited == 1 and (run / CONFIG_FILE).is_file()
-            assert capsys.readouterr().out == f"data: {note}\n"
             (run / "metrics.csv").write_text("step\n")  # written by the run after the claim
         assert "metrics.csv" in read_manifest(run)["created"]  # recorded on the way out
         parts.datasets["train"] = SimpleNamespace()  # a dataset with nothing to say prints nothing
