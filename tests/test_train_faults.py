@@ -81,6 +81,10 @@ def test_killed_worker_is_restarted_and_the_run_continues(restart_recipe, tmp_pa
     assert proc.returncode == 0, err[-4000:]
     assert f"mmviews train: warning: resumed from {run / 'checkpoints' / 'checkpoint-00000002'} at step 2 of {TOTAL}" in err, err
     assert json.loads((run / "results.json").read_text())["status"] == "ok"
+    # the surviving worker's line says that the agent restarts the run, not how to resume it
+    failed = [line for line in err.splitlines() if "mmviews train: error: process" in line]
+    assert failed and all("the elastic agent restarts the processes (restart 1 of 1)" in line
+                          and "resume with" not in line for line in failed), err[-4000:]
     assert [c.name for c in list_checkpoints(run)][-1] == f"checkpoint-{TOTAL:08d}"
     reference = tmp_path / "reference"
     r = train_in_process(str(recipe), "--output", str(reference))  # one process, never interrupted
@@ -158,3 +162,34 @@ def test_restart_setup_is_said_in_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     assert restart_setup_lines(config) == []
 
+
+
+def test_after_a_collective_failure_the_line_says_what_happens_next(monkeypatch, tmp_path):
+    """A restart the elastic agent will make (restarts left, ``auto_resume``) continues the run by
+    itself: the failed process's line says so rather than giving a command to resume; without a
+    restart left, or without ``auto_resume`` (the restart would refuse the folder), it gives the
+    command."""
+    from mmviews.cli.train import after_collective_failure
+    from mmviews.config import load_config
+    from mmviews.train.resume import restarts_left
+
+    config, run = load_config(write_recipe(tmp_path / "r.yaml", CONFIG)), tmp_path / "run"
+    for name in ("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert restarts_left() == 0 and after_collective_failure(config, run) == f"resume with: mmviews train --resume {run}"
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert restarts_left() == 2
+    line = after_collective_failure(config, run)
+    assert line == ("the elastic agent restarts the processes (restart 2 of 3), which continue from the newest "
+                    "complete checkpoint (output.auto_resume)")
+    config.output.auto_resume = False  # the restart would refuse the folder
+    assert after_collective_failure(config, run, allow_remote_models=True) == (
+        f"resume with: mmviews train --resume {run} --allow-remote-models")
+    config.output.auto_resume = True
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")  # the last restart was made
+    assert restarts_left() == 0 and after_collective_failure(config, run).startswith("resume with: ")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "5")
+    assert restarts_left() == 0
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "many")
+    assert restarts_left() == 0

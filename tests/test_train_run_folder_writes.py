@@ -20,6 +20,7 @@ import contextlib
 import csv
 import io
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -350,3 +351,78 @@ def test_a_full_disk_when_the_log_is_flushed_is_the_short_error(tmp_path, monkey
     with pytest.raises(DiskFullError, match=f"^{tmp_path}: no space left while writing metrics.csv: it needs about 0 "
                                             "bytes, 0 bytes are free"):
         log.sync()
+
+
+class _Processes:
+    """The part of an Accelerator that ``_claim_run_dir`` uses: which process this is, and the barrier."""
+
+    def __init__(self, main: bool) -> None:
+        self.is_main_process, self.waited = main, 0
+
+    def wait_for_everyone(self) -> None:
+        self.waited += 1
+
+
+def test_the_main_process_claims_the_folder_says_where_the_data_comes_from_and_records_what_the_run_wrote(
+        tmp_path, capsys, monkeypatch):
+    """Without a training: the folder claimed as decided (manifest, ``config.yaml``), the
+    training split's own note printed (a video folder says which split lists it read), every
+    process at the barrier, and however the run ends the manifest lists what it wrote by then;
+    another process only waits."""
+    from types import SimpleNamespace
+
+    from mmviews.config import load_config
+    from mmviews.run import CONFIG_FILE, read_manifest
+    from mmviews.train.run_folder import Intent, RunFolder
+    from mmviews.train.trainer import _claim_run_dir
+
+    config = load_config(write_recipe(tmp_path / "tiny.yaml", CONFIG))
+    run = tmp_path / "run"
+    folder = RunFolder(run)
+    note = "ucf101 /data/ucf: 7 clips, split lists from /data/ucf/ucfTrainTestlist"
+    parts = SimpleNamespace(config=config, datasets={"train": SimpleNamespace(source_note=note)})
+    other = _Processes(main=False)
+    with contextlib.ExitStack() as on_exit:
+        _claim_run_dir(other, parts, folder, folder.decide(config, Intent(), act=False), on_exit)
+    assert other.waited == 1 and not run.exists() and capsys.readouterr().out == ""
+    main = _Processes(main=True)
+    try:
+        decision = folder.decide(config, Intent())
+        piped = io.BytesIO()  # stdout into a pipe (block-buffered): the line must be there before the run's bars
+        with contextlib.ExitStack() as on_exit:
+            with monkeypatch.context() as patch:
+                patch.setattr(sys, "stdout", io.TextIOWrapper(piped, encoding="utf-8"))
+                _claim_run_dir(main, parts, folder, decision, on_exit)
+                assert piped.getvalue().decode() == f"data: {note}\n"  # flushed, not left in the buffer
+            assert main.waited == 1 and (run / CONFIG_FILE).is_file()
+            (run / "metrics.csv").write_text("step\n")  # written by the run after the claim
+        assert "metrics.csv" in read_manifest(run)["created"]  # recorded on the way out
+        parts.datasets["train"] = SimpleNamespace()  # a dataset with nothing to say prints nothing
+        again = RunFolder(tmp_path / "second")
+        with contextlib.ExitStack() as on_exit:
+            _claim_run_dir(main, parts, again, again.decide(config, Intent()), on_exit)
+        again.release()
+        assert capsys.readouterr().out == ""
+    finally:
+        folder.release()
+
+
+def test_no_checkpoint_follows_a_non_finite_loss(tmp_path):
+    """``_checkpoint`` checks the losses since the last check first: after a NaN it raises the
+    run's one-line error naming the steps and the log interval, before the log is flushed or
+    anything is written."""
+    from types import SimpleNamespace
+
+    from mmviews.train.trainer import _checkpoint
+
+    flushed: list[int] = []
+    state = SimpleNamespace(step=4, epoch=1)
+    p = SimpleNamespace(nonfinite=torch.tensor(True), checked_step=2, state=state,
+                        accelerator=SimpleNamespace(num_processes=1))
+    run = SimpleNamespace(p=p, run_dir=tmp_path / "run", config=SimpleNamespace(output=SimpleNamespace(
+        log_every=5, keep_last=2)), log=SimpleNamespace(sync=lambda: flushed.append(1)))
+    with pytest.raises(FloatingPointError) as raised:
+        _checkpoint(run)
+    assert str(raised.value).startswith("non-finite loss (NaN or inf) at one of steps 3-4 (epoch 1; the loss is checked "
+                                        "at log steps, output.log_every = 5, and before checkpoints)")
+    assert flushed == [] and not (tmp_path / "run").exists()

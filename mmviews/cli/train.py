@@ -74,7 +74,7 @@ from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.eval.summary import RESULTS_LOGGER, data_left_out_lines, headline_lines
 from mmviews.train.trackers import check_trackers_installed
 from mmviews.train.memory import estimate_memory, processes_from_environment
-from mmviews.train.resume import auto_resume_lines, restart_attempt, restart_setup_lines
+from mmviews.train.resume import auto_resume_lines, restart_attempt, restart_setup_lines, restarts_left
 from mmviews.eval.precision import resolve_precision, slow_bf16_line
 from mmviews.train.preflight import run_checks
 from mmviews.train.run_folder import HINTED, REFUSE, Decision, Intent, RunFolder, resume_folder
@@ -265,8 +265,8 @@ def _run(args: argparse.Namespace, callback: TrainCallback | None) -> int:
             print(f"mmviews train: {_interrupted_line(stopped, run_dir, args)}", file=sys.stderr, flush=True)
         setattr(stopped, SAID, True)  # mmviews.cli.main leaves with its status (128 + signal), no line of its own
         raise
-    except CollectiveFailure as error:  # a peer hung or died: this process's one line, with the command that resumes
-        error.add_note(f"resume with: {resume_command(run_dir, args.allow_remote_models)}")
+    except CollectiveFailure as error:  # a peer hung or died: this process's one line, with what happens next
+        error.add_note(after_collective_failure(config, run_dir, args.allow_remote_models))
         raise
     except RunFolderRefused as error:  # decided before anything in the folder changed: no hint about what it keeps
         if restart_attempt() and not config.output.auto_resume:
@@ -374,6 +374,18 @@ def data_check_lines(parts: RunParts) -> list[str]:
 def _stopped_before_first_checkpoint(path: Path) -> bool:
     """An mmviews run folder with no checkpoint and no results: nothing to resume or lose."""
     return is_run_dir(path) and not is_checkpoint(path) and not has_checkpoint_or_results(path)
+
+
+def after_collective_failure(config: TrainConfig, run_dir: Path, allow_remote_models: bool = False) -> str:
+    """What follows a collective failure, for its line: under torch's elastic agent with restarts
+    left and ``output.auto_resume``, the agent's restart, which continues the run by itself (the
+    command to resume would mislead); else the command that resumes the run."""
+    left = restarts_left()
+    if left and config.output.auto_resume:
+        done = restart_attempt()
+        return (f"the elastic agent restarts the processes (restart {done + 1} of {done + left}), which continue from "
+                "the newest complete checkpoint (output.auto_resume)")
+    return f"resume with: {resume_command(run_dir, allow_remote_models)}"
 
 
 def resume_command(run_dir: Path, allow_remote_models: bool = False) -> str:

@@ -65,6 +65,13 @@ def restart_attempt() -> int:
     return int(count) if count.isdigit() else 0
 
 
+def restarts_left() -> int:
+    """How many more times torch's elastic agent restarts this process's workers when one of
+    them fails (``--max_restarts`` less the restarts so far; 0 without the agent)."""
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    return max(0, int(restarts) - restart_attempt()) if restarts.isdigit() else 0
+
+
 # Checkpoints output.auto_resume should keep: with one, a damaged newest checkpoint (a disk fault,
 # a file cut short outside mmviews) leaves none intact, and the same command refuses the folder.
 AUTO_RESUME_KEEP_LAST = 2
