@@ -135,7 +135,7 @@ class OptimisationConfig:
     # global RNG: the same masks however a batch is chunked or split between processes
     # (mmviews.modalities.dropout); a random layer that cannot be keyed stops the run at setup.
     sample_keyed_dropout: bool = False
-    max_grad_norm: float | None = None  # clip the global gradient norm; None = no clipping
+    max_grad_norm: float | None = None  # clip the global gradient norm (encoder and objective's learned parameters); None = no clipping
     # Samples per encoder chunk of a cached-embedding step (mmviews.train.step); None:
     # the plain step, which keeps the activations of all K samples for backward.
     encode_chunk_size: int | None = None

@@ -22,7 +22,7 @@ from repo_state import changes, repository_state, repository_unchanged
 
 REPRO = Path(__file__).resolve().parents[1] / "recipes" / "reproduce"
 SCRIPTS = ("er_batch_size", "fmicl_similarity", "identifiability", "ipmc_ablation", "polyview_gaussian",
-           "view_multiplicity")
+           "temperature_siglip", "view_multiplicity")
 
 
 def _load(name: str):

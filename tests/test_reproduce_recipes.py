@@ -105,6 +105,43 @@ def test_er_batch_size_equal_teacher_horizon(tmp_path: Path) -> None:
     assert 8 / (1 - momentum[8]) == pytest.approx(32 / (1 - momentum[32]))
 
 
+def test_temperature_siglip_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fixed and learned temperatures of the softmax objectives and siglip, M = 3 views: each
+    row's run holds its variant's objective (learned or not), and the learned ones report the
+    value they ended at (moved from where they started), the fixed ones none."""
+    module = _load("temperature_siglip")
+    out = _smoke_in(tmp_path, monkeypatch, "temperature_siglip", ["--smoke", "--jobs", "1"], "temperature_siglip",
+                    module=module)
+    rows = _check_common(out, "temperature_siglip.png", len(module.DEFAULT_VARIANTS))
+    assert [r["variant"] for r in rows] == list(module.DEFAULT_VARIANTS)
+    for r in rows:
+        config = r["_config"]
+        name, params = module.VARIANTS[r["variant"]]
+        objective = config["objective"]
+        assert objective["name"] == name and objective["params"] == params
+        assert [v["modality"] for v in config["views"]] == ["audio", "image", "flow"] and int(r["M"]) == 3
+        assert config["data"]["batch_size"] == int(r["batch_size"]) == 8
+        learned = json.loads((Path(r["run_dir"]) / "results.json").read_text())["objective_learned"]
+        if r["variant"] in ("geometric_pvc", "mv_dhel"):
+            assert learned == {} and math.isnan(float(r["final_temperature"]))
+        else:  # the learned temperature (and siglip's bias) moved from its start, and is the row's
+            start = params["temperature"]
+            assert float(r["final_temperature"]) == pytest.approx(learned["temperature"], abs=5.1e-5)
+            assert learned["temperature"] != start
+            if name == "siglip":
+                assert learned["bias"] != params["bias"]
+                assert float(r["final_bias"]) == pytest.approx(learned["bias"], abs=5.1e-5)
+    summary = _rows(out / "summary.csv")
+    assert [s["variant"] for s in summary] == list(module.DEFAULT_VARIANTS)
+    # A second call reuses every finished run (its config.yaml, with the precision ``auto``
+    # resolved to, equals the recipe's): nothing is retrained and the table is the same.
+    written = {r["run_dir"]: (Path(r["run_dir"]) / "results.json").stat().st_mtime_ns for r in rows}
+    assert module.main(["--smoke", "--jobs", "1"]) == 0
+    assert {d: (Path(d) / "results.json").stat().st_mtime_ns for d in written} == written
+    again = _rows(out / "results.csv")
+    assert [(r["run_dir"], r["acc"]) for r in again] == [(r["run_dir"], r["acc"]) for r in rows]
+
+
 def test_fmicl_similarity_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = _load("fmicl_similarity")
     # the cosine temperature of VLC must be above the admissible bound 1 of its conjugate
@@ -175,7 +212,8 @@ def test_ipmc_ablation_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vi
         assert [v["modality"] for v in config_views] == ["image", "flow"] and not any(v.get("augment") for v in config_views)
 
 
-@pytest.mark.parametrize("script", ["er_batch_size", "fmicl_similarity", "view_multiplicity", "ipmc_ablation"])
+@pytest.mark.parametrize("script", ["er_batch_size", "fmicl_similarity", "view_multiplicity", "ipmc_ablation",
+                                    "temperature_siglip"])
 def test_scripts_have_full_and_smoke_flags(script: str) -> None:
     import subprocess
 

@@ -269,3 +269,46 @@ def test_a_malformed_objective_entry_in_encoder_json_is_named(trained, tmp_path,
     (folder / "encoder.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=message):
         MultiViewEncoder.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_clipping_bounds_the_learned_parameters_with_the_encoder(tmp_path, name):
+    """``optimisation.max_grad_norm`` clips the global norm over the encoder's gradients AND the
+    objective's learned parameters' (open_clip clips logit_scale with the rest): a huge gradient
+    of the scale (or bias) is scaled down so that the optimiser sees a total norm at the bound,
+    and the encoder's gradients by the same coefficient (the gradients the optimiser's step
+    receives are recorded by a step pre-hook)."""
+    from mmviews.config import load_config
+    from mmviews.train.build import build_run
+    from mmviews.train.setup import make_accelerator, prepare_run
+    from mmviews.train.step import optimizer_step
+
+    max_norm = 0.5
+    recipe = _recipe(tmp_path, name, max_grad_norm=max_norm)
+    with own_accelerate_state():
+        config = load_config(recipe)
+        parts = build_run(config, with_eval=False)
+        p = prepare_run(make_accelerator(config, tmp_path / "run"), parts)
+        trained = [q for q in p.model.parameters() if q.requires_grad] + parts.objective.trained_parameters()
+        assert len(parts.objective.trained_parameters()) == (2 if name == "siglip" else 1)
+        generator = torch.Generator().manual_seed(0)
+        for q in trained:
+            q.grad = 1e-3 * torch.randn(q.shape, generator=generator, dtype=q.dtype)
+        for i, q in enumerate(parts.objective.trained_parameters()):
+            q.grad = torch.full_like(q, 300.0 * (i + 1))
+        given = [q.grad.clone().double() for q in trained]
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in given]))
+        assert total > 100 * max_norm  # the learned parameters' gradients dominate the norm
+        seen: list[torch.Tensor] = []
+        optimiser = p.optimizer.optimizer  # the torch optimiser inside Accelerate's wrapper
+        hook = optimiser.register_step_pre_hook(lambda *_: seen.extend(q.grad.clone().double() for q in trained))
+        try:
+            optimizer_step(p, config.optimisation.max_grad_norm)
+        finally:
+            hook.remove()
+        assert len(seen) == len(trained)
+        coefficient = max_norm / (float(total) + 1e-6)
+        for q, g, s in zip(trained, given, seen):  # one global coefficient for every parameter
+            assert torch.allclose(s, coefficient * g, rtol=1e-5, atol=1e-12), q.shape
+        clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s) for s in seen]))
+        assert float(clipped) == pytest.approx(max_norm, rel=1e-5)

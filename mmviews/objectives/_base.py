@@ -636,7 +636,7 @@ class ContrastiveObjective(MultiViewObjective):
     ``temperature``; scores are ``<u, v> * exp(min(logit_scale, log 100))`` (the bound of
     :data:`MAX_LOGIT_SCALE`, which :meth:`on_optimizer_step` also applies to the parameter, as
     open_clip does after every step). The trainer gives it its own learning rate and no weight
-    decay (``objective.temperature_lr``) and saves it with the run's checkpoints; ``temperature``
+    decay (``objective.lr``) and saves it with the run's checkpoints; ``temperature``
     (the property) is then a 0-dim tensor in the graph, and the metrics report its value. The
     parameter is float64 (one number): the temperature a recipe gives is the one used, to
     1e-16, and the scores keep the embeddings' dtype.

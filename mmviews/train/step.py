@@ -103,16 +103,28 @@ def average_objective_gradients(objective: MultiViewObjective) -> None:
             g.copy_(part.view_as(g))
 
 
+def clip_gradients(p: Prepared, max_grad_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm of everything the optimiser trains: the encoder's
+    parameters and the objective's learned ones (a learned temperature, siglip's bias), as
+    open_clip clips all of its model's parameters, logit_scale included; a large gradient of
+    the scale is then bounded like the encoder's, and both share one coefficient. Under FSDP2
+    Accelerate's ``clip_grad_norm_`` reduces the encoder's sharded gradients' norm over the mesh
+    and adds the replicated objective parameters' norm once. Returns the norm before clipping."""
+    parameters = [*p.model.parameters(), *p.objective.trained_parameters()]
+    return p.accelerator.clip_grad_norm_(parameters, max_grad_norm)
+
+
 def optimizer_step(p: Prepared, max_grad_norm: float | None) -> None:
     """The end of every micro-batch's step: when the accumulation window ends, the objective's
-    learned parameters' gradients averaged over processes and the encoder's clipped (when
-    ``max_grad_norm`` is set); then the optimiser and the schedule (Accelerate makes both no-ops
-    inside an accumulation window), the objective's clamp of its learned parameters after a real
-    step, and the gradients cleared."""
+    learned parameters' gradients averaged over processes and all trained parameters' global
+    gradient norm clipped (when ``max_grad_norm`` is set, :func:`clip_gradients`); then the
+    optimiser and the schedule (Accelerate makes both no-ops inside an accumulation window),
+    the objective's clamp of its learned parameters after a real step, and the gradients
+    cleared."""
     if p.accelerator.sync_gradients:
         average_objective_gradients(p.objective)
         if max_grad_norm is not None:
-            p.accelerator.clip_grad_norm_(p.model.parameters(), max_grad_norm)
+            clip_gradients(p, max_grad_norm)
     p.optimizer.step()
     if p.accelerator.sync_gradients:
         p.objective.on_optimizer_step()

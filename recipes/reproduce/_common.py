@@ -151,12 +151,14 @@ def train_run(recipe_path: Path, run_dir: Path, overrides: Sequence[str] = (), *
     import torch
 
     from mmviews.config import load_config
+    from mmviews.eval.precision import resolve_precision
     from mmviews.train import train
 
     torch.set_num_threads(threads)
     config = load_config(recipe_path, list(overrides))
     run_dir = Path(run_dir)
-    resolved = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
+    # compared with the run's config.yaml, which holds the precision ``auto`` resolved to
+    resolved = yaml.safe_dump(resolve_precision(config)[0].to_dict(), sort_keys=False, default_flow_style=None)
     results = run_dir / "results.json"
     started = time.perf_counter()
     summary: dict[str, Any] | None = None
