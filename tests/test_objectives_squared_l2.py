@@ -150,3 +150,16 @@ def test_adapter_l2_normalize_round_trips_and_rejects_a_non_bool(tmp_path):
     assert Adapter.from_pretrained(tmp_path / "enc").config.l2_normalize is False
     with pytest.raises(ValueError, match="l2_normalize"):
         build_adapter(dict(ADAPTER, l2_normalize="no"))
+
+
+@pytest.mark.parametrize("critic", ["cosine", "squared_l2"])
+def test_bad_embeddings_are_refused_naming_the_objective_whatever_the_critic(critic):
+    objective = get_objective("simclr", critic=critic)
+    with pytest.raises(ValueError, match=r"^objective 'simclr': z must have shape \[K, M, d\] \(3 dims\), got shape \(4, 2\)"):
+        objective(torch.randn(4, 2))
+    with pytest.raises(ValueError, match=r"^objective 'simclr': embedding dimension d must be >= 1, got 0$"):
+        objective(torch.randn(4, 2, 0))
+    with pytest.raises(ValueError, match=r"^objective 'simclr': z has non-finite values \(first at index \(1, 0, 2\)\)"):
+        z = torch.randn(4, 2, 3)
+        z[1, 0, 2] = float("nan")
+        objective(z)
