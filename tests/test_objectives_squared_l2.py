@@ -163,3 +163,13 @@ def test_bad_embeddings_are_refused_naming_the_objective_whatever_the_critic(cri
         z = torch.randn(4, 2, 3)
         z[1, 0, 2] = float("nan")
         objective(z)
+
+
+@pytest.mark.parametrize("critic", ["cosine", "squared_l2"])
+def test_a_bad_mask_is_refused_naming_its_shape_or_type(critic):
+    objective = get_objective("geometric_pvc", critic=critic)
+    z = torch.randn(4, 2, 3)
+    with pytest.raises(ValueError, match=r"^objective 'geometric_pvc': mask must have shape \[K, M\] = \(4, 2\), got list$"):
+        objective(z, [[True, True]] * 4)
+    with pytest.raises(ValueError, match=r"got \(4, 3\)$"):
+        objective(z, torch.ones(4, 3, dtype=torch.bool))

@@ -163,7 +163,7 @@ def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit
     # the sphere: the adapters' normalised output, scored by the cosine critic; the L2 critic: the
     # head's output as it is (l2_normalize false), scored by simclr's squared_l2 critic
     adapters = torch.nn.ModuleList(build_adapter({
-        "type": "mlp", "input_dim": 15, "hidden_dim": setting["hidden"], "num_layers": 3, "activation": "leaky_relu",
+        "type": "mlp", "input_dim": 15, "hidden_dim": setting["hidden"], "num_layers": int(setting.get("layers", 3)), "activation": "leaky_relu",
         "head": {"kind": "linear"}, "embed_dim": setting["embed_dim"], "l2_normalize": unit}) for _ in MODALITIES)
 
     def embed(adapter: Any, values: Any) -> Any:
