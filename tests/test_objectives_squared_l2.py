@@ -173,3 +173,12 @@ def test_a_bad_mask_is_refused_naming_its_shape_or_type(critic):
         objective(z, [[True, True]] * 4)
     with pytest.raises(ValueError, match=r"got \(4, 3\)$"):
         objective(z, torch.ones(4, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("critic", ["cosine", "squared_l2"])
+def test_a_zero_one_integer_mask_counts_as_the_bool_mask(critic):
+    objective = get_objective("geometric_pvc", critic=critic)
+    z = _z(5, 3, 2, 13).detach()
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1], [1, 0, 0]])
+    torch.testing.assert_close(objective(z, mask), objective(z, mask.bool()))
+    torch.testing.assert_close(objective(z, mask.double()), objective(z, mask.bool()))
