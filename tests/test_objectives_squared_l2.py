@@ -182,3 +182,11 @@ def test_a_zero_one_integer_mask_counts_as_the_bool_mask(critic):
     mask = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1], [1, 0, 0]])
     torch.testing.assert_close(objective(z, mask), objective(z, mask.bool()))
     torch.testing.assert_close(objective(z, mask.double()), objective(z, mask.bool()))
+
+
+def test_squared_l2_scores_half_precision_embeddings_in_float32():
+    """The unnormalised path keeps prepare's precision rule: bf16 z is scored in float32."""
+    z = _z(6, 2, 3, 17).detach().to(torch.bfloat16)
+    loss = get_objective("simclr", temperature=1.0, critic="squared_l2")(z)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, get_objective("simclr", temperature=1.0, critic="squared_l2")(z.float()))
