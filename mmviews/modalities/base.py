@@ -243,12 +243,18 @@ class Adapter(nn.Module):
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Head + L2 normalisation: ``[B, F] -> [B, d]``. For ``[B, T, F]`` every frame is
-        projected and normalised, averaged over T and normalised again."""
+        projected and normalised, averaged over T and normalised again. With the config's
+        ``l2_normalize`` False, no normalisation: the head's output (the mean over T of the
+        frames' outputs)."""
+        unit = self.config.l2_normalize
         if features.dim() == 3:
             b, t, f = features.shape
-            z = F.normalize(self._head(features.reshape(b * t, f)), dim=-1)
-            return F.normalize(z.reshape(b, t, z.shape[-1]).mean(1), dim=-1)  # b may be 0: no -1
-        return F.normalize(self._head(features), dim=-1)
+            z = self._head(features.reshape(b * t, f))
+            z = F.normalize(z, dim=-1) if unit else z
+            z = z.reshape(b, t, z.shape[-1]).mean(1)  # b may be 0: no -1
+            return F.normalize(z, dim=-1) if unit else z
+        z = self._head(features)
+        return F.normalize(z, dim=-1) if unit else z
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1 and self.head.training and not syncs_batch_norm(self.head):
@@ -343,7 +349,7 @@ class Adapter(nn.Module):
         """JSON-able description of everything besides the backbone weights that decides
         ``features()`` (config fields other than the head's); part of the cache key."""
         cfg = self.config.to_dict()
-        for k in ("head", "embed_dim", "finetune", "gradient_checkpointing"):
+        for k in ("head", "embed_dim", "l2_normalize", "finetune", "gradient_checkpointing"):
             cfg.pop(k, None)
         return cfg
 

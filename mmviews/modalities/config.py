@@ -62,6 +62,10 @@ class AdapterConfig:
     # Recompute the backbone's activations in backward instead of keeping them (less memory,
     # one more backbone forward per step; same gradients): see Adapter.enable_gradient_checkpointing.
     gradient_checkpointing: bool = False
+    # True: the head's output is L2-normalised (a point on the unit sphere, what the cosine
+    # critics of the objectives score). False: the head's output as it is, for an objective that
+    # scores unnormalised embeddings (``simclr`` / ``geometric_pvc`` with ``critic: squared_l2``).
+    l2_normalize: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         out = {"type": self.type}

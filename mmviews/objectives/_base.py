@@ -214,7 +214,7 @@ class ViewSet:
     (the same tensors on one process); ``offset``: index of this rank's first sample in ``U``.
     """
 
-    u: torch.Tensor  # [K, M, d] unit vectors, float32 or float64
+    u: torch.Tensor  # [K, M, d] unit vectors (z as given if the objective's normalise_inputs is False), float32 or float64
     present: torch.Tensor  # [K, M] bool
     U: torch.Tensor  # [N, M, d]
     present_all: torch.Tensor  # [N, M] bool
@@ -314,10 +314,11 @@ class ViewSet:
         ``[N, M, d]`` in place of ``U`` (e.g. sufficient statistics); ``anchors``: ``[K, M, d]``
         in place of ``u / temperature`` (when the caller uses that tensor too).
         """
-        K, M, d = self.u.shape
+        K, M, _ = self.u.shape
         candidates = self.U if candidates is None else candidates
         N = candidates.shape[0]
         anchors = self.u / temperature if anchors is None else anchors
+        d = anchors.shape[-1]
         block = self.block_size(M * N * M, M)
         if block is None:
             return scores_logsumexp(anchors.reshape(K * M, d), candidates.reshape(N * M, d), exclude, (K, M, N, M), dims)
@@ -325,15 +326,20 @@ class ViewSet:
             anchors.reshape(1, K, M, d), candidates.reshape(1, N * M, d), _grouped(exclude), (N, M), tuple(x + 1 for x in dims), block
         )[0]
 
-    def cross_sample_negatives(self, temperature: float) -> torch.Tensor:
-        """[K, M]: LSE_{j != i, (j, g) present} S[i,a,j,g], every view of every other sample."""
+    def cross_sample_negatives(
+        self, temperature: float, anchors: torch.Tensor | None = None, candidates: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[K, M]: LSE_{j != i, (j, g) present} S[i,a,j,g], every view of every other sample.
+        ``anchors`` ``[K, M, e]`` / ``candidates`` ``[N, M, e]``: in place of ``u / temperature``
+        and ``U`` (see :meth:`pairs_logsumexp`), e.g. augmented vectors whose dot products are
+        another critic's scores."""
         present = keep_exclusion(self.present_all[None, None] if self.masked else None, 0, self.K)
 
         def exclude(scores: torch.Tensor, start: int, stop: int) -> None:  # [k, M, N, M]
             present(scores, start, stop)
             self.fill_own_sample(scores, start, 0, 2)
 
-        return self.pairs_logsumexp(temperature, exclude, (2, 3))
+        return self.pairs_logsumexp(temperature, exclude, (2, 3), candidates=candidates, anchors=anchors)
 
     def per_view_negatives(self, temperature: float) -> torch.Tensor:
         """[K, M, M]: LSE_{j != i, (j, b) present} S[i,a,j,b] for each anchor view a and candidate view b."""
@@ -487,6 +493,9 @@ class MultiViewObjective(nn.Module):
     # A training loop that checks the loss itself sets it to False (mmviews.train does, and
     # checks for a non-finite loss at log steps); shapes and dtypes are always checked.
     check_inputs: bool = True
+    # prepare() L2-normalises z (the cosine critic); an objective that scores the embeddings as
+    # given (a squared-L2 critic) sets it to False.
+    normalise_inputs: bool = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -574,7 +583,8 @@ class MultiViewObjective(nn.Module):
             raise ValueError(f"objective {self.name!r} needs at least 2 views per sample, got M = {M}")
 
     def prepare(self, z: torch.Tensor, mask: torch.Tensor | None) -> ViewSet:
-        """Check ``z`` ``[K, M, d]`` and ``mask`` ``[K, M]``, normalise, gather across ranks."""
+        """Check ``z`` ``[K, M, d]`` and ``mask`` ``[K, M]``, normalise (unless
+        ``normalise_inputs`` is False), gather across ranks."""
         prefix = f"objective {self.name!r}:"
         check_embeddings(z, prefix)
         K, M, d = z.shape
@@ -593,7 +603,7 @@ class MultiViewObjective(nn.Module):
                 raise ValueError(f"{prefix} mask must have shape [K, M] = {(K, M)}, got {shape}")
             mask = mask.to(device=z.device, dtype=torch.bool)
         dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
-        u = F.normalize(z.to(dtype), dim=-1, eps=1e-12)
+        u = F.normalize(z.to(dtype), dim=-1, eps=1e-12) if self.normalise_inputs else z.to(dtype)
         present = torch.ones(K, M, dtype=torch.bool, device=z.device) if mask is None else mask
         world = distributed.world_size()
         if world > 1:

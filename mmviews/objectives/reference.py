@@ -25,6 +25,8 @@ contract:
   (as a negative), and divides by its number of positive pairs (i, a, b).
 
 ``simclr`` and ``avg`` take no mask; :data:`MASKED` lists the references that take one.
+``simclr`` and ``geometric_pvc`` also take ``critic`` (``"cosine"``, or ``"squared_l2"``: the
+scores ``-||z_ia - z_jb||^2 / tau`` of the unnormalised z, distances summed coordinate by coordinate).
 ``siglip``'s reference also takes ``bias`` (default -10, the objective's), and its temperature
 and bias may be 0-dim tensors, so that the gradients of the learned scale and bias can be taken.
 The objectives with more parameters have their own signatures: :func:`fmicl_reference`,
@@ -115,12 +117,46 @@ def _simclr_two_sets(x: list[Vector], y: list[Vector], temperature: float) -> Sc
     return mean(terms)
 
 
-def simclr_reference(z: torch.Tensor, temperature: float, mask: torch.Tensor | None = None) -> Scalar:
+def simclr_reference(z: torch.Tensor, temperature: float, mask: torch.Tensor | None = None,
+                     critic: str = "cosine") -> Scalar:
+    """NT-Xent of the two views; ``critic="squared_l2"``: :func:`squared_l2_simclr_reference`."""
     if mask is not None:
         raise ValueError("simclr takes no mask")
+    if critic == "squared_l2":
+        return squared_l2_simclr_reference(z, temperature)
+    if critic != "cosine":
+        raise ValueError(f"unknown critic {critic!r}")
     u, _, K, M = _setup(z, None)
     assert M == 2
     return _simclr_two_sets([u[i][0] for i in range(K)], [u[i][1] for i in range(K)], temperature)
+
+
+def squared_l2_distance(x: Vector, y: Vector) -> Scalar:
+    """sum_k (x_k - y_k)^2, coordinate by coordinate."""
+    total = x.new_zeros(())
+    for k in range(len(x)):
+        total = total + (x[k] - y[k]) ** 2
+    return total
+
+
+def squared_l2_simclr_reference(z: torch.Tensor, temperature: float) -> Scalar:
+    """NT-Xent with the critic of Daunhawer et al. (2023) on the unnormalised z [K, 2, d]:
+    S(p, q) = -||p - q||^2 / tau. Anchor (i, a): positive (i, 1 - a), negatives (j, 0) and
+    (j, 1) for j != i; mean over the 2K anchors."""
+    z = z.to(torch.float64)
+    K, M, _ = z.shape
+    assert M == 2
+    terms = []
+    for i in range(K):
+        for a in range(2):
+            positive = -squared_l2_distance(z[i, a], z[i, 1 - a]) / temperature
+            candidates = [positive]
+            for j in range(K):
+                if j != i:
+                    for g in range(2):
+                        candidates.append(-squared_l2_distance(z[i, a], z[j, g]) / temperature)
+            terms.append(lse(candidates) - positive)
+    return mean(terms)
 
 
 def multi_crop_reference(z: torch.Tensor, temperature: float, mask: torch.Tensor | None = None) -> Scalar:
@@ -185,10 +221,19 @@ def _pvc_cross_entropy(S, present, K: int, M: int, i: int, a: int, b: int) -> Sc
     return lse(candidates) - positive
 
 
-def geometric_pvc_reference(z: torch.Tensor, temperature: float, mask: torch.Tensor | None = None) -> Scalar:
-    """Eq. 13: mean over i, a, b != a (a, b present) of CE[i,a,b]."""
+def geometric_pvc_reference(z: torch.Tensor, temperature: float, mask: torch.Tensor | None = None,
+                            critic: str = "cosine") -> Scalar:
+    """Eq. 13: mean over i, a, b != a (a, b present) of CE[i,a,b]. ``critic="squared_l2"``:
+    S[i,a,j,b] = -||z_ia - z_jb||^2 / tau on z as given (not normalised)."""
     u, present, K, M = _setup(z, mask)
-    S = _scores(u, temperature, K, M)
+    if critic == "squared_l2":
+        x = z.to(torch.float64)
+        S = [[[[-squared_l2_distance(x[i, a], x[j, b]) / temperature for b in range(M)] for j in range(K)]
+              for a in range(M)] for i in range(K)]
+    elif critic == "cosine":
+        S = _scores(u, temperature, K, M)
+    else:
+        raise ValueError(f"unknown critic {critic!r}")
     terms = []
     for i in range(K):
         for a in range(M):

@@ -8,6 +8,9 @@ With ``S[i,a,j,b] = <u_ia, u_jb> / tau`` (u the L2-normalised z), each of the 2K
     L = mean_{i, a} [ LSE({S[i,a,i,b]} U {S[i,a,j,g] : j != i, g in {0, 1}}) - S[i,a,i,b] ]
 
 This is the two-view case of geometric poly-view contrastive learning, and is computed by it.
+``critic="squared_l2"`` scores the unnormalised embeddings by ``S[i,a,j,b] = -||z_ia - z_jb||^2 / tau``
+instead (the critic of Daunhawer et al., ICLR 2023; see :mod:`.geometric_pvc`), with the encoder's
+output left unnormalised (an adapter's ``l2_normalize: false``).
 """
 
 from __future__ import annotations
