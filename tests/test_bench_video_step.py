@@ -1,0 +1,104 @@
+"""The pieces of ``mmviews bench data --recipe`` (mmviews.bench.video_step) in this process: the
+decode floor's dataset (PyAV alone, the dataset's own frame window), the loader timing (the
+first batch apart, the next ``batches`` counted, on a fake clock), the printed table, the
+options' defaults and a recipe that is not a video folder. (The whole command on real clips,
+Farneback and RAFT: test_video_smoke.py.)"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from video_clips import make_ucf101
+
+from mmviews.bench import video_step
+from mmviews.data.video_io import read_video_window
+
+
+def test_the_options_and_their_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    video_step.add_recipe_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.recipe, args.set, args.loader_workers, args.steps, args.warmup) == (None, [], None, 3, 1)
+    args = parser.parse_args(["--recipe", "ucf101", "--set", "a=1", "--set", "b=2", "--loader-workers", "0,4",
+                              "--steps", "2", "--warmup", "0"])
+    assert (args.recipe, args.set, args.loader_workers, args.steps, args.warmup) == ("ucf101", ["a=1", "b=2"], "0,4", 2, 0)
+
+
+@pytest.mark.parametrize("decode", ["seek", "sequential"])
+def test_the_decode_floor_reads_the_datasets_own_windows_with_pyav(tmp_path: Path, decode: str) -> None:
+    root = make_ucf101(tmp_path / "ucf", classes=2, train_per_class=1, test_per_class=0, n_frames=12, size=(16, 24),
+                       audio=False)
+    clips = [(0, "ActionA/v_ActionA_g01_c01.avi"), (1, "ActionB/v_ActionB_g01_c01.avi")]
+    window = lambda n: np.arange(2, 10, 2)  # noqa: E731  (frames 2, 4, 6, 8 of each clip)
+    dataset = SimpleNamespace(clips=clips, root=root, _window=window, decode=decode)
+    decoded = video_step._decode_only(dataset)
+    assert len(decoded) == 2
+    for i, (_, rel) in enumerate(clips):
+        expected, idx, _ = read_video_window(root / rel, window, seek=decode == "seek")
+        assert idx.tolist() == [2, 4, 6, 8]
+        assert decoded[i].shape == (4, 16, 24, 3) and np.array_equal(decoded[i], expected)
+    assert not np.array_equal(decoded[0], decoded[1])  # each index its own clip
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_loader_throughput_leaves_the_first_batch_out_and_counts_the_next(monkeypatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(video_step, "time", clock)
+
+    def loader(costs, sizes):
+        for cost, size in zip(costs, sizes):
+            clock.now += cost
+            yield list(range(size))
+
+    # the first batch takes 5 s (workers starting), the next 0.5 s each; only 3 of the 5 left are timed
+    row = video_step._samples_per_s(loader([5.0, 0.5, 0.5, 0.5, 9.0, 9.0], [8, 8, 8, 4, 8, 8]), 3, len)
+    assert row == {"first_batch_s": 5.0, "samples": 20, "seconds": 1.5, "clips_per_s": round(20 / 1.5, 2)}
+    row = video_step._samples_per_s(loader([1.0, 0.0], [2, 2]), 1, len)  # no time measured: not a rate
+    assert row["samples"] == 2 and row["seconds"] == 0 and math.isnan(row["clips_per_s"])
+
+
+def _row(clips: float, ms: float, shares: dict[str, float]) -> dict:
+    return {"clips_per_s": clips, "step_ms": ms, "phase_share": shares, "phase_ms": {k: v * ms for k, v in shares.items()}}
+
+
+def test_the_printed_table(capsys) -> None:
+    shares = {"data": 0.001, "flow": 0.5, "forward": 0.25, "objective": 0.0, "backward": 0.2345, "optimiser": 0.0144}
+    result = {"recipe": "ucf101_smoke", "K": 8, "M": 5, "flow": "raft", "mixed_precision": "no", "device": "cpu",
+              "decode floor": {0: {"clips_per_s": 13.7}, 2: {"clips_per_s": 20.456}},
+              "data path": {0: {"clips_per_s": 1.5}, 2: {"clips_per_s": 5.87}},
+              "model floor": _row(0.081, 98765.4, shares), "step": _row(0.11, 72000.0, {**shares, "data": 0.02})}
+    video_step.print_recipe(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "recipe ucf101_smoke: K = 8, M = 5, flow raft, precision no on cpu"
+    assert lines[1] == f"{'row':<26}{'clips/s':>10}"
+    assert lines[2:6] == [f"{'decode floor (0 workers)':<26}{13.7:>10.2f}", f"{'decode floor (2 workers)':<26}{'20.46':>10}",
+                          f"{'data path (0 workers)':<26}{'1.50':>10}", f"{'data path (2 workers)':<26}{'5.87':>10}"]
+    assert lines[6] == " " * 26 + f"{'clips/s':>10}{'step ms':>10}" + "".join(
+        f"{p + ' %':>12}" for p in ("data", "flow", "forward", "objective", "backward", "optimiser"))
+    assert lines[7] == f"{'model floor':<26}{'0.08':>10}{'98765':>10}" + "".join(
+        f"{v:>12}" for v in ("0.1", "50.0", "25.0", "0.0", "23.4", "1.4"))
+    assert lines[8] == f"{'step':<26}{'0.11':>10}{'72000':>10}" + "".join(
+        f"{v:>12}" for v in ("2.0", "50.0", "25.0", "0.0", "23.4", "1.4"))
+    assert len(lines) == 9
+
+
+def test_a_recipe_without_a_video_folder_is_refused_in_one_line() -> None:
+    parser = argparse.ArgumentParser()
+    video_step.add_recipe_arguments(parser)
+    args = parser.parse_args(["--recipe", "identifiability", "--set", "data.split_options.train.num_samples=16",
+                              "--set", "data.batch_size=8"])
+    with pytest.raises(ValueError, match=r"^bench data --recipe: identifiability reads \w+, not a video folder "
+                                         r"\(ucf101, hmdb51\)$"):
+        video_step.run_recipe(args)
