@@ -129,7 +129,7 @@ def clip_graph(path: Path) -> str:
     nodes = [helper.make_node("ReduceMean", ["values"], ["m"], axes=[1, 3, 4], keepdims=0),
              helper.make_node("LpNormalization", ["m"], ["z"], axis=-1, p=2)]
     graph = helper.make_graph(nodes, "clips", [helper.make_tensor_value_info("values", TensorProto.FLOAT,
-                                                                             ["b", "t", 3, 4, 4])],
+                                                                             ["b", "t", 3, "h", "w"])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 3])])
     return _save(graph, path)
 
@@ -148,6 +148,8 @@ def clip_folder(tmp_path_factory) -> Path:
                 "preprocessing": {**pre, "frames": 4, "min_frames": 4}},
         "any": {"type": "torchvision_video", "embed_dim": 3, "graph": graph, "inputs": [{"name": "values"}],
                 "preprocessing": {**pre, "frames": None}},
+        "wide": {"type": "torchvision_video", "embed_dim": 3, "graph": graph, "inputs": [{"name": "values"}],
+                 "preprocessing": {**pre, "image_size": [4, 6], "frames": None, "min_frames": 1}},
     }
     manifest = {"format": "mmviews-onnx", "version": 1, "modalities": modalities, "not_exported": {}}
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
@@ -172,6 +174,9 @@ def test_a_whole_clip_goes_through_a_spatiotemporal_graph_in_one_run(clip_folder
     edge = np.full((1, 2, 3, 4, 4), 1 + 5e-4)
     edge[..., 0, 0] = -5e-4  # within the rounding the range check allows
     assert encoder.embed("r3d", {"values": edge}).shape == (1, 3)
+    edge = np.full((1, 2, 3, 4, 4), 1 + 1e-3, np.float32)
+    edge[..., 0, 0] = -1e-3  # its bounds included
+    assert encoder.embed("r3d", {"values": edge}).shape == (1, 3)
 
 
 @pytest.mark.parametrize("modality,shape,fill,message", [
@@ -180,6 +185,7 @@ def test_a_whole_clip_goes_through_a_spatiotemporal_graph_in_one_run(clip_folder
     ("r3d", (2, 3, 3, 4, 5), 0.5, r"frames of 4x5; the graph takes 4x4 \(resizing is not part of the ONNX export: "
                                   r"resize the frames first\)"),
     ("r3d", (2, 3, 3, 5, 4), 0.5, r"frames of 5x4; the graph takes 4x4 \("),
+    ("wide", (2, 3, 3, 6, 4), 0.5, r"frames of 6x4; the graph takes 4x6 \("),
     ("r3d", (2, 1, 3, 4, 4), 0.5, r"the graph takes clips of at least 2 frames, got 1"),
     ("mae", (2, 5, 3, 4, 4), 0.5, r"the graph takes clips of 4 frames, got 5"),
     ("mae", (2, 3, 3, 4, 4), 0.5, r"the graph takes clips of 4 frames, got 3"),
@@ -189,9 +195,15 @@ def test_a_whole_clip_goes_through_a_spatiotemporal_graph_in_one_run(clip_folder
 ])
 def test_clips_a_spatiotemporal_graph_cannot_take_are_named(clip_folder: Path, modality: str, shape, fill, message):
     encoder = OnnxEncoder(clip_folder)
-    kind = {"r3d": "torchvision_video", "mae": "hf_video"}[modality]
+    kind = {"r3d": "torchvision_video", "mae": "hf_video", "wide": "torchvision_video"}[modality]
     with pytest.raises(ValueError, match=rf"^{modality} \({kind}, ONNX\): {message}"):
         encoder.embed(modality, {"values": np.full(shape, fill, np.float32)})
+
+
+def test_clips_without_values_are_named(clip_folder: Path):
+    with pytest.raises(ValueError, match=r"^r3d \(torchvision_video, ONNX\): inputs have no key 'values' "
+                                         r"\(keys: \['pixels'\]\)$"):
+        OnnxEncoder(clip_folder).embed("r3d", {"pixels": np.zeros((1, 2, 3, 4, 4), np.float32)})
 
 
 @pytest.fixture(scope="module")
