@@ -102,3 +102,66 @@ def test_a_recipe_without_a_video_folder_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"^bench data --recipe: identifiability reads \w+, not a video folder "
                                          r"\(ucf101, hmdb51\)$"):
         video_step.run_recipe(args)
+
+
+def test_the_step_rows_time_the_steps_after_the_warm_up_phase_by_phase(monkeypatch, tmp_path: Path) -> None:
+    """The model floor repeats one batch already drawn, the step draws each batch from the loader;
+    both time ``steps`` steps after ``warmup`` (the warm-up's 10x costs left out), per phase in ms a
+    step, with clips/s = K / the step's time and each phase's share (on a fake clock; the step's
+    phases are charged by train_step's phase_end callback, as the trainer's are)."""
+    import torch
+
+    from mmviews.bench import train_measure
+    from mmviews.train import setup, step
+
+    clock = FakeClock()
+    monkeypatch.setattr(train_measure, "time", clock)
+    calls: list[tuple[object, object]] = []
+    folders: list[Path] = []
+
+    def batches(p, parts):
+        for i in range(10):
+            clock.now += 5.0 if i == 0 else 0.5  # the loader's wait for each batch
+            yield f"b{i}"
+
+    def fake_step(p, batch, max_grad_norm, phase_end):
+        scale = 10.0 if len(calls) in (0, 3) else 1.0  # each loop's warm-up step
+        calls.append((batch, max_grad_norm))
+        for phase, seconds in (("forward", 1.03125), ("objective", 0.5), ("backward", 2.0), ("optimiser", 0.125)):
+            clock.now += scale * seconds
+            phase_end(phase)
+
+    def accelerator(config, run_dir):
+        assert run_dir.is_dir() and not any(run_dir.iterdir())
+        folders.append(run_dir)
+        return SimpleNamespace(device=torch.device("cpu"), mixed_precision="no")
+
+    model = SimpleNamespace(train=lambda: None)
+    monkeypatch.setattr(setup, "make_accelerator", accelerator)
+    monkeypatch.setattr(setup, "prepare_run", lambda acc, parts: SimpleNamespace(model=model))
+    monkeypatch.setattr(setup, "batches_forever", batches)
+    monkeypatch.setattr(step, "train_step", fake_step)
+    parts = SimpleNamespace(config=SimpleNamespace(optimisation=SimpleNamespace(max_grad_norm=0.5)),
+                            sampler=SimpleNamespace(batch_size=4))
+    rows = video_step._step_rows(parts, steps=2, warmup=1)
+    assert calls == [("b0", 0.5), ("b1", 0.5), ("b2", 0.5), ("b3", 0.5), ("b3", 0.5), ("b3", 0.5)]
+    assert len(folders) == 1 and not folders[0].exists()  # a temporary run folder, removed
+    assert (rows["K"], rows["mixed_precision"], rows["device"]) == (4, "no", "cpu")
+    # the step: 0.5 s waiting for its batch, 4.15625 s in all
+    assert rows["step"] == {
+        "step_ms": 4156.2, "clips_per_s": 0.96,
+        "phase_ms": {"data": 500.0, "flow": 0.0, "forward": 1031.2, "objective": 500.0, "backward": 2000.0,
+                     "optimiser": 125.0},
+        "phase_share": {"data": 0.12, "flow": 0.0, "forward": 0.248, "objective": 0.12, "backward": 0.481,
+                        "optimiser": 0.03}}
+    # the model floor: no wait, 3.65625 s
+    assert rows["model floor"] == {
+        "step_ms": 3656.2, "clips_per_s": 1.09,
+        "phase_ms": {"data": 0.0, "flow": 0.0, "forward": 1031.2, "objective": 500.0, "backward": 2000.0,
+                     "optimiser": 125.0},
+        "phase_share": {"data": 0.0, "flow": 0.0, "forward": 0.282, "objective": 0.137, "backward": 0.547,
+                        "optimiser": 0.034}}
+    calls.clear()
+    no_size = SimpleNamespace(config=parts.config, sampler=object())  # K from the batch when the sampler has none
+    monkeypatch.setattr(setup, "batches_forever", lambda p, parts: iter([SimpleNamespace(num_samples=6)] * 10))
+    assert video_step._step_rows(no_size, steps=1, warmup=0)["K"] == 6
