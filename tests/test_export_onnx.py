@@ -58,6 +58,11 @@ SPECS: dict[str, tuple[dict[str, Any], dict, dict, dict, dict, bool]] = {
     "torchvision_video": ({}, {"values": (2, 2, 3, 16, 16)}, {"values": {0: "batch", 1: "frames"}}, {},
                           {"channels": 3, "image_size": [16, 16], "frames": None, "min_frames": 1, "clips": "video"},
                           False),
+    # Video Swin takes clips of any length in torch, but its traced graph fixes T (its windows)
+    "torchvision_video-swin": ({"model": "swin3d_t", "image_size": 32}, {"values": (2, 2, 3, 32, 32)},
+                               {"values": {0: "batch"}}, {},
+                               {"channels": 3, "image_size": [32, 32], "frames": 2, "min_frames": 1, "clips": "video"},
+                               False),
     "hf_video": ({}, {"values": (2, 4, 3, 32, 32)}, {"values": {0: "batch"}}, {},
                  {"channels": 3, "image_size": [32, 32], "frames": 4, "min_frames": 4, "clips": "video"}, False),
 }
