@@ -13,15 +13,27 @@ import torch
 from test_train_utils import tiny_config, train_in_process, write_recipe
 
 from mmviews.cli import main
-from mmviews.config import OptimisationConfig, config_from_dict
+from mmviews.config import OptimisationConfig, config_from_dict, load_config
 from mmviews.eval.extract import AutocastEncoder
 from mmviews.eval import precision as P
+from mmviews.resources import resource_dir
 
 NATIVE = P.cpu_has_native_bf16()
 
 
 def test_auto_is_the_default() -> None:
     assert OptimisationConfig().mixed_precision == "auto"
+
+
+def test_every_shipped_recipe_leaves_the_precision_to_auto() -> None:
+    """A recipe that asks for bf16 by name runs several times slower on a CPU without it (the
+    finetune recipe did): each shipped one takes auto, bf16 only where the hardware has it."""
+    shipped = resource_dir("recipes")
+    assert shipped is not None
+    recipes = sorted(shipped[0].glob("*.yaml"))
+    assert len(recipes) >= 10 and "finetune" in {r.stem for r in recipes}
+    asked = {r.stem: load_config(r).optimisation.mixed_precision for r in recipes}
+    assert {name: p for name, p in asked.items() if p != "auto"} == {}
 
 
 @pytest.mark.parametrize("native,used", [(False, "no"), (True, "bf16")])

@@ -53,6 +53,18 @@ SPECS: dict[str, tuple[dict[str, Any], dict, dict, dict, dict, bool]] = {
     "hf_audio": ({}, {"values": (2, 4000), "lengths": (2,)},
                  {"values": {0: "batch", 1: "samples"}, "lengths": {0: "batch"}}, {"sample_rate": 16000},
                  {"sample_rate": 16000, "min_samples": 45}, False),
+    # whole clips: MC3-18's graph takes any number of frames (traced on 2, its smallest being 1);
+    # VideoMAE's exactly its config's 4 (its position embeddings), the frame size fixed by both
+    "torchvision_video": ({}, {"values": (2, 2, 3, 16, 16)}, {"values": {0: "batch", 1: "frames"}}, {},
+                          {"channels": 3, "image_size": [16, 16], "frames": None, "min_frames": 1, "clips": "video"},
+                          False),
+    # Video Swin takes clips of any length in torch, but its traced graph fixes T (its windows)
+    "torchvision_video-swin": ({"model": "swin3d_t", "image_size": 32}, {"values": (2, 2, 3, 32, 32)},
+                               {"values": {0: "batch"}}, {},
+                               {"channels": 3, "image_size": [32, 32], "frames": 2, "min_frames": 1, "clips": "video"},
+                               False),
+    "hf_video": ({}, {"values": (2, 4, 3, 32, 32)}, {"values": {0: "batch"}}, {},
+                 {"channels": 3, "image_size": [32, 32], "frames": 4, "min_frames": 4, "clips": "video"}, False),
 }
 
 

@@ -123,6 +123,89 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
+def clip_graph(path: Path) -> str:
+    """values [B, T, 3, H, W] -> the unit vector of its per-channel means over the whole clip (a
+    spatiotemporal graph: one vector per clip, not per frame)."""
+    nodes = [helper.make_node("ReduceMean", ["values"], ["m"], axes=[1, 3, 4], keepdims=0),
+             helper.make_node("LpNormalization", ["m"], ["z"], axis=-1, p=2)]
+    graph = helper.make_graph(nodes, "clips", [helper.make_tensor_value_info("values", TensorProto.FLOAT,
+                                                                             ["b", "t", 3, "h", "w"])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 3])])
+    return _save(graph, path)
+
+
+@pytest.fixture(scope="module")
+def clip_folder(tmp_path_factory) -> Path:
+    """Whole-clip graphs as the spatiotemporal adapters export them: one that takes any number of
+    frames from 2 on (torchvision_video), one exactly 4 (hf_video), one with no smallest clip named."""
+    out = tmp_path_factory.mktemp("onnx_clips")
+    graph = clip_graph(out / "clips.onnx")
+    pre = {"channels": 3, "image_size": [4, 4], "clips": "video"}
+    modalities = {
+        "r3d": {"type": "torchvision_video", "embed_dim": 3, "graph": graph, "inputs": [{"name": "values"}],
+                "preprocessing": {**pre, "frames": None, "min_frames": 2}},
+        "mae": {"type": "hf_video", "embed_dim": 3, "graph": graph, "inputs": [{"name": "values"}],
+                "preprocessing": {**pre, "frames": 4, "min_frames": 4}},
+        "any": {"type": "torchvision_video", "embed_dim": 3, "graph": graph, "inputs": [{"name": "values"}],
+                "preprocessing": {**pre, "frames": None}},
+        "wide": {"type": "torchvision_video", "embed_dim": 3, "graph": graph, "inputs": [{"name": "values"}],
+                 "preprocessing": {**pre, "image_size": [4, 6], "frames": None, "min_frames": 1}},
+    }
+    manifest = {"format": "mmviews-onnx", "version": 1, "modalities": modalities, "not_exported": {}}
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return out
+
+
+def test_a_whole_clip_goes_through_a_spatiotemporal_graph_in_one_run(clip_folder: Path):
+    """One vector per clip from the graph itself (not the per-frame path's average of frame
+    vectors); float64 clips are fed as float32; the frames the manifest allows are taken."""
+    encoder = OnnxEncoder(clip_folder)
+    rng = np.random.default_rng(1)
+    clips = rng.uniform(0, 1, size=(2, 3, 3, 4, 4))
+    clips[:, 0] *= 0.1  # frames of different brightness: the clip's mean differs from its frames' unit vectors' mean
+    expected = unit(clips.mean(axis=(1, 3, 4)))
+    np.testing.assert_allclose(encoder.embed("r3d", {"values": clips}), expected, atol=1e-6)
+    per_frame = unit(unit(clips.mean(axis=(3, 4))).mean(axis=1))
+    assert np.abs(per_frame - expected).max() > 1e-3
+    np.testing.assert_allclose(encoder.embed("mae", {"values": clips[:, :1].repeat(4, axis=1)}),
+                               unit(clips[:, 0].mean(axis=(2, 3))), atol=1e-6)
+    np.testing.assert_allclose(encoder.embed("any", {"values": clips[:, :1]}), unit(clips[:, 0].mean(axis=(2, 3))),
+                               atol=1e-6)  # no min_frames in the manifest: one frame is a clip
+    edge = np.full((1, 2, 3, 4, 4), 1 + 5e-4)
+    edge[..., 0, 0] = -5e-4  # within the rounding the range check allows
+    assert encoder.embed("r3d", {"values": edge}).shape == (1, 3)
+    edge = np.full((1, 2, 3, 4, 4), 1 + 1e-3, np.float32)
+    edge[..., 0, 0] = -1e-3  # its bounds included
+    assert encoder.embed("r3d", {"values": edge}).shape == (1, 3)
+
+
+@pytest.mark.parametrize("modality,shape,fill,message", [
+    ("r3d", (2, 3, 4, 4), 0.5, r"values must be clips \[B, T, 3, H, W\], got shape \(2, 3, 4, 4\)"),
+    ("r3d", (2, 3, 2, 4, 4), 0.5, r"values must be clips \[B, T, 3, H, W\], got shape \(2, 3, 2, 4, 4\)"),
+    ("r3d", (2, 3, 3, 4, 5), 0.5, r"frames of 4x5; the graph takes 4x4 \(resizing is not part of the ONNX export: "
+                                  r"resize the frames first\)"),
+    ("r3d", (2, 3, 3, 5, 4), 0.5, r"frames of 5x4; the graph takes 4x4 \("),
+    ("wide", (2, 3, 3, 6, 4), 0.5, r"frames of 6x4; the graph takes 4x6 \("),
+    ("r3d", (2, 1, 3, 4, 4), 0.5, r"the graph takes clips of at least 2 frames, got 1"),
+    ("mae", (2, 5, 3, 4, 4), 0.5, r"the graph takes clips of 4 frames, got 5"),
+    ("mae", (2, 3, 3, 4, 4), 0.5, r"the graph takes clips of 4 frames, got 3"),
+    ("r3d", (1, 2, 3, 4, 4), 1.002, r"clips must be in \[0, 1\], got range \[1, 1\] in inputs\['values'\] of shape "
+                                    r"\(1, 2, 3, 4, 4\)"),
+    ("r3d", (1, 2, 3, 4, 4), -0.002, r"clips must be in \[0, 1\], got range \[-0.002, -0.002\]"),
+])
+def test_clips_a_spatiotemporal_graph_cannot_take_are_named(clip_folder: Path, modality: str, shape, fill, message):
+    encoder = OnnxEncoder(clip_folder)
+    kind = {"r3d": "torchvision_video", "mae": "hf_video", "wide": "torchvision_video"}[modality]
+    with pytest.raises(ValueError, match=rf"^{modality} \({kind}, ONNX\): {message}"):
+        encoder.embed(modality, {"values": np.full(shape, fill, np.float32)})
+
+
+def test_clips_without_values_are_named(clip_folder: Path):
+    with pytest.raises(ValueError, match=r"^r3d \(torchvision_video, ONNX\): inputs have no key 'values' "
+                                         r"\(keys: \['pixels'\]\)$"):
+        OnnxEncoder(clip_folder).embed("r3d", {"pixels": np.zeros((1, 2, 3, 4, 4), np.float32)})
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """An export folder of four modalities: images/clips (3 channels, 4x4), flow stacked by 2,

@@ -180,3 +180,42 @@ def test_timm_batchnorm_model_is_refused() -> None:
     """timm's switch would update BatchNorm running statistics twice per step: refused by name."""
     with pytest.raises(ValueError, match="timm adapter: gradient_checkpointing is not supported for 'test_resnet'"):
         build_adapter(tiny_config("timm", gradient_checkpointing=True))
+
+
+@pytest.mark.parametrize("kind", ["small_cnn", "torchvision_video"])
+def test_a_training_forward_without_backward_moves_the_running_statistics_once(kind: str) -> None:
+    """The forward, not the recomputation, updates BatchNorm's running statistics: a training
+    forward that is never backpropagated (the loss dropped) leaves them as without checkpointing.
+    torchvision_video: its blocks made checkpointed inside torchvision's own model."""
+    torch.manual_seed(0)
+    plain = build_adapter(_config(kind, False))
+    torch.manual_seed(0)
+    checkpointed = build_adapter(_config(kind, True))
+    checkpointed.load_state_dict(plain.state_dict())
+    inputs = example_inputs(kind, 3)
+    before = {n: b.clone() for n, b in plain.named_buffers()}
+    for adapter in (plain, checkpointed):
+        adapter.train()
+        adapter(inputs)  # under autograd, never backpropagated
+    moved = [n for n, b in plain.named_buffers() if "running_mean" in n and not torch.equal(b, before[n])]
+    assert moved  # BatchNorm layers inside the checkpointed blocks
+    for (name, a), b in zip(plain.named_buffers(), checkpointed.buffers()):
+        assert torch.equal(a, b), name
+
+
+def test_checkpointed_video_blocks_train_behind_frozen_ones() -> None:
+    """last_n with checkpointing: the first trained block's input needs no gradient (the blocks
+    before it are frozen), and its parameters still get the gradients of the plain model."""
+    config = {**tiny_config("torchvision_video"), "finetune": {"mode": "last_n", "last_n": 1}}
+    torch.manual_seed(0)
+    plain = build_adapter(config)
+    torch.manual_seed(0)
+    checkpointed = build_adapter({**config, "gradient_checkpointing": True})
+    checkpointed.load_state_dict(plain.state_dict())
+    inputs = example_inputs("torchvision_video", 3)
+    grads, _ = _step(plain, inputs)
+    grads_ckpt, _ = _step(checkpointed, inputs)
+    last = {n for n, p in plain.named_parameters() if p.requires_grad and n.startswith("backbone.layer4.")}
+    assert last and last <= set(grads) and set(grads_ckpt) == set(grads)
+    for name in grads:
+        torch.testing.assert_close(grads_ckpt[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -156,6 +156,20 @@ def test_torchvision_video_frame_sizes_and_inputs_are_checked():
             adapter({"values": bad})
 
 
+def test_a_model_of_an_unknown_layout_is_named_with_the_adapter():
+    """A model without a classification head, or whose blocks last_n cannot find (a layout that
+    a later torchvision could bring), is one line naming the adapter and the model's class."""
+    from mmviews.modalities.video_backbones import drop_video_classifier
+
+    with pytest.raises(ValueError, match=r"^torchvision_video adapter: no Linear classification layer found in "
+                                         r"Sequential$"):
+        drop_video_classifier(nn.Sequential(nn.Conv3d(3, 4, 1), nn.ReLU()), "torchvision_video adapter")
+    adapter = build_adapter(tiny_config("torchvision_video"))
+    adapter.backbone = nn.Sequential(nn.Conv3d(3, 4, 1))
+    with pytest.raises(NotImplementedError, match=r"^last_n: unknown block layout of torchvision Sequential$"):
+        adapter.backbone_blocks()
+
+
 def _state_with_head(name: str, seed: int) -> dict[str, torch.Tensor]:
     import torchvision
 

@@ -16,7 +16,7 @@ Cases:
   minutes; M is the recipe's).
 - ``finetune-small``: the shape of the ``finetune`` recipe at small size
   (:func:`finetune_small_config`; no download, no file): its M = 8 views, geometric PVC, AdamW,
-  bf16 autocast and its adapters' ``finetune`` (LoRA rank 8 on BERT and the CLIP ViT, HuBERT's
+  precision (``auto``: bf16 where the hardware has it natively) and its adapters' ``finetune`` (LoRA rank 8 on BERT and the CLIP ViT, HuBERT's
   last 2 layers), ``gradient_checkpointing`` and ``head`` settings, on the tiny random-weight
   BERT, HuBERT and open_clip ViT of :func:`mmviews.modalities.presets.tiny_config` (2 layers
   each), with random text of 8 words, 0.25 s clips at 16 kHz and 32 px images; K = 64 and
