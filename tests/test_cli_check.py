@@ -485,3 +485,34 @@ def test_an_image_folder_with_label_folders_carries_their_names(capsys, tmp_path
     assert "no LABEL/ folders" not in dataset.label_note
     rc, out, _ = cli(capsys, "train", str(_image_recipe(tmp_path, root)), "--check", "--output", str(tmp_path / "run"))
     assert rc == 0 and "OK" in out
+
+
+def test_the_dataset_name_cache_and_root_are_checked_before_the_dataset_is_built(tmp_path: Path) -> None:
+    from mmviews.data.registry import list_datasets
+
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="synthetc"), "train")
+    assert str(raised.value) == f"key 'data.name': unknown dataset 'synthetc'; known: {', '.join(list_datasets())}"
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="hf", root=str(tmp_path), streaming=True, cache=True), "train")
+    assert str(raised.value) == ("keys 'data.streaming'/'data.cache': a streamed split is not kept in memory; "
+                                 "set data.cache: false")
+    with pytest.raises(FileNotFoundError) as raised:
+        build_dataset_split(DataConfig(name="mosi", root=str(tmp_path / "nowhere.pkl")), "train")
+    assert str(raised.value) == (f"dataset 'mosi' not found at {tmp_path / 'nowhere.pkl'}, see data_cards/mosi.md "
+                                 "(set data.root, e.g. --set data.root=/path/to/mosi)")
+
+
+def test_a_url_root_reaches_the_dataset_as_written_and_a_home_path_expanded(monkeypatch, tmp_path: Path) -> None:
+    """A URL (Parquet shards on a server) is neither checked on the disk nor made a path; `~` is
+    the user's home."""
+    import mmviews.data.loaders as loaders
+
+    given = []
+    monkeypatch.setattr(loaders, "build_dataset", lambda name, **kwargs: given.append(kwargs) or [])
+    build_dataset_split(DataConfig(name="hf", root="https://example.org/shards", cache=False), "train")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "data").mkdir()
+    build_dataset_split(DataConfig(name="hf", root="~/data", cache=False), "valid")
+    assert [(g["root"], g["split"]) for g in given] == [("https://example.org/shards", "train"),
+                                                         (str(tmp_path / "data"), "valid")]
