@@ -446,3 +446,19 @@ def test_tasks_without_labels_and_samples_of_another_form_read_or_check_nothing(
             yield {"labels": {}}
 
     evaluate.check_task_labels(parse_tasks(["knn:class"]), {"test": _loader(Endless()), "val": object()})
+
+
+def test_a_split_that_cannot_be_checked_leaves_the_next_ones_checked():
+    class Tuples(_Samples):
+        def __getitem__(self, i: int):
+            return torch.zeros(2), 1
+
+    class Endless(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield {"labels": {}}
+
+    lacking = _loader(_Samples({"sentiment": 0.5}))
+    for first in (object(), _loader(Endless()), _loader(Tuples({})), _loader(_Samples(None))):
+        with pytest.raises(ValueError, match=r"^task 'knn:class' reads the label 'class', which the samples of the "
+                                             r"test split do not carry"):
+            evaluate.check_task_labels(parse_tasks(["knn:class"]), {"train": first, "test": lacking})
