@@ -516,3 +516,45 @@ def test_a_url_root_reaches_the_dataset_as_written_and_a_home_path_expanded(monk
     build_dataset_split(DataConfig(name="hf", root="~/data", cache=False), "valid")
     assert [(g["root"], g["split"]) for g in given] == [("https://example.org/shards", "train"),
                                                          (str(tmp_path / "data"), "valid")]
+
+
+def test_streaming_is_for_parquet_shards_through_hf() -> None:
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="synthetic", streaming=True, cache=False), "train")
+    assert str(raised.value) == ("key 'data.streaming': streaming reads Parquet shards through data.name: hf, not "
+                                 "'synthetic'; write them with `mmviews prepare synthetic ROOT --format parquet`")
+
+
+@pytest.mark.parametrize("error,expected", [
+    # the builder's signature is its list of options
+    (TypeError("_build() got an unexpected keyword argument 'sise'"),
+     (ValueError, "keys 'data.options'/'data.split_options.train': dataset 'synthetic' has no such option "
+                  "(_build() got an unexpected keyword argument 'sise')")),
+    # an error about the data itself, tagged with no option: the dataset and the split that was read
+    (ValueError("row 3 is damaged"), (ValueError, "dataset 'synthetic', split 'train': row 3 is damaged")),
+    (KeyError("no column 'x'"), (KeyError, "dataset 'synthetic', split 'train': no column 'x'")),  # not repr'd
+    (ValueError(3), (ValueError, "dataset 'synthetic', split 'train': 3")),  # an argument that is not a string
+])
+def test_the_datasets_own_errors_keep_their_type_and_gain_where_they_come_from(monkeypatch, error, expected) -> None:
+    import mmviews.data.loaders as loaders
+
+    def build(name, **kwargs):
+        raise error
+
+    monkeypatch.setattr(loaders, "build_dataset", build)
+    kind, message = expected
+    with pytest.raises(kind) as raised:
+        build_dataset_split(DataConfig(name="synthetic", train_split="train"), "train")
+    assert type(raised.value) is kind
+    assert (raised.value.args[0] if kind is KeyError else str(raised.value)) == message
+
+
+def test_a_type_error_of_the_dataset_itself_is_raised_as_it_is(monkeypatch) -> None:
+    import mmviews.data.loaders as loaders
+
+    def build(name, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(loaders, "build_dataset", build)
+    with pytest.raises(TypeError, match=r"^unsupported operand type\(s\) for \+: 'int' and 'str'$"):
+        build_dataset_split(DataConfig(name="synthetic"), "train")
