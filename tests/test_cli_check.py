@@ -558,3 +558,29 @@ def test_a_type_error_of_the_dataset_itself_is_raised_as_it_is(monkeypatch) -> N
     monkeypatch.setattr(loaders, "build_dataset", build)
     with pytest.raises(TypeError, match=r"^unsupported operand type\(s\) for \+: 'int' and 'str'$"):
         build_dataset_split(DataConfig(name="synthetic"), "train")
+
+
+def test_an_option_left_in_data_options_says_to_replace_that_section(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="hf", root=str(tmp_path), options={"num_samples": 8}), "train")
+    assert ("dataset 'hf' has no option 'num_samples' (an option of 'gaussian_latents', 'identifiability', 'synthetic': "
+            "left from the recipe's dataset?); drop it: remove it from the recipe, or replace the section, --set "
+            "data.options={...} ({} for none); the options of 'hf': ") in str(raised.value)
+    assert str(raised.value).startswith("key 'data.options.num_samples': ")
+
+
+def test_options_after_one_left_to_the_dataset_are_still_checked(monkeypatch) -> None:
+    """An option whose annotation the recipe types do not cover (a video's size, int or a pair) is
+    left to the dataset, and so is an option a dataset taking **options does not name: the
+    options after them are checked all the same."""
+    from mmviews.data.loaders import _typed_options
+
+    with pytest.raises(ValueError, match=r"^key 'data.options.num_frames': expected int, got str 'many'$"):
+        _typed_options(DataConfig(name="ucf101"), "train", {"size": [112, 112], "num_frames": "many"})
+    import mmviews.data.loaders as loaders
+
+    monkeypatch.setattr(loaders, "dataset_takes_other_options", lambda name: True)
+    with pytest.raises(ValueError, match=r"^key 'data.options.num_classes': expected int, got str 'four'$"):
+        _typed_options(DataConfig(name="synthetic"), "train", {"colour_space": "lab", "num_classes": "four"})
+    assert _typed_options(DataConfig(name="synthetic"), "train", {"colour_space": "lab", "num_classes": 4}) == \
+        {"num_classes": 4}
