@@ -1590,3 +1590,11 @@ def test_the_evaluation_line_counts_the_tasks_kernels_when_there_are_any():
     with_kernels = "\n".join(_parts(evaluation=3 * MB, evaluation_tasks=5 * MB).lines())
     assert " extracted embeddings + " in with_kernels and " + 5.0 MiB for its tasks' kernels; evaluation peak " in with_kernels
     assert "for its tasks' kernels" not in "\n".join(_parts(evaluation=3 * MB).lines())
+
+
+def test_without_evaluation_tasks_no_task_working_memory_is_counted(tiny_parts, monkeypatch):
+    monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", [])
+    monkeypatch.setitem(tiny_parts.config.__dict__, "eval_tasks", [])
+    estimate = _static_estimate(tiny_parts)
+    assert estimate.evaluation_tasks == 0 and estimate.evaluation == 0
+    assert isinstance(estimate.evaluating, int)
