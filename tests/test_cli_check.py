@@ -584,3 +584,13 @@ def test_options_after_one_left_to_the_dataset_are_still_checked(monkeypatch) ->
         _typed_options(DataConfig(name="synthetic"), "train", {"colour_space": "lab", "num_classes": "four"})
     assert _typed_options(DataConfig(name="synthetic"), "train", {"colour_space": "lab", "num_classes": 4}) == \
         {"num_classes": 4}
+
+
+def test_data_cache_memoises_the_split_and_its_absence_reads_it_afresh() -> None:
+    from mmviews.data.loaders import CachedDataset
+
+    options = {"split_options": {"train": {"num_samples": 4}}}
+    cached = build_dataset_split(DataConfig(name="synthetic", cache=True, **options), "train")
+    assert isinstance(cached, CachedDataset) and cached[1] is cached[1]  # the same sample object, read once
+    plain = build_dataset_split(DataConfig(name="synthetic", cache=False, **options), "train")
+    assert not isinstance(plain, CachedDataset) and len(plain) == 4
