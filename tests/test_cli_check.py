@@ -485,3 +485,112 @@ def test_an_image_folder_with_label_folders_carries_their_names(capsys, tmp_path
     assert "no LABEL/ folders" not in dataset.label_note
     rc, out, _ = cli(capsys, "train", str(_image_recipe(tmp_path, root)), "--check", "--output", str(tmp_path / "run"))
     assert rc == 0 and "OK" in out
+
+
+def test_the_dataset_name_cache_and_root_are_checked_before_the_dataset_is_built(tmp_path: Path) -> None:
+    from mmviews.data.registry import list_datasets
+
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="synthetc"), "train")
+    assert str(raised.value) == f"key 'data.name': unknown dataset 'synthetc'; known: {', '.join(list_datasets())}"
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="hf", root=str(tmp_path), streaming=True, cache=True), "train")
+    assert str(raised.value) == ("keys 'data.streaming'/'data.cache': a streamed split is not kept in memory; "
+                                 "set data.cache: false")
+    with pytest.raises(FileNotFoundError) as raised:
+        build_dataset_split(DataConfig(name="mosi", root=str(tmp_path / "nowhere.pkl")), "train")
+    assert str(raised.value) == (f"dataset 'mosi' not found at {tmp_path / 'nowhere.pkl'}, see data_cards/mosi.md "
+                                 "(set data.root, e.g. --set data.root=/path/to/mosi)")
+
+
+def test_a_url_root_reaches_the_dataset_as_written_and_a_home_path_expanded(monkeypatch, tmp_path: Path) -> None:
+    """A URL (Parquet shards on a server) is neither checked on the disk nor made a path; `~` is
+    the user's home."""
+    import mmviews.data.loaders as loaders
+
+    given = []
+    monkeypatch.setattr(loaders, "build_dataset", lambda name, **kwargs: given.append(kwargs) or [])
+    build_dataset_split(DataConfig(name="hf", root="https://example.org/shards", cache=False), "train")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "data").mkdir()
+    build_dataset_split(DataConfig(name="hf", root="~/data", cache=False), "valid")
+    assert [(g["root"], g["split"]) for g in given] == [("https://example.org/shards", "train"),
+                                                         (str(tmp_path / "data"), "valid")]
+
+
+def test_streaming_is_for_parquet_shards_through_hf() -> None:
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="synthetic", streaming=True, cache=False), "train")
+    assert str(raised.value) == ("key 'data.streaming': streaming reads Parquet shards through data.name: hf, not "
+                                 "'synthetic'; write them with `mmviews prepare synthetic ROOT --format parquet`")
+
+
+@pytest.mark.parametrize("error,expected", [
+    # the builder's signature is its list of options
+    (TypeError("_build() got an unexpected keyword argument 'sise'"),
+     (ValueError, "keys 'data.options'/'data.split_options.train': dataset 'synthetic' has no such option "
+                  "(_build() got an unexpected keyword argument 'sise')")),
+    # an error about the data itself, tagged with no option: the dataset and the split that was read
+    (ValueError("row 3 is damaged"), (ValueError, "dataset 'synthetic', split 'train': row 3 is damaged")),
+    (KeyError("no column 'x'"), (KeyError, "dataset 'synthetic', split 'train': no column 'x'")),  # not repr'd
+    (ValueError(3), (ValueError, "dataset 'synthetic', split 'train': 3")),  # an argument that is not a string
+])
+def test_the_datasets_own_errors_keep_their_type_and_gain_where_they_come_from(monkeypatch, error, expected) -> None:
+    import mmviews.data.loaders as loaders
+
+    def build(name, **kwargs):
+        raise error
+
+    monkeypatch.setattr(loaders, "build_dataset", build)
+    kind, message = expected
+    with pytest.raises(kind) as raised:
+        build_dataset_split(DataConfig(name="synthetic", train_split="train"), "train")
+    assert type(raised.value) is kind
+    assert (raised.value.args[0] if kind is KeyError else str(raised.value)) == message
+
+
+def test_a_type_error_of_the_dataset_itself_is_raised_as_it_is(monkeypatch) -> None:
+    import mmviews.data.loaders as loaders
+
+    def build(name, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(loaders, "build_dataset", build)
+    with pytest.raises(TypeError, match=r"^unsupported operand type\(s\) for \+: 'int' and 'str'$"):
+        build_dataset_split(DataConfig(name="synthetic"), "train")
+
+
+def test_an_option_left_in_data_options_says_to_replace_that_section(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as raised:
+        build_dataset_split(DataConfig(name="hf", root=str(tmp_path), options={"num_samples": 8}), "train")
+    assert ("dataset 'hf' has no option 'num_samples' (an option of 'gaussian_latents', 'identifiability', 'synthetic': "
+            "left from the recipe's dataset?); drop it: remove it from the recipe, or replace the section, --set "
+            "data.options={...} ({} for none); the options of 'hf': ") in str(raised.value)
+    assert str(raised.value).startswith("key 'data.options.num_samples': ")
+
+
+def test_options_after_one_left_to_the_dataset_are_still_checked(monkeypatch) -> None:
+    """An option whose annotation the recipe types do not cover (a video's size, int or a pair) is
+    left to the dataset, and so is an option a dataset taking **options does not name: the
+    options after them are checked all the same."""
+    from mmviews.data.loaders import _typed_options
+
+    with pytest.raises(ValueError, match=r"^key 'data.options.num_frames': expected int, got str 'many'$"):
+        _typed_options(DataConfig(name="ucf101"), "train", {"size": [112, 112], "num_frames": "many"})
+    import mmviews.data.loaders as loaders
+
+    monkeypatch.setattr(loaders, "dataset_takes_other_options", lambda name: True)
+    with pytest.raises(ValueError, match=r"^key 'data.options.num_classes': expected int, got str 'four'$"):
+        _typed_options(DataConfig(name="synthetic"), "train", {"colour_space": "lab", "num_classes": "four"})
+    assert _typed_options(DataConfig(name="synthetic"), "train", {"colour_space": "lab", "num_classes": 4}) == \
+        {"num_classes": 4}
+
+
+def test_data_cache_memoises_the_split_and_its_absence_reads_it_afresh() -> None:
+    from mmviews.data.loaders import CachedDataset
+
+    options = {"split_options": {"train": {"num_samples": 4}}}
+    cached = build_dataset_split(DataConfig(name="synthetic", cache=True, **options), "train")
+    assert isinstance(cached, CachedDataset) and cached[1] is cached[1]  # the same sample object, read once
+    plain = build_dataset_split(DataConfig(name="synthetic", cache=False, **options), "train")
+    assert not isinstance(plain, CachedDataset) and len(plain) == 4

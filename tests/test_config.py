@@ -56,6 +56,13 @@ def test_loading_resolves_the_sections_into_typed_objects_once():
     assert not {"view_spec", "eval_view_spec", "adapter_configs", "eval_tasks"} & set(config.to_dict())
 
 
+def test_the_smallest_shared_embedding_is_one_dimension():
+    """embed_dim 0 is refused at load (a zero-width projection builds and fails later); 1 is a
+    real, if small, embedding and loads."""
+    config = config_from_dict(_raw(**{"encoder.embed_dim": 1}), "r.yaml")
+    assert config.adapter_configs["image"].embed_dim == 1 and config.adapter_configs["x"].embed_dim == 8
+
+
 def test_a_saved_recipe_loads_to_the_same_objects(tmp_path):
     config = config_from_dict(_raw(**{"evaluation.views": ["x"]}), "r.yaml")
     again = load_config(save_config(config, tmp_path / "config.yaml"))

@@ -60,6 +60,8 @@ RANGES = [
     ("optimisation.max_grad_norm", 0.0, "must be > 0, got 0.0", [1e-9, None]),
     ("optimisation.encode_chunk_size", 0,
      "must be a number of samples >= 1 (or null: no chunking), got 0", [1, None]),
+    # the learned temperature's (and siglip's) own learning rate: 0 keeps them fixed, null is optimisation.lr
+    ("objective.lr", -1e-3, "must be >= 0, got -0.001", [0.0, 0.5, None]),
     ("objective.teacher_momentum", 1.0, "must be in [0, 1), got 1.0", [0.0, 0.999]),
     ("objective.teacher_momentum", -0.25, "must be in [0, 1), got -0.25", []),
     ("evaluation.every_epochs", -1, "must be >= 0, got -1", [0]),

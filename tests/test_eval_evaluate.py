@@ -385,3 +385,80 @@ def test_the_probes_take_the_views_fused_as_asked() -> None:
            for fuse in ("mean", "concat")}
     assert knn["mean"] != knn["concat"]
     assert metrics["test/knn/class/top1"] == knn["mean"]
+
+
+# --- the labels the tasks read, checked before any split is embedded -------------------------------
+
+
+class _Samples(Dataset):
+    """Samples of the mmviews form (a ``labels`` mapping); reading one is counted."""
+
+    def __init__(self, labels: dict | None, n: int = 3) -> None:
+        self.labels, self.n, self.read = labels, n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        self.read += 1
+        return {"x": torch.zeros(2)} if self.labels is None else {"x": torch.zeros(2), "labels": dict(self.labels)}
+
+
+def _loader(dataset: Dataset) -> DataLoader:
+    return DataLoader(dataset, batch_size=2)
+
+
+def test_a_label_one_split_lacks_is_named_with_the_split_the_hint_and_the_labels_there_are():
+    loaders = {"train": _loader(_Samples({"class": 1, "sentiment": 0.5})),
+               "test": _loader(_Samples({"sentiment": 0.5, "clas": 0}))}
+    with pytest.raises(ValueError) as caught:
+        evaluate.check_task_labels(parse_tasks(["retrieval", "knn:class"]), loaders)
+    assert str(caught.value) == ("task 'knn:class' reads the label 'class', which the samples of the test split do "
+                                 "not carry (did you mean 'clas'?); they carry ['clas', 'sentiment']")
+    # a split without a label at all says so
+    with pytest.raises(ValueError, match=r"^task 'linear:class' reads the label 'class', which the samples of the "
+                                         r"train split do not carry; they carry no labels$"):
+        evaluate.check_task_labels(parse_tasks(["linear"]), {"train": _loader(_Samples({}))})
+
+
+def test_labels_every_split_carries_pass_and_only_the_first_sample_is_read():
+    train, test = _Samples({"class": 1, "sentiment": 0.5}), _Samples({"class": 0, "sentiment": 0.1})
+    evaluate.check_task_labels(parse_tasks(["linear", "regression", "knn:class"]),
+                               {"train": _loader(train), "test": _loader(test)})
+    assert (train.read, test.read) == (1, 1)
+
+
+def test_tasks_without_labels_and_samples_of_another_form_read_or_check_nothing():
+    unread = _Samples({"sentiment": 0.5})
+    evaluate.check_task_labels(parse_tasks(["retrieval", "diagnostics"]), {"test": _loader(unread)})
+    assert unread.read == 0  # no task reads a label: no sample is read
+    # samples without a labels mapping (a caller's collator adds the labels) are not checked
+    evaluate.check_task_labels(parse_tasks(["knn:class"]), {"test": _loader(_Samples(None))})
+
+    class Tuples(_Samples):
+        def __getitem__(self, i: int):
+            return torch.zeros(2), 1
+
+    evaluate.check_task_labels(parse_tasks(["knn:class"]), {"test": _loader(Tuples({}))})
+
+    class Endless(torch.utils.data.IterableDataset):  # a caller's iterable split, without a length
+        def __iter__(self):
+            yield {"labels": {}}
+
+    evaluate.check_task_labels(parse_tasks(["knn:class"]), {"test": _loader(Endless()), "val": object()})
+
+
+def test_a_split_that_cannot_be_checked_leaves_the_next_ones_checked():
+    class Tuples(_Samples):
+        def __getitem__(self, i: int):
+            return torch.zeros(2), 1
+
+    class Endless(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield {"labels": {}}
+
+    lacking = _loader(_Samples({"sentiment": 0.5}))
+    for first in (object(), _loader(Endless()), _loader(Tuples({})), _loader(_Samples(None))):
+        with pytest.raises(ValueError, match=r"^task 'knn:class' reads the label 'class', which the samples of the "
+                                             r"test split do not carry"):
+            evaluate.check_task_labels(parse_tasks(["knn:class"]), {"train": first, "test": lacking})

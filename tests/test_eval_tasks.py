@@ -6,6 +6,7 @@ needed; the table of kinds agrees with the functions that run them."""
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 
@@ -82,3 +83,59 @@ def test_extracted_splits_need_a_split_to_evaluate_on():
 
     with pytest.raises(ValueError, match="^an evaluation needs a test or a validation split to evaluate on$"):
         extracted_splits(parse_tasks(["linear:class"]), has_val=False, has_test=False)
+
+
+def test_string_and_mapping_forms_resolve_label_and_dataset():
+    """``KIND:ARG`` names the label, except for msa where it names the dataset; the mapping form
+    names them as keys; a task that names no label reads its kind's default."""
+    assert parse_tasks(["knn:label2", "knn", "msa:mosi", "msa:MOSI", "retrieval"]) == [
+        EvalTask("knn", "label2"), EvalTask("knn", "class"), EvalTask("msa", "sentiment", "mosi"),
+        EvalTask("msa", "sentiment", "MOSI"), EvalTask("retrieval")]
+    assert parse_tasks([{"kind": "msa", "dataset": "sims"}, {"kind": "linear_probe", "label": "colour"}]) == [
+        EvalTask("msa", "sentiment", "sims"), EvalTask("linear", "colour")]
+    # only msa reads a dataset; another kind's string form never sets one
+    assert parse_tasks("regression:score")[0].dataset is None
+
+
+@pytest.mark.parametrize("spec", ["msa", "msa:", "msa:iemocap", {"kind": "msa"}, {"kind": "msa", "dataset": "cmu"}])
+def test_msa_without_a_known_dataset_is_refused_naming_the_three(spec):
+    with pytest.raises(ValueError, match=rf"^task {re.escape(repr(spec))}: msa needs a dataset among 'mosi', "
+                                         r"'mosei', 'sims' \(e\.g\. 'msa:mosi'\)$"):
+        parse_tasks([spec])
+
+
+def test_errors_name_the_task_alone_without_a_recipe_and_the_key_path_with_one():
+    spec = {"kind": "knn", "depth": 3}
+    with pytest.raises(ValueError) as caught:
+        parse_tasks([spec])
+    assert type(caught.value) is ValueError  # not a recipe's ConfigError: no file to name
+    assert str(caught.value) == f"task {spec!r}: unknown parameter(s) ['depth']; knn accepts ['k', 'temperature']"
+    with pytest.raises(ConfigError) as caught:
+        parse_tasks(["knn", spec], "r.yaml")
+    assert str(caught.value) == (f"r.yaml: key 'evaluation.tasks.1': task {spec!r}: unknown parameter(s) "
+                                 "['depth']; knn accepts ['k', 'temperature']")
+
+
+def test_a_mapping_without_a_kind_says_so():
+    with pytest.raises(ValueError, match=r"^task \{'label': 'class'\}: a task mapping needs a 'kind', one of "
+                                         r"linear, knn, regression, msa, retrieval, prototype, diagnostics, "
+                                         r"identifiability$"):
+        parse_tasks([{"label": "class"}])
+
+
+def test_unknown_parameters_are_listed_even_when_a_yaml_key_is_not_a_string():
+    # YAML reads `3: x` as an int key: the list still sorts (by the keys' text) and names both
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \[3, 'kk'\]; knn accepts"):
+        parse_tasks([{"kind": "knn", "kk": 1, 3: "x"}])
+
+
+@pytest.mark.parametrize("field", ["label", "dataset"])
+def test_a_label_or_dataset_that_is_not_a_string_is_named(field):
+    spec = {"kind": "knn", field: 3}
+    with pytest.raises(ValueError, match=rf"^task {re.escape(repr(spec))}: {field} must be a string, got 3$"):
+        parse_tasks([spec])
+
+
+def test_an_empty_task_list_is_refused():
+    with pytest.raises(ValueError, match="^no evaluation tasks given$"):
+        parse_tasks([])

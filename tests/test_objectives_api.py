@@ -85,6 +85,45 @@ def test_unknown_parameter_is_a_value_error_naming_it():
         get_objective("mv_dhel", temperature=0.2, zzz=1)
 
 
+@pytest.mark.parametrize("word,hint", [
+    ("tem", " (did you mean 'temperature'?)"),  # three letters that start one parameter: taken as its abbreviation
+    ("te", ""),  # two letters are too few to be read as an abbreviation (or a spelling of anything)
+    ("temprature", " (did you mean 'temperature'?)"),  # no parameter starts so: the closest spelling
+    ("chunk", " (did you mean 'chunk_size'?)"),
+])
+def test_an_unknown_parameter_gets_the_abbreviated_or_the_closest_parameter_as_hint(word, hint):
+    with pytest.raises(ValueError) as info:
+        get_objective("mv_dhel", **{word: 0.2})
+    assert str(info.value) == (f"objective 'mv_dhel': unknown parameter {word!r}{hint}; accepted parameters: "
+                               "['temperature', 'chunk_size', 'score_budget_mb', 'learn_temperature']")
+
+
+def test_a_value_the_constructor_refuses_with_a_type_error_names_the_objective():
+    # `objective.params: {temperature: null}` in a recipe reaches float(None) in the constructor
+    with pytest.raises(ValueError) as info:
+        get_objective("mv_dhel", temperature=None)
+    assert str(info.value) == ("objective 'mv_dhel': float() argument must be a string or a real number, not "
+                               "'NoneType'; accepted parameters: ['temperature', 'chunk_size', 'score_budget_mb', "
+                               "'learn_temperature']")
+
+
+def test_an_objective_that_takes_keyword_options_gets_every_parameter(monkeypatch):
+    """A user's objective with ``**options`` decides itself which parameters it takes."""
+    from mmviews.objectives._base import _CLASSES, MultiViewObjective
+
+    class WithOptions(MultiViewObjective):
+        def __init__(self, temperature: float = 0.1, **options) -> None:
+            super().__init__()
+            self.temperature, self.options = temperature, options
+
+        def loss(self, views):  # pragma: no cover - never called
+            raise AssertionError
+
+    monkeypatch.setitem(_CLASSES._entries, "api_test_options", (WithOptions, "a user's objective"))
+    objective = get_objective("api_test_options", temperature=0.3, margin=2.0)
+    assert isinstance(objective, WithOptions) and objective.temperature == 0.3 and objective.options == {"margin": 2.0}
+
+
 def test_unknown_parameter_through_the_recipe_names_the_set(capsys):
     from crafted_files import cli, one_line_error
 

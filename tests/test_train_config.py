@@ -3,6 +3,8 @@ and every shipped recipe parses and validates."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_train_utils import REPO, run_train, tiny_config, write_recipe
@@ -72,6 +74,27 @@ def test_keys_that_differ_in_type_or_place_are_not_duplicates(tmp_path):
 
     assert read_yaml(path)["data"]["options"] == {1: "x", "1": "y"}
     assert read_yaml(path)["views"] == [{"modality": "image"}, {"modality": "image"}]
+
+
+def test_a_key_given_twice_inside_a_top_level_list_is_named_by_its_index(tmp_path):
+    """A file whose top level is a list (no recipe) still names the duplicate by its path."""
+    path = tmp_path / "list.yaml"
+    path.write_text("- {a: 1, a: 2}\n")
+    from mmviews.config import read_yaml
+
+    with pytest.raises(ConfigError, match=r"key '0\.a' is given twice, on lines 1 and 1 "):
+        read_yaml(path)
+
+
+def test_a_mapping_used_as_a_key_is_invalid_yaml_in_one_line(tmp_path):
+    """YAML's complex keys (`? [a, b]`) cannot be read into a recipe: the same one-line refusal
+    as any invalid YAML, not a TypeError from the duplicate-key check."""
+    path = tmp_path / "complex.yaml"
+    path.write_text("? [a, b]\n: 1\nname: x\n")
+    from mmviews.config import read_yaml
+
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: not valid YAML: while constructing a mapping"):
+        read_yaml(path)
 
 
 def test_wrong_type_names_key_and_file(tmp_path):

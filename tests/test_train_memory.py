@@ -1562,3 +1562,39 @@ def test_a_run_without_evaluation_loaders(run, monkeypatch) -> None:
     monkeypatch.setattr(run, "eval_loaders", {})
     e = _given(run, monkeypatch)
     assert (e.evaluation, e.evaluation_batch, e.evaluation_forward) == (0, 0, 0) and e.num_views == 3
+
+
+def test_task_working_bytes_fit_on_valid_else_on_the_halves_of_the_evaluated_split():
+    """identifiability fits on valid and scores on test; with one of the two, it fits and scores on
+    the halves of that one (the larger half scored); no evaluated split, or no such task, counts 0."""
+    from mmviews.eval.identifiability import identifiability_peak_bytes
+    from mmviews.eval.tasks import parse_tasks
+
+    def split(n: int) -> SimpleNamespace:
+        return SimpleNamespace(dataset=list(range(n)))
+
+    task = parse_tasks([{"kind": "identifiability", "fit_samples": 1000}])
+    both = memory.task_working_bytes(task, {"val": split(30), "test": split(50), "train": split(9)})
+    assert both == identifiability_peak_bytes(30, 50, 1000)
+    # 7 samples: 3 fitted and 4 scored (the fit's kernels weigh most with 1000 fit samples, the
+    # scoring's with 2)
+    small = parse_tasks([{"kind": "identifiability", "fit_samples": 2}])
+    for role in ("val", "test"):
+        assert memory.task_working_bytes(task, {role: split(7)}) == identifiability_peak_bytes(3, 4, 1000), role
+        assert memory.task_working_bytes(small, {role: split(7)}) == identifiability_peak_bytes(3, 4, 2), role
+    assert memory.task_working_bytes(task, {"train": split(8)}) == 0  # nothing evaluated
+    assert memory.task_working_bytes(parse_tasks(["retrieval"]), {"test": split(7)}) == 0
+
+
+def test_the_evaluation_line_counts_the_tasks_kernels_when_there_are_any():
+    with_kernels = "\n".join(_parts(evaluation=3 * MB, evaluation_tasks=5 * MB).lines())
+    assert " extracted embeddings + " in with_kernels and " + 5.0 MiB for its tasks' kernels; evaluation peak " in with_kernels
+    assert "for its tasks' kernels" not in "\n".join(_parts(evaluation=3 * MB).lines())
+
+
+def test_without_evaluation_tasks_no_task_working_memory_is_counted(tiny_parts, monkeypatch):
+    monkeypatch.setattr(tiny_parts.config.evaluation, "tasks", [])
+    monkeypatch.setitem(tiny_parts.config.__dict__, "eval_tasks", [])
+    estimate = _static_estimate(tiny_parts)
+    assert estimate.evaluation_tasks == 0 and estimate.evaluation == 0
+    assert isinstance(estimate.evaluating, int)

@@ -143,7 +143,9 @@ def _parse_task(spec: str | Mapping[str, Any] | EvalTask, source: str | None, ke
             label = arg
     elif isinstance(spec, Mapping):
         params = dict(spec)
-        kind = str(params.pop("kind", ""))
+        if "kind" not in params:
+            raise fail(f"task {spec!r}: a task mapping needs a 'kind', one of {', '.join(TASK_KINDS)}")
+        kind = str(params.pop("kind"))
         label = params.pop("label", None)
         dataset = params.pop("dataset", None)
     else:
