@@ -4,7 +4,7 @@ For the recipe (``--recipe ucf101 --set data.root=...``, any ``--set``), in one 
 
 - **decode floor**: the clips' frame windows decoded by PyAV alone (the reader the dataset uses,
   :func:`mmviews.data.video_io.read_video_window`, nothing else), through a DataLoader with each
-  worker count of ``--workers``: the fastest the data path could be;
+  worker count of ``--loader-workers``: the fastest the data path could be;
 - **data path**: the recipe's own training loader (dataset, augmentations, Farneback flow when
   ``data.options.flow: farneback``, collation and the encoder's host preparation) with the same
   worker counts;
