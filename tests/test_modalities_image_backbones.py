@@ -828,3 +828,31 @@ def test_timm_block_lists_of_swin_and_of_an_unknown_layout():
     dla = build_adapter({"type": "timm", "model": "dla46_c", "image_size": 32})
     with pytest.raises(NotImplementedError, match="^last_n: unknown block layout of timm DLA$"):
         dla.backbone_blocks()
+
+
+def _model_with_linears(*names: str, other: tuple[str, ...] = ()) -> torch.nn.Module:
+    """A model whose attention block holds Linear layers of the given names (and other modules
+    of the ``other`` names that are not Linear)."""
+    block = torch.nn.Module()
+    for name in names:
+        block.add_module(name, torch.nn.Linear(4, 4))
+    for name in other:
+        block.add_module(name, torch.nn.Conv1d(4, 4, 1))
+    model = torch.nn.Module()
+    model.add_module("layer", torch.nn.ModuleList([block]))
+    return model
+
+
+@pytest.mark.parametrize(("linears", "other", "targets"), [
+    (("query", "key", "value", "dense"), (), ["query", "value"]),  # BERT, ViT
+    (("q_proj", "k_proj", "v_proj", "out_proj"), (), ["q_proj", "v_proj"]),  # CLIP, SigLIP
+    (("qkv", "proj"), (), ["qkv"]),  # TimeSformer's fused projection
+    (("q_proj", "v_proj", "qkv"), (), ["q_proj", "v_proj"]),  # separate projections win over a fused one
+    (("query", "value", "qkv"), (), ["query", "value"]),
+    (("fc1", "fc2"), (), ["q_proj", "v_proj"]),  # none known: the common names (PEFT then names the miss)
+    (("fc1",), ("qkv", "query"), ["q_proj", "v_proj"]),  # only Linear layers are LoRA targets
+])
+def test_lora_targets_are_the_attention_projections_a_model_has(linears, other, targets) -> None:
+    from mmviews.modalities.image_backbones import attention_lora_targets
+
+    assert attention_lora_targets(_model_with_linears(*linears, other=other)) == targets
