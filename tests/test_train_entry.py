@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from test_train_utils import own_accelerate_state, tiny_config, write_recipe
 import mmviews.train.trainer as trainer
 from mmviews.config import load_config
 from mmviews.train.callbacks import TrainCallback
+from mmviews.train.interrupt import TrainingInterrupted
 from mmviews.train.run_folder import Intent
 from mmviews.train.state import TrainState
 
@@ -118,18 +121,31 @@ class _Steps(TrainCallback):
         self.steps.append(state.step)
 
 
-def test_a_real_run_counts_its_steps_logs_every_log_every_and_the_last(tmp_path: Path) -> None:
-    """32 samples, K = 16, 3 epochs: 6 optimiser steps; log_every 4 logs steps 4 and 6 (the last),
-    each row with the poly-view bound of its batch's K and M."""
+def _tiny_run_config(tmp_path: Path, **optimisation: Any) -> Any:
     recipe = tiny_config(num_samples=32, batch_size=16, epochs=3, image=False, tasks=[])
     recipe["output"].update(log_every=4, checkpoint_every=0)
     recipe["evaluation"] = {"tasks": [], "random_baseline": False}
     recipe["objective"] = {"name": "geometric_pvc", "params": {"temperature": 0.2}}  # logs the poly-view MI bound
-    config = load_config(write_recipe(tmp_path / "r.yaml", recipe))
+    recipe["optimisation"].update(optimisation)
+    return load_config(write_recipe(tmp_path / "r.yaml", recipe))
+
+
+def test_a_real_run_counts_its_steps_logs_every_log_every_and_the_last(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 samples, K = 16, 3 epochs: 6 optimiser steps; log_every 4 logs steps 4 and 6 (the last),
+    each row with the poly-view bound of its batch's K and M; the losses are checked for NaN at
+    the log steps (and before every checkpoint), the message to name the log interval."""
+    config = _tiny_run_config(tmp_path)
+    checked: list[tuple[int, int]] = []
+    check_losses = trainer._check_losses
+    monkeypatch.setattr(trainer, "_check_losses",
+                        lambda p, state, log_every: (checked.append((state.step, log_every)), check_losses(p, state, log_every)))
     callback = _Steps()
     with own_accelerate_state():
         summary = trainer.train(config, tmp_path / "run", callback=callback)
     assert callback.steps == [1, 2, 3, 4, 5, 6]
+    # at the log steps 4 and 6, and before each epoch's checkpoint (steps 2, 4, 6)
+    assert checked == [(2, 4), (4, 4), (4, 4), (6, 4), (6, 4)]
     assert summary["steps"] == 6 and summary["epochs"] == 3
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -155,3 +171,30 @@ def test_a_programs_run_sets_up_its_process_from_the_recipe(config, monkeypatch:
     assert calls["deterministic"] is True
     assert calls["host_memory"] == (config.host_memory, {"owns_process": False, "on_cpu": True})
     assert calls["launch"] == (started, config) and started == 1
+
+
+def test_max_steps_ends_the_run_inside_an_epoch(tmp_path: Path) -> None:
+    """``optimisation.max_steps`` 3 of 2 batches an epoch: the run stops after the first batch of
+    its second epoch, not at the epoch's end."""
+    callback = _Steps()
+    with own_accelerate_state():
+        summary = trainer.train(_tiny_run_config(tmp_path, max_steps=3), tmp_path / "run", callback=callback)
+    assert callback.steps == [1, 2, 3] and summary["steps"] == 3
+
+
+class _SignalAt(_Steps):
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def on_step_end(self, state: TrainState) -> None:
+        super().on_step_end(state)
+        if state.step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_stops_the_run_after_the_step_it_came_in(tmp_path: Path) -> None:
+    callback = _SignalAt(2)
+    with own_accelerate_state(), pytest.raises(TrainingInterrupted) as stopped:
+        trainer.train(_tiny_run_config(tmp_path), tmp_path / "run", callback=callback)
+    assert callback.steps == [1, 2] and stopped.value.step == 2
