@@ -164,6 +164,22 @@ def test_restart_setup_is_said_in_one_line(monkeypatch, tmp_path):
 
 
 
+@pytest.mark.parametrize("value,count", [(None, 0), ("", 0), ("0", 0), ("3", 3), ("12", 12), ("-1", 0), ("two", 0)])
+def test_max_restarts_reads_the_agents_count_and_nothing_else(monkeypatch, value, count):
+    """The restarts the elastic agent allows: its ``TORCHELASTIC_MAX_RESTARTS`` when that is a
+    count, else none (no agent, or a value that is not one); both lines above read it here."""
+    from mmviews.train.resume import max_restarts, restarts_left
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    if value is None:
+        monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    else:
+        monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", value)
+    assert max_restarts() == count and restarts_left() == count
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert restarts_left() == max(count - 1, 0)
+
+
 def test_after_a_collective_failure_the_line_says_what_happens_next(monkeypatch, tmp_path):
     """A restart the elastic agent will make (restarts left, ``auto_resume``) continues the run by
     itself: the failed process's line says so rather than giving a command to resume; without a

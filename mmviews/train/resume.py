@@ -65,11 +65,17 @@ def restart_attempt() -> int:
     return int(count) if count.isdigit() else 0
 
 
+def max_restarts() -> int:
+    """The restarts torch's elastic agent allows this launch (``--max_restarts``; 0 without the
+    agent or when its value is not a count)."""
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
+    return int(restarts) if restarts.isdigit() else 0
+
+
 def restarts_left() -> int:
     """How many more times torch's elastic agent restarts this process's workers when one of
     them fails (``--max_restarts`` less the restarts so far; 0 without the agent)."""
-    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
-    return max(0, int(restarts) - restart_attempt()) if restarts.isdigit() else 0
+    return max(0, max_restarts() - restart_attempt())
 
 
 # Checkpoints output.auto_resume should keep: with one, a damaged newest checkpoint (a disk fault,
@@ -95,8 +101,8 @@ def restart_setup_lines(config: TrainConfig) -> list[str]:
     ``torchrun --max-restarts N``), what would keep a restart from continuing the run, one line
     each: the launcher's shared rendezvous store (torch's default), on which restarted workers
     fail to connect, and a recipe without ``output.auto_resume``, whose folder a restart refuses."""
-    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
-    if not (restarts.isdigit() and int(restarts) > 0):
+    restarts = max_restarts()
+    if restarts == 0:
         return []
     lines = []
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
