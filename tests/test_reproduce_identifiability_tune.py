@@ -205,3 +205,25 @@ def test_protocol_stage_scores_a_saved_run(tune, tmp_path: Path) -> None:
         tune.main(["--stage", "protocol", "--encoders", str(encoders), "--protocols", "nope", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="needs --encoders"):
         tune.main(["--stage", "protocol", "--out", str(tmp_path)])
+
+
+def test_refit_is_the_kernel_ridge_of_the_whole_fit_set(tune) -> None:
+    """The paper's-size refit (one kernel, built in place, scored in chunks) gives what the task's
+    kernel ridge gives when its grid holds only that alpha and gamma; and a protocol with fewer CV
+    samples than fit samples is scored by it."""
+    from mmviews.eval.identifiability import kernel_ridge_r2
+
+    rng = np.random.default_rng(2)
+    x_fit, x_score = torch.as_tensor(rng.standard_normal((300, 3))), torch.as_tensor(rng.standard_normal((250, 3)))
+    y_fit, y_score = torch.sin(x_fit[:, :2] * 2), torch.sin(x_score[:, :2] * 2)
+    for alpha, gamma in ((0.01, 0.5), (1.0, 3.0)):
+        want = kernel_ridge_r2(x_fit, {"y": y_fit}, x_score, {"y": y_score}, [alpha], [gamma]).r2["y"]
+        got = tune.refit_r2(x_fit, y_fit, x_score, y_score, alpha, gamma, chunk=64)
+        assert got == pytest.approx(want, abs=1e-10)
+    lat = {k: rng.standard_normal((300, 2)) for k in ("content", "style_x1", "style_x2", "specific_x1", "specific_x2")}
+    inputs = {"x1": np.sin(lat["content"]), "x2": np.sin(lat["content"])}
+    full = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 300, "score": 300, **tune.TASK_GRID})
+    small_cv = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 300, "score": 300, "cv_samples": 60, **tune.TASK_GRID})
+    cv_only = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 60, "score": 300, **tune.TASK_GRID})
+    assert small_cv["x1_content"] > cv_only["x1_content"]  # refitted on all 300, not on the CV's 60
+    assert small_cv["x1_content"] == pytest.approx(full["x1_content"], abs=0.02)
