@@ -227,3 +227,10 @@ def test_refit_is_the_kernel_ridge_of_the_whole_fit_set(tune) -> None:
     cv_only = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 60, "score": 300, **tune.TASK_GRID})
     assert small_cv["x1_content"] > cv_only["x1_content"]  # refitted on all 300, not on the CV's 60
     assert small_cv["x1_content"] == pytest.approx(full["x1_content"], abs=0.02)
+    assert small_cv["x1_style"] != cv_only["x1_style"]  # every block refitted by default
+    content_only = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 300, "score": 300, "cv_samples": 60,
+                                                                  "refit_blocks": ("content",), **tune.TASK_GRID})
+    assert content_only["x1_content"] == small_cv["x1_content"]
+    # the style keeps the CV set's fit (standardised on all 300, so near, not equal to, the 60-sample protocol's)
+    assert content_only["x1_style"] != small_cv["x1_style"]
+    assert content_only["x1_style"] == pytest.approx(cv_only["x1_style"], abs=0.01)
