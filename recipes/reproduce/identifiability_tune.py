@@ -21,6 +21,12 @@ Stages (``--stage``):
   at temperature 1 with negatives from a second batch of the same modality, 5-d encoding, 6
   hidden layers up to 750 wide, gradient clipping at norm 2), scored at its log steps with the
   same protocol as the curve.
+- ``protocol``: one trained embedding (``--encoders``, a file that ``--stage curve
+  --save-encoders`` wrote) scored under several evaluation protocols (``--protocols``: the
+  task's defaults, more fit samples, wider alpha / gamma grids, the paper's sample sizes) and,
+  beside it, oracle inputs under the same protocols (``--oracles``: the true content, through
+  the identity and two known invertible maps, and the raw observation): is the evaluation or
+  the encoder what holds the content's R^2 down.
 
 The loop is a lean copy of the trainer's (``mmviews.train``): the ``identifiability`` dataset's
 samples by index (fresh at every step), the recipe's ``mlp`` adapters built by
@@ -44,6 +50,8 @@ Usage::
     python recipes/reproduce/identifiability_tune.py --stage curve --seeds 0 1 2
     python recipes/reproduce/identifiability_tune.py --stage authors --authors-code /path/to/checkout --steps 1000
     python recipes/reproduce/identifiability_tune.py --stage confirm --seeds 0 1 2
+    python recipes/reproduce/identifiability_tune.py --stage curve --settings l2_d5_lr3e-3 --steps 6000 --seeds 1 --save-encoders
+    python recipes/reproduce/identifiability_tune.py --stage protocol --encoders OUT/encoders/l2_d5_lr3e-3_seed1.safetensors
     python recipes/reproduce/identifiability_tune.py --smoke         # seconds (tests)
 """
 
