@@ -3,7 +3,9 @@
 a block the embedding lacks 0), the screen and curve stages at --smoke size (the tables hold the
 settings and the steps asked for), and the authors' stage against a stand-in checkout whose
 main_mlp.py calls the two functions the stage hooks (the scored steps are the optimiser steps
-done)."""
+done); the protocol stage: saved encoders load back to the same embedding, its protocols use
+the samples they name, the paper-size refit equals the task's kernel ridge, the oracle inputs
+hold the content, and the content directions an input lacks score near 0."""
 
 from __future__ import annotations
 
@@ -195,12 +197,16 @@ def test_protocol_stage_scores_a_saved_run(tune, tmp_path: Path) -> None:
                       "--out", str(tmp_path)]) == 0
     encoders = tmp_path / "encoders" / "l2_d5_lr3e-3_seed2.safetensors"
     assert tune.main(["--smoke", "--stage", "protocol", "--encoders", str(encoders), "--protocols", "task", "wide",
-                      "--oracles", "embedding", "content", "--out", str(tmp_path)]) == 0
+                      "--oracles", "embedding", "content", "--directions", "--out", str(tmp_path)]) == 0
     rows = _rows(tmp_path / "protocol.csv")
     assert [(r["input"], r["protocol"]) for r in rows] == [("embedding", "task"), ("embedding", "wide"),
                                                           ("content", "task"), ("content", "wide")]
     assert all(r["seed"] == "2" for r in rows)
     assert float(rows[2]["content"]) > 0.95 > float(rows[0]["content"])  # the true content against a 6-step encoder
+    directions = _rows(tmp_path / "protocol_directions.csv")
+    variances = [float(r["variance"]) for r in directions]
+    assert [r["direction"] for r in directions] == ["0", "1", "2", "3", "4"] and variances == sorted(variances)
+    assert {r["protocol"] for r in directions} == {"task"} and all(math.isfinite(float(r["x2"])) for r in directions)
     with pytest.raises(SystemExit, match="--protocols nope"):
         tune.main(["--stage", "protocol", "--encoders", str(encoders), "--protocols", "nope", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="needs --encoders"):
@@ -234,3 +240,24 @@ def test_refit_is_the_kernel_ridge_of_the_whole_fit_set(tune) -> None:
     # the style keeps the CV set's fit (standardised on all 300, so near, not equal to, the 60-sample protocol's)
     assert content_only["x1_style"] != small_cv["x1_style"]
     assert content_only["x1_style"] == pytest.approx(cv_only["x1_style"], abs=0.01)
+
+
+def test_direction_r2_finds_the_content_direction_an_input_lacks(tune) -> None:
+    """An input that holds the content along its large-variance axis but not along its small one
+    scores near 1 on the first and near 0 on the second, rows ordered by variance."""
+    rng = np.random.default_rng(4)
+    rotation = np.linalg.qr(rng.standard_normal((2, 2)))[0]
+    covariance = rotation @ np.diag([0.3, 9.0]) @ rotation.T
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        c = rng.standard_normal((n, 2)) @ np.linalg.cholesky(covariance).T
+        strong = c @ rotation[:, 1]  # the coordinate along the large-variance axis
+        return c, np.stack([np.tanh(strong / 3), rng.standard_normal(n)], axis=1)
+
+    c_fit, x_fit = draw(400)
+    c_score, x_score = draw(300)
+    rows = tune.direction_r2({"x1": x_fit}, c_fit, {"x1": x_score}, c_score, covariance,
+                             {"fit": 300, "score": 300, **tune.TASK_GRID})
+    assert [r["direction"] for r in rows] == [0, 1]
+    assert rows[0]["variance"] == pytest.approx(0.3) and rows[1]["variance"] == pytest.approx(9.0)
+    assert abs(rows[0]["x1"]) < 0.05 and rows[1]["x1"] > 0.97

@@ -506,6 +506,31 @@ def score_protocol(inputs_fit: Mapping[str, np.ndarray], lat_fit: Mapping[str, n
     return row
 
 
+def direction_r2(inputs_fit: Mapping[str, np.ndarray], content_fit: np.ndarray, inputs_score: Mapping[str, np.ndarray],
+                 content_score: np.ndarray, covariance: np.ndarray, protocol: Mapping[str, Any]) -> list[dict[str, float]]:
+    """Where the content is lost: one row per principal direction of the content's
+    ``covariance`` (smallest variance first), its variance and, per modality (``<m>``), the
+    kernel ridge R^2 of the content's coordinate along it under ``protocol`` (fit and score
+    sizes, grids; the inputs standardised on the fit set)."""
+    import torch
+
+    from mmviews.eval.identifiability import kernel_ridge_r2, standardise
+
+    fit, score = int(protocol["fit"]), int(protocol["score"])
+    variances, axes = np.linalg.eigh(covariance)
+    along_fit, along_score = content_fit[:fit] @ axes, content_score[:score] @ axes
+    names = [f"pc{k}" for k in range(len(variances))]
+    rows = [{"direction": k, "variance": float(v)} for k, v in enumerate(variances)]
+    for m in inputs_fit:
+        x_fit, x_score = standardise(torch.as_tensor(inputs_fit[m][:fit]), torch.as_tensor(inputs_score[m][:score]))
+        result = kernel_ridge_r2(x_fit, {n: torch.as_tensor(along_fit[:, k]) for k, n in enumerate(names)}, x_score,
+                                 {n: torch.as_tensor(along_score[:, k]) for k, n in enumerate(names)},
+                                 protocol["alphas"], protocol["gammas"])
+        for row, n in zip(rows, names):
+            row[m] = result.r2[n]
+    return rows
+
+
 def refit_r2(x_fit: Any, y_fit: Any, x_score: Any, y_score: Any, alpha: float, gamma: float,
              chunk: int = 2048) -> float:
     """Score-set R^2 of one RBF kernel ridge fit (``alpha``, ``gamma``) on all of ``x_fit``,
@@ -576,6 +601,16 @@ def stage_protocol(args: Any, out: Path) -> list[dict[str, Any]]:
                   f"{row['specific']:.3f}, style {row['style']:.3f}; gamma {row['x1_gamma']:.3g}/{row['x2_gamma']:.3g}, "
                   f"alpha {row['x1_alpha']:.3g}/{row['x2_alpha']:.3g}; {row['cpu_s']} CPU-s", flush=True)
             _table(rows, out, "protocol")
+    if args.directions:
+        content = valid.process.chol["content"]
+        fit_in, score_in = inputs("embedding", lat_fit, obs_fit), inputs("embedding", lat_score, obs_score)
+        protocol = protocols[names[0]]
+        directions = [{"protocol": names[0], "seed": seed, **r} for r in direction_r2(
+            fit_in, lat_fit["content"], score_in, lat_score["content"], content @ content.T, protocol)]
+        for r in directions:
+            print(f"content direction {r['direction']} (variance {r['variance']:.3f}), {names[0]}: "
+                  + ", ".join(f"{m} {r[m]:.3f}" for m in MODALITIES), flush=True)
+        _table(directions, out, "protocol_directions")
     return rows
 
 
@@ -626,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"protocol: among {', '.join(PROTOCOLS)} (default all but paper)")
     parser.add_argument("--oracles", nargs="+", default=None, choices=ORACLES,
                         help="protocol: the inputs scored (default all: the embedding and the oracles)")
+    parser.add_argument("--directions", action="store_true",
+                        help="protocol: also the embedding's R^2 of each principal direction of the content "
+                             "(under the first protocol; OUT/protocol_directions.csv)")
     parser.add_argument("--authors-code", type=Path, default=None, help="a checkout of the authors' repository")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--no-reuse", action="store_true", help="confirm: retrain runs that already hold a result")
