@@ -3,7 +3,9 @@
 a block the embedding lacks 0), the screen and curve stages at --smoke size (the tables hold the
 settings and the steps asked for), and the authors' stage against a stand-in checkout whose
 main_mlp.py calls the two functions the stage hooks (the scored steps are the optimiser steps
-done)."""
+done); the protocol stage: saved encoders load back to the same embedding, its protocols use
+the samples they name, the paper-size refit equals the task's kernel ridge, the oracle inputs
+hold the content, and the content directions an input lacks score near 0."""
 
 from __future__ import annotations
 
@@ -119,3 +121,143 @@ def test_authors_stage_needs_a_checkout(tune, tmp_path: Path) -> None:
         tune.main(["--stage", "authors", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="no main_mlp.py"):
         tune.main(["--stage", "authors", "--authors-code", str(tmp_path), "--out", str(tmp_path)])
+
+
+def test_saved_encoders_load_back_to_the_same_embedding(tune, tmp_path: Path) -> None:
+    """--save-encoders keeps what --stage protocol scores: the loaded encoders embed as the trained
+    ones did, with their setting and seed; a file that does not fit its setting is refused."""
+    from mmviews.modalities import build_adapter
+
+    setting = {**tune.candidate_setting(), **tune.CURVES["l2_d5_lr3e-3"], "hidden": 8}
+    torch.manual_seed(3)
+    adapters = torch.nn.ModuleList(build_adapter(tune._adapter_spec(setting)) for _ in tune.MODALITIES)
+    path = tune.save_encoders(adapters, setting, 7, tmp_path / "enc" / "run.safetensors")
+    loaded, got_setting, seed = tune.load_encoders(path)
+    assert seed == 7 and got_setting == setting and not loaded.training
+    x = torch.randn(10, 1, 15)
+    for a, b in zip(adapters, loaded):
+        out = b({"values": x})
+        assert out.shape == (10, 5) and not torch.allclose(out.norm(dim=-1), torch.ones(10))  # the L2 critic's: unnormalised
+        torch.testing.assert_close(a({"values": x}), out, rtol=0, atol=0)
+    assert not torch.equal(loaded[0]({"values": x}), loaded[1]({"values": x}))  # each modality its own weights
+    wrong = tmp_path / "enc" / "run.json"
+    wrong.write_text(wrong.read_text().replace('"hidden": 8', '"hidden": 16'))
+    with pytest.raises(SystemExit, match="weights of x1 do not fit"):
+        tune.load_encoders(path)
+    with pytest.raises(SystemExit, match="needs the weights file"):
+        tune.load_encoders(tmp_path / "missing.safetensors")
+
+
+def test_score_protocol_reads_the_block_an_input_holds_under_its_sizes(tune) -> None:
+    rng = np.random.default_rng(1)
+
+    def latents(n: int) -> dict[str, np.ndarray]:
+        return {k: rng.standard_normal((n, 2)) for k in ("content", "style_x1", "style_x2", "specific_x1", "specific_x2")}
+
+    fit, score = latents(400), latents(300)
+    inputs_fit = {"x1": np.tanh(fit["content"]), "x2": fit["specific_x2"]}
+    inputs_score = {"x1": np.tanh(score["content"]), "x2": score["specific_x2"]}
+    protocol = {"fit": 240, "score": 200, **tune.TASK_GRID}
+    row = tune.score_protocol(inputs_fit, fit, inputs_score, score, protocol)
+    assert row["x1_content"] > 0.97 and row["x2_specific"] > 0.97 and abs(row["x2_content"]) < 0.05
+    assert row["content"] == pytest.approx((row["x1_content"] + row["x2_content"]) / 2)
+    assert row["x1_alpha"] in tune.TASK_GRID["alphas"] and row["x1_gamma"] in tune.TASK_GRID["gammas"]
+    # the protocol's sizes are the samples it uses: the same sizes, whatever lies beyond them
+    longer_fit = {k: np.concatenate([v, rng.standard_normal(v.shape)]) for k, v in fit.items()}
+    longer_in = {m: np.concatenate([v, rng.standard_normal(v.shape)]) for m, v in inputs_fit.items()}
+    assert tune.score_protocol(longer_in, longer_fit, inputs_score, score, protocol) == row
+    fewer = tune.score_protocol(inputs_fit, fit, inputs_score, score, {**protocol, "fit": 60})
+    assert fewer["x1_content"] < row["x1_content"]
+
+
+def test_oracle_inputs(tune) -> None:
+    from mmviews.data.identifiability import IdentifiabilityData
+
+    data = IdentifiabilityData(500, 0, 1)
+    lat = data.latents(np.arange(500))
+    obs = data.observations(lat)
+    c = lat["content"]
+    np.testing.assert_array_equal(tune.oracle_inputs("content", lat, obs, "x1", data.process), c)
+    np.testing.assert_array_equal(tune.oracle_inputs("observation", lat, obs, "x2", data.process), obs["x2"])
+    warped = tune.oracle_inputs("content_tanh", lat, obs, "x1", data.process)
+    assert warped.shape == c.shape and np.abs(warped).max() < 1 and np.abs(warped).max() > 0.99  # it saturates
+    mixed = [tune.oracle_inputs("content_mix", lat, obs, m, data.process) for m in tune.MODALITIES]
+    assert mixed[0].shape == (500, 15) and not np.allclose(mixed[0], mixed[1])  # each modality's own mixing
+    # the modality's own mixing of (c, 0, 0): unmixed, it gives the content back and zeros
+    unmixed = data.process.unmix(0, mixed[0])
+    np.testing.assert_allclose(unmixed[:, :5], c, atol=1e-8)
+    np.testing.assert_allclose(unmixed[:, 5:], 0, atol=1e-8)
+    with pytest.raises(ValueError, match="oracle input 'nope'"):
+        tune.oracle_inputs("nope", lat, obs, "x1", data.process)
+
+
+@pytest.mark.slow
+def test_protocol_stage_scores_a_saved_run(tune, tmp_path: Path) -> None:
+    assert tune.main(["--smoke", "--stage", "curve", "--settings", "l2_d5_lr3e-3", "--seeds", "2", "--save-encoders",
+                      "--out", str(tmp_path)]) == 0
+    encoders = tmp_path / "encoders" / "l2_d5_lr3e-3_seed2.safetensors"
+    assert tune.main(["--smoke", "--stage", "protocol", "--encoders", str(encoders), "--protocols", "task", "wide",
+                      "--oracles", "embedding", "content", "--directions", "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path / "protocol.csv")
+    assert [(r["input"], r["protocol"]) for r in rows] == [("embedding", "task"), ("embedding", "wide"),
+                                                          ("content", "task"), ("content", "wide")]
+    assert all(r["seed"] == "2" for r in rows)
+    assert float(rows[2]["content"]) > 0.95 > float(rows[0]["content"])  # the true content against a 6-step encoder
+    directions = _rows(tmp_path / "protocol_directions.csv")
+    variances = [float(r["variance"]) for r in directions]
+    assert [r["direction"] for r in directions] == ["0", "1", "2", "3", "4"] and variances == sorted(variances)
+    assert {r["protocol"] for r in directions} == {"task"} and all(math.isfinite(float(r["x2"])) for r in directions)
+    with pytest.raises(SystemExit, match="--protocols nope"):
+        tune.main(["--stage", "protocol", "--encoders", str(encoders), "--protocols", "nope", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="needs --encoders"):
+        tune.main(["--stage", "protocol", "--out", str(tmp_path)])
+
+
+def test_refit_is_the_kernel_ridge_of_the_whole_fit_set(tune) -> None:
+    """The paper's-size refit (one kernel, built in place, scored in chunks) gives what the task's
+    kernel ridge gives when its grid holds only that alpha and gamma; and a protocol with fewer CV
+    samples than fit samples is scored by it."""
+    from mmviews.eval.identifiability import kernel_ridge_r2
+
+    rng = np.random.default_rng(2)
+    x_fit, x_score = torch.as_tensor(rng.standard_normal((300, 3))), torch.as_tensor(rng.standard_normal((250, 3)))
+    y_fit, y_score = torch.sin(x_fit[:, :2] * 2), torch.sin(x_score[:, :2] * 2)
+    for alpha, gamma in ((0.01, 0.5), (1.0, 3.0)):
+        want = kernel_ridge_r2(x_fit, {"y": y_fit}, x_score, {"y": y_score}, [alpha], [gamma]).r2["y"]
+        got = tune.refit_r2(x_fit, y_fit, x_score, y_score, alpha, gamma, chunk=64)
+        assert got == pytest.approx(want, abs=1e-10)
+    lat = {k: rng.standard_normal((300, 2)) for k in ("content", "style_x1", "style_x2", "specific_x1", "specific_x2")}
+    inputs = {"x1": np.sin(lat["content"]), "x2": np.sin(lat["content"])}
+    full = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 300, "score": 300, **tune.TASK_GRID})
+    small_cv = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 300, "score": 300, "cv_samples": 60, **tune.TASK_GRID})
+    cv_only = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 60, "score": 300, **tune.TASK_GRID})
+    assert small_cv["x1_content"] > cv_only["x1_content"]  # refitted on all 300, not on the CV's 60
+    assert small_cv["x1_content"] == pytest.approx(full["x1_content"], abs=0.02)
+    assert small_cv["x1_style"] != cv_only["x1_style"]  # every block refitted by default
+    content_only = tune.score_protocol(inputs, lat, inputs, lat, {"fit": 300, "score": 300, "cv_samples": 60,
+                                                                  "refit_blocks": ("content",), **tune.TASK_GRID})
+    assert content_only["x1_content"] == small_cv["x1_content"]
+    # the style keeps the CV set's fit (standardised on all 300, so near, not equal to, the 60-sample protocol's)
+    assert content_only["x1_style"] != small_cv["x1_style"]
+    assert content_only["x1_style"] == pytest.approx(cv_only["x1_style"], abs=0.01)
+
+
+def test_direction_r2_finds_the_content_direction_an_input_lacks(tune) -> None:
+    """An input that holds the content along its large-variance axis but not along its small one
+    scores near 1 on the first and near 0 on the second, rows ordered by variance."""
+    rng = np.random.default_rng(4)
+    rotation = np.linalg.qr(rng.standard_normal((2, 2)))[0]
+    covariance = rotation @ np.diag([0.3, 9.0]) @ rotation.T
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        c = rng.standard_normal((n, 2)) @ np.linalg.cholesky(covariance).T
+        strong = c @ rotation[:, 1]  # the coordinate along the large-variance axis
+        return c, np.stack([np.tanh(strong / 3), rng.standard_normal(n)], axis=1)
+
+    c_fit, x_fit = draw(400)
+    c_score, x_score = draw(300)
+    rows = tune.direction_r2({"x1": x_fit}, c_fit, {"x1": x_score}, c_score, covariance,
+                             {"fit": 300, "score": 300, **tune.TASK_GRID})
+    assert [r["direction"] for r in rows] == [0, 1]
+    assert rows[0]["variance"] == pytest.approx(0.3) and rows[1]["variance"] == pytest.approx(9.0)
+    assert abs(rows[0]["x1"]) < 0.05 and rows[1]["x1"] > 0.97

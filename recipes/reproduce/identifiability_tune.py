@@ -21,6 +21,12 @@ Stages (``--stage``):
   at temperature 1 with negatives from a second batch of the same modality, 5-d encoding, 6
   hidden layers up to 750 wide, gradient clipping at norm 2), scored at its log steps with the
   same protocol as the curve.
+- ``protocol``: one trained embedding (``--encoders``, a file that ``--stage curve
+  --save-encoders`` wrote) scored under several evaluation protocols (``--protocols``: the
+  task's defaults, more fit samples, wider alpha / gamma grids, the paper's sample sizes) and,
+  beside it, oracle inputs under the same protocols (``--oracles``: the true content, through
+  the identity and two known invertible maps, and the raw observation): is the evaluation or
+  the encoder what holds the content's R^2 down.
 
 The loop is a lean copy of the trainer's (``mmviews.train``): the ``identifiability`` dataset's
 samples by index (fresh at every step), the recipe's ``mlp`` adapters built by
@@ -44,6 +50,8 @@ Usage::
     python recipes/reproduce/identifiability_tune.py --stage curve --seeds 0 1 2
     python recipes/reproduce/identifiability_tune.py --stage authors --authors-code /path/to/checkout --steps 1000
     python recipes/reproduce/identifiability_tune.py --stage confirm --seeds 0 1 2
+    python recipes/reproduce/identifiability_tune.py --stage curve --settings l2_d5_lr3e-3 --steps 6000 --seeds 1 --save-encoders
+    python recipes/reproduce/identifiability_tune.py --stage protocol --encoders OUT/encoders/l2_d5_lr3e-3_seed1.safetensors
     python recipes/reproduce/identifiability_tune.py --smoke         # seconds (tests)
 """
 
@@ -142,10 +150,13 @@ def score_blocks(emb_fit: Mapping[str, Any], lat_fit: Mapping[str, np.ndarray], 
 
 
 def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit: int, score: int,
-                on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                on_row: Callable[[dict[str, Any]], None] | None = None,
+                save: Path | None = None) -> list[dict[str, Any]]:
     """Train one setting (M = 2, p = 0.75, both dependences) from seed ``seed``; the R^2 rows at
     the steps ``evals`` (0: the encoder as initialised) and at the last step, each with the
-    training CPU seconds so far (evaluation excluded)."""
+    training CPU seconds so far (evaluation excluded). With ``save``, the trained encoders'
+    weights go there (safetensors, keys ``<modality>.<parameter>``) with the setting beside them
+    (``<save>.json``), for :func:`load_encoders`."""
     import torch
 
     from mmviews.data.identifiability import IdentifiabilityData
@@ -162,9 +173,7 @@ def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit
     unit = setting["critic"] == "cosine"
     # the sphere: the adapters' normalised output, scored by the cosine critic; the L2 critic: the
     # head's output as it is (l2_normalize false), scored by simclr's squared_l2 critic
-    adapters = torch.nn.ModuleList(build_adapter({
-        "type": "mlp", "input_dim": 15, "hidden_dim": setting["hidden"], "num_layers": int(setting.get("layers", 3)), "activation": "leaky_relu",
-        "head": {"kind": "linear"}, "embed_dim": setting["embed_dim"], "l2_normalize": unit}) for _ in MODALITIES)
+    adapters = torch.nn.ModuleList(build_adapter(_adapter_spec(setting)) for _ in MODALITIES)
 
     def embed(adapter: Any, values: Any) -> Any:
         return adapter({"values": values})
@@ -206,7 +215,59 @@ def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit
         schedule.step()
         if step in evals or step == steps:
             evaluate(step)
+    if save is not None:
+        save_encoders(adapters, setting, seed, save)
     return rows
+
+
+def _adapter_spec(setting: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``mlp`` adapter of one modality in ``setting`` (the sphere for the cosine critic, the
+    head's output as it is for the L2 critic)."""
+    return {"type": "mlp", "input_dim": 15, "hidden_dim": setting["hidden"], "num_layers": int(setting.get("layers", 3)),
+            "activation": "leaky_relu", "head": {"kind": "linear"}, "embed_dim": setting["embed_dim"],
+            "l2_normalize": setting["critic"] == "cosine"}
+
+
+def save_encoders(adapters: Any, setting: Mapping[str, Any], seed: int, path: Path) -> Path:
+    """The two modalities' encoders to ``path`` (safetensors) and their setting and seed to
+    ``path.with_suffix('.json')``, each written atomically."""
+    from safetensors.torch import save as save_bytes
+
+    from mmviews.fileio import atomic_write_bytes, atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{m}.{k}": v.detach().cpu().contiguous() for a, m in zip(adapters, MODALITIES)
+               for k, v in a.state_dict().items()}
+    atomic_write_bytes(path, save_bytes(tensors))
+    atomic_write_text(path.with_suffix(".json"), json.dumps({"setting": dict(setting), "seed": seed}, indent=1))
+    return path
+
+
+def load_encoders(path: Path) -> tuple[Any, dict[str, Any], int]:
+    """The encoders :func:`save_encoders` wrote (a ``ModuleList`` of the two adapters, in eval
+    mode), their setting and seed; a clear error for a missing or mismatched file."""
+    import torch
+    from safetensors.torch import load_file
+
+    from mmviews.modalities import build_adapter
+
+    meta_path = path.with_suffix(".json")
+    if not path.is_file() or not meta_path.is_file():
+        raise SystemExit(f"--encoders {path}: needs the weights file and {meta_path.name} beside it "
+                         "(written by --stage curve --save-encoders)")
+    meta = json.loads(meta_path.read_text())
+    setting = meta["setting"]
+    tensors = load_file(str(path))
+    adapters = torch.nn.ModuleList(build_adapter(_adapter_spec(setting)) for _ in MODALITIES)
+    for adapter, m in zip(adapters, MODALITIES):
+        own = {k[len(m) + 1:]: v for k, v in tensors.items() if k.startswith(f"{m}.")}
+        try:
+            adapter.load_state_dict(own)
+        except RuntimeError as err:
+            raise SystemExit(f"--encoders {path}: the weights of {m} do not fit the setting in {meta_path.name}: "
+                             f"{str(err).splitlines()[0]}") from None
+    adapters.eval()
+    return adapters, setting, int(meta["seed"])
 
 
 def log_steps(steps: int, points: int = 6) -> list[int]:
@@ -262,7 +323,8 @@ def stage_curve(args: Any, out: Path) -> list[dict[str, Any]]:
             _table(rows, out, "curve")
 
         for seed in args.seeds or [0, 1, 2]:
-            train_curve(setting, seed, evals, sz["fit"], sz["score"], report)
+            save = out / "encoders" / f"{name}_seed{seed}.safetensors" if args.save_encoders else None
+            train_curve(setting, seed, evals, sz["fit"], sz["score"], report, save)
     return rows
 
 
@@ -368,6 +430,190 @@ def stage_confirm(args: Any, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# The evaluation protocols the ``protocol`` stage compares on one trained embedding: the task's
+# defaults; more fit samples; wider alpha / gamma grids; the paper's (scikit-learn's GridSearchCV
+# of KernelRidge over the task's grid, fitted on 5 batches of 4096 samples and scored on 5 more).
+TASK_GRID = {"alphas": (1.0, 0.1, 0.01, 0.001), "gammas": tuple(10.0 ** (-2 + 4 * k / 3) for k in range(4))}
+WIDE_GRID = {"alphas": tuple(10.0 ** -k for k in range(7)), "gammas": tuple(10.0 ** (-3 + k / 2) for k in range(9))}
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "task": {"fit": 2048, "score": 4096, **TASK_GRID},
+    "fit4096": {"fit": 4096, "score": 4096, **TASK_GRID},
+    "fit8192": {"fit": 8192, "score": 4096, **TASK_GRID},
+    "wide": {"fit": 2048, "score": 4096, **WIDE_GRID},
+    "wide_fit4096": {"fit": 4096, "score": 4096, **WIDE_GRID},
+    "wide_fit8192": {"fit": 8192, "score": 4096, **WIDE_GRID},
+    # the paper's sizes; alpha and gamma chosen by the grid's 3-fold CV on the first 4096 fit
+    # samples (the paper's CV on all 20480 holds 16 GB of kernels), then one refit of the content
+    # on all 20480 (about 3 CPU-minutes a modality; the other blocks keep the CV set's fit)
+    "paper": {"fit": 20480, "score": 20480, "cv_samples": 4096, "refit_blocks": ("content",), **TASK_GRID},
+}
+# The inputs scored beside the embedding: the true content through known maps (a ceiling of the
+# protocol for an exact recovery) and the raw observations of each modality.
+ORACLES = ("embedding", "content", "content_tanh", "content_mix", "observation")
+
+
+def oracle_inputs(kind: str, latents: Mapping[str, np.ndarray], observations: Mapping[str, np.ndarray],
+                  modality: str, process: Any) -> np.ndarray:
+    """The regression's input for ``kind``: ``content`` itself; ``content_tanh``, tanh of a fixed
+    rotation of the content scaled to unit variance times 1.5 (smooth, invertible, saturating
+    as a trained encoder may); ``content_mix``, the modality's own mixing MLP applied to
+    (content, 0, 0) (piecewise linear, invertible on the content); ``observation``, the
+    modality's raw 15-d observation (which holds every block)."""
+    c = latents["content"]
+    if kind == "content":
+        return c
+    if kind == "content_tanh":
+        rotation = np.linalg.qr(np.random.default_rng(0).standard_normal((c.shape[1], c.shape[1])))[0]
+        return np.tanh(1.5 * (c / np.sqrt(np.diag(process.chol["content"] @ process.chol["content"].T))) @ rotation)
+    if kind == "content_mix":
+        z = np.zeros((len(c), process.dim))
+        z[:, :c.shape[1]] = c
+        return process.mix(MODALITIES.index(modality), z)
+    if kind == "observation":
+        return observations[modality]
+    raise ValueError(f"oracle input {kind!r}: choose from {', '.join(ORACLES)}")
+
+
+def score_protocol(inputs_fit: Mapping[str, np.ndarray], lat_fit: Mapping[str, np.ndarray],
+                   inputs_score: Mapping[str, np.ndarray], lat_score: Mapping[str, np.ndarray],
+                   protocol: Mapping[str, Any]) -> dict[str, float]:
+    """Kernel ridge R^2 of every block per modality (``<m>_<block>``) and the means over the
+    modalities (``<block>``) under ``protocol`` (its fit and score sizes, alpha and gamma
+    grids), with the alpha and gamma the content's cross-validation chose (``<m>_alpha``,
+    ``<m>_gamma``); the inputs standardised on the fit set, as the task does."""
+    import torch
+
+    from mmviews.eval.identifiability import kernel_ridge_r2, standardise
+
+    fit, score = int(protocol["fit"]), int(protocol["score"])
+    cv = int(protocol.get("cv_samples", fit))
+    row: dict[str, float] = {}
+    for m in inputs_fit:
+        x_fit, x_score = standardise(torch.as_tensor(inputs_fit[m][:fit]), torch.as_tensor(inputs_score[m][:score]))
+        keys = {"content": "content", "style": f"style_{m}", "specific": f"specific_{m}"}
+        y_fit = {b: torch.as_tensor(lat_fit[k][:fit]).double() for b, k in keys.items()}
+        y_score = {b: torch.as_tensor(lat_score[k][:score]).double() for b, k in keys.items()}
+        result = kernel_ridge_r2(x_fit[:cv], {b: y[:cv] for b, y in y_fit.items()}, x_score, y_score,
+                                 protocol["alphas"], protocol["gammas"])
+        if cv < fit:  # refit on the whole fit set with the alpha and gamma each block's CV chose
+            for b in protocol.get("refit_blocks", BLOCKS):
+                result.r2[b] = refit_r2(x_fit, y_fit[b], x_score, y_score[b], result.alpha[b], result.gamma[b])
+        for b in BLOCKS:
+            row[f"{m}_{b}"] = result.r2[b]
+        row[f"{m}_alpha"], row[f"{m}_gamma"] = result.alpha["content"], result.gamma["content"]
+    for b in BLOCKS:
+        row[b] = sum(row[f"{m}_{b}"] for m in inputs_fit) / len(inputs_fit)
+    return row
+
+
+def direction_r2(inputs_fit: Mapping[str, np.ndarray], content_fit: np.ndarray, inputs_score: Mapping[str, np.ndarray],
+                 content_score: np.ndarray, covariance: np.ndarray, protocol: Mapping[str, Any]) -> list[dict[str, float]]:
+    """Where the content is lost: one row per principal direction of the content's
+    ``covariance`` (smallest variance first), its variance and, per modality (``<m>``), the
+    kernel ridge R^2 of the content's coordinate along it under ``protocol`` (fit and score
+    sizes, grids; the inputs standardised on the fit set)."""
+    import torch
+
+    from mmviews.eval.identifiability import kernel_ridge_r2, standardise
+
+    fit, score = int(protocol["fit"]), int(protocol["score"])
+    variances, axes = np.linalg.eigh(covariance)
+    along_fit, along_score = content_fit[:fit] @ axes, content_score[:score] @ axes
+    names = [f"pc{k}" for k in range(len(variances))]
+    rows = [{"direction": k, "variance": float(v)} for k, v in enumerate(variances)]
+    for m in inputs_fit:
+        x_fit, x_score = standardise(torch.as_tensor(inputs_fit[m][:fit]), torch.as_tensor(inputs_score[m][:score]))
+        result = kernel_ridge_r2(x_fit, {n: torch.as_tensor(along_fit[:, k]) for k, n in enumerate(names)}, x_score,
+                                 {n: torch.as_tensor(along_score[:, k]) for k, n in enumerate(names)},
+                                 protocol["alphas"], protocol["gammas"])
+        for row, n in zip(rows, names):
+            row[m] = result.r2[n]
+    return rows
+
+
+def refit_r2(x_fit: Any, y_fit: Any, x_score: Any, y_score: Any, alpha: float, gamma: float,
+             chunk: int = 2048) -> float:
+    """Score-set R^2 of one RBF kernel ridge fit (``alpha``, ``gamma``) on all of ``x_fit``,
+    holding one [fit, fit] float64 kernel and its Cholesky factor (built in place; the score
+    set's kernel rows ``chunk`` at a time): the paper's fit size without its 16 GB of CV."""
+    import torch
+
+    from mmviews.eval.identifiability import r2_score, rbf_kernel
+
+    x_fit = x_fit.double()
+    kernel = x_fit @ x_fit.T
+    sq = (x_fit * x_fit).sum(1)
+    kernel.mul_(-2.0).add_(sq[:, None]).add_(sq[None, :]).clamp_(min=0.0).mul_(-gamma).exp_()
+    kernel.diagonal().add_(alpha)
+    factor, info = torch.linalg.cholesky_ex(kernel)
+    del kernel
+    if int(info):
+        raise RuntimeError(f"kernel ridge refit: the kernel (gamma {gamma}, alpha {alpha}) is not positive definite")
+    dual = torch.cholesky_solve(y_fit.double().reshape(len(x_fit), -1), factor)
+    del factor
+    pred = torch.cat([rbf_kernel(x_score[i:i + chunk], x_fit, gamma) @ dual for i in range(0, len(x_score), chunk)])
+    return r2_score(y_score, pred)
+
+
+def stage_protocol(args: Any, out: Path) -> list[dict[str, Any]]:
+    """One trained embedding (``--encoders``, from ``--stage curve --save-encoders``) scored under
+    each protocol of ``--protocols`` (default all but ``paper``), and beside it the oracle inputs
+    of ``--oracles`` under the same protocols; one row per (input, protocol) with its CPU
+    seconds."""
+    import torch
+
+    from mmviews.data.identifiability import IdentifiabilityData
+
+    if args.encoders is None:
+        raise SystemExit("--stage protocol needs --encoders FILE (written by --stage curve --save-encoders)")
+    adapters, setting, seed = load_encoders(Path(args.encoders))
+    names = args.protocols or [p for p in PROTOCOLS if p != "paper"]
+    for name in names:
+        if name not in PROTOCOLS:
+            raise SystemExit(f"--protocols {name}: choose from {', '.join(PROTOCOLS)}")
+    protocols = {n: dict(PROTOCOLS[n]) for n in names}
+    if args.size == "smoke":
+        for p in protocols.values():
+            p.update(fit=min(p["fit"], SIZES["smoke"]["fit"]), score=min(p["score"], SIZES["smoke"]["score"]))
+    n_fit, n_score = max(p["fit"] for p in protocols.values()), max(p["score"] for p in protocols.values())
+    valid, test = IdentifiabilityData(n_fit, seed, 1), IdentifiabilityData(n_score, seed, 2)
+    lat_fit, lat_score = valid.latents(np.arange(n_fit)), test.latents(np.arange(n_score))
+    obs_fit, obs_score = valid.observations(lat_fit), test.observations(lat_score)
+
+    def inputs(kind: str, latents: Mapping[str, np.ndarray], obs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if kind != "embedding":
+            return {m: oracle_inputs(kind, latents, obs, m, valid.process) for m in MODALITIES}
+        with torch.no_grad():
+            return {m: a({"values": torch.from_numpy(obs[m].astype(np.float32))[:, None]}).double().numpy()
+                    for a, m in zip(adapters, MODALITIES)}
+
+    rows: list[dict[str, Any]] = []
+    for kind in args.oracles or list(ORACLES):
+        fit_in, score_in = inputs(kind, lat_fit, obs_fit), inputs(kind, lat_score, obs_score)
+        for name, protocol in protocols.items():
+            t0 = cpu_seconds()
+            row = {"input": kind, "protocol": name, "seed": seed, "fit": protocol["fit"], "score": protocol["score"],
+                   **score_protocol(fit_in, lat_fit, score_in, lat_score, protocol)}
+            row["cpu_s"] = round(cpu_seconds() - t0, 1)
+            rows.append(row)
+            print(f"protocol {name} ({protocol['fit']} fit / {protocol['score']} scored), {kind}: content "
+                  f"{row['content']:.3f} (x1 {row['x1_content']:.3f}, x2 {row['x2_content']:.3f}), specific "
+                  f"{row['specific']:.3f}, style {row['style']:.3f}; gamma {row['x1_gamma']:.3g}/{row['x2_gamma']:.3g}, "
+                  f"alpha {row['x1_alpha']:.3g}/{row['x2_alpha']:.3g}; {row['cpu_s']} CPU-s", flush=True)
+            _table(rows, out, "protocol")
+    if args.directions:
+        content = valid.process.chol["content"]
+        fit_in, score_in = inputs("embedding", lat_fit, obs_fit), inputs("embedding", lat_score, obs_score)
+        protocol = protocols[names[0]]
+        directions = [{"protocol": names[0], "seed": seed, **r} for r in direction_r2(
+            fit_in, lat_fit["content"], score_in, lat_score["content"], content @ content.T, protocol)]
+        for r in directions:
+            print(f"content direction {r['direction']} (variance {r['variance']:.3f}), {names[0]}: "
+                  + ", ".join(f"{m} {r[m]:.3f}" for m in MODALITIES), flush=True)
+        _table(directions, out, "protocol_directions")
+    return rows
+
+
 def plot_curves(out: Path) -> Path | None:
     """R^2 of every block against optimiser steps, one line per setting and seed (the seeds may
     reach different steps), the authors' code beside them."""
@@ -400,7 +646,7 @@ def plot_curves(out: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=["screen", "curve", "authors", "confirm", "plot"], default="screen")
+    parser.add_argument("--stage", choices=["screen", "curve", "authors", "confirm", "protocol", "plot"], default="screen")
     parser.add_argument("--smoke", action="store_true", help="a few steps of tiny runs (tests)")
     parser.add_argument("--settings", nargs="+", default=None,
                         help=f"screen: among {', '.join(SCREEN)}; curve: among {', '.join(CURVES)}")
@@ -408,6 +654,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="curve / authors: optimiser steps (default the candidate's)")
     parser.add_argument("--evals", type=int, nargs="+", default=None,
                         help="curve: the steps scored (0: the encoder as initialised; default about 6, spaced geometrically)")
+    parser.add_argument("--save-encoders", action="store_true",
+                        help="curve: keep each run's trained encoders (OUT/encoders/<setting>_seed<seed>.safetensors)")
+    parser.add_argument("--encoders", type=Path, default=None, help="protocol: a file of --save-encoders")
+    parser.add_argument("--protocols", nargs="+", default=None,
+                        help=f"protocol: among {', '.join(PROTOCOLS)} (default all but paper)")
+    parser.add_argument("--oracles", nargs="+", default=None, choices=ORACLES,
+                        help="protocol: the inputs scored (default all: the embedding and the oracles)")
+    parser.add_argument("--directions", action="store_true",
+                        help="protocol: also the embedding's R^2 of each principal direction of the content "
+                             "(under the first protocol; OUT/protocol_directions.csv)")
     parser.add_argument("--authors-code", type=Path, default=None, help="a checkout of the authors' repository")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--no-reuse", action="store_true", help="confirm: retrain runs that already hold a result")
@@ -424,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     stage = {"screen": stage_screen, "curve": stage_curve, "authors": stage_authors, "confirm": stage_confirm,
-             "plot": lambda a, o: []}[args.stage]
+             "protocol": stage_protocol, "plot": lambda a, o: []}[args.stage]
     stage(args, out)
     if args.stage in ("curve", "authors", "plot"):
         plot_curves(out)
