@@ -99,12 +99,29 @@ def test_an_unknown_parameter_gets_the_abbreviated_or_the_closest_parameter_as_h
 
 
 def test_a_value_the_constructor_refuses_with_a_type_error_names_the_objective():
-    # `objective.params: {temperature: null}` in a recipe reaches float(None) in the constructor
+    # `objective.params: {beta: null}` in a recipe reaches float(None) in the constructor
     with pytest.raises(ValueError) as info:
-        get_objective("mv_dhel", temperature=None)
-    assert str(info.value) == ("objective 'mv_dhel': float() argument must be a string or a real number, not "
-                               "'NoneType'; accepted parameters: ['temperature', 'chunk_size', 'score_budget_mb', "
-                               "'learn_temperature']")
+        get_objective("ipmc", beta=None)
+    assert str(info.value).startswith("objective 'ipmc': float() argument must be a string or a real number, not "
+                                      "'NoneType'; accepted parameters: ['gamma', 'delta', 'beta',")
+
+
+@pytest.mark.parametrize("value,shown", [("x", "'x'"), (None, "None"), ("0.1x", "'0.1x'"), (-1, "-1.0"), (0, "0.0")])
+def test_a_temperature_that_is_no_positive_number_is_named_with_the_objective(value, shown):
+    # a string or null from a recipe gets the sentence a number out of range gets, not float()'s own
+    with pytest.raises(ValueError) as info:
+        get_objective("mv_dhel", temperature=value)
+    assert str(info.value) == f"objective 'mv_dhel': temperature must be a finite number > 0, got {shown}"
+
+
+@pytest.mark.parametrize("name,params,message", [
+    ("fmicl", {"divergence": "zz"}, "fmicl: unknown divergence 'zz'; known: "),
+    ("geometric_pvc", {"critic": "zz"}, "objective 'geometric_pvc': critic must be one of "),
+])
+def test_an_error_that_names_its_objective_is_not_prefixed_twice(name, params, message):
+    with pytest.raises(ValueError) as info:
+        get_objective(name, **params)
+    assert str(info.value).startswith(message) and str(info.value).count(name) == message.count(name)
 
 
 def test_an_objective_that_takes_keyword_options_gets_every_parameter(monkeypatch):

@@ -152,7 +152,8 @@ def test_restart_setup_is_said_in_one_line(monkeypatch, tmp_path):
     lines = restart_setup_lines(config)
     assert len(lines) == 2 and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in lines[0] and "c10d" in lines[0]
     assert lines[0].startswith("--max_restarts 1: ") and lines[0].endswith(" (docs/reliability.md)")
-    assert "output.auto_resume=true" in lines[1]
+    assert lines[1] == ("--max_restarts 1: a restart would refuse this run's folder; add --set output.auto_resume=true "
+                        "so that it continues from the newest checkpoint")
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")  # a launcher that does not say: only the recipe is judged
     assert restart_setup_lines(config) == lines[1:]
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")

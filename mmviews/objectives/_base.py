@@ -98,6 +98,10 @@ def get_objective(name: str, **params) -> "MultiViewObjective":
         return cls(**params)
     except TypeError as error:  # e.g. a value of the wrong type: say which objective and what it takes
         raise ValueError(f"objective {name!r}: {error}; accepted parameters: {accepted}") from None
+    except ValueError as error:  # a value out of range: say which objective, once
+        if str(error).startswith((f"objective {name!r}", f"{name}:")):
+            raise
+        raise ValueError(f"objective {name!r}: {error}") from None
 
 
 def check_contract(cls: type["MultiViewObjective"]) -> None:
@@ -122,7 +126,10 @@ def check_contract(cls: type["MultiViewObjective"]) -> None:
 
 def check_temperature(temperature: float, what: str = "temperature") -> float:
     """``temperature`` as a float; ``ValueError`` unless it is finite and > 0."""
-    temperature = float(temperature)
+    try:
+        temperature = float(temperature)
+    except (TypeError, ValueError):  # e.g. a string: the same sentence as for a number out of range
+        raise ValueError(f"{what} must be a finite number > 0, got {temperature!r}") from None
     if not temperature > 0 or temperature != temperature or temperature == float("inf"):
         raise ValueError(f"{what} must be a finite number > 0, got {temperature}")
     return temperature
