@@ -130,7 +130,7 @@ def check_temperature(temperature: float, what: str = "temperature") -> float:
         temperature = float(temperature)
     except (TypeError, ValueError):  # e.g. a string: the same sentence as for a number out of range
         raise ValueError(f"{what} must be a finite number > 0, got {temperature!r}") from None
-    if not temperature > 0 or temperature != temperature or temperature == float("inf"):
+    if not 0 < temperature < math.inf:  # NaN fails both comparisons
         raise ValueError(f"{what} must be a finite number > 0, got {temperature}")
     return temperature
 
