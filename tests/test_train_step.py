@@ -189,3 +189,73 @@ def test_clip_gradients_returns_the_norm_before_clipping_over_everything_trained
         coefficient = min(1.0, bound / (total + 1e-6))
         for q, g in zip(trained, given):
             assert torch.allclose(q.grad.double(), coefficient * g, rtol=1e-5, atol=1e-12)
+
+
+ER = {"name": "er", "params": {"temperature": 0.2}, "teacher_momentum": 0.9, "ema_teacher": True}
+IPMC = {"name": "ipmc", "params": {"beta": 0.1, "memory_bank_size": 64, "bank_negatives": 8, "critic_steps": 2}}
+
+
+# ER: the EMA teacher's embeddings and the presence mask (40 % of the modalities absent); IPMC: the
+# samples' dataset index (memory bank), a critic trained before the loss, the bank's update after
+@pytest.mark.parametrize("objective,missing,chunk", [(ER, 0.4, None), (IPMC, 0.0, None), (ER, 0.4, 4)],
+                         ids=["er-teacher-mask", "ipmc-index-critic", "er-teacher-mask-cached"])
+def test_the_step_is_the_objective_on_the_encoders_embeddings_then_a_clipped_step(tmp_path: Path, objective, missing,
+                                                                                  chunk) -> None:
+    """The loss and the critic's metrics train_step returns are the objective's on the
+    encoder's embeddings of the batch, with the batch's presence mask, the samples' index and
+    the EMA teacher's embeddings (computed here on copies taken before the step); the
+    objective's state after the step (IPMC's bank, its critic) is the copy's after its own
+    critic step and on_step_end; the gradients the optimiser gets are clipped at
+    max_grad_norm (plain step; the cached step: the clipping only, as its chunks draw their
+    augmentations and BatchNorm statistics per chunk)."""
+    import copy
+
+    from mmviews.config import load_config
+    from mmviews.train.build import build_run
+    from mmviews.train.setup import make_accelerator, prepare_run
+    from mmviews.train.step import train_step
+
+    raw = tiny_config(text=False, image=True, batch_norm=False, dropout=0.0, num_samples=32, batch_size=16, epochs=1)
+    raw["cpu"] = True
+    raw["data"]["options"]["missing_rate"] = missing
+    raw["objective"] = objective
+    raw["optimisation"].update({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "warmup_steps": 0, "max_grad_norm": 1e-3,
+                                "encode_chunk_size": chunk})
+    with own_accelerate_state():
+        config = load_config(write_recipe(tmp_path / "recipe.yaml", raw))
+        parts = build_run(config, with_eval=False)
+        p = prepare_run(make_accelerator(config, tmp_path / "run"), parts)
+        batch = next(iter(p.train_loader))
+        assert missing == 0.0 or not batch.all_views_present()
+        encoder = copy.deepcopy(p.accelerator.unwrap_model(p.model))
+        reference = copy.deepcopy(p.objective)
+        teacher = copy.deepcopy(p.teacher)
+        assert (teacher is not None) == objective["name"].startswith("er")
+        trained = [q for q in p.model.parameters() if q.requires_grad]
+        seen: list[float] = []
+        hook = p.optimizer.optimizer.register_step_pre_hook(lambda *_: seen.append(float(torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(q.grad.double()) for q in trained if q.grad is not None])))))
+        torch.manual_seed(1)  # IPMC draws its bank negatives: the same draws in both
+        try:
+            out, critic_metrics = train_step(p, batch, config.optimisation.max_grad_norm)
+        finally:
+            hook.remove()
+
+        torch.manual_seed(1)
+        z, mask = encoder(batch)
+        teacher_z = teacher(batch)[0] if teacher is not None else None
+        want_metrics = reference.critic_step(z.detach())
+        present = None if batch.all_views_present() else mask  # no mask where every view is there
+        want = reference.compute(z, present, index=batch.index if reference.takes_index else None, teacher=teacher_z)
+        reference.on_step_end(z.detach(), batch.index)
+    assert len(seen) == 1 and seen[0] == pytest.approx(1e-3, rel=1e-4)  # clipped (the loss's gradient is far larger)
+    if chunk is not None:  # the cached step's chunks draw augmentations and BatchNorm statistics per chunk
+        return
+    torch.testing.assert_close(out.loss.detach(), want.loss.detach(), rtol=1e-5, atol=1e-6)
+    assert sorted(critic_metrics) == sorted(want_metrics)
+    for key in want_metrics:
+        torch.testing.assert_close(critic_metrics[key], want_metrics[key], rtol=1e-5, atol=1e-6)
+    state, expected = p.objective.state_dict(), reference.state_dict()
+    assert sorted(state) == sorted(expected)
+    for key in expected:
+        torch.testing.assert_close(state[key], expected[key], rtol=1e-5, atol=1e-6, msg=lambda m, k=key: f"{k}: {m}")
