@@ -246,9 +246,18 @@ def test_temperature_pretrained_without_an_open_clip_checkpoint_is_refused(tmp_p
     from mmviews.train.build import build_run
 
     recipe = _pretrained_recipe(tmp_path, {"name": "siglip", "params": {"temperature": "pretrained"}}, None)
-    with pytest.raises(ConfigError, match=r"key 'objective.params.temperature': 'pretrained' starts from a pretrained "
-                                          r"open_clip model's logit_scale, but no adapter was loaded"):
+    message = (r"^recipe: key 'objective.params.temperature': 'pretrained' starts from a pretrained open_clip model's "
+               r"logit_scale, but no adapter was loaded from an open_clip checkpoint \(adapters: \['audio', 'image'\]; set "
+               r"adapters.<modality>.pretrained of an open_clip adapter, or give a number\)$")
+    with pytest.raises(ConfigError, match=message):
         build_run(load_config(recipe), with_eval=False)
+    # called on its own (it is public), the message names the recipe as build_run does
+    from mmviews.objectives import get_objective
+    from mmviews.train.build import build_encoder, start_from_pretrained
+
+    config = load_config(recipe)
+    with pytest.raises(ConfigError, match=message):
+        start_from_pretrained(config, get_objective("siglip"), build_encoder(config))
 
 
 @pytest.mark.slow
