@@ -155,3 +155,14 @@ def test_integer_and_negative_learned_values_are_numbers(saved_encoder: Path) ->
                                                                               "bias": -10}}))
     assert MultiViewEncoder.from_pretrained(saved_encoder).objective_info == {"name": "siglip", "temperature": 1,
                                                                                "bias": -10}
+
+
+def test_save_pretrained_makes_missing_parent_folders_and_saves_again_over_its_own_folder(tmp_path: Path) -> None:
+    """A new nested folder is made with its parents; saving again into the same folder (a later
+    checkpoint's export) replaces the saved encoder instead of failing."""
+    encoder = MultiViewEncoder.from_config({"embed_dim": 8, "modalities": {"image": tiny_config("small_cnn")}})
+    folder = encoder.save_pretrained(tmp_path / "a" / "b" / "encoder")
+    assert folder == tmp_path / "a" / "b" / "encoder" and (folder / ENCODER_CONFIG).is_file()
+    encoder.objective_info = {"name": "mv_dhel", "temperature": 0.25}
+    assert encoder.save_pretrained(folder) == folder
+    assert MultiViewEncoder.from_pretrained(folder).objective_info == {"name": "mv_dhel", "temperature": 0.25}
