@@ -105,3 +105,64 @@ def test_corrupt_clip_entry_of_a_video_store_is_named_and_nothing_deleted(tmp_pa
         clear_video_store(store)
     assert str(clip / CLIP_ENTRY) in str(raised.value)
     assert (clip / "frame_0.jpg").is_file() and (store / MANIFEST).is_file()
+
+
+def test_the_objectives_learned_values_round_trip_through_encoder_json(tmp_path: Path) -> None:
+    """The training objective's learned values (a run's temperature, siglip's bias) are written
+    into encoder.json as saved and read back as they were; an encoder without them writes no
+    entry and loads with none."""
+    encoder = MultiViewEncoder.from_config({"embed_dim": 8, "modalities": {"image": tiny_config("small_cnn")}})
+    assert encoder.objective_info is None
+    plain = encoder.save_pretrained(tmp_path / "plain")
+    assert "objective" not in json.loads((plain / ENCODER_CONFIG).read_text())
+    assert MultiViewEncoder.from_pretrained(plain).objective_info is None
+    info = {"name": "siglip", "temperature": 0.0731, "bias": -9.5, "steps": 3}
+    encoder.objective_info = info
+    folder = encoder.save_pretrained(tmp_path / "learned")
+    assert json.loads((folder / ENCODER_CONFIG).read_text()) == {"modalities": ["image"], "objective": info}
+    loaded = MultiViewEncoder.from_pretrained(folder).objective_info
+    assert loaded == info and loaded is not info
+
+
+@pytest.mark.parametrize(
+    ("entry", "complaint"),
+    [
+        ({"temperature": 0.1}, "'objective' must be an object with a string 'name', got {'temperature': 0.1}"),
+        ({"name": 3, "temperature": 0.1}, "'objective' must be an object with a string 'name', got {'name': 3, 'temperature': 0.1}"),
+        ("siglip", "'objective' must be an object with a string 'name', got 'siglip'"),
+        ([{"name": "siglip"}], "'objective' must be an object with a string 'name', got [{'name': 'siglip'}]"),
+        ({"name": "siglip", "temperature": "0.1"}, "'objective.temperature' must be a finite number, got '0.1'"),
+        ({"name": "siglip", "bias": True}, "'objective.bias' must be a finite number, got True"),
+        ({"name": "siglip", "bias": None}, "'objective.bias' must be a finite number, got None"),
+        ({"name": "mv_dhel", "temperature": float("nan")}, "'objective.temperature' must be a finite number, got nan"),
+        ({"name": "mv_dhel", "temperature": float("inf")}, "'objective.temperature' must be a finite number, got inf"),
+        ({"name": "mv_dhel", "temperature": -float("inf")}, "'objective.temperature' must be a finite number, got -inf"),
+    ],
+)
+def test_a_malformed_objective_entry_is_named_with_its_key(saved_encoder: Path, entry: object, complaint: str) -> None:
+    """encoder.json's ``objective`` entry is checked on loading: a one-line error naming the
+    file and the key, never a non-number carried into a user's model (a NaN temperature)."""
+    config_path = saved_encoder / ENCODER_CONFIG
+    config_path.write_text(json.dumps({"modalities": ["image"], "objective": entry}))
+    with pytest.raises(ValueError) as raised:
+        MultiViewEncoder.from_pretrained(saved_encoder)
+    assert str(raised.value) == f"{config_path}: {complaint}"
+
+
+def test_integer_and_negative_learned_values_are_numbers(saved_encoder: Path) -> None:
+    config_path = saved_encoder / ENCODER_CONFIG
+    config_path.write_text(json.dumps({"modalities": ["image"], "objective": {"name": "siglip", "temperature": 1,
+                                                                              "bias": -10}}))
+    assert MultiViewEncoder.from_pretrained(saved_encoder).objective_info == {"name": "siglip", "temperature": 1,
+                                                                               "bias": -10}
+
+
+def test_save_pretrained_makes_missing_parent_folders_and_saves_again_over_its_own_folder(tmp_path: Path) -> None:
+    """A new nested folder is made with its parents; saving again into the same folder (a later
+    checkpoint's export) replaces the saved encoder instead of failing."""
+    encoder = MultiViewEncoder.from_config({"embed_dim": 8, "modalities": {"image": tiny_config("small_cnn")}})
+    folder = encoder.save_pretrained(tmp_path / "a" / "b" / "encoder")
+    assert folder == tmp_path / "a" / "b" / "encoder" and (folder / ENCODER_CONFIG).is_file()
+    encoder.objective_info = {"name": "mv_dhel", "temperature": 0.25}
+    assert encoder.save_pretrained(folder) == folder
+    assert MultiViewEncoder.from_pretrained(folder).objective_info == {"name": "mv_dhel", "temperature": 0.25}

@@ -140,6 +140,17 @@ def test_temperature_siglip_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert {d: (Path(d) / "results.json").stat().st_mtime_ns for d in written} == written
     again = _rows(out / "results.csv")
     assert [(r["run_dir"], r["acc"]) for r in again] == [(r["run_dir"], r["acc"]) for r in rows]
+    # --finished-only trains nothing: a variant that never ran (siglip_fixed) gets no row, no run
+    # folder and no summary line; the finished run is tabled as it is, unchanged on disk
+    assert module.main(["--smoke", "--jobs", "1", "--finished-only", "--variants", "mv_dhel", "siglip_fixed"]) == 0
+    only = _rows(out / "results.csv")
+    assert [(r["run_dir"], r["acc"]) for r in only] == [(r["run_dir"], r["acc"]) for r in rows if r["variant"] == "mv_dhel"]
+    assert not (out / "runs" / "M3_siglip_fixed_K8_s0").exists()
+    assert [(s["variant"], s["seeds"]) for s in _rows(out / "summary.csv")] == [("mv_dhel", "1")]
+    assert {d: (Path(d) / "results.json").stat().st_mtime_ns for d in written} == written
+    with pytest.raises(SystemExit) as stop:  # no chosen run has a result: a one-line error, nothing written
+        module.main(["--smoke", "--jobs", "1", "--finished-only", "--variants", "siglip_fixed"])
+    assert stop.value.code == 2 and not (out / "runs" / "M3_siglip_fixed_K8_s0").exists()
 
 
 def test_fmicl_similarity_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

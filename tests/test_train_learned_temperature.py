@@ -206,8 +206,11 @@ def _pretrained_recipe(folder: Path, objective: dict[str, Any], checkpoint: Path
 
 
 @pytest.mark.parametrize("name,params,bias", [("siglip", {}, -6.5), ("mv_dhel", {"learn_temperature": True}, None),
-                                              ("geometric_pvc", {}, -6.5)])
+                                              ("geometric_pvc", {}, -6.5), ("siglip", {"bias": -3.0}, None)])
 def test_temperature_pretrained_starts_from_the_open_clip_checkpoint(tmp_path, name, params, bias):
+    """The objective starts from the checkpoint's logit_scale (learned or fixed, as the recipe
+    says) and siglip from its logit_bias where it has one (a SigLIP model); a CLIP checkpoint
+    (no bias) leaves siglip's bias at the recipe's."""
     from mmviews.config import load_config
     from mmviews.train.build import build_run
 
@@ -222,7 +225,20 @@ def test_temperature_pretrained_starts_from_the_open_clip_checkpoint(tmp_path, n
     else:
         assert isinstance(objective.temperature, float)
     if name == "siglip":
-        assert float(objective.logit_bias.detach()) == pytest.approx(-6.5, rel=1e-7)
+        assert float(objective.logit_bias.detach()) == pytest.approx(-6.5 if bias is not None else params["bias"], rel=1e-7)
+
+
+def test_temperature_pretrained_for_an_objective_without_a_settable_temperature_is_refused(tmp_path):
+    """ER's temperature is its kernel's bandwidth, not a CLIP logit scale: 'pretrained' is
+    refused naming the key and the objective, before any step."""
+    from mmviews.config import ConfigError, load_config
+    from mmviews.train.build import build_run
+
+    checkpoint = _open_clip_checkpoint(tmp_path / "clip.pt", math.log(42.0), None)
+    recipe = _pretrained_recipe(tmp_path, {"name": "er", "params": {"temperature": "pretrained"}}, checkpoint)
+    with pytest.raises(ConfigError, match=r"^recipe: key 'objective.params.temperature': 'pretrained' needs an objective "
+                                          r"with a temperature; 'er' has none$"):
+        build_run(load_config(recipe), with_eval=False)
 
 
 def test_temperature_pretrained_without_an_open_clip_checkpoint_is_refused(tmp_path):
@@ -230,9 +246,18 @@ def test_temperature_pretrained_without_an_open_clip_checkpoint_is_refused(tmp_p
     from mmviews.train.build import build_run
 
     recipe = _pretrained_recipe(tmp_path, {"name": "siglip", "params": {"temperature": "pretrained"}}, None)
-    with pytest.raises(ConfigError, match=r"key 'objective.params.temperature': 'pretrained' starts from a pretrained "
-                                          r"open_clip model's logit_scale, but no adapter was loaded"):
+    message = (r"^recipe: key 'objective.params.temperature': 'pretrained' starts from a pretrained open_clip model's "
+               r"logit_scale, but no adapter was loaded from an open_clip checkpoint \(adapters: \['audio', 'image'\]; set "
+               r"adapters.<modality>.pretrained of an open_clip adapter, or give a number\)$")
+    with pytest.raises(ConfigError, match=message):
         build_run(load_config(recipe), with_eval=False)
+    # called on its own (it is public), the message names the recipe as build_run does
+    from mmviews.objectives import get_objective
+    from mmviews.train.build import build_encoder, start_from_pretrained
+
+    config = load_config(recipe)
+    with pytest.raises(ConfigError, match=message):
+        start_from_pretrained(config, get_objective("siglip"), build_encoder(config))
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ sharded processes against one: test_train_sharding.py.)"""
 from __future__ import annotations
 
 import copy
+import io
 import os
 
 import pytest
@@ -312,3 +313,101 @@ def test_the_whole_encoder_is_the_recipes_with_the_full_tensors_and_leaves_the_r
     bad = TrainConfig(cpu=True, adapters={"a": {"type": "no_such_adapter"}})
     with pytest.raises(ConfigError, match=r"^recipe: keys 'adapters'/'encoder': "):
         sharding.whole_encoder(bad, {})
+
+
+def _sharded_with_objective(lr: float, objective_lr: float):
+    """A sharded encoder and siglip's learned scale and bias in the optimiser's last group, the
+    ``objective`` group prepare_run adds (its own lr, no weight decay)."""
+    from mmviews.objectives import get_objective
+
+    model = sharding.shard_encoder(_encoder(), _config(), torch.device("cpu"), 1)
+    objective = get_objective("siglip", temperature=0.1, bias=-10.0)
+    optimiser = torch.optim.AdamW([{"params": list(model.parameters()), "lr": lr, "weight_decay": 0.1},
+                                   {"name": sharding.OBJECTIVE_GROUP, "params": objective.trained_parameters(),
+                                    "lr": objective_lr, "weight_decay": 0.0}])
+    return model, objective, optimiser
+
+
+def _adamw_step(model, objective, optimiser, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    inputs = {"a": {"values": torch.randn(4, 1, 5, generator=generator)},
+              "b": {"values": torch.randn(4, 1, 3, generator=generator)}}
+    scale, bias = objective.trained_parameters()
+    torch.manual_seed(seed)  # the same dropout masks in both runs
+    loss = sum(model.adapters[m](inputs[m]).sum() for m in ("a", "b")) * scale.float() + 3 * bias.float()
+    loss.backward()
+    optimiser.step()
+    optimiser.zero_grad(set_to_none=True)
+
+
+def test_the_objectives_learned_parameters_state_is_saved_and_resumed_with_the_sharded_one(group_of_one):
+    """A sharded run whose optimiser also trains siglip's scale and bias (replicated, outside the
+    sharded encoder): the full state holds their AdamW state as ``objective.0``/``objective.1``
+    and their group (lr, no weight decay), the optimiser is left as it was, the names round-trip
+    through the unsharded numbering, and a fresh run loaded from it takes the same next step as
+    the run that saved it (encoder, scale and bias alike)."""
+    model, objective, optimiser = _sharded_with_objective(0.01, 0.3)
+    groups_before = [g for g in optimiser.param_groups]
+    _adamw_step(model, objective, optimiser, 0)
+    scale, bias = objective.trained_parameters()
+    full = sharding.full_optimizer_state(model, optimiser)
+    assert [g for g in optimiser.param_groups] == groups_before  # the same group objects, in order
+    assert scale in optimiser.state and bias in optimiser.state
+    (group,) = [g for g in full["param_groups"] if g.get("name") == sharding.OBJECTIVE_GROUP]
+    assert group["params"] == ["objective.0", "objective.1"] and full["param_groups"][-1] is group
+    assert group["lr"] == 0.3 and group["weight_decay"] == 0.0
+    assert [g["lr"] for g in full["param_groups"]] == [0.01, 0.3]
+    for name, q in (("objective.0", scale), ("objective.1", bias)):
+        saved = full["state"][name]
+        assert sorted(saved) == sorted(optimiser.state[q])
+        for key, value in optimiser.state[q].items():
+            assert saved[key].device.type == "cpu" and saved[key] is not value
+            torch.testing.assert_close(saved[key], value, rtol=0, atol=0)
+    n_module = len(list(model.parameters()))
+    assert len(full["state"]) == n_module + 2
+
+    by_index = sharding.optimizer_state_by_index(full)
+    assert by_index["param_groups"][-1]["params"] == [n_module, n_module + 1]
+    back = sharding.optimizer_state_by_name(by_index, model, optimiser)
+    assert back["param_groups"][-1]["params"] == ["objective.0", "objective.1"]
+    assert sorted(back["state"]) == sorted(full["state"])
+
+    other_model, other_objective, fresh = _sharded_with_objective(0.5, 0.9)
+    with torch.no_grad():  # the saved run's weights (the model state travels separately)
+        for q, saved in zip([*other_model.parameters(), *other_objective.trained_parameters()],
+                            [*model.parameters(), *objective.trained_parameters()]):
+            q.copy_(saved)
+    other_groups = [g for g in fresh.param_groups]
+    # through a file, as a checkpoint: on CPU the encoder's full state shares the live moments' storage
+    buffer = io.BytesIO()
+    torch.save(full, buffer)
+    buffer.seek(0)
+    sharding.load_full_optimizer_state(other_model, fresh, torch.load(buffer, weights_only=True))
+    assert [g for g in fresh.param_groups][-1] is other_groups[-1]
+    assert [g["lr"] for g in fresh.param_groups] == [0.01, 0.3]
+    assert fresh.param_groups[-1]["weight_decay"] == 0.0 and fresh.param_groups[0]["weight_decay"] == 0.1
+    for q, saved_q in zip(other_objective.trained_parameters(), objective.trained_parameters()):
+        for key, value in optimiser.state[saved_q].items():
+            loaded = fresh.state[q][key]
+            torch.testing.assert_close(loaded, value, rtol=0, atol=0)
+            if key != "step":  # moments on the parameter's device and dtype; torch keeps "step" as it was
+                assert loaded.dtype == q.dtype and loaded.device == q.device
+    _adamw_step(model, objective, optimiser, 1)
+    _adamw_step(other_model, other_objective, fresh, 1)
+    for a, b in zip([*model.parameters(), *objective.trained_parameters()],
+                    [*other_model.parameters(), *other_objective.trained_parameters()]):
+        torch.testing.assert_close(b.full_tensor() if hasattr(b, "full_tensor") else b,
+                                   a.full_tensor() if hasattr(a, "full_tensor") else a, rtol=0, atol=0)
+
+
+def test_an_objective_group_without_state_yet_saves_and_loads_its_group_only(group_of_one):
+    """Before the first step the objective's parameters have no optimiser state: the full state
+    holds their group and no entry for them, and loading it gives them none (and no error)."""
+    model, objective, optimiser = _sharded_with_objective(0.01, 0.3)
+    full = sharding.full_optimizer_state(model, optimiser)
+    assert not any(k.startswith("objective.") for k in full["state"])
+    assert full["param_groups"][-1]["params"] == ["objective.0", "objective.1"]
+    other_model, other_objective, fresh = _sharded_with_objective(0.5, 0.9)
+    sharding.load_full_optimizer_state(other_model, fresh, full)
+    assert all(q not in fresh.state for q in other_objective.trained_parameters())
+    assert [g["lr"] for g in fresh.param_groups] == [0.01, 0.3]

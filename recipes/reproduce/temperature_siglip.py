@@ -29,6 +29,12 @@ Usage::
     python recipes/reproduce/temperature_siglip.py --batch-sizes 256 64 32 16   # adds K = 32
     python recipes/reproduce/temperature_siglip.py --full     # 4096 samples, 30 epochs, K up to 512
     python recipes/reproduce/temperature_siglip.py --smoke    # seconds (tests)
+    python recipes/reproduce/temperature_siglip.py --finished-only --update-shipped   # tables of the runs done
+
+``--finished-only`` trains no objective run: the tables, plot and comparison cover the runs of
+the chosen cells (M, variant, K, seed) that already hold a result in the run folder (a sweep
+stopped before its end, or run in parts), and ``summary.csv``'s ``seeds`` column says how many
+seeds each (variant, K) has; cells without any run are left out.
 
 Writes ``results.csv``/``results.json`` (one row per M, variant, K, seed), ``summary.csv``
 (mean +- std over seeds, drop from the largest K), ``commands.txt`` (the equivalent
@@ -96,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: 0 1 2; --smoke: 0)")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None,
                         help=f"objective variants (default: {' '.join(DEFAULT_VARIANTS)})")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="train nothing: table the chosen runs that already hold a result (a stopped sweep)")
     C.add_output_arguments(parser, "temperature_siglip")
     args = parser.parse_args(argv)
     size = C.size_of(args)
@@ -124,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                         "overrides": [*variant_overrides(variant), f"views={_flow_yaml(views)}",
                                       f"data.batch_size={K}", f"seed={seed}"],
                     })
+    if args.finished_only:
+        specs = [s for s in specs if (out / "runs" / s["run"] / "results.json").is_file()]
+        if not specs:
+            parser.error(f"--finished-only: none of the chosen runs has a result under {out / 'runs'}")
     rows = C.run_sweep(specs, recipe_path, out, args)
     rows = [{**r, **learned_values(r["run_dir"])} for r in rows]
     bases: dict[int, dict[str, Any]] = {}
@@ -139,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             for K in batch_sizes:
                 sel = [r for r in rows if r["M"] == M and r["variant"] == variant and r["batch_size"] == K
                        and r["status"] == "ok"]
+                if args.finished_only and not sel:
+                    continue  # a cell no run reached
                 acc, acc_std = C.mean_std([r["acc"] for r in sel])
                 erank, erank_std = C.mean_std([r["erank"] for r in sel])
                 temperature, _ = C.mean_std([r["final_temperature"] for r in sel])
@@ -178,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             axes[i][j].set_ylabel(ylabel)
             axes[i][j].grid(alpha=0.3)
             axes[i][j].legend(fontsize=7)
-    fig.suptitle(f"{TITLE}\n(mean +- std over {len(seeds)} seed{'s' if len(seeds) > 1 else ''}; dashed: learned "
+    over = ("the seeds finished (summary.csv: seeds)" if args.finished_only
+            else f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}")
+    fig.suptitle(f"{TITLE}\n(mean +- std over {over}; dashed: learned "
                  f"temperature for the softmax objectives, fixed for siglip_fixed)", fontsize=9)
     C.save_figure(fig, out / "temperature_siglip.png")
     if size != "smoke":  # mmviews compare over the runs (skipped in the quick test mode)
