@@ -106,7 +106,8 @@ def test_a_value_the_constructor_refuses_with_a_type_error_names_the_objective()
                                       "'NoneType'; accepted parameters: ['gamma', 'delta', 'beta',")
 
 
-@pytest.mark.parametrize("value,shown", [("x", "'x'"), (None, "None"), ("0.1x", "'0.1x'"), (-1, "-1.0"), (0, "0.0")])
+@pytest.mark.parametrize("value,shown", [("x", "'x'"), (None, "None"), ("0.1x", "'0.1x'"), (-1, "-1.0"), (0, "0.0"),
+                                         (float("inf"), "inf"), (float("nan"), "nan"), ("1e999", "inf")])
 def test_a_temperature_that_is_no_positive_number_is_named_with_the_objective(value, shown):
     # a string or null from a recipe gets the sentence a number out of range gets, not float()'s own
     with pytest.raises(ValueError) as info:
