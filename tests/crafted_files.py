@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_train_utils import run_train, tiny_config, write_recipe
+from test_train_utils import tiny_config, train_in_process, write_recipe
 
 from mmviews.cli import main
 from mmviews.run import TRAIN_STATE_FILE, checkpoint_file_records
@@ -82,7 +82,8 @@ def drop_records(checkpoint: Path) -> None:
 
 
 def train_tiny_run(folder: Path, **changes: Any) -> Path:
-    """Train a tiny run (2 epochs x 2 steps, a checkpoint every 2 steps) in a subprocess;
+    """Train a tiny run (2 epochs x 2 steps, a checkpoint every 2 steps) in this process
+    (:func:`train_in_process`: a subprocess would pay ~3.5 CPU-s of imports for a fixture);
     ``changes`` update the recipe's top-level sections. Returns the run folder."""
     raw = tiny_config(num_samples=32, batch_size=16, epochs=2, image=False)
     for key, value in changes.items():
@@ -90,7 +91,7 @@ def train_tiny_run(folder: Path, **changes: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     recipe = write_recipe(folder / "tiny.yaml", raw)
     run = folder / "run"
-    r = run_train(str(recipe), "--output", str(run))
+    r = train_in_process(str(recipe), "--output", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     return run
 

@@ -8,9 +8,12 @@ run saves it (``config.yaml`` and ``encoder/``); exporting and embedding need no
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +78,24 @@ def make_run(folder: Path, adapters: dict[str, str]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """Per test run: (run folder, its ONNX export)."""
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, list[str], str]]:
+    """Per test run: (run folder, its ONNX export, the warnings and the stdout of its export)."""
     pytest.importorskip("onnxruntime")
     out = {}
     for name, adapters in RUNS.items():
         tmp = tmp_path_factory.mktemp(name)
         run = make_run(tmp / "run", adapters)
-        assert main(["export", str(run), "--format", "onnx", "--output", str(tmp / "onnx")]) == 0
-        out[name] = (run, tmp / "onnx")
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()) as stdout:
+            warnings.simplefilter("always")
+            assert main(["export", str(run), "--format", "onnx", "--output", str(tmp / "onnx")]) == 0
+        out[name] = (run, tmp / "onnx", [str(w.message) for w in caught], stdout.getvalue())
     return out
+
+
+@pytest.fixture(scope="module")
+def exported(exports) -> dict[str, tuple[Path, Path]]:
+    """Per test run: (run folder, its ONNX export)."""
+    return {name: (run, onnx) for name, (run, onnx, _, _) in exports.items()}
 
 
 def read_embeddings(path: Path) -> dict[str, Any]:
@@ -145,6 +156,25 @@ def test_manifest_names_inputs_with_dynamic_batch_and_length(exported):
     sequence = json.loads((exported["sequence"][1] / "onnx_manifest.json").read_text())["modalities"]["x"]
     assert {i["name"]: i["shape"] for i in sequence["inputs"]} == {"values": ["batch", "length", 1],
                                                                    "lengths": ["batch"]}
+
+
+def test_a_sequence_graph_is_exported_by_dynamo_quietly_with_its_dynamic_dimensions(exports):
+    """The sequence run's graph (feature_sequence: torch.onnx's dynamo exporter, opset 18, batch
+    and length dynamic) is written without a warning or the exporter's diagnostics on stdout;
+    that it embeds other batch sizes and lengths as the adapter does:
+    test_graphs_take_other_batch_sizes_and_lengths[feature_sequence]."""
+    import onnx
+
+    _, folder, caught, stdout = exports["sequence"]
+    assert caught == [] and [line.split(" to ")[0] for line in stdout.splitlines()] == ["wrote ONNX graphs"], stdout
+    entry = json.loads((folder / "onnx_manifest.json").read_text())["modalities"]["x"]
+    assert (entry["exporter"], entry["opset"]) == ("dynamo", 18)
+    graph = onnx.load(str(folder / entry["graph"]))
+    assert [o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")] == [18]
+    assert [o.name for o in graph.graph.output] == ["embedding"]
+    assert [i.name for i in graph.graph.input] == ["values", "lengths"]
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.graph.input]
+    assert dims[0][2] == 1 and all(isinstance(d, str) for d in (*dims[0][:2], *dims[1])), dims  # symbolic
 
 
 # adapter type -> (test run, modality) whose export holds its graph; flow_cnn-stack: exported here

@@ -194,16 +194,20 @@ def test_simclr_with_three_views_fails_before_work(tmp_path):
         build_run(load_config(path), source=str(path))
 
 
-def test_cli_errors_are_clear_and_early(tmp_path):
+def test_cli_errors_are_clear_and_early(tmp_path, capsys):
     # simclr with M = 3, a missing dataset path, an unknown key: exit code 2, one clear line, no run folder.
+    # (In this process, through the CLI's main: the errors are the CLI's own, not a fresh process's.)
+    from crafted_files import cli
+
     raw = tiny_config()
     raw["objective"] = {"name": "simclr"}
-    r = run_train(str(write_recipe(tmp_path / "s.yaml", raw)), "--output", str(tmp_path / "run1"))
-    assert r.returncode == 2 and "needs exactly 2 views" in r.stderr and "Traceback" not in r.stderr
-    r = run_train("mosi", "--set", f"data.root={tmp_path / 'nowhere.pkl'}", "--output", str(tmp_path / "run2"))
-    assert r.returncode == 2 and f"not found at {tmp_path / 'nowhere.pkl'}" in r.stderr and "data_cards/mosi.md" in r.stderr
-    r = run_train("quickstart", "--set", "optimisation.lrr=1", "--output", str(tmp_path / "run3"))
-    assert r.returncode == 2 and "unknown key 'optimisation.lrr'" in r.stderr
+    rc, _, err = cli(capsys, "train", str(write_recipe(tmp_path / "s.yaml", raw)), "--output", str(tmp_path / "run1"))
+    assert rc == 2 and "needs exactly 2 views" in err and "Traceback" not in err
+    rc, _, err = cli(capsys, "train", "mosi", "--set", f"data.root={tmp_path / 'nowhere.pkl'}", "--output",
+                     str(tmp_path / "run2"))
+    assert rc == 2 and f"not found at {tmp_path / 'nowhere.pkl'}" in err and "data_cards/mosi.md" in err
+    rc, _, err = cli(capsys, "train", "quickstart", "--set", "optimisation.lrr=1", "--output", str(tmp_path / "run3"))
+    assert rc == 2 and "unknown key 'optimisation.lrr'" in err
     assert not any((tmp_path / f"run{i}").exists() for i in (1, 2, 3))
 
 
