@@ -267,3 +267,10 @@ def test_a_non_finite_float_label_is_refused_naming_its_row_and_count(tmp_path):
         HFDataset(tmp_path / "ds", labels={"target": "y", "other": "z"})
     assert str(info.value) == (f"{tmp_path / 'ds'} [split 'train']: label 'other' (column 'z') is not finite (nan) at row 1; "
                                "2 of 3 labels are non-finite: fix or drop those rows")
+    # a missing value (None) of a float label column is refused as not finite, naming its row
+    datasets.Dataset.from_dict({"text": ["a", "b"], "y": [0.5, None]}, features=datasets.Features(
+        {"text": datasets.Value("string"), "y": datasets.Value("float32")})).save_to_disk(str(tmp_path / "gap"))
+    with pytest.raises(ValueError) as info:
+        HFDataset(tmp_path / "gap", labels={"target": "y"})
+    assert str(info.value) == (f"{tmp_path / 'gap'} [split 'train']: label 'target' (column 'y') is not finite (nan) at "
+                               "row 1; 1 of 2 labels are non-finite: fix or drop those rows")
