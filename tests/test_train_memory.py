@@ -1234,6 +1234,26 @@ def test_reference_slack_runs_its_steps_one_after_another(monkeypatch) -> None:
     assert memory.SLACK_REFERENCE_STEPS == 3
 
 
+def test_the_evaluation_batch_is_measured_before_the_reference_steps(run, monkeypatch) -> None:
+    """The evaluation batch's left-over heap is read on the heap the trial steps left, before the
+    three reference steps fragment it (measured on the quickstart: 0.13-0.14 GiB then; 0.20-0.40
+    GiB read after them)."""
+    order = []
+
+    def measure(parts, sizes=(2, 4), consecutive=False):
+        order.append("reference" if consecutive else "trial")
+        return [_step(n, 0, peak=500, batch=0, growth=700) for n in sizes] if consecutive else STEPS
+
+    def forward(parts):
+        order.append("evaluation")
+        return memory.EvaluationForwardMeasurement(samples=8, batch=100, peak=200, resident_growth=260)
+
+    monkeypatch.setattr(memory, "measure_encoder_step", measure)
+    monkeypatch.setattr(memory, "measure_evaluation_forward", forward)
+    memory.estimate_memory(run, on_host=True)
+    assert order == ["trial", "evaluation", "reference"]
+
+
 @pytest.mark.parametrize("kwargs,sizes", [
     (dict(chunk_size=5), [(2, 4), (5, 5, 5)]),  # one chunk of 5 is what the step encodes at once
     (dict(chunk_size=4), [(2, 4)]),  # no larger than the trial step: not measured again

@@ -744,15 +744,6 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     # dtype), their caches, libraries loaded on first use; a run's process keeps the same from its first step
     trim_host_memory()
     framework = max(resident_bytes() - built, 0)
-    if activations is None:
-        encoded = K // num_processes if chunk_size is None else min(chunk_size, K // num_processes)
-        cost = per_sample + working_per_sample
-        reference = min(encoded, SLACK_REFERENCE_SAMPLES, len(parts.datasets["train"]),
-                        int(SLACK_REFERENCE_BYTES // cost) if cost > 0 else SLACK_REFERENCE_SAMPLES)
-        if on_host and measure_slack and reference > steps[-1].samples:
-            slack, ref_batch = reference_slack(parts, reference)
-            if ref_batch is not None:  # collating copies each sample's tensors before stacking them
-                batch_per_sample = max(batch_per_sample, ref_batch)
     datasets = _split_datasets(parts)
     cache = int(sum(sample_bytes(ds) * len(ds) for ds in datasets)) if config.data.cache else 0
     # a map-style training split is drawn from a shuffled order of all its indices (ViewSetBatchSampler)
@@ -776,6 +767,16 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
             evaluates_first = config.evaluation.random_baseline or config.evaluation.every_epochs
             if on_host and evaluates_first and forward.kept is not None:
                 evaluation_kept = forward.kept
+    # after the evaluation batch: its measurement then starts from the heap the trial steps left
+    if activations is None:
+        encoded = K // num_processes if chunk_size is None else min(chunk_size, K // num_processes)
+        cost = per_sample + working_per_sample
+        reference = min(encoded, SLACK_REFERENCE_SAMPLES, len(parts.datasets["train"]),
+                        int(SLACK_REFERENCE_BYTES // cost) if cost > 0 else SLACK_REFERENCE_SAMPLES)
+        if on_host and measure_slack and reference > steps[-1].samples:
+            slack, ref_batch = reference_slack(parts, reference)
+            if ref_batch is not None:  # collating copies each sample's tensors before stacking them
+                batch_per_sample = max(batch_per_sample, ref_batch)
     objective_peak = measure_objective_bytes(objective, K, M, d)
     trim_host_memory()  # what the measurements freed goes back: the process is as it was for the run
     sharded, gathered = run_sharding(config, num_processes) == "fsdp", 0
