@@ -352,7 +352,7 @@ def test_chunk_search_at_its_exact_bound_and_one_past_it(samples_per_device: int
 # ---------------------------------------------------------------------------------------------
 # The measured host parts reach the estimate: the process's resident set read before the first
 # step (baseline, less the parameters) and after the trial steps (the framework state), and the
-# reference step's resident-set growth beyond its live tensors (the allocator's slack). The
+# reference steps' resident-set growth beyond their live tensors (the allocator's slack). The
 # readings are given here (the process's own depend on what ran before in it), so each figure is
 # known exactly.
 # ---------------------------------------------------------------------------------------------
@@ -549,22 +549,26 @@ def test_evaluation_heap_matches_what_a_real_evaluation_leaves() -> None:
     assert 0.5 * left["real"] <= left["estimate"] <= 1.5 * left["real"], {k: v / MB for k, v in left.items()}
 
 
-def test_allocator_slack_is_the_reference_steps_growth_beyond_its_tensors(tiny_parts, monkeypatch) -> None:
+def test_allocator_slack_is_the_reference_steps_growth_beyond_their_tensors(tiny_parts, monkeypatch) -> None:
+    """The reference steps (all K/N = 8 samples, three of them one after another, measured for
+    real on the tiny run) with the resident set's growth given: 7 MB beyond the largest step's
+    live tensors and the first batch by the last step."""
     import mmviews.train.memory as memory
 
     measure = memory.measure_encoder_step
     seen = []
 
-    def with_known_growth(parts, sizes=(2, 4)):
-        steps = measure(parts, sizes)
-        if sizes != (2, 4):  # the reference step: its resident set grew 7 MB beyond its live tensors
-            steps = [dataclasses.replace(s, resident_growth=s.peak + 7 * MB) for s in steps]
-        seen.append((sizes, steps))
+    def with_known_growth(parts, sizes=(2, 4), consecutive=False):
+        steps = measure(parts, sizes, consecutive)
+        if sizes != (2, 4):
+            held = max(s.peak for s in steps) + max(steps[0].batch, steps[0].batch_growth or 0)
+            steps = [dataclasses.replace(s, resident_growth=held + (i + 5) * MB) for i, s in enumerate(steps)]
+        seen.append((sizes, consecutive))
         return steps
 
     monkeypatch.setattr(memory, "measure_encoder_step", with_known_growth)
     estimate = estimate_memory(tiny_parts, on_host=True)
-    assert [sizes for sizes, _ in seen] == [(2, 4), (8,)]  # the reference step: all K/N = 8 samples
+    assert seen == [((2, 4), False), ((8, 8, 8), True)]
     assert estimate.allocator_slack == 7 * MB
     assert estimate_memory(tiny_parts, on_host=True, measure_slack=False).allocator_slack == 0
 
@@ -713,7 +717,8 @@ def test_the_report_of_a_plain_step_on_the_host_line_by_line() -> None:
         "  activations       10.0 MiB (0.50 MiB per sample (measured) x 16)",
         "  backward working  5.0 MiB (0.25 MiB per sample (measured) x 16)",
         "  objective         7.0 MiB (measured: loss and backward on [K, M, d] embeddings)",
-        "  allocator slack   5.0 MiB (measured: a reference step's resident-set growth beyond its tensors)",
+        "  allocator slack   5.0 MiB (measured: the resident set's growth over 3 reference steps in a row beyond their "
+        "tensors)",
     ]
 
 
@@ -1133,12 +1138,17 @@ def _measured(run, monkeypatch, steps, reference=None, forward=None, **kwargs):
     sizes recorded) and the evaluation forward's."""
     asked = []
 
-    def measure(parts, sizes=(2, 4)):
+    def measure(parts, sizes=(2, 4), consecutive=False):
         assert parts is run and all(type(n) is int for n in sizes), sizes  # whole samples of the run
         asked.append(tuple(sizes))
+        # the trial steps each after a trim; the reference steps one after another, as a run's
+        assert consecutive == (tuple(sizes) != (2, 4)), (sizes, consecutive)
         if tuple(sizes) == (2, 4):
             return steps
-        return [dataclasses.replace(reference, samples=sizes[0])]
+        if isinstance(reference, list):  # each consecutive pass's own measurement
+            assert len(sizes) == len(reference)
+            return [dataclasses.replace(r, samples=n) for r, n in zip(reference, sizes)]
+        return [dataclasses.replace(reference, samples=n) for n in sizes]
 
     def evaluation_forward(parts):
         assert parts is run
@@ -1172,12 +1182,13 @@ def test_measured_steps_give_fixed_and_per_sample_costs(run, monkeypatch) -> Non
 
 
 def test_reference_step_gives_the_slack_and_the_collating_copies(run, monkeypatch) -> None:
-    """K/N = 8 samples: the reference step on 8; its resident set grew 700 bytes beyond a peak of
-    500 of live tensors (slack 200), and collating grew it 96 bytes (12 per sample > 8)."""
+    """K/N = 8 samples: three reference steps of 8 one after another; the resident set grew 700
+    bytes by the last, beyond a peak of 500 of live tensors and the 96 bytes that collating the
+    first batch grew it (slack 104; 12 bytes per sample for the batch > 8)."""
     reference = _step(0, saved=0, peak=500, batch=0, growth=700, batch_growth=96)
     e, asked = _measured(run, monkeypatch, STEPS, reference, on_host=True)
-    assert asked == [(2, 4), (8,)]
-    assert e.allocator_slack == 200 and e.batch_per_sample == 12
+    assert asked == [(2, 4), (8, 8, 8)]
+    assert e.allocator_slack == 104 and e.batch_per_sample == 12
     # growth below the live tensors: no slack, and the trial's batch cost stays when collating grew less
     reference = _step(0, saved=0, peak=500, batch=0, growth=300, batch_growth=40)
     e, _ = _measured(run, monkeypatch, STEPS, reference, on_host=True)
@@ -1187,10 +1198,66 @@ def test_reference_step_gives_the_slack_and_the_collating_copies(run, monkeypatc
     assert e.allocator_slack == 0 and e.batch_per_sample == 8
 
 
+def test_slack_is_the_heaps_growth_over_the_consecutive_reference_steps(run, monkeypatch) -> None:
+    """The high-water mark since the first reference step, 600, 900 and 1000 bytes by each of the
+    three: the last (the heap the steps grew to) less the largest step's live tensors (500) and
+    the first batch as collating grew it (50 > its 40 bytes of tensors): slack 450. The batch per
+    sample is the first batch's growth (50 / 8 < the trial's 8: the trial's stays)."""
+    passes = [_step(0, saved=0, peak=300, batch=40, growth=600, batch_growth=50),
+              _step(0, saved=0, peak=500, batch=40, growth=900, batch_growth=700),
+              _step(0, saved=0, peak=400, batch=40, growth=1000, batch_growth=950)]
+    e, asked = _measured(run, monkeypatch, STEPS, passes, on_host=True)
+    assert asked == [(2, 4), (8, 8, 8)]
+    assert e.allocator_slack == 450 and e.batch_per_sample == 8
+    # the tensors of the batch, when more than collating grew the resident set, are what is left out
+    passes[0] = dataclasses.replace(passes[0], batch=80, batch_growth=None)
+    e, _ = _measured(run, monkeypatch, STEPS, passes, on_host=True)
+    assert e.allocator_slack == 1000 - 500 - 80 and e.batch_per_sample == 8
+    # no reading of the resident set by the last step: no slack
+    passes[2] = dataclasses.replace(passes[2], resident_growth=None)
+    e, _ = _measured(run, monkeypatch, STEPS, passes, on_host=True)
+    assert e.allocator_slack == 0
+
+
+def test_reference_slack_runs_its_steps_one_after_another(monkeypatch) -> None:
+    """reference_slack asks measure_encoder_step for ``steps`` consecutive passes of ``samples``
+    (SLACK_REFERENCE_STEPS = 3 by default) and reads the first batch's growth per sample."""
+    asked = []
+
+    def measure(parts, sizes=(2, 4), consecutive=False):
+        asked.append((tuple(sizes), consecutive))
+        return [_step(n, 0, peak=10 * (i + 1), batch=4, growth=100 * (i + 1), batch_growth=16) for i, n in enumerate(sizes)]
+
+    monkeypatch.setattr(memory, "measure_encoder_step", measure)
+    assert memory.reference_slack("parts", 8) == (300 - 30 - 16, 2.0) and asked == [((8, 8, 8), True)]
+    assert memory.reference_slack("parts", 4, steps=2) == (200 - 20 - 16, 4.0) and asked[-1] == ((4, 4), True)
+    assert memory.SLACK_REFERENCE_STEPS == 3
+
+
+def test_the_evaluation_batch_is_measured_before_the_reference_steps(run, monkeypatch) -> None:
+    """The evaluation batch's left-over heap is read on the heap the trial steps left, before the
+    three reference steps fragment it (measured on the quickstart: 0.13-0.14 GiB then; 0.20-0.40
+    GiB read after them)."""
+    order = []
+
+    def measure(parts, sizes=(2, 4), consecutive=False):
+        order.append("reference" if consecutive else "trial")
+        return [_step(n, 0, peak=500, batch=0, growth=700) for n in sizes] if consecutive else STEPS
+
+    def forward(parts):
+        order.append("evaluation")
+        return memory.EvaluationForwardMeasurement(samples=8, batch=100, peak=200, resident_growth=260)
+
+    monkeypatch.setattr(memory, "measure_encoder_step", measure)
+    monkeypatch.setattr(memory, "measure_evaluation_forward", forward)
+    memory.estimate_memory(run, on_host=True)
+    assert order == ["trial", "evaluation", "reference"]
+
+
 @pytest.mark.parametrize("kwargs,sizes", [
-    (dict(chunk_size=5), [(2, 4), (5,)]),  # one chunk of 5 is what the step encodes at once
+    (dict(chunk_size=5), [(2, 4), (5, 5, 5)]),  # one chunk of 5 is what the step encodes at once
     (dict(chunk_size=4), [(2, 4)]),  # no larger than the trial step: not measured again
-    (dict(chunk_size=16), [(2, 4), (8,)]),  # a chunk larger than K/N: K/N
+    (dict(chunk_size=16), [(2, 4), (8, 8, 8)]),  # a chunk larger than K/N: K/N
     (dict(measure_slack=False), [(2, 4)]),
     (dict(on_host=False), [(2, 4)]),  # a device's allocator: not the host's resident set
 ])
@@ -1207,15 +1274,15 @@ def test_reference_step_stays_within_a_gib_of_activations(run, monkeypatch) -> N
     # 150 MiB saved and 50 MiB beyond them per sample: 200 MiB, 5 samples in 1 GiB
     steps = [_step(2, saved=300 * MiB, peak=400 * MiB, batch=0), _step(4, saved=600 * MiB, peak=800 * MiB, batch=0)]
     _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
-    assert asked == [(2, 4), (5,)]
+    assert asked == [(2, 4), (5, 5, 5)]
     # 96 + 32 = 128 MiB per sample: 8
     steps = [_step(2, saved=192 * MiB, peak=256 * MiB, batch=0), _step(4, saved=384 * MiB, peak=512 * MiB, batch=0)]
     _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
-    assert asked == [(2, 4), (8,)]
+    assert asked == [(2, 4), (8, 8, 8)]
     # nothing per sample (the trial steps measured alike): no bound from the bytes, K/N = 8
     steps = [_step(2, saved=64, peak=96, batch=0), _step(4, saved=64, peak=96, batch=0)]
     _, asked = _measured(run, monkeypatch, steps, _step(0, 0, 0, 0), on_host=True)
-    assert asked == [(2, 4), (8,)]
+    assert asked == [(2, 4), (8, 8, 8)]
 
 
 def test_evaluation_forward_parts(run, monkeypatch) -> None:
@@ -1292,6 +1359,47 @@ def test_encoder_step_measures_its_batch_and_what_autograd_saves(run) -> None:
         assert s.peak >= s.saved  # what is saved is alive at the peak
         assert s.resident_growth is not None and s.batch_growth is not None  # Linux: read
     assert steps[1].saved > steps[0].saved and steps[1].batch > steps[0].batch
+
+
+def test_consecutive_passes_take_the_next_samples_and_reset_the_mark_once(monkeypatch) -> None:
+    """Consecutive passes (the reference steps) read the split's samples window after window,
+    from the start again where it runs out (4 samples: 0 1, 2 3, 0 1), and trim and reset the
+    high-water mark once, before the first: each growth is the mark's rise since then (readings
+    given: reset at 1000, the mark read 1100, 1200, ... after each batch and each pass). Passes
+    that are not consecutive reset it before each batch and each pass."""
+    parts = _two_layer_parts()
+    index = {id(x): i for i, x in enumerate(parts.datasets["train"])}
+    collated = []
+
+    def collate(rows):
+        collated.append([index[id(r)] for r in rows])
+        return torch.stack(rows)
+
+    parts.collator = collate
+    resets = []
+    monkeypatch.setattr(memory, "_reset_resident_peak", lambda: resets.append(1) or 1000)
+    readings = iter(range(1100, 2000, 100))
+    monkeypatch.setattr(memory, "resident_peak_bytes", lambda: next(readings))
+    steps = memory.measure_encoder_step(parts, (2, 2, 2), consecutive=True)
+    assert collated == [[0, 1], [2, 3], [0, 1]] and len(resets) == 1
+    assert [(s.batch_growth, s.resident_growth) for s in steps] == [(100, 200), (300, 400), (500, 600)]
+    assert all(p.grad is None for p in parts.encoder.parameters())
+    collated.clear()
+    resets.clear()
+    readings = iter(range(1100, 2000, 100))
+    steps = memory.measure_encoder_step(parts, (2, 3))
+    assert collated == [[0, 1], [0, 1, 2]] and len(resets) == 4
+    assert [(s.batch_growth, s.resident_growth) for s in steps] == [(100, 200), (300, 400)]
+    with pytest.raises(ValueError) as raised:  # a pass larger than the split: refused before any
+        memory.measure_encoder_step(parts, (2, 5), consecutive=True)
+    assert str(raised.value) == "the training split has 4 samples; measuring activations needs 5"
+
+
+def test_sample_windows_follow_each_other_and_wrap_around() -> None:
+    rows = [{"i": i} for i in range(5)]
+    assert memory._sample_windows(rows, (2, 2, 2)) == [[rows[0], rows[1]], [rows[2], rows[3]], [rows[4], rows[0]]]
+    assert memory._sample_windows(rows, (3,)) == [rows[:3]]
+    assert memory._sample_windows(rows, (4, 4)) == [rows[:4], [rows[4], *rows[:3]]]
 
 
 def test_encoder_step_needs_enough_samples() -> None:
@@ -1553,7 +1661,7 @@ def test_reference_step_stays_within_its_sample_cap(run, monkeypatch) -> None:
     """SLACK_REFERENCE_SAMPLES caps the reference step (128; set to 6 here, below K/N = 8)."""
     monkeypatch.setattr(memory, "SLACK_REFERENCE_SAMPLES", 6)
     _, asked = _measured(run, monkeypatch, STEPS, _step(0, 0, 0, 0), on_host=True)
-    assert asked == [(2, 4), (6,)]
+    assert asked == [(2, 4), (6, 6, 6)]
 
 
 def test_a_run_without_evaluation_loaders(run, monkeypatch) -> None:

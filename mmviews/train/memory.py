@@ -128,7 +128,7 @@ class MemoryEstimate:
     # runs before the training steps)
     evaluation_kept: int = 0
     on_host: bool = True  # the device is the host (CPU): baseline and cache count in the total
-    allocator_slack: int = 0  # measured: resident-set growth of a reference step beyond its live tensors
+    allocator_slack: int = 0  # measured: resident-set growth over consecutive reference steps beyond their live tensors
     framework: int = 0  # measured: what the process keeps once it has run a step, no tensor alive (host)
     # distributed.sharding: fsdp on N > 1 processes: parameters, gradients, optimiser state and
     # teacher above are this process's shares (1/N); gathered: the largest sharding unit's
@@ -262,8 +262,8 @@ class MemoryEstimate:
                 f"(measured) x {self.encoded_at_once})",
                 f"  objective         {_gb(self.objective)} (measured: loss and backward on [K, M, d] embeddings)"]
         if self.allocator_slack:
-            out.append(f"  allocator slack   {_gb(self.allocator_slack)} (measured: a reference step's resident-set "
-                       "growth beyond its tensors)")
+            out.append(f"  allocator slack   {_gb(self.allocator_slack)} (measured: the resident set's growth over "
+                       f"{SLACK_REFERENCE_STEPS} reference steps in a row beyond their tensors)")
         if self.evaluation_kept and self.on_host:
             out.append(f"  evaluation heap   {_gb(self.evaluation_kept)} (measured: what an evaluation batch leaves in "
                        "the process once freed; the steps after the random-init evaluation run beside it)")
@@ -405,14 +405,20 @@ class EncoderStepMeasurement:
     batch_growth: int | None = None  # the same while the batch is collated and prepared
 
 
-def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> list[EncoderStepMeasurement]:
+def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4),
+                         consecutive: bool = False) -> list[EncoderStepMeasurement]:
     """One forward and backward of the recipe's encoder on each of ``sizes`` samples of the
     training split (as the trainer prepares them, under the recipe's mixed precision): the bytes
     saved for backward, the peak of live tensors, the batch, and how much the process's resident
     set grew at its peak (after ``malloc_trim``; the allocator's slack is that growth beyond the
     live tensors). Parameter gradients exist (zeros) before each pass, so that the peak leaves
     them out (the estimate counts them apart). The weights are left as they were (gradients
-    cleared, BatchNorm running statistics restored)."""
+    cleared, BatchNorm running statistics restored).
+
+    ``consecutive``: the passes run one after another as a run's steps do, each on the next
+    samples of the split (texts of other lengths, batches of other shapes), trimmed and reset once
+    before the first only: each pass's ``resident_growth`` and ``batch_growth`` are the growth of
+    the high-water mark since then, what the allocator's heap has grown to by that pass."""
     encoder, dataset = parts.encoder, parts.datasets["train"]
     params = {p.untyped_storage().data_ptr() for p in encoder.parameters()}
     prepare = encoder.host_preparation()
@@ -426,12 +432,15 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
         for n in sizes:
             if len(dataset) < n:
                 raise ValueError(f"the training split has {len(dataset)} samples; measuring activations needs {n}")
+        # read first (through the stream when streamed): a sample cache filling is not the batch's
+        windows = _sample_windows(dataset, sizes) if consecutive else None
+        first_start = _reset_resident_peak() if consecutive else None
+        for i, n in enumerate(sizes):
             for p in encoder.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
-            # read first (through the stream when streamed): a sample cache filling is not the batch's
-            samples = first_samples(dataset, n)
-            before_batch = _reset_resident_peak()
+            samples = windows[i] if windows is not None else first_samples(dataset, n)
+            before_batch = first_start if consecutive else _reset_resident_peak()
             batch = prepare(parts.collator(samples))
             del samples
             batch_growth = None if before_batch is None else max(resident_peak_bytes() - before_batch, 0)
@@ -442,7 +451,7 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
                 z.float().square().sum().backward()
 
             live = LiveTensorBytes()
-            start = _reset_resident_peak()
+            start = first_start if consecutive else _reset_resident_peak()
             with live:
                 saved = saved_activation_bytes(step, params)
             growth = None if start is None else max(resident_peak_bytes() - start, 0)
@@ -456,6 +465,17 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4)) -> li
                 b.copy_(buffers[name])
         encoder.train(was_training)
     return measured
+
+
+def _sample_windows(dataset: Any, sizes: tuple[int, ...]) -> list[list[dict[str, Any]]]:
+    """The samples of consecutive passes of ``sizes`` samples: the split's first samples in
+    order, one window after the other (from the start again where the split runs out)."""
+    rows = first_samples(dataset, min(sum(sizes), len(dataset)))
+    windows, offset = [], 0
+    for n in sizes:
+        windows.append([rows[(offset + j) % len(rows)] for j in range(n)])
+        offset += n
+    return windows
 
 
 @dataclass
@@ -612,6 +632,9 @@ def _reset_resident_peak() -> int | None:
 #: when their activations would pass :data:`SLACK_REFERENCE_BYTES`).
 SLACK_REFERENCE_SAMPLES = 128
 SLACK_REFERENCE_BYTES = 1 * GB
+#: Reference steps run one after another on different samples for the slack: the heap a run's
+#: steps fragment grows over its first steps, beyond what one step leaves.
+SLACK_REFERENCE_STEPS = 3
 
 
 def sample_bytes(dataset: Any, count: int = 4) -> float:
@@ -653,6 +676,23 @@ def task_working_bytes(tasks: list[Any], evaluated: dict[str, Any]) -> int:
     fit, score = (sizes["val"], scored) if "val" in sizes and "test" in sizes else (scored // 2, scored - scored // 2)
     return max((identifiability_peak_bytes(fit, score, task.params.get("fit_samples", DEFAULT_FIT_SAMPLES))
                 for task in tasks if task.kind == "identifiability"), default=0)
+
+
+def reference_slack(parts: RunParts, samples: int, steps: int = SLACK_REFERENCE_STEPS) -> tuple[int, float | None]:
+    """The allocator's slack and the collated batch's growth per sample, from ``steps``
+    reference steps of ``samples`` samples run one after another on different samples
+    (:func:`measure_encoder_step` with ``consecutive``), as a run's steps follow each other
+    without a trim: how far the resident set's high-water mark grew over them, beyond the
+    largest step's live tensors and its batch (the batch is counted apart). ``(0, None)`` where
+    the resident set cannot be read."""
+    refs = measure_encoder_step(parts, (samples,) * steps, consecutive=True)
+    first, last = refs[0], refs[-1]
+    if last.resident_growth is None:
+        return 0, None
+    batch = max(first.batch, first.batch_growth or 0)
+    slack = max(last.resident_growth - max(r.peak for r in refs) - batch, 0)
+    per_sample = None if first.batch_growth is None else first.batch_growth / first.samples
+    return slack, per_sample
 
 
 def _split_datasets(parts: RunParts) -> list[Any]:
@@ -704,17 +744,6 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
     # dtype), their caches, libraries loaded on first use; a run's process keeps the same from its first step
     trim_host_memory()
     framework = max(resident_bytes() - built, 0)
-    if activations is None:
-        encoded = K // num_processes if chunk_size is None else min(chunk_size, K // num_processes)
-        cost = per_sample + working_per_sample
-        reference = min(encoded, SLACK_REFERENCE_SAMPLES, len(parts.datasets["train"]),
-                        int(SLACK_REFERENCE_BYTES // cost) if cost > 0 else SLACK_REFERENCE_SAMPLES)
-        if on_host and measure_slack and reference > steps[-1].samples:
-            (ref,) = measure_encoder_step(parts, (reference,))
-            if ref.resident_growth is not None:
-                slack = max(ref.resident_growth - ref.peak, 0)
-            if ref.batch_growth is not None:  # collating copies each sample's tensors before stacking them
-                batch_per_sample = max(batch_per_sample, ref.batch_growth / ref.samples)
     datasets = _split_datasets(parts)
     cache = int(sum(sample_bytes(ds) * len(ds) for ds in datasets)) if config.data.cache else 0
     # a map-style training split is drawn from a shuffled order of all its indices (ViewSetBatchSampler)
@@ -738,6 +767,16 @@ def estimate_memory(parts: RunParts, num_processes: int = 1, chunk_size: int | N
             evaluates_first = config.evaluation.random_baseline or config.evaluation.every_epochs
             if on_host and evaluates_first and forward.kept is not None:
                 evaluation_kept = forward.kept
+    # after the evaluation batch: its measurement then starts from the heap the trial steps left
+    if activations is None:
+        encoded = K // num_processes if chunk_size is None else min(chunk_size, K // num_processes)
+        cost = per_sample + working_per_sample
+        reference = min(encoded, SLACK_REFERENCE_SAMPLES, len(parts.datasets["train"]),
+                        int(SLACK_REFERENCE_BYTES // cost) if cost > 0 else SLACK_REFERENCE_SAMPLES)
+        if on_host and measure_slack and reference > steps[-1].samples:
+            slack, ref_batch = reference_slack(parts, reference)
+            if ref_batch is not None:  # collating copies each sample's tensors before stacking them
+                batch_per_sample = max(batch_per_sample, ref_batch)
     objective_peak = measure_objective_bytes(objective, K, M, d)
     trim_host_memory()  # what the measurements freed goes back: the process is as it was for the run
     sharded, gathered = run_sharding(config, num_processes) == "fsdp", 0
