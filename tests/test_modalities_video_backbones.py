@@ -508,7 +508,8 @@ def clip_recipe(root: Path, adapter: dict) -> dict:
         "encoder": {"embed_dim": 8},
         "adapters": {"video": {**adapter, "head": {"kind": "linear"}}},
         "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
-        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": 1, "warmup_steps": 1},
+        # float32 (`auto` picks bf16 on a CPU with native bf16): the ONNX export computes in float32
+        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": 1, "warmup_steps": 1, "mixed_precision": "no"},
         "evaluation": {"tasks": ["knn:class"], "random_baseline": False},
         "output": {"log_every": 1, "checkpoint_every": 100, "keep_last": 1, "progress_bar": False},
     }

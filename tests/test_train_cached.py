@@ -65,8 +65,9 @@ def gaussian_config(objective: dict[str, Any], *, chunk: int | None, ema_teacher
         "adapters": {"x": {"type": "mlp", "input_dim": 1, "hidden_dim": hidden_dim,
                            "head": head or {"kind": "linear"}}},
         "objective": {**objective, "ema_teacher": ema_teacher},
+        # float32: `auto` picks bf16 on a CPU with native bf16, where "equal" would not hold
         "optimisation": {"optimizer": "adamw", "lr": 1e-2, "epochs": epochs, "max_grad_norm": 5.0,
-                         "encode_chunk_size": chunk, **optimisation},
+                         "encode_chunk_size": chunk, "mixed_precision": "no", **optimisation},
         "evaluation": {"tasks": [], "random_baseline": False},
         "output": {"log_every": 1, "checkpoint_every": 0, "keep_last": 1, "progress_bar": False},
         "cpu": True,
@@ -226,7 +227,8 @@ def _missing_modalities_config(chunk: int | None, adapters: dict[str, Any] | Non
         "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
         # SGD: Adam would blow rounding noise up to lr-sized steps in weights whose gradient is
         # zero in exact arithmetic (attention key biases), making "equal" untestable.
-        "optimisation": {"optimizer": "sgd", "lr": 0.1, "epochs": 1, "encode_chunk_size": chunk},
+        "optimisation": {"optimizer": "sgd", "lr": 0.1, "epochs": 1, "encode_chunk_size": chunk,
+                         "mixed_precision": "no"},
         "evaluation": {"tasks": [], "random_baseline": False},
         "output": {"log_every": 1, "checkpoint_every": 0, "keep_last": 1, "progress_bar": False},
         "cpu": True,

@@ -520,7 +520,7 @@ else:
 """
 EVAL_64 = ["data.batch_size=32", "data.split_options.train.num_samples=128", "data.eval_batch_size=64",
             "data.split_options.valid.num_samples=64", "data.split_options.test.num_samples=64", "cpu=true",
-            "output.progress_bar=false"]
+            "output.progress_bar=false", "optimisation.mixed_precision=no"]  # both roles in float32
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resident-set readings")
@@ -1640,6 +1640,23 @@ def test_evaluation_forward_is_measured_under_the_recipes_mixed_precision(precis
     float32 forward's 8 KiB peak becomes more than one such copy."""
     forward = memory.measure_evaluation_forward(_two_layer_eval_parts(precision))
     assert forward.peak > 512 * 1024
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_an_auto_precision_is_measured_as_the_run_resolves_it(native: bool, monkeypatch) -> None:
+    """A config whose ``auto`` no run has resolved yet (a benchmark's, a test's): measured under
+    bf16 where the CPU computes it natively (the 2-byte weight copies), in float32 elsewhere, as
+    the run will train; both passes, training and evaluation."""
+    import mmviews.eval.precision as P
+
+    monkeypatch.setattr(P, "cpu_has_native_bf16", lambda: native)
+    parts = _two_layer_eval_parts("auto")
+    parts.config.cpu = True
+    forward = memory.measure_evaluation_forward(parts)
+    assert (forward.peak > 512 * 1024) is native, forward.peak
+    (step,) = memory.measure_encoder_step(parts, (2,))
+    (float32,) = memory.measure_encoder_step(_two_layer_parts(), (2,))
+    assert (step.saved != float32.saved) is native, (step.saved, float32.saved)
 
 
 class _FailingSecondLayer(_TwoLayers):

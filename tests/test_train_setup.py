@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mmviews.config import config_from_dict
+from mmviews.eval.precision import choose_precision
 from mmviews.train.build import build_run
 from mmviews.train.distributed import LAUNCHER_FSDP
 from mmviews.train.setup import (HostPreparedCollate, batches_forever, epoch_loader, make_accelerator, planned_steps,
@@ -57,12 +58,17 @@ def test_accelerator_is_the_recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(accelerate, "Accelerator", recording)
     monkeypatch.setenv(LAUNCHER_FSDP, "true")
-    accelerator = make_accelerator(_config(grad_accum_steps=2), tmp_path)
-    assert seen == [None] and os.environ[LAUNCHER_FSDP] == "true"
-    assert accelerator.split_batches and accelerator.non_blocking
-    assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == "no"
-    assert accelerator.device.type == "cpu" and accelerator.log_with == []
-    assert accelerator.project_configuration.logging_dir == str(tmp_path / "logs")  # output.trackers write there
+    from test_train_utils import own_accelerate_state
+
+    with own_accelerate_state():  # auto may resolve to bf16 here, beside the module's float32 runs
+        accelerator = make_accelerator(_config(grad_accum_steps=2, mixed_precision="auto"), tmp_path)
+        assert seen == [None] and os.environ[LAUNCHER_FSDP] == "true"
+        assert accelerator.split_batches and accelerator.non_blocking
+        # `auto` resolved for this CPU: bf16 where it computes bf16 natively, else float32
+        resolved = choose_precision("auto", "cpu").used
+        assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == resolved
+        assert accelerator.device.type == "cpu" and accelerator.log_with == []
+        assert accelerator.project_configuration.logging_dir == str(tmp_path / "logs")  # output.trackers write there
 
 
 def test_prepare_run_gives_the_loop_its_objects(tmp_path: Path) -> None:
@@ -263,3 +269,48 @@ def test_epoch_loader_of_a_streamed_run_skips_in_the_stream() -> None:
                             collator=SimpleNamespace(set_epoch=lambda e: None), config=SimpleNamespace(seed=0))
     p = SimpleNamespace(train_loader=stream, state=state, accelerator=None)
     assert epoch_loader(p, parts, 1) is stream and skipped == [3]
+
+
+def test_runs_of_two_precisions_train_one_after_the_other_in_one_process(tmp_path: Path) -> None:
+    """A bf16 run, then a float32 one, then bf16 again, in one process (a sweep's runs, a
+    notebook's): Accelerate's per-process state would refuse the second precision; each run
+    trains in its own, and the process's device state (PartialState) is the same object throughout."""
+    import json
+
+    from accelerate.state import PartialState
+    from test_train_utils import own_accelerate_state, tiny_config, write_recipe
+
+    from mmviews.cli import main
+
+    raw = tiny_config(text=False, num_samples=16, batch_size=8, epochs=1)
+    raw["cpu"] = True
+    raw["output"]["checkpoint_every"] = 0
+    recipe = str(write_recipe(tmp_path / "r.yaml", raw))
+    with own_accelerate_state():
+        partial = []
+        for i, precision in enumerate(("bf16", "no", "bf16")):
+            run = tmp_path / f"run{i}"
+            argv = ["train", recipe, "--set", f"optimisation.mixed_precision={precision}", "--output", str(run)]
+            assert main(argv) == 0, precision
+            assert json.loads((run / "results.json").read_text())["mixed_precision"] == precision
+            partial.append(dict(PartialState._shared_state))
+        assert partial[0] == partial[1] == partial[2] and partial[0]
+
+
+def test_the_state_of_another_precision_is_released_and_the_same_one_kept() -> None:
+    from accelerate.state import AcceleratorState
+    from test_train_utils import own_accelerate_state
+
+    from mmviews.train.setup import release_other_precision
+
+    with own_accelerate_state():
+        release_other_precision("bf16")  # nothing made yet: nothing to release
+        assert AcceleratorState._shared_state == {}
+        import accelerate
+
+        accelerate.Accelerator(cpu=True, mixed_precision="no")
+        kept = dict(AcceleratorState._shared_state)
+        release_other_precision("no")
+        assert AcceleratorState._shared_state == kept
+        release_other_precision("bf16")
+        assert AcceleratorState._shared_state == {}

@@ -48,7 +48,9 @@ def gaussian_config(objective: dict[str, Any], *, epochs: int = 1, log_every: in
         "encoder": {"embed_dim": 8},
         "adapters": {"x": {"type": "mlp", "input_dim": 1, "hidden_dim": 16, "head": {"kind": "linear"}}},
         "objective": {**objective, "ema_teacher": ema_teacher},
-        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": epochs, "max_grad_norm": 5.0},
+        # float32 on every machine (`auto` picks bf16 on a CPU with native bf16)
+        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": epochs, "max_grad_norm": 5.0,
+                         "mixed_precision": "no"},
         "evaluation": {"tasks": [], "random_baseline": False},
         "output": {"log_every": log_every, "checkpoint_every": checkpoint_every, "keep_last": 1, "progress_bar": False},
         "cpu": True,
@@ -67,7 +69,7 @@ def synthetic_config(adapters: dict[str, Any], views: list[dict[str, Any]], *, m
         "encoder": {"embed_dim": 16},
         "adapters": adapters,
         "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
-        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": 1, "max_grad_norm": 5.0},
+        "optimisation": {"optimizer": "adamw", "lr": 1e-3, "epochs": 1, "max_grad_norm": 5.0, "mixed_precision": "no"},
         "evaluation": {"tasks": [], "random_baseline": False},
         "output": {"log_every": 1000, "checkpoint_every": 0, "keep_last": 1, "progress_bar": False},
         "cpu": True,
@@ -311,8 +313,11 @@ def test_bench_train_step_reads_nothing_with_missing_views() -> None:
 
     overrides = ["data.batch_size=16", "data.split_options.train.num_samples=48", "data.options.missing_rate=0.3",
                  "cpu=true"]
+    from test_train_utils import own_accelerate_state
+
     parts = build_run(load_config(resolve_recipe("quickstart"), overrides), 1, with_eval=False)
-    row = measure(parts, case="quickstart", device="cpu", steps=1, warmup=0, count_host_reads=2)
+    with own_accelerate_state():  # the recipe's auto: bf16 on a CPU with native bf16, beside float32 runs
+        row = measure(parts, case="quickstart", device="cpu", steps=1, warmup=0, count_host_reads=2)
     assert row["host_reads"] == {"steps": 2, "per_step": 0.0, "by_origin": {}}
 
 

@@ -69,7 +69,10 @@ def tiny_config(*, batch_norm: bool = True, dropout: float = 0.1, image: bool = 
         "encoder": {"embed_dim": 16},
         "adapters": adapters,
         "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
-        "optimisation": {"optimizer": "adamw", "lr": 3e-3, "epochs": epochs, "warmup_steps": 1, "max_grad_norm": 5.0},
+        # float32 on every machine: `auto` picks bf16 on a CPU with AVX512-BF16/AMX, and the
+        # equality checks of these runs (one process against two, cached against plain) are float32's
+        "optimisation": {"optimizer": "adamw", "lr": 3e-3, "epochs": epochs, "warmup_steps": 1, "max_grad_norm": 5.0,
+                         "mixed_precision": "no"},
         "evaluation": {"tasks": tasks if tasks is not None else [], "random_baseline": True},
         "output": {"log_every": 1, "checkpoint_every": 2, "keep_last": 2, "progress_bar": False},
     }

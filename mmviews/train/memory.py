@@ -83,6 +83,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mmviews.data.streaming import first_samples
+from mmviews.eval.precision import autocast_dtype
 from mmviews.eval.tasks import extracted_splits
 from mmviews.process_memory import reset_resident_peak, resident_bytes, resident_peak_bytes, trim_host_memory
 from mmviews.train.build import RunParts, uses_teacher
@@ -423,8 +424,7 @@ def measure_encoder_step(parts: RunParts, sizes: tuple[int, ...] = (2, 4),
     params = {p.untyped_storage().data_ptr() for p in encoder.parameters()}
     prepare = encoder.host_preparation()
     buffers = {name: b.clone() for name, b in encoder.named_buffers()}
-    precision = parts.config.optimisation.mixed_precision
-    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = autocast_dtype(parts.config)
     was_training = encoder.training
     encoder.train()
     measured = []
@@ -502,7 +502,7 @@ def measure_evaluation_forward(parts: RunParts, samples: int | None = None) -> E
     n = min(samples or parts.config.data.eval_batch_size or parts.config.data.batch_size, len(dataset))
     if n < 1:
         return None
-    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(parts.config.optimisation.mixed_precision)
+    autocast = autocast_dtype(parts.config)
     was_training = encoder.training
     encoder.eval()
     try:

@@ -46,6 +46,21 @@ class HostPreparedCollate:
         return batch if batch.num_samples == 0 else self.prepare(batch)  # empty: every sample unreadable
 
 
+def release_other_precision(mixed_precision: str) -> None:
+    """Let this process's next Accelerator use ``mixed_precision`` (``"no"``, ``"bf16"``, ``"fp16"``).
+
+    Accelerate keeps one ``AcceleratorState`` per process and refuses an Accelerator of another
+    precision once it exists ("restart your runtime"). Runs one after another in one process (a
+    sweep's runs, a notebook's, a float32 run after an ``auto`` one that chose bf16) would stop
+    there, so the state of the finished run is dropped when the precision differs. The process
+    group and device (Accelerate's ``PartialState``) are kept: a launched run's ranks stay joined."""
+    from accelerate.state import AcceleratorState
+
+    shared = AcceleratorState._shared_state
+    if shared and shared.get("_mixed_precision", mixed_precision) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
 def make_accelerator(config: TrainConfig, run_dir: Path, trackers: Sequence[str] = ()) -> Any:
     """The Accelerator of a run of ``config`` writing to ``run_dir``, logging to ``trackers``
     (``output.trackers`` once resolved; none for a benchmark). Created without the launcher's
@@ -54,6 +69,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path, trackers: Sequence[str]
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, ProjectConfiguration
 
     config = resolve_precision(config)[0]  # "auto": the run resolved it already, a benchmark may not have
+    release_other_precision(config.optimisation.mixed_precision)
     with launcher_fsdp_hidden():
         return Accelerator(
             cpu=config.cpu,

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from mmviews.config import FSDP_FP16_REFUSAL, ConfigError, TrainConfig
+from mmviews.eval.precision import resolve_precision
 from mmviews.train.distributed import LAUNCHER_FSDP, fsdp_requested_by_launcher
 
 SHARDINGS = ("none", "fsdp")
@@ -112,7 +113,8 @@ def shard_encoder(encoder: nn.Module, config: TrainConfig, device: torch.device,
 
     encoder.to(device)
     mesh = init_device_mesh(device.type, (num_processes,))
-    policy = _policy(config.optimisation.mixed_precision)
+    # `auto` as the run resolves it (a benchmark's config may not be resolved yet)
+    policy = _policy(resolve_precision(config)[1].used)
 
     def shard(module: nn.Module) -> None:
         fully_shard(module, mesh=mesh, mp_policy=policy)

@@ -93,7 +93,9 @@ def small_recipe(name: str, *, modalities: Sequence[str] = NATURAL, size: str = 
         "encoder": dict(base["encoder"]),
         "adapters": {m: dict(base["adapters"][m]) for m in modalities},
         "objective": {"name": "mv_dhel", "params": {"temperature": 0.2}},
-        "optimisation": {**base["optimisation"], "epochs": sz["epochs"], "warmup_epochs": 0.5},
+        # float32 on every machine, so that the shipped tables reproduce anywhere: `auto` would
+        # pick bf16 on a CPU with AVX512-BF16/AMX, and the tables were measured in float32
+        "optimisation": {**base["optimisation"], "epochs": sz["epochs"], "warmup_epochs": 0.5, "mixed_precision": "no"},
         "evaluation": {"tasks": ["linear:class", {"kind": "diagnostics"}], "fuse": "mean", "random_baseline": False},
         "output": {"log_every": 1, "checkpoint_every": 0, "keep_last": 1, "tensorboard": False,
                    "progress_bar": False},

@@ -111,7 +111,9 @@ def overrides_for(size: str, M: int, *, seed: int, objective: str, steps: int, K
             f"adapters={_flow({m: adapter for m in names})}",
             f"data.batch_size={K}", "data.batch_mode=fixed",
             f"objective.name={objective}", f"objective.params={_flow(params)}",
-            f"optimisation.max_steps={steps}", f"seed={seed}"]
+            f"optimisation.max_steps={steps}", f"seed={seed}",
+            # float32 on every machine (auto picks bf16 on a CPU with native bf16): the tables' R^2 are float32's
+            "optimisation.mixed_precision=no"]
 
 
 def identifiability_of(run_dir: str | Path, key: str = "eval") -> dict[str, float]:

@@ -403,7 +403,9 @@ def stage_confirm(args: Any, out: Path) -> list[dict[str, Any]]:
 
     rows = []
     for seed in args.seeds or [0, 1, 2]:
-        overrides = [f"seed={seed}", f"data.options.seed={seed}", "output.progress_bar=false"]
+        # float32 on every machine (auto picks bf16 on a CPU with native bf16), as the tables
+        overrides = [f"seed={seed}", f"data.options.seed={seed}", "output.progress_bar=false",
+                     "optimisation.mixed_precision=no"]
         if args.size == "smoke":
             overrides += ["optimisation.max_steps=3", "data.batch_size=32", "evaluation.plots=false",
                           "data.split_options={valid: {num_samples: 256}, test: {num_samples: 256}}",
