@@ -226,3 +226,12 @@ def test_autocast_dtype_is_the_precision_the_run_uses(asked: str, native: bool, 
     raw["cpu"] = True
     raw["optimisation"]["mixed_precision"] = asked
     assert P.autocast_dtype(config_from_dict(raw, "r.yaml")) is dtype
+
+
+def test_an_explicit_precision_needs_no_device() -> None:
+    """Only ``auto`` depends on the device: an explicit precision is read without asking which
+    device trains (a config that names none, e.g. a measurement's stand-in, is enough)."""
+    from types import SimpleNamespace
+
+    for asked, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("no", None)):
+        assert P.autocast_dtype(SimpleNamespace(optimisation=SimpleNamespace(mixed_precision=asked))) is dtype

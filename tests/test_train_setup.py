@@ -303,6 +303,8 @@ def test_the_state_of_another_precision_is_released_and_the_same_one_kept() -> N
 
     from mmviews.train.setup import release_other_precision
 
+    from accelerate.state import PartialState
+
     with own_accelerate_state():
         release_other_precision("bf16")  # nothing made yet: nothing to release
         assert AcceleratorState._shared_state == {}
@@ -312,5 +314,22 @@ def test_the_state_of_another_precision_is_released_and_the_same_one_kept() -> N
         kept = dict(AcceleratorState._shared_state)
         release_other_precision("no")
         assert AcceleratorState._shared_state == kept
+        PartialState._shared_state["marker"] = "the process group's state"  # kept: a launched run's ranks
         release_other_precision("bf16")
         assert AcceleratorState._shared_state == {}
+        assert PartialState._shared_state["marker"] == "the process group's state"
+
+
+def test_a_run_of_the_same_precision_keeps_the_accelerator_state(tmp_path: Path) -> None:
+    """make_accelerator releases the state only for another precision: a second Accelerator of
+    the same one shares the first's state (a marker put into it stays), one of another starts afresh."""
+    from accelerate.state import AcceleratorState
+    from test_train_utils import own_accelerate_state
+
+    with own_accelerate_state():
+        make_accelerator(_config(mixed_precision="no"), tmp_path)
+        AcceleratorState._shared_state["marker"] = 1
+        make_accelerator(_config(mixed_precision="no"), tmp_path)
+        assert AcceleratorState._shared_state.get("marker") == 1
+        make_accelerator(_config(mixed_precision="bf16"), tmp_path)
+        assert "marker" not in AcceleratorState._shared_state

@@ -82,6 +82,20 @@ def test_units_are_sharded_inner_first_by_the_recipes_choice(group_of_one, monke
         nbytes(fb), nbytes(fa.backbone), nbytes(fa.head), 0]
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_an_auto_precision_shards_with_the_runs_choice(group_of_one, monkeypatch, native: bool):
+    """``auto`` not yet resolved (a benchmark's config): the units gather in bf16 where the CPU
+    computes it natively, in float32 elsewhere, as the run's autocast."""
+    import mmviews.eval.precision as P
+
+    monkeypatch.setattr(P, "cpu_has_native_bf16", lambda: native)
+    encoder = _encoder()
+    calls = _record_units(monkeypatch)
+    sharding.shard_encoder(encoder, _config("auto"), torch.device("cpu"), 1)
+    head_policies = {policy.param_dtype for module, policy in calls if not isinstance(module, torch.nn.BatchNorm1d)}
+    assert head_policies == {torch.bfloat16 if native else None}
+
+
 def test_bf16_gathers_parameters_in_bf16_and_reduces_gradients_in_float32(group_of_one, monkeypatch):
     encoder = _encoder()
     calls = _record_units(monkeypatch)

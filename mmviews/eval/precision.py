@@ -120,7 +120,8 @@ def resolve_precision(config: TrainConfig, device_type: str | None = None) -> tu
 def autocast_dtype(config: TrainConfig) -> torch.dtype | None:
     """The autocast dtype of ``config``'s steps (None: float32), its precision as the run uses it:
     ``auto`` resolved for the device it trains on, so that a config no run has resolved yet (a
-    benchmark's, a memory estimate's) measures what the run computes rather than float32."""
+    benchmark's, a memory estimate's) measures what the run computes rather than float32. An
+    explicit precision is read as asked, without asking which device trains."""
     asked = config.optimisation.mixed_precision
     used = choose_precision(asked, training_device_type(config)).used if asked == "auto" else asked
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(used)
