@@ -24,7 +24,7 @@ split, 3 seeds; the learned temperature (and bias) at the end of each run.
 
 Usage::
 
-    python recipes/reproduce/temperature_siglip.py            # default: about 25 min on 2 CPU cores
+    python recipes/reproduce/temperature_siglip.py            # default: over 75 min on 2 CPU cores (M = 3 half: 75)
     python recipes/reproduce/temperature_siglip.py --Ms 3     # M = 3 only (about 60 % of the time)
     python recipes/reproduce/temperature_siglip.py --batch-sizes 256 64 32 16   # adds K = 32
     python recipes/reproduce/temperature_siglip.py --full     # 4096 samples, 30 epochs, K up to 512
