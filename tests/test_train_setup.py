@@ -21,6 +21,7 @@ from mmviews.train.setup import (HostPreparedCollate, batches_forever, epoch_loa
                                  prepare_run)
 from mmviews.train.state import TrainState
 from test_train_sync import gaussian_config
+from test_train_utils import own_accelerate_state
 
 
 def _config(**optimisation: Any) -> Any:
@@ -57,12 +58,14 @@ def test_accelerator_is_the_recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(accelerate, "Accelerator", recording)
     monkeypatch.setenv(LAUNCHER_FSDP, "true")
-    accelerator = make_accelerator(_config(grad_accum_steps=2), tmp_path)
-    assert seen == [None] and os.environ[LAUNCHER_FSDP] == "true"
-    assert accelerator.split_batches and accelerator.non_blocking
-    assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == "no"
-    assert accelerator.device.type == "cpu" and accelerator.log_with == []
-    assert accelerator.project_configuration.logging_dir == str(tmp_path / "logs")  # output.trackers write there
+    # float32 asked for ("auto" is bf16 on a CPU that computes it natively), in a state of its own
+    with own_accelerate_state():
+        accelerator = make_accelerator(_config(grad_accum_steps=2, mixed_precision="no"), tmp_path)
+        assert seen == [None] and os.environ[LAUNCHER_FSDP] == "true"
+        assert accelerator.split_batches and accelerator.non_blocking
+        assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == "no"
+        assert accelerator.device.type == "cpu" and accelerator.log_with == []
+        assert accelerator.project_configuration.logging_dir == str(tmp_path / "logs")  # output.trackers write there
 
 
 def test_prepare_run_gives_the_loop_its_objects(tmp_path: Path) -> None:
@@ -143,8 +146,6 @@ def test_host_prepared_collate_prepares_every_batch_but_an_empty_one() -> None:
 
 def test_the_accelerator_takes_the_recipes_precision_trackers_and_ddp_setting(tmp_path: Path) -> None:
     from accelerate.utils import LoggerType
-
-    from test_train_utils import own_accelerate_state
 
     raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}})
     raw["optimisation"]["mixed_precision"] = "bf16"
