@@ -251,6 +251,8 @@ def test_temperature_pretrained_without_an_open_clip_checkpoint_is_refused(tmp_p
                r"adapters.<modality>.pretrained of an open_clip adapter, or give a number\)$")
     with pytest.raises(ConfigError, match=message):
         build_run(load_config(recipe), with_eval=False)
+    with pytest.raises(ConfigError, match=r"^runs/x/config.yaml: key 'objective.params.temperature': 'pretrained' starts"):
+        build_run(load_config(recipe), 1, "runs/x/config.yaml", with_eval=False)  # the run's own source named
     # called on its own (it is public), the message names the recipe as build_run does
     from mmviews.objectives import get_objective
     from mmviews.train.build import build_encoder, start_from_pretrained
