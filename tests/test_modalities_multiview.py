@@ -201,3 +201,66 @@ def test_absent_views_do_not_reach_the_head_batchnorm() -> None:
     only({k: v[present] for k, v in x.items()})
     bn_only = next(m for m in only.head.modules() if isinstance(m, torch.nn.BatchNorm1d))
     assert torch.allclose(stats_with_absent, bn_only.running_mean, atol=1e-6)
+
+
+def test_host_preparation_checks_then_preprocesses_each_modality_once_in_view_order() -> None:
+    """Each modality with inputs: its check with its own presence mask (stacked order), then its
+    preprocessor's result in place of its inputs; modalities without a check or a preprocessor
+    pass through; the batch is marked checked."""
+    from mmviews.modalities.multiview import HostBatchPreparation
+
+    calls: list[tuple[str, str, list[bool]]] = []
+
+    def check(name: str):
+        return lambda inputs, present: calls.append(("check", name, present.tolist()))
+
+    def tagged(inputs: dict) -> dict:
+        calls.append(("preprocess", "seq", []))
+        return {**inputs, "tagged": True}
+
+    prepare = HostBatchPreparation({"image": check("image"), "seq": check("seq")}, {"seq": tagged})
+    batch = _batch()
+    images = batch.inputs["image"]
+    out = prepare(batch)
+    # image first (its view comes first), once although it has two views; mask [K, 2] stacked sample-major
+    assert calls == [("check", "image", [True] * 8), ("check", "seq", [True, True, False, True]),
+                     ("preprocess", "seq", [])]
+    assert out.inputs_checked and out.inputs["seq"]["tagged"] is True and out.inputs["image"] is images
+    calls.clear()
+    assert HostBatchPreparation({})(_batch()).inputs_checked and calls == []
+
+
+def test_host_preparation_skips_absent_inputs_and_frames_for_device_flow() -> None:
+    """A modality with views but no inputs is left to the encoder's forward (which names it);
+    frames for flow on the device are RAFT's, made in the step: neither is checked, and the
+    modalities after them still are."""
+    from mmviews.modalities.multiview import HostBatchPreparation
+
+    seen: list[str] = []
+    prepare = HostBatchPreparation({m: (lambda inputs, present, m=m: seen.append(m)) for m in ("image", "seq")})
+    batch = _batch()
+    del batch.inputs["image"]
+    assert prepare(batch).inputs_checked and seen == ["seq"]
+    seen.clear()
+    batch = _batch()
+    frames = {"frames": torch.rand(K * 2, 2, 3, 32, 32)}
+    batch.inputs["image"] = frames
+    assert prepare(batch).inputs["image"] is frames and seen == ["seq"]
+
+
+def test_host_preparation_names_the_modality_of_a_failed_check_or_preprocessor() -> None:
+    from mmviews.modalities.multiview import HostBatchPreparation
+
+    def refuse(*args: object) -> None:
+        raise ValueError("values must be finite")
+
+    for prepare in (HostBatchPreparation({"seq": refuse}), HostBatchPreparation({}, {"seq": refuse})):
+        with pytest.raises(ValueError) as raised:
+            prepare(_batch())
+        assert str(raised.value) == "modality 'seq': values must be finite"
+        assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    # the encoder's own: an adapter's check of input values (a NaN pixel)
+    with pytest.raises(ValueError, match=r"^modality 'image': "):
+        batch = _batch()
+        batch.inputs["image"]["values"][0, 0, 0, 0] = float("nan")
+        _encoder().host_preparation()(batch)
