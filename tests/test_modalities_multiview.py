@@ -264,3 +264,21 @@ def test_host_preparation_names_the_modality_of_a_failed_check_or_preprocessor()
         batch = _batch()
         batch.inputs["image"]["values"][0, 0, 0, 0] = float("nan")
         _encoder().host_preparation()(batch)
+
+
+def test_flow_from_frames_hands_a_batch_with_frames_to_the_device_flow() -> None:
+    """No frames: the same batch, no device flow needed. Frames without a device flow: refused,
+    naming the modalities. With one: the batch it converts is the one given, its result returned."""
+    from types import SimpleNamespace
+
+    encoder = _encoder()
+    plain = _batch()
+    assert encoder.flow_from_frames(plain) is plain
+    batch = _batch()
+    batch.inputs["image"] = {"frames": torch.rand(K * 2, 2, 3, 32, 32)}
+    with pytest.raises(ValueError, match=r"^modalities \['image'\] carry frames for flow computed on the device"):
+        encoder.flow_from_frames(batch)
+    given: list[ViewBatch] = []
+    converted = _batch(seed=1)
+    encoder.device_flow = SimpleNamespace(convert=lambda b: (given.append(b), converted)[1])
+    assert encoder.flow_from_frames(batch) is converted and given == [batch] and given[0] is batch
