@@ -111,6 +111,7 @@ def test_build_run_gives_the_parts_the_recipe_asks_for() -> None:
     train = parts.datasets["train"]
     assert list(parts.datasets) == ["train"] and len(train) == 60 and parts.view_spec is config.view_spec
     assert isinstance(parts.collator, EpochCollator) and parts.collator.collator.seed == 7
+    assert parts.collator.collator.modality_info == train.modality_info() == {"x": {"kind": "sequence", "shape": (1, 1)}}
     assert parts.train_loader.collate_fn is parts.collator and parts.train_loader.dataset is train
     assert isinstance(parts.sampler, GlobalBatchSampler) and parts.train_loader.batch_sampler is parts.sampler
     inner = parts.sampler.inner
@@ -146,6 +147,8 @@ def test_a_fixed_batch_mode_holds_k_times_m_and_k_must_be_at_least_two() -> None
     assert parts.sampler.batch_size == 4 and parts.sampler.inner.K == 4 and len(parts.train_loader) == 15
     parts = build_run(config_from_dict(_recipe(batch_size=4, batch_mode="fixed", reference_views=2)))
     assert parts.sampler.batch_size == 2
+    parts = build_run(config_from_dict(_recipe(batch_size=4, batch_mode="fixed", reference_views=4)))
+    assert parts.sampler.batch_size == parts.sampler.inner.K == 4  # the recipe's reference, not the default 2
     error = _build_refusal(_recipe(batch_size=2, batch_mode="fixed", reference_views=2))
     assert str(error) == ("r.yaml: key 'data.batch_size': the batch has K = 1 samples with M = 4 views "
                           "(batch_mode 'fixed'); K must be >= 2")
@@ -175,6 +178,10 @@ def test_a_view_without_an_adapter_names_the_view_or_the_adapters() -> None:
                     {"modality": "xx", "augment": "seq_noise", "params": {"std": 0.03}}]
     assert str(_build_refusal(raw)) == ("r.yaml: key 'views.1.modality': 'xx' has no adapter (did you mean 'x'?); "
                                         "adapters given: ['x']")
+    raw_names = _recipe()
+    raw_names["views"] = ["x", "xx"]  # views given by modality name alone
+    assert str(_build_refusal(raw_names)) == ("r.yaml: key 'views.1.modality': 'xx' has no adapter (did you mean "
+                                              "'x'?); adapters given: ['x']")
     raw["views"][1]["modality"] = "audio"
     raw["views"].append({"modality": "audio"})
     assert str(_build_refusal(raw)) == ("r.yaml: key 'adapters': no adapter for modality 'audio' of 'views.1.modality' "
@@ -217,10 +224,12 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "shards"
 
 
-def _streamed(shards: Path, batch_size: int = 4, **optimisation: Any) -> Any:
+def _streamed(shards: Path, batch_size: int = 4, num_workers: int = 0, cpu: bool = True, **optimisation: Any) -> Any:
     raw = _recipe(batch_size=batch_size)
+    raw["cpu"] = cpu
     raw["data"] = {"name": "hf", "root": str(shards), "options": {"columns": {"rows": "seq"}}, "streaming": True,
-                   "batch_size": batch_size, "val_split": None, "test_split": None, "shuffle_buffer": 5}
+                   "batch_size": batch_size, "val_split": None, "test_split": None, "shuffle_buffer": 5,
+                   "num_workers": num_workers}
     raw["views"] = [{"modality": "rows", "copies": 2}]
     raw["adapters"] = {"rows": {"type": "feature_sequence", "input_dim": 2}}
     raw["optimisation"].update(optimisation)
@@ -239,6 +248,7 @@ def test_a_streamed_split_is_read_by_a_stream_loader_of_this_processs_rows(shard
     assert (loader.batch_size, loader.seed, loader.shuffle_buffer, loader.rank, loader.world) == (4, 7, 5, 0, 1)
     assert loader.num_workers == 0 and loader.pin_memory is False and len(loader) == 3  # 12 rows / 4
     assert loader.dataset is parts.datasets["train"]
+    assert build_run(_streamed(shards, num_workers=1)).train_loader.num_workers == 1  # the recipe's (none started)
     two = build_run(_streamed(shards), 2).train_loader  # this process is rank 0 of 2
     assert (two.batch_size, two.rank, two.world) == (2, 0, 2) and len(two) == 3  # 6 rows a process / 2
     batch = next(iter(loader))
@@ -293,3 +303,16 @@ def test_skipping_unreadable_clips_is_refused_on_several_processes(tmp_path: Pat
     split = "r.yaml: key 'data.batch_size': the 'train' split has 1 samples, fewer than one batch of K = 2"
     assert str(_build_refusal(recipe("skip"), 1)) == split
     assert str(_build_refusal(recipe("raise"), 2)) == split
+
+
+def test_batches_are_pinned_only_where_the_run_trains_on_cuda(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned host memory lets the copy to a CUDA device overlap the step; a ``cpu: true`` run on
+    a machine with CUDA (said so here: this one has none; no loader is iterated) pins nothing."""
+    from mmviews.train.build import build_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for cpu in (True, False):
+        raw = _recipe()
+        raw["cpu"] = cpu
+        assert build_run(config_from_dict(raw), with_eval=False).train_loader.pin_memory is not cpu
+        assert build_run(_streamed(shards, cpu=cpu)).train_loader.pin_memory is not cpu
