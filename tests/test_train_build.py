@@ -149,6 +149,8 @@ def test_a_fixed_batch_mode_holds_k_times_m_and_k_must_be_at_least_two() -> None
     assert parts.sampler.batch_size == 2
     parts = build_run(config_from_dict(_recipe(batch_size=4, batch_mode="fixed", reference_views=4)))
     assert parts.sampler.batch_size == parts.sampler.inner.K == 4  # the recipe's reference, not the default 2
+    parts = build_run(config_from_dict(_recipe(batch_size=2, batch_mode="fixed", reference_views=4)))
+    assert parts.sampler.batch_size == 2  # K = 2 * 4 // 4 passes the K >= 2 check (with a reference of 2, K = 1)
     error = _build_refusal(_recipe(batch_size=2, batch_mode="fixed", reference_views=2))
     assert str(error) == ("r.yaml: key 'data.batch_size': the batch has K = 1 samples with M = 4 views "
                           "(batch_mode 'fixed'); K must be >= 2")
