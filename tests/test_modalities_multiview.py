@@ -282,3 +282,109 @@ def test_flow_from_frames_hands_a_batch_with_frames_to_the_device_flow() -> None
     converted = _batch(seed=1)
     encoder.device_flow = SimpleNamespace(convert=lambda b: (given.append(b), converted)[1])
     assert encoder.flow_from_frames(batch) is converted and given == [batch] and given[0] is batch
+
+
+def test_push_to_hub_uploads_what_save_pretrained_writes_with_the_card_in_one_commit(monkeypatch, tmp_path) -> None:
+    """huggingface_hub's own upload path (HfApi.create_repo, HfApi.upload_folder), its two network
+    calls answered here: the repository made if needed, then one commit of the saved folder, with
+    ``model_card`` as its README.md; the temporary folder is gone after."""
+    import json
+    from pathlib import Path
+
+    from huggingface_hub import HfApi
+
+    calls: list[tuple[str, dict]] = []
+    uploaded: dict[str, str] = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", {"token": self.token, "repo_id": repo_id, **kwargs}))
+
+    def upload_folder(self, **kwargs):
+        calls.append(("upload_folder", {"token": self.token, **kwargs}))
+        folder = Path(kwargs["folder_path"])
+        uploaded.update({str(p.relative_to(folder)): p.read_text() for p in folder.glob("*") if p.is_file()})
+        return "commit-info"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    enc = _encoder()
+    enc.objective_info = {"name": "mv_dhel", "temperature": 0.25}
+    result = enc.push_to_hub("someone/tiny", model_card="# card\n", commit_message="first", private=True,
+                             token="tok", revision="dev")
+    assert result == "commit-info"
+    folder = calls[1][1]["folder_path"]
+    assert calls == [
+        ("create_repo", {"token": "tok", "repo_id": "someone/tiny", "repo_type": "model", "private": True,
+                         "exist_ok": True}),
+        ("upload_folder", {"token": "tok", "repo_id": "someone/tiny", "folder_path": folder, "repo_type": "model",
+                           "commit_message": "first", "revision": "dev"}),
+    ]
+    assert uploaded["README.md"] == "# card\n"
+    assert json.loads(uploaded["encoder.json"]) == {"modalities": ["seq", "image"],
+                                                    "objective": {"name": "mv_dhel", "temperature": 0.25}}
+    assert not Path(folder).exists()
+    calls.clear()
+    uploaded.clear()
+    assert enc.push_to_hub("someone/tiny") == "commit-info"  # the defaults: no card, a commit message of its own
+    assert calls[0][1] == {"token": None, "repo_id": "someone/tiny", "repo_type": "model", "private": None,
+                           "exist_ok": True}
+    assert calls[1][1]["commit_message"] == "Upload mmviews encoder" and calls[1][1]["revision"] is None
+    assert "README.md" not in uploaded and "encoder.json" in uploaded
+
+
+def test_from_config_takes_both_forms_and_fills_the_embed_dim_only_where_missing() -> None:
+    """``{"embed_dim", "modalities"}`` or the modalities directly; a top-level embed_dim fills the
+    adapters that set none; an AdapterConfig is built as it is; config_dict gives back the first
+    form, which builds the same encoder."""
+
+    image = tiny_config("small_cnn")
+    del image["embed_dim"]
+    enc = MultiViewEncoder.from_config({"embed_dim": 12, "modalities": {"image": image}})
+    assert enc.embed_dim == 12 and enc.adapters["image"].config.embed_dim == 12
+    direct = MultiViewEncoder.from_config({"image": tiny_config("small_cnn", embed_dim=6)})
+    assert list(direct.adapters) == ["image"] and direct.embed_dim == 6
+    resolved = build_adapter(tiny_config("small_cnn", embed_dim=6)).config  # an AdapterConfig of its type
+    assert MultiViewEncoder.from_config({"embed_dim": 12, "modalities": {"image": resolved}}).embed_dim == 6
+    with pytest.raises(ValueError, match="all adapters must share embed_dim"):  # its own embed_dim is kept
+        MultiViewEncoder.from_config({"embed_dim": 12, "modalities": {"image": image, "seq": tiny_config("feature_sequence")}})
+    config = enc.config_dict()
+    assert config == {"embed_dim": 12, "modalities": {"image": enc.adapters["image"].config.to_dict()}}
+    again = MultiViewEncoder.from_config(config)
+    assert again.config_dict() == config
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"embed_dim": 8, "modalities": {"image": tiny_config("small_cnn")}, "heads": 2},
+     "unknown encoder config key(s) ['heads']; allowed: embed_dim, modalities"),
+    ({"embed_dim": 8, "modalities": {}}, "encoder config needs a non-empty mapping modality -> adapter config"),
+    ({"embed_dim": 8}, "encoder config needs a non-empty mapping modality -> adapter config"),
+    ({"modalities": ["image"]}, "encoder config needs a non-empty mapping modality -> adapter config"),
+    ({"modalities": {"image": "small_cnn"}}, "encoder config for modality 'image' must be a dict, got 'small_cnn'"),
+])
+def test_a_malformed_encoder_config_is_named(config, message) -> None:
+    with pytest.raises(ValueError) as raised:
+        MultiViewEncoder.from_config(config)
+    assert str(raised.value) == message
+
+
+def test_encode_modality_embeds_one_modalitys_inputs_or_names_the_missing_adapter() -> None:
+    torch.manual_seed(0)
+    enc = _encoder().eval()
+    images = torch.rand(3, 3, 32, 32)
+    present = torch.tensor([True, False, True])
+    z = enc.encode_modality("image", {"values": images}, present)
+    assert torch.equal(z, enc.adapters["image"]({"values": images}, present))
+    assert z.shape == (3, 16)
+    with pytest.raises(KeyError) as raised:
+        enc.encode_modality("text", {"text": ["a"]})
+    assert raised.value.args[0] == "no adapter for modality 'text'; have ['image', 'seq']"
+
+
+def test_disable_cache_forgets_the_caches(tmp_path) -> None:
+    enc = _encoder(frozen=True)
+    caches = enc.enable_cache(tmp_path / "cache")
+    assert sorted(caches) == ["image", "seq"] and enc.caches == caches
+    enc.disable_cache()
+    assert enc.caches == {}
+    with pytest.raises(ValueError, match="call enable_cache"):
+        enc.fill_cache([])
