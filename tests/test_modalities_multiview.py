@@ -322,7 +322,7 @@ def test_push_to_hub_uploads_what_save_pretrained_writes_with_the_card_in_one_co
     assert uploaded["README.md"] == "# card\n"
     assert json.loads(uploaded["encoder.json"]) == {"modalities": ["seq", "image"],
                                                     "objective": {"name": "mv_dhel", "temperature": 0.25}}
-    assert not Path(folder).exists()
+    assert not Path(folder).exists() and Path(folder).name.startswith("mmviews-push-")
     calls.clear()
     uploaded.clear()
     assert enc.push_to_hub("someone/tiny") == "commit-info"  # the defaults: no card, a commit message of its own
@@ -388,3 +388,86 @@ def test_disable_cache_forgets_the_caches(tmp_path) -> None:
     assert enc.caches == {}
     with pytest.raises(ValueError, match="call enable_cache"):
         enc.fill_cache([])
+
+
+def test_caches_are_named_by_modality_and_split_and_filled_with_a_progress_bar(tmp_path, capsys) -> None:
+    """One cache per frozen modality, its file named by modality and split (``train`` unless
+    given); fill_cache runs the split once in eval mode under a progress bar (none when asked),
+    needs dataset indices, and leaves the encoder in the mode it was in."""
+    enc = _encoder(frozen=True).train()
+    caches = enc.enable_cache(tmp_path)
+    assert {name: (c.name, c.split) for name, c in caches.items()} == {"seq": ("seq", "train"), "image": ("image", "train")}
+    assert caches["image"].path.name.startswith("image-train-")
+    valid = enc.enable_cache(tmp_path, split="valid", modalities=["image"])
+    assert list(valid) == ["image"] and valid["image"].split == "valid" and valid["image"].path.name.startswith("image-valid-")
+    enc.enable_cache(tmp_path)
+    with pytest.raises(ValueError) as raised:
+        enc.fill_cache([_batch()], progress=False)
+    assert str(raised.value) == "fill_cache: batches need 'index' (dataset indices) to key the cache"
+    assert enc.training  # put back after the failed pass too
+    capsys.readouterr()
+    rows = enc.fill_cache([_batch(index=torch.arange(K))])
+    assert rows == {"seq": 3, "image": 4} and enc.training  # natural views only; sample 2 has no sequence view
+    assert "caching backbone features" in capsys.readouterr().err
+    enc.enable_cache(tmp_path / "again")
+    enc.fill_cache([_batch(index=torch.arange(K))], progress=False)
+    assert "caching backbone features" not in capsys.readouterr().err
+    enc.disable_cache()
+    with pytest.raises(ValueError) as raised:
+        enc.fill_cache([])
+    assert str(raised.value) == "fill_cache: call enable_cache(directory, split) first"
+
+
+def test_param_groups_are_the_adapters_prefixed_by_modality_without_decay_by_default() -> None:
+    enc = _encoder()
+    groups = {g["name"]: g for g in enc.param_groups(1e-4, 1e-3)}
+    assert {"seq.backbone", "seq.head", "image.backbone", "image.head"} <= set(groups)
+    assert all(g["weight_decay"] == 0.0 for g in groups.values())
+    assert groups["image.backbone"]["lr"] == 1e-4 and groups["image.head"]["lr"] == 1e-3
+    decayed = {g["name"]: g for g in enc.param_groups(1e-4, 1e-3, 0.05)}
+    assert decayed["image.head"]["weight_decay"] == 0.05 and decayed["seq.backbone"]["weight_decay"] == 0.05
+
+
+def test_host_preparation_holds_every_adapters_check_and_the_text_tokenizer() -> None:
+    enc = MultiViewEncoder.from_config({"embed_dim": 16, "modalities": {"text": tiny_config("text"),
+                                                                        "image": tiny_config("small_cnn")}})
+    prepare = enc.host_preparation()
+    assert sorted(prepare.checks) == ["image", "text"] and list(prepare.preprocessors) == ["text"]
+    assert enc.input_check().preprocessors == {}
+
+
+def test_forward_refuses_a_malformed_batch_naming_what_is_wrong() -> None:
+    enc = _encoder()
+    batch = _batch()
+    batch.mask = torch.ones(K, 2, dtype=torch.bool)
+    with pytest.raises(ValueError) as raised:
+        enc(batch)
+    assert str(raised.value) == "batch.mask has shape (4, 2), expected [K, M] with M=3 views"
+    batch = _batch()
+    del batch.inputs["seq"]
+    with pytest.raises(KeyError) as raised:
+        enc(batch)
+    assert raised.value.args[0] == "batch.inputs has no entry for modality 'seq'"
+    batch = _batch()
+    batch.inputs["image"]["values"][0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError) as raised:
+        enc(batch)
+    assert str(raised.value).startswith("modality 'image': ") and isinstance(raised.value.__cause__, ValueError)
+    assert str(raised.value) == f"modality 'image': {raised.value.__cause__}"
+    one = ViewBatch(inputs={"image": {"values": torch.rand(K, 3, 32, 32)}}, views=[ViewInfo("image_0", "image", 0)],
+                    mask=torch.ones(K, 1, dtype=torch.bool))
+    z, mask = enc(one)  # one view is a batch too (evaluation embeds one view per modality)
+    assert z.shape == (K, 1, 16) and mask.all()
+
+
+def test_a_batch_checked_on_the_host_is_not_checked_again() -> None:
+    """``inputs_checked`` (the trainer's host preparation ran): the adapters skip their own check
+    of input values, so a value it would refuse gets through; unmarked, it is refused."""
+    enc = _encoder().eval()
+    batch = _batch()
+    batch.inputs["image"]["values"][0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"^modality 'image': "):
+        enc(batch)
+    batch.inputs_checked = True
+    z, _ = enc(batch)  # not refused: the NaN reaches the embedding of sample 0's image view
+    assert z.shape == (K, 3, 16) and torch.isnan(z[0, 2]).any() and not torch.isnan(z[1:]).any()
