@@ -166,3 +166,69 @@ def test_save_pretrained_makes_missing_parent_folders_and_saves_again_over_its_o
     encoder.objective_info = {"name": "mv_dhel", "temperature": 0.25}
     assert encoder.save_pretrained(folder) == folder
     assert MultiViewEncoder.from_pretrained(folder).objective_info == {"name": "mv_dhel", "temperature": 0.25}
+
+
+def test_encoder_json_is_written_readable(tmp_path: Path) -> None:
+    """Two-space indented JSON (a file people open), the modalities in the adapters' order."""
+    encoder = MultiViewEncoder.from_config({"embed_dim": 8, "modalities": {"image": tiny_config("small_cnn"),
+                                                                           "flow": tiny_config("flow_cnn")}})
+    encoder.objective_info = {"name": "mv_dhel", "temperature": 0.25}
+    folder = encoder.save_pretrained(tmp_path / "encoder")
+    expected = {"modalities": ["image", "flow"], "objective": {"name": "mv_dhel", "temperature": 0.25}}
+    assert (folder / ENCODER_CONFIG).read_text() == json.dumps(expected, indent=2)
+
+
+def test_a_top_level_that_is_no_object_is_named_with_what_was_expected(saved_encoder: Path) -> None:
+    config_path = saved_encoder / ENCODER_CONFIG
+    config_path.write_text('["image"]')
+    with pytest.raises(ValueError) as raised:
+        MultiViewEncoder.from_pretrained(saved_encoder)
+    assert str(raised.value) == f"{config_path}: expected a JSON object, got list (expected an object with key 'modalities')"
+
+
+def test_an_encoder_needs_an_adapter_and_starts_without_a_device_flow() -> None:
+    with pytest.raises(ValueError) as raised:
+        MultiViewEncoder({})
+    assert str(raised.value) == "MultiViewEncoder needs at least one adapter"
+    encoder = MultiViewEncoder.from_config({"embed_dim": 8, "modalities": {"image": tiny_config("small_cnn")}})
+    assert encoder.device_flow is None and encoder.objective_info is None
+
+
+def _hub_cache(cache: Path, repo_id: str, snapshots: dict[str, Path], main: str) -> None:
+    """huggingface_hub's cache layout: snapshots/<revision>/ per revision, refs/main naming ``main``."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    for revision, folder in snapshots.items():
+        shutil.copytree(folder, repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(main)
+
+
+def test_a_hub_repo_id_loads_from_the_given_cache_at_the_given_revision(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, from a cache holding two revisions of one repository: ``revision`` picks the
+    snapshot, else the one ``main`` names; ``cache_dir`` is the cache read. An existing local
+    folder whose path looks like a repository id is the folder, never a Hub look-up."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    encoder = MultiViewEncoder.from_config({"embed_dim": 8, "modalities": {"image": tiny_config("small_cnn")}})
+    encoder.objective_info = {"name": "mv_dhel", "temperature": 0.5}
+    old = encoder.save_pretrained(tmp_path / "old")
+    encoder.objective_info = {"name": "mv_dhel", "temperature": 0.25}
+    new = encoder.save_pretrained(tmp_path / "new")
+    first, second = "1" * 40, "2" * 40
+    cache = tmp_path / "cache"
+    _hub_cache(cache, "someone/tiny", {first: old, second: new}, main=second)
+    at_main = MultiViewEncoder.from_pretrained("someone/tiny", cache_dir=cache)
+    assert at_main.objective_info == {"name": "mv_dhel", "temperature": 0.25} and list(at_main.adapters) == ["image"]
+    pinned = MultiViewEncoder.from_pretrained("someone/tiny", revision=first, cache_dir=cache)
+    assert pinned.objective_info == {"name": "mv_dhel", "temperature": 0.5}
+    with pytest.raises(FileNotFoundError, match="'someone/tiny' is neither a local folder nor a Hub repository"):
+        MultiViewEncoder.from_pretrained("someone/tiny", cache_dir=tmp_path / "empty-cache")
+    monkeypatch.chdir(tmp_path)
+    encoder.objective_info = {"name": "mv_dhel", "temperature": 0.125}
+    encoder.save_pretrained(tmp_path / "someone" / "tiny")
+    local = MultiViewEncoder.from_pretrained("someone/tiny", cache_dir=cache)
+    assert local.objective_info == {"name": "mv_dhel", "temperature": 0.125}

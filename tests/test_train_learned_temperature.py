@@ -251,6 +251,8 @@ def test_temperature_pretrained_without_an_open_clip_checkpoint_is_refused(tmp_p
                r"adapters.<modality>.pretrained of an open_clip adapter, or give a number\)$")
     with pytest.raises(ConfigError, match=message):
         build_run(load_config(recipe), with_eval=False)
+    with pytest.raises(ConfigError, match=r"^runs/x/config.yaml: key 'objective.params.temperature': 'pretrained' starts"):
+        build_run(load_config(recipe), 1, "runs/x/config.yaml", with_eval=False)  # the run's own source named
     # called on its own (it is public), the message names the recipe as build_run does
     from mmviews.objectives import get_objective
     from mmviews.train.build import build_encoder, start_from_pretrained
@@ -337,3 +339,37 @@ def test_clipping_bounds_the_learned_parameters_with_the_encoder(tmp_path, name)
             assert torch.allclose(s, coefficient * g, rtol=1e-5, atol=1e-12), q.shape
         clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s) for s in seen]))
         assert float(clipped) == pytest.approx(max_norm, rel=1e-5)
+
+
+def test_temperature_pretrained_from_two_open_clip_checkpoints_must_agree(tmp_path):
+    """Two open_clip adapters loaded from checkpoints with different logit_scale: refused as
+    ambiguous, naming each modality's values; from the same values, the objective starts there."""
+    from mmviews.config import ConfigError, load_config
+    from mmviews.modalities.base import build_adapter
+    from mmviews.modalities.multiview import MultiViewEncoder
+    from mmviews.modalities.presets import tiny_config as adapter_preset
+    from mmviews.objectives import get_objective
+    from mmviews.train.build import start_from_pretrained
+
+    first = _open_clip_checkpoint(tmp_path / "a.pt", math.log(42.0), None)
+    second = _open_clip_checkpoint(tmp_path / "b.pt", math.log(20.0), None)
+    config = load_config(_pretrained_recipe(tmp_path, {"name": "mv_dhel", "params": {"temperature": "pretrained"}}, first))
+
+    def encoder(*checkpoints: Path) -> MultiViewEncoder:
+        return MultiViewEncoder({f"image{i}": build_adapter(adapter_preset("open_clip", pretrained=str(c)))
+                                 for i, c in enumerate(checkpoints)})
+
+    two = encoder(first, second)
+    found = {"image0": (two.adapters["image0"].pretrained_logit_scale, None),
+             "image1": (two.adapters["image1"].pretrained_logit_scale, None)}
+    assert found["image0"][0] == pytest.approx(math.log(42.0)) and found["image1"][0] == pytest.approx(math.log(20.0))
+    message = ("recipe: key 'objective.params.temperature': 'pretrained' is ambiguous: the open_clip adapters' "
+               f"checkpoints disagree (logit_scale, logit_bias by modality: {found}); give a number")
+    with pytest.raises(ConfigError) as caught:
+        start_from_pretrained(config, get_objective("mv_dhel"), two)
+    assert str(caught.value) == message
+    # the same checkpoint's values twice (one tower under two names: no second model to build)
+    same = MultiViewEncoder({"image0": two.adapters["image0"], "image1": two.adapters["image0"]})
+    objective = get_objective("mv_dhel")
+    start_from_pretrained(config, objective, same)
+    assert objective.temperature == pytest.approx(1 / 42.0, rel=1e-6)

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from mmviews.config import config_from_dict
-from mmviews.eval.precision import choose_precision
 from mmviews.train.build import build_run
 from mmviews.train.distributed import LAUNCHER_FSDP
 from mmviews.train.setup import (HostPreparedCollate, batches_forever, epoch_loader, make_accelerator, planned_steps,
                                  prepare_run)
 from mmviews.train.state import TrainState
 from test_train_sync import gaussian_config
+from test_train_utils import own_accelerate_state
 
 
 def _config(**optimisation: Any) -> Any:
@@ -48,25 +48,25 @@ def test_accelerator_is_the_recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     accumulation and precision, no tracker unless asked; the launcher's FSDP request is hidden
     while the Accelerator is made (mmviews shards itself) and put back afterwards."""
     seen: list[str | None] = []
+    asked_cpu: list[Any] = []
     import accelerate
 
     made = accelerate.Accelerator
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         seen.append(os.environ.get(LAUNCHER_FSDP))
+        asked_cpu.append(kwargs.get("cpu", "not given"))
         return made(*args, **kwargs)
 
     monkeypatch.setattr(accelerate, "Accelerator", recording)
     monkeypatch.setenv(LAUNCHER_FSDP, "true")
-    from test_train_utils import own_accelerate_state
-
-    with own_accelerate_state():  # auto may resolve to bf16 here, beside the module's float32 runs
-        accelerator = make_accelerator(_config(grad_accum_steps=2, mixed_precision="auto"), tmp_path)
+    # float32 asked for ("auto" is bf16 on a CPU that computes it natively), in a state of its own
+    with own_accelerate_state():
+        accelerator = make_accelerator(_config(grad_accum_steps=2, mixed_precision="no"), tmp_path)
         assert seen == [None] and os.environ[LAUNCHER_FSDP] == "true"
+        assert asked_cpu == [True]  # the recipe's cpu: true (on a machine with a GPU, it trains on the CPU)
         assert accelerator.split_batches and accelerator.non_blocking
-        # `auto` resolved for this CPU: bf16 where it computes bf16 natively, else float32
-        resolved = choose_precision("auto", "cpu").used
-        assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == resolved
+        assert accelerator.gradient_accumulation_steps == 2 and accelerator.mixed_precision == "no"
         assert accelerator.device.type == "cpu" and accelerator.log_with == []
         assert accelerator.project_configuration.logging_dir == str(tmp_path / "logs")  # output.trackers write there
 
@@ -149,8 +149,6 @@ def test_host_prepared_collate_prepares_every_batch_but_an_empty_one() -> None:
 
 def test_the_accelerator_takes_the_recipes_precision_trackers_and_ddp_setting(tmp_path: Path) -> None:
     from accelerate.utils import LoggerType
-
-    from test_train_utils import own_accelerate_state
 
     raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}})
     raw["optimisation"]["mixed_precision"] = "bf16"
@@ -333,3 +331,103 @@ def test_a_run_of_the_same_precision_keeps_the_accelerator_state(tmp_path: Path)
         assert AcceleratorState._shared_state.get("marker") == 1
         make_accelerator(_config(mixed_precision="bf16"), tmp_path)
         assert "marker" not in AcceleratorState._shared_state
+class _SeenAs:
+    """A real Accelerator of one process that reports another process count and device, and
+    records how ``prepare_model`` is called (then calls it). This machine has one process and
+    no accelerator device; ``meta`` stands for one (a device that is not the CPU: what moves
+    there is seen by its tensors' device). Real multi-process runs: tests/test_train_sharding.py."""
+
+    def __init__(self, accelerator: Any, num_processes: int, device: torch.device) -> None:
+        self._real, self.num_processes, self.device = accelerator, num_processes, device
+        self.prepared_models: list[tuple[Any, Any]] = []
+
+    def prepare_model(self, model: Any, **kwargs: Any) -> Any:
+        self.prepared_models.append((model, kwargs.get("evaluation_mode", "not given")))
+        return self._real.prepare_model(model, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _batch_norm_config() -> Any:
+    raw = gaussian_config({"name": "mv_infonce", "params": {"temperature": 0.2}})
+    raw["adapters"]["x"]["head"] = {"kind": "mlp", "hidden_dim": 8, "batch_norm": True}
+    return config_from_dict(raw)
+
+
+@pytest.mark.parametrize(("processes", "device", "synced"), [
+    (2, "meta", True),  # several processes on an accelerator device: BatchNorm statistics over all of them
+    (2, "cpu", False),  # gloo on CPUs: left as it is
+    (1, "meta", False),  # one process: nothing to synchronise
+])
+def test_batch_norm_is_synchronised_only_over_several_processes_on_a_device(tmp_path: Path, processes: int,
+                                                                           device: str, synced: bool) -> None:
+    config = _batch_norm_config()
+    parts = build_run(config, 1, "test")
+    seen = _SeenAs(make_accelerator(config, tmp_path), processes, torch.device(device))
+    p = prepare_run(seen, parts)
+    kinds = {type(m) for m in p.model.modules()}
+    assert (torch.nn.SyncBatchNorm in kinds) is synced
+    assert (torch.nn.BatchNorm1d in kinds) is not synced
+    assert p.accelerator is seen and seen.prepared_models == []  # not sharded: accelerator.prepare wraps it
+
+
+def test_the_objectives_learned_parameters_get_a_group_of_their_own(tmp_path: Path) -> None:
+    """siglip's scale and bias: one optimiser group named ``objective`` with objective.lr (else
+    the run's lr) and no weight decay, beside the encoder's decayed groups; moved to the run's
+    device before the optimiser takes them (its group holds the moved tensors)."""
+    for objective_lr, expected_lr in [(0.25, 0.25), (None, 0.01)]:
+        raw = gaussian_config({"name": "siglip", "params": {"temperature": 0.2, "bias": -2.0}})
+        raw["objective"]["lr"] = objective_lr
+        raw["optimisation"].update(lr=0.01, weight_decay=0.3, schedule="constant", warmup_steps=0)
+        config = config_from_dict(raw)
+        parts = build_run(config, 1, "test")
+        seen = _SeenAs(make_accelerator(config, tmp_path), 1, torch.device("meta"))
+        p = prepare_run(seen, parts)
+        groups = {g["name"].rsplit(".", 1)[-1]: g for g in p.optimizer.param_groups}
+        assert p.optimizer.param_groups[-1]["name"] == "objective"
+        learned = groups["objective"]
+        assert learned["params"] == [parts.objective.logit_scale, parts.objective.logit_bias]
+        assert all(q is r for q, r in zip(learned["params"], parts.objective.trained_parameters()))
+        assert all(q.device.type == "meta" for q in learned["params"])
+        assert learned["initial_lr"] == expected_lr and learned["weight_decay"] == 0.0
+        assert groups["head"]["weight_decay"] == 0.3 and groups["head"]["initial_lr"] == 0.01
+        others = {id(q) for name, g in groups.items() if name != "objective" for q in g["params"]}
+        assert others and not others & {id(q) for q in learned["params"]}
+    fixed = _config()  # nothing learned: no such group
+    p = prepare_run(make_accelerator(fixed, tmp_path), build_run(fixed, 1, "test"))
+    assert "objective" not in {g["name"] for g in p.optimizer.param_groups}
+
+
+def test_the_teacher_is_moved_to_the_device_unless_it_was_sharded_there(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unsharded run moves its EMA teacher to the run's device; a sharded run's teacher is put
+    there by its sharding (here left in place by a recording shard_encoder) and not moved again,
+    and its encoder is prepared without Accelerate's DDP wrapper (``evaluation_mode``)."""
+    from mmviews.train import setup
+
+    config = config_from_dict(gaussian_config({"name": "er", "params": {}}, ema_teacher=True))
+    seen = _SeenAs(make_accelerator(config, tmp_path), 1, torch.device("meta"))
+    p = prepare_run(seen, build_run(config, 1, "test"))
+    assert {q.device.type for q in p.teacher.module.parameters()} == {"meta"}
+    assert seen.prepared_models == []
+    sharded: list[Any] = []
+    monkeypatch.setattr(setup, "run_sharding", lambda config, processes: "fsdp")
+    monkeypatch.setattr(setup, "shard_encoder", lambda module, *args: sharded.append(module))
+    seen = _SeenAs(make_accelerator(config, tmp_path), 1, torch.device("meta"))
+    parts = build_run(config, 1, "test")
+    p = prepare_run(seen, parts)
+    assert sharded == [parts.encoder, p.teacher.module]
+    assert {q.device.type for q in p.teacher.module.parameters()} == {"cpu"}
+    assert seen.prepared_models == [(parts.encoder, True)] and p.model is parts.encoder
+
+
+def test_the_step_gets_the_encoders_device_flow(tmp_path: Path) -> None:
+    """The frames-to-flow model the encoder holds (``data.options.flow: raft``) is the one the
+    step converts batches with; none when the encoder holds none."""
+    config = _config()
+    parts = build_run(config, 1, "test")
+    assert prepare_run(make_accelerator(config, tmp_path), parts).device_flow is None
+    flow = SimpleNamespace(convert=lambda batch: batch)
+    parts.encoder.device_flow = flow
+    assert prepare_run(make_accelerator(config, tmp_path), parts).device_flow is flow

@@ -137,6 +137,7 @@ def create_open_clip_visual(config: OpenCLIPVisionConfig, load_weights: bool) ->
                     f"open_clip pretrained={pretrained!r} is neither a tag of {config.model!r} ({tags[:5]}...) "
                     "nor an existing checkpoint file"
                 )
+            pretrained = os.path.expanduser(pretrained)  # open_clip takes the path as it is ('~/...' unexpanded)
     if config.model not in open_clip.list_models() and not config.model.startswith(("hf-hub:", "local-dir:")):
         raise ValueError(f"unknown open_clip model {config.model!r}; see open_clip.list_models()")
     kwargs = dict(config.model_overrides)
