@@ -18,38 +18,23 @@ from mmviews.modalities import build_adapter
 from mmviews.modalities.presets import TINY_CLIP_OVERRIDES, tiny_config
 from mmviews.modalities.remote import allow_remote_models
 from mmviews.modalities.vision import OpenCLIPVisionConfig, create_open_clip_visual
+from test_train_learned_temperature import _open_clip_checkpoint
 
 
 def _config(**changes: Any) -> OpenCLIPVisionConfig:
     return dataclasses.replace(OpenCLIPVisionConfig.from_dict(tiny_config("open_clip")), **changes)
 
 
-def _checkpoint(path: Path, logit_scale: float, logit_bias: float | None = None, **overrides: Any) -> Path:
-    """A tiny CLIP's state dict with the given logit scale (and a SigLIP-style bias)."""
-    import open_clip
-
-    kwargs = {**TINY_CLIP_OVERRIDES, **overrides}
-    if logit_bias is not None:
-        kwargs["init_logit_bias"] = 0.0
-    model = open_clip.create_model("ViT-B-32", pretrained=None, **kwargs)
-    with torch.no_grad():
-        model.logit_scale.fill_(logit_scale)
-        if logit_bias is not None:
-            model.logit_bias.fill_(logit_bias)
-    torch.save(model.state_dict(), path)
-    return path
-
-
 def test_the_checkpoints_logit_scale_and_bias_are_kept_on_the_tower(tmp_path: Path) -> None:
     """A SigLIP-style checkpoint: both values (as float32 stores them); a CLIP one: the scale, no
     bias; a scale of shape [1] (``nonscalar_logit_scale``) reads the same."""
-    siglip = _checkpoint(tmp_path / "siglip.pt", math.log(30.0), -7.25)
+    siglip = _open_clip_checkpoint(tmp_path / "siglip.pt", math.log(30.0), -7.25)
     tower = create_open_clip_visual(_config(pretrained=str(siglip),
                                             model_overrides={**TINY_CLIP_OVERRIDES, "init_logit_bias": 0.0}), True)
     assert tower.pretrained_logit_scale == float(torch.tensor(math.log(30.0), dtype=torch.float32))
     assert tower.pretrained_logit_bias == -7.25
     nonscalar = {**TINY_CLIP_OVERRIDES, "nonscalar_logit_scale": True}
-    clip = _checkpoint(tmp_path / "clip.pt", math.log(12.0), None, nonscalar_logit_scale=True)
+    clip = _open_clip_checkpoint(tmp_path / "clip.pt", math.log(12.0), None, nonscalar_logit_scale=True)
     adapter = build_adapter(tiny_config("open_clip", pretrained=str(clip), model_overrides=nonscalar))
     assert adapter.pretrained_logit_scale == float(torch.tensor(math.log(12.0), dtype=torch.float32))
     assert adapter.pretrained_logit_bias is None and adapter.backbone.pretrained_logit_bias is None
@@ -81,7 +66,7 @@ def test_a_pretrained_value_that_is_neither_tag_nor_file_is_named_with_the_model
 
 def test_a_checkpoint_under_the_home_folder_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    _checkpoint(tmp_path / "clip.pt", math.log(25.0))
+    _open_clip_checkpoint(tmp_path / "clip.pt", math.log(25.0))
     tower = create_open_clip_visual(_config(pretrained="~/clip.pt"), True)
     assert tower.pretrained_logit_scale == float(torch.tensor(math.log(25.0), dtype=torch.float32))
 

@@ -174,12 +174,14 @@ def test_objective_lr_is_validated(tmp_path):
         load_config(write_recipe(tmp_path / "bad.yaml", raw))
 
 
-def _open_clip_checkpoint(path: Path, logit_scale: float, logit_bias: float | None) -> Path:
+def _open_clip_checkpoint(path: Path, logit_scale: float, logit_bias: float | None = None, **model: Any) -> Path:
+    """A tiny CLIP's state dict with the given logit scale (and a SigLIP-style bias); ``model``:
+    more of open_clip's model overrides."""
     import open_clip
 
     from mmviews.modalities.presets import TINY_CLIP_OVERRIDES
 
-    overrides = dict(TINY_CLIP_OVERRIDES)
+    overrides = {**TINY_CLIP_OVERRIDES, **model}
     if logit_bias is not None:
         overrides["init_logit_bias"] = 0.0  # a SigLIP-style model: it has a logit_bias
     model = open_clip.create_model("ViT-B-32", pretrained=None, **overrides)
