@@ -51,6 +51,81 @@ def alive(pid: int) -> bool:
     return state[state.rindex(")") + 2] != "Z"
 
 
+# A bench case (a session leader, as run_stoppable starts it) that runs a subprocess of its own
+# through run_stoppable, then prints both pids and waits.
+NESTED = """
+import os, subprocess, sys, threading
+from mmviews.bench.common import run_stoppable
+sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+threading.Thread(target=run_stoppable, args=(sleeper,), daemon=True).start()
+while True:
+    kids = [int(p) for p in os.listdir("/proc") if p.isdigit()
+            and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+    if kids:
+        print(os.getpid(), kids[0], flush=True)
+        break
+threading.Event().wait(300)
+"""
+
+
+def test_a_case_killed_whole_takes_its_estimate_process_with_it() -> None:
+    """The bench stops a case by its process group, SIGKILL at the end of the grace period: a
+    subprocess the case started (its estimate) is in that group, so nothing outlives the case."""
+    case = subprocess.Popen([sys.executable, "-c", NESTED], env=env(), stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        case_pid, estimate_pid = map(int, case.stdout.readline().split())
+        assert os.getpgid(estimate_pid) == case_pid
+        os.killpg(case_pid, signal.SIGKILL)
+        case.wait(30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and alive(estimate_pid):
+            time.sleep(0.1)
+        assert not alive(estimate_pid)
+    finally:
+        try:
+            os.killpg(case.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signals_stop_the_block_even_where_sigint_started_ignored(signum: int) -> None:
+    """A bench started as a shell's background job inherits SIGINT ignored; ``kill -INT`` still
+    stops it, as it stops ``mmviews train``. After the block the previous handlers are back."""
+    script = (
+        "import signal, sys, time\n"
+        "from mmviews.bench.common import StopOnSignals\n"
+        "try:\n"
+        "    with StopOnSignals():\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(60)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped', signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)\n"
+        "    sys.exit(130)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env(), stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and out.strip() == "stopped True", (proc.returncode, out)
+
+
+def test_the_bench_own_subprocess_gets_a_session_of_its_own() -> None:
+    """From a process that leads no session (a terminal's, a test's), the subprocess gets its own
+    session: a terminal's Ctrl-C reaches it once, through the bench."""
+    from mmviews.bench.common import run_stoppable
+
+    done = run_stoppable([sys.executable, "-c", "import os; print(os.getsid(0) == os.getpid())"],
+                         stdout=subprocess.PIPE, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "True"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_bench_stops_its_subprocesses(tmp_path: Path, signum: int) -> None:
     raw = tiny_config(text=False, num_samples=64, batch_size=8)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from mmviews.bench.common import StopOnSigterm
+from mmviews.bench.common import StopOnSignals
 from mmviews.cli import CommandParser
 
 VERBS: dict[str, tuple[str, str]] = {
@@ -48,5 +48,5 @@ def run(args: argparse.Namespace) -> int:
         module = importlib.import_module("mmviews.bench.sharded")
     elif args.verb == "train" and options.against_sentence_transformers:
         module = importlib.import_module("mmviews.bench.text_step")
-    with StopOnSigterm():  # SIGTERM stops the verb's subprocesses too, as Ctrl-C does
+    with StopOnSignals():  # SIGINT or SIGTERM: the verb's subprocesses stop with it
         return int(module.run(options) or 0)

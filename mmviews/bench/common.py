@@ -164,7 +164,7 @@ def verb_main(verb: str, description: str, add_arguments: Callable[[argparse.Arg
     from mmviews.cli import USER_ERRORS, error_message
 
     try:
-        with StopOnSigterm():
+        with StopOnSignals():
             return int(run(args) or 0)
     except KeyboardInterrupt:  # SIGINT or SIGTERM: its subprocesses are stopped on the way out
         print(f"mmviews bench {verb}: interrupted", file=sys.stderr)
@@ -185,37 +185,44 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-class StopOnSigterm:
-    """Within the block, SIGTERM raises ``KeyboardInterrupt`` in the main thread, as SIGINT does,
-    so that a bench stopped either way leaves through its ``finally`` clauses and stops the
-    subprocesses it started (:func:`run_stoppable`). The previous handler comes back at the end.
-    Outside the main thread (no signal handlers there) it does nothing."""
+class StopOnSignals:
+    """Within the block, SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread, so
+    that a bench stopped either way leaves through its ``finally`` clauses and stops the
+    subprocesses it started (:func:`run_stoppable`). SIGINT is set here, not left to Python's
+    default: a process started with SIGINT ignored (a shell's background job, ``nohup``) would
+    otherwise go on through ``kill -INT``, which stops ``mmviews train`` (its own handlers). The
+    previous handlers come back at the end. Outside the main thread (no signal handlers there) it
+    does nothing."""
 
-    def __enter__(self) -> "StopOnSigterm":
+    def __enter__(self) -> "StopOnSignals":
         import signal
         import threading
 
-        self._previous = None
+        self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, _interrupt)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, _interrupt)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import signal
 
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
-def stop_process_group(proc: Any, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop ``proc`` (a ``Popen`` started in a session of its own) and every process of its group:
-    SIGTERM (a bench subprocess stops its own subprocesses then), SIGKILL after ``grace_s``."""
+def stop_process_group(proc: Any, grace_s: float = STOP_GRACE_S, *, own_group: bool = True) -> None:
+    """Stop ``proc`` and every process of its group: SIGTERM (a bench subprocess stops its own
+    subprocesses then), SIGKILL after ``grace_s``. ``own_group`` False: ``proc`` shares this
+    process's group (see :func:`run_stoppable`), so only ``proc`` itself is signalled; whoever
+    stops this group stops the rest."""
     import signal
     import subprocess
 
+    send = os.killpg if own_group else os.kill
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
         try:
-            os.killpg(proc.pid, sig)
+            send(proc.pid, sig)
         except (ProcessLookupError, PermissionError):  # the group is gone already
             break
         try:
@@ -228,16 +235,23 @@ def stop_process_group(proc: Any, grace_s: float = STOP_GRACE_S) -> None:
 
 def run_stoppable(command: Sequence[str], **popen_options: Any) -> Any:
     """``subprocess.run(command)`` (a ``CompletedProcess``; ``stdout``/``stderr`` as in
-    ``popen_options``) in a session of its own, whose whole process group (loader workers, its
-    own subprocesses) is stopped (:func:`stop_process_group`) when this process is interrupted
-    while it waits: SIGINT, or SIGTERM under :class:`StopOnSigterm`. Its own session keeps a
-    terminal's Ctrl-C from reaching it twice."""
+    ``popen_options``) whose processes (loader workers, its own subprocesses) are stopped
+    (:func:`stop_process_group`) when this process is interrupted while it waits: SIGINT, or
+    SIGTERM under :class:`StopOnSignals`.
+
+    The bench's own subprocess gets a session of its own, which keeps a terminal's Ctrl-C from
+    reaching it twice. A subprocess of that one (a case's estimate process) stays in its parent's
+    process group: when the bench stops the case's group, SIGKILL included, it reaches the
+    estimate too. In a session of its own the estimate would outlive a case killed at the end of
+    the grace period, and hold the bench's stderr open."""
     import subprocess
 
-    proc = subprocess.Popen(list(command), start_new_session=True, **popen_options)
+    # a session leader is the bench's own subprocess: its children stay in its group
+    own_group = os.getsid(0) != os.getpid()
+    proc = subprocess.Popen(list(command), start_new_session=own_group, **popen_options)
     try:
         out, err = proc.communicate()
     except BaseException:
-        stop_process_group(proc)
+        stop_process_group(proc, own_group=own_group)
         raise
     return subprocess.CompletedProcess(list(command), proc.returncode, out, err)
