@@ -106,6 +106,10 @@ CURVES: dict[str, dict[str, Any]] = {
     "l2_d5": {"critic": "l2", "embed_dim": 5, "tau": 1.0},
     "l2_d5_lr3e-3": {"critic": "l2", "embed_dim": 5, "tau": 1.0, "lr": 3e-3},
     "l2_d5_K1024": {"critic": "l2", "embed_dim": 5, "tau": 1.0, "lr": 2e-3, "K": 1024},
+    "l2_d5_lr3e-3_tau0.3": {"critic": "l2", "embed_dim": 5, "tau": 0.3, "lr": 3e-3},
+    "l2_d5_K1024_lr3e-3": {"critic": "l2", "embed_dim": 5, "tau": 1.0, "lr": 3e-3, "K": 1024},
+    "l2_d10_lr3e-3": {"critic": "l2", "embed_dim": 10, "tau": 1.0, "lr": 3e-3},
+    "l2_d16_lr3e-3": {"critic": "l2", "embed_dim": 16, "tau": 1.0, "lr": 3e-3},
 }
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {"steps": 6, "evals": [3, 6], "K": 16, "hidden": 16, "fit": 96, "score": 128},
