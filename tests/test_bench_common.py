@@ -95,3 +95,183 @@ def test_each_verb_main_parses_its_own_options(verb: str, capsys: pytest.Capture
         module.main(["--help"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: mmviews bench {verb} ")
+
+
+# --- stopping a bench's subprocesses (in this process, so that each call is seen here) --------
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return state[state.rindex(")") + 2] == "Z"
+
+
+def _wait_gone(pid: int, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not _gone(pid):
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+# A child that starts a grandchild (in its own process group, as a loader worker is) and writes both pids.
+TREE = ("import subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "open(sys.argv[1], 'w').write(f'{__import__(\"os\").getpid()} {g.pid}')\n"
+        "time.sleep(300)\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signals_raise_keyboard_interrupt_in_the_block_and_the_old_handlers_come_back(signum: int) -> None:
+    old_int, old_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job starts
+    try:
+        with pytest.raises(KeyboardInterrupt, match=f"signal {int(signum)}"):
+            with common.StopOnSignals():
+                os.kill(os.getpid(), signum)
+                time.sleep(5)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is old_term
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def test_stop_signals_do_nothing_outside_the_main_thread() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    errors: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            with common.StopOnSignals():
+                pass
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join()
+    assert not errors and signal.getsignal(signal.SIGTERM) is before
+
+
+def _pretend_to_lead_a_session(monkeypatch: pytest.MonkeyPatch, leader: bool) -> None:
+    """This process's own session id (``os.getsid(0)``) as a leader's (its pid) or another's."""
+    real = os.getsid
+    me = os.getpid()
+    monkeypatch.setattr(common.os, "getsid", lambda pid: (me if leader else -1) if pid == 0 else real(pid))
+
+
+@pytest.mark.parametrize("leader", [False, True])
+def test_run_stoppable_gives_a_session_only_below_a_process_that_leads_none(monkeypatch: pytest.MonkeyPatch,
+                                                                              leader: bool) -> None:
+    """Below a session leader (a bench case) the subprocess stays in the leader's group."""
+    _pretend_to_lead_a_session(monkeypatch, leader)
+    probe = "import os, sys; print(os.getsid(0) == os.getpid(), os.getpgid(0)); print('probe', file=sys.stderr)"
+    done = common.run_stoppable([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    own_session, group = done.stdout.split()
+    assert done.returncode == 0 and done.args[0] == sys.executable and done.stderr == "probe\n"
+    assert own_session == str(not leader)
+    assert (int(group) == os.getpgid(0)) is leader
+
+
+@pytest.mark.parametrize("leader", [False, True])
+def test_an_interrupted_run_stoppable_stops_its_subprocess(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           leader: bool) -> None:
+    """Interrupted while it waits, it stops the subprocess: its whole group when the subprocess
+    has a session of its own; the subprocess alone when it shares this process's group (whoever
+    stops that group stops the rest)."""
+    me = os.getpid()
+    _pretend_to_lead_a_session(monkeypatch, leader)
+    pids = tmp_path / "pids"
+    timer = None
+
+    def interrupt_when_started() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (pids.is_file() and pids.read_text()):
+            time.sleep(0.05)
+        os.kill(me, signal.SIGTERM)
+
+    old_term = signal.getsignal(signal.SIGTERM)
+    try:
+        timer = threading.Thread(target=interrupt_when_started, daemon=True)
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            with common.StopOnSignals():
+                common.run_stoppable([sys.executable, "-c", TREE, str(pids)])
+        child, grandchild = map(int, pids.read_text().split())
+        assert _wait_gone(child)
+        if leader:  # the grandchild is in this process's group: left to whoever stops it
+            assert not _gone(grandchild)
+        else:
+            assert _wait_gone(grandchild)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if pids.is_file() and pids.read_text():
+            for pid in map(int, pids.read_text().split()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+@pytest.mark.parametrize("own_group", [True, False])
+def test_a_subprocess_deaf_to_sigterm_is_killed_after_the_grace(own_group: bool) -> None:
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+    proc = subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE, text=True,
+                            start_new_session=own_group)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        common.stop_process_group(proc, grace_s=0.5, own_group=own_group)
+        assert proc.returncode == -signal.SIGKILL and time.monotonic() - started >= 0.5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("own_group", [True, False])
+def test_a_subprocess_that_stops_on_sigterm_is_not_killed(own_group: bool) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(300)"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=own_group)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        common.stop_process_group(proc, grace_s=30, own_group=own_group)
+        assert proc.returncode == -signal.SIGTERM
+        common.stop_process_group(proc, grace_s=30, own_group=own_group)  # gone already: returns at once
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_stopping_a_subprocess_stops_its_whole_group_by_default(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen([sys.executable, "-c", TREE, str(pids)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (pids.is_file() and pids.read_text()):
+            time.sleep(0.05)
+        child, grandchild = map(int, pids.read_text().split())
+        common.stop_process_group(proc, grace_s=30)
+        assert proc.returncode == -signal.SIGTERM and _wait_gone(grandchild)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_subprocess_reaped_elsewhere_still_gets_its_exit_status() -> None:
+    """Its group is gone (no signal can be sent), and the Popen still ends with a return code."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    os.waitpid(proc.pid, 0)  # reaped behind the Popen's back, as a SIGCHLD handler would
+    common.stop_process_group(proc, grace_s=1)
+    assert proc.returncode is not None

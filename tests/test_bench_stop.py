@@ -117,13 +117,17 @@ def test_signals_stop_the_block_even_where_sigint_started_ignored(signum: int) -
 
 
 def test_the_bench_own_subprocess_gets_a_session_of_its_own() -> None:
-    """From a process that leads no session (a terminal's, a test's), the subprocess gets its own
-    session: a terminal's Ctrl-C reaches it once, through the bench."""
-    from mmviews.bench.common import run_stoppable
-
-    done = run_stoppable([sys.executable, "-c", "import os; print(os.getsid(0) == os.getpid())"],
-                         stdout=subprocess.PIPE, text=True)
-    assert done.returncode == 0 and done.stdout.strip() == "True"
+    """From a process that leads no session (a terminal's, a test's: here a child of this test,
+    which leads none whatever this process is), the subprocess gets its own session: a
+    terminal's Ctrl-C reaches it once, through the bench."""
+    script = (
+        "import os, subprocess, sys\n"
+        "from mmviews.bench.common import run_stoppable\n"
+        "assert os.getsid(0) != os.getpid()\n"
+        "leader = 'import os; print(os.getsid(0) == os.getpid())'\n"
+        "print(run_stoppable([sys.executable, '-c', leader], stdout=subprocess.PIPE, text=True).stdout.strip())\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
