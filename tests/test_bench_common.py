@@ -5,6 +5,12 @@ the report writer and the verbs' entry points."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +18,7 @@ import pytest
 from mmviews.bench import common
 from mmviews.bench.report import write_report
 from mutations import apply_break
+from test_train_utils import process_alive, wait_until_gone
 
 
 class FakeClock:
@@ -98,30 +105,8 @@ def test_each_verb_main_parses_its_own_options(verb: str, capsys: pytest.Capture
 
 
 # --- stopping a bench's subprocesses (in this process, so that each call is seen here) --------
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
 
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return state[state.rindex(")") + 2] == "Z"
-
-
-def _wait_gone(pid: int, seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not _gone(pid):
-        time.sleep(0.05)
-    return _gone(pid)
-
-
-# A child that starts a grandchild (in its own process group, as a loader worker is) and writes both pids.
+# A child that starts a grandchild (in the child's process group, as a loader worker is) and writes both pids.
 TREE = ("import subprocess, sys, time\n"
         "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
         "open(sys.argv[1], 'w').write(f'{__import__(\"os\").getpid()} {g.pid}')\n"
@@ -206,11 +191,11 @@ def test_an_interrupted_run_stoppable_stops_its_subprocess(monkeypatch: pytest.M
             with common.StopOnSignals():
                 common.run_stoppable([sys.executable, "-c", TREE, str(pids)])
         child, grandchild = map(int, pids.read_text().split())
-        assert _wait_gone(child)
+        assert not wait_until_gone([child])
         if leader:  # the grandchild is in this process's group: left to whoever stops it
-            assert not _gone(grandchild)
+            assert process_alive(grandchild)
         else:
-            assert _wait_gone(grandchild)
+            assert not wait_until_gone([grandchild])
     finally:
         signal.signal(signal.SIGTERM, old_term)
         if pids.is_file() and pids.read_text():
@@ -261,7 +246,7 @@ def test_stopping_a_subprocess_stops_its_whole_group_by_default(tmp_path: Path) 
             time.sleep(0.05)
         child, grandchild = map(int, pids.read_text().split())
         common.stop_process_group(proc, grace_s=30)
-        assert proc.returncode == -signal.SIGTERM and _wait_gone(grandchild)
+        assert proc.returncode == -signal.SIGTERM and not wait_until_gone([grandchild])
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

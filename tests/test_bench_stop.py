@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train_utils import env, tiny_config, write_recipe
+from test_train_utils import env, process_alive, tiny_config, wait_until_gone, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +43,6 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
-
-
 # A bench case (a session leader, as run_stoppable starts it) that runs a subprocess of its own
 # through run_stoppable, then prints both pids and waits.
 NESTED = """
@@ -78,10 +70,7 @@ def test_a_case_killed_whole_takes_its_estimate_process_with_it() -> None:
         assert os.getpgid(estimate_pid) == case_pid
         os.killpg(case_pid, signal.SIGKILL)
         case.wait(30)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and alive(estimate_pid):
-            time.sleep(0.1)
-        assert not alive(estimate_pid)
+        assert not wait_until_gone([estimate_pid])
     finally:
         try:
             os.killpg(case.pid, signal.SIGKILL)
@@ -160,10 +149,7 @@ def test_a_stopped_bench_stops_its_subprocesses(tmp_path: Path, signum: int) -> 
     assert proc.returncode == 130, err[-2000:]
     assert "mmviews bench: interrupted" in err or "mmviews bench train: interrupted" in err, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(alive(pid) for pid in seen):
-        time.sleep(0.2)
-    assert not [pid for pid in seen if alive(pid)], f"still running after the bench stopped: {seen}"
+    assert not wait_until_gone(seen), f"still running after the bench stopped: {seen}"
 
 
 def test_a_video_recipe_times_its_own_step_without_a_traceback(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_train_utils import wait_until_gone
 
 REPRO = Path(__file__).resolve().parents[1] / "recipes" / "reproduce"
 
@@ -37,14 +38,6 @@ def _children(pid: int) -> set[int]:
         if int(ppid) == pid and state != "Z":
             found.add(int(entry))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.slow
@@ -73,10 +66,7 @@ def test_sigterm_stops_the_sweep_workers(tmp_path: Path) -> None:
         assert (out / "runs" / "a_both_s0").is_dir()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 128 + signal.SIGTERM, "".join(lines)
-        deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [pid for pid in workers if _alive(pid)], "workers left running after the script ended"
+        assert not wait_until_gone(sorted(workers), timeout=30), "workers left running after the script ended"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -159,6 +159,23 @@ def wait_for_file(proc: subprocess.Popen, marker: Path, what: str, timeout: floa
         time.sleep(0.02)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (read from /proc: a zombie has ended, only its parent has not reaped it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # the state field, after "pid (comm) "
+
+
+def wait_until_gone(pids: list[int], timeout: float = 20) -> list[int]:
+    """Waits up to ``timeout`` seconds for the processes to end; returns those still running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if process_alive(pid)]
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process and its process group (its loader workers), and reap it."""
     os.killpg(proc.pid, signal.SIGKILL)

@@ -223,7 +223,7 @@ def stop_process_group(proc: Any, grace_s: float = STOP_GRACE_S, *, own_group: b
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
         try:
             send(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):  # the group is gone already
+        except (ProcessLookupError, PermissionError):  # gone already (the group, or the process alone)
             break
         try:
             proc.wait(wait)
