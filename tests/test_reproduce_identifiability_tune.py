@@ -261,3 +261,102 @@ def test_direction_r2_finds_the_content_direction_an_input_lacks(tune) -> None:
     assert [r["direction"] for r in rows] == [0, 1]
     assert rows[0]["variance"] == pytest.approx(0.3) and rows[1]["variance"] == pytest.approx(9.0)
     assert abs(rows[0]["x1"]) < 0.05 and rows[1]["x1"] > 0.97
+
+
+def test_sweep_setting_holds_the_inputs_per_step_and_names_the_critic(tune) -> None:
+    for M, K in ((2, 256), (3, 171), (4, 128)):  # K * M = 512 encoded inputs a step, rounded
+        s = tune.sweep_setting("mv_dhel", M)
+        assert (s["M"], s["K"], s["objective"], s["critic"], s["embed_dim"], s["steps"]) == (M, K, "mv_dhel", "cosine", 16, 3000)
+    l2 = tune.sweep_setting("geometric_pvc_l2", 3, steps=50, inputs=90)
+    assert (l2["objective"], l2["critic"], l2["embed_dim"], l2["lr"], l2["K"], l2["steps"]) == ("geometric_pvc", "l2", 5, 3e-3, 30, 50)
+
+
+def test_objective_of_passes_the_temperature_and_the_critic(tune) -> None:
+    base = {"tau": 0.3, "critic": "cosine"}
+    simclr = tune.objective_of(base)
+    assert type(simclr).__name__ == "SimCLR" and simclr.temperature == pytest.approx(0.3) and simclr.critic == "cosine"
+    l2 = tune.objective_of({**base, "objective": "geometric_pvc", "critic": "l2"})
+    assert type(l2).__name__ == "GeometricPVC" and l2.critic == "squared_l2"
+    fmicl = tune.objective_of({**base, "objective": "fmicl"})  # its own defaults: no temperature passed
+    assert type(fmicl).__name__ == "FMICL" and fmicl.temperature == pytest.approx(0.1)
+    with pytest.raises(Exception, match="critic"):
+        tune.objective_of({**base, "objective": "mv_dhel", "critic": "l2"})
+
+
+def test_data_options_default_to_the_papers_hardest_setting(tune) -> None:
+    assert tune.data_options({}) == {"num_modalities": 2, "style_change_prob": 0.75, "statistical_dependence": True,
+                                     "content_dependent_style": True}
+    assert tune.data_options({"M": 4, "p": 0.25, "statistical": False, "content_style": False}) == {
+        "num_modalities": 4, "style_change_prob": 0.25, "statistical_dependence": False, "content_dependent_style": False}
+
+
+def test_sweep_and_settings_smoke(tune, tmp_path: Path) -> None:
+    """The sweep scores every modality of each M (the encoder as initialised once per seed, M and
+    encoder shape); the settings stage trains each named setting beside its initialisation."""
+    assert tune.main(["--smoke", "--stage", "sweep", "--seeds", "0", "--Ms", "2", "3",
+                      "--objectives", "multi_crop", "mv_dhel", "geometric_pvc_l2", "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path / "sweep.csv")
+    assert [(r["objective"], r["M"], r["encoder"]) for r in rows] == [
+        ("random_init", "2", "d16_cosine"), ("multi_crop", "2", "d16_cosine"), ("mv_dhel", "2", "d16_cosine"),
+        ("random_init", "2", "d5_l2"), ("geometric_pvc_l2", "2", "d5_l2"),
+        ("random_init", "3", "d16_cosine"), ("multi_crop", "3", "d16_cosine"), ("mv_dhel", "3", "d16_cosine"),
+        ("random_init", "3", "d5_l2"), ("geometric_pvc_l2", "3", "d5_l2")]
+    assert {r["K"] for r in rows if r["M"] == "2"} == {"8"} and {r["K"] for r in rows if r["M"] == "3"} == {"5"}
+    for r in rows:
+        modalities = [f"x{i + 1}" for i in range(int(r["M"]))]
+        for block in ("content", "style", "specific"):
+            # the block's R^2 is the mean over every modality of the run, x3 included at M = 3
+            mean = sum(float(r[f"{m}_{block}"]) for m in modalities) / len(modalities)
+            assert float(r[block]) == pytest.approx(mean, abs=2e-4)  # the table rounds to 4 decimals
+        assert f"x{int(r['M']) + 1}_content" not in r or r[f"x{int(r['M']) + 1}_content"] == ""
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert all(r["style_residual"] for r in rows)  # the style less the content's share, scored in every row
+    assert tune.main(["--smoke", "--stage", "sweep", "--seeds", "2", "--Ms", "4", "--objectives", "er",
+                      "--table", "sweep_style", "--out", str(tmp_path)]) == 0
+    assert [(r["objective"], r["M"], r["seed"]) for r in _rows(tmp_path / "sweep_style.csv")] == [
+        ("random_init", "4", "2"), ("er", "4", "2")]
+    assert len(_rows(tmp_path / "sweep.csv")) == len(rows)  # the other table is left as it was
+    assert (tmp_path / "sweep_style.png").is_file()
+
+    assert tune.main(["--smoke", "--stage", "settings", "--seeds", "1", "--settings", "independent", "both_p0.25",
+                      "--out", str(tmp_path)]) == 0
+    settings = _rows(tmp_path / "settings.csv")
+    assert [(r["setting"], r["trained"], r["p"], r["statistical"], r["content_style"]) for r in settings] == [
+        ("independent", "False", "0.7500", "False", "False"), ("independent", "True", "0.7500", "False", "False"),
+        ("both_p0.25", "False", "0.2500", "True", "True"), ("both_p0.25", "True", "0.2500", "True", "True")]
+    assert settings[0]["content"] != settings[2]["content"]  # each setting its own process
+    assert (tmp_path / "settings.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        tune.main(["--stage", "settings", "--settings", "nope", "--out", str(tmp_path)])
+
+
+def test_style_residual_is_the_style_the_content_does_not_determine(tune) -> None:
+    """With content-dependent style the style is largely a function of the content; its residual
+    (less B c + a) is not, and equals the style where the style does not depend on the content."""
+    from mmviews.data.identifiability import IdentifiabilityData
+    from mmviews.eval.identifiability import linear_r2
+
+    data = IdentifiabilityData(4096, 0, 1, num_modalities=3)
+    latents = tune.style_residuals(data.latents(np.arange(4096)), data.process)
+    assert {"style_residual_x1", "style_residual_x2", "style_residual_x3"} <= latents.keys()
+    c = torch.as_tensor(latents["content"])
+    half = slice(0, 2048), slice(2048, 4096)
+
+    def r2_from_content(key: str) -> float:
+        y = torch.as_tensor(latents[key])
+        return linear_r2(c[half[0]], y[half[0]], c[half[1]], y[half[1]])
+
+    for m in ("x1", "x2", "x3"):
+        assert r2_from_content(f"style_{m}") > 0.5 and abs(r2_from_content(f"style_residual_{m}")) < 0.01, m
+    b, a = data.process.shift
+    np.testing.assert_allclose(latents["style_x2"] - latents["style_residual_x2"], latents["content"] @ b.T + a)
+
+    free = IdentifiabilityData(64, 0, 1, content_dependent_style=False)
+    plain = tune.style_residuals(free.latents(np.arange(64)), free.process)
+    np.testing.assert_array_equal(plain["style_residual_x2"], plain["style_x2"])
+    # score_blocks scores the residual where the latents hold it, and only then
+    emb = {m: torch.as_tensor(latents["content"]) for m in ("x1", "x2")}
+    row = tune.score_blocks(emb, latents, emb, latents, fit=256)
+    assert row["style_residual"] < 0.2 < row["style"] and row["content"] > 0.95
+    bare = {k: v for k, v in latents.items() if not k.startswith("style_residual")}
+    assert "style_residual" not in tune.score_blocks(emb, bare, emb, bare, fit=256)

@@ -27,6 +27,16 @@ Stages (``--stage``):
   beside it, oracle inputs under the same protocols (``--oracles``: the true content, through
   the identity and two known invertible maps, and the raw observation): is the evaluation or
   the encoder what holds the content's R^2 down.
+- ``sweep``: M = 2, 3, 4 at equal compute (K * M = 512 encoded inputs a step, K rounded; the
+  same 3000 steps), every objective of the reproduction's part (b) on the sphere and geometric
+  poly-view with the squared-L2 critic (``--objectives``), 3 seeds each with its own generative
+  process and random init; every block's R^2 at the end (mean over the M modalities), and the
+  encoder as initialised once per seed, M and encoder shape. Besides content, style and
+  specific, ``style_residual``: each modality's style less the content's affine shift, the part
+  of the style the content does not determine (the style's own R^2 counts the content's share).
+- ``settings``: the settings the paper varies, M = 2 (the four dependence settings at p = 0.75,
+  and p in {0.25, 0.5, 1.0} with both dependences), at a curve setting (``--curve``, default the
+  squared-L2 critic of round two), each beside its encoder as initialised.
 
 The loop is a lean copy of the trainer's (``mmviews.train``): the ``identifiability`` dataset's
 samples by index (fresh at every step), the recipe's ``mlp`` adapters built by
@@ -52,6 +62,8 @@ Usage::
     python recipes/reproduce/identifiability_tune.py --stage confirm --seeds 0 1 2
     python recipes/reproduce/identifiability_tune.py --stage curve --settings l2_d5_lr3e-3 --steps 6000 --seeds 1 --save-encoders
     python recipes/reproduce/identifiability_tune.py --stage protocol --encoders OUT/encoders/l2_d5_lr3e-3_seed1.safetensors
+    python recipes/reproduce/identifiability_tune.py --stage sweep --seeds 0 1 2
+    python recipes/reproduce/identifiability_tune.py --stage settings --seeds 0 1 2
     python recipes/reproduce/identifiability_tune.py --smoke         # seconds (tests)
 """
 
@@ -132,57 +144,96 @@ def candidate_setting() -> dict[str, Any]:
 def score_blocks(emb_fit: Mapping[str, Any], lat_fit: Mapping[str, np.ndarray], emb_score: Mapping[str, Any],
                  lat_score: Mapping[str, np.ndarray], fit: int) -> dict[str, float]:
     """Per modality and block, the ``identifiability`` task's kernel ridge (on ``fit`` samples) and
-    linear R^2, and their means over the modalities (``<block>`` / ``<block>_lin``)."""
+    linear R^2, and their means over the modalities (``<block>`` / ``<block>_lin``). Where the
+    latents hold ``style_residual_<modality>`` (:func:`style_residuals`), that block is scored too."""
     import torch
 
     from mmviews.eval.identifiability import kernel_ridge_r2, linear_r2, standardise
 
     row: dict[str, float] = {}
+    blocks = [*BLOCKS, *(["style_residual"] if all(f"style_residual_{m}" in lat_fit for m in emb_fit) else [])]
     for m in emb_fit:
         x_fit, x_score = standardise(torch.as_tensor(emb_fit[m]), torch.as_tensor(emb_score[m]))
-        keys = {"content": "content", "style": f"style_{m}", "specific": f"specific_{m}"}
-        y_fit = {b: torch.as_tensor(lat_fit[k]) for b, k in keys.items()}
-        y_score = {b: torch.as_tensor(lat_score[k]) for b, k in keys.items()}
+        keys = {"content": "content", "style": f"style_{m}", "specific": f"specific_{m}",
+                "style_residual": f"style_residual_{m}"}
+        y_fit = {b: torch.as_tensor(lat_fit[keys[b]]) for b in blocks}
+        y_score = {b: torch.as_tensor(lat_score[keys[b]]) for b in blocks}
         kernel = kernel_ridge_r2(x_fit[:fit], {b: y[:fit] for b, y in y_fit.items()}, x_score, y_score)
-        for b in BLOCKS:
+        for b in blocks:
             row[f"{m}_{b}"] = kernel.r2[b]
             row[f"{m}_{b}_lin"] = linear_r2(x_fit, y_fit[b], x_score, y_score[b])
-    for b in BLOCKS:
+    for b in blocks:
         for leaf in ("", "_lin"):
             row[f"{b}{leaf}"] = sum(row[f"{m}_{b}{leaf}"] for m in emb_fit) / len(emb_fit)
     return row
 
 
+def style_residuals(latents: dict[str, np.ndarray], process: Any) -> dict[str, np.ndarray]:
+    """``latents`` with ``style_residual_<modality>``: each modality's style less the content's
+    affine shift ``B c + a`` (the style itself without content-dependent style), the part of the
+    style that the content does not determine. Its R^2 is what an embedding holds of the style
+    beyond the content; the style's own R^2 counts the content's share too."""
+    out = dict(latents)
+    for key in [k for k in latents if k.startswith("style_x")]:
+        shift = 0.0 if process.shift is None else latents["content"] @ process.shift[0].T + process.shift[1]
+        out[f"style_residual_{key[len('style_'):]}"] = latents[key] - shift
+    return out
+
+
+def data_options(setting: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``identifiability`` dataset's options of ``setting``: M modalities (``M``, default 2),
+    p (``p``, default 0.75) and the two dependences (``statistical``, ``content_style``, default
+    both on: the paper's hardest setting)."""
+    return {"num_modalities": int(setting.get("M", 2)), "style_change_prob": float(setting.get("p", 0.75)),
+            "statistical_dependence": bool(setting.get("statistical", True)),
+            "content_dependent_style": bool(setting.get("content_style", True))}
+
+
+def objective_of(setting: Mapping[str, Any]) -> Any:
+    """The registered objective of ``setting`` (``objective``, default ``simclr``) at its temperature;
+    the squared-L2 critic where ``critic`` is ``l2`` (``simclr`` and ``geometric_pvc`` have it).
+    f-MICL keeps its own defaults (its Gaussian similarity has no temperature of this kind)."""
+    from mmviews.objectives import get_objective
+
+    name = setting.get("objective", "simclr")
+    params: dict[str, Any] = {} if name == "fmicl" else {"temperature": setting["tau"]}
+    if setting["critic"] == "l2":
+        params["critic"] = "squared_l2"
+    return get_objective(name, **params)
+
+
 def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit: int, score: int,
                 on_row: Callable[[dict[str, Any]], None] | None = None,
                 save: Path | None = None) -> list[dict[str, Any]]:
-    """Train one setting (M = 2, p = 0.75, both dependences) from seed ``seed``; the R^2 rows at
-    the steps ``evals`` (0: the encoder as initialised) and at the last step, each with the
-    training CPU seconds so far (evaluation excluded). With ``save``, the trained encoders'
-    weights go there (safetensors, keys ``<modality>.<parameter>``) with the setting beside them
-    (``<save>.json``), for :func:`load_encoders`."""
+    """Train one setting (by default M = 2, p = 0.75, both dependences: :func:`data_options`)
+    from seed ``seed``; the R^2 rows at the steps ``evals`` (0: the encoder as initialised) and at
+    the last step, each with the training CPU seconds so far (evaluation excluded). With
+    ``save``, the trained encoders' weights go there (safetensors, keys
+    ``<modality>.<parameter>``) with the setting beside them (``<save>.json``), for
+    :func:`load_encoders`."""
     import torch
 
     from mmviews.data.identifiability import IdentifiabilityData
     from mmviews.modalities import build_adapter
-    from mmviews.objectives import get_objective
     from mmviews.train.optim import warmup_then_decay
 
     torch.manual_seed(seed)
-    train = IdentifiabilityData(1 << 24, seed, 0)
-    valid, test = IdentifiabilityData(4096, seed, 1), IdentifiabilityData(4096, seed, 2)
+    options = data_options(setting)
+    train = IdentifiabilityData(1 << 24, seed, 0, **options)
+    valid, test = IdentifiabilityData(4096, seed, 1, **options), IdentifiabilityData(4096, seed, 2, **options)
+    modalities = valid.modalities
     lat_fit, lat_score = valid.latents(np.arange(4096)), test.latents(np.arange(score))
     x_fit = {m: torch.from_numpy(v.astype(np.float32))[:, None] for m, v in valid.observations(lat_fit).items()}
     x_score = {m: torch.from_numpy(v.astype(np.float32))[:, None] for m, v in test.observations(lat_score).items()}
-    unit = setting["critic"] == "cosine"
+    lat_fit, lat_score = style_residuals(lat_fit, valid.process), style_residuals(lat_score, test.process)
     # the sphere: the adapters' normalised output, scored by the cosine critic; the L2 critic: the
-    # head's output as it is (l2_normalize false), scored by simclr's squared_l2 critic
-    adapters = torch.nn.ModuleList(build_adapter(_adapter_spec(setting)) for _ in MODALITIES)
+    # head's output as it is (l2_normalize false), scored by the objective's squared_l2 critic
+    adapters = torch.nn.ModuleList(build_adapter(_adapter_spec(setting)) for _ in modalities)
 
     def embed(adapter: Any, values: Any) -> Any:
         return adapter({"values": values})
 
-    objective = get_objective("simclr", temperature=setting["tau"], critic="cosine" if unit else "squared_l2")
+    objective = objective_of(setting)
     optimizer = torch.optim.AdamW(adapters.parameters(), lr=setting["lr"], weight_decay=0.0)
     steps, K = int(setting["steps"]), int(setting["K"])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: warmup_then_decay(
@@ -195,8 +246,8 @@ def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit
         t0 = cpu_seconds()
         adapters.eval()
         with torch.no_grad():
-            fit_emb = {m: embed(a, x_fit[m]).double() for a, m in zip(adapters, MODALITIES)}
-            score_emb = {m: embed(a, x_score[m]).double() for a, m in zip(adapters, MODALITIES)}
+            fit_emb = {m: embed(a, x_fit[m]).double() for a, m in zip(adapters, modalities)}
+            score_emb = {m: embed(a, x_score[m]).double() for a, m in zip(adapters, modalities)}
         adapters.train()
         row = {"seed": seed, "step": step, **score_blocks(fit_emb, lat_fit, score_emb, lat_score, fit)}
         evaluating += cpu_seconds() - t0
@@ -211,7 +262,7 @@ def train_curve(setting: Mapping[str, Any], seed: int, evals: Sequence[int], fit
         index = np.arange((step - 1) * K, step * K)
         x = train.observations(train.latents(index))
         z = torch.stack([embed(a, torch.from_numpy(x[m].astype(np.float32))[:, None])
-                         for a, m in zip(adapters, MODALITIES)], dim=1)
+                         for a, m in zip(adapters, modalities)], dim=1)
         loss = objective(z)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -240,7 +291,7 @@ def save_encoders(adapters: Any, setting: Mapping[str, Any], seed: int, path: Pa
     from mmviews.fileio import atomic_write_bytes, atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {f"{m}.{k}": v.detach().cpu().contiguous() for a, m in zip(adapters, MODALITIES)
+    tensors = {f"x{i + 1}.{k}": v.detach().cpu().contiguous() for i, a in enumerate(adapters)
                for k, v in a.state_dict().items()}
     atomic_write_bytes(path, save_bytes(tensors))
     atomic_write_text(path.with_suffix(".json"), json.dumps({"setting": dict(setting), "seed": seed}, indent=1))
@@ -329,6 +380,92 @@ def stage_curve(args: Any, out: Path) -> list[dict[str, Any]]:
         for seed in args.seeds or [0, 1, 2]:
             save = out / "encoders" / f"{name}_seed{seed}.safetensors" if args.save_encoders else None
             train_curve(setting, seed, evals, sz["fit"], sz["score"], report, save)
+    return rows
+
+
+# Item "then answer the question": M = 2, 3, 4 at equal compute (K * M = SWEEP_INPUTS encoded
+# inputs per step, the same steps), every objective of the reproduction's part (b) on the sphere
+# (d 16, temperature 0.1, lr 1e-3 cosine) and geometric poly-view with the squared-L2 critic (d 5,
+# lr 3e-3), the setting of the curves; 3 seeds, each its own generative process and random init.
+SWEEP_OBJECTIVES = ("multi_crop", "geometric_pvc", "arithmetic_pvc", "mv_infonce", "mv_dhel", "er", "fmicl",
+                    "geometric_pvc_l2")
+SWEEP_INPUTS, SWEEP_STEPS = 512, 3000
+
+
+def sweep_setting(objective: str, M: int, steps: int = SWEEP_STEPS, inputs: int = SWEEP_INPUTS) -> dict[str, Any]:
+    """The study's setting of one sweep run: ``objective`` (a registered name, or
+    ``geometric_pvc_l2`` for geometric poly-view with the squared-L2 critic), M modalities,
+    K = round(inputs / M) samples a step."""
+    if objective == "geometric_pvc_l2":
+        base = {**candidate_setting(), **CURVES["l2_d5_lr3e-3"], "objective": "geometric_pvc"}
+    else:
+        base = {**candidate_setting(), "objective": objective}
+    return {**base, "M": M, "K": int(round(inputs / M)), "steps": steps}
+
+
+def stage_sweep(args: Any, out: Path) -> list[dict[str, Any]]:
+    """M = 2, 3, 4 x the objectives x seeds (``sweep.csv``): every block's R^2 at the end, and the
+    encoder as initialised once per (seed, M, encoder shape) (``objective`` ``random_init``)."""
+    sz = SIZES[args.size]
+    rows: list[dict[str, Any]] = []
+    done_init: set[tuple[Any, ...]] = set()
+    objectives = args.objectives or list(SWEEP_OBJECTIVES)
+    for seed in args.seeds or [0, 1, 2]:
+        for M in args.Ms or [2, 3, 4]:
+            for name in objectives:
+                setting = sweep_setting(name, M, args.steps or SWEEP_STEPS)
+                if args.size == "smoke":
+                    setting.update(steps=sz["steps"], K=max(4, sz["K"] // M), hidden=sz["hidden"])
+                shape = (seed, M, setting["embed_dim"], setting["critic"])
+                evals = [setting["steps"]] if shape in done_init else [0, setting["steps"]]
+                done_init.add(shape)
+
+                def report(row: dict[str, Any], name: str = name, setting: dict[str, Any] = setting) -> None:
+                    label = "random_init" if row["step"] == 0 else name
+                    rows.append({"objective": label, "encoder": f"d{setting['embed_dim']}_{setting['critic']}",
+                                 "M": setting["M"], "K": setting["K"], **row})
+                    print(f"sweep {label} M {setting['M']} seed {row['seed']} step {row['step']}: content "
+                          f"{row['content']:.3f}, style {row['style']:.3f}, specific {row['specific']:.3f}, "
+                          f"train CPU {row['train_cpu_s']} s", flush=True)
+                    _table(rows, out, args.table or "sweep")
+
+                train_curve(setting, seed, evals, sz["fit"], sz["score"], report)
+    return rows
+
+
+# Item "the settings the paper varies": the four dependence settings at p = 0.75 and p in
+# {0.25, 0.5, 0.75, 1.0} with both dependences, M = 2, at the curves' L2 setting.
+PAPER_SETTINGS: dict[str, dict[str, Any]] = {
+    "independent": {"statistical": False, "content_style": False},
+    "statistical": {"statistical": True, "content_style": False},
+    "content_dependent_style": {"statistical": False, "content_style": True},
+    "both": {},
+    "both_p0.25": {"p": 0.25}, "both_p0.5": {"p": 0.5}, "both_p1.0": {"p": 1.0},
+}
+
+
+def stage_settings(args: Any, out: Path) -> list[dict[str, Any]]:
+    """The paper's settings (``PAPER_SETTINGS``) x seeds (``settings.csv``), each beside its
+    encoder as initialised."""
+    sz = SIZES[args.size]
+    rows: list[dict[str, Any]] = []
+    for seed in args.seeds or [0, 1, 2]:
+        for name in args.settings or list(PAPER_SETTINGS):
+            setting = {**candidate_setting(), **CURVES[args.curve], **PAPER_SETTINGS[name]}
+            setting["steps"] = args.steps or SWEEP_STEPS
+            if args.size == "smoke":
+                setting.update(steps=sz["steps"], K=sz["K"], hidden=sz["hidden"])
+
+            def report(row: dict[str, Any], name: str = name, setting: dict[str, Any] = setting) -> None:
+                rows.append({"setting": name, "trained": row["step"] > 0, "p": setting.get("p", 0.75),
+                             "statistical": setting.get("statistical", True),
+                             "content_style": setting.get("content_style", True), **row})
+                print(f"settings {name} seed {row['seed']} step {row['step']}: content {row['content']:.3f} "
+                      f"(linear {row['content_lin']:.3f}), style {row['style']:.3f}, specific {row['specific']:.3f}, "
+                      f"train CPU {row['train_cpu_s']} s", flush=True)
+                _table(rows, out, "settings")
+
+            train_curve(setting, seed, [0, setting["steps"]], sz["fit"], sz["score"], report)
     return rows
 
 
@@ -650,13 +787,85 @@ def plot_curves(out: Path) -> Path | None:
     return C.save_figure(fig, out / "curve.png")
 
 
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def plot_sweep(out: Path, stem: str = "sweep") -> Path | None:
+    """One panel per block (the style's residual too where the rows have it): R^2 (mean over the
+    modalities; mean +- std over the seeds) against M, one line per objective, the encoders as
+    initialised dashed."""
+    path = out / f"{stem}.json"
+    if not path.is_file():
+        return None
+    rows = json.loads(path.read_text())
+    blocks = [b for b in (*BLOCKS, "style_residual") if all(b in r for r in rows)]
+    plt = C.pyplot()
+    fig, axes = plt.subplots(1, len(blocks), figsize=(5 * len(blocks), 4.2))
+    lines = sorted({(r["objective"], r["encoder"]) for r in rows})
+    for objective, encoder in lines:
+        mine = [r for r in rows if (r["objective"], r["encoder"]) == (objective, encoder)]
+        Ms = sorted({int(r["M"]) for r in mine})
+        label = f"random init ({encoder})" if objective == "random_init" else (
+            "geometric_pvc, L2 critic d 5" if encoder.endswith("_l2") else objective)
+        for ax, block in zip(axes, blocks):
+            stats = [_mean_std([r[block] for r in mine if int(r["M"]) == M]) for M in Ms]
+            ax.errorbar(Ms, [m for m, _ in stats], yerr=[e for _, e in stats], marker="o", ms=3, capsize=2,
+                        ls="--" if objective == "random_init" else "-", label=label)
+    for ax, block in zip(axes, blocks):
+        ax.set_xticks([2, 3, 4])
+        ax.set_xlabel("modalities M (K * M fixed)")
+        ax.set_ylabel(f"{block}: kernel ridge R^2 (test, mean over modalities)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Identifiability, p = 0.75, both dependences: R^2 against M at equal compute "
+                 "(mean +- std over seeds)", fontsize=9)
+    return C.save_figure(fig, out / f"{stem}.png")
+
+
+def plot_settings(out: Path) -> Path | None:
+    """Per block, the trained and the initialised R^2 of each of the paper's settings (mean +- std
+    over the seeds), kernel ridge and linear."""
+    path = out / "settings.json"
+    if not path.is_file():
+        return None
+    rows = json.loads(path.read_text())
+    names = [n for n in PAPER_SETTINGS if any(r["setting"] == n for r in rows)]
+    plt = C.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    width = 0.2
+    for ax, block in zip(axes, BLOCKS):
+        for k, (trained, leaf, label) in enumerate(((True, "", "trained, kernel"), (True, "_lin", "trained, linear"),
+                                                    (False, "", "initialised, kernel"),
+                                                    (False, "_lin", "initialised, linear"))):
+            stats = [_mean_std([r[f"{block}{leaf}"] for r in rows if r["setting"] == n and r["trained"] == trained])
+                     for n in names]
+            ax.bar(np.arange(len(names)) + (k - 1.5) * width, [m for m, _ in stats], width,
+                   yerr=[e for _, e in stats], capsize=2, label=label, alpha=1.0 if trained else 0.45)
+        ax.set_xticks(np.arange(len(names)), names, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(f"{block}: R^2 (test, mean of x1, x2)")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Identifiability, M = 2: the paper's settings (dependences at p = 0.75; p with both)", fontsize=9)
+    fig.tight_layout()
+    return C.save_figure(fig, out / "settings.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=["screen", "curve", "authors", "confirm", "protocol", "plot"], default="screen")
+    parser.add_argument("--stage", choices=["screen", "curve", "authors", "confirm", "protocol", "sweep", "settings",
+                                            "plot"], default="screen")
     parser.add_argument("--smoke", action="store_true", help="a few steps of tiny runs (tests)")
     parser.add_argument("--settings", nargs="+", default=None,
                         help=f"screen: among {', '.join(SCREEN)}; curve: among {', '.join(CURVES)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--objectives", nargs="+", default=None, choices=SWEEP_OBJECTIVES,
+                        help="sweep: the objectives (default all)")
+    parser.add_argument("--Ms", type=int, nargs="+", default=None, help="sweep: the numbers of modalities (default 2 3 4)")
+    parser.add_argument("--table", default=None, help="sweep: the table's name in OUT (default sweep)")
+    parser.add_argument("--curve", default="l2_d5_lr3e-3", choices=list(CURVES),
+                        help="settings: the curve setting every paper setting is trained with")
     parser.add_argument("--steps", type=int, default=None, help="curve / authors: optimiser steps (default the candidate's)")
     parser.add_argument("--evals", type=int, nargs="+", default=None,
                         help="curve: the steps scored (0: the encoder as initialised; default about 6, spaced geometrically)")
@@ -677,8 +886,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.size = "smoke" if args.smoke else "default"
     for name in args.settings or []:
-        known = SCREEN if args.stage == "screen" else CURVES
-        if args.stage in ("screen", "curve") and name not in known:
+        known = {"screen": SCREEN, "settings": PAPER_SETTINGS}.get(args.stage, CURVES)
+        if args.stage in ("screen", "curve", "settings") and name not in known:
             parser.error(f"--settings {name}: not a {args.stage} setting; choose from {', '.join(known)}")
     import torch
 
@@ -686,10 +895,17 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     stage = {"screen": stage_screen, "curve": stage_curve, "authors": stage_authors, "confirm": stage_confirm,
-             "protocol": stage_protocol, "plot": lambda a, o: []}[args.stage]
+             "protocol": stage_protocol, "sweep": stage_sweep, "settings": stage_settings,
+             "plot": lambda a, o: []}[args.stage]
     stage(args, out)
     if args.stage in ("curve", "authors", "plot"):
         plot_curves(out)
+    if args.stage in ("sweep", "plot"):
+        plot_sweep(out, args.table or "sweep")
+        if args.stage == "plot" and args.table is None:
+            plot_sweep(out, "sweep_style")
+    if args.stage in ("settings", "plot"):
+        plot_settings(out)
     return 0
 
 
