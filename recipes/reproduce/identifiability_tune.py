@@ -770,6 +770,8 @@ def plot_curves(out: Path) -> Path | None:
         return None
     plt = C.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax in axes:  # more series than the default cycle's 10 colours
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for name, rows in series.items():
         rows = sorted(rows, key=lambda r: int(r["step"]))
         for ax, block in zip(axes, BLOCKS):
