@@ -112,6 +112,8 @@ def overrides_for(size: str, M: int, *, seed: int, objective: str, steps: int, K
             f"data.batch_size={K}", "data.batch_mode=fixed",
             f"objective.name={objective}", f"objective.params={_flow(params)}",
             f"optimisation.max_steps={steps}", f"seed={seed}",
+            # the study's own encoder settings (on the sphere, d 16, lr 1e-3 constant), whatever the recipe's defaults
+            "encoder.embed_dim=16", "optimisation.lr=1e-3", "optimisation.schedule=constant",
             # float32 on every machine (auto picks bf16 on a CPU with native bf16): the tables' R^2 are float32's
             "optimisation.mixed_precision=no"]
 

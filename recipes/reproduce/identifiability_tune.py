@@ -538,25 +538,28 @@ def stage_authors(args: Any, out: Path) -> list[dict[str, Any]]:
 
 
 def stage_confirm(args: Any, out: Path) -> list[dict[str, Any]]:
-    """``mmviews train identifiability`` (the recipe as committed) for each seed, through the
-    trainer in this process; its final R^2 and the CPU seconds of the whole run."""
+    """``mmviews train identifiability`` (the recipe as committed, or with the ``--set``
+    overrides) for each seed, through the trainer in this process; its final R^2 and the CPU
+    seconds of the whole run. The runs go to ``OUT/confirm/[<name>_]seed<seed>``, the table to
+    ``OUT/confirm[_<name>].csv``."""
     import torch
 
     rows = []
     for seed in args.seeds or [0, 1, 2]:
         # float32 on every machine (auto picks bf16 on a CPU with native bf16), as the tables
         overrides = [f"seed={seed}", f"data.options.seed={seed}", "output.progress_bar=false",
-                     "optimisation.mixed_precision=no"]
+                     "optimisation.mixed_precision=no", *(args.set or [])]
         if args.size == "smoke":
             overrides += ["optimisation.max_steps=3", "data.batch_size=32", "evaluation.plots=false",
                           "data.split_options={valid: {num_samples: 256}, test: {num_samples: 256}}",
                           "evaluation.tasks=[{kind: identifiability, fit_samples: 96}]"]
         t0 = cpu_seconds()
-        row = C.train_run(RECIPE, out / "confirm" / f"seed{seed}", overrides, threads=args.threads,
-                          reuse=not args.no_reuse)
+        run_dir = out / "confirm" / (f"{args.name}_seed{seed}" if args.name else f"seed{seed}")
+        row = C.train_run(RECIPE, run_dir, overrides, threads=args.threads, reuse=not args.no_reuse)
         cpu = cpu_seconds() - t0
-        results = json.loads((out / "confirm" / f"seed{seed}" / "results.json").read_text())
-        entry: dict[str, Any] = {"seed": seed, "steps": row["steps"], "cpu_s": round(cpu, 1), "status": row["status"]}
+        results = json.loads((run_dir / "results.json").read_text())
+        entry: dict[str, Any] = {"name": args.name or "recipe", "seed": seed, "steps": row["steps"],
+                                 "cpu_s": round(cpu, 1), "status": row["status"]}
         for key, label in (("eval", ""), ("eval_random", "random_")):
             metrics = results.get(key) or {}
             for b in BLOCKS:
@@ -568,7 +571,7 @@ def stage_confirm(args: Any, out: Path) -> list[dict[str, Any]]:
         print(f"confirm seed {seed}: content {entry['content']:.3f}, specific {entry['specific']:.3f} "
               f"(random init {entry['random_content']:.3f} / {entry['random_specific']:.3f}), CPU {entry['cpu_s']} s",
               flush=True)
-        _table(rows, out, "confirm")
+        _table(rows, out, f"confirm_{args.name}" if args.name else "confirm")
     torch.set_num_threads(args.threads)
     return rows
 
@@ -884,6 +887,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--authors-code", type=Path, default=None, help="a checkout of the authors' repository")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--no-reuse", action="store_true", help="confirm: retrain runs that already hold a result")
+    parser.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                        help="confirm: an override of the recipe (repeatable), as mmviews train --set")
+    parser.add_argument("--name", default="", help="confirm: a name for the runs' folders and the table (default none: the recipe's)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {C.repo_relative(DEFAULT_OUT)})")
     args = parser.parse_args(argv)
     args.size = "smoke" if args.smoke else "default"
