@@ -279,7 +279,7 @@ def test_objective_of_passes_the_temperature_and_the_critic(tune) -> None:
     assert type(l2).__name__ == "GeometricPVC" and l2.critic == "squared_l2"
     fmicl = tune.objective_of({**base, "objective": "fmicl"})  # its own defaults: no temperature passed
     assert type(fmicl).__name__ == "FMICL" and fmicl.temperature == pytest.approx(0.1)
-    with pytest.raises(Exception, match="critic"):
+    with pytest.raises(ValueError, match="unknown parameter 'critic'"):
         tune.objective_of({**base, "objective": "mv_dhel", "critic": "l2"})
 
 

@@ -21,8 +21,8 @@ import pytest
 from repo_state import changes, repository_state, repository_unchanged
 
 REPRO = Path(__file__).resolve().parents[1] / "recipes" / "reproduce"
-SCRIPTS = ("er_batch_size", "fmicl_similarity", "identifiability", "ipmc_ablation", "polyview_gaussian",
-           "temperature_siglip", "view_multiplicity")
+SCRIPTS = ("er_batch_size", "fmicl_similarity", "identifiability", "identifiability_tune", "ipmc_ablation",
+           "polyview_gaussian", "temperature_siglip", "view_multiplicity")
 
 
 def _load(name: str):

@@ -65,6 +65,10 @@ Usage::
     python recipes/reproduce/identifiability_tune.py --stage sweep --seeds 0 1 2
     python recipes/reproduce/identifiability_tune.py --stage settings --seeds 0 1 2
     python recipes/reproduce/identifiability_tune.py --smoke         # seconds (tests)
+
+Every stage writes into ``runs/reproduce/identifiability_tune/`` under the current directory,
+or ``--out DIR``; the tables shipped in ``recipes/reproduce/results/identifiability_tune/``
+are rewritten only with ``--update-shipped`` (never at ``--smoke`` size).
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 RECIPE = C.REPRO_DIR.parent / "identifiability.yaml"
-DEFAULT_OUT = C.REPO_ROOT / "runs" / "reproduce" / "identifiability_tune"
+NAME = "identifiability_tune"  # the output folder under runs/reproduce/ and the shipped tables
 BLOCKS = ("content", "style", "specific")
 MODALITIES = ("x1", "x2")
 
@@ -173,9 +177,9 @@ def style_residuals(latents: dict[str, np.ndarray], process: Any) -> dict[str, n
     affine shift ``B c + a`` (the style itself without content-dependent style), the part of the
     style that the content does not determine. Its R^2 is what an embedding holds of the style
     beyond the content; the style's own R^2 counts the content's share too."""
+    shift = 0.0 if process.shift is None else latents["content"] @ process.shift[0].T + process.shift[1]
     out = dict(latents)
     for key in [k for k in latents if k.startswith("style_x")]:
-        shift = 0.0 if process.shift is None else latents["content"] @ process.shift[0].T + process.shift[1]
         out[f"style_residual_{key[len('style_'):]}"] = latents[key] - shift
     return out
 
@@ -383,7 +387,7 @@ def stage_curve(args: Any, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-# Item "then answer the question": M = 2, 3, 4 at equal compute (K * M = SWEEP_INPUTS encoded
+# The sweep: M = 2, 3, 4 at equal compute (K * M = SWEEP_INPUTS encoded
 # inputs per step, the same steps), every objective of the reproduction's part (b) on the sphere
 # (d 16, temperature 0.1, lr 1e-3 cosine) and geometric poly-view with the squared-L2 critic (d 5,
 # lr 3e-3), the setting of the curves; 3 seeds, each its own generative process and random init.
@@ -396,11 +400,9 @@ def sweep_setting(objective: str, M: int, steps: int = SWEEP_STEPS, inputs: int 
     """The study's setting of one sweep run: ``objective`` (a registered name, or
     ``geometric_pvc_l2`` for geometric poly-view with the squared-L2 critic), M modalities,
     K = round(inputs / M) samples a step."""
-    if objective == "geometric_pvc_l2":
-        base = {**candidate_setting(), **CURVES["l2_d5_lr3e-3"], "objective": "geometric_pvc"}
-    else:
-        base = {**candidate_setting(), "objective": objective}
-    return {**base, "M": M, "K": int(round(inputs / M)), "steps": steps}
+    l2 = objective == "geometric_pvc_l2"
+    return {**candidate_setting(), **(CURVES["l2_d5_lr3e-3"] if l2 else {}),
+            "objective": "geometric_pvc" if l2 else objective, "M": M, "K": int(round(inputs / M)), "steps": steps}
 
 
 def stage_sweep(args: Any, out: Path) -> list[dict[str, Any]]:
@@ -433,7 +435,7 @@ def stage_sweep(args: Any, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-# Item "the settings the paper varies": the four dependence settings at p = 0.75 and p in
+# The settings the paper varies: the four dependence settings at p = 0.75 and p in
 # {0.25, 0.5, 0.75, 1.0} with both dependences, M = 2, at the curves' L2 setting.
 PAPER_SETTINGS: dict[str, dict[str, Any]] = {
     "independent": {"statistical": False, "content_style": False},
@@ -792,11 +794,6 @@ def plot_curves(out: Path) -> Path | None:
     return C.save_figure(fig, out / "curve.png")
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    v = np.asarray(values, dtype=float)
-    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
-
-
 def plot_sweep(out: Path, stem: str = "sweep") -> Path | None:
     """One panel per block (the style's residual too where the rows have it): R^2 (mean over the
     modalities; mean +- std over the seeds) against M, one line per objective, the encoders as
@@ -815,7 +812,7 @@ def plot_sweep(out: Path, stem: str = "sweep") -> Path | None:
         label = f"random init ({encoder})" if objective == "random_init" else (
             "geometric_pvc, L2 critic d 5" if encoder.endswith("_l2") else objective)
         for ax, block in zip(axes, blocks):
-            stats = [_mean_std([r[block] for r in mine if int(r["M"]) == M]) for M in Ms]
+            stats = [C.mean_std([r[block] for r in mine if int(r["M"]) == M]) for M in Ms]
             ax.errorbar(Ms, [m for m, _ in stats], yerr=[e for _, e in stats], marker="o", ms=3, capsize=2,
                         ls="--" if objective == "random_init" else "-", label=label)
     for ax, block in zip(axes, blocks):
@@ -844,7 +841,7 @@ def plot_settings(out: Path) -> Path | None:
         for k, (trained, leaf, label) in enumerate(((True, "", "trained, kernel"), (True, "_lin", "trained, linear"),
                                                     (False, "", "initialised, kernel"),
                                                     (False, "_lin", "initialised, linear"))):
-            stats = [_mean_std([r[f"{block}{leaf}"] for r in rows if r["setting"] == n and r["trained"] == trained])
+            stats = [C.mean_std([r[f"{block}{leaf}"] for r in rows if r["setting"] == n and r["trained"] == trained])
                      for n in names]
             ax.bar(np.arange(len(names)) + (k - 1.5) * width, [m for m, _ in stats], width,
                    yerr=[e for _, e in stats], capsize=2, label=label, alpha=1.0 if trained else 0.45)
@@ -863,7 +860,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "plot"], default="screen")
     parser.add_argument("--smoke", action="store_true", help="a few steps of tiny runs (tests)")
     parser.add_argument("--settings", nargs="+", default=None,
-                        help=f"screen: among {', '.join(SCREEN)}; curve: among {', '.join(CURVES)}")
+                        help=f"screen: among {', '.join(SCREEN)}; curve: among {', '.join(CURVES)}; "
+                             f"settings: among {', '.join(PAPER_SETTINGS)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--objectives", nargs="+", default=None, choices=SWEEP_OBJECTIVES,
                         help="sweep: the objectives (default all)")
@@ -871,7 +869,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", default=None, help="sweep: the table's name in OUT (default sweep)")
     parser.add_argument("--curve", default="l2_d5_lr3e-3", choices=list(CURVES),
                         help="settings: the curve setting every paper setting is trained with")
-    parser.add_argument("--steps", type=int, default=None, help="curve / authors: optimiser steps (default the candidate's)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"curve / authors / sweep / settings: optimiser steps (default the candidate's; "
+                             f"sweep and settings {SWEEP_STEPS})")
     parser.add_argument("--evals", type=int, nargs="+", default=None,
                         help="curve: the steps scored (0: the encoder as initialised; default about 6, spaced geometrically)")
     parser.add_argument("--save-encoders", action="store_true",
@@ -890,17 +890,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                         help="confirm: an override of the recipe (repeatable), as mmviews train --set")
     parser.add_argument("--name", default="", help="confirm: a name for the runs' folders and the table (default none: the recipe's)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {C.repo_relative(DEFAULT_OUT)})")
+    C.add_output_arguments(parser, NAME)
     args = parser.parse_args(argv)
     args.size = "smoke" if args.smoke else "default"
     for name in args.settings or []:
         known = {"screen": SCREEN, "settings": PAPER_SETTINGS}.get(args.stage, CURVES)
         if args.stage in ("screen", "curve", "settings") and name not in known:
             parser.error(f"--settings {name}: not a {args.stage} setting; choose from {', '.join(known)}")
+    out = C.output_dir(parser, args, NAME)  # refused in one line before anything is written
     import torch
 
     torch.set_num_threads(args.threads)
-    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     stage = {"screen": stage_screen, "curve": stage_curve, "authors": stage_authors, "confirm": stage_confirm,
              "protocol": stage_protocol, "sweep": stage_sweep, "settings": stage_settings,
